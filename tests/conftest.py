@@ -1,0 +1,56 @@
+"""Session-wide fixtures: the real Kafka clusters every integration test shares.
+
+Brokers start once per session; each test isolates itself with its own topic names (see `unique`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.kafka_cluster import KafkaCluster, ListenerKind
+from tests.support.testbed import TestBed
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[TestBed]:
+    bed = TestBed()
+    yield bed
+    bed.close()
+
+
+@pytest.fixture(scope="session")
+def plaintext_cluster(testbed: TestBed) -> KafkaCluster:
+    """On-prem style Kafka (PLAINTEXT)."""
+    return testbed.start("onprem", ListenerKind.PLAINTEXT)
+
+
+@pytest.fixture(scope="session")
+def source_cluster(testbed: TestBed) -> KafkaCluster:
+    """The MSK-like source: SASL_SSL with SCRAM-SHA-512."""
+    return testbed.start("msk", ListenerKind.MSK_SCRAM)
+
+
+@pytest.fixture(scope="session")
+def target_cluster(testbed: TestBed) -> KafkaCluster:
+    """The Event Hubs-like target: SASL_SSL PLAIN with `$ConnectionString`, 1 MB cap, no topic creation."""
+    return testbed.start("eventhubs", ListenerKind.EVENTHUBS)
+
+
+@pytest.fixture
+def unique(request: pytest.FixtureRequest) -> str:
+    """A short per-test suffix for topic names, aliases and group ids."""
+    return f"{request.node.name[:24].strip('_[]')}-{uuid.uuid4().hex[:8]}".replace("[", "-").replace("]", "")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """On failure, attach the tail of every running broker's log to the report."""
+    report = yield
+    if report.failed and "testbed" in getattr(item, "funcargs", {}):
+        bed: TestBed = item.funcargs["testbed"]
+        for cluster in bed.clusters.values():
+            report.sections.append((f"broker '{cluster.name}' log (tail)", cluster.log_tail()))
+    return report

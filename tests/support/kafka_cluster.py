@@ -1,0 +1,365 @@
+"""Single-node KRaft Kafka clusters on loopback, each a real broker JVM started from the Maven Central jars.
+
+Every cluster has a PLAINTEXT admin listener (the test bed's super user, standing in for ARM or the cluster
+operator) and one client listener of a chosen kind:
+
+- `plaintext`: PLAINTEXT, like on-prem Kafka or Strimzi without auth;
+- `eventhubs`: like Azure Event Hubs' Kafka endpoint: SASL_SSL PLAIN with username `$ConnectionString` and a
+  connection string as password, a 1 MB message cap, and topic creation denied to the client;
+- `msk-scram`: like MSK's SASL/SCRAM listener: SASL_SSL SCRAM-SHA-512 with a user created at format time.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from images.fetch_jars import cached_jars
+
+from .tls import TlsFiles
+
+LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
+READY_TIMEOUT_S = 60.0
+EVENTHUBS_USER = "$ConnectionString"
+MSK_USER = "mirror"
+
+
+class ListenerKind(str, enum.Enum):
+    PLAINTEXT = "plaintext"
+    EVENTHUBS = "eventhubs"
+    MSK_SCRAM = "msk-scram"
+
+
+def require_java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise RuntimeError("java is not on PATH: the test bed runs real Kafka brokers and needs a JDK 17")
+    return java
+
+
+def kafka_classpath() -> str:
+    """The broker, tools and MirrorMaker 2 classpath; fails with the fetch command if the jars are missing."""
+    return os.pathsep.join(str(j) for j in cached_jars("kafka"))
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel just handed out; a start that still collides is retried with new ones."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How a client reaches one listener, in the three dialects the kit needs."""
+
+    bootstrap: str
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    username: str | None = None
+    password: str | None = None
+    ca_file: Path | None = None
+
+    def librdkafka(self) -> dict[str, str]:
+        """confluent-kafka names."""
+        conf = {"bootstrap.servers": self.bootstrap, "security.protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            conf |= {
+                "sasl.mechanism": self.sasl_mechanism,
+                "sasl.username": self.username,
+                "sasl.password": self.password,
+            }
+        if self.ca_file:
+            conf["ssl.ca.location"] = str(self.ca_file)
+        return conf
+
+    def java(self) -> dict[str, str]:
+        """Java client names, as in a .properties file."""
+        conf = {"bootstrap.servers": self.bootstrap, "security.protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            module = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule"
+                if self.sasl_mechanism == "PLAIN"
+                else "org.apache.kafka.common.security.scram.ScramLoginModule"
+            )
+            conf["sasl.mechanism"] = self.sasl_mechanism
+            conf["sasl.jaas.config"] = f'{module} required username="{self.username}" password="{self.password}";'
+        if self.ca_file:
+            conf |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ca_file)}
+        return conf
+
+    def spark(self) -> dict[str, str]:
+        """Options for Spark's Kafka source and sink: the Java names, prefixed with `kafka.`."""
+        return {f"kafka.{k}": v for k, v in self.java().items()}
+
+    def with_password(self, password: str) -> ClientSettings:
+        return ClientSettings(
+            self.bootstrap, self.security_protocol, self.sasl_mechanism, self.username, password, self.ca_file
+        )
+
+
+@dataclass
+class KafkaCluster:
+    """One broker JVM. `start` formats and launches it; `stop`, `kill` and `start` again serve fault tests."""
+
+    name: str
+    kind: ListenerKind
+    folder: Path
+    tls: TlsFiles | None = None
+    password: str = field(default_factory=lambda: secrets.token_hex(16))
+    message_max_bytes: int = 1048576
+    admin_port: int = 0
+    client_port: int = 0
+    controller_port: int = 0
+    started_in_s: float = 0.0
+    _process: subprocess.Popen | None = None
+    _formatted: bool = False
+
+    # -- what tests use -------------------------------------------------------------------------------------------
+
+    @property
+    def admin(self) -> ClientSettings:
+        """The test bed's own super-user access, for setup a real platform does out of band (ARM, operators)."""
+        return ClientSettings(bootstrap=f"127.0.0.1:{self.admin_port}")
+
+    @property
+    def client(self) -> ClientSettings:
+        """What the mirror and the applications under test use."""
+        bootstrap = f"127.0.0.1:{self.client_port}"
+        if self.kind is ListenerKind.PLAINTEXT:
+            return ClientSettings(bootstrap)
+        if self.kind is ListenerKind.EVENTHUBS:
+            return ClientSettings(
+                bootstrap, "SASL_SSL", "PLAIN", EVENTHUBS_USER, self.connection_string, self.tls.ca_pem
+            )
+        return ClientSettings(bootstrap, "SASL_SSL", "SCRAM-SHA-512", MSK_USER, self.password, self.tls.ca_pem)
+
+    @property
+    def connection_string(self) -> str:
+        """An Event Hubs-shaped connection string; its key is this run's random password."""
+        key = base64.b64encode(bytes.fromhex(self.password) * 2).decode()
+        return f"Endpoint=sb://{self.name}.servicebus.windows.net/;SharedAccessKeyName=mirror;SharedAccessKey={key}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.folder / "broker.log"
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_file.exists():
+            return "(no broker log yet)"
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    def start(self, attempts: int = 3) -> KafkaCluster:
+        """Start (or restart after `stop`/`kill`) and wait until the broker answers on its admin listener."""
+        if self.running:
+            return self
+        for attempt in range(1, attempts + 1):
+            if not self._formatted:
+                self.admin_port, self.client_port, self.controller_port = free_ports(3)
+                self._write_properties()
+                self._format()
+            began = time.monotonic()
+            self._launch()
+            try:
+                self._wait_ready()
+            except BrokerStartError:
+                self.kill()
+                address_taken = "Address already in use" in self.log_tail(200)
+                if address_taken and attempt < attempts and not self.started_in_s:
+                    self._formatted = False  # another run took a port between our probe and the bind: pick anew
+                    continue
+                raise
+            self.started_in_s = time.monotonic() - began
+            if self.kind is ListenerKind.EVENTHUBS:
+                self._deny_topic_creation_to_client()
+            return self
+        raise AssertionError("unreachable")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """A clean shutdown (SIGTERM), as in a rolling restart."""
+        if not self.running:
+            return
+        self._process.send_signal(signal.SIGTERM)
+        try:
+            self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """A hard loss of the broker (SIGKILL), as in a lost region."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(10)
+
+    # -- internals ------------------------------------------------------------------------------------------------
+
+    def _client_protocol(self) -> str:
+        return "PLAINTEXT" if self.kind is ListenerKind.PLAINTEXT else "SASL_SSL"
+
+    def _write_properties(self) -> None:
+        data = self.folder / "data"
+        if data.exists():
+            shutil.rmtree(data)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "ADMIN",
+            "listeners": (
+                f"ADMIN://127.0.0.1:{self.admin_port},CLIENT://127.0.0.1:{self.client_port},"
+                f"CONTROLLER://127.0.0.1:{self.controller_port}"
+            ),
+            "advertised.listeners": f"ADMIN://127.0.0.1:{self.admin_port},CLIENT://127.0.0.1:{self.client_port}",
+            "listener.security.protocol.map": f"ADMIN:PLAINTEXT,CLIENT:{self._client_protocol()},CONTROLLER:PLAINTEXT",
+            "log.dirs": str(data),
+            "num.partitions": "1",
+            "auto.create.topics.enable": "false",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "8",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "message.max.bytes": str(self.message_max_bytes),
+            "log.retention.check.interval.ms": "5000",
+        }
+        if self.kind is not ListenerKind.PLAINTEXT:
+            props |= {"ssl.keystore.type": "PEM", "ssl.keystore.location": str(self.tls.server_pem)}
+        if self.kind is ListenerKind.EVENTHUBS:
+            props |= {
+                "listener.name.client.sasl.enabled.mechanisms": "PLAIN",
+                "listener.name.client.plain.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                    f'user_{EVENTHUBS_USER}="{self.connection_string}";'
+                ),
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "super.users": "User:ANONYMOUS",
+                "allow.everyone.if.no.acl.found": "true",
+            }
+        if self.kind is ListenerKind.MSK_SCRAM:
+            props |= {
+                "listener.name.client.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                "listener.name.client.scram-sha-512.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                ),
+            }
+        lines = [f"{k}={_escape_property(v)}" for k, v in props.items()]
+        properties = self.folder / "server.properties"
+        properties.write_text("\n".join(lines) + "\n")
+        properties.chmod(0o600)
+
+    def _java(self, main_class: str, *args: str, log_config: bool = True) -> list[str]:
+        jvm = [require_java(), "-Xms128m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
+        if log_config:
+            jvm.append(f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}")
+        return [*jvm, "-cp", kafka_classpath(), main_class, *args]
+
+    def _format(self) -> None:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        args = ["format", "--standalone", "-t", cluster_id, "-c", str(self.folder / "server.properties")]
+        if self.kind is ListenerKind.MSK_SCRAM:
+            args += ["--add-scram", f"SCRAM-SHA-512=[name={MSK_USER},password={self.password}]"]
+        result = subprocess.run(
+            self._java("kafka.tools.StorageTool", *args), capture_output=True, text=True, timeout=120
+        )
+        if result.returncode != 0:
+            raise BrokerStartError(f"formatting {self.name} failed:\n{result.stdout}\n{result.stderr}")
+        self._formatted = True
+
+    def _launch(self) -> None:
+        with self.log_file.open("ab") as log:
+            self._process = subprocess.Popen(
+                self._java("kafka.Kafka", str(self.folder / "server.properties")),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def _wait_ready(self) -> None:
+        """Wait for the admin port to accept, then for the broker to show in metadata."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        admin: AdminClient | None = None
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise BrokerStartError(f"broker {self.name} exited with {self._process.returncode}:\n{self.log_tail()}")
+            if admin is None:
+                with socket.socket() as probe:
+                    probe.settimeout(0.5)
+                    if probe.connect_ex(("127.0.0.1", self.admin_port)) == 0:
+                        admin = AdminClient(self.admin.librdkafka())
+            elif _has_broker(admin):
+                return
+            time.sleep(0.1)
+        raise BrokerStartError(f"broker {self.name} not ready after {READY_TIMEOUT_S:.0f}s:\n{self.log_tail()}")
+
+    def _deny_topic_creation_to_client(self) -> None:
+        """Event Hubs makes topics through ARM only: the client may do everything but create."""
+        principal = f"User:{EVENTHUBS_USER}"
+
+        def acl(rtype: ResourceType, name: str, op: AclOperation, perm: AclPermissionType) -> AclBinding:
+            return AclBinding(rtype, name, ResourcePatternType.LITERAL, principal, "*", op, perm)
+
+        allow, deny = AclPermissionType.ALLOW, AclPermissionType.DENY
+        bindings = [
+            acl(ResourceType.TOPIC, "*", AclOperation.ALL, allow),
+            acl(ResourceType.GROUP, "*", AclOperation.ALL, allow),
+            acl(ResourceType.BROKER, "kafka-cluster", AclOperation.ALL, allow),
+            acl(ResourceType.TOPIC, "*", AclOperation.CREATE, deny),
+            acl(ResourceType.BROKER, "kafka-cluster", AclOperation.CREATE, deny),
+        ]
+        admin = AdminClient(self.admin.librdkafka())
+        for future in admin.create_acls(bindings, request_timeout=15).values():
+            future.result()
+
+
+def _has_broker(admin: AdminClient) -> bool:
+    try:
+        return bool(admin.list_topics(timeout=2).brokers)
+    except KafkaException:
+        return False
+
+
+class BrokerStartError(RuntimeError):
+    pass
+
+
+def _escape_property(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n")

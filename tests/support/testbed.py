@@ -1,0 +1,48 @@
+"""A set of independent clusters sharing one run folder and one throwaway CA.
+
+Each run gets its own folder under the system temp dir and its own ports, so two runs never collide.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .kafka_cluster import KafkaCluster, ListenerKind, kafka_classpath, require_java
+from .tls import TlsFiles, make_loopback_tls
+
+
+class TestBed:
+    __test__ = False  # not a test class, whatever pytest thinks of the name
+
+    def __init__(self, root: Path | None = None) -> None:
+        require_java()
+        kafka_classpath()  # fail now, naming the fetch command, rather than at the first broker
+        self.root = root or Path(tempfile.mkdtemp(prefix="mirrorkit-testbed-"))
+        self.clusters: dict[str, KafkaCluster] = {}
+        self._tls: TlsFiles | None = None
+        atexit.register(self.close)
+
+    @property
+    def tls(self) -> TlsFiles:
+        if self._tls is None:
+            self._tls = make_loopback_tls(self.root / "tls")
+        return self._tls
+
+    def start(self, name: str, kind: ListenerKind | str, **options) -> KafkaCluster:
+        if name in self.clusters:
+            raise ValueError(f"the test bed already has a cluster named '{name}'")
+        kind = ListenerKind(kind)
+        tls = None if kind is ListenerKind.PLAINTEXT else self.tls
+        cluster = KafkaCluster(name=name, kind=kind, folder=self.root / name, tls=tls, **options)
+        self.clusters[name] = cluster
+        return cluster.start()
+
+    def close(self, keep_files: bool = False) -> None:
+        for cluster in self.clusters.values():
+            cluster.kill()
+        if not keep_files and not os.environ.get("MIRRORKIT_KEEP_TESTBED"):
+            shutil.rmtree(self.root, ignore_errors=True)
