@@ -1,0 +1,1 @@
+"""The mirror: a Spark Structured Streaming replacement for MirrorMaker 2."""

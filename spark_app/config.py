@@ -1,0 +1,294 @@
+"""The mirror's runtime configuration: the one schema that infra renders and the streaming job reads.
+
+A config names clusters (how to reach them, never the secret itself) and flows (what to copy from which cluster
+to which, under which naming policy). Everything is checked here, before Spark starts, and every error names the
+key path as the user wrote it, e.g. `flows[1].target: unknown cluster 'dr2'`.
+
+This module must not import pulumi or pyspark: infra and the image both import it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+CONFIG_VERSION = 1
+ALIAS_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
+# Kafka's own rule for topic names; Event Hubs names are a subset.
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+EVENTHUBS_CODECS = ("none", "gzip")
+
+
+class ConfigError(ValueError):
+    """A config the mirror refuses; the message names the offending key."""
+
+    @classmethod
+    def from_validation(cls, source: str, err: ValidationError) -> ConfigError:
+        lines = []
+        for e in err.errors():
+            path = _key_path(e["loc"])
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{source}:{path}: {msg}" if path else f"{source}: {msg}")
+        return cls("\n".join(lines))
+
+
+def _key_path(loc: Sequence[str | int]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Profile(str, enum.Enum):
+    """How a cluster is reached; spark_app.profiles turns each into client settings."""
+
+    KAFKA = "kafka"  # plaintext, or TLS with `tls: true`
+    EVENTHUBS = "eventhubs"  # SASL_SSL PLAIN, username $ConnectionString, password the connection string
+    MSK_SCRAM = "msk-scram"  # SASL_SSL SCRAM-SHA-512, port 9096
+    MSK_IAM = "msk-iam"  # SASL_SSL AWS_MSK_IAM, port 9098
+    MTLS = "mtls"  # TLS with a client certificate
+
+
+class SecretRef(_Strict):
+    """Where a secret lives at run time: an env var, or a file mounted from a Kubernetes Secret."""
+
+    env: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretRef:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give exactly one of 'env' or 'file'")
+        return self
+
+    def describe(self) -> str:
+        return f"env {self.env}" if self.env else f"file {self.file}"
+
+
+class ClusterConfig(_Strict):
+    alias: Annotated[str, Field(pattern=ALIAS_PATTERN)]
+    bootstrap_servers: Annotated[str, Field(min_length=3)]
+    profile: Profile
+    tls: bool = False  # only for profile `kafka`; every other profile is always TLS
+    ca_file: str | None = None  # a PEM bundle to trust; the system store when absent
+    username: str | None = None  # msk-scram
+    password: SecretRef | None = None  # msk-scram password, or the Event Hubs connection string
+    client_cert_file: str | None = None  # mtls
+    client_key: SecretRef | None = None  # mtls
+    region: str | None = None  # msk-iam
+    client_overrides: dict[str, str] = Field(default_factory=dict)  # Java client names; they win over the profile
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _host_port_list(cls, v: str) -> str:
+        for server in v.split(","):
+            host, sep, port = server.strip().rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"'{server.strip()}' is not host:port")
+        return v
+
+    @model_validator(mode="after")
+    def _profile_needs(self) -> ClusterConfig:
+        needs = {
+            Profile.EVENTHUBS: ("password",),
+            Profile.MSK_SCRAM: ("username", "password"),
+            Profile.MSK_IAM: ("region",),
+            Profile.MTLS: ("client_cert_file", "client_key"),
+        }.get(self.profile, ())
+        missing = [k for k in needs if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"profile '{self.profile.value}' needs {', '.join(repr(k) for k in missing)}")
+        if self.tls and self.profile is not Profile.KAFKA:
+            raise ValueError(f"'tls' applies to profile 'kafka' only; '{self.profile.value}' always uses TLS")
+        codec = self.client_overrides.get("compression.type")
+        if self.profile is Profile.EVENTHUBS and codec is not None and codec not in EVENTHUBS_CODECS:
+            raise ValueError(
+                f"client_overrides.compression.type '{codec}' is refused by Event Hubs; use one of {EVENTHUBS_CODECS}"
+            )
+        return self
+
+    @property
+    def is_eventhubs(self) -> bool:
+        """Event Hubs topics are made through ARM only: the mirror never creates or alters them."""
+        return self.profile is Profile.EVENTHUBS
+
+
+def _regexes_compile(patterns: list[str]) -> list[str]:
+    for i, pattern in enumerate(patterns):
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ValueError(f"[{i}] '{pattern}' is not a valid regex: {err}") from None
+    return patterns
+
+
+def _selected(name: str, include: list[str], exclude: list[str]) -> bool:
+    return any(re.fullmatch(p, name) for p in include) and not any(re.fullmatch(p, name) for p in exclude)
+
+
+class TopicSelection(_Strict):
+    """Include and exclude regexes, each matched against the whole topic name. Exclude wins."""
+
+    include: list[str]
+    exclude: list[str] = Field(default_factory=list)
+
+    @field_validator("include")
+    @classmethod
+    def _not_empty(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("select at least one topic: 'include' is empty")
+        return v
+
+    _compiles = field_validator("include", "exclude")(_regexes_compile)
+
+    def matches(self, name: str) -> bool:
+        return _selected(name, self.include, self.exclude)
+
+    def literal_names(self) -> list[str] | None:
+        """The topic list when every include is a plain name (as Event Hubs flows must be), else None."""
+        if all(TOPIC_NAME.match(p) for p in self.include):
+            return [t for t in self.include if self.matches(t)]
+        return None
+
+
+class GroupSelection(_Strict):
+    include: list[str] = Field(default_factory=lambda: [".*"])
+    exclude: list[str] = Field(default_factory=list)
+
+    _compiles = field_validator("include", "exclude")(_regexes_compile)
+
+    def matches(self, group: str) -> bool:
+        return _selected(group, self.include, self.exclude)
+
+
+class FlowConfig(_Strict):
+    source: str
+    target: str
+    topics: TopicSelection
+    groups: GroupSelection = Field(default_factory=GroupSelection)
+    replication_policy: Literal["default", "identity"] = "default"
+    separator: Annotated[str, Field(min_length=1, max_length=8)] = "."
+    # identity only: stamp a provenance header and drop records that came from the target (loop prevention)
+    provenance_header: bool = True
+    start_from: Literal["earliest", "latest"] = "earliest"
+    checkpoint_location: Annotated[str, Field(min_length=1)]
+    dead_letter_topic: str | None = None  # on the target; without it an oversized record stops its topic
+    fail_on_data_loss: bool = False
+    offset_syncs_location: Literal["source", "target"] = "target"
+    sync_group_offsets: bool = False
+    max_records_per_trigger: Annotated[int, Field(gt=0)] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}->{self.target}"
+
+
+class MirrorConfig(_Strict):
+    version: Literal[1] = CONFIG_VERSION
+    clusters: list[ClusterConfig]
+    flows: list[FlowConfig]
+    topic_sync_interval_s: Annotated[float, Field(gt=0, le=30)] = 5.0
+    checkpoint_interval_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+    heartbeat_interval_s: Annotated[float, Field(gt=0, le=300)] = 5.0
+    trigger_interval_s: Annotated[float, Field(ge=0)] = 1.0
+    metrics_port: Annotated[int, Field(ge=1, le=65535)] = 9404
+
+    @field_validator("clusters")
+    @classmethod
+    def _unique_aliases(cls, v: list[ClusterConfig]) -> list[ClusterConfig]:
+        seen: set[str] = set()
+        for i, c in enumerate(v):
+            if c.alias in seen:
+                raise ValueError(f"[{i}].alias: '{c.alias}' is used twice")
+            seen.add(c.alias)
+        return v
+
+    @field_validator("flows")
+    @classmethod
+    def _some_flow(cls, v: list[FlowConfig]) -> list[FlowConfig]:
+        if not v:
+            raise ValueError("define at least one flow")
+        return v
+
+    @model_validator(mode="after")
+    def _flows_fit_clusters(self) -> MirrorConfig:
+        aliases = {c.alias: c for c in self.clusters}
+        errors: list[str] = []
+        by_pair: dict[tuple[str, str], FlowConfig] = {}
+        for i, flow in enumerate(self.flows):
+            where = f"flows[{i}]"
+            for side in ("source", "target"):
+                alias = getattr(flow, side)
+                if alias not in aliases:
+                    errors.append(f"{where}.{side}: unknown cluster '{alias}' (clusters: {', '.join(aliases)})")
+            if flow.source == flow.target:
+                errors.append(f"{where}: source and target are the same cluster '{flow.source}'")
+            if (flow.source, flow.target) in by_pair:
+                errors.append(f"{where}: a second flow {flow.name}")
+            by_pair[(flow.source, flow.target)] = flow
+            target = aliases.get(flow.target)
+            if target is not None and target.is_eventhubs and flow.topics.literal_names() is None:
+                errors.append(
+                    f"{where}.topics.include: a flow into Event Hubs cluster '{flow.target}' must list topic names,"
+                    " not patterns, because every event hub is created ahead by infra"
+                )
+        for (src, dst), flow in by_pair.items():
+            back = by_pair.get((dst, src))
+            if back is None or src > dst:
+                continue
+            if flow.replication_policy == back.replication_policy == "identity" and not (
+                flow.provenance_header and back.provenance_header
+            ):
+                i = self.flows.index(flow)
+                errors.append(
+                    f"flows[{i}]: identity flows {src}->{dst} and {dst}->{src} would loop records forever;"
+                    " keep 'provenance_header: true' on both, or use replication_policy 'default'"
+                )
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+    def cluster(self, alias: str) -> ClusterConfig:
+        return next(c for c in self.clusters if c.alias == alias)
+
+    def flow(self, name: str) -> FlowConfig:
+        """A flow by its `SRC->DST` name."""
+        for f in self.flows:
+            if f.name == name:
+                return f
+        raise ConfigError(f"no flow '{name}'; flows: {', '.join(f.name for f in self.flows)}")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_defaults=False), sort_keys=False)
+
+
+def parse_config(raw: Any, source: str = "config") -> MirrorConfig:
+    try:
+        return MirrorConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError.from_validation(source, err) from None
+
+
+def load_config(path: str | Path) -> MirrorConfig:
+    """Read a YAML or JSON file (JSON is YAML) and validate it."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config: {err.strerror}") from None
+    try:
+        raw = yaml.safe_load(text) if path.suffix != ".json" else json.loads(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: not valid YAML/JSON: {err}") from None
+    return parse_config(raw, source=str(path))
