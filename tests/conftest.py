@@ -5,11 +5,14 @@ Brokers start once per session; each test isolates itself with its own topic nam
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from images.fetch_jars import cached_jars
 from tests.support.kafka_cluster import KafkaCluster, ListenerKind
 from tests.support.testbed import TestBed
 
@@ -37,6 +40,20 @@ def source_cluster(testbed: TestBed) -> KafkaCluster:
 def target_cluster(testbed: TestBed) -> KafkaCluster:
     """The Event Hubs-like target: SASL_SSL PLAIN with `$ConnectionString`, 1 MB cap, no topic creation."""
     return testbed.start("eventhubs", ListenerKind.EVENTHUBS)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the whole run, with the Kafka connector from the jar cache."""
+    # Python workers must run this interpreter, or they cannot import pyarrow and confluent-kafka.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["MIRRORKIT_SPARK_JARS"] = ",".join(str(j) for j in cached_jars("spark"))
+    from spark_app.stream import build_session
+
+    session = build_session("local[2]", app_name="mirrorkit-tests")
+    session.sparkContext.setLogLevel("WARN")
+    yield session
+    session.stop()
 
 
 @pytest.fixture

@@ -1,0 +1,137 @@
+"""Client settings per platform, in both dialects the mirror speaks.
+
+Spark's Kafka source and sink take Java client names (prefixed `kafka.`); the control loops and the Python write
+path use confluent-kafka, which takes librdkafka names. One profile table feeds both so they cannot drift.
+Explicit `client_overrides` (Java names) win over the profile. Secrets are read here, at run time, from the env var
+or file the config names; they are never logged and never part of an error message.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from .config import ClusterConfig, ConfigError, Profile, SecretRef
+
+Role = Literal["consumer", "producer", "admin"]
+
+# Event Hubs: Azure's load balancer drops idle TCP after 4 minutes, so both idle limits stay under it; the service
+# enforces a 20 s minimum request timeout and a 1 MB request cap.
+_EVENTHUBS_TUNING = {
+    "connections.max.idle.ms": "180000",
+    "metadata.max.age.ms": "180000",
+    "request.timeout.ms": "60000",
+}
+_EVENTHUBS_PRODUCER = {"max.request.size": "1000000", "compression.type": "none"}
+# Java names that librdkafka spells differently; the rest carry over as they are.
+_TO_LIBRDKAFKA = {"max.request.size": "message.max.bytes"}
+# Java-only names with no librdkafka counterpart.
+_JAVA_ONLY = {"max.request.size", "sasl.jaas.config", "ssl.truststore.type", "ssl.truststore.location"}
+
+
+class SecretError(ConfigError):
+    pass
+
+
+def read_secret(ref: SecretRef, what: str) -> str:
+    """The secret's value; errors name where it was looked for, never what it holds."""
+    if ref.env is not None:
+        value = os.environ.get(ref.env)
+        if not value:
+            raise SecretError(f"{what}: env var {ref.env} is not set")
+        return value
+    try:
+        return Path(ref.file).read_text().strip()
+    except OSError as err:
+        raise SecretError(f"{what}: cannot read secret file {ref.file}: {err.strerror}") from None
+
+
+def java_settings(cluster: ClusterConfig, role: Role) -> dict[str, str]:
+    """Java client properties for this cluster and role."""
+    conf = {"bootstrap.servers": cluster.bootstrap_servers, "security.protocol": _protocol(cluster)}
+    trust = {"ssl.truststore.type": "PEM", "ssl.truststore.location": cluster.ca_file} if cluster.ca_file else {}
+    what = f"cluster '{cluster.alias}'"
+    if cluster.profile is Profile.EVENTHUBS:
+        secret = _jaas_quote(read_secret(cluster.password, f"{what} password"))
+        conf |= {
+            "sasl.mechanism": "PLAIN",
+            "sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="$ConnectionString" password="{secret}";',
+            **_EVENTHUBS_TUNING,
+            **(_EVENTHUBS_PRODUCER if role == "producer" else {}),
+        }
+    elif cluster.profile is Profile.MSK_SCRAM:
+        secret = _jaas_quote(read_secret(cluster.password, f"{what} password"))
+        conf |= {
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{_jaas_quote(cluster.username)}" password="{secret}";',
+        }
+    elif cluster.profile is Profile.MSK_IAM:
+        conf |= {
+            "sasl.mechanism": "AWS_MSK_IAM",
+            "sasl.jaas.config": "software.amazon.msk.auth.iam.IAMLoginModule required;",
+            "sasl.client.callback.handler.class": "software.amazon.msk.auth.iam.IAMClientCallbackHandler",
+        }
+    elif cluster.profile is Profile.MTLS:
+        if cluster.client_key.file is None:
+            raise SecretError(f"{what} client_key: the Java clients need it as a file (PEM key and chain)")
+        conf |= {"ssl.keystore.type": "PEM", "ssl.keystore.location": cluster.client_key.file}
+    return conf | trust | cluster.client_overrides
+
+
+def librdkafka_settings(cluster: ClusterConfig, role: Role) -> dict[str, object]:
+    """confluent-kafka settings for this cluster and role."""
+    java = java_settings(cluster, role)
+    conf: dict[str, object] = {
+        _TO_LIBRDKAFKA.get(k, k): v for k, v in java.items() if k not in _JAVA_ONLY or k in _TO_LIBRDKAFKA
+    }
+    conf.pop("ssl.keystore.type", None)
+    conf.pop("ssl.keystore.location", None)
+    conf.pop("sasl.client.callback.handler.class", None)
+    if cluster.ca_file:
+        conf["ssl.ca.location"] = cluster.ca_file
+    what = f"cluster '{cluster.alias}'"
+    if cluster.profile is Profile.EVENTHUBS:
+        conf |= {"sasl.username": "$ConnectionString", "sasl.password": read_secret(cluster.password, what)}
+    elif cluster.profile is Profile.MSK_SCRAM:
+        conf |= {"sasl.username": cluster.username, "sasl.password": read_secret(cluster.password, what)}
+    elif cluster.profile is Profile.MSK_IAM:
+        conf |= {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": _msk_iam_token(cluster.region)}
+    elif cluster.profile is Profile.MTLS:
+        conf |= {"ssl.certificate.location": cluster.client_cert_file, "ssl.key.location": cluster.client_key.file}
+    if role == "producer" and cluster.profile is Profile.EVENTHUBS:
+        conf["socket.keepalive.enable"] = True
+    return conf
+
+
+def spark_options(cluster: ClusterConfig, role: Role) -> dict[str, str]:
+    return {f"kafka.{k}": v for k, v in java_settings(cluster, role).items()}
+
+
+def redacted(settings: dict[str, object]) -> dict[str, object]:
+    """Settings fit for a log line or `describe`."""
+    secret_words = ("password", "jaas", "secret", "oauth_cb", "key.pem", "ssl.key")
+    return {k: ("***" if any(w in k for w in secret_words) else v) for k, v in settings.items()}
+
+
+def _protocol(cluster: ClusterConfig) -> str:
+    if cluster.profile is Profile.KAFKA:
+        return "SSL" if cluster.tls else "PLAINTEXT"
+    return "SSL" if cluster.profile is Profile.MTLS else "SASL_SSL"
+
+
+def _jaas_quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _msk_iam_token(region: str):
+    """An OAUTHBEARER callback that signs MSK IAM tokens with the pod's AWS identity."""
+    from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
+
+    def callback(_config: str) -> tuple[str, float]:
+        token, expiry_ms = MSKAuthTokenProvider.generate_auth_token(region)
+        return token, expiry_ms / 1000
+
+    return callback

@@ -1,0 +1,130 @@
+"""Topic sync: which source topics a flow mirrors, and target topics that can take them.
+
+On Kafka and MSK targets the mirror creates each target topic with the source's partition count and the configs
+that matter, and adds partitions when the source grows. Event Hubs topics are made by infra; there the mirror only
+checks them. A topic whose target cannot take it is quarantined with the reason; the other topics go on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, ResourceType
+
+from .config import ClusterConfig, FlowConfig
+from .policy import should_mirror, target_topic
+from .profiles import librdkafka_settings
+
+log = logging.getLogger(__name__)
+
+# The configs MirrorMaker 2 users rely on to make a DR copy behave like its source.
+COPIED_CONFIGS = ("cleanup.policy", "retention.ms", "retention.bytes", "max.message.bytes", "min.compaction.lag.ms")
+ADMIN_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class TopicPlan:
+    """The topics a flow mirrors now: source name -> partition count, and the quarantined ones with reasons."""
+
+    mirrored: dict[str, int] = field(default_factory=dict)
+    quarantined: dict[str, str] = field(default_factory=dict)
+
+
+class TopicSync:
+    def __init__(self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig) -> None:
+        self.flow = flow
+        self.target = target
+        self._source_admin = AdminClient(librdkafka_settings(source, "admin"))
+        self._target_admin = AdminClient(librdkafka_settings(target, "admin"))
+        self.source = source
+
+    def source_topics(self) -> dict[str, int]:
+        """Source topics this flow selects, with their partition counts."""
+        metadata = self._list(self._source_admin, self.source)
+        return {
+            name: len(t.partitions)
+            for name, t in metadata.items()
+            if t.error is None and should_mirror(self.flow, name)
+        }
+
+    def sync(self) -> TopicPlan:
+        wanted = self.source_topics()
+        existing = {n: len(t.partitions) for n, t in self._list(self._target_admin, self.target).items()}
+        plan = TopicPlan()
+        to_create = [s for s in wanted if target_topic(self.flow, s) not in existing]
+        created = self._create(to_create, wanted) if to_create and not self.target.is_eventhubs else {}
+        for source_name, partitions in sorted(wanted.items()):
+            name = target_topic(self.flow, source_name)
+            if name in existing:
+                reason = self._grow(name, existing[name], partitions) if existing[name] < partitions else None
+            elif self.target.is_eventhubs:
+                reason = f"event hub '{name}' does not exist on '{self.target.alias}'; infra must create it"
+            else:
+                reason = created[source_name]
+            if reason is None:
+                plan.mirrored[source_name] = partitions
+            else:
+                plan.quarantined[source_name] = reason
+        for source_name, reason in plan.quarantined.items():
+            log.error("flow %s: topic '%s' quarantined: %s", self.flow.name, source_name, reason)
+        return plan
+
+    def _create(self, names: list[str], partitions: dict[str, int]) -> dict[str, str | None]:
+        """Create target topics like their sources; returns a failure reason per topic (None when created)."""
+        configs = self._source_configs(names)
+        new = [
+            NewTopic(target_topic(self.flow, n), num_partitions=partitions[n], config=configs.get(n, {})) for n in names
+        ]
+        outcome: dict[str, str | None] = {}
+        futures = self._target_admin.create_topics(new, request_timeout=ADMIN_TIMEOUT_S)
+        for source_name in names:
+            try:
+                futures[target_topic(self.flow, source_name)].result()
+                outcome[source_name] = None
+                log.info("flow %s: created '%s'", self.flow.name, target_topic(self.flow, source_name))
+            except KafkaException as err:
+                kafka_error = err.args[0]
+                if kafka_error.name() == "TOPIC_ALREADY_EXISTS":
+                    outcome[source_name] = None
+                else:
+                    outcome[source_name] = f"cannot create target topic: {kafka_error.str()}"
+        return outcome
+
+    def _grow(self, name: str, have: int, want: int) -> str | None:
+        if self.target.is_eventhubs:
+            return f"event hub '{name}' has {have} partitions, the source has {want}; raise it in infra"
+        try:
+            self._target_admin.create_partitions([NewPartitions(name, want)])[name].result()
+            log.info("flow %s: '%s' grown from %d to %d partitions", self.flow.name, name, have, want)
+            return None
+        except KafkaException as err:
+            return f"cannot add partitions to '{name}' ({have} -> {want}): {err.args[0].str()}"
+
+    def _source_configs(self, names: list[str]) -> dict[str, dict[str, str]]:
+        resources = [ConfigResource(ResourceType.TOPIC, n) for n in names]
+        configs: dict[str, dict[str, str]] = {}
+        for resource, future in self._source_admin.describe_configs(resources).items():
+            entries = future.result()
+            configs[resource.name] = {
+                k: entries[k].value for k in COPIED_CONFIGS if k in entries and entries[k].value is not None
+            }
+        return configs
+
+    @staticmethod
+    def _list(admin: AdminClient, cluster: ClusterConfig):
+        try:
+            return admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+        except KafkaException as err:
+            raise ClusterUnreachable(cluster, err.args[0].str()) from None
+
+
+class ClusterUnreachable(RuntimeError):
+    """A cause that affects every topic: the mirror stops, naming the cluster."""
+
+    def __init__(self, cluster: ClusterConfig, detail: str) -> None:
+        super().__init__(
+            f"cluster '{cluster.alias}' ({cluster.bootstrap_servers}) is unreachable after {ADMIN_TIMEOUT_S:.0f}s:"
+            f" {detail}"
+        )

@@ -1,0 +1,246 @@
+"""The write path: copy one Spark partition (= one source topic-partition) to the target and say where it landed.
+
+It runs inside Spark's Python workers through `mapInArrow`, so a batch's Kafka partitions are written in parallel,
+each in source order. Each record keeps its key, value, headers (order and duplicates), partition and original
+timestamp; Spark's built-in Kafka sink cannot set the timestamp, which is why this path exists. Secrets are
+resolved on the worker from the same env vars and files as on the driver, so they never travel in a task.
+
+For every source partition it hands back one landing row: the last source offset written and the target offset it
+landed at (an offset sync), with counts. A record the target refuses for size goes to the flow's dead-letter
+topic when there is one; otherwise the batch fails with the record's coordinates, and nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from .config import ClusterConfig, FlowConfig
+from .policy import PROVENANCE_HEADER, drops_record, target_topic
+from .profiles import librdkafka_settings
+
+# What the Spark query selects from the Kafka source, in this order.
+SOURCE_COLUMNS = (
+    "topic",
+    "partition",
+    "offset",
+    "key",
+    "value",
+    "headers",
+    "unix_millis(timestamp) AS timestamp_ms",
+)
+LANDED_SCHEMA = (
+    "topic string, partition int, first_offset long, last_offset long, last_target_offset long,"
+    " records long, bytes long, dropped long, dead_lettered long"
+)
+DLQ_PREFIX = "mirrorkit.dlq."
+# Throughput settings measured in bench/; acks=all and idempotence keep order and avoid duplicates on retry.
+PRODUCER_DEFAULTS = {
+    "acks": "all",
+    "enable.idempotence": True,
+    "linger.ms": 20,
+    "batch.size": 1_000_000,
+    "queue.buffering.max.messages": 500_000,
+    "queue.buffering.max.kbytes": 1_048_576,
+}
+
+_producers: dict[tuple[str, str], Producer] = {}
+
+
+class RecordTooLarge(RuntimeError):
+    pass
+
+
+class DeliveryFailed(RuntimeError):
+    pass
+
+
+def _producer(cluster: ClusterConfig) -> Producer:
+    """One producer per target per Python worker: connections outlive tasks, as Spark reuses workers."""
+    key = (cluster.alias, cluster.bootstrap_servers)
+    if key not in _producers:
+        _producers[key] = Producer(PRODUCER_DEFAULTS | librdkafka_settings(cluster, "producer"))
+    return _producers[key]
+
+
+@dataclass
+class _Landing:
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int = -1
+    last_target_offset: int = -1
+    records: int = 0
+    bytes: int = 0
+    dropped: int = 0
+    dead_lettered: int = 0
+
+
+class PartitionWriter:
+    """A picklable `mapInArrow` function for one flow."""
+
+    def __init__(self, flow: FlowConfig, target: ClusterConfig) -> None:
+        self.flow = flow
+        self.target = target
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        producer = _producer(self.target)
+        landings: dict[tuple[str, int], _Landing] = {}
+        in_flight: dict[tuple[str, int], collections.deque[int]] = collections.defaultdict(collections.deque)
+        refused: list[tuple[int, object, str]] = []  # (source offset, refused message, source topic)
+        failures: list[str] = []
+        stamp = self.flow.replication_policy == "identity" and self.flow.provenance_header
+        provenance = (PROVENANCE_HEADER, self.flow.source.encode())
+
+        def delivered(err: KafkaError | None, msg) -> None:
+            source_key = (msg.topic(), msg.partition())  # target topic; mapped back below
+            offset = in_flight[source_key].popleft()
+            landing = landings[target_to_source[source_key]]
+            if err is None:
+                landing.last_offset = offset
+                landing.last_target_offset = msg.offset()
+            elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                refused.append((offset, msg, target_to_source[source_key][0]))
+            else:
+                failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.str()}")
+
+        target_to_source: dict[tuple[str, int], tuple[str, int]] = {}
+        for batch in batches:
+            cols = batch.to_pydict()
+            for topic, partition, offset, key, value, headers, ts in zip(
+                cols["topic"],
+                cols["partition"],
+                cols["offset"],
+                cols["key"],
+                cols["value"],
+                cols["headers"],
+                cols["timestamp_ms"],
+                strict=True,
+            ):
+                landing = landings.get((topic, partition))
+                if landing is None:
+                    landing = landings[(topic, partition)] = _Landing(topic, partition, offset)
+                    target_to_source[(target_topic(self.flow, topic), partition)] = (topic, partition)
+                pairs = [(h["key"], h["value"]) for h in headers] if headers else []
+                if stamp or self.flow.replication_policy == "identity":
+                    origin = next((v for k, v in pairs if k == PROVENANCE_HEADER), None)
+                    if drops_record(self.flow, origin):
+                        landing.dropped += 1
+                        landing.last_offset = max(landing.last_offset, offset)
+                        continue
+                    if stamp and origin is None:
+                        pairs.append(provenance)
+                out_topic = target_topic(self.flow, topic)
+                in_flight[(out_topic, partition)].append(offset)
+                self._produce(producer, out_topic, partition, key, value, pairs, ts, delivered)
+                landing.records += 1
+                landing.bytes += (len(key) if key else 0) + (len(value) if value else 0)
+        remaining = producer.flush(300)
+        if remaining or failures:
+            raise DeliveryFailed(f"flow {self.flow.name}: {remaining} undelivered; first errors: {failures[:3]}")
+        if refused:
+            self._dead_letter(producer, refused, landings)
+        yield pa.RecordBatch.from_pylist([vars(x) for x in landings.values()], schema=_landed_arrow_schema())
+
+    def _produce(self, producer: Producer, topic, partition, key, value, headers, ts, on_delivery) -> None:
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    value=value,
+                    key=key,
+                    partition=partition,
+                    timestamp=ts,
+                    headers=headers or None,
+                    on_delivery=on_delivery,
+                )
+                return
+            except BufferError:
+                producer.poll(0.05)
+            except KafkaException as err:
+                if err.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                    # Refused before it left: report it the same way as a broker refusal.
+                    on_delivery(err.args[0], _Refused(topic, partition, key, value, headers, ts))
+                    return
+                raise
+
+    def _dead_letter(self, producer: Producer, refused, landings: dict[tuple[str, int], _Landing]) -> None:
+        first = min(refused, key=lambda r: r[0])
+        offset, msg, source_topic = first
+        if not self.flow.dead_letter_topic:
+            size = len(msg.value() or b"")
+            raise RecordTooLarge(
+                f"flow {self.flow.name}: record too large for target '{self.flow.target}': topic '{source_topic}'"
+                f" partition {msg.partition()} offset {offset} ({size} bytes); set dead_letter_topic to divert"
+                " such records"
+            )
+        errors: list[str] = []
+        for offset, msg, source_topic in refused:
+            value = msg.value() or b""
+            coordinates = [
+                (f"{DLQ_PREFIX}topic", source_topic.encode()),
+                (f"{DLQ_PREFIX}partition", str(msg.partition()).encode()),
+                (f"{DLQ_PREFIX}offset", str(offset).encode()),
+                (f"{DLQ_PREFIX}timestamp", str(msg.timestamp()[1]).encode()),
+                (f"{DLQ_PREFIX}size", str(len(value)).encode()),
+                (f"{DLQ_PREFIX}error", b"MSG_SIZE_TOO_LARGE"),
+            ]
+            # The value itself did not fit this cluster, so the dead letter carries the coordinates to fetch it.
+            producer.produce(
+                self.flow.dead_letter_topic,
+                key=msg.key(),
+                value=None,
+                headers=list(msg.headers() or []) + coordinates,
+                on_delivery=lambda err, _m: errors.append(err.str()) if err else None,
+            )
+            landings[(source_topic, msg.partition())].dead_lettered += 1
+        if producer.flush(60) or errors:
+            raise DeliveryFailed(f"flow {self.flow.name}: dead-letter writes failed: {errors[:3]}")
+
+
+class _Refused:
+    """Quacks like a confluent-kafka Message for a record librdkafka refused before sending."""
+
+    def __init__(self, topic, partition, key, value, headers, ts) -> None:
+        self._fields = (topic, partition, key, value, headers, ts)
+
+    def topic(self):
+        return self._fields[0]
+
+    def partition(self):
+        return self._fields[1]
+
+    def key(self):
+        return self._fields[2]
+
+    def value(self):
+        return self._fields[3]
+
+    def headers(self):
+        return self._fields[4]
+
+    def timestamp(self):
+        return (1, self._fields[5])
+
+    def offset(self):
+        return -1
+
+
+def _landed_arrow_schema() -> pa.Schema:
+    return pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("first_offset", pa.int64()),
+            ("last_offset", pa.int64()),
+            ("last_target_offset", pa.int64()),
+            ("records", pa.int64()),
+            ("bytes", pa.int64()),
+            ("dropped", pa.int64()),
+            ("dead_lettered", pa.int64()),
+        ]
+    )
