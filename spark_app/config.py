@@ -34,8 +34,9 @@ class ConfigError(ValueError):
         lines = []
         for e in err.errors():
             path = _key_path(e["loc"])
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{source}:{path}: {msg}" if path else f"{source}: {msg}")
+            for msg in e["msg"].removeprefix("Value error, ").splitlines():
+                # Whole-config checks put the key path at the start of each line themselves.
+                lines.append(f"{source}:{path}: {msg}" if path else f"{source}:{msg}")
         return cls("\n".join(lines))
 
 
@@ -204,16 +205,6 @@ class MirrorConfig(_Strict):
     trigger_interval_s: Annotated[float, Field(ge=0)] = 1.0
     metrics_port: Annotated[int, Field(ge=1, le=65535)] = 9404
 
-    @field_validator("clusters")
-    @classmethod
-    def _unique_aliases(cls, v: list[ClusterConfig]) -> list[ClusterConfig]:
-        seen: set[str] = set()
-        for i, c in enumerate(v):
-            if c.alias in seen:
-                raise ValueError(f"[{i}].alias: '{c.alias}' is used twice")
-            seen.add(c.alias)
-        return v
-
     @field_validator("flows")
     @classmethod
     def _some_flow(cls, v: list[FlowConfig]) -> list[FlowConfig]:
@@ -224,7 +215,11 @@ class MirrorConfig(_Strict):
     @model_validator(mode="after")
     def _flows_fit_clusters(self) -> MirrorConfig:
         aliases = {c.alias: c for c in self.clusters}
-        errors: list[str] = []
+        errors = [
+            f"clusters[{i}].alias: '{c.alias}' is used twice"
+            for i, c in enumerate(self.clusters)
+            if c.alias in {d.alias for d in self.clusters[:i]}
+        ]
         by_pair: dict[tuple[str, str], FlowConfig] = {}
         for i, flow in enumerate(self.flows):
             where = f"flows[{i}]"
@@ -256,7 +251,7 @@ class MirrorConfig(_Strict):
                     " keep 'provenance_header: true' on both, or use replication_policy 'default'"
                 )
         if errors:
-            raise ValueError("; ".join(errors))
+            raise ValueError("\n".join(errors))
         return self
 
     def cluster(self, alias: str) -> ClusterConfig:

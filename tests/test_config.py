@@ -1,0 +1,108 @@
+"""A bad mirror config is refused before Spark starts, with a message that names the key."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from spark_app.cli import main as cli_main
+from spark_app.config import ConfigError, parse_config
+from spark_app.policy import event_hubs_topics, should_mirror, target_topic
+
+GOOD = {
+    "clusters": [
+        {"alias": "a", "bootstrap_servers": "a.example:9096", "profile": "msk-scram", "username": "m",
+         "password": {"env": "A_PASSWORD"}},
+        {"alias": "b", "bootstrap_servers": "b.example:9092", "profile": "kafka"},
+        {"alias": "eh", "bootstrap_servers": "ns.servicebus.windows.net:9093", "profile": "eventhubs",
+         "password": {"file": "/var/run/secrets/eh"}},
+    ],
+    "flows": [{"source": "a", "target": "b", "topics": {"include": ["orders.*"]}, "checkpoint_location": "/c/ab"}],
+}  # fmt: skip
+
+
+def variant(**changes) -> dict:
+    raw = copy.deepcopy(GOOD)
+    for path, value in changes.items():
+        node = raw
+        *parents, leaf = path.split("__")
+        for p in parents:
+            node = node[int(p)] if p.isdigit() else node[p]
+        node[int(leaf) if leaf.isdigit() else leaf] = value
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (variant(flows__0__target="dr2"), "config:flows[0].target: unknown cluster 'dr2'"),
+        (variant(flows__0__topics={"include": []}), "config:flows[0].topics.include: select at least one topic"),
+        (variant(flows__0__topics={"include": ["orders("]}), "is not a valid regex"),
+        (variant(flows__0__target="a"), "config:flows[0]: source and target are the same cluster 'a'"),
+        (
+            variant(flows__0__replication_policy="identity", flows__0__provenance_header=False)
+            | {
+                "flows": [
+                    {"source": "a", "target": "b", "topics": {"include": ["x"]}, "checkpoint_location": "/1",
+                     "replication_policy": "identity", "provenance_header": False},
+                    {"source": "b", "target": "a", "topics": {"include": ["x"]}, "checkpoint_location": "/2",
+                     "replication_policy": "identity"},
+                ]
+            },
+            "identity flows a->b and b->a would loop records forever",
+        ),
+        (variant(clusters__2__client_overrides={"compression.type": "lz4"}), "'lz4' is refused by Event Hubs"),
+        (variant(flows__0__target="eh"), "a flow into Event Hubs cluster 'eh' must list topic names"),
+        (variant(clusters__0__password=None), "config:clusters[0]: profile 'msk-scram' needs 'password'"),
+        (variant(clusters__1__bootstrap_servers="nohost"), "'nohost' is not host:port"),
+        (variant(clusters__1__alias="a"), "config:clusters[1].alias: 'a' is used twice"),
+    ],
+    ids=["unknown-alias", "empty-selection", "bad-regex", "same-cluster", "identity-loop", "eh-codec",
+         "eh-pattern", "missing-secret", "bad-bootstrap", "duplicate-alias"],
+)  # fmt: skip
+def test_bad_config_is_refused_naming_the_key(raw, message):
+    with pytest.raises(ConfigError) as refused:
+        parse_config(raw)
+    assert message in str(refused.value)
+
+
+def test_identity_pair_with_provenance_headers_is_accepted():
+    raw = variant()
+    raw["flows"] = [
+        {"source": s, "target": t, "topics": {"include": ["x"]}, "checkpoint_location": f"/{s}{t}",
+         "replication_policy": "identity"}
+        for s, t in (("a", "b"), ("b", "a"))
+    ]  # fmt: skip
+    assert [f.name for f in parse_config(raw).flows] == ["a->b", "b->a"]
+
+
+def test_exclusions_win_and_internal_topics_and_remote_copies_never_mirror():
+    raw = variant(flows__0__topics={"include": [".*"], "exclude": ["orders\\.secret"]})
+    flow = parse_config(raw).flows[0]
+    assert should_mirror(flow, "orders.eu")
+    assert not should_mirror(flow, "orders.secret")
+    for internal in ("__consumer_offsets", "__transaction_state", "mm2-offset-syncs.b.internal",
+                     "a.checkpoints.internal", "mirrorkit-status", "connect-offsets"):  # fmt: skip
+        assert not should_mirror(flow, internal), internal
+    assert not should_mirror(flow, "b.orders"), "a copy that came from the target must not go back"
+    assert target_topic(flow, "orders.eu") == "a.orders.eu"
+
+
+def test_event_hubs_topics_come_from_the_flows_naming_policy():
+    raw = variant(flows__0__target="eh", flows__0__topics={"include": ["orders", "payments"]})
+    raw["flows"][0]["dead_letter_topic"] = "mirror.dlq"
+    assert event_hubs_topics(parse_config(raw)) == {
+        "eh": ["a.checkpoints.internal", "a.heartbeats", "a.orders", "a.payments", "mirror.dlq",
+               "mm2-offset-syncs.eh.internal"]
+    }  # fmt: skip
+
+
+def test_validate_command_reports_the_file_and_key(tmp_path, capsys):
+    bad = tmp_path / "mirror.yaml"
+    bad.write_text(
+        "clusters: []\nflows:\n  - {source: a, target: b, topics: {include: [x]}, checkpoint_location: /c}\n"
+    )
+    assert cli_main(["validate", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:flows[0].source: unknown cluster 'a'" in err
