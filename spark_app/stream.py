@@ -8,6 +8,7 @@ noticed a topic are copied too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -158,7 +160,8 @@ class Mirror:
             flow.start(tuple(sorted(flow.sync_topics().mirrored)), available_now=True)
         for flow in self.flows:
             if flow.query is not None:
-                flow.query.awaitTermination()
+                with contextlib.suppress(StreamingQueryException):  # reported below, in the mirror's own words
+                    flow.query.awaitTermination()
                 _raise_if_failed(flow)
 
     def run_forever(self) -> None:

@@ -135,10 +135,12 @@ class PartitionWriter:
                     if stamp and origin is None:
                         pairs.append(provenance)
                 out_topic = target_topic(self.flow, topic)
-                in_flight[(out_topic, partition)].append(offset)
-                self._produce(producer, out_topic, partition, key, value, pairs, ts, delivered)
-                landing.records += 1
-                landing.bytes += (len(key) if key else 0) + (len(value) if value else 0)
+                if self._produce(producer, out_topic, partition, key, value, pairs, ts, delivered):
+                    in_flight[(out_topic, partition)].append(offset)
+                    landing.records += 1
+                    landing.bytes += (len(key) if key else 0) + (len(value) if value else 0)
+                else:  # refused before it left, for size
+                    refused.append((offset, _Refused(out_topic, partition, key, value, pairs, ts), topic))
         remaining = producer.flush(300)
         if remaining or failures:
             raise DeliveryFailed(f"flow {self.flow.name}: {remaining} undelivered; first errors: {failures[:3]}")
@@ -146,7 +148,8 @@ class PartitionWriter:
             self._dead_letter(producer, refused, landings)
         yield pa.RecordBatch.from_pylist([vars(x) for x in landings.values()], schema=_landed_arrow_schema())
 
-    def _produce(self, producer: Producer, topic, partition, key, value, headers, ts, on_delivery) -> None:
+    def _produce(self, producer: Producer, topic, partition, key, value, headers, ts, on_delivery) -> bool:
+        """Hand one record to the producer; False when librdkafka refuses it for size before sending."""
         while True:
             try:
                 producer.produce(
@@ -158,14 +161,12 @@ class PartitionWriter:
                     headers=headers or None,
                     on_delivery=on_delivery,
                 )
-                return
+                return True
             except BufferError:
                 producer.poll(0.05)
             except KafkaException as err:
                 if err.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                    # Refused before it left: report it the same way as a broker refusal.
-                    on_delivery(err.args[0], _Refused(topic, partition, key, value, headers, ts))
-                    return
+                    return False
                 raise
 
     def _dead_letter(self, producer: Producer, refused, landings: dict[tuple[str, int], _Landing]) -> None:

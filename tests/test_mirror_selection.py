@@ -1,0 +1,86 @@
+"""What the mirror copies, what it never copies, and what it does with a record the target cannot take."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+from spark_app.config import parse_config
+from spark_app.stream import Mirror, MirrorFailed
+from spark_app.writer import DLQ_PREFIX
+from tests.support.clients import Record, create_topics, produce, read_all
+from tests.support.mirror_config import cluster_entry
+
+
+def flow_config(source, target, tmp_path, **flow) -> dict:
+    return {
+        "clusters": [cluster_entry(source, "onprem"), cluster_entry(target, "dr")],
+        "flows": [{"source": "onprem", "target": "dr", "checkpoint_location": str(tmp_path / "ckpt"), **flow}],
+    }
+
+
+def test_exclusions_internal_topics_and_remote_copies_stay_home_and_configs_travel(
+    spark, plaintext_cluster, source_cluster, tmp_path, unique
+):
+    keep, secret, remote = f"keep-{unique}", f"keep-secret-{unique}", f"dr.keep-{unique}"
+    create_topics(plaintext_cluster.admin, {keep: 3, secret: 1, remote: 1})
+    compact = f"compact-{unique}"
+    create_topics(plaintext_cluster.admin, {compact: 2}, {"cleanup.policy": "compact", "retention.ms": "7200000"})
+    for topic in (keep, secret, remote, compact):
+        produce(plaintext_cluster.client, topic, [Record(0, b"k", topic.encode())])
+
+    config = parse_config(
+        flow_config(
+            plaintext_cluster,
+            source_cluster,
+            tmp_path,
+            topics={
+                "include": [f"keep.*-{unique}", f"dr\\.keep-{unique}", f"compact-{unique}", "__consumer_offsets"],
+                "exclude": [f"keep-secret-{unique}"],
+            },
+        )  # fmt: skip
+    )
+    mirror = Mirror(spark, config)
+    mirror.run_available_now()
+
+    assert sorted(mirror.flows[0].totals.records) == sorted([keep, compact])
+    target_admin = AdminClient(source_cluster.admin.librdkafka())
+    on_target = target_admin.list_topics(timeout=10).topics
+    assert f"onprem.{keep}" in on_target and len(on_target[f"onprem.{keep}"].partitions) == 3
+    for never in (f"onprem.{secret}", f"onprem.{remote}", "onprem.__consumer_offsets"):
+        assert never not in on_target, never
+    described = target_admin.describe_configs([ConfigResource(ResourceType.TOPIC, f"onprem.{compact}")])
+    entries = next(iter(described.values())).result()
+    assert entries["cleanup.policy"].value == "compact"
+    assert entries["retention.ms"].value == "7200000"
+    assert [r.value for r in read_all(source_cluster.client, f"onprem.{keep}", expected=1)] == [keep.encode()]
+
+
+@pytest.mark.parametrize("dead_letters", [False, True], ids=["stops", "dead-letters"])
+def test_a_record_over_the_targets_cap_stops_with_its_coordinates_or_goes_to_dead_letters(
+    dead_letters, spark, plaintext_cluster, target_cluster, tmp_path, unique
+):
+    topic = f"big-{unique}"
+    create_topics(plaintext_cluster.admin, {topic: 1}, {"max.message.bytes": "3000000"})
+    records = [Record(0, b"a", b"small"), Record(0, b"b", b"x" * 1_200_000), Record(0, b"c", b"after")]
+    produce(plaintext_cluster.client, topic, records, **{"message.max.bytes": "3000000"})
+    create_topics(
+        target_cluster.admin, {f"onprem.{topic}": 1, "mirror.dlq": 1} if dead_letters else {f"onprem.{topic}": 1}
+    )
+    flow = {"topics": {"include": [topic]}} | ({"dead_letter_topic": "mirror.dlq"} if dead_letters else {})
+    mirror = Mirror(spark, parse_config(flow_config(plaintext_cluster, target_cluster, tmp_path, **flow)))
+
+    if not dead_letters:
+        with pytest.raises(MirrorFailed) as stopped:
+            mirror.run_available_now()
+        assert f"topic '{topic}' partition 0 offset 1 (1200000 bytes)" in str(stopped.value)
+        return
+    mirror.run_available_now()
+    assert [r.value for r in read_all(target_cluster.client, f"onprem.{topic}", expected=2)] == [b"small", b"after"]
+    (letter,) = read_all(target_cluster.client, "mirror.dlq", expected=1)
+    headers = dict(letter.headers)
+    assert letter.key == b"b" and letter.value is None
+    assert headers[f"{DLQ_PREFIX}topic"] == topic.encode()
+    assert headers[f"{DLQ_PREFIX}partition"] == b"0" and headers[f"{DLQ_PREFIX}offset"] == b"1"
+    assert headers[f"{DLQ_PREFIX}size"] == b"1200000"
+    assert mirror.flows[0].totals.dead_lettered == 1
