@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Spark on Kubernetes starts the image with `driver ...` or `executor ...`: those go to Spark's own entrypoint.
+# Anything else is a mirror command: run, validate, describe (see `python -m spark_app --help`).
+set -euo pipefail
+case "${1:-}" in
+  driver | executor | driver-py)
+    exec "${SPARK_ENTRYPOINT:-/opt/entrypoint.sh}" "$@"
+    ;;
+esac
+exec "${MIRRORKIT_PYTHON:-python3}" -m spark_app "$@"

@@ -1,0 +1,88 @@
+"""The mirror image: what its Dockerfile copies exists, and its entrypoint runs the mirror in local mode."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from images.fetch_jars import cached_jars
+from tests.support.clients import Record, create_topics, produce, read_all
+from tests.support.mirror_config import cluster_entry
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE = ROOT / "images" / "mirror"
+ENTRYPOINT = IMAGE / "entrypoint.sh"
+
+
+def test_every_path_the_dockerfile_copies_exists():
+    sources = []
+    for line in (IMAGE / "Dockerfile").read_text().splitlines():
+        if not line.startswith("COPY "):
+            continue
+        words = shlex.split(line)
+        if not any(w.startswith("--from") for w in words):
+            sources += words[1:-1]
+    assert len(sources) >= 6
+    missing = [s for s in sources if not (ROOT / s).exists()]
+    assert missing == []
+
+
+def test_entrypoint_hands_spark_driver_and_executor_commands_to_spark(tmp_path):
+    stub = tmp_path / "spark-entrypoint"
+    stub.write_text('#!/bin/sh\necho "spark got: $*"\n')
+    stub.chmod(0o755)
+    for role in ("driver", "executor"):
+        out = subprocess.run(
+            [str(ENTRYPOINT), role, "--properties-file", "/x"],
+            env=os.environ | {"SPARK_ENTRYPOINT": str(stub)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert out.stdout.strip() == f"spark got: {role} --properties-file /x"
+
+
+def test_entrypoint_validates_and_runs_the_mirror_in_local_mode(plaintext_cluster, source_cluster, tmp_path, unique):
+    topic = f"img-{unique}"
+    create_topics(plaintext_cluster.admin, {topic: 2})
+    records = [
+        Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (("h", b"1"),), 1_700_000_000_000 + i) for i in range(500)
+    ]
+    produce(plaintext_cluster.client, topic, records)
+    config = tmp_path / "mirror.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "clusters": [cluster_entry(plaintext_cluster, "onprem"), cluster_entry(source_cluster, "cloud")],
+                "flows": [{"source": "onprem", "target": "cloud", "topics": {"include": [topic]},
+                           "checkpoint_location": str(tmp_path / "ckpt")}],
+            }
+        )
+    )  # fmt: skip
+    env = os.environ | {
+        "MIRRORKIT_PYTHON": sys.executable,
+        "PYSPARK_PYTHON": sys.executable,
+        "MIRRORKIT_SPARK_JARS": ",".join(str(j) for j in cached_jars("spark")),
+    }
+    checked = subprocess.run([str(ENTRYPOINT), "validate", "--config", str(config)], env=env, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+
+    run = subprocess.run(
+        [str(ENTRYPOINT), "run", "--config", str(config), "--available-now", "--master", "local[2]"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "flow onprem->cloud: 500 records" in run.stderr
+    assert source_cluster.client.password not in run.stderr + run.stdout
+    got = read_all(source_cluster.client, f"onprem.{topic}", expected=500)
+    assert sorted((r.partition, r.key, r.value, r.headers, r.timestamp_ms) for r in got) == sorted(
+        (r.partition, r.key, r.value, r.headers, r.timestamp_ms) for r in records
+    )
