@@ -96,3 +96,12 @@ def test_eventhubs_like_cluster_rejects_a_record_over_1_mb(target_cluster, uniqu
     assert outcomes["900kB"] is None
     assert outcomes["1.2MB"] is not None and outcomes["1.2MB"].code() == KafkaError.MSG_SIZE_TOO_LARGE
     assert [len(r.value) for r in read_all(target_cluster.client, topic, expected=1)] == [900_000]
+
+
+def test_missing_jars_fail_at_once_naming_the_fetch_command(tmp_path, monkeypatch):
+    from images.fetch_jars import cached_jars
+
+    monkeypatch.setenv("MIRRORKIT_JAR_CACHE", str(tmp_path))
+    with pytest.raises(FileNotFoundError) as missing:
+        cached_jars("kafka")
+    assert "python3 images/fetch_jars.py kafka" in str(missing.value)
