@@ -9,6 +9,7 @@ import signal
 import sys
 
 from .config import ConfigError, MirrorConfig, load_config
+from .policy import target_topic
 from .profiles import SecretError, java_settings, redacted
 
 log = logging.getLogger("spark_app")
@@ -61,8 +62,6 @@ def describe(config: MirrorConfig) -> dict:
         out["clusters"][c.alias] = {"profile": c.profile.value, "settings": redacted(java_settings(c, "consumer"))}
     for flow in config.flows:
         sync = TopicSync(flow, config.cluster(flow.source), config.cluster(flow.target))
-        from .policy import target_topic
-
         out["flows"].append(
             {
                 "flow": flow.name,
