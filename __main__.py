@@ -3,7 +3,13 @@
 import pulumi
 
 from infra.settings import load_settings
+from infra.topology import build
 
-settings = load_settings()
-pulumi.export("namespace", settings.namespace)
-pulumi.export("mirror_config", settings.mirror.to_yaml())
+topology = build(load_settings())
+for site, config in topology.mirror_configs.items():
+    pulumi.export(f"mirror_config_{site}", config)
+for alias, hubs in topology.event_hubs.items():
+    pulumi.export(f"eventhubs_{alias}_namespace", hubs.namespace_name)
+    pulumi.export(f"eventhubs_{alias}_connection_string", hubs.connection_string)
+for site, role in topology.roles.items():
+    pulumi.export(f"mirror_role_{site}", role.role_arn)

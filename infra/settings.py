@@ -1,30 +1,536 @@
-"""Stack config -> typed settings. Everything is validated here, before any resource exists."""
+"""Stack config -> typed, validated settings. Everything is checked here, before any resource exists.
+
+The stack file says which clusters exist, which Kubernetes sites run mirrors and which flows exist; the mirror's
+own config (spark_app.config.MirrorConfig) is rendered from these and validated by spark_app itself, so a bad
+stack fails at `pulumi preview` with the key path as the user wrote it, e.g.
+`mirrorkit:flows[1].target: unknown cluster 'dr2'`.
+"""
 
 from __future__ import annotations
 
+import enum
+import ipaddress
+import re
 from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import pulumi
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from spark_app.config import ConfigError, MirrorConfig, parse_config
+from spark_app.config import ALIAS_PATTERN, ConfigError, FlowConfig, MirrorConfig
+from spark_app.policy import HEARTBEATS_TOPIC, event_hubs_topics, target_topic
 
 PROJECT = "mirrorkit"
+SECRETS_DIR = "/etc/mirrorkit/secrets"
+CHECKPOINT_DIR = "/checkpoints"
+EVENTHUBS_PORT = 9093
+MSK_PORTS = {"scram": 9096, "iam": 9098, "tls": 9094}
+# Looked up from the MSK cluster at deploy time; stands in while the stack is validated.
+PENDING_BOOTSTRAP = "bootstrap.pending.invalid"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Tier(str, enum.Enum):
+    BASIC = "Basic"
+    STANDARD = "Standard"
+    PREMIUM = "Premium"
+    DEDICATED = "Dedicated"
+
+
+@dataclass(frozen=True)
+class TierLimits:
+    partitions: int
+    retention_hours: int
+    consumer_groups: int
+
+
+TIER_LIMITS = {
+    Tier.STANDARD: TierLimits(partitions=32, retention_hours=7 * 24, consumer_groups=20),
+    Tier.PREMIUM: TierLimits(partitions=100, retention_hours=90 * 24, consumer_groups=100),
+    Tier.DEDICATED: TierLimits(partitions=1024, retention_hours=90 * 24, consumer_groups=1000),
+}
+
+
+def _cidr(v: str) -> str:
+    ipaddress.ip_network(v)  # raises ValueError with a readable message
+    return v
+
+
+Cidr = Annotated[str, Field(min_length=9)]
+
+
+class SourceTopic(_Strict):
+    """What infra must know of a source topic to size its copy on a cluster it provisions."""
+
+    partitions: Annotated[int, Field(gt=0)]
+    compacted: bool = False
+
+
+class GeoDr(_Strict):
+    alias: Annotated[str, Field(min_length=1)]
+    partner_namespace_id: Annotated[str, Field(min_length=1)]
+
+
+class EventHubsSpec(_Strict):
+    namespace: Annotated[str, Field(pattern=r"^[a-zA-Z][a-zA-Z0-9-]{4,48}[a-zA-Z0-9]$")]
+    resource_group: Annotated[str, Field(min_length=1)]
+    existing_resource_group: bool = False
+    tier: Tier
+    capacity: Annotated[int, Field(ge=1)] = 1
+    auto_inflate_max: Annotated[int, Field(ge=1, le=40)] | None = None  # Standard only; None turns auto-inflate off
+    zone_redundant: bool = True
+    public_network_access: Literal["Enabled", "Disabled", "SecuredByPerimeter"] = "Enabled"
+    disable_local_auth: bool = False
+    dedicated_cluster_id: str | None = None  # Dedicated: the existing Event Hubs cluster the namespace lives on
+    retention_hours: Annotated[int, Field(ge=1)] = 24
+    consumer_groups: list[str] = Field(default_factory=list)
+    manage_rights: bool = False  # the mirror's rule gets Manage only when the stack asks for it
+    geo_dr: GeoDr | None = None
+
+    @model_validator(mode="after")
+    def _fits_tier(self) -> EventHubsSpec:
+        if self.tier is Tier.BASIC:
+            raise ValueError("tier: 'Basic' has no Kafka endpoint; use Standard, Premium or Dedicated")
+        limits = TIER_LIMITS[self.tier]
+        errors = []
+        if self.retention_hours > limits.retention_hours:
+            errors.append(
+                f"retention_hours: {self.retention_hours} is over the {self.tier.value} tier's {limits.retention_hours}"
+            )
+        if len(self.consumer_groups) + 1 > limits.consumer_groups:  # $Default counts too
+            errors.append(f"consumer_groups: {self.tier.value} allows {limits.consumer_groups} per hub with $Default")
+        if self.auto_inflate_max is not None and self.tier is not Tier.STANDARD:
+            errors.append("auto_inflate_max: auto-inflate exists on the Standard tier only")
+        if self.auto_inflate_max is not None and self.auto_inflate_max < self.capacity:
+            errors.append(f"auto_inflate_max: {self.auto_inflate_max} is below capacity {self.capacity}")
+        if (self.tier is Tier.DEDICATED) != (self.dedicated_cluster_id is not None):
+            errors.append("dedicated_cluster_id: give it for tier Dedicated, and only then")
+        if self.disable_local_auth:
+            errors.append(
+                "disable_local_auth: the mirror signs in with SAS ($ConnectionString); spark_app has no Entra ID"
+                " (OAUTHBEARER) profile yet, so local auth must stay on"
+            )
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.namespace}.servicebus.windows.net:{EVENTHUBS_PORT}"
+
+
+MSK_ARN = re.compile(
+    r"^arn:aws:kafka:(?P<region>[a-z0-9-]+):(?P<account>\d{12}):cluster/(?P<name>[^/]+)/(?P<uuid>[^/]+)$"
+)
+
+
+class MskSpec(_Strict):
+    cluster_arn: Annotated[str, Field(pattern=MSK_ARN.pattern)]
+    auth: Literal["scram", "iam", "tls"]
+    vpc_id: Annotated[str, Field(pattern=r"^vpc-[0-9a-f]+$")]
+    cidr: Cidr
+    route_table_ids: Annotated[list[str], Field(min_length=1)]
+    security_group_id: Annotated[str, Field(pattern=r"^sg-[0-9a-f]+$")]
+    username: str = "mirror"  # scram
+    role_arn: str | None = None  # assumed to act in the MSK account (cross-account accepter, secret, rules)
+
+    _cidr_ok = field_validator("cidr")(_cidr)
+
+    @property
+    def region(self) -> str:
+        return MSK_ARN.match(self.cluster_arn)["region"]
+
+    @property
+    def account_id(self) -> str:
+        return MSK_ARN.match(self.cluster_arn)["account"]
+
+    @property
+    def port(self) -> int:
+        return MSK_PORTS[self.auth]
+
+    def arn_of(self, kind: Literal["topic", "group"], name: str) -> str:
+        """IAM resource ARN of a topic or group on this cluster (`name` may end in `*`)."""
+        return self.cluster_arn.replace(":cluster/", f":{kind}/", 1) + f"/{name}"
+
+
+class KafkaSpec(_Strict):
+    """Self-managed Kafka (on-prem, Strimzi): reached over an existing network path."""
+
+    bootstrap_servers: Annotated[str, Field(min_length=3)]
+    auth: Literal["none", "tls", "scram", "mtls"] = "none"
+    username: str | None = None  # scram
+    ca_file: str | None = None
+
+    @property
+    def ports(self) -> set[int]:
+        return {int(s.rsplit(":", 1)[1]) for s in self.bootstrap_servers.split(",") if s.rsplit(":", 1)[-1].isdigit()}
+
+
+class ClusterSpec(_Strict):
+    alias: Annotated[str, Field(pattern=ALIAS_PATTERN)]
+    region: Annotated[str, Field(min_length=1)]
+    eventhubs: EventHubsSpec | None = None
+    msk: MskSpec | None = None
+    kafka: KafkaSpec | None = None
+    topics: dict[str, SourceTopic] = Field(default_factory=dict)  # source topics flows read from this cluster
+    client_overrides: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_platform(self) -> ClusterSpec:
+        given = [k for k in ("eventhubs", "msk", "kafka") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of 'eventhubs', 'msk' or 'kafka' (got {given or 'none'})")
+        if self.msk is not None and self.msk.region != self.region:
+            raise ValueError(f"region: '{self.region}' but msk.cluster_arn is in '{self.msk.region}'")
+        return self
+
+    @property
+    def ports(self) -> set[int]:
+        if self.eventhubs is not None:
+            return {EVENTHUBS_PORT}
+        return {self.msk.port} if self.msk is not None else self.kafka.ports
+
+    def credential_keys(self) -> tuple[str, ...]:
+        """Files the mirror reads from this cluster's Kubernetes Secret, set in stack config as secrets."""
+        auth = self.msk.auth if self.msk is not None else self.kafka.auth if self.kafka is not None else "sas"
+        return {"scram": ("password",), "tls": ("client_cert", "client_key"), "mtls": ("client_cert", "client_key")}.get(
+            auth, ()
+        )
+
+
+class AwsSite(_Strict):
+    """The site's own VPC, to peer with MSK VPCs, and how its pods get an AWS identity."""
+
+    vpc_id: Annotated[str, Field(pattern=r"^vpc-[0-9a-f]+$")]
+    cidr: Cidr
+    route_table_ids: Annotated[list[str], Field(min_length=1)]
+    account_id: Annotated[str, Field(pattern=r"^\d{12}$")]
+    role_arn: str | None = None
+    eks_cluster: str | None = None  # EKS Pod Identity
+    oidc_provider_arn: str | None = None  # IRSA, when Pod Identity is not used
+
+    _cidr_ok = field_validator("cidr")(_cidr)
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> AwsSite:
+        if (self.eks_cluster is None) == (self.oidc_provider_arn is None):
+            raise ValueError("give exactly one of 'eks_cluster' (Pod Identity) or 'oidc_provider_arn' (IRSA)")
+        return self
+
+
+class SiteSpec(_Strict):
+    """A Kubernetes cluster that runs mirrors."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")]
+    region: Annotated[str, Field(min_length=1)]
+    context: str | None = None  # kubeconfig context; otherwise mirrorkit:kubeconfigs.<name> (secret)
+    api_server_cidrs: Annotated[list[Cidr], Field(min_length=1)]
+    monitoring_namespace: str = "monitoring"
+    aws: AwsSite | None = None
+
+    @field_validator("api_server_cidrs")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        return [_cidr(c) for c in v]
+
+
+class Resources(_Strict):
+    cores: Annotated[int, Field(ge=1)] = 1
+    memory: Annotated[str, Field(pattern=r"^\d+[kmgt]$")] = "2g"
+
+
+class ExecutorResources(Resources):
+    instances: Annotated[int, Field(ge=1)] = 1
+
+
+class Pvc(_Strict):
+    size: Annotated[str, Field(pattern=r"^\d+(Mi|Gi|Ti)$")] = "10Gi"
+    storage_class: str | None = None
+
+
+class Checkpoint(_Strict):
+    """Where Spark keeps its checkpoints: a PVC on the driver, or object storage (s3a://, abfss://, gs://)."""
+
+    pvc: Pvc | None = None
+    url: Annotated[str, Field(pattern=r"^(s3a|abfss|gs)://.+")] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Checkpoint:
+        if (self.pvc is None) == (self.url is None):
+            raise ValueError("give exactly one of 'pvc' or 'url'")
+        return self
+
+    def location(self, source: str, target: str) -> str:
+        root = CHECKPOINT_DIR if self.pvc is not None else self.url.rstrip("/")
+        return f"{root}/{source}-{target}"
+
+
+class Alerts(_Strict):
+    lag_records: Annotated[int, Field(ge=1)] = 100_000
+    stalled_minutes: Annotated[int, Field(ge=1)] = 10
+    checkpoint_age_s: Annotated[int, Field(ge=1)] = 300
+
+
+class MirrorSpec(_Strict):
+    spark_version: str = "4.0.1"
+    driver: Resources = Field(default_factory=Resources)
+    executor: ExecutorResources = Field(default_factory=ExecutorResources)
+    checkpoint: Checkpoint = Field(default_factory=lambda: Checkpoint(pvc=Pvc()))
+    alerts: Alerts = Field(default_factory=Alerts)
+    # Top-level MirrorConfig settings (intervals, metrics_port), passed through and checked by spark_app.
+    runtime: dict[str, Any] = Field(default_factory=dict)
+
+
+class StackModel(_Strict):
+    """The stack file's structured keys, as one model so errors carry their paths."""
+
+    sites: Annotated[list[SiteSpec], Field(min_length=1)]
+    clusters: Annotated[list[ClusterSpec], Field(min_length=2)]
+    flows: Annotated[list[dict[str, Any]], Field(min_length=1)]
+    mirror: MirrorSpec = Field(default_factory=MirrorSpec)
+    placement: dict[str, str] = Field(default_factory=dict)  # flow name `SRC->DST` -> site; default: target's region
+    credentials: dict[str, dict[str, SecretStr]] = Field(default_factory=dict)
+    kubeconfigs: dict[str, SecretStr] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    """One event hub to create: a mirrored topic's copy, or one of the mirror's internal topics."""
+
+    name: str
+    partitions: int
+    compacted: bool
 
 
 @dataclass(frozen=True)
 class StackSettings:
     namespace: str
     image: str
-    mirror: MirrorConfig
+    spark_operator: bool
+    monitoring: bool
+    model: StackModel
+    mirror_config: MirrorConfig  # every flow, bootstraps still pending where they are looked up
+    site_of_flow: dict[str, str]  # flow name -> site name
+
+    def cluster(self, alias: str) -> ClusterSpec:
+        return next(c for c in self.model.clusters if c.alias == alias)
+
+    def site(self, name: str) -> SiteSpec:
+        return next(s for s in self.model.sites if s.name == name)
+
+    def flows_at(self, site: str) -> list[FlowConfig]:
+        return [f for f in self.mirror_config.flows if self.site_of_flow[f.name] == site]
+
+    def clusters_at(self, site: str) -> list[ClusterSpec]:
+        """The clusters a site's mirror talks to, in stack order."""
+        used = {a for f in self.flows_at(site) for a in (f.source, f.target)}
+        return [c for c in self.model.clusters if c.alias in used]
+
+    def mirror_at(self, site: str) -> MirrorConfig:
+        """The runtime config of the mirror a site runs: its own flows and the clusters they name."""
+        aliases = {c.alias for c in self.clusters_at(site)}
+        return self.mirror_config.model_copy(
+            update={
+                "flows": self.flows_at(site),
+                "clusters": [c for c in self.mirror_config.clusters if c.alias in aliases],
+            }
+        )
+
+    def hubs(self, alias: str) -> list[HubSpec]:
+        """Every hub an Event Hubs cluster needs, named by spark_app's policy and sized from the source topic."""
+        return _hubs(self.mirror_config, self.model, alias)
+
+
+def _hubs(mirror: MirrorConfig, model: StackModel, alias: str) -> list[HubSpec]:
+    sources: dict[str, tuple[str, str]] = {}  # hub name -> (source alias, source topic)
+    for flow in mirror.flows:
+        if flow.target == alias:
+            for topic in flow.topics.literal_names() or []:
+                sources[target_topic(flow, topic)] = (flow.source, topic)
+    clusters = {c.alias: c for c in model.clusters}
+    hubs = []
+    for name in event_hubs_topics(mirror)[alias]:
+        src_alias, topic = sources.get(name, (None, None))
+        spec = clusters[src_alias].topics.get(topic) if src_alias else None
+        if spec is not None:
+            hubs.append(HubSpec(name, spec.partitions, spec.compacted))
+        else:
+            # The mirror's own topics (heartbeats, checkpoints, offset syncs, dead letters): one partition, like
+            # MM2's; checkpoints and offset syncs are read back by key, so they are compacted.
+            hubs.append(HubSpec(name, 1, name.endswith(".internal")))
+    return hubs
+
+
+def _secret_key(alias: str, key: str) -> str:
+    return f"{PROJECT}:credentials.{alias}.{key}"
+
+
+def _mirror_cluster(c: ClusterSpec) -> dict[str, Any]:
+    """The spark_app view of a cluster: how to reach it, and where its secrets are mounted."""
+    secrets = f"{SECRETS_DIR}/{c.alias}"
+    out: dict[str, Any] = {"alias": c.alias, "client_overrides": c.client_overrides}
+    if c.eventhubs is not None:
+        return out | {
+            "bootstrap_servers": c.eventhubs.bootstrap_servers,
+            "profile": "eventhubs",
+            "password": {"file": f"{secrets}/password"},
+        }
+    if c.msk is not None:
+        base = out | {"bootstrap_servers": f"{PENDING_BOOTSTRAP}:{c.msk.port}"}
+        return (
+            base
+            | {
+                "scram": {
+                    "profile": "msk-scram",
+                    "username": c.msk.username,
+                    "password": {"file": f"{secrets}/password"},
+                },
+                "iam": {"profile": "msk-iam", "region": c.msk.region},
+                "tls": {
+                    "profile": "mtls",
+                    "client_cert_file": f"{secrets}/client_cert",
+                    "client_key": {"file": f"{secrets}/client_key"},
+                },
+            }[c.msk.auth]
+        )
+    k = c.kafka
+    base = out | {"bootstrap_servers": k.bootstrap_servers, "ca_file": k.ca_file}
+    return (
+        base
+        | {
+            "none": {"profile": "kafka"},
+            "tls": {"profile": "kafka", "tls": True},
+            "scram": {"profile": "msk-scram", "username": k.username, "password": {"file": f"{secrets}/password"}},
+            "mtls": {
+                "profile": "mtls",
+                "client_cert_file": f"{secrets}/client_cert",
+                "client_key": {"file": f"{secrets}/client_key"},
+            },
+        }[k.auth]
+    )
+
+
+def _render(model: StackModel) -> MirrorConfig:
+    """The MirrorConfig the stack means, validated by spark_app; its errors keep the stack's key paths."""
+    errors = [
+        f"{PROJECT}:flows[{i}].checkpoint_location: set by infra from {PROJECT}:mirror.checkpoint; remove it"
+        for i, f in enumerate(model.flows)
+        if "checkpoint_location" in f
+    ]
+    if errors:
+        raise ConfigError("\n".join(errors))
+    flows = []
+    for raw in model.flows:
+        where = model.mirror.checkpoint.location(raw.get("source"), raw.get("target"))
+        flows.append(raw | {"checkpoint_location": where})
+    raw_config = model.mirror.runtime | {"clusters": [_mirror_cluster(c) for c in model.clusters], "flows": flows}
+    try:
+        return MirrorConfig.model_validate(raw_config)
+    except ValidationError as err:
+        runtime_keys = set(MirrorConfig.model_fields) - {"clusters", "flows"}
+        lines = str(ConfigError.from_validation(PROJECT, err)).splitlines()
+        raise ConfigError("\n".join(_under_runtime(line, runtime_keys) for line in lines)) from None
+
+
+def _under_runtime(line: str, runtime_keys: set[str]) -> str:
+    key = line.removeprefix(f"{PROJECT}:").split(":", 1)[0].split(".", 1)[0]
+    return line.replace(f"{PROJECT}:", f"{PROJECT}:mirror.runtime.", 1) if key in runtime_keys else line
+
+
+def _check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
+    """Cross-key rules: placement, credentials, what each site needs, and hub sizes. Returns flow -> site."""
+    errors: list[str] = []
+    clusters = {c.alias: (i, c) for i, c in enumerate(model.clusters)}
+    sites = {s.name: s for s in model.sites}
+    site_of_flow: dict[str, str] = {}
+    for name, site in model.placement.items():
+        if site not in sites:
+            errors.append(f"{PROJECT}:placement.{name}: unknown site '{site}' (sites: {', '.join(sites)})")
+        if name not in {f.name for f in mirror.flows}:
+            errors.append(f"{PROJECT}:placement.{name}: no such flow")
+    for i, flow in enumerate(mirror.flows):
+        region = model.clusters[clusters[flow.target][0]].region
+        in_region = [s.name for s in model.sites if s.region == region]
+        site = model.placement.get(flow.name) or (in_region[0] if len(in_region) == 1 else None)
+        if site is None:
+            errors.append(
+                f"{PROJECT}:flows[{i}]: {len(in_region)} sites in region '{region}' (the target's) to run {flow.name};"
+                f" name one in {PROJECT}:placement"
+            )
+            continue
+        site_of_flow[flow.name] = site
+    for i, c in enumerate(model.clusters):
+        for key in c.credential_keys():
+            if key not in model.credentials.get(c.alias, {}):
+                errors.append(
+                    f"{_secret_key(c.alias, key)}: missing; set it with"
+                    f" `pulumi config set --secret --path '{_secret_key(c.alias, key)}' ...`"
+                )
+        if c.eventhubs is not None:
+            limit = TIER_LIMITS[c.eventhubs.tier].partitions
+            hubs = _hubs(mirror, model, c.alias)
+            errors += [
+                f"{PROJECT}:clusters[{i}].eventhubs.tier: hub '{h.name}' needs {h.partitions} partitions (its source"
+                f" topic's) but tier {c.eventhubs.tier.value} allows {limit}"
+                for h in hubs
+                if h.partitions > limit
+            ]
+        for j, flow in enumerate(mirror.flows):
+            if flow.target == c.alias and c.eventhubs is not None:
+                src_i, src = clusters[flow.source]
+                errors += [
+                    f"{PROJECT}:clusters[{src_i}].topics.{t}: missing; the event hub for it is sized from the source"
+                    f" topic's partitions (flows[{j}] mirrors it into Event Hubs cluster '{c.alias}')"
+                    for t in flow.topics.literal_names() or []
+                    if t not in src.topics and t != HEARTBEATS_TOPIC
+                ]
+    for site_name, site in sites.items():
+        touched = {a for f in mirror.flows if site_of_flow.get(f.name) == site_name for a in (f.source, f.target)}
+        msk = [a for a in touched if clusters[a][1].msk is not None]
+        if msk and site.aws is None:
+            i = list(sites).index(site_name)
+            errors.append(f"{PROJECT}:sites[{i}].aws: missing; its mirror reaches MSK cluster(s) {', '.join(msk)}")
+        if site.context is None and site_name not in model.kubeconfigs:
+            i = list(sites).index(site_name)
+            errors.append(
+                f"{PROJECT}:sites[{i}].context: missing; give a kubeconfig context, or set"
+                f" `pulumi config set --secret --path '{PROJECT}:kubeconfigs.{site_name}' \"$(cat kubeconfig)\"`"
+            )
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return site_of_flow
+
+
+_FIELD_IN_MESSAGE = re.compile(rf"^({PROJECT}:[^:\s]+): ([a-z_]+): ")
+STRUCTURED_KEYS = ("sites", "clusters", "flows", "mirror", "placement", "credentials", "kubeconfigs")
 
 
 def load_settings(config: pulumi.Config | None = None) -> StackSettings:
+    """Read and check the whole stack; raise ConfigError naming the first bad keys."""
     config = config or pulumi.Config(PROJECT)
-    raw_mirror = config.get_object("mirror")
-    if raw_mirror is None:
-        raise ConfigError(f"{PROJECT}:mirror: missing; the stack file must give the mirror's clusters and flows")
+    raw = {k: v for k in STRUCTURED_KEYS if (v := config.get_object(k)) is not None}
+    for key in ("sites", "clusters", "flows"):
+        if key not in raw:
+            raise ConfigError(f"{PROJECT}:{key}: missing; the stack file must give it")
+    image = config.get("image")
+    if not image:
+        raise ConfigError(f"{PROJECT}:image: missing; give the mirror image with its tag")
+    try:
+        model = StackModel.model_validate(raw)
+    except ValidationError as err:
+        # Whole-object checks here say `field: problem`; fold the field into the key path.
+        lines = str(ConfigError.from_validation(PROJECT, err)).splitlines()
+        raise ConfigError("\n".join(_FIELD_IN_MESSAGE.sub(r"\1.\2: ", line) for line in lines)) from None
+    mirror = _render(model)
     return StackSettings(
-        namespace=config.get("namespace") or "mirrorkit",
-        image=config.require("image"),
-        mirror=parse_config(raw_mirror, source=f"{PROJECT}:mirror"),
+        namespace=config.get("namespace") or PROJECT,
+        image=image,
+        spark_operator=config.get_bool("sparkOperator") or False,
+        monitoring=config.get_bool("monitoring") or False,
+        model=model,
+        mirror_config=mirror,
+        site_of_flow=_check(model, mirror),
     )

@@ -1,50 +1,97 @@
-"""Stack files become validated settings; a bad stack fails before any resource, naming the key."""
+"""A bad stack fails before any resource exists, with an error that names the key as the user wrote it."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import copy
+from typing import Any
 
-import pulumi
 import pytest
-import yaml
 
 from infra.settings import PROJECT, load_settings
 from spark_app.config import ConfigError
+from tests.infra.harness import STACKS, ROOT, set_config, stack_values, with_secrets
 
-STACKS = sorted((Path(__file__).resolve().parents[2] / "stacks").glob("Pulumi.*.yaml"))
+DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
+ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
 
 
-def stack_config(path: Path) -> pulumi.Config:
-    """Load a stack file into Pulumi's runtime config, as `pulumi preview` would."""
-    values = yaml.safe_load(path.read_text())["config"]
-    pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()})
-    return pulumi.Config(PROJECT)
+def refused(values: dict[str, Any]) -> str:
+    set_config(values)
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    return str(err.value)
+
+
+def edited(path, **changes) -> dict[str, Any]:
+    values = copy.deepcopy(with_secrets(stack_values(path)))
+    for key, edit in changes.items():
+        edit(values[f"{PROJECT}:{key}"])
+    return values
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[p.name for p in STACKS])
-def test_every_stack_file_yields_a_valid_mirror_config(stack):
-    settings = load_settings(stack_config(stack))
-    assert settings.image and settings.mirror.flows
-    assert all(f.source != f.target for f in settings.mirror.flows)
+def test_every_stack_file_loads_with_its_secrets_set(stack):
+    set_config(with_secrets(stack_values(stack)))
+    settings = load_settings()
+    assert settings.mirror_config.flows and all(f.name in settings.site_of_flow for f in settings.mirror_config.flows)
 
 
-def test_there_is_a_stack_file():
-    assert STACKS, "stacks/ holds no Pulumi.<stack>.yaml"
+def test_a_missing_key_is_named():
+    values = with_secrets(stack_values(DR))
+    del values[f"{PROJECT}:clusters"]
+    assert refused(values) == f"{PROJECT}:clusters: missing; the stack file must give it"
 
 
-def test_a_flow_to_an_unknown_cluster_fails_naming_the_key(tmp_path):
-    bad = tmp_path / "Pulumi.bad.yaml"
-    raw = yaml.safe_load(STACKS[0].read_text())
-    raw["config"]["mirrorkit:mirror"]["flows"][0]["target"] = "dr2"
-    bad.write_text(yaml.safe_dump(raw))
-    with pytest.raises(ConfigError) as refused:
-        load_settings(stack_config(bad))
-    assert "mirrorkit:mirror:flows[0].target: unknown cluster 'dr2'" in str(refused.value)
+def test_a_missing_nested_key_is_named():
+    values = edited(DR, clusters=lambda c: c[0]["msk"].pop("security_group_id"))
+    assert f"{PROJECT}:clusters[0].msk.security_group_id: Field required" in refused(values)
 
 
-def test_a_missing_mirror_key_is_named(tmp_path):
-    bad = tmp_path / "Pulumi.bad.yaml"
-    bad.write_text(yaml.safe_dump({"config": {"mirrorkit:image": "x"}}))
-    with pytest.raises(ConfigError, match="mirrorkit:mirror: missing"):
-        load_settings(stack_config(bad))
+def test_a_missing_secret_names_the_command_that_sets_it():
+    values = stack_values(DR)  # no credentials set
+    assert (
+        f"{PROJECT}:credentials.primary.password: missing; set it with"
+        f" `pulumi config set --secret --path '{PROJECT}:credentials.primary.password' ...`"
+    ) in refused(values)
+
+
+def test_the_basic_tier_is_refused_because_it_has_no_kafka_endpoint():
+    values = edited(DR, clusters=lambda c: c[1]["eventhubs"].update(tier="Basic"))
+    assert f"{PROJECT}:clusters[1].eventhubs.tier: 'Basic' has no Kafka endpoint" in refused(values)
+
+
+def test_more_partitions_than_the_tier_allows_is_refused():
+    def standard_with_a_wide_topic(clusters):
+        clusters[1]["eventhubs"].update(tier="Standard", retention_hours=24)
+        clusters[0]["topics"]["orders"]["partitions"] = 40
+
+    message = refused(edited(DR, clusters=standard_with_a_wide_topic))
+    assert (
+        f"{PROJECT}:clusters[1].eventhubs.tier: hub 'primary.orders' needs 40 partitions (its source topic's)"
+        " but tier Standard allows 32"
+    ) in message
+
+
+def test_an_unknown_cluster_alias_in_a_flow_is_named():
+    values = edited(DR, flows=lambda f: f[0].update(target="dr2"))
+    assert f"{PROJECT}:flows[0].target: unknown cluster 'dr2' (clusters: primary, dr)" in refused(values)
+
+
+def test_an_identity_loop_is_refused():
+    values = edited(ACTIVE_ACTIVE, flows=lambda f: f[1].update(provenance_header=False))
+    assert f"{PROJECT}:flows[1]: identity flows eu->us and us->eu would loop records forever" in refused(values)
+
+
+def test_a_flow_into_event_hubs_needs_the_source_topic_sizes():
+    values = edited(DR, clusters=lambda c: c[0]["topics"].pop("payments"))
+    assert f"{PROJECT}:clusters[0].topics.payments: missing; the event hub for it is sized" in refused(values)
+
+
+def test_a_runtime_setting_is_named_under_mirror_runtime():
+    values = edited(DR, mirror=lambda m: m.update(runtime={"topic_sync_interval_s": 600}))
+    assert f"{PROJECT}:mirror.runtime.topic_sync_interval_s: Input should be less than or equal to 30" in refused(values)
+
+
+def test_a_flow_without_a_site_in_its_targets_region_must_be_placed():
+    values = edited(DR, placement=lambda p: p.clear())
+    assert f"{PROJECT}:flows[0]: 0 sites in region 'westeurope' (the target's) to run primary->dr" in refused(values)

@@ -1,0 +1,1 @@
+"""AWS pieces: reaching MSK from a site, the SCRAM secret, the mirror's IAM role."""

@@ -1,0 +1,169 @@
+"""The mirror's AWS identity: an IAM role bound to its service account, allowed only what its flows need on MSK."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.settings import AwsSite, MskSpec
+from spark_app.config import FlowConfig
+from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
+
+# Consumer groups the mirror itself uses: Spark's Kafka source and the mirror's control loops.
+OWN_GROUPS = ("spark-kafka-source-*", "mirrorkit-*")
+READ = ["kafka-cluster:DescribeTopic", "kafka-cluster:DescribeTopicDynamicConfiguration", "kafka-cluster:ReadData"]
+WRITE = [*READ, "kafka-cluster:CreateTopic", "kafka-cluster:AlterTopic", "kafka-cluster:WriteData"]
+WRITE_CONFIGS = [*WRITE, "kafka-cluster:AlterTopicDynamicConfiguration"]
+GROUP_READ = ["kafka-cluster:DescribeGroup"]
+GROUP_USE = ["kafka-cluster:DescribeGroup", "kafka-cluster:AlterGroup"]
+_META = set(".^$*+?{}[]\\|()")
+
+
+def regex_to_glob(pattern: str) -> str:
+    """The narrowest IAM wildcard covering a topic regex: its literal prefix, then `*` unless it is all literal."""
+    out, i = "", 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern) and not pattern[i + 1].isalnum():
+            out, i = out + pattern[i + 1], i + 2
+            continue
+        if ch in _META:
+            return out + "*"
+        out, i = out + ch, i + 1
+    return out
+
+
+def _statement(actions: list[str], resources: list[str]) -> dict[str, Any]:
+    return {"Effect": "Allow", "Action": sorted(set(actions)), "Resource": sorted(set(resources))}
+
+
+def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> dict[str, Any]:
+    """Least privilege on the IAM-auth MSK clusters among `clusters` (alias -> spec) for these flows."""
+    statements = []
+    for alias, msk in clusters.items():
+        reads, writes, groups_read, groups_use = set(), set(), set(), {*OWN_GROUPS}
+        for flow in flows:
+            selected = [regex_to_glob(p) for p in flow.topics.include]
+            if flow.source == alias:
+                reads.update(selected)
+                writes.add(HEARTBEATS_TOPIC)  # the mirror emits heartbeats on the source
+                if flow.offset_syncs_location == "source":
+                    writes.add(offset_syncs_topic(flow))
+                groups_read.update(regex_to_glob(p) for p in flow.groups.include)
+            if flow.target == alias:
+                writes.update(target_topic(flow, t) for t in [*selected, HEARTBEATS_TOPIC])
+                writes.add(checkpoints_topic(flow))
+                if flow.offset_syncs_location == "target":
+                    writes.add(offset_syncs_topic(flow))
+                if flow.dead_letter_topic:
+                    writes.add(flow.dead_letter_topic)
+                if flow.sync_group_offsets:
+                    groups_use.update(regex_to_glob(p) for p in flow.groups.include)
+        if not (reads or writes):
+            continue
+        statements.append(
+            _statement(
+                [
+                    "kafka-cluster:Connect",
+                    "kafka-cluster:DescribeCluster",
+                    "kafka-cluster:DescribeClusterDynamicConfiguration",
+                ],
+                [msk.cluster_arn],
+            )
+        )
+        if reads - writes:
+            statements.append(_statement(READ, [msk.arn_of("topic", t) for t in reads - writes]))
+        if writes:
+            statements.append(_statement(WRITE_CONFIGS, [msk.arn_of("topic", t) for t in writes]))
+        if groups_read - groups_use:
+            statements.append(_statement(GROUP_READ, [msk.arn_of("group", g) for g in groups_read - groups_use]))
+        statements.append(_statement(GROUP_USE, [msk.arn_of("group", g) for g in groups_use]))
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def _oidc_issuer(provider_arn: str) -> str:
+    return re.sub(r"^arn:aws:iam::\d+:oidc-provider/", "", provider_arn)
+
+
+def trust_policy(site: AwsSite, namespace: str, service_account: str) -> dict[str, Any]:
+    """EKS Pod Identity when the site names its EKS cluster, IRSA through the cluster's OIDC provider otherwise."""
+    if site.eks_cluster is not None:
+        return {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": "pods.eks.amazonaws.com"},
+                    "Action": ["sts:AssumeRole", "sts:TagSession"],
+                }
+            ],
+        }
+    issuer = _oidc_issuer(site.oidc_provider_arn)
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Federated": site.oidc_provider_arn},
+                "Action": "sts:AssumeRoleWithWebIdentity",
+                "Condition": {
+                    "StringEquals": {
+                        f"{issuer}:sub": f"system:serviceaccount:{namespace}:{service_account}",
+                        f"{issuer}:aud": "sts.amazonaws.com",
+                    }
+                },
+            }
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class MirrorRoleArgs:
+    site: AwsSite
+    namespace: str
+    service_account: str
+    flows: Sequence[FlowConfig]
+    iam_clusters: dict[str, MskSpec]  # alias -> spec, IAM-auth clusters only
+
+
+class MirrorRole(pulumi.ComponentResource):
+    """The role the mirror's pods assume; the service account carries `role_arn` (IRSA) or is associated (Pod
+    Identity)."""
+
+    role_arn: pulumi.Output[str]
+    service_account_annotations: dict[str, pulumi.Input[str]]
+
+    def __init__(self, name: str, args: MirrorRoleArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("mirrorkit:aws:MirrorRole", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        role = aws.iam.Role(
+            f"{name}-role",
+            assume_role_policy=json.dumps(trust_policy(args.site, args.namespace, args.service_account)),
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-kafka",
+            role=role.name,
+            policy=json.dumps(kafka_policy(args.flows, args.iam_clusters)),
+            opts=child,
+        )
+        self.service_account_annotations = {}
+        if args.site.eks_cluster is not None:
+            aws.eks.PodIdentityAssociation(
+                f"{name}-pod-identity",
+                cluster_name=args.site.eks_cluster,
+                namespace=args.namespace,
+                service_account=args.service_account,
+                role_arn=role.arn,
+                opts=child,
+            )
+        else:
+            self.service_account_annotations = {"eks.amazonaws.com/role-arn": role.arn}
+        self.role_arn = role.arn
+        self.register_outputs({"role_arn": self.role_arn})

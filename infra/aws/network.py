@@ -1,0 +1,80 @@
+"""Network reach from a site's VPC to MSK: VPC peering (cross-region and cross-account), routes, one SG port.
+
+Peering is used rather than MSK multi-VPC connectivity because the latter is same-region only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.settings import AwsSite, MskSpec
+
+
+@dataclass(frozen=True)
+class MskReachArgs:
+    site: AwsSite
+    site_provider: aws.Provider
+    msk_provider: aws.Provider  # the MSK account and region: accepter, its routes and its SG rules
+    clusters: Sequence[MskSpec]  # MSK clusters in one VPC that this site's mirror talks to
+
+
+class MskReach(pulumi.ComponentResource):
+    """Peering between a site's VPC and one MSK VPC (none when they are the same VPC), routes both ways, and an
+    ingress rule per cluster on its auth mode's port only, from the site's CIDR only."""
+
+    def __init__(self, name: str, args: MskReachArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("mirrorkit:aws:MskReach", name, None, opts)
+        site, msk_vpc = args.site, args.clusters[0]
+        on_site = pulumi.ResourceOptions(parent=self, provider=args.site_provider)
+        on_msk = pulumi.ResourceOptions(parent=self, provider=args.msk_provider)
+        self.peering_id: pulumi.Output[str] | None = None
+        if site.vpc_id != msk_vpc.vpc_id:
+            peering = aws.ec2.VpcPeeringConnection(
+                f"{name}-peering",
+                vpc_id=site.vpc_id,
+                peer_vpc_id=msk_vpc.vpc_id,
+                peer_owner_id=msk_vpc.account_id,
+                peer_region=msk_vpc.region,
+                tags={"Name": name},
+                opts=on_site,
+            )
+            accepter = aws.ec2.VpcPeeringConnectionAccepter(
+                f"{name}-accepter",
+                vpc_peering_connection_id=peering.id,
+                auto_accept=True,
+                tags={"Name": name},
+                opts=on_msk,
+            )
+            for table in site.route_table_ids:
+                aws.ec2.Route(
+                    f"{name}-{table}",
+                    route_table_id=table,
+                    destination_cidr_block=msk_vpc.cidr,
+                    vpc_peering_connection_id=accepter.id,
+                    opts=on_site,
+                )
+            for table in msk_vpc.route_table_ids:
+                aws.ec2.Route(
+                    f"{name}-{table}",
+                    route_table_id=table,
+                    destination_cidr_block=site.cidr,
+                    vpc_peering_connection_id=accepter.id,
+                    opts=on_msk,
+                )
+            self.peering_id = accepter.id
+        for cluster in args.clusters:
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-{cluster.security_group_id}-{cluster.port}",
+                security_group_id=cluster.security_group_id,
+                cidr_ipv4=site.cidr,
+                ip_protocol="tcp",
+                from_port=cluster.port,
+                to_port=cluster.port,
+                description=f"mirrorkit: Kafka {cluster.auth} from {name}",
+                opts=on_msk,
+            )
+        self.register_outputs({"peering_id": self.peering_id})

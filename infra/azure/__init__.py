@@ -1,0 +1,1 @@
+"""Azure pieces: Event Hubs namespaces and their hubs."""

@@ -1,0 +1,121 @@
+"""An Event Hubs namespace with one hub per topic the mirror writes there, and a Send/Listen rule for the mirror.
+
+The pinned azure-native (3.29.0, API 2024-01-01) has no `messageTimestampDescription`, so hubs cannot be told to
+keep the producer's timestamp (`Create`); they stamp append time until the provider exposes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_azure_native import eventhub, resources
+
+from infra.settings import EventHubsSpec, HubSpec, Tier
+
+RULE_NAME = "mirrorkit"
+
+
+@dataclass(frozen=True)
+class EventHubsArgs:
+    spec: EventHubsSpec
+    location: str
+    hubs: Sequence[HubSpec]  # from StackSettings.hubs: names by spark_app's policy, sized from the source
+
+
+class EventHubs(pulumi.ComponentResource):
+    """A Kafka-enabled namespace, its hubs and consumer groups, the mirror's rule and optional Geo-DR pairing."""
+
+    connection_string: pulumi.Output[str]
+    namespace_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: EventHubsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("mirrorkit:azure:EventHubs", name, None, opts)
+        spec = args.spec
+        child = pulumi.ResourceOptions(parent=self)
+        if spec.existing_resource_group:
+            group_name: pulumi.Input[str] = spec.resource_group
+        else:
+            group = resources.ResourceGroup(
+                f"{name}-rg", resource_group_name=spec.resource_group, location=args.location, opts=child
+            )
+            group_name = group.name
+        # Dedicated namespaces live on an existing Event Hubs cluster and take the Standard SKU there.
+        sku_name = Tier.STANDARD.value if spec.tier is Tier.DEDICATED else spec.tier.value
+        namespace = eventhub.Namespace(
+            f"{name}-ns",
+            namespace_name=spec.namespace,
+            resource_group_name=group_name,
+            location=args.location,
+            sku=eventhub.SkuArgs(name=sku_name, tier=sku_name, capacity=spec.capacity),
+            cluster_arm_id=spec.dedicated_cluster_id,
+            kafka_enabled=True,
+            is_auto_inflate_enabled=spec.auto_inflate_max is not None,
+            maximum_throughput_units=spec.auto_inflate_max,
+            zone_redundant=spec.zone_redundant,
+            minimum_tls_version=eventhub.TlsVersion.TLS_VERSION_1_2,
+            public_network_access=spec.public_network_access,
+            disable_local_auth=spec.disable_local_auth,
+            opts=child,
+        )
+        self.hubs: dict[str, eventhub.EventHub] = {}
+        for hub in args.hubs:
+            retention = (
+                eventhub.RetentionDescriptionArgs(
+                    cleanup_policy=eventhub.CleanupPolicyRetentionDescription.COMPACT,
+                    tombstone_retention_time_in_hours=spec.retention_hours,
+                )
+                if hub.compacted
+                else eventhub.RetentionDescriptionArgs(
+                    cleanup_policy=eventhub.CleanupPolicyRetentionDescription.DELETE,
+                    retention_time_in_hours=spec.retention_hours,
+                )
+            )
+            self.hubs[hub.name] = eventhub.EventHub(
+                f"{name}-{hub.name}",
+                event_hub_name=hub.name,
+                namespace_name=namespace.name,
+                resource_group_name=group_name,
+                partition_count=hub.partitions,
+                retention_description=retention,
+                opts=child,
+            )
+            for group_name_ in spec.consumer_groups:
+                eventhub.ConsumerGroup(
+                    f"{name}-{hub.name}-{group_name_}",
+                    consumer_group_name=group_name_,
+                    event_hub_name=self.hubs[hub.name].name,
+                    namespace_name=namespace.name,
+                    resource_group_name=group_name,
+                    opts=child,
+                )
+        rights = [eventhub.AccessRights.SEND, eventhub.AccessRights.LISTEN]
+        if spec.manage_rights:
+            rights.append(eventhub.AccessRights.MANAGE)
+        rule = eventhub.NamespaceAuthorizationRule(
+            f"{name}-rule",
+            authorization_rule_name=RULE_NAME,
+            namespace_name=namespace.name,
+            resource_group_name=group_name,
+            rights=rights,
+            opts=child,
+        )
+        if spec.geo_dr is not None:
+            eventhub.DisasterRecoveryConfig(
+                f"{name}-geo-dr",
+                alias=spec.geo_dr.alias,
+                namespace_name=namespace.name,
+                resource_group_name=group_name,
+                partner_namespace=spec.geo_dr.partner_namespace_id,
+                opts=child,
+            )
+        keys = eventhub.list_namespace_keys_output(
+            authorization_rule_name=rule.name,
+            namespace_name=namespace.name,
+            resource_group_name=group_name,
+            opts=pulumi.InvokeOutputOptions(parent=self),
+        )
+        self.namespace_name = namespace.name
+        self.connection_string = pulumi.Output.secret(keys.primary_connection_string)
+        self.register_outputs({"namespace_name": self.namespace_name, "connection_string": self.connection_string})

@@ -1,0 +1,202 @@
+"""The mirror itself: its rendered config, the SparkApplication running the image, disruption and alerting rules."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.k8s.labels import APP_LABELS
+from infra.settings import CHECKPOINT_DIR, SECRETS_DIR, Alerts, Checkpoint, ExecutorResources, Resources
+
+CONFIG_DIR = "/etc/mirrorkit/config"
+CONFIG_FILE = "mirror.yaml"
+MAIN_FILE = "local:///opt/mirrorkit/main.py"  # images/mirror/main.py: `python -m spark_app` under spark-submit
+# The driver's Prometheus series the alerts read (names the mirror's metrics endpoint is expected to serve).
+LAG_METRIC = "mirrorkit_lag_records"
+RECORDS_METRIC = "mirrorkit_records_mirrored_total"
+CHECKPOINT_AGE_METRIC = "mirrorkit_checkpoint_age_seconds"
+# Restricted Pod Security: the image runs as its non-root user 185 (images/mirror/Dockerfile).
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 185, "fsGroup": 185, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+@dataclass(frozen=True)
+class MirrorArgs:
+    namespace: pulumi.Input[str]
+    service_account: pulumi.Input[str]
+    image: str
+    spark_version: str
+    config_yaml: pulumi.Input[str]  # spark_app MirrorConfig.to_yaml(); secrets only referenced
+    secret_names: Mapping[str, str]  # alias -> Kubernetes Secret, mounted at SECRETS_DIR/<alias>
+    driver: Resources
+    executor: ExecutorResources
+    checkpoint: Checkpoint
+    metrics_port: int
+    monitoring: bool
+    alerts: Alerts
+
+
+def spark_application_spec(name: str, config_map: str, pvc: str | None, args: MirrorArgs) -> dict[str, Any]:
+    """The v1beta2 spec: restarted forever with backoff, checkpoint on the driver's PVC or in object storage."""
+    labels = {**APP_LABELS, "app.kubernetes.io/instance": name}
+    secrets = [
+        {"name": secret, "path": f"{SECRETS_DIR}/{alias}", "secretType": "Generic"}
+        for alias, secret in sorted(args.secret_names.items())
+    ]
+    config_mount = {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_map}}]
+    driver_mounts = [config_mount]
+    if pvc is not None:
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": pvc}})
+        driver_mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_DIR})
+    pod = {
+        "labels": labels,
+        "serviceAccount": args.service_account,
+        "secrets": secrets,
+        "podSecurityContext": POD_SECURITY,
+        "securityContext": CONTAINER_SECURITY,
+    }
+    return {
+        "type": "Python",
+        "pythonVersion": "3",
+        "mode": "cluster",
+        "image": args.image,
+        "imagePullPolicy": "IfNotPresent",
+        "mainApplicationFile": MAIN_FILE,
+        "arguments": ["run", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
+        "sparkVersion": args.spark_version,
+        "restartPolicy": {
+            "type": "Always",
+            "onFailureRetryInterval": 30,
+            "onSubmissionFailureRetryInterval": 60,
+        },
+        "sparkConf": {"spark.kubernetes.executor.deleteOnTermination": "true"},
+        "volumes": volumes,
+        "driver": {
+            **pod,
+            "cores": args.driver.cores,
+            "memory": args.driver.memory,
+            "volumeMounts": driver_mounts,
+            "ports": [{"name": "metrics", "protocol": "TCP", "containerPort": args.metrics_port}],
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(args.metrics_port),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "executor": {
+            **pod,
+            "instances": args.executor.instances,
+            "cores": args.executor.cores,
+            "memory": args.executor.memory,
+            "volumeMounts": [config_mount],
+        },
+    }
+
+
+def alert_rules(name: str, alerts: Alerts) -> list[dict[str, Any]]:
+    """Lag, a stalled mirror (lag but nothing copied) and stale consumer-group checkpoints, per flow."""
+    sel = f'{{app_kubernetes_io_instance="{name}"}}'
+    stalled = f"{alerts.stalled_minutes}m"
+    return [
+        {
+            "alert": "MirrorkitLagHigh",
+            "expr": f"max by (flow, topic) ({LAG_METRIC}{sel}) > {alerts.lag_records}",
+            "for": "10m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "Mirror {{ $labels.flow }} is {{ $value }} records behind on {{ $labels.topic }}"
+            },
+        },
+        {
+            "alert": "MirrorkitStalled",
+            "expr": (
+                f"sum by (flow) (rate({RECORDS_METRIC}{sel}[{stalled}])) == 0 and max by (flow) ({LAG_METRIC}{sel}) > 0"
+            ),
+            "for": stalled,
+            "labels": {"severity": "critical"},
+            "annotations": {"summary": "Mirror {{ $labels.flow }} has copied nothing for " + stalled + " despite lag"},
+        },
+        {
+            "alert": "MirrorkitCheckpointStale",
+            "expr": f"max by (flow, group) ({CHECKPOINT_AGE_METRIC}{sel}) > {alerts.checkpoint_age_s}",
+            "for": "5m",
+            "labels": {"severity": "warning"},
+            "annotations": {"summary": "Checkpoints for {{ $labels.group }} on {{ $labels.flow }} are stale"},
+        },
+    ]
+
+
+class Mirror(pulumi.ComponentResource):
+    """One SparkApplication running the packaged mirror with its rendered config.
+
+    Disruption: the PodDisruptionBudget allows one of the mirror's pods down at a time (maxUnavailable 1). It never
+    blocks a node drain (a minAvailable on the single driver would), and the driver comes back through the
+    operator's restart policy and resumes from its checkpoint, which outlives the pod.
+    """
+
+    def __init__(self, name: str, args: MirrorArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("mirrorkit:k8s:Mirror", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        config_map = k8s.core.v1.ConfigMap(
+            f"{name}-config",
+            metadata={"name": f"{name}-config", "namespace": args.namespace, "labels": APP_LABELS},
+            data={CONFIG_FILE: args.config_yaml},
+            opts=child,
+        )
+        pvc_name = None
+        if args.checkpoint.pvc is not None:
+            pvc = k8s.core.v1.PersistentVolumeClaim(
+                f"{name}-checkpoints",
+                metadata={"name": f"{name}-checkpoints", "namespace": args.namespace, "labels": APP_LABELS},
+                spec={
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": args.checkpoint.pvc.storage_class,
+                    "resources": {"requests": {"storage": args.checkpoint.pvc.size}},
+                },
+                opts=child,
+            )
+            pvc_name = f"{name}-checkpoints"
+            child = pulumi.ResourceOptions(parent=self, depends_on=[pvc])
+        app = k8s.apiextensions.CustomResource(
+            f"{name}-app",
+            api_version="sparkoperator.k8s.io/v1beta2",
+            kind="SparkApplication",
+            metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
+            spec=spark_application_spec(name, f"{name}-config", pvc_name, args),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[config_map])),
+        )
+        instance = {**APP_LABELS, "app.kubernetes.io/instance": name}
+        k8s.policy.v1.PodDisruptionBudget(
+            f"{name}-pdb",
+            metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
+            spec={"maxUnavailable": 1, "selector": {"matchLabels": instance}},
+            opts=child,
+        )
+        if args.monitoring:
+            k8s.apiextensions.CustomResource(
+                f"{name}-podmonitor",
+                api_version="monitoring.coreos.com/v1",
+                kind="PodMonitor",
+                metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
+                spec={
+                    "selector": {"matchLabels": {**instance, "spark-role": "driver"}},
+                    "podTargetLabels": ["app.kubernetes.io/instance"],  # the alerts select on it
+                    "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s"}],
+                },
+                opts=child,
+            )
+            k8s.apiextensions.CustomResource(
+                f"{name}-rules",
+                api_version="monitoring.coreos.com/v1",
+                kind="PrometheusRule",
+                metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
+                spec={"groups": [{"name": "mirrorkit", "rules": alert_rules(name, args.alerts)}]},
+                opts=child,
+            )
+        self.app_name = app.metadata["name"]
+        self.register_outputs({"app_name": self.app_name})

@@ -1,0 +1,133 @@
+"""The mirror's home on a Kubernetes cluster: namespace, service account, namespaced RBAC, network policy, secrets."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.k8s.labels import APP_LABELS
+
+# What the Spark driver does in its own namespace: make executor pods and their service, config maps and PVCs.
+DRIVER_RULES = [
+    {
+        "apiGroups": [""],
+        "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
+        "verbs": ["create", "get", "list", "watch", "update", "patch", "delete", "deletecollection"],
+    }
+]
+API_SERVER_PORTS = (443, 6443)
+
+
+@dataclass(frozen=True)
+class MirrorNamespaceArgs:
+    namespace: str
+    service_account: str
+    kafka_ports: Sequence[int]
+    metrics_port: int
+    monitoring_namespace: str
+    api_server_cidrs: Sequence[str]
+    credentials: Mapping[str, Mapping[str, pulumi.Output[str]]]  # alias -> file name -> secret value
+    service_account_annotations: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
+    object_storage: bool = False  # checkpoints in object storage need HTTPS egress
+
+
+def secret_name(alias: str) -> str:
+    return f"mirrorkit-{alias}"
+
+
+class MirrorNamespace(pulumi.ComponentResource):
+    """Everything the mirror's pods need around them, and nothing cluster-wide."""
+
+    def __init__(self, name: str, args: MirrorNamespaceArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("mirrorkit:k8s:MirrorNamespace", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        ns = args.namespace
+        namespace = k8s.core.v1.Namespace(
+            f"{name}-ns",
+            metadata={
+                "name": ns,
+                "labels": {
+                    **APP_LABELS,
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce-version": "latest",
+                    "pod-security.kubernetes.io/warn": "restricted",
+                    "pod-security.kubernetes.io/audit": "restricted",
+                },
+            },
+            opts=child,
+        )
+        in_ns = pulumi.ResourceOptions(parent=self, depends_on=[namespace])
+        account = k8s.core.v1.ServiceAccount(
+            f"{name}-sa",
+            metadata={
+                "name": args.service_account,
+                "namespace": ns,
+                "annotations": dict(args.service_account_annotations),
+            },
+            opts=in_ns,
+        )
+        role = k8s.rbac.v1.Role(
+            f"{name}-driver", metadata={"name": "mirrorkit-driver", "namespace": ns}, rules=DRIVER_RULES, opts=in_ns
+        )
+        k8s.rbac.v1.RoleBinding(
+            f"{name}-driver",
+            metadata={"name": "mirrorkit-driver", "namespace": ns},
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role.metadata.name},
+            subjects=[{"kind": "ServiceAccount", "name": account.metadata.name, "namespace": ns}],
+            opts=in_ns,
+        )
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-default-deny",
+            metadata={"name": "default-deny", "namespace": ns},
+            spec={"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+            opts=in_ns,
+        )
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-mirror",
+            metadata={"name": "mirrorkit", "namespace": ns},
+            spec=network_policy_spec(args),
+            opts=in_ns,
+        )
+        self.secret_names: dict[str, str] = {}
+        for alias, files in args.credentials.items():
+            k8s.core.v1.Secret(
+                f"{name}-{alias}",
+                metadata={"name": secret_name(alias), "namespace": ns},
+                type="Opaque",
+                string_data=dict(files),
+                opts=in_ns,
+            )
+            self.secret_names[alias] = secret_name(alias)
+        self.namespace = namespace.metadata.name
+        self.service_account = account.metadata.name
+        self.register_outputs({"namespace": self.namespace, "service_account": self.service_account})
+
+
+def _tcp(port: int) -> dict:
+    return {"protocol": "TCP", "port": port}
+
+
+def network_policy_spec(args: MirrorNamespaceArgs) -> dict:
+    """Allow only what Spark and the mirror use: its own pods, DNS, the API server, Kafka, the metrics scrape."""
+    same_app = {"podSelector": {"matchLabels": APP_LABELS}}
+    egress = [
+        {"to": [same_app]},
+        {
+            "to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+            "ports": [{"protocol": "UDP", "port": 53}, _tcp(53)],
+        },
+        {"to": [{"ipBlock": {"cidr": c}} for c in args.api_server_cidrs], "ports": [_tcp(p) for p in API_SERVER_PORTS]},
+        {"ports": [_tcp(p) for p in sorted(set(args.kafka_ports))]},
+    ]
+    if args.object_storage:
+        egress.append({"ports": [_tcp(443)]})
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": args.monitoring_namespace}}}
+    return {
+        "podSelector": {"matchLabels": APP_LABELS},
+        "policyTypes": ["Ingress", "Egress"],
+        "ingress": [{"from": [same_app]}, {"from": [monitoring], "ports": [_tcp(args.metrics_port)]}],
+        "egress": egress,
+    }

@@ -1,0 +1,52 @@
+"""The Spark Operator, from its pinned Helm chart, acting only in the mirror's namespace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+CHART = "spark-operator"
+CHART_VERSION = "2.4.0"  # the operator release whose v1beta2 models (kubeflow-spark-api) the tests check against
+CHART_REPO = "https://kubeflow.github.io/spark-operator"
+
+
+@dataclass(frozen=True)
+class SparkOperatorArgs:
+    job_namespace: pulumi.Input[str]
+    namespace: str = "spark-operator"
+
+
+class SparkOperator(pulumi.ComponentResource):
+    """The chart installs cluster-scoped RBAC for the operator itself; the mirror's service account, role and
+    binding are ours (MirrorNamespace), so the chart's job-namespace RBAC is switched off."""
+
+    def __init__(self, name: str, args: SparkOperatorArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("mirrorkit:k8s:SparkOperator", name, None, opts)
+        namespace = k8s.core.v1.Namespace(
+            f"{name}-ns",
+            metadata={
+                "name": args.namespace,
+                "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
+            },
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        chart = k8s.helm.v4.Chart(
+            f"{name}-chart",
+            chart=CHART,
+            version=CHART_VERSION,
+            repository_opts=k8s.helm.v4.RepositoryOptsArgs(repo=CHART_REPO),
+            namespace=namespace.metadata.name,
+            values={
+                "spark": {
+                    "jobNamespaces": [args.job_namespace],
+                    "serviceAccount": {"create": False},
+                    "rbac": {"create": False},
+                },
+                "prometheus": {"metrics": {"enable": True}},
+            },
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.chart = chart
+        self.register_outputs({})

@@ -1,0 +1,174 @@
+"""Wires the components for a stack: cloud pieces first, then one mirror per site, each owning its flows."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.aws.identity import MirrorRole, MirrorRoleArgs
+from infra.aws.network import MskReach, MskReachArgs
+from infra.aws.scram import MskScramUser, MskScramUserArgs
+from infra.azure.eventhubs import EventHubs, EventHubsArgs
+from infra.k8s.mirror import Mirror, MirrorArgs
+from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
+from infra.k8s.operator import SparkOperator, SparkOperatorArgs
+from infra.settings import MskSpec, StackSettings
+from spark_app.config import MirrorConfig, parse_config
+
+SERVICE_ACCOUNT = "mirrorkit"
+
+
+@dataclass
+class Topology:
+    """What the program built, for exports and tests."""
+
+    event_hubs: dict[str, EventHubs] = field(default_factory=dict)
+    scram_users: dict[str, MskScramUser] = field(default_factory=dict)
+    reaches: dict[str, MskReach] = field(default_factory=dict)
+    roles: dict[str, MirrorRole] = field(default_factory=dict)
+    namespaces: dict[str, MirrorNamespace] = field(default_factory=dict)
+    mirrors: dict[str, Mirror] = field(default_factory=dict)
+    mirror_configs: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # site -> rendered YAML
+    credentials: dict[str, dict[str, pulumi.Output[str]]] = field(default_factory=dict)
+
+
+def render(mirror: MirrorConfig, bootstraps: dict[str, str]) -> str:
+    """The site's MirrorConfig with looked-up bootstraps filled in, validated again by spark_app."""
+    clusters = [
+        c.model_copy(update={"bootstrap_servers": bootstraps.get(c.alias, c.bootstrap_servers)})
+        for c in mirror.clusters
+    ]
+    raw = mirror.model_copy(update={"clusters": clusters}).model_dump(mode="json")
+    return parse_config(raw, source="rendered mirror config").to_yaml()
+
+
+class _AwsProviders:
+    """One explicit provider per (region, assumed role): the requester and the accepter sides of a peering."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, str | None], aws.Provider] = {}
+
+    def get(self, region: str, role_arn: str | None) -> aws.Provider:
+        key = (region, role_arn)
+        if key not in self._made:
+            self._made[key] = aws.Provider(
+                f"aws-{region}-{len(self._made)}",
+                region=region,
+                assume_roles=[aws.ProviderAssumeRoleArgs(role_arn=role_arn)] if role_arn else None,
+            )
+        return self._made[key]
+
+
+def _bootstrap(msk: MskSpec, provider: aws.Provider) -> pulumi.Output[str]:
+    brokers = aws.msk.get_bootstrap_brokers_output(
+        cluster_arn=msk.cluster_arn, opts=pulumi.InvokeOutputOptions(provider=provider)
+    )
+    return {
+        "scram": brokers.bootstrap_brokers_sasl_scram,
+        "iam": brokers.bootstrap_brokers_sasl_iam,
+        "tls": brokers.bootstrap_brokers_tls,
+    }[msk.auth]
+
+
+def build(settings: StackSettings) -> Topology:
+    out = Topology()
+    model = settings.model
+    for alias, files in model.credentials.items():
+        out.credentials[alias] = {k: pulumi.Output.secret(v.get_secret_value()) for k, v in files.items()}
+    providers = _AwsProviders()
+    bootstraps: dict[str, pulumi.Output[str]] = {}
+    for c in model.clusters:
+        if c.eventhubs is not None:
+            hubs = EventHubs(f"eh-{c.alias}", EventHubsArgs(c.eventhubs, c.region, settings.hubs(c.alias)))
+            out.event_hubs[c.alias] = hubs
+            out.credentials[c.alias] = {"password": hubs.connection_string}
+        if c.msk is not None:
+            provider = providers.get(c.msk.region, c.msk.role_arn)
+            bootstraps[c.alias] = _bootstrap(c.msk, provider)
+            if c.msk.auth == "scram":
+                out.scram_users[c.alias] = MskScramUser(
+                    f"scram-{c.alias}",
+                    MskScramUserArgs(c.msk, c.alias, out.credentials[c.alias]["password"]),
+                    pulumi.ResourceOptions(provider=provider),
+                )
+    for site in model.sites:
+        clusters = settings.clusters_at(site.name)
+        if not clusters:
+            continue
+        msk = {c.alias: c.msk for c in clusters if c.msk is not None}
+        annotations: dict[str, pulumi.Input[str]] = {}
+        if site.aws is not None and msk:
+            site_provider = providers.get(site.region, site.aws.role_arn)
+            by_vpc: dict[str, list[MskSpec]] = defaultdict(list)
+            for spec in msk.values():
+                by_vpc[spec.vpc_id].append(spec)
+            for vpc, specs in by_vpc.items():
+                out.reaches[f"{site.name}-{vpc}"] = MskReach(
+                    f"{site.name}-{vpc}",
+                    MskReachArgs(site.aws, site_provider, providers.get(specs[0].region, specs[0].role_arn), specs),
+                )
+            iam = {a: s for a, s in msk.items() if s.auth == "iam"}
+            if iam:
+                role = MirrorRole(
+                    f"{site.name}-mirror",
+                    MirrorRoleArgs(site.aws, settings.namespace, SERVICE_ACCOUNT, settings.flows_at(site.name), iam),
+                    pulumi.ResourceOptions(provider=site_provider),
+                )
+                out.roles[site.name] = role
+                annotations = role.service_account_annotations
+        kubeconfig = model.kubeconfigs.get(site.name)
+        k8s_provider = k8s.Provider(
+            f"{site.name}-k8s",
+            context=site.context,
+            kubeconfig=pulumi.Output.secret(kubeconfig.get_secret_value()) if kubeconfig else None,
+        )
+        on_site = pulumi.ResourceOptions(provider=k8s_provider)
+        site_config = settings.mirror_at(site.name)
+        namespace = MirrorNamespace(
+            site.name,
+            MirrorNamespaceArgs(
+                namespace=settings.namespace,
+                service_account=SERVICE_ACCOUNT,
+                kafka_ports=sorted({p for c in clusters for p in c.ports}),
+                metrics_port=site_config.metrics_port,
+                monitoring_namespace=site.monitoring_namespace,
+                api_server_cidrs=site.api_server_cidrs,
+                credentials={c.alias: out.credentials[c.alias] for c in clusters if c.alias in out.credentials},
+                service_account_annotations=annotations,
+                object_storage=model.mirror.checkpoint.url is not None,
+            ),
+            on_site,
+        )
+        out.namespaces[site.name] = namespace
+        if settings.spark_operator:
+            SparkOperator(f"{site.name}-operator", SparkOperatorArgs(job_namespace=namespace.namespace), on_site)
+        site_bootstraps = {a: bootstraps[a] for a in msk}
+        config_yaml = (
+            pulumi.Output.all(**site_bootstraps).apply(lambda b, cfg=site_config: render(cfg, b))
+            if site_bootstraps
+            else pulumi.Output.from_input(render(site_config, {}))
+        )
+        out.mirror_configs[site.name] = config_yaml
+        out.mirrors[site.name] = Mirror(
+            f"mirrorkit-{site.name}",
+            MirrorArgs(
+                namespace=namespace.namespace,
+                service_account=namespace.service_account,
+                image=settings.image,
+                spark_version=model.mirror.spark_version,
+                config_yaml=config_yaml,
+                secret_names=namespace.secret_names,
+                driver=model.mirror.driver,
+                executor=model.mirror.executor,
+                checkpoint=model.mirror.checkpoint,
+                metrics_port=site_config.metrics_port,
+                monitoring=settings.monitoring,
+                alerts=model.mirror.alerts,
+            ),
+            on_site,
+        )
+    return out

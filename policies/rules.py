@@ -1,0 +1,139 @@
+"""Policy rules as plain functions over (resource type, wire-name properties, URN), returning violations.
+
+The pack in __main__.py wraps them for `pulumi preview --policy-pack policies`; the tests run them over what the
+program registers under mocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+KAFKA_AUTH_PORTS = {9094, 9096, 9098}  # MSK in-VPC: TLS, SASL/SCRAM, IAM
+OPEN_CIDRS = {"0.0.0.0/0", "::/0"}
+CREDENTIAL_MARKERS = ("SharedAccessKey=", "-----BEGIN", "sasl.jaas.config")
+SECRET_KEYS = {"password", "client_key", "connection_string"}
+OPERATOR_CHART = "kubernetes:helm.sh/v4:Chart"
+
+Rule = Callable[[str, dict[str, Any], str], list[str]]
+
+
+def eventhubs_namespace_speaks_kafka(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    if typ != "azure-native:eventhub:Namespace":
+        return []
+    out = []
+    if props.get("sku", {}).get("name") not in ("Standard", "Premium"):
+        out.append(f"sku {props.get('sku', {}).get('name')!r} has no Kafka endpoint")
+    if props.get("minimumTlsVersion") != "1.2":
+        out.append("minimumTlsVersion must be 1.2")
+    if props.get("kafkaEnabled") is not True:
+        out.append("kafkaEnabled must be true")
+    return out
+
+
+def mirror_rule_sends_and_listens_only(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    if typ != "azure-native:eventhub:NamespaceAuthorizationRule":
+        return []
+    extra = set(props.get("rights", [])) - {"Send", "Listen"}
+    return [f"rights {sorted(extra)} beyond Send and Listen"] if extra else []
+
+
+def security_group_opens_only_kafka_auth_port(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    if typ == "aws:ec2/securityGroupRule:SecurityGroupRule" and props.get("type") != "ingress":
+        return []
+    if typ not in ("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", "aws:ec2/securityGroupRule:SecurityGroupRule"):
+        return []
+    out = []
+    ports = (props.get("fromPort"), props.get("toPort"))
+    if ports[0] != ports[1] or ports[0] not in KAFKA_AUTH_PORTS:
+        out.append(f"ingress on ports {ports}; only one of {sorted(KAFKA_AUTH_PORTS)} is allowed")
+    if props.get("ipProtocol", props.get("protocol")) != "tcp":
+        out.append("ingress must be tcp")
+    cidrs = [props.get("cidrIpv4"), props.get("cidrIpv6"), *props.get("cidrBlocks", [])]
+    cidrs = [c for c in cidrs if c]
+    if not cidrs or set(cidrs) & OPEN_CIDRS:
+        out.append(f"ingress must come from the peer CIDR only, not {cidrs or 'anywhere'}")
+    return out
+
+
+def msk_scram_secret_uses_customer_key(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    if typ != "aws:secretsmanager/secret:Secret" or not str(props.get("name", "")).startswith("AmazonMSK_"):
+        return []
+    return [] if props.get("kmsKeyId") else ["an AmazonMSK_ secret needs a customer KMS key; MSK rejects the default"]
+
+
+def nothing_cluster_wide(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    """The mirror's RBAC is namespaced; only the Spark Operator's own chart may hold cluster roles."""
+    if typ not in (
+        "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole",
+        "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding",
+    ):
+        return []
+    return [] if OPERATOR_CHART in urn else [f"{typ.rsplit(':', 1)[1]} grants cluster-wide rights"]
+
+
+def _inline_secrets(node: Any, path: str = "") -> list[str]:
+    if isinstance(node, dict):
+        found = []
+        for key, value in node.items():
+            if key in SECRET_KEYS and isinstance(value, str):
+                found.append(f"{path}{key}")
+            found += _inline_secrets(value, f"{path}{key}.")
+        return found
+    if isinstance(node, list):
+        return [f for i, v in enumerate(node) for f in _inline_secrets(v, f"{path}{i}.")]
+    return []
+
+
+def config_map_holds_no_credentials(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    if typ != "kubernetes:core/v1:ConfigMap":
+        return []
+    out = []
+    for name, text in (props.get("data") or {}).items():
+        if any(marker in str(text) for marker in CREDENTIAL_MARKERS):
+            out.append(f"data.{name} holds a credential")
+            continue
+        try:
+            parsed = yaml.safe_load(str(text))
+        except yaml.YAMLError:
+            continue
+        out += [f"data.{name}: {key} is inline; reference an env var or a mounted file" for key in _inline_secrets(parsed)]
+    return out
+
+
+SPARK_APP_REQUIRED = ("type", "mode", "image", "mainApplicationFile", "sparkVersion", "driver", "executor")
+
+
+def spark_application_is_complete(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    if typ != "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication":
+        return []
+    spec = props.get("spec") or {}
+    out = [f"spec.{k} is missing" for k in SPARK_APP_REQUIRED if not spec.get(k)]
+    if (spec.get("restartPolicy") or {}).get("type") != "Always":
+        out.append("spec.restartPolicy.type must be Always: a mirror never finishes")
+    if not (spec.get("driver") or {}).get("serviceAccount"):
+        out.append("spec.driver.serviceAccount is missing: the driver needs its namespaced Role")
+    if not (spec.get("executor") or {}).get("instances"):
+        out.append("spec.executor.instances is missing")
+    return out
+
+
+def namespace_enforces_pod_security(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    if typ != "kubernetes:core/v1:Namespace":
+        return []
+    labels = (props.get("metadata") or {}).get("labels") or {}
+    return [] if "pod-security.kubernetes.io/enforce" in labels else ["no Pod Security Admission enforce label"]
+
+
+RULES: dict[str, tuple[Rule, str]] = {
+    "eventhubs-namespace-speaks-kafka": (eventhubs_namespace_speaks_kafka, "mandatory"),
+    "mirror-rule-sends-and-listens-only": (mirror_rule_sends_and_listens_only, "advisory"),
+    "security-group-opens-only-kafka-auth-port": (security_group_opens_only_kafka_auth_port, "mandatory"),
+    "msk-scram-secret-uses-customer-key": (msk_scram_secret_uses_customer_key, "mandatory"),
+    "nothing-cluster-wide": (nothing_cluster_wide, "mandatory"),
+    "config-map-holds-no-credentials": (config_map_holds_no_credentials, "mandatory"),
+    "spark-application-is-complete": (spark_application_is_complete, "mandatory"),
+    "namespace-enforces-pod-security": (namespace_enforces_pod_security, "mandatory"),
+}

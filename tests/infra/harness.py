@@ -1,0 +1,162 @@
+"""Runs the Pulumi program under Pulumi's mocks and records what it registered.
+
+Each run sets fresh mocks and fresh config (as Pulumi's own unit-test examples do), so runs cannot leak into each
+other. Credentials are test sentinels, so a test can look for them anywhere they must not be.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import rpc
+
+from infra.settings import PROJECT
+
+ROOT = Path(__file__).resolve().parents[2]
+STACKS = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
+CONNECTION_STRING = "Endpoint=sb://test.invalid/;SharedAccessKeyName=mirrorkit;SharedAccessKey=test-sentinel-sas"
+BOOTSTRAPS = {
+    "bootstrapBrokersSaslScram": "b-1.msk.test.invalid:9096,b-2.msk.test.invalid:9096",
+    "bootstrapBrokersSaslIam": "b-1.msk.test.invalid:9098,b-2.msk.test.invalid:9098",
+    "bootstrapBrokersTls": "b-1.msk.test.invalid:9094,b-2.msk.test.invalid:9094",
+}
+
+
+def sentinel(alias: str, key: str) -> str:
+    return f"test-sentinel-{alias}-{key}"
+
+
+@dataclass(frozen=True)
+class Registered:
+    typ: str
+    name: str
+    inputs: dict[str, Any]  # wire (camelCase) names; secrets still wrapped as the engine would see them
+
+    @property
+    def plain(self) -> dict[str, Any]:
+        return unwrap(self.inputs)
+
+
+def is_secret(value: Any) -> bool:
+    return rpc.is_rpc_secret(value)
+
+
+def unwrap(value: Any) -> Any:
+    if is_secret(value):
+        return unwrap(value["value"])
+    if isinstance(value, dict):
+        return {k: unwrap(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unwrap(v) for v in value]
+    return value
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Echoes inputs as outputs, with the few computed outputs the program reads."""
+
+    def __init__(self) -> None:
+        self.resources: list[Registered] = []
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        self.resources.append(Registered(args.typ, args.name, dict(args.inputs)))
+        outputs = dict(args.inputs)
+        outputs.setdefault("arn", f"arn:aws:test:::{args.name}")
+        if args.typ.startswith("azure-native:"):
+            for wire in ("namespaceName", "authorizationRuleName", "eventHubName", "resourceGroupName"):
+                if wire in args.inputs and args.typ.lower().endswith(wire[:-4].lower()):
+                    outputs["name"] = args.inputs[wire]
+        return f"{args.name}-id", outputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        self.calls.append((args.token, dict(args.args)))
+        if args.token == "azure-native:eventhub:listNamespaceKeys":
+            return {"primaryConnectionString": CONNECTION_STRING}
+        if args.token == "aws:msk/getBootstrapBrokers:getBootstrapBrokers":
+            return dict(BOOTSTRAPS)
+        return {}
+
+
+def stack_values(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())["config"]
+
+
+def credentials_for(values: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """What `pulumi config set --secret` would hold for a stack: a sentinel per credential it needs."""
+    from infra.settings import ClusterSpec
+
+    creds: dict[str, dict[str, str]] = {}
+    for raw in values.get(f"{PROJECT}:clusters", []):
+        keys = ClusterSpec.model_validate(raw).credential_keys()
+        if keys:
+            creds[raw["alias"]] = {k: sentinel(raw["alias"], k) for k in keys}
+    return creds
+
+
+def set_config(values: dict[str, Any]) -> None:
+    """Load stack values into Pulumi's runtime config, as the engine would; `credentials` arrives as a secret."""
+    pulumi.runtime.set_all_config(
+        {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()},
+        secret_keys=[k for k in values if k in (f"{PROJECT}:credentials", f"{PROJECT}:kubeconfigs")],
+    )
+
+
+def with_secrets(values: dict[str, Any]) -> dict[str, Any]:
+    creds = credentials_for(values)
+    return values | ({f"{PROJECT}:credentials": creds} if creds else {})
+
+
+@dataclass
+class Run:
+    mocks: RecordingMocks
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def resources(self) -> list[Registered]:
+        return self.mocks.resources
+
+    def of_type(self, typ: str) -> list[Registered]:
+        return [r for r in self.resources if r.typ == typ]
+
+    def named(self, name: str) -> Registered:
+        (found,) = [r for r in self.resources if r.name == name]
+        return found
+
+
+def run_pulumi(body: Callable[[], Awaitable[dict[str, Any]]], values: dict[str, Any], stack: str = "test") -> Run:
+    """Set fresh mocks and config, then run `body` (which builds resources) to completion, engine-style."""
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    set_config(values)
+    run = Run(mocks)
+
+    @pulumi.runtime.test
+    async def program() -> None:
+        run.result = await body()
+
+    program()
+    return run
+
+
+def run_stack(path: Path) -> Run:
+    """The whole program (__main__'s build) with a stack file's config and sentinel secrets."""
+    from infra.settings import load_settings
+    from infra.topology import build
+
+    async def body() -> dict[str, Any]:
+        topology = build(load_settings())
+        configs = {site: await out.future() for site, out in topology.mirror_configs.items()}
+        secret = {
+            f"{alias}.{key}": await out.is_secret()
+            for alias, files in topology.credentials.items()
+            for key, out in files.items()
+        }
+        return {"topology": topology, "configs": configs, "credential_is_secret": secret}
+
+    return run_pulumi(body, with_secrets(stack_values(path)), stack=path.name.split(".")[1])
