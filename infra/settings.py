@@ -196,9 +196,11 @@ class ClusterSpec(_Strict):
     def credential_keys(self) -> tuple[str, ...]:
         """Files the mirror reads from this cluster's Kubernetes Secret, set in stack config as secrets."""
         auth = self.msk.auth if self.msk is not None else self.kafka.auth if self.kafka is not None else "sas"
-        return {"scram": ("password",), "tls": ("client_cert", "client_key"), "mtls": ("client_cert", "client_key")}.get(
-            auth, ()
-        )
+        return {
+            "scram": ("password",),
+            "tls": ("client_cert", "client_key"),
+            "mtls": ("client_cert", "client_key"),
+        }.get(auth, ())
 
 
 class AwsSite(_Strict):

@@ -1,7 +1,6 @@
 """The CrossGuard pack: `pulumi preview --policy-pack policies` runs every rule on every resource."""
 
 from pulumi_policy import EnforcementLevel, PolicyPack, ResourceValidationArgs, ResourceValidationPolicy
-
 from rules import RULES, Rule  # run from this directory by `pulumi preview --policy-pack`
 
 

@@ -43,7 +43,10 @@ def mirror_rule_sends_and_listens_only(typ: str, props: dict[str, Any], urn: str
 def security_group_opens_only_kafka_auth_port(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
     if typ == "aws:ec2/securityGroupRule:SecurityGroupRule" and props.get("type") != "ingress":
         return []
-    if typ not in ("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", "aws:ec2/securityGroupRule:SecurityGroupRule"):
+    if typ not in (
+        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+        "aws:ec2/securityGroupRule:SecurityGroupRule",
+    ):
         return []
     out = []
     ports = (props.get("fromPort"), props.get("toPort"))
@@ -99,7 +102,9 @@ def config_map_holds_no_credentials(typ: str, props: dict[str, Any], urn: str = 
             parsed = yaml.safe_load(str(text))
         except yaml.YAMLError:
             continue
-        out += [f"data.{name}: {key} is inline; reference an env var or a mounted file" for key in _inline_secrets(parsed)]
+        out += [
+            f"data.{name}: {key} is inline; reference an env var or a mounted file" for key in _inline_secrets(parsed)
+        ]
     return out
 
 

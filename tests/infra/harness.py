@@ -37,6 +37,7 @@ class Registered:
     typ: str
     name: str
     inputs: dict[str, Any]  # wire (camelCase) names; secrets still wrapped as the engine would see them
+    provider: str | None = None  # the explicit provider reference, `urn::id`
 
     @property
     def plain(self) -> dict[str, Any]:
@@ -54,6 +55,8 @@ def unwrap(value: Any) -> Any:
         return {k: unwrap(v) for k, v in value.items()}
     if isinstance(value, list):
         return [unwrap(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # the wire carries every number as a double; JSON would carry 185, not 185.0
     return value
 
 
@@ -65,7 +68,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        self.resources.append(Registered(args.typ, args.name, dict(args.inputs)))
+        self.resources.append(Registered(args.typ, args.name, dict(args.inputs), args.provider))
         outputs = dict(args.inputs)
         outputs.setdefault("arn", f"arn:aws:test:::{args.name}")
         if args.typ.startswith("azure-native:"):
@@ -150,13 +153,14 @@ def run_stack(path: Path) -> Run:
     from infra.topology import build
 
     async def body() -> dict[str, Any]:
-        topology = build(load_settings())
+        settings = load_settings()
+        topology = build(settings)
         configs = {site: await out.future() for site, out in topology.mirror_configs.items()}
         secret = {
             f"{alias}.{key}": await out.is_secret()
             for alias, files in topology.credentials.items()
             for key, out in files.items()
         }
-        return {"topology": topology, "configs": configs, "credential_is_secret": secret}
+        return {"settings": settings, "topology": topology, "configs": configs, "credential_is_secret": secret}
 
     return run_pulumi(body, with_secrets(stack_values(path)), stack=path.name.split(".")[1])

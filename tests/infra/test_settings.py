@@ -9,7 +9,7 @@ import pytest
 
 from infra.settings import PROJECT, load_settings
 from spark_app.config import ConfigError
-from tests.infra.harness import STACKS, ROOT, set_config, stack_values, with_secrets
+from tests.infra.harness import ROOT, STACKS, set_config, stack_values, with_secrets
 
 DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
 ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
@@ -89,7 +89,9 @@ def test_a_flow_into_event_hubs_needs_the_source_topic_sizes():
 
 def test_a_runtime_setting_is_named_under_mirror_runtime():
     values = edited(DR, mirror=lambda m: m.update(runtime={"topic_sync_interval_s": 600}))
-    assert f"{PROJECT}:mirror.runtime.topic_sync_interval_s: Input should be less than or equal to 30" in refused(values)
+    assert f"{PROJECT}:mirror.runtime.topic_sync_interval_s: Input should be less than or equal to 30" in refused(
+        values
+    )
 
 
 def test_a_flow_without_a_site_in_its_targets_region_must_be_placed():

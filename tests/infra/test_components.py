@@ -1,0 +1,326 @@
+"""Each component on its own, under mocks: what it registers and what it hands back."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.aws.identity import MirrorRole, MirrorRoleArgs, kafka_policy, regex_to_glob
+from infra.aws.network import MskReach, MskReachArgs
+from infra.aws.scram import MskScramUser, MskScramUserArgs
+from infra.azure.eventhubs import EventHubs, EventHubsArgs
+from infra.k8s.mirror import Mirror, MirrorArgs
+from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
+from infra.k8s.operator import CHART_VERSION, SparkOperator, SparkOperatorArgs
+from infra.settings import (
+    Alerts,
+    AwsSite,
+    Checkpoint,
+    EventHubsSpec,
+    ExecutorResources,
+    HubSpec,
+    MskSpec,
+    Pvc,
+    Resources,
+)
+from spark_app.config import FlowConfig
+from tests.infra.harness import CONNECTION_STRING, is_secret, run_pulumi
+
+MSK = MskSpec(
+    cluster_arn="arn:aws:kafka:eu-west-1:222222222222:cluster/dr/abc-1",
+    auth="iam",
+    vpc_id="vpc-0b",
+    cidr="10.20.0.0/16",
+    route_table_ids=["rtb-0b1", "rtb-0b2"],
+    security_group_id="sg-0b",
+)
+SITE = AwsSite(
+    vpc_id="vpc-0a", cidr="10.10.0.0/16", route_table_ids=["rtb-0a1"], account_id="111111111111", eks_cluster="eks"
+)
+
+
+def eventhubs_spec(**changes) -> EventHubsSpec:
+    return EventHubsSpec(namespace="mirrorkit-test", resource_group="rg", tier="Premium", **changes)
+
+
+def test_event_hubs_sizes_each_hub_and_keeps_the_key_secret():
+    hubs = [HubSpec("a.orders", 12, False), HubSpec("a.customers", 3, True)]
+
+    async def body():
+        eh = EventHubs("eh", EventHubsArgs(eventhubs_spec(consumer_groups=["bi"]), "westeurope", hubs))
+        return {"conn": await eh.connection_string.future(), "secret": await eh.connection_string.is_secret()}
+
+    run = run_pulumi(body, {})
+    assert run.result == {"conn": CONNECTION_STRING, "secret": True}
+    ns = run.named("eh-ns").plain
+    assert ns["sku"]["name"] == "Premium" and ns["minimumTlsVersion"] == "1.2" and ns["kafkaEnabled"] is True
+    assert ns["zoneRedundant"] is True and ns["disableLocalAuth"] is False
+    orders, customers = run.named("eh-a.orders").plain, run.named("eh-a.customers").plain
+    assert orders["partitionCount"] == 12
+    assert orders["retentionDescription"] == {"cleanupPolicy": "Delete", "retentionTimeInHours": 24}
+    assert customers["retentionDescription"] == {"cleanupPolicy": "Compact", "tombstoneRetentionTimeInHours": 24}
+    assert {r.name for r in run.of_type("azure-native:eventhub:ConsumerGroup")} == {
+        "eh-a.orders-bi",
+        "eh-a.customers-bi",
+    }
+    assert run.named("eh-rule").plain["rights"] == ["Send", "Listen"]
+    assert run.of_type("azure-native:eventhub:DisasterRecoveryConfig") == []
+
+
+def test_event_hubs_adds_manage_and_geo_dr_only_when_asked():
+    spec = eventhubs_spec(manage_rights=True, geo_dr={"alias": "dr", "partner_namespace_id": "/subs/x/ns/partner"})
+
+    async def body():
+        EventHubs("eh", EventHubsArgs(spec, "westeurope", [HubSpec("t", 1, False)]))
+        return {}
+
+    run = run_pulumi(body, {})
+    assert run.named("eh-rule").plain["rights"] == ["Send", "Listen", "Manage"]
+    assert run.named("eh-geo-dr").plain["partnerNamespace"] == "/subs/x/ns/partner"
+
+
+def test_event_hubs_can_use_an_existing_resource_group_and_auto_inflate():
+    spec = EventHubsSpec(
+        namespace="mirrorkit-test",
+        resource_group="rg-existing",
+        existing_resource_group=True,
+        tier="Standard",
+        capacity=2,
+        auto_inflate_max=10,
+    )
+
+    async def body():
+        EventHubs("eh", EventHubsArgs(spec, "westeurope", [HubSpec("t", 1, False)]))
+        return {}
+
+    run = run_pulumi(body, {})
+    assert run.of_type("azure-native:resources:ResourceGroup") == []
+    ns = run.named("eh-ns").plain
+    assert ns["resourceGroupName"] == "rg-existing"
+    assert (ns["isAutoInflateEnabled"], ns["maximumThroughputUnits"], ns["sku"]["capacity"]) == (True, 10, 2)
+
+
+def test_msk_reach_peers_routes_both_ways_and_opens_one_port_from_the_peer():
+    async def body():
+        site = aws.Provider("site", region="eu-west-1")
+        msk = aws.Provider("msk", region="eu-west-1")
+        MskReach("r", MskReachArgs(SITE, site, msk, [MSK]))
+        return {}
+
+    run = run_pulumi(body, {})
+    peering = run.named("r-peering").plain
+    assert (peering["vpcId"], peering["peerVpcId"], peering["peerOwnerId"], peering["peerRegion"]) == (
+        "vpc-0a",
+        "vpc-0b",
+        "222222222222",
+        "eu-west-1",
+    )
+    assert run.named("r-accepter").plain["autoAccept"] is True
+    assert "::site::" in run.named("r-peering").provider and "::msk::" in run.named("r-accepter").provider
+    routes = {r.plain["routeTableId"]: r.plain["destinationCidrBlock"] for r in run.of_type("aws:ec2/route:Route")}
+    assert routes == {"rtb-0a1": "10.20.0.0/16", "rtb-0b1": "10.10.0.0/16", "rtb-0b2": "10.10.0.0/16"}
+    (rule,) = run.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+    assert {k: rule.plain[k] for k in ("securityGroupId", "cidrIpv4", "fromPort", "toPort", "ipProtocol")} == {
+        "securityGroupId": "sg-0b",
+        "cidrIpv4": "10.10.0.0/16",
+        "fromPort": 9098,
+        "toPort": 9098,
+        "ipProtocol": "tcp",
+    }
+
+
+def test_msk_reach_in_the_same_vpc_only_opens_the_port():
+    same = MSK.model_copy(update={"vpc_id": SITE.vpc_id, "auth": "scram"})
+
+    async def body():
+        p = aws.Provider("p", region="eu-west-1")
+        MskReach("r", MskReachArgs(SITE, p, p, [same]))
+        return {}
+
+    run = run_pulumi(body, {})
+    assert [r.typ for r in run.resources if r.typ.startswith("aws:") and "providers" not in r.typ] == [
+        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+    ]
+    assert run.resources[-1].plain["fromPort"] == 9096
+
+
+def test_scram_user_is_an_amazonmsk_secret_on_a_customer_key():
+    scram = MSK.model_copy(update={"auth": "scram"})
+
+    async def body():
+        MskScramUser("s", MskScramUserArgs(scram, "dr", pulumi.Output.secret("test-sentinel")))
+        return {}
+
+    run = run_pulumi(body, {})
+    secret = run.named("s-secret").plain
+    assert secret["name"] == "AmazonMSK_mirrorkit_dr" and secret["kmsKeyId"] == "arn:aws:test:::s-key"
+    value = run.named("s-value").inputs["secretString"]
+    assert is_secret(value) and json.loads(value["value"]) == {"username": "mirror", "password": "test-sentinel"}
+    assocation = run.named("s-association").plain
+    assert assocation["clusterArn"] == MSK.cluster_arn and assocation["secretArn"] == "arn:aws:test:::s-secret"
+
+
+def test_regex_to_glob_keeps_the_literal_prefix():
+    assert regex_to_glob("payments") == "payments"
+    assert regex_to_glob(r"orders\..*") == "orders.*"
+    assert regex_to_glob("events[0-9]+") == "events*"
+    assert regex_to_glob(".*") == "*"
+
+
+def test_kafka_policy_allows_only_the_flows_topics_and_groups():
+    flows = [
+        FlowConfig(
+            source="us",
+            target="eu",
+            topics={"include": [r"events\..*"]},
+            replication_policy="identity",
+            checkpoint_location="/c",
+            groups={"include": ["app-.*"]},
+            sync_group_offsets=True,
+        ),
+    ]
+    eu = MSK
+    us = MSK.model_copy(update={"cluster_arn": "arn:aws:kafka:us-east-1:222222222222:cluster/us/def-1"})
+    policy = kafka_policy(flows, {"us": us, "eu": eu})
+    by_resource = {r: s["Action"] for s in policy["Statement"] for r in s["Resource"]}
+    topic = "arn:aws:kafka:{}:222222222222:topic/{}/{}"
+    assert "kafka-cluster:WriteData" not in by_resource[topic.format("us-east-1", "us", "def-1/events.*")]
+    assert "kafka-cluster:WriteData" in by_resource[topic.format("us-east-1", "us", "def-1/heartbeats")]
+    assert "kafka-cluster:WriteData" in by_resource[topic.format("eu-west-1", "dr", "abc-1/events.*")]
+    assert "kafka-cluster:WriteData" in by_resource[topic.format("eu-west-1", "dr", "abc-1/us.checkpoints.internal")]
+    assert by_resource["arn:aws:kafka:eu-west-1:222222222222:group/dr/abc-1/app-*"] == [
+        "kafka-cluster:AlterGroup",
+        "kafka-cluster:DescribeGroup",
+    ]
+    assert by_resource["arn:aws:kafka:us-east-1:222222222222:group/us/def-1/app-*"] == ["kafka-cluster:DescribeGroup"]
+    resources = [r for s in policy["Statement"] for r in s["Resource"]]
+    assert all(
+        r.startswith(("arn:aws:kafka:us-east-1:222222222222:", "arn:aws:kafka:eu-west-1:222222222222:"))
+        for r in resources
+    )
+    assert not any(r.endswith(("/*", ":*")) for r in resources)
+
+
+def test_mirror_role_uses_pod_identity_or_irsa():
+    irsa = SITE.model_copy(
+        update={"eks_cluster": None, "oidc_provider_arn": "arn:aws:iam::111111111111:oidc-provider/oidc.example/id/X"}
+    )
+
+    async def body():
+        flows = [FlowConfig(source="a", target="b", topics={"include": ["t"]}, checkpoint_location="/c")]
+        pod = MirrorRole("pod", MirrorRoleArgs(SITE, "ns", "sa", flows, {"b": MSK}))
+        web = MirrorRole("web", MirrorRoleArgs(irsa, "ns", "sa", flows, {"b": MSK}))
+        return {"pod": pod.service_account_annotations, "web": await web.role_arn.future()}
+
+    run = run_pulumi(body, {})
+    association = run.named("pod-pod-identity").plain
+    assert (association["clusterName"], association["namespace"], association["serviceAccount"]) == ("eks", "ns", "sa")
+    assert run.result["pod"] == {}
+    trust = json.loads(run.named("web-role").plain["assumeRolePolicy"])
+    assert trust["Statement"][0]["Condition"]["StringEquals"]["oidc.example/id/X:sub"] == "system:serviceaccount:ns:sa"
+    assert run.result["web"] == "arn:aws:test:::web-role"
+
+
+def namespace_args(**changes) -> MirrorNamespaceArgs:
+    defaults = dict(
+        namespace="mk",
+        service_account="mirrorkit",
+        kafka_ports=[9096, 9093],
+        metrics_port=9404,
+        monitoring_namespace="monitoring",
+        api_server_cidrs=["10.0.0.0/16"],
+        credentials={"dr": {"password": pulumi.Output.secret("test-sentinel")}},
+    )
+    return MirrorNamespaceArgs(**(defaults | changes))
+
+
+def test_namespace_is_restricted_rbac_is_namespaced_and_traffic_is_denied_by_default():
+    async def body():
+        ns = MirrorNamespace("s", namespace_args())
+        return {"secrets": ns.secret_names}
+
+    run = run_pulumi(body, {})
+    labels = run.named("s-ns").plain["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    (role,) = run.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role")
+    assert role.plain["metadata"]["namespace"] == "mk"
+    assert sorted(role.plain["rules"][0]["resources"]) == ["configmaps", "persistentvolumeclaims", "pods", "services"]
+    (binding,) = run.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+    assert binding.plain["roleRef"]["kind"] == "Role"
+    assert binding.plain["subjects"] == [{"kind": "ServiceAccount", "name": "mirrorkit", "namespace": "mk"}]
+    deny = run.named("s-default-deny").plain["spec"]
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    allow = run.named("s-mirror").plain["spec"]
+    egress_ports = {p["port"] for rule in allow["egress"] for p in rule.get("ports", [])}
+    assert egress_ports == {53, 443, 6443, 9093, 9096}
+    assert allow["ingress"][1]["ports"] == [{"protocol": "TCP", "port": 9404}]
+    secret = run.named("s-dr")
+    assert is_secret(secret.inputs["stringData"]) or is_secret(secret.inputs["stringData"]["password"])
+    assert run.result["secrets"] == {"dr": "mirrorkit-dr"}
+
+
+def test_spark_operator_chart_is_pinned_and_watches_only_the_mirror_namespace():
+    async def body():
+        SparkOperator("op", SparkOperatorArgs(job_namespace="mk"))
+        return {}
+
+    run = run_pulumi(body, {})
+    (chart,) = run.of_type("kubernetes:helm.sh/v4:Chart")
+    assert chart.plain["version"] == CHART_VERSION and chart.plain["chart"] == "spark-operator"
+    assert chart.plain["values"]["spark"]["jobNamespaces"] == ["mk"]
+    assert chart.plain["values"]["spark"]["rbac"] == {"create": False}
+
+
+def mirror_args(**changes) -> MirrorArgs:
+    defaults = dict(
+        namespace="mk",
+        service_account="mirrorkit",
+        image="img:1",
+        spark_version="4.0.1",
+        config_yaml="version: 1\n",
+        secret_names={"dr": "mirrorkit-dr"},
+        driver=Resources(cores=1, memory="2g"),
+        executor=ExecutorResources(instances=3, cores=2, memory="4g"),
+        checkpoint=Checkpoint(pvc=Pvc(size="5Gi")),
+        metrics_port=9404,
+        monitoring=True,
+        alerts=Alerts(),
+    )
+    return MirrorArgs(**(defaults | changes))
+
+
+def test_mirror_runs_the_cli_with_its_config_and_checkpoint_pvc():
+    async def body():
+        Mirror("m", mirror_args())
+        return {}
+
+    run = run_pulumi(body, {})
+    assert run.named("m-config").plain["data"] == {"mirror.yaml": "version: 1\n"}
+    spec = run.named("m-app").plain["spec"]
+    assert spec["mainApplicationFile"] == "local:///opt/mirrorkit/main.py"
+    assert spec["arguments"] == ["run", "--config", "/etc/mirrorkit/config/mirror.yaml"]
+    assert spec["restartPolicy"]["type"] == "Always" and spec["restartPolicy"]["onFailureRetryInterval"] > 0
+    assert (spec["executor"]["instances"], spec["executor"]["cores"], spec["executor"]["memory"]) == (3, 2, "4g")
+    assert spec["driver"]["secrets"] == [
+        {"name": "mirrorkit-dr", "path": "/etc/mirrorkit/secrets/dr", "secretType": "Generic"}
+    ]
+    assert {"name": "checkpoints", "mountPath": "/checkpoints"} in spec["driver"]["volumeMounts"]
+    assert run.named("m-checkpoints").plain["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    assert run.named("m-pdb").plain["spec"]["maxUnavailable"] == 1
+    alerts = {r["alert"] for r in run.named("m-rules").plain["spec"]["groups"][0]["rules"]}
+    assert alerts == {"MirrorkitLagHigh", "MirrorkitStalled", "MirrorkitCheckpointStale"}
+    assert run.named("m-podmonitor").plain["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_mirror_with_object_storage_and_no_monitoring_has_no_pvc_or_monitors():
+    async def body():
+        Mirror("m", mirror_args(checkpoint=Checkpoint(url="s3a://bucket/x"), monitoring=False))
+        return {}
+
+    run = run_pulumi(body, {})
+    types = {r.typ for r in run.resources}
+    assert "kubernetes:core/v1:PersistentVolumeClaim" not in types
+    assert not any("monitoring.coreos.com" in t for t in types)
+    assert [v["name"] for v in run.named("m-app").plain["spec"]["volumes"]] == ["config"]

@@ -1,0 +1,97 @@
+"""One test per stack file: the whole program with that file's config, its resources and its rendered config."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.infra.harness import BOOTSTRAPS, STACKS
+
+
+def test_every_stack_file_has_a_test():
+    assert {p.name.split(".")[1] for p in STACKS} == {"dr-msk-to-eventhubs", "active-active", "onprem-to-msk"}
+
+
+def types(run) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in run.resources:
+        counts[r.typ] = counts.get(r.typ, 0) + 1
+    return counts
+
+
+def test_active_passive_msk_to_event_hubs(stack_runs):
+    run = stack_runs["dr-msk-to-eventhubs"]
+    hubs = {h.plain["eventHubName"]: h.plain for h in run.of_type("azure-native:eventhub:EventHub")}
+    assert sorted(hubs) == [
+        "mirrorkit-dead-letters",
+        "mm2-offset-syncs.dr.internal",
+        "primary.checkpoints.internal",
+        "primary.customers",
+        "primary.heartbeats",
+        "primary.orders",
+        "primary.payments",
+    ]
+    assert (hubs["primary.orders"]["partitionCount"], hubs["primary.payments"]["partitionCount"]) == (12, 6)
+    assert hubs["primary.customers"]["retentionDescription"]["cleanupPolicy"] == "Compact"
+    assert hubs["primary.orders"]["retentionDescription"] == {"cleanupPolicy": "Delete", "retentionTimeInHours": 168}
+    assert run.named("eh-dr-ns").plain["sku"]["name"] == "Premium"
+    # Cross-account peering: the accepter acts in the MSK account through its own provider.
+    assert run.named("use1-vpc-0f1e2d3c4b5a60001-peering").plain["peerOwnerId"] == "222222222222"
+    assert (
+        run.named("use1-vpc-0f1e2d3c4b5a60001-peering").provider
+        != run.named("use1-vpc-0f1e2d3c4b5a60001-accepter").provider
+    )
+    assert len(run.of_type("aws:ec2/route:Route")) == 3
+    assert run.named("scram-primary-secret").plain["name"] == "AmazonMSK_mirrorkit_primary"
+    assert types(run)["kubernetes:helm.sh/v4:Chart"] == 1
+    assert types(run)["kubernetes:monitoring.coreos.com/v1:PrometheusRule"] == 1
+    config = yaml.safe_load(run.result["configs"]["use1"])
+    primary, dr = config["clusters"]
+    assert primary["bootstrap_servers"] == BOOTSTRAPS["bootstrapBrokersSaslScram"]
+    assert (primary["profile"], primary["password"]["file"]) == ("msk-scram", "/etc/mirrorkit/secrets/primary/password")
+    assert (dr["profile"], dr["bootstrap_servers"]) == ("eventhubs", "mirrorkit-dr-weu.servicebus.windows.net:9093")
+    assert config["flows"][0]["checkpoint_location"] == "/checkpoints/primary-dr"
+    assert config["flows"][0]["dead_letter_topic"] == "mirrorkit-dead-letters"
+
+
+def test_active_active_runs_one_mirror_per_region_owning_the_flow_into_it(stack_runs):
+    run = stack_runs["active-active"]
+    configs = {site: yaml.safe_load(text) for site, text in run.result["configs"].items()}
+    assert {site: [f"{f['source']}->{f['target']}" for f in c["flows"]] for site, c in configs.items()} == {
+        "use1": ["eu->us"],
+        "euw1": ["us->eu"],
+    }
+    for config in configs.values():
+        assert {c["profile"] for c in config["clusters"]} == {"msk-iam"}
+        assert all(c["bootstrap_servers"] == BOOTSTRAPS["bootstrapBrokersSaslIam"] for c in config["clusters"])
+        assert config["flows"][0]["replication_policy"] == "identity" and config["flows"][0]["provenance_header"]
+        assert config["flows"][0]["checkpoint_location"].startswith("s3a://mirrorkit-checkpoints-example/")
+        assert config["checkpoint_interval_s"] == 5
+    assert len(run.of_type("kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication")) == 2
+    assert not run.of_type("kubernetes:core/v1:PersistentVolumeClaim") and not run.of_type("kubernetes:core/v1:Secret")
+    # Each site peers with both MSK VPCs: four peerings, all ingress on the IAM port.
+    assert len(run.of_type("aws:ec2/vpcPeeringConnection:VpcPeeringConnection")) == 4
+    assert {r.plain["fromPort"] for r in run.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")} == {
+        9098
+    }
+    assert len(run.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")) == 1  # use1; euw1 uses IRSA
+    irsa = run.named("euw1-sa").plain["metadata"]["annotations"]
+    assert irsa == {"eks.amazonaws.com/role-arn": "arn:aws:test:::euw1-mirror-role"}
+
+
+def test_hybrid_on_prem_to_msk(stack_runs):
+    run = stack_runs["onprem-to-msk"]
+    assert not run.of_type("aws:ec2/vpcPeeringConnection:VpcPeeringConnection")  # MSK shares the site's VPC
+    (rule,) = run.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+    assert (rule.plain["fromPort"], rule.plain["cidrIpv4"]) == (9096, "10.30.0.0/16")
+    assert "kubernetes:helm.sh/v4:Chart" not in types(run)
+    assert sorted(s.plain["metadata"]["name"] for s in run.of_type("kubernetes:core/v1:Secret")) == [
+        "mirrorkit-aws",
+        "mirrorkit-dc1",
+    ]
+    egress = run.named("euw1-mirror").plain["spec"]["egress"]
+    assert {p["port"] for rule in egress for p in rule.get("ports", [])} == {53, 443, 6443, 9093, 9096}
+    config = yaml.safe_load(run.result["configs"]["euw1"])
+    dc1, msk = config["clusters"]
+    assert (dc1["profile"], dc1["client_key"]["file"]) == ("mtls", "/etc/mirrorkit/secrets/dc1/client_key")
+    assert msk["bootstrap_servers"] == BOOTSTRAPS["bootstrapBrokersSaslScram"]
+    assert config["flows"][0]["topics"] == {"include": ["orders.*", "payments"], "exclude": ["orders\\.tmp.*"]}
