@@ -1,0 +1,1 @@
+"""Benchmarks that decide design questions with measurements on real clusters."""
