@@ -17,8 +17,6 @@ from confluent_kafka import KafkaError, Producer
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-# What the Spark query hands to the Python writers, in this order.
-SOURCE_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "unix_millis(timestamp) AS timestamp_ms")
 LANDED_SCHEMA = "topic string, partition int, last_offset long, last_target_offset long, records long"
 LANDED_ARROW_SCHEMA = pa.schema(
     [

@@ -43,6 +43,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # no
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from images.fetch_jars import cached_jars  # noqa: E402
+from spark_app.writer import SOURCE_COLUMNS  # noqa: E402
 
 INTERCEPTOR_SOURCE = ROOT / "images" / "interceptor" / "src" / "main" / "java"
 INTERCEPTOR_CLASS = "io.mirrorkit.interceptor.TimestampHeaderInterceptor"
@@ -188,7 +189,7 @@ def run_child(spec: dict) -> dict:
         fn = kw.ArrowPartitionWriter(conf, prefix) if path == "arrow" else kw.RowPartitionWriter(conf, prefix)
 
         def each_batch(batch_df, batch_id: int) -> None:
-            selected = batch_df.selectExpr(*kw.SOURCE_COLUMNS)
+            selected = batch_df.selectExpr(*SOURCE_COLUMNS)
             if path == "arrow":
                 rows = selected.mapInArrow(fn, kw.LANDED_SCHEMA).collect()
                 landed.extend(r.asDict() for r in rows)
@@ -206,7 +207,7 @@ def run_child(spec: dict) -> dict:
         landed_file = work / "landed.jsonl"
         conf = {"bootstrap.servers": spec["target"]} | spec["py_producer"]
         query = (
-            df.selectExpr(*kw.SOURCE_COLUMNS)
+            df.selectExpr(*SOURCE_COLUMNS)
             .writeStream.format(kw.KafkaArrowSink.name())
             .option("producer", json.dumps(conf))
             .option("prefix", prefix)
