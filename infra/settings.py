@@ -108,11 +108,6 @@ class EventHubsSpec(_Strict):
             errors.append(f"auto_inflate_max: {self.auto_inflate_max} is below capacity {self.capacity}")
         if (self.tier is Tier.DEDICATED) != (self.dedicated_cluster_id is not None):
             errors.append("dedicated_cluster_id: give it for tier Dedicated, and only then")
-        if self.disable_local_auth:
-            errors.append(
-                "disable_local_auth: the mirror signs in with SAS ($ConnectionString); spark_app has no Entra ID"
-                " (OAUTHBEARER) profile yet, so local auth must stay on"
-            )
         if errors:
             raise ValueError("\n".join(errors))
         return self
@@ -188,6 +183,11 @@ class ClusterSpec(_Strict):
         return self
 
     @property
+    def entra(self) -> bool:
+        """An Event Hubs namespace with local auth off: the mirror signs in with Entra ID (workload identity)."""
+        return self.eventhubs is not None and self.eventhubs.disable_local_auth
+
+    @property
     def ports(self) -> set[int]:
         if self.eventhubs is not None:
             return {EVENTHUBS_PORT}
@@ -223,6 +223,13 @@ class AwsSite(_Strict):
         return self
 
 
+class AzureSite(_Strict):
+    """Azure workload identity for the site's pods: the issuer of its service-account tokens (AKS: the cluster's
+    `oidcIssuerProfile.issuerUrl`); the workload identity webhook must run on the cluster."""
+
+    oidc_issuer_url: Annotated[str, Field(pattern=r"^https://\S+$")]
+
+
 class SiteSpec(_Strict):
     """A Kubernetes cluster that runs mirrors."""
 
@@ -232,6 +239,7 @@ class SiteSpec(_Strict):
     api_server_cidrs: Annotated[list[Cidr], Field(min_length=1)]
     monitoring_namespace: str = "monitoring"
     aws: AwsSite | None = None
+    azure: AzureSite | None = None  # needed when its mirror reaches an Event Hubs namespace with local auth off
 
     @field_validator("api_server_cidrs")
     @classmethod
@@ -274,6 +282,7 @@ class Alerts(_Strict):
     lag_records: Annotated[int, Field(ge=1)] = 100_000
     stalled_minutes: Annotated[int, Field(ge=1)] = 10
     checkpoint_age_s: Annotated[int, Field(ge=1)] = 300
+    heartbeat_age_s: Annotated[int, Field(ge=1)] = 300
 
 
 class MirrorSpec(_Strict):
@@ -374,6 +383,8 @@ def _mirror_cluster(c: ClusterSpec) -> dict[str, Any]:
     """The spark_app view of a cluster: how to reach it, and where its secrets are mounted."""
     secrets = f"{SECRETS_DIR}/{c.alias}"
     out: dict[str, Any] = {"alias": c.alias, "client_overrides": c.client_overrides}
+    if c.entra:
+        return out | {"bootstrap_servers": c.eventhubs.bootstrap_servers, "profile": "eventhubs-entra"}
     if c.eventhubs is not None:
         return out | {
             "bootstrap_servers": c.eventhubs.bootstrap_servers,
@@ -492,11 +503,17 @@ def _check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
     for site_name, site in sites.items():
         touched = {a for f in mirror.flows if site_of_flow.get(f.name) == site_name for a in (f.source, f.target)}
         msk = [a for a in touched if clusters[a][1].msk is not None]
+        i = list(sites).index(site_name)
         if msk and site.aws is None:
-            i = list(sites).index(site_name)
             errors.append(f"{PROJECT}:sites[{i}].aws: missing; its mirror reaches MSK cluster(s) {', '.join(msk)}")
+        entra = sorted(a for a in touched if clusters[a][1].entra)
+        if entra and site.azure is None:
+            errors.append(
+                f"{PROJECT}:sites[{i}].azure: missing; its mirror reaches Event Hubs cluster(s) {', '.join(entra)}"
+                " with local auth disabled, so it signs in with Entra ID workload identity: give"
+                " azure.oidc_issuer_url, the issuer of the site's service-account tokens"
+            )
         if site.context is None and site_name not in model.kubeconfigs:
-            i = list(sites).index(site_name)
             errors.append(
                 f"{PROJECT}:sites[{i}].context: missing; give a kubeconfig context, or set"
                 f" `pulumi config set --secret --path '{PROJECT}:kubeconfigs.{site_name}' \"$(cat kubeconfig)\"`"

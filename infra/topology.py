@@ -13,6 +13,7 @@ from infra.aws.identity import MirrorRole, MirrorRoleArgs
 from infra.aws.network import MskReach, MskReachArgs
 from infra.aws.scram import MskScramUser, MskScramUserArgs
 from infra.azure.eventhubs import EventHubs, EventHubsArgs
+from infra.azure.identity import MirrorEntraIdentity, MirrorEntraIdentityArgs
 from infra.k8s.mirror import Mirror, MirrorArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
@@ -30,6 +31,7 @@ class Topology:
     scram_users: dict[str, MskScramUser] = field(default_factory=dict)
     reaches: dict[str, MskReach] = field(default_factory=dict)
     roles: dict[str, MirrorRole] = field(default_factory=dict)
+    entra_identities: dict[str, MirrorEntraIdentity] = field(default_factory=dict)
     namespaces: dict[str, MirrorNamespace] = field(default_factory=dict)
     mirrors: dict[str, Mirror] = field(default_factory=dict)
     mirror_configs: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # site -> rendered YAML
@@ -85,7 +87,8 @@ def build(settings: StackSettings) -> Topology:
         if c.eventhubs is not None:
             hubs = EventHubs(f"eh-{c.alias}", EventHubsArgs(c.eventhubs, c.region, settings.hubs(c.alias)))
             out.event_hubs[c.alias] = hubs
-            out.credentials[c.alias] = {"password": hubs.connection_string}
+            if hubs.connection_string is not None:
+                out.credentials[c.alias] = {"password": hubs.connection_string}
         if c.msk is not None:
             provider = providers.get(c.msk.region, c.msk.role_arn)
             bootstraps[c.alias] = _bootstrap(c.msk, provider)
@@ -100,6 +103,7 @@ def build(settings: StackSettings) -> Topology:
         if not clusters:
             continue
         msk = {c.alias: c.msk for c in clusters if c.msk is not None}
+        iam_at_site = [a for a, spec in msk.items() if spec.auth == "iam"]
         annotations: dict[str, pulumi.Input[str]] = {}
         if site.aws is not None and msk:
             site_provider = providers.get(site.region, site.aws.role_arn)
@@ -120,6 +124,24 @@ def build(settings: StackSettings) -> Topology:
                 )
                 out.roles[site.name] = role
                 annotations = role.service_account_annotations
+        pod_labels: dict[str, str] = {}
+        entra = [c for c in clusters if c.entra]
+        if entra:
+            first = out.event_hubs[entra[0].alias]
+            identity = MirrorEntraIdentity(
+                f"{site.name}-entra",
+                MirrorEntraIdentityArgs(
+                    resource_group_name=first.resource_group_name,
+                    location=entra[0].region,
+                    oidc_issuer_url=site.azure.oidc_issuer_url,
+                    namespace=settings.namespace,
+                    service_account=SERVICE_ACCOUNT,
+                    namespace_ids={c.alias: out.event_hubs[c.alias].namespace_id for c in entra},
+                ),
+            )
+            out.entra_identities[site.name] = identity
+            annotations = {**annotations, **identity.service_account_annotations}
+            pod_labels = identity.pod_labels
         kubeconfig = model.kubeconfigs.get(site.name)
         k8s_provider = k8s.Provider(
             f"{site.name}-k8s",
@@ -139,7 +161,11 @@ def build(settings: StackSettings) -> Topology:
                 api_server_cidrs=site.api_server_cidrs,
                 credentials={c.alias: out.credentials[c.alias] for c in clusters if c.alias in out.credentials},
                 service_account_annotations=annotations,
-                object_storage=model.mirror.checkpoint.url is not None,
+                # HTTPS out of the cluster: object storage, Entra ID's token endpoint, STS for IRSA.
+                https_egress=model.mirror.checkpoint.url is not None
+                or bool(entra)
+                or (site.aws is not None and site.aws.oidc_provider_arn is not None and bool(iam_at_site)),
+                pod_identity_agent=site.aws is not None and site.aws.eks_cluster is not None and bool(iam_at_site),
             ),
             on_site,
         )
@@ -168,6 +194,7 @@ def build(settings: StackSettings) -> Topology:
                 metrics_port=site_config.metrics_port,
                 monitoring=settings.monitoring,
                 alerts=model.mirror.alerts,
+                pod_labels=pod_labels,
             ),
             on_site,
         )

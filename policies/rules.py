@@ -6,6 +6,7 @@ program registers under mocks.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -17,11 +18,18 @@ CREDENTIAL_MARKERS = ("SharedAccessKey=", "-----BEGIN", "sasl.jaas.config")
 SECRET_KEYS = {"password", "client_key", "connection_string"}
 OPERATOR_CHART = "kubernetes:helm.sh/v4:Chart"
 
+DRIVER_RESOURCES = {"pods", "services", "configmaps", "persistentvolumeclaims"}
+
 Rule = Callable[[str, dict[str, Any], str], list[str]]
 
 
+def _eventhub(typ: str, kind: str) -> bool:
+    """An azure-native eventhub resource of this kind, at the default or any explicit API version."""
+    return re.fullmatch(rf"azure-native:eventhub(/v\w+)?:{kind}", typ) is not None
+
+
 def eventhubs_namespace_speaks_kafka(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
-    if typ != "azure-native:eventhub:Namespace":
+    if not _eventhub(typ, "Namespace"):
         return []
     out = []
     if props.get("sku", {}).get("name") not in ("Standard", "Premium"):
@@ -34,10 +42,18 @@ def eventhubs_namespace_speaks_kafka(typ: str, props: dict[str, Any], urn: str =
 
 
 def mirror_rule_sends_and_listens_only(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
-    if typ != "azure-native:eventhub:NamespaceAuthorizationRule":
+    if not _eventhub(typ, "NamespaceAuthorizationRule"):
         return []
     extra = set(props.get("rights", [])) - {"Send", "Listen"}
     return [f"rights {sorted(extra)} beyond Send and Listen"] if extra else []
+
+
+def event_hub_keeps_producer_timestamps(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    """A hub that stamps append time loses the source's timestamps: the DR copy must keep them (Create)."""
+    if not _eventhub(typ, "EventHub"):
+        return []
+    stamped = (props.get("messageTimestampDescription") or {}).get("timestampType")
+    return [] if stamped == "Create" else [f"messageTimestampDescription.timestampType is {stamped!r}, not 'Create'"]
 
 
 def security_group_opens_only_kafka_auth_port(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
@@ -75,6 +91,23 @@ def nothing_cluster_wide(typ: str, props: dict[str, Any], urn: str = "") -> list
     ):
         return []
     return [] if OPERATOR_CHART in urn else [f"{typ.rsplit(':', 1)[1]} grants cluster-wide rights"]
+
+
+def roles_grant_only_what_the_driver_needs(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    """The driver's Role: core pods, services, configmaps and PVCs; a RoleBinding binds a Role, never a ClusterRole."""
+    if typ == "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding":
+        kind = (props.get("roleRef") or {}).get("kind")
+        return [] if kind == "Role" or OPERATOR_CHART in urn else [f"roleRef binds a {kind}, not a namespaced Role"]
+    if typ != "kubernetes:rbac.authorization.k8s.io/v1:Role" or OPERATOR_CHART in urn:
+        return []
+    out = []
+    for i, rule in enumerate(props.get("rules") or []):
+        if set(rule.get("apiGroups") or []) != {""}:
+            out.append(f"rules[{i}].apiGroups {rule.get('apiGroups')} beyond the core group")
+        extra = set(rule.get("resources") or []) - DRIVER_RESOURCES
+        if extra:
+            out.append(f"rules[{i}].resources {sorted(extra)} beyond {sorted(DRIVER_RESOURCES)}")
+    return out
 
 
 def _inline_secrets(node: Any, path: str = "") -> list[str]:
@@ -135,9 +168,11 @@ def namespace_enforces_pod_security(typ: str, props: dict[str, Any], urn: str = 
 RULES: dict[str, tuple[Rule, str]] = {
     "eventhubs-namespace-speaks-kafka": (eventhubs_namespace_speaks_kafka, "mandatory"),
     "mirror-rule-sends-and-listens-only": (mirror_rule_sends_and_listens_only, "advisory"),
+    "event-hub-keeps-producer-timestamps": (event_hub_keeps_producer_timestamps, "mandatory"),
     "security-group-opens-only-kafka-auth-port": (security_group_opens_only_kafka_auth_port, "mandatory"),
     "msk-scram-secret-uses-customer-key": (msk_scram_secret_uses_customer_key, "mandatory"),
     "nothing-cluster-wide": (nothing_cluster_wide, "mandatory"),
+    "roles-grant-only-what-the-driver-needs": (roles_grant_only_what_the_driver_needs, "mandatory"),
     "config-map-holds-no-credentials": (config_map_holds_no_credentials, "mandatory"),
     "spark-application-is-complete": (spark_application_is_complete, "mandatory"),
     "namespace-enforces-pod-security": (namespace_enforces_pod_security, "mandatory"),

@@ -24,6 +24,13 @@ ALIAS_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
 # Kafka's own rule for topic names; Event Hubs names are a subset.
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 EVENTHUBS_CODECS = ("none", "gzip")
+# kafka-clients has no Entra workload-identity login of its own, so a cluster read by Spark's (Java) Kafka source
+# with profile eventhubs-entra must name a handler in client_overrides, from a jar the image carries.
+ENTRA_JAVA_HANDLER_KEY = "sasl.login.callback.handler.class"
+ENTRA_JAVA_HANDLER_EXAMPLE = (
+    "io.github.nniikkoollaaii.kafka.sasl.oauthbearer.workload_identity.WorkloadIdentityLoginCallbackHandler"
+    " from io.github.nniikkoollaaii:kafka-sasl-oauthbearer-workload-identity"
+)
 
 
 class ConfigError(ValueError):
@@ -56,6 +63,9 @@ class Profile(str, enum.Enum):
 
     KAFKA = "kafka"  # plaintext, or TLS with `tls: true`
     EVENTHUBS = "eventhubs"  # SASL_SSL PLAIN, username $ConnectionString, password the connection string
+    # SASL_SSL OAUTHBEARER with an Entra ID token from Azure workload identity: for namespaces with local (SAS) auth
+    # disabled. Java clients need a login callback handler from a jar (ENTRA_JAVA_HANDLER_KEY).
+    EVENTHUBS_ENTRA = "eventhubs-entra"
     MSK_SCRAM = "msk-scram"  # SASL_SSL SCRAM-SHA-512, port 9096
     MSK_IAM = "msk-iam"  # SASL_SSL AWS_MSK_IAM, port 9098
     MTLS = "mtls"  # TLS with a client certificate
@@ -113,7 +123,7 @@ class ClusterConfig(_Strict):
         if self.tls and self.profile is not Profile.KAFKA:
             raise ValueError(f"'tls' applies to profile 'kafka' only; '{self.profile.value}' always uses TLS")
         codec = self.client_overrides.get("compression.type")
-        if self.profile is Profile.EVENTHUBS and codec is not None and codec not in EVENTHUBS_CODECS:
+        if self.is_eventhubs and codec is not None and codec not in EVENTHUBS_CODECS:
             raise ValueError(
                 f"client_overrides.compression.type '{codec}' is refused by Event Hubs; use one of {EVENTHUBS_CODECS}"
             )
@@ -122,7 +132,7 @@ class ClusterConfig(_Strict):
     @property
     def is_eventhubs(self) -> bool:
         """Event Hubs topics are made through ARM only: the mirror never creates or alters them."""
-        return self.profile is Profile.EVENTHUBS
+        return self.profile in (Profile.EVENTHUBS, Profile.EVENTHUBS_ENTRA)
 
 
 def _regexes_compile(patterns: list[str]) -> list[str]:
@@ -232,6 +242,19 @@ class MirrorConfig(_Strict):
             if (flow.source, flow.target) in by_pair:
                 errors.append(f"{where}: a second flow {flow.name}")
             by_pair[(flow.source, flow.target)] = flow
+            source = aliases.get(flow.source)
+            if (
+                source is not None
+                and source.profile is Profile.EVENTHUBS_ENTRA
+                and ENTRA_JAVA_HANDLER_KEY not in source.client_overrides
+            ):
+                errors.append(
+                    f"{where}.source: Spark reads cluster '{flow.source}' (profile 'eventhubs-entra') with the Java"
+                    f" Kafka client, which has no Entra ID login built in;"
+                    f" set its client_overrides.{ENTRA_JAVA_HANDLER_KEY}"
+                    " to a handler whose jar is in the image (images/jars.toml has none),"
+                    f" e.g. {ENTRA_JAVA_HANDLER_EXAMPLE}"
+                )
             target = aliases.get(flow.target)
             if target is not None and target.is_eventhubs and flow.topics.literal_names() is None:
                 errors.append(

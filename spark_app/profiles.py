@@ -8,11 +8,18 @@ or file the config names; they are never logged and never part of an error messa
 
 from __future__ import annotations
 
+import json
 import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .config import ClusterConfig, ConfigError, Profile, SecretRef
+from .config import ENTRA_JAVA_HANDLER_KEY, ClusterConfig, ConfigError, Profile, SecretRef
 
 Role = Literal["consumer", "producer", "admin"]
 
@@ -28,6 +35,10 @@ _EVENTHUBS_PRODUCER = {"max.request.size": "1000000", "compression.type": "none"
 _TO_LIBRDKAFKA = {"max.request.size": "message.max.bytes"}
 # Java-only names with no librdkafka counterpart.
 _JAVA_ONLY = {"max.request.size", "sasl.jaas.config", "ssl.truststore.type", "ssl.truststore.location"}
+# What Azure workload identity's admission webhook puts in a pod labelled azure.workload.identity/use=true whose
+# service account carries azure.workload.identity/client-id.
+WORKLOAD_IDENTITY_ENV = ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_FEDERATED_TOKEN_FILE", "AZURE_AUTHORITY_HOST")
+_CLIENT_ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 
 
 class SecretError(ConfigError):
@@ -61,6 +72,14 @@ def java_settings(cluster: ClusterConfig, role: Role) -> dict[str, str]:
             **_EVENTHUBS_TUNING,
             **(_EVENTHUBS_PRODUCER if role == "producer" else {}),
         }
+    elif cluster.profile is Profile.EVENTHUBS_ENTRA:
+        # The login callback handler comes from client_overrides (config validation insists when Spark reads it).
+        conf |= {
+            "sasl.mechanism": "OAUTHBEARER",
+            "sasl.jaas.config": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;",
+            **_EVENTHUBS_TUNING,
+            **(_EVENTHUBS_PRODUCER if role == "producer" else {}),
+        }
     elif cluster.profile is Profile.MSK_SCRAM:
         secret = _jaas_quote(read_secret(cluster.password, f"{what} password"))
         conf |= {
@@ -90,6 +109,7 @@ def librdkafka_settings(cluster: ClusterConfig, role: Role) -> dict[str, object]
     conf.pop("ssl.keystore.type", None)
     conf.pop("ssl.keystore.location", None)
     conf.pop("sasl.client.callback.handler.class", None)
+    conf.pop(ENTRA_JAVA_HANDLER_KEY, None)
     if cluster.ca_file:
         conf["ssl.ca.location"] = cluster.ca_file
     what = f"cluster '{cluster.alias}'"
@@ -97,11 +117,13 @@ def librdkafka_settings(cluster: ClusterConfig, role: Role) -> dict[str, object]
         conf |= {"sasl.username": "$ConnectionString", "sasl.password": read_secret(cluster.password, what)}
     elif cluster.profile is Profile.MSK_SCRAM:
         conf |= {"sasl.username": cluster.username, "sasl.password": read_secret(cluster.password, what)}
+    elif cluster.profile is Profile.EVENTHUBS_ENTRA:
+        conf |= {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": _entra_token(cluster)}
     elif cluster.profile is Profile.MSK_IAM:
         conf |= {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": _msk_iam_token(cluster.region)}
     elif cluster.profile is Profile.MTLS:
         conf |= {"ssl.certificate.location": cluster.client_cert_file, "ssl.key.location": cluster.client_key.file}
-    if role == "producer" and cluster.profile is Profile.EVENTHUBS:
+    if role == "producer" and cluster.is_eventhubs:
         conf["socket.keepalive.enable"] = True
     return conf
 
@@ -133,5 +155,77 @@ def _msk_iam_token(region: str):
     def callback(_config: str) -> tuple[str, float]:
         token, expiry_ms = MSKAuthTokenProvider.generate_auth_token(region)
         return token, expiry_ms / 1000
+
+    return callback
+
+
+@dataclass(frozen=True)
+class WorkloadIdentity:
+    """The pod's Azure workload identity, as the webhook injected it."""
+
+    client_id: str
+    tenant_id: str
+    token_file: str
+    authority_host: str
+
+    @classmethod
+    def from_env(cls, what: str) -> WorkloadIdentity:
+        missing = [k for k in WORKLOAD_IDENTITY_ENV if not os.environ.get(k)]
+        if missing:
+            raise SecretError(
+                f"{what}: profile 'eventhubs-entra' needs Azure workload identity, but {', '.join(missing)} is not set;"
+                " the pod needs the label azure.workload.identity/use=true and a service account annotated with"
+                " azure.workload.identity/client-id"
+            )
+        return cls(*(os.environ[k] for k in WORKLOAD_IDENTITY_ENV))
+
+    @property
+    def token_url(self) -> str:
+        return f"{self.authority_host.rstrip('/')}/{self.tenant_id}/oauth2/v2.0/token"
+
+
+def entra_scope(cluster: ClusterConfig) -> str:
+    """Event Hubs takes tokens for its namespace host: https://<namespace>.servicebus.windows.net/.default."""
+    host = cluster.bootstrap_servers.split(",")[0].strip().rpartition(":")[0]
+    return f"https://{host}/.default"
+
+
+def _entra_token(cluster: ClusterConfig) -> Callable[[str], tuple[str, float]]:
+    """An OAUTHBEARER callback that trades the pod's federated token for an Entra ID token for the namespace.
+
+    The webhook's token file is read on every call, because the kubelet rotates it.
+    """
+    what = f"cluster '{cluster.alias}'"
+    identity = WorkloadIdentity.from_env(what)
+    scope = entra_scope(cluster)
+
+    def callback(_config: str) -> tuple[str, float]:
+        assertion = read_secret(SecretRef(file=identity.token_file), f"{what} federated token")
+        form = {
+            "grant_type": "client_credentials",
+            "client_id": identity.client_id,
+            "scope": scope,
+            "client_assertion_type": _CLIENT_ASSERTION_TYPE,
+            "client_assertion": assertion,
+        }
+        request = urllib.request.Request(
+            identity.token_url,
+            data=urllib.parse.urlencode(form).encode(),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                reply = json.load(response)
+        except urllib.error.HTTPError as err:
+            try:
+                code = json.load(err).get("error", "")
+            except ValueError:
+                code = ""
+            raise SecretError(
+                f"{what}: Entra ID refused the workload identity token at {identity.token_url}: HTTP {err.code} {code}"
+            ) from None
+        except urllib.error.URLError as err:
+            raise SecretError(f"{what}: cannot reach Entra ID at {identity.token_url}: {err.reason}") from None
+        return reply["access_token"], time.time() + float(reply["expires_in"])
 
     return callback

@@ -1,7 +1,10 @@
 """An Event Hubs namespace with one hub per topic the mirror writes there, and a Send/Listen rule for the mirror.
 
-The pinned azure-native (3.29.0, API 2024-01-01) has no `messageTimestampDescription`, so hubs cannot be told to
-keep the producer's timestamp (`Create`); they stamp append time until the provider exposes it.
+Every hub keeps the producer's timestamp (`messageTimestampDescription.timestampType: Create`, ARM API
+2024-05-01-preview and later); otherwise a hub stamps append time and the DR copy loses the source's timestamps.
+azure-native 3.x (up to 3.29.0, the newest on PyPI) ships only API 2024-01-01, which lacks that property, and its
+other API versions need `pulumi package add`, i.e. a locally generated SDK. azure-native 2.92.3 ships the
+2024-05-01-preview module, so the whole component uses that one API version.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
-from pulumi_azure_native import eventhub, resources
+from pulumi_azure_native import resources
+from pulumi_azure_native.eventhub import v20240501preview as eventhub
 
 from infra.settings import EventHubsSpec, HubSpec, Tier
 
@@ -25,10 +29,16 @@ class EventHubsArgs:
 
 
 class EventHubs(pulumi.ComponentResource):
-    """A Kafka-enabled namespace, its hubs and consumer groups, the mirror's rule and optional Geo-DR pairing."""
+    """A Kafka-enabled namespace, its hubs and consumer groups, the mirror's rule and optional Geo-DR pairing.
 
-    connection_string: pulumi.Output[str]
+    With local auth disabled there is no SAS rule and no connection string: the mirror signs in with Entra ID
+    (MirrorEntraIdentity grants it the data roles on `namespace_id`).
+    """
+
+    connection_string: pulumi.Output[str] | None
     namespace_name: pulumi.Output[str]
+    namespace_id: pulumi.Output[str]
+    resource_group_name: pulumi.Input[str]
 
     def __init__(self, name: str, args: EventHubsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("mirrorkit:azure:EventHubs", name, None, opts)
@@ -79,6 +89,9 @@ class EventHubs(pulumi.ComponentResource):
                 resource_group_name=group_name,
                 partition_count=hub.partitions,
                 retention_description=retention,
+                message_timestamp_description=eventhub.MessageTimestampDescriptionArgs(
+                    timestamp_type=eventhub.TimestampType.CREATE
+                ),
                 opts=child,
             )
             for group_name_ in spec.consumer_groups:
@@ -90,17 +103,6 @@ class EventHubs(pulumi.ComponentResource):
                     resource_group_name=group_name,
                     opts=child,
                 )
-        rights = [eventhub.AccessRights.SEND, eventhub.AccessRights.LISTEN]
-        if spec.manage_rights:
-            rights.append(eventhub.AccessRights.MANAGE)
-        rule = eventhub.NamespaceAuthorizationRule(
-            f"{name}-rule",
-            authorization_rule_name=RULE_NAME,
-            namespace_name=namespace.name,
-            resource_group_name=group_name,
-            rights=rights,
-            opts=child,
-        )
         if spec.geo_dr is not None:
             eventhub.DisasterRecoveryConfig(
                 f"{name}-geo-dr",
@@ -110,12 +112,37 @@ class EventHubs(pulumi.ComponentResource):
                 partner_namespace=spec.geo_dr.partner_namespace_id,
                 opts=child,
             )
+        self.connection_string = None if spec.disable_local_auth else self._sas_rule(name, spec, namespace, group_name)
+        self.namespace_name = namespace.name
+        self.namespace_id = namespace.id
+        self.resource_group_name = group_name
+        self.register_outputs(
+            {
+                "namespace_name": self.namespace_name,
+                "namespace_id": self.namespace_id,
+                "connection_string": self.connection_string,
+            }
+        )
+
+    def _sas_rule(
+        self, name: str, spec: EventHubsSpec, namespace: eventhub.Namespace, group_name: pulumi.Input[str]
+    ) -> pulumi.Output[str]:
+        """The mirror's Send/Listen rule (Manage only when asked); its connection string only ever as a secret."""
+        rights = [eventhub.AccessRights.SEND, eventhub.AccessRights.LISTEN]
+        if spec.manage_rights:
+            rights.append(eventhub.AccessRights.MANAGE)
+        rule = eventhub.NamespaceAuthorizationRule(
+            f"{name}-rule",
+            authorization_rule_name=RULE_NAME,
+            namespace_name=namespace.name,
+            resource_group_name=group_name,
+            rights=rights,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         keys = eventhub.list_namespace_keys_output(
             authorization_rule_name=rule.name,
             namespace_name=namespace.name,
             resource_group_name=group_name,
             opts=pulumi.InvokeOutputOptions(parent=self),
         )
-        self.namespace_name = namespace.name
-        self.connection_string = pulumi.Output.secret(keys.primary_connection_string)
-        self.register_outputs({"namespace_name": self.namespace_name, "connection_string": self.connection_string})
+        return pulumi.Output.secret(keys.primary_connection_string)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -15,10 +15,21 @@ from infra.settings import CHECKPOINT_DIR, SECRETS_DIR, Alerts, Checkpoint, Exec
 CONFIG_DIR = "/etc/mirrorkit/config"
 CONFIG_FILE = "mirror.yaml"
 MAIN_FILE = "local:///opt/mirrorkit/main.py"  # images/mirror/main.py: `python -m spark_app` under spark-submit
-# The driver's Prometheus series the alerts read (names the mirror's metrics endpoint is expected to serve).
-LAG_METRIC = "mirrorkit_lag_records"
+# The driver's Prometheus series the alerts read (spark_app.metrics serves them, each with a `flow` label).
 RECORDS_METRIC = "mirrorkit_records_mirrored_total"
+LAG_METRIC = "mirrorkit_lag_records"
 CHECKPOINT_AGE_METRIC = "mirrorkit_checkpoint_age_seconds"
+HEARTBEAT_AGE_METRIC = "mirrorkit_heartbeat_age_seconds"
+LAST_BATCH_METRIC = "mirrorkit_last_batch_timestamp_seconds"
+ERRORS_METRIC = "mirrorkit_errors_total"
+ALERT_METRICS = (
+    RECORDS_METRIC,
+    LAG_METRIC,
+    CHECKPOINT_AGE_METRIC,
+    HEARTBEAT_AGE_METRIC,
+    LAST_BATCH_METRIC,
+    ERRORS_METRIC,
+)
 # Restricted Pod Security: the image runs as its non-root user 185 (images/mirror/Dockerfile).
 POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 185, "fsGroup": 185, "seccompProfile": {"type": "RuntimeDefault"}}
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
@@ -38,11 +49,12 @@ class MirrorArgs:
     metrics_port: int
     monitoring: bool
     alerts: Alerts
+    pod_labels: Mapping[str, str] = field(default_factory=dict)  # e.g. Azure workload identity's opt-in label
 
 
 def spark_application_spec(name: str, config_map: str, pvc: str | None, args: MirrorArgs) -> dict[str, Any]:
     """The v1beta2 spec: restarted forever with backoff, checkpoint on the driver's PVC or in object storage."""
-    labels = {**APP_LABELS, "app.kubernetes.io/instance": name}
+    labels = {**args.pod_labels, **APP_LABELS, "app.kubernetes.io/instance": name}
     secrets = [
         {"name": secret, "path": f"{SECRETS_DIR}/{alias}", "secretType": "Generic"}
         for alias, secret in sorted(args.secret_names.items())
@@ -99,35 +111,62 @@ def spark_application_spec(name: str, config_map: str, pvc: str | None, args: Mi
 
 
 def alert_rules(name: str, alerts: Alerts) -> list[dict[str, Any]]:
-    """Lag, a stalled mirror (lag but nothing copied) and stale consumer-group checkpoints, per flow."""
+    """Per flow: lag, a stalled or vanished mirror, stale checkpoints and heartbeats, errors."""
     sel = f'{{app_kubernetes_io_instance="{name}"}}'
-    stalled = f"{alerts.stalled_minutes}m"
+    window = f"{alerts.stalled_minutes}m"
+    stalled_s = alerts.stalled_minutes * 60
+
+    def rule(alert: str, expr: str, severity: str, summary: str, wait: str = "5m") -> dict[str, Any]:
+        return {
+            "alert": alert,
+            "expr": expr,
+            "for": wait,
+            "labels": {"severity": severity},
+            "annotations": {"summary": summary},
+        }
+
     return [
-        {
-            "alert": "MirrorkitLagHigh",
-            "expr": f"max by (flow, topic) ({LAG_METRIC}{sel}) > {alerts.lag_records}",
-            "for": "10m",
-            "labels": {"severity": "warning"},
-            "annotations": {
-                "summary": "Mirror {{ $labels.flow }} is {{ $value }} records behind on {{ $labels.topic }}"
-            },
-        },
-        {
-            "alert": "MirrorkitStalled",
-            "expr": (
-                f"sum by (flow) (rate({RECORDS_METRIC}{sel}[{stalled}])) == 0 and max by (flow) ({LAG_METRIC}{sel}) > 0"
-            ),
-            "for": stalled,
-            "labels": {"severity": "critical"},
-            "annotations": {"summary": "Mirror {{ $labels.flow }} has copied nothing for " + stalled + " despite lag"},
-        },
-        {
-            "alert": "MirrorkitCheckpointStale",
-            "expr": f"max by (flow, group) ({CHECKPOINT_AGE_METRIC}{sel}) > {alerts.checkpoint_age_s}",
-            "for": "5m",
-            "labels": {"severity": "warning"},
-            "annotations": {"summary": "Checkpoints for {{ $labels.group }} on {{ $labels.flow }} are stale"},
-        },
+        rule(
+            "MirrorkitLagHigh",
+            f"sum by (flow) ({LAG_METRIC}{sel}) > {alerts.lag_records}",
+            "warning",
+            "Mirror {{ $labels.flow }} is {{ $value }} records behind",
+            "10m",
+        ),
+        rule(
+            "MirrorkitStalled",
+            f"(time() - max by (flow) ({LAST_BATCH_METRIC}{sel}) > {stalled_s})"
+            f" or (sum by (flow) (rate({RECORDS_METRIC}{sel}[{window}])) == 0"
+            f" and on (flow) sum by (flow) ({LAG_METRIC}{sel}) > 0)",
+            "critical",
+            "Mirror {{ $labels.flow }} has finished no batch, or copied nothing despite lag, for " + window,
+        ),
+        rule(
+            "MirrorkitAbsent",
+            f"absent({LAST_BATCH_METRIC}{sel})",
+            "critical",
+            f"Mirror {name} serves no metrics: its driver is down or not scraped",
+            window,
+        ),
+        rule(
+            "MirrorkitCheckpointStale",
+            f"max by (flow) ({CHECKPOINT_AGE_METRIC}{sel}) > {alerts.checkpoint_age_s}",
+            "warning",
+            "Consumer-group checkpoints on {{ $labels.flow }} are {{ $value }}s old",
+        ),
+        rule(
+            "MirrorkitHeartbeatStale",
+            f"max by (flow) ({HEARTBEAT_AGE_METRIC}{sel}) > {alerts.heartbeat_age_s}",
+            "warning",
+            "The newest heartbeat mirrored on {{ $labels.flow }} is {{ $value }}s old",
+        ),
+        rule(
+            "MirrorkitErrors",
+            f"sum by (flow) (increase({ERRORS_METRIC}{sel}[{window}])) > 0",
+            "warning",
+            "Mirror {{ $labels.flow }} reported {{ $value }} errors in " + window,
+            "0m",
+        ),
     ]
 
 

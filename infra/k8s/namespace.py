@@ -19,6 +19,8 @@ DRIVER_RULES = [
     }
 ]
 API_SERVER_PORTS = (443, 6443)
+# EKS Pod Identity Agent, link-local on every node (IPv4 and IPv6), plain HTTP.
+POD_IDENTITY_AGENT = ({"cidr": "169.254.170.23/32"}, {"cidr": "fd00:ec2::23/128"})
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,8 @@ class MirrorNamespaceArgs:
     api_server_cidrs: Sequence[str]
     credentials: Mapping[str, Mapping[str, pulumi.Output[str]]]  # alias -> file name -> secret value
     service_account_annotations: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
-    object_storage: bool = False  # checkpoints in object storage need HTTPS egress
+    https_egress: bool = False  # object storage, Entra ID's token endpoint or STS: TCP 443 to anywhere
+    pod_identity_agent: bool = False  # EKS Pod Identity: the node-local agent hands out the role's credentials
 
 
 def secret_name(alias: str) -> str:
@@ -122,8 +125,10 @@ def network_policy_spec(args: MirrorNamespaceArgs) -> dict:
         {"to": [{"ipBlock": {"cidr": c}} for c in args.api_server_cidrs], "ports": [_tcp(p) for p in API_SERVER_PORTS]},
         {"ports": [_tcp(p) for p in sorted(set(args.kafka_ports))]},
     ]
-    if args.object_storage:
+    if args.https_egress:
         egress.append({"ports": [_tcp(443)]})
+    if args.pod_identity_agent:
+        egress.append({"to": [{"ipBlock": b} for b in POD_IDENTITY_AGENT], "ports": [_tcp(80)]})
     monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": args.monitoring_namespace}}}
     return {
         "podSelector": {"matchLabels": APP_LABELS},

@@ -18,6 +18,8 @@ from pulumi.runtime import rpc
 
 from infra.settings import PROJECT
 
+EVENTHUB = "azure-native:eventhub/v20240501preview"  # the API version infra/azure/eventhubs.py uses
+SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
 ROOT = Path(__file__).resolve().parents[2]
 STACKS = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
 CONNECTION_STRING = "Endpoint=sb://test.invalid/;SharedAccessKeyName=mirrorkit;SharedAccessKey=test-sentinel-sas"
@@ -75,12 +77,17 @@ class RecordingMocks(pulumi.runtime.Mocks):
             for wire in ("namespaceName", "authorizationRuleName", "eventHubName", "resourceGroupName"):
                 if wire in args.inputs and args.typ.lower().endswith(wire[:-4].lower()):
                     outputs["name"] = args.inputs[wire]
+            outputs.setdefault("name", args.name)
+        if args.typ == "azure-native:managedidentity:UserAssignedIdentity":
+            outputs |= {"clientId": f"client-{args.name}", "principalId": f"principal-{args.name}"}
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
         self.calls.append((args.token, dict(args.args)))
-        if args.token == "azure-native:eventhub:listNamespaceKeys":
+        if args.token == f"{EVENTHUB}:listNamespaceKeys":
             return {"primaryConnectionString": CONNECTION_STRING}
+        if args.token == "azure-native:authorization:getClientConfig":
+            return {"subscriptionId": SUBSCRIPTION, "tenantId": "t", "clientId": "c", "objectId": "o"}
         if args.token == "aws:msk/getBootstrapBrokers:getBootstrapBrokers":
             return dict(BOOTSTRAPS)
         return {}

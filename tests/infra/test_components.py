@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pulumi
 import pulumi_aws as aws
@@ -11,7 +12,8 @@ from infra.aws.identity import MirrorRole, MirrorRoleArgs, kafka_policy, regex_t
 from infra.aws.network import MskReach, MskReachArgs
 from infra.aws.scram import MskScramUser, MskScramUserArgs
 from infra.azure.eventhubs import EventHubs, EventHubsArgs
-from infra.k8s.mirror import Mirror, MirrorArgs
+from infra.azure.identity import DATA_ROLES, MirrorEntraIdentity, MirrorEntraIdentityArgs
+from infra.k8s.mirror import ALERT_METRICS, Mirror, MirrorArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import CHART_VERSION, SparkOperator, SparkOperatorArgs
 from infra.settings import (
@@ -26,7 +28,9 @@ from infra.settings import (
     Resources,
 )
 from spark_app.config import FlowConfig
-from tests.infra.harness import CONNECTION_STRING, is_secret, run_pulumi
+from tests.infra.harness import CONNECTION_STRING, EVENTHUB, SUBSCRIPTION, is_secret, run_pulumi
+
+ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
 
 MSK = MskSpec(
     cluster_arn="arn:aws:kafka:eu-west-1:222222222222:cluster/dr/abc-1",
@@ -58,15 +62,17 @@ def test_event_hubs_sizes_each_hub_and_keeps_the_key_secret():
     assert ns["sku"]["name"] == "Premium" and ns["minimumTlsVersion"] == "1.2" and ns["kafkaEnabled"] is True
     assert ns["zoneRedundant"] is True and ns["disableLocalAuth"] is False
     orders, customers = run.named("eh-a.orders").plain, run.named("eh-a.customers").plain
+    for hub in (orders, customers):  # the copy keeps the source's timestamps instead of stamping append time
+        assert hub["messageTimestampDescription"] == {"timestampType": "Create"}
     assert orders["partitionCount"] == 12
     assert orders["retentionDescription"] == {"cleanupPolicy": "Delete", "retentionTimeInHours": 24}
     assert customers["retentionDescription"] == {"cleanupPolicy": "Compact", "tombstoneRetentionTimeInHours": 24}
-    assert {r.name for r in run.of_type("azure-native:eventhub:ConsumerGroup")} == {
+    assert {r.name for r in run.of_type(f"{EVENTHUB}:ConsumerGroup")} == {
         "eh-a.orders-bi",
         "eh-a.customers-bi",
     }
     assert run.named("eh-rule").plain["rights"] == ["Send", "Listen"]
-    assert run.of_type("azure-native:eventhub:DisasterRecoveryConfig") == []
+    assert run.of_type(f"{EVENTHUB}:DisasterRecoveryConfig") == []
 
 
 def test_event_hubs_adds_manage_and_geo_dr_only_when_asked():
@@ -79,6 +85,60 @@ def test_event_hubs_adds_manage_and_geo_dr_only_when_asked():
     run = run_pulumi(body, {})
     assert run.named("eh-rule").plain["rights"] == ["Send", "Listen", "Manage"]
     assert run.named("eh-geo-dr").plain["partnerNamespace"] == "/subs/x/ns/partner"
+
+
+def test_event_hubs_with_local_auth_disabled_has_no_sas_rule_or_connection_string():
+    async def body():
+        eh = EventHubs(
+            "eh", EventHubsArgs(eventhubs_spec(disable_local_auth=True), "westeurope", [HubSpec("t", 1, False)])
+        )
+        return {"conn": eh.connection_string, "id": await eh.namespace_id.future()}
+
+    run = run_pulumi(body, {})
+    assert run.named("eh-ns").plain["disableLocalAuth"] is True
+    assert run.result == {"conn": None, "id": "eh-ns-id"}
+    assert run.of_type(f"{EVENTHUB}:NamespaceAuthorizationRule") == []
+    assert not [token for token, _ in run.mocks.calls if token.endswith(":listNamespaceKeys")]
+
+
+def test_entra_identity_federates_the_service_account_and_may_only_send_and_receive():
+    async def body():
+        identity = MirrorEntraIdentity(
+            "site-entra",
+            MirrorEntraIdentityArgs(
+                resource_group_name="rg",
+                location="westeurope",
+                oidc_issuer_url="https://oidc.example/issuer/",
+                namespace="mk",
+                service_account="mirrorkit",
+                namespace_ids={"dr": "/subscriptions/s/ns/dr", "dr2": "/subscriptions/s/ns/dr2"},
+            ),
+        )
+        annotations = {
+            k: await pulumi.Output.from_input(v).future() for k, v in identity.service_account_annotations.items()
+        }
+        return {"annotations": annotations, "labels": identity.pod_labels}
+
+    run = run_pulumi(body, {})
+    federation = run.named("site-entra-federation").plain
+    assert (federation["issuer"], federation["subject"], federation["audiences"]) == (
+        "https://oidc.example/issuer/",
+        "system:serviceaccount:mk:mirrorkit",
+        ["api://AzureADTokenExchange"],
+    )
+    assert federation["resourceName"] == "site-entra-identity"
+    grants = {(r.plain["scope"], r.plain["roleDefinitionId"].rsplit("/", 1)[1]) for r in run.of_type(ROLE_ASSIGNMENT)}
+    assert grants == {
+        (ns, role) for ns in ("/subscriptions/s/ns/dr", "/subscriptions/s/ns/dr2") for role in DATA_ROLES.values()
+    }
+    for assignment in run.of_type(ROLE_ASSIGNMENT):
+        p = assignment.plain
+        assert p["principalId"] == "principal-site-entra-identity" and p["principalType"] == "ServicePrincipal"
+        assert p["roleDefinitionId"].startswith(f"/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Authorization/")
+    assert run.result == {
+        "annotations": {"azure.workload.identity/client-id": "client-site-entra-identity"},
+        "labels": {"azure.workload.identity/use": "true"},
+    }
 
 
 def test_event_hubs_can_use_an_existing_resource_group_and_auto_inflate():
@@ -261,6 +321,32 @@ def test_namespace_is_restricted_rbac_is_namespaced_and_traffic_is_denied_by_def
     assert run.result["secrets"] == {"dr": "mirrorkit-dr"}
 
 
+def test_namespace_opens_https_and_the_pod_identity_agent_only_when_asked():
+    async def body():
+        MirrorNamespace("plain", namespace_args())
+        MirrorNamespace("wide", namespace_args(https_egress=True, pod_identity_agent=True))
+        return {}
+
+    run = run_pulumi(body, {})
+
+    def extra(name):
+        return [
+            rule
+            for rule in run.named(f"{name}-mirror").plain["spec"]["egress"]
+            if "to" not in rule
+            or any("ipBlock" in peer and peer["ipBlock"]["cidr"].startswith(("169.254", "fd00")) for peer in rule["to"])
+        ]
+
+    assert extra("plain") == [{"ports": [{"protocol": "TCP", "port": 9093}, {"protocol": "TCP", "port": 9096}]}]
+    assert extra("wide")[1:] == [
+        {"ports": [{"protocol": "TCP", "port": 443}]},
+        {
+            "to": [{"ipBlock": {"cidr": "169.254.170.23/32"}}, {"ipBlock": {"cidr": "fd00:ec2::23/128"}}],
+            "ports": [{"protocol": "TCP", "port": 80}],
+        },
+    ]
+
+
 def test_spark_operator_chart_is_pinned_and_watches_only_the_mirror_namespace():
     async def body():
         SparkOperator("op", SparkOperatorArgs(job_namespace="mk"))
@@ -309,8 +395,32 @@ def test_mirror_runs_the_cli_with_its_config_and_checkpoint_pvc():
     assert {"name": "checkpoints", "mountPath": "/checkpoints"} in spec["driver"]["volumeMounts"]
     assert run.named("m-checkpoints").plain["spec"]["resources"]["requests"]["storage"] == "5Gi"
     assert run.named("m-pdb").plain["spec"]["maxUnavailable"] == 1
-    alerts = {r["alert"] for r in run.named("m-rules").plain["spec"]["groups"][0]["rules"]}
-    assert alerts == {"MirrorkitLagHigh", "MirrorkitStalled", "MirrorkitCheckpointStale"}
+    rules = {r["alert"]: r["expr"] for r in run.named("m-rules").plain["spec"]["groups"][0]["rules"]}
+    assert set(rules) == {
+        "MirrorkitLagHigh",
+        "MirrorkitStalled",
+        "MirrorkitAbsent",
+        "MirrorkitCheckpointStale",
+        "MirrorkitHeartbeatStale",
+        "MirrorkitErrors",
+    }
+    assert all('{app_kubernetes_io_instance="m"}' in expr for expr in rules.values())
+    # Every series the mirror serves for alerting is read by some rule, under its exact name.
+    used = {name for expr in rules.values() for name in re.findall(r"\bmirrorkit_[a-z_]+", expr)}
+    assert (
+        used
+        == set(ALERT_METRICS)
+        == {
+            "mirrorkit_records_mirrored_total",
+            "mirrorkit_lag_records",
+            "mirrorkit_checkpoint_age_seconds",
+            "mirrorkit_heartbeat_age_seconds",
+            "mirrorkit_last_batch_timestamp_seconds",
+            "mirrorkit_errors_total",
+        }
+    )
+    assert "time() - max by (flow) (mirrorkit_last_batch_timestamp_seconds" in rules["MirrorkitStalled"]
+    assert all(expr.count("(") == expr.count(")") for expr in rules.values())
     assert run.named("m-podmonitor").plain["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
 
 

@@ -11,7 +11,7 @@ from kubeflow_spark_api.models import SparkV1beta2SparkApplication
 
 from infra.settings import MSK_PORTS
 from policies.rules import RULES, spark_application_is_complete
-from tests.infra.harness import CONNECTION_STRING, STACKS, Run, is_secret, sentinel
+from tests.infra.harness import CONNECTION_STRING, EVENTHUB, STACKS, Run, is_secret, sentinel
 
 KUBERNETES_VERSION = "1.33.0"  # the oldest release the kit supports; its OpenAPI schemas ship with kubernetes-validate
 NAMES = [p.name.split(".")[1] for p in STACKS]
@@ -78,7 +78,7 @@ def test_each_event_hub_has_at_least_its_source_topics_partitions(stack, stack_r
         for c in run.result["settings"].model.clusters
         for t, spec in c.topics.items()
     }
-    for hub in run.of_type("azure-native:eventhub:EventHub"):
+    for hub in run.of_type(f"{EVENTHUB}:EventHub"):
         name, partitions = hub.plain["eventHubName"], hub.plain["partitionCount"]
         assert partitions >= settings_sources.get(name, 1), name
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from tests.infra.harness import BOOTSTRAPS, STACKS
+from tests.infra.harness import BOOTSTRAPS, EVENTHUB, STACKS
 
 
 def test_every_stack_file_has_a_test():
@@ -20,7 +20,7 @@ def types(run) -> dict[str, int]:
 
 def test_active_passive_msk_to_event_hubs(stack_runs):
     run = stack_runs["dr-msk-to-eventhubs"]
-    hubs = {h.plain["eventHubName"]: h.plain for h in run.of_type("azure-native:eventhub:EventHub")}
+    hubs = {h.plain["eventHubName"]: h.plain for h in run.of_type(f"{EVENTHUB}:EventHub")}
     assert sorted(hubs) == [
         "mirrorkit-dead-letters",
         "mm2-offset-syncs.dr.internal",

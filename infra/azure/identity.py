@@ -1,0 +1,74 @@
+"""The mirror's Entra ID identity for Event Hubs namespaces with local (SAS) auth disabled.
+
+Azure workload identity: a user-assigned managed identity trusts the site's service-account tokens (a federated
+credential for the cluster's OIDC issuer and `system:serviceaccount:<ns>:<sa>`), holds the Event Hubs data roles
+on each namespace, and the service account names it, so the webhook hands its pods a token file that
+spark_app's `eventhubs-entra` profile trades for an Entra ID token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_azure_native import authorization, managedidentity
+
+# Built-in roles: Azure Event Hubs Data Sender and Data Receiver (the SAS rule's Send and Listen).
+DATA_ROLES = {"sender": "2b629674-e913-4c01-ae53-ef4638d8f975", "receiver": "a638d3c7-ab3a-418d-83e6-5f17a39d4fde"}
+TOKEN_AUDIENCE = "api://AzureADTokenExchange"
+CLIENT_ID_ANNOTATION = "azure.workload.identity/client-id"
+POD_LABELS = {"azure.workload.identity/use": "true"}
+
+
+@dataclass(frozen=True)
+class MirrorEntraIdentityArgs:
+    resource_group_name: pulumi.Input[str]  # where the identity lives: the first namespace's group
+    location: str
+    oidc_issuer_url: str  # the site's service-account token issuer
+    namespace: str
+    service_account: str
+    namespace_ids: Mapping[str, pulumi.Input[str]]  # cluster alias -> Event Hubs namespace ARM id
+
+
+class MirrorEntraIdentity(pulumi.ComponentResource):
+    """A managed identity the mirror's service account federates with, allowed to send and receive, nothing more."""
+
+    client_id: pulumi.Output[str]
+    service_account_annotations: dict[str, pulumi.Input[str]]
+    pod_labels: dict[str, str]
+
+    def __init__(self, name: str, args: MirrorEntraIdentityArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("mirrorkit:azure:MirrorEntraIdentity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        identity = managedidentity.UserAssignedIdentity(
+            f"{name}-identity", resource_group_name=args.resource_group_name, location=args.location, opts=child
+        )
+        managedidentity.FederatedIdentityCredential(
+            f"{name}-federation",
+            resource_group_name=args.resource_group_name,
+            resource_name_=identity.name,
+            issuer=args.oidc_issuer_url,
+            subject=f"system:serviceaccount:{args.namespace}:{args.service_account}",
+            audiences=[TOKEN_AUDIENCE],
+            opts=child,
+        )
+        subscription = authorization.get_client_config_output(
+            opts=pulumi.InvokeOutputOptions(parent=self)
+        ).subscription_id
+        for alias, namespace_id in args.namespace_ids.items():
+            for role, role_id in DATA_ROLES.items():
+                authorization.RoleAssignment(
+                    f"{name}-{alias}-{role}",
+                    principal_id=identity.principal_id,
+                    principal_type=authorization.PrincipalType.SERVICE_PRINCIPAL,
+                    role_definition_id=pulumi.Output.concat(
+                        "/subscriptions/", subscription, "/providers/Microsoft.Authorization/roleDefinitions/", role_id
+                    ),
+                    scope=namespace_id,
+                    opts=child,
+                )
+        self.client_id = identity.client_id
+        self.service_account_annotations = {CLIENT_ID_ANNOTATION: identity.client_id}
+        self.pod_labels = dict(POD_LABELS)
+        self.register_outputs({"client_id": self.client_id})
