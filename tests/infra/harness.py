@@ -156,6 +156,11 @@ def run_pulumi(body: Callable[[], Awaitable[dict[str, Any]]], values: dict[str, 
 
 def run_stack(path: Path) -> Run:
     """The whole program (__main__'s build) with a stack file's config and sentinel secrets."""
+    return run_values(with_secrets(stack_values(path)), stack=path.name.split(".")[1])
+
+
+def run_values(values: dict[str, Any], stack: str = "test") -> Run:
+    """The whole program with these config values (secrets included)."""
     from infra.settings import load_settings
     from infra.topology import build
 
@@ -170,4 +175,4 @@ def run_stack(path: Path) -> Run:
         }
         return {"settings": settings, "topology": topology, "configs": configs, "credential_is_secret": secret}
 
-    return run_pulumi(body, with_secrets(stack_values(path)), stack=path.name.split(".")[1])
+    return run_pulumi(body, values, stack=stack)

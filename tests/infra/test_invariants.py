@@ -78,9 +78,13 @@ def test_each_event_hub_has_at_least_its_source_topics_partitions(stack, stack_r
         for c in run.result["settings"].model.clusters
         for t, spec in c.topics.items()
     }
-    for hub in run.of_type(f"{EVENTHUB}:EventHub"):
+    hubs = run.of_type(f"{EVENTHUB}:EventHub")
+    assert bool(hubs) == bool(run.result["topology"].event_hubs)
+    for hub in hubs:
         name, partitions = hub.plain["eventHubName"], hub.plain["partitionCount"]
         assert partitions >= settings_sources.get(name, 1), name
+    sized = [h for h in hubs if h.plain["eventHubName"] in settings_sources]
+    assert bool(sized) == bool(hubs)  # the check above compared real source sizes, not only the default of 1
 
 
 def test_security_group_rules_open_only_the_auth_port_from_the_peer(stack, stack_runs):
@@ -101,9 +105,12 @@ def test_security_group_rules_open_only_the_auth_port_from_the_peer(stack, stack
 def test_rbac_grants_nothing_cluster_wide(stack, stack_runs):
     run = stack_runs[stack]
     assert not [r for r in run.resources if r.typ.split(":")[-1] in ("ClusterRole", "ClusterRoleBinding")]
-    for binding in run.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"):
+    bindings = run.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+    roles = run.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role")
+    assert len(bindings) == len(roles) == len(run.result["topology"].namespaces) > 0
+    for binding in bindings:
         assert binding.plain["roleRef"]["kind"] == "Role"
-    for role in run.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role"):
+    for role in roles:
         assert {res for rule in role.plain["rules"] for res in rule["resources"]} <= {
             "pods",
             "services",
@@ -131,6 +138,7 @@ def test_the_spark_application_round_trips_through_the_operator_models(stack, st
 
 def test_the_policy_pack_passes_on_everything_registered(stack, stack_runs):
     run = stack_runs[stack]
+    assert len(run.resources) > 10
     violations = [
         f"{r.name}: {name}: {message}"
         for r in run.resources

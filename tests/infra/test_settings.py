@@ -97,3 +97,11 @@ def test_a_runtime_setting_is_named_under_mirror_runtime():
 def test_a_flow_without_a_site_in_its_targets_region_must_be_placed():
     values = edited(DR, placement=lambda p: p.clear())
     assert f"{PROJECT}:flows[0]: 0 sites in region 'westeurope' (the target's) to run primary->dr" in refused(values)
+
+
+def test_an_entra_only_namespace_needs_the_sites_workload_identity_issuer():
+    values = edited(DR, clusters=lambda c: c[1]["eventhubs"].update(disable_local_auth=True))
+    assert (
+        f"{PROJECT}:sites[0].azure: missing; its mirror reaches Event Hubs cluster(s) dr with local auth disabled"
+        in (refused(values))
+    )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+
 import yaml
 
-from tests.infra.harness import BOOTSTRAPS, EVENTHUB, STACKS
+from tests.infra.harness import BOOTSTRAPS, EVENTHUB, ROOT, STACKS, run_values, stack_values, with_secrets
 
 
 def test_every_stack_file_has_a_test():
@@ -95,3 +97,24 @@ def test_hybrid_on_prem_to_msk(stack_runs):
     assert (dc1["profile"], dc1["client_key"]["file"]) == ("mtls", "/etc/mirrorkit/secrets/dc1/client_key")
     assert msk["bootstrap_servers"] == BOOTSTRAPS["bootstrapBrokersSaslScram"]
     assert config["flows"][0]["topics"] == {"include": ["orders.*", "payments"], "exclude": ["orders\\.tmp.*"]}
+
+
+def test_active_passive_into_an_entra_only_namespace_uses_workload_identity():
+    values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml")))
+    values["mirrorkit:clusters"][1]["eventhubs"]["disable_local_auth"] = True
+    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.us-east-1.amazonaws.com/id/X"}
+    run = run_values(values)
+    dr = yaml.safe_load(run.result["configs"]["use1"])["clusters"][1]
+    assert (dr["profile"], dr["password"]) == ("eventhubs-entra", None)
+    assert not run.of_type(f"{EVENTHUB}:NamespaceAuthorizationRule")
+    assert [s.plain["metadata"]["name"] for s in run.of_type("kubernetes:core/v1:Secret")] == ["mirrorkit-primary"]
+    assert run.named("use1-entra-federation").plain["subject"] == "system:serviceaccount:mirrorkit:mirrorkit"
+    scopes = {r.plain["scope"] for r in run.of_type("azure-native:authorization:RoleAssignment")}
+    assert scopes == {"eh-dr-ns-id"}
+    annotations = run.named("use1-sa").plain["metadata"]["annotations"]
+    assert annotations == {"azure.workload.identity/client-id": "client-use1-entra-identity"}
+    spec = run.named("mirrorkit-use1-app").plain["spec"]
+    for role in ("driver", "executor"):
+        assert spec[role]["labels"]["azure.workload.identity/use"] == "true"
+    egress = run.named("use1-mirror").plain["spec"]["egress"]
+    assert {"ports": [{"protocol": "TCP", "port": 443}]} in egress  # Entra ID's token endpoint
