@@ -1,0 +1,41 @@
+"""The GitHub Actions pipeline: linted by actionlint, and shaped as the deployment needs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import yaml
+
+from tests.infra.harness import ROOT, STACKS
+
+WORKFLOW = ROOT / ".github" / "workflows" / "infra.yml"
+ACTIONLINT = ROOT / ".cache" / "bin" / "actionlint"
+PINNED = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}$")
+
+
+def steps(job: dict) -> list[dict]:
+    return job["steps"]
+
+
+def test_actionlint_finds_nothing():
+    assert ACTIONLINT.exists(), f"{ACTIONLINT} is missing; `bash .ci/setup` builds it"
+    done = subprocess.run([str(ACTIONLINT), str(WORKFLOW)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_unit_tests_run_then_each_stack_is_previewed_on_pull_requests_and_deployed_on_merge():
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    triggers = workflow[True]  # YAML 1.1 reads the bare key `on` as true
+    assert triggers["pull_request"]["branches"] == ["main"] and triggers["push"]["branches"] == ["main"]
+    unit, deploy = workflow["jobs"]["unit"], workflow["jobs"]["deploy"]
+    assert any("pytest" in s.get("run", "") and "tests/infra" in s.get("run", "") for s in steps(unit))
+    assert deploy["needs"] == "unit"
+    assert sorted(deploy["strategy"]["matrix"]["stack"]) == sorted(p.name.split(".")[1] for p in STACKS)
+    pulumi = {s["with"]["command"]: s for s in steps(deploy) if s.get("uses", "").startswith("pulumi/actions@")}
+    assert set(pulumi) == {"preview", "up"}
+    assert pulumi["preview"]["if"] == "github.event_name == 'pull_request'"
+    assert pulumi["up"]["if"] == "github.event_name == 'push'"
+    for step in pulumi.values():
+        assert PINNED.match(step["uses"]), f"{step['uses']} is not pinned to a commit"
+        assert step["with"]["stack-name"] == "${{ matrix.stack }}" and step["with"]["policyPacks"] == "policies"
