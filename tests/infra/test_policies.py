@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from policies.rules import (
     config_map_holds_no_credentials,
+    event_hub_keeps_producer_timestamps,
     eventhubs_namespace_speaks_kafka,
     msk_scram_secret_uses_customer_key,
     nothing_cluster_wide,
+    roles_grant_only_what_the_driver_needs,
     security_group_opens_only_kafka_auth_port,
     spark_application_is_complete,
 )
@@ -45,3 +47,21 @@ def test_basic_tier_scram_secret_without_kms_and_incomplete_spark_app_are_refuse
     app = {"spec": {"type": "Python", "restartPolicy": {"type": "OnFailure"}}}
     problems = spark_application_is_complete("kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication", app)
     assert "spec.image is missing" in problems and any("Always" in p for p in problems)
+
+
+def test_an_event_hub_stamping_append_time_is_refused_at_any_api_version():
+    create = {"messageTimestampDescription": {"timestampType": "Create"}}
+    for typ in ("azure-native:eventhub:EventHub", "azure-native:eventhub/v20240501preview:EventHub"):
+        assert event_hub_keeps_producer_timestamps(typ, create) == []
+        assert event_hub_keeps_producer_timestamps(typ, {})
+        assert event_hub_keeps_producer_timestamps(typ, {"messageTimestampDescription": {"timestampType": "LogAppend"}})
+
+
+def test_a_role_beyond_the_drivers_needs_or_a_binding_to_a_cluster_role_is_refused():
+    role = "kubernetes:rbac.authorization.k8s.io/v1:Role"
+    ok = {"rules": [{"apiGroups": [""], "resources": ["pods", "services"], "verbs": ["create"]}]}
+    assert roles_grant_only_what_the_driver_needs(role, ok) == []
+    assert roles_grant_only_what_the_driver_needs(role, {"rules": [ok["rules"][0] | {"resources": ["secrets"]}]})
+    assert roles_grant_only_what_the_driver_needs(role, {"rules": [ok["rules"][0] | {"apiGroups": ["*"]}]})
+    binding = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"
+    assert roles_grant_only_what_the_driver_needs(binding, {"roleRef": {"kind": "ClusterRole", "name": "admin"}})
