@@ -28,8 +28,7 @@ EVENTHUBS_CODECS = ("none", "gzip")
 # with profile eventhubs-entra must name a handler in client_overrides, from a jar the image carries.
 ENTRA_JAVA_HANDLER_KEY = "sasl.login.callback.handler.class"
 ENTRA_JAVA_HANDLER_EXAMPLE = (
-    "io.github.nniikkoollaaii.kafka.sasl.oauthbearer.workload_identity.WorkloadIdentityLoginCallbackHandler"
-    " from io.github.nniikkoollaaii:kafka-sasl-oauthbearer-workload-identity"
+    "an AuthenticateCallbackHandler that gets its token from azure-identity's WorkloadIdentityCredential"
 )
 
 
