@@ -9,6 +9,7 @@ noticed a topic are copied too.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -21,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from .config import FlowConfig, MirrorConfig
+from .metrics import LagPoller, LagSource, MirrorMetrics
 from .profiles import spark_options
 from .topics import TopicPlan, TopicSync
 from .writer import LANDED_SCHEMA, SOURCE_COLUMNS, PartitionWriter
@@ -70,6 +72,7 @@ class FlowMirror:
         config: MirrorConfig,
         flow: FlowConfig,
         on_landed: Callable[[FlowConfig, Landed], None] | None = None,
+        metrics: MirrorMetrics | None = None,
     ) -> None:
         self.spark = spark
         self.config = config
@@ -81,6 +84,8 @@ class FlowMirror:
         self.topics: tuple[str, ...] = ()
         self.query: StreamingQuery | None = None
         self._on_landed = on_landed
+        self.metrics = metrics or MirrorMetrics()
+        self._next_offsets: dict[tuple[str, int], int] = {}
 
     def source_frame(self, topics: tuple[str, ...]) -> DataFrame:
         reader = (
@@ -98,6 +103,7 @@ class FlowMirror:
     def sync_topics(self) -> TopicPlan:
         plan = self.topic_sync.sync()
         self.totals.quarantined = dict(plan.quarantined)
+        self.metrics.topics_quarantined(self.flow.name, plan.quarantined)
         return plan
 
     def start(self, topics: tuple[str, ...], available_now: bool) -> StreamingQuery | None:
@@ -131,6 +137,17 @@ class FlowMirror:
             time.sleep(0.1)
         self.query.stop()
 
+    def next_offsets(self) -> dict[tuple[str, int], int]:
+        """Per source partition, the next offset the flow will copy: where its query's last batch ended.
+
+        Kept across query restarts, so a topic that leaves the query (quarantined) still shows its lag.
+        """
+        progress = self.query.lastProgress if self.query is not None else None
+        for source in progress.sources if progress is not None else ():
+            for topic, offsets in (json.loads(source.endOffset) or {}).items():
+                self._next_offsets.update({(topic, int(p)): offset for p, offset in offsets.items()})
+        return dict(self._next_offsets)
+
     def _record(self, landed: Landed) -> None:
         t = self.totals
         t.batches += 1
@@ -141,6 +158,7 @@ class FlowMirror:
             t.dead_lettered += row.dead_lettered
             if row.last_target_offset >= 0:
                 t.landed_offsets[(row.topic, row.partition)] = (row.last_offset, row.last_target_offset)
+        self.metrics.batch_landed(self.flow.name, landed)
         if self._on_landed is not None:
             self._on_landed(self.flow, landed)
 
@@ -151,7 +169,8 @@ class Mirror:
     def __init__(self, spark: SparkSession, config: MirrorConfig) -> None:
         self.spark = spark
         self.config = config
-        self.flows = [FlowMirror(spark, config, f) for f in config.flows]
+        self.metrics = MirrorMetrics()
+        self.flows = [FlowMirror(spark, config, f, metrics=self.metrics) for f in config.flows]
         self.stopping = threading.Event()
 
     def run_available_now(self) -> None:
@@ -165,7 +184,15 @@ class Mirror:
                 _raise_if_failed(flow)
 
     def run_forever(self) -> None:
-        """Mirror continuously, re-syncing topics every `topic_sync_interval_s`, until `stopping` is set."""
+        """Mirror continuously, re-syncing topics every `topic_sync_interval_s`, until `stopping` is set.
+
+        Meanwhile the metrics endpoint listens on `metrics_port` and the lag poller runs.
+        """
+        lag_sources = [LagSource(f.flow.name, f.source, f.next_offsets) for f in self.flows]
+        with self.metrics.serve(self.config.metrics_port), LagPoller(self.metrics, lag_sources):
+            self._mirror_until_stopped()
+
+    def _mirror_until_stopped(self) -> None:
         for flow in self.flows:
             flow.start(tuple(sorted(flow.sync_topics().mirrored)), available_now=False)
         while not self.stopping.wait(self.config.topic_sync_interval_s):
@@ -184,6 +211,7 @@ class Mirror:
 def _raise_if_failed(flow: FlowMirror) -> None:
     error = flow.query.exception() if flow.query is not None else None
     if error is not None:
+        flow.metrics.error(flow.flow.name, "batch_failed")
         raise MirrorFailed(f"flow {flow.flow.name} failed: {_first_cause(str(error))}")
 
 

@@ -6,20 +6,24 @@ timestamp; Spark's built-in Kafka sink cannot set the timestamp, which is why th
 resolved on the worker from the same env vars and files as on the driver, so they never travel in a task.
 
 For every source partition it hands back one landing row: the last source offset written and the target offset it
-landed at (an offset sync), with counts. A record the target refuses for size goes to the flow's dead-letter
+landed at (an offset sync), with counts and a replication-latency histogram (bucket counts and sum, measured per
+record in the delivery callback). A record the target refuses for size goes to the flow's dead-letter
 topic when there is one; otherwise the batch fails with the record's coordinates, and nothing is skipped.
 """
 
 from __future__ import annotations
 
 import collections
+import time
+from bisect import bisect_left
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, Producer
 
 from .config import ClusterConfig, FlowConfig
+from .metrics import LATENCY_BOUNDS_MS
 from .policy import PROVENANCE_HEADER, drops_record, target_topic
 from .profiles import librdkafka_settings
 
@@ -35,7 +39,7 @@ SOURCE_COLUMNS = (
 )
 LANDED_SCHEMA = (
     "topic string, partition int, first_offset long, last_offset long, last_target_offset long,"
-    " records long, bytes long, dropped long, dead_lettered long"
+    " records long, bytes long, dropped long, dead_lettered long, latency_counts array<long>, latency_sum_ms double"
 )
 DLQ_PREFIX = "mirrorkit.dlq."
 # Throughput settings measured in bench/; acks=all and idempotence keep order and avoid duplicates on retry.
@@ -78,6 +82,9 @@ class _Landing:
     bytes: int = 0
     dropped: int = 0
     dead_lettered: int = 0
+    # Replication latency per bucket of LATENCY_BOUNDS_MS (not cumulative; the last slot is +Inf), and the sum.
+    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS_MS) + 1))
+    latency_sum_ms: float = 0.0
 
 
 class PartitionWriter:
@@ -103,6 +110,11 @@ class PartitionWriter:
             if err is None:
                 landing.last_offset = offset
                 landing.last_target_offset = msg.offset()
+                kind, ts = msg.timestamp()
+                if kind == TIMESTAMP_CREATE_TIME:  # an append-time target has replaced the source's timestamp
+                    latency_ms = max(0.0, time.time() * 1000 - ts)
+                    landing.latency_counts[bisect_left(LATENCY_BOUNDS_MS, latency_ms)] += 1
+                    landing.latency_sum_ms += latency_ms
             elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
                 refused.append((offset, msg, target_to_source[source_key][0]))
             else:
@@ -243,5 +255,7 @@ def _landed_arrow_schema() -> pa.Schema:
             ("bytes", pa.int64()),
             ("dropped", pa.int64()),
             ("dead_lettered", pa.int64()),
+            ("latency_counts", pa.list_(pa.int64())),
+            ("latency_sum_ms", pa.float64()),
         ]
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from .kafka_cluster import KafkaCluster, ListenerKind
@@ -19,3 +20,10 @@ def cluster_entry(cluster: KafkaCluster, alias: str) -> dict:
     if cluster.kind is ListenerKind.EVENTHUBS:
         return entry | {"profile": "eventhubs"}
     return entry | {"profile": "msk-scram", "username": cluster.client.username}
+
+
+def free_port() -> int:
+    """A loopback port free right now, for a mirror's `metrics_port` (the config asks for a real port number)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,264 @@
+"""The mirror's Prometheus metrics, served as text from the driver on `metrics_port`.
+
+Each `Mirror` owns one `MirrorMetrics` with a private registry, so two mirrors in one process never share a series.
+Figures come from three places:
+- the landing rows the writer hands back per batch (records, bytes, dead letters and a replication-latency
+  histogram bucketed per record on the worker, at delivery time);
+- `LagPoller`, a driver thread that compares each source partition's end offset with the next offset the mirror
+  will copy;
+- the DR loop, which reports when it wrote a checkpoint and when a mirrored heartbeat arrived. Ages are computed
+  at scrape time, so a loop that stops reporting shows as a growing age rather than a frozen one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+from .config import ClusterConfig, ConfigError
+from .profiles import librdkafka_settings
+
+log = logging.getLogger(__name__)
+
+# Upper bounds of the replication-latency buckets: sub-second for a mirror that keeps up, up to an hour for one
+# catching up; anything older lands in +Inf.
+LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+# The same bounds in milliseconds, as Kafka timestamps are, for the writer's `bisect_left`; its counts list has one
+# more slot, for +Inf.
+LATENCY_BOUNDS_MS = tuple(b * 1000 for b in LATENCY_BUCKETS_S)
+LAG_POLL_INTERVAL_S = 5.0
+LIST_OFFSETS_TIMEOUT_S = 15.0
+
+Positions = Mapping[tuple[str, int], int]  # (source topic, partition) -> next offset the mirror will copy
+
+
+class MetricsPortError(ConfigError):
+    """The endpoint cannot listen on the configured port; the remedy is another `metrics_port`."""
+
+
+class MirrorMetrics:
+    """Every series the mirror exports, and the calls that feed them."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.registry = CollectorRegistry()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._latency: dict[tuple[str, str], tuple[list[int], float]] = {}  # (flow, topic) -> (counts, sum s)
+        self._checkpoints: dict[tuple[str, str], float] = {}  # (flow, group) -> unix time written
+        self._heartbeats: dict[str, float] = {}  # flow -> newest heartbeat's unix time
+        self._quarantined: dict[str, frozenset[str]] = {}
+        partition = ("flow", "topic", "partition")
+        r = self.registry
+        self.records = Counter("mirrorkit_records_mirrored", "Records written to the target.", partition, registry=r)
+        self.bytes = Counter(
+            "mirrorkit_bytes_mirrored", "Key and value bytes written to the target.", partition, registry=r
+        )
+        self.dead_lettered = Counter(
+            "mirrorkit_dead_lettered", "Records diverted to the flow's dead-letter topic.", partition, registry=r
+        )
+        self.lag = Gauge(
+            "mirrorkit_lag_records",
+            "Source end offset minus the next offset the mirror will copy.",
+            partition,
+            registry=r,
+        )
+        self.errors = Counter("mirrorkit_errors", "Errors by kind.", ("flow", "kind"), registry=r)
+        self.quarantined = Gauge(
+            "mirrorkit_quarantined_topics",
+            "Topics the flow holds back because the target cannot take them.",
+            ("flow",),
+            registry=r,
+        )
+        self.last_batch = Gauge(
+            "mirrorkit_last_batch_timestamp_seconds", "Unix time the flow last finished a batch.", ("flow",), registry=r
+        )
+        r.register(self)  # `collect` adds the series computed at scrape time
+
+    def batch_landed(self, flow: str, rows: Iterable[Any]) -> None:
+        """Add one batch's landing rows (spark_app.writer.LANDED_SCHEMA) to the flow's figures."""
+        for row in rows:
+            labels = (flow, row.topic, str(row.partition))
+            self.records.labels(*labels).inc(row.records)
+            self.bytes.labels(*labels).inc(row.bytes)
+            if row.dead_lettered:
+                self.dead_lettered.labels(*labels).inc(row.dead_lettered)
+            if any(row.latency_counts):
+                self._add_latency(flow, row.topic, row.latency_counts, row.latency_sum_ms / 1000)
+        self.last_batch.labels(flow).set(self._clock())
+
+    def set_lag(self, flow: str, topic: str, partition: int, records: int) -> None:
+        self.lag.labels(flow, topic, str(partition)).set(max(0, records))
+
+    def topics_quarantined(self, flow: str, topics: Collection[str]) -> None:
+        """The flow's quarantined topics now; each topic that enters quarantine counts one `quarantined` error."""
+        now = frozenset(topics)
+        entered = now - self._quarantined.get(flow, frozenset())
+        self._quarantined[flow] = now
+        self.quarantined.labels(flow).set(len(now))
+        if entered:
+            self.errors.labels(flow, "quarantined").inc(len(entered))
+
+    def error(self, flow: str, kind: str) -> None:
+        self.errors.labels(flow, kind).inc()
+
+    def checkpoint_written(self, flow: str, group: str, unix_time: float) -> None:
+        """The DR loop wrote a checkpoint for `group` at `unix_time`; its age grows from then until the next."""
+        with self._lock:
+            key = (flow, group)
+            self._checkpoints[key] = max(unix_time, self._checkpoints.get(key, unix_time))
+
+    def heartbeat_seen(self, flow: str, heartbeat_unix_time: float) -> None:
+        """A heartbeat emitted on the source at `heartbeat_unix_time` reached the target through the flow."""
+        with self._lock:
+            self._heartbeats[flow] = max(heartbeat_unix_time, self._heartbeats.get(flow, heartbeat_unix_time))
+
+    def text(self) -> str:
+        """The exposition the endpoint serves."""
+        return generate_latest(self.registry).decode()
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> MetricsServer:
+        """Serve the registry over HTTP (any path, e.g. /metrics). Port 0 takes a free port."""
+        try:
+            server, thread = start_http_server(port, addr, registry=self.registry)
+        except OSError as err:
+            raise MetricsPortError(f"metrics_port: cannot serve metrics on {addr}:{port}: {err.strerror}") from None
+        bound = server.server_address[1]
+        log.info("metrics: serving Prometheus text on %s:%d", addr, bound)
+        return MetricsServer(bound, server, thread)
+
+    def _add_latency(self, flow: str, topic: str, counts: Sequence[int], sum_s: float) -> None:
+        with self._lock:
+            total, total_sum = self._latency.get((flow, topic), ([0] * len(counts), 0.0))
+            self._latency[(flow, topic)] = ([a + b for a, b in zip(total, counts, strict=True)], total_sum + sum_s)
+
+    def collect(self) -> Iterator[Metric]:
+        """The series whose value depends on when they are read (the registry calls this on each scrape)."""
+        now = self._clock()
+        with self._lock:
+            latency = dict(self._latency)
+            checkpoints = dict(self._checkpoints)
+            heartbeats = dict(self._heartbeats)
+        histogram = HistogramMetricFamily(
+            "mirrorkit_replication_latency_seconds",
+            "Target write time minus the source record's timestamp.",
+            labels=("flow", "topic"),
+        )
+        for (flow, topic), (counts, sum_s) in sorted(latency.items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip((*map(floatToGoString, LATENCY_BUCKETS_S), "+Inf"), counts, strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            histogram.add_metric((flow, topic), buckets, sum_s)
+        yield histogram
+        checkpoint_age = GaugeMetricFamily(
+            "mirrorkit_checkpoint_age_seconds",
+            "Seconds since the mirror last wrote a checkpoint for the consumer group.",
+            labels=("flow", "group"),
+        )
+        for (flow, group), written in sorted(checkpoints.items()):
+            checkpoint_age.add_metric((flow, group), max(0.0, now - written))
+        yield checkpoint_age
+        heartbeat_age = GaugeMetricFamily(
+            "mirrorkit_heartbeat_age_seconds",
+            "Seconds since the newest heartbeat that reached the target was emitted on the source.",
+            labels=("flow",),
+        )
+        for flow, emitted in sorted(heartbeats.items()):
+            heartbeat_age.add_metric((flow,), max(0.0, now - emitted))
+        yield heartbeat_age
+
+
+@dataclass
+class MetricsServer:
+    """The running endpoint; `port` is the one bound (useful when asked for port 0)."""
+
+    port: int
+    _server: Any
+    _thread: threading.Thread
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+@dataclass(frozen=True)
+class LagSource:
+    """One flow as the lag poller sees it: its source cluster and where the flow will read next."""
+
+    flow: str
+    cluster: ClusterConfig
+    positions: Callable[[], Positions]
+
+
+class LagPoller:
+    """A driver thread that sets `mirrorkit_lag_records` from the source's end offsets every `interval_s`.
+
+    Used as a context manager around a continuous run; `poll` does one round.
+    """
+
+    def __init__(
+        self, metrics: MirrorMetrics, sources: Sequence[LagSource], interval_s: float = LAG_POLL_INTERVAL_S
+    ) -> None:
+        self.metrics = metrics
+        self.sources = sources
+        self.interval_s = interval_s
+        self._admins: dict[str, AdminClient] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="mirrorkit-lag", daemon=True)
+
+    def __enter__(self) -> LagPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def poll(self) -> None:
+        for source in self.sources:
+            positions = source.positions()
+            if positions:
+                self._poll_flow(source, positions)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - the thread must outlive one bad round; the next one retries
+                log.exception("lag poll failed")
+
+    def _poll_flow(self, source: LagSource, positions: Positions) -> None:
+        admin = self._admins.get(source.cluster.alias)
+        if admin is None:
+            admin = self._admins[source.cluster.alias] = AdminClient(librdkafka_settings(source.cluster, "admin"))
+        wanted = {TopicPartition(t, p): OffsetSpec.latest() for t, p in positions}
+        failed: list[str] = []
+        for tp, future in admin.list_offsets(wanted, request_timeout=LIST_OFFSETS_TIMEOUT_S).items():
+            try:
+                end = future.result().offset
+            except KafkaException as err:
+                failed.append(f"{tp.topic}[{tp.partition}]: {err.args[0].str()}")
+                continue
+            self.metrics.set_lag(source.flow, tp.topic, tp.partition, end - positions[(tp.topic, tp.partition)])
+        if failed:
+            self.metrics.error(source.flow, "lag_poll")
+            log.warning(
+                "flow %s: end offsets unavailable for %d partition(s): %s", source.flow, len(failed), failed[:3]
+            )

@@ -1,0 +1,179 @@
+"""The metrics module on its own: values, labels and the text format, read back with Prometheus' own parser."""
+
+from __future__ import annotations
+
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from spark_app.config import ClusterConfig
+from spark_app.metrics import (
+    LATENCY_BUCKETS_S,
+    LagPoller,
+    LagSource,
+    MetricsPortError,
+    MirrorMetrics,
+)
+from spark_app.writer import LANDED_SCHEMA
+from tests.support.clients import Record, create_topics, produce
+from tests.support.mirror_config import cluster_entry
+
+FLOW = "msk->eh"
+LANDED_COLUMNS = [column.split()[0] for column in LANDED_SCHEMA.split(",")]
+
+
+def landing_row(topic: str, partition: int, **figures) -> SimpleNamespace:
+    """A landing row with exactly the writer's columns; unknown names fail, so this cannot drift from the writer."""
+    row = dict.fromkeys(LANDED_COLUMNS, 0) | {
+        "topic": topic,
+        "partition": partition,
+        "latency_counts": [0] * (len(LATENCY_BUCKETS_S) + 1),
+        "latency_sum_ms": 0.0,
+    }
+    unknown = set(figures) - set(row)
+    assert not unknown, f"not landing columns: {unknown}"
+    return SimpleNamespace(**(row | figures))
+
+
+def scrape(text: str) -> dict[tuple[str, frozenset], float]:
+    """Every sample of an exposition, keyed by sample name and labels."""
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def labels(**kv: str) -> frozenset:
+    return frozenset(kv.items())
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_landing_rows_add_up_per_partition_and_latency_becomes_a_cumulative_histogram():
+    clock = Clock(1_700_000_000.0)
+    metrics = MirrorMetrics(clock)
+    counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+    counts[0], counts[6], counts[-1] = 3, 2, 1  # 3 under 10 ms, 2 in (0.5 s, 1 s], 1 over an hour
+    metrics.batch_landed(
+        FLOW,
+        [
+            landing_row("orders", 0, records=6, bytes=600, latency_counts=counts, latency_sum_ms=7_201_500.0),
+            landing_row("orders", 1, records=2, bytes=20, dead_lettered=1),
+        ],
+    )
+    clock.now += 5
+    metrics.batch_landed(FLOW, [landing_row("orders", 0, records=4, bytes=40, latency_counts=counts)])
+
+    got = scrape(metrics.text())
+    p0 = labels(flow=FLOW, topic="orders", partition="0")
+    p1 = labels(flow=FLOW, topic="orders", partition="1")
+    assert got[("mirrorkit_records_mirrored_total", p0)] == 10
+    assert got[("mirrorkit_records_mirrored_total", p1)] == 2
+    assert got[("mirrorkit_bytes_mirrored_total", p0)] == 640
+    assert got[("mirrorkit_dead_lettered_total", p1)] == 1
+    assert ("mirrorkit_dead_lettered_total", p0) not in got
+    assert got[("mirrorkit_last_batch_timestamp_seconds", labels(flow=FLOW))] == 1_700_000_005.0
+
+    histogram = {
+        dict(key[1])["le"]: value
+        for key, value in got.items()
+        if key[0] == "mirrorkit_replication_latency_seconds_bucket"
+    }
+    assert histogram["0.01"] == 6
+    assert histogram["0.5"] == 6
+    assert histogram["1.0"] == 10
+    assert histogram["3600.0"] == 10
+    assert histogram["+Inf"] == 12
+    assert len(histogram) == len(LATENCY_BUCKETS_S) + 1
+    by_topic = labels(flow=FLOW, topic="orders")
+    assert got[("mirrorkit_replication_latency_seconds_count", by_topic)] == 12
+    assert got[("mirrorkit_replication_latency_seconds_sum", by_topic)] == pytest.approx(7201.5)
+
+
+def test_checkpoint_and_heartbeat_ages_grow_between_scrapes_and_never_go_back():
+    clock = Clock(1_000.0)
+    metrics = MirrorMetrics(clock)
+    metrics.checkpoint_written(FLOW, "billing", 990.0)
+    metrics.checkpoint_written(FLOW, "billing", 980.0)  # an older write reported late does not rejuvenate it
+    metrics.checkpoint_written(FLOW, "search", 1_000.0)
+    metrics.heartbeat_seen(FLOW, 997.5)
+
+    first = scrape(metrics.text())
+    clock.now = 1_030.0
+    second = scrape(metrics.text())
+
+    billing, search = labels(flow=FLOW, group="billing"), labels(flow=FLOW, group="search")
+    assert first[("mirrorkit_checkpoint_age_seconds", billing)] == 10.0
+    assert first[("mirrorkit_checkpoint_age_seconds", search)] == 0.0
+    assert second[("mirrorkit_checkpoint_age_seconds", billing)] == 40.0
+    assert first[("mirrorkit_heartbeat_age_seconds", labels(flow=FLOW))] == 2.5
+    assert second[("mirrorkit_heartbeat_age_seconds", labels(flow=FLOW))] == 32.5
+    metrics.heartbeat_seen(FLOW, 1_029.0)
+    assert scrape(metrics.text())[("mirrorkit_heartbeat_age_seconds", labels(flow=FLOW))] == 1.0
+
+
+def test_quarantine_is_a_gauge_per_flow_and_each_topic_entering_it_counts_one_error():
+    metrics = MirrorMetrics()
+    metrics.topics_quarantined(FLOW, {"a": "no hub", "b": "too few partitions"})
+    metrics.topics_quarantined(FLOW, {"a": "no hub", "b": "too few partitions"})  # still there: no new error
+    metrics.topics_quarantined(FLOW, {"b": "too few partitions"})
+    metrics.topics_quarantined(FLOW, {"b": "too few partitions", "c": "no hub"})
+    metrics.error(FLOW, "lag_poll")
+    metrics.set_lag(FLOW, "a", 3, -2)  # a position past a truncated end never shows as negative lag
+
+    got = scrape(metrics.text())
+    assert got[("mirrorkit_quarantined_topics", labels(flow=FLOW))] == 2
+    assert got[("mirrorkit_errors_total", labels(flow=FLOW, kind="quarantined"))] == 3
+    assert got[("mirrorkit_errors_total", labels(flow=FLOW, kind="lag_poll"))] == 1
+    assert got[("mirrorkit_lag_records", labels(flow=FLOW, topic="a", partition="3"))] == 0
+
+
+def test_two_mirrors_in_one_process_serve_their_own_figures_on_free_ports():
+    first, second = MirrorMetrics(), MirrorMetrics()
+    first.batch_landed(FLOW, [landing_row("t", 0, records=1, bytes=1)])
+    second.batch_landed(FLOW, [landing_row("t", 0, records=7, bytes=70)])
+    key = ("mirrorkit_records_mirrored_total", labels(flow=FLOW, topic="t", partition="0"))
+    with first.serve(0) as one, second.serve(0) as two:
+        assert one.port != two.port
+        for server, expected in ((one, 1), (two, 7)):
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
+                assert response.status == 200
+                assert response.headers["Content-Type"].startswith("text/plain")
+                assert scrape(response.read().decode())[key] == expected
+
+
+def test_a_taken_metrics_port_fails_naming_the_setting_and_is_free_again_after_close():
+    metrics = MirrorMetrics()
+    with metrics.serve(0) as server:
+        with pytest.raises(MetricsPortError, match=rf"metrics_port: cannot serve metrics on 0\.0\.0\.0:{server.port}"):
+            MirrorMetrics().serve(server.port)
+        port = server.port
+    with metrics.serve(port) as again:
+        assert again.port == port
+
+
+def test_lag_is_the_source_end_offset_minus_the_next_offset_to_copy(plaintext_cluster, unique):
+    topic = f"lag-{unique}"
+    create_topics(plaintext_cluster.admin, {topic: 2})
+    produce(plaintext_cluster.client, topic, [Record(0, None, b"x")] * 10 + [Record(1, None, b"y")] * 3)
+    cluster = ClusterConfig(**cluster_entry(plaintext_cluster, "onprem"))
+    metrics = MirrorMetrics()
+    gone = f"gone-{unique}"
+    positions = {(topic, 0): 4, (topic, 1): 3, (gone, 0): 0}
+
+    LagPoller(metrics, [LagSource(FLOW, cluster, lambda: positions)]).poll()
+
+    got = scrape(metrics.text())
+    assert got[("mirrorkit_lag_records", labels(flow=FLOW, topic=topic, partition="0"))] == 6
+    assert got[("mirrorkit_lag_records", labels(flow=FLOW, topic=topic, partition="1"))] == 0
+    assert ("mirrorkit_lag_records", labels(flow=FLOW, topic=gone, partition="0")) not in got
+    assert got[("mirrorkit_errors_total", labels(flow=FLOW, kind="lag_poll"))] == 1
