@@ -9,9 +9,12 @@ no timestamp column, so this script measures it against ways around that:
   header into the record's timestamp;
 - `batch+interceptor`: the same, as a batch write inside foreachBatch, followed by reading the target's end
   offsets, which give the landing offset of each batch's last record;
-- `arrow`: foreachBatch + mapInArrow with a confluent-kafka producer in the Python workers;
-- `rows`: foreachBatch + rdd.mapPartitions (pickled Rows) with the same producer;
-- `pysink`: a Python streaming data source sink (DataSourceStreamArrowWriter) with the same producer.
+- `arrow`: foreachBatch + mapInArrow with the mirror's own writer (spark_app.writer.PartitionWriter), as it ships;
+- `rows`: foreachBatch + rdd.mapPartitions (pickled Rows) regrouped into Arrow batches for the same writer;
+- `pysink`: a Python streaming data source sink (DataSourceStreamArrowWriter) around the same writer.
+
+The Python paths take the mirror's producer settings (spark_app.writer.PRODUCER_DEFAULTS); `--py-producer K=V`
+passes an override the way a config's `client_overrides` would.
 
 Every path runs in its own child process with a fresh SparkSession (local[2], Trigger.AvailableNow), copying the
 whole source into fresh, empty target topics. Afterwards the script checks counts on every partition and compares
@@ -43,7 +46,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # no
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from images.fetch_jars import cached_jars  # noqa: E402
-from spark_app.writer import SOURCE_COLUMNS  # noqa: E402
+from spark_app.writer import LANDED_SCHEMA, SOURCE_COLUMNS  # noqa: E402
 
 INTERCEPTOR_SOURCE = ROOT / "images" / "interceptor" / "src" / "main" / "java"
 INTERCEPTOR_CLASS = "io.mirrorkit.interceptor.TimestampHeaderInterceptor"
@@ -57,33 +60,30 @@ JAVA_PRODUCER = {
     "kafka.batch.size": "1048576",
     "kafka.buffer.memory": "134217728",
 }
-PYTHON_PRODUCER: dict[str, object] = {
-    "acks": "all",
-    "enable.idempotence": True,
-    "linger.ms": 20,
-    "batch.size": 1_048_576,
-    "batch.num.messages": 100_000,
-    "queue.buffering.max.messages": 500_000,
-    "queue.buffering.max.kbytes": 1_048_576,
-}
 SAMPLE = 300  # records compared at each end of every partition
 
 
 # -- the child: one path, one SparkSession ---------------------------------------------------------------------------
 
 
-def build_interceptor(work: Path) -> Path:
-    """Compile the interceptor against the kafka-clients jar Spark's connector ships with, and jar it."""
-    clients = next(j for j in cached_jars("spark") if j.name.startswith("kafka-clients-"))
-    classes = work / "classes"
+def build_jar(sources: Path, classpath: list[Path], work: Path, name: str) -> Path:
+    """Compile the Java sources under `sources` against `classpath` and jar the classes as `work/name`."""
+    classes = work / f"{name}-classes"
     classes.mkdir(parents=True, exist_ok=True)
-    sources = [str(p) for p in INTERCEPTOR_SOURCE.rglob("*.java")]
-    subprocess.run(["javac", "--release", "17", "-cp", str(clients), "-d", str(classes), *sources], check=True)
-    jar = work / "mirrorkit-interceptor.jar"
+    files = [str(p) for p in sources.rglob("*.java")]
+    cp = os.pathsep.join(str(j) for j in classpath)
+    subprocess.run(["javac", "--release", "17", "-cp", cp, "-d", str(classes), *files], check=True)
+    jar = work / name
     with zipfile.ZipFile(jar, "w") as z:
         for f in classes.rglob("*.class"):
             z.write(f, f.relative_to(classes).as_posix())
     return jar
+
+
+def build_interceptor(work: Path) -> Path:
+    """The interceptor, compiled against the kafka-clients jar Spark's connector ships with."""
+    clients = [j for j in cached_jars("spark") if j.name.startswith("kafka-clients-")]
+    return build_jar(INTERCEPTOR_SOURCE, clients, work, "mirrorkit-interceptor.jar")
 
 
 def run_child(spec: dict) -> dict:
@@ -185,16 +185,14 @@ def run_child(spec: dict) -> dict:
             .start()
         )
     elif path in ("arrow", "rows"):
-        conf = {"bootstrap.servers": spec["target"]} | spec["py_producer"]
-        fn = kw.ArrowPartitionWriter(conf, prefix) if path == "arrow" else kw.RowPartitionWriter(conf, prefix)
 
         def each_batch(batch_df, batch_id: int) -> None:
             selected = batch_df.selectExpr(*SOURCE_COLUMNS)
             if path == "arrow":
-                rows = selected.mapInArrow(fn, kw.LANDED_SCHEMA).collect()
+                rows = selected.mapInArrow(kw.partition_writer(spec["writer"]), LANDED_SCHEMA).collect()
                 landed.extend(r.asDict() for r in rows)
             else:
-                landed.extend(selected.rdd.mapPartitions(fn).collect())
+                landed.extend(selected.rdd.mapPartitions(kw.RowPartitionWriter(spec["writer"])).collect())
 
         query = (
             df.writeStream.foreachBatch(each_batch)
@@ -205,12 +203,10 @@ def run_child(spec: dict) -> dict:
     elif path == "pysink":
         spark.dataSource.register(kw.KafkaArrowSink)
         landed_file = work / "landed.jsonl"
-        conf = {"bootstrap.servers": spec["target"]} | spec["py_producer"]
         query = (
             df.selectExpr(*SOURCE_COLUMNS)
             .writeStream.format(kw.KafkaArrowSink.name())
-            .option("producer", json.dumps(conf))
-            .option("prefix", prefix)
+            .option("writer", spec["writer"])
             .option("landed_file", str(landed_file))
             .option("checkpointLocation", checkpoint)
             .trigger(availableNow=True)
@@ -275,6 +271,18 @@ def median_run(runs: list[Result], records: int) -> Result:
     return median
 
 
+_POOL = random.Random(7).randbytes(1 << 20)
+
+
+def record_fields(i: int, size: int, base_ts: int = 0) -> tuple[bytes | None, bytes, list | None, int]:
+    """The i-th test record's key, value, headers and timestamp (base_ts + i)."""
+    start = (i * 7919) % (len(_POOL) - size)
+    value = (b"%012d" % i + _POOL[start : start + size])[:size]
+    headers = None if i % 10 == 0 else [("h", b"%d" % i), ("trace", b"t-%d" % (i % 97)), ("h", b"2"), ("n", None)]
+    key = None if i % 7 == 0 else b"k-%d" % (i % 5000)
+    return key, value, headers, base_ts + i
+
+
 def load_source(bootstrap: str, topics: list[str], partitions: int, records: int, size: int, base_ts: int) -> None:
     """Spread records round-robin over all partitions, each with a distinct old timestamp and tricky headers.
 
@@ -285,14 +293,10 @@ def load_source(bootstrap: str, topics: list[str], partitions: int, records: int
         {"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_048_576, "enable.idempotence": True}
         | {"queue.buffering.max.messages": 500_000, "queue.buffering.max.kbytes": 1_048_576}
     )
-    pool = random.Random(7).randbytes(1 << 20)
     slots = [(t, p) for t in topics for p in range(partitions)]
     for i in range(records):
         topic, partition = slots[i % len(slots)]
-        start = (i * 7919) % (len(pool) - size)
-        value = (b"%012d" % i + pool[start : start + size])[:size]
-        headers = None if i % 10 == 0 else [("h", b"%d" % i), ("trace", b"t-%d" % (i % 97)), ("h", b"2"), ("n", None)]
-        key = None if i % 7 == 0 else b"k-%d" % (i % 5000)
+        key, value, headers, _ = record_fields(i, size)
         while True:
             try:
                 producer.produce(
@@ -394,9 +398,22 @@ def check_landings(result: Result, spec: dict, landed: list[dict], source_hw: di
         result.notes.append(f"landings disagree with the target: {sorted(last.items())[:4]}")
 
 
-def run_path(
+def writer_spec(prefix: str, target: str, topics: list[str], overrides: dict[str, str], work: Path) -> str:
+    """The mirror's flow and target for a Python path: the source alias plus "." is the target topics' prefix."""
+    flow = {
+        "source": prefix.removesuffix("."),
+        "target": "bench-target",
+        "topics": {"include": topics},
+        "checkpoint_location": str(work / "unused"),
+    }
+    cluster = {"alias": "bench-target", "bootstrap_servers": target, "profile": "kafka", "client_overrides": overrides}
+    return json.dumps({"flow": flow, "target": cluster})
+
+
+def child_command(
     path: str, prefix: str, args: argparse.Namespace, source: str, target: str, topics: list[str], work: Path
-) -> dict:
+) -> tuple[list[str], dict[str, str], Path]:
+    """The command, environment and result file of one path's child process (bench/harness.py runs it too)."""
     spec = {
         "path": path,
         "source": source,
@@ -406,14 +423,21 @@ def run_path(
         "work": str(work / prefix.rstrip(".")),
         "max_offsets": args.max_offsets_per_trigger,
         "arrow_batch": args.arrow_batch,
-        "py_producer": PYTHON_PRODUCER | dict(kv.split("=", 1) for kv in args.py_producer),
+        "writer": writer_spec(prefix, target, topics, dict(kv.split("=", 1) for kv in args.py_producer), work),
         "java_producer": JAVA_PRODUCER | {f"kafka.{k}": v for k, v in (kv.split("=", 1) for kv in args.java_producer)},
     }
     Path(spec["work"]).mkdir(parents=True, exist_ok=True)
     env = os.environ | {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     out_file = Path(spec["work"]) / "result.json"
-    cmd = [sys.executable, __file__, "--child", json.dumps(spec), "--child-out", str(out_file)]
+    return [sys.executable, __file__, "--child", json.dumps(spec), "--child-out", str(out_file)], env, out_file
+
+
+def run_path(
+    path: str, prefix: str, args: argparse.Namespace, source: str, target: str, topics: list[str], work: Path
+) -> dict:
+    cmd, env, out_file = child_command(path, prefix, args, source, target, topics, work)
+    spec = json.loads(cmd[3])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0 or not out_file.exists():
         tail = "\n".join((proc.stderr or "").splitlines()[-25:])

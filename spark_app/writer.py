@@ -121,38 +121,55 @@ class PartitionWriter:
                 failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.str()}")
 
         target_to_source: dict[tuple[str, int], tuple[str, int]] = {}
+        # (landing, target topic, offsets in flight) per source partition: one lookup per record
+        per_partition: dict[tuple[str, int], tuple[_Landing, str, collections.deque[int]]] = {}
+        identity = self.flow.replication_policy == "identity"
+        produce = producer.produce
         for batch in batches:
-            cols = batch.to_pydict()
+            # Plain Python lists per column: to_pydict would build a dict per header, the loop's biggest cost.
             for topic, partition, offset, key, value, headers, ts in zip(
-                cols["topic"],
-                cols["partition"],
-                cols["offset"],
-                cols["key"],
-                cols["value"],
-                cols["headers"],
-                cols["timestamp_ms"],
+                batch.column("topic").to_pylist(),
+                batch.column("partition").to_pylist(),
+                batch.column("offset").to_pylist(),
+                batch.column("key").to_pylist(),
+                batch.column("value").to_pylist(),
+                _header_lists(batch.column("headers")),
+                batch.column("timestamp_ms").to_pylist(),
                 strict=True,
             ):
-                landing = landings.get((topic, partition))
-                if landing is None:
+                state = per_partition.get((topic, partition))
+                if state is None:
                     landing = landings[(topic, partition)] = _Landing(topic, partition, offset)
-                    target_to_source[(target_topic(self.flow, topic), partition)] = (topic, partition)
-                pairs = [(h["key"], h["value"]) for h in headers] if headers else []
-                if stamp or self.flow.replication_policy == "identity":
-                    origin = next((v for k, v in pairs if k == PROVENANCE_HEADER), None)
+                    out_topic = target_topic(self.flow, topic)
+                    target_to_source[(out_topic, partition)] = (topic, partition)
+                    state = per_partition[(topic, partition)] = (landing, out_topic, in_flight[(out_topic, partition)])
+                landing, out_topic, queue = state
+                if identity:
+                    origin = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
                     if drops_record(self.flow, origin):
                         landing.dropped += 1
                         landing.last_offset = max(landing.last_offset, offset)
                         continue
                     if stamp and origin is None:
-                        pairs.append(provenance)
-                out_topic = target_topic(self.flow, topic)
-                if self._produce(producer, out_topic, partition, key, value, pairs, ts, delivered):
-                    in_flight[(out_topic, partition)].append(offset)
-                    landing.records += 1
-                    landing.bytes += (len(key) if key else 0) + (len(value) if value else 0)
-                else:  # refused before it left, for size
-                    refused.append((offset, _Refused(out_topic, partition, key, value, pairs, ts), topic))
+                        headers = [*headers, provenance] if headers else [provenance]
+                try:
+                    produce(
+                        out_topic,
+                        value=value,
+                        key=key,
+                        partition=partition,
+                        timestamp=ts,
+                        headers=headers,
+                        on_delivery=delivered,
+                    )
+                except (BufferError, KafkaException):  # queue full, or refused for size: the slow path decides
+                    if not self._produce(producer, out_topic, partition, key, value, headers, ts, delivered):
+                        refused.append((offset, _Refused(out_topic, partition, key, value, headers, ts), topic))
+                        continue
+                queue.append(offset)
+                landing.records += 1
+                landing.bytes += (len(key) if key else 0) + (len(value) if value else 0)
+            producer.poll(0)  # serve delivery reports as we go, so they do not pile up until the flush
         remaining = producer.flush(300)
         if remaining or failures:
             raise DeliveryFailed(f"flow {self.flow.name}: {remaining} undelivered; first errors: {failures[:3]}")
@@ -241,6 +258,21 @@ class _Refused:
 
     def offset(self):
         return -1
+
+
+def _header_lists(column: pa.ListArray) -> list[list[tuple[str, bytes | None]] | None]:
+    """Each row's headers as (key, value) pairs, order and duplicates kept; None for a row without headers.
+
+    Two flat lists and one slice per row, instead of the dict per header that `to_pylist` on the struct builds.
+    """
+    flat = column.flatten()
+    pairs = list(zip(flat.field(0).to_pylist(), flat.field(1).to_pylist(), strict=True))
+    bounds = column.offsets.to_pylist()
+    base = bounds[0]
+    return [
+        pairs[start - base : end - base] or None if valid else None
+        for start, end, valid in zip(bounds, bounds[1:], column.is_valid().to_pylist(), strict=False)
+    ]
 
 
 def _landed_arrow_schema() -> pa.Schema:

@@ -1,0 +1,367 @@
+"""The mirror against MirrorMaker 2 and against a plain Java copy loop: same brokers, same machine, one run.
+
+It starts two plaintext clusters with the test bed, loads the source (bench/write_paths.py's records: tricky
+headers, null keys, explicit timestamps), and copies everything into empty, pre-created target topics with each
+candidate in turn:
+
+- `mirror`: `python -m spark_app run --available-now --master local[2]`, the real CLI and the shipped write path;
+- `wp:<path>`: a write path of bench/write_paths.py (e.g. `wp:sink+interceptor`), in its own Spark child;
+- `mm2`, `mm2-untuned`: MirrorMaker 2 in dedicated mode (org.apache.kafka.connect.mirror.MirrorMaker), tasks.max=2,
+  with the tuned batching of FACTS.md or Connect's defaults;
+- `limit`: bench/java CopyLoop, one KafkaConsumer feeding one KafkaProducer with the same delivery settings.
+
+For each it samples the candidate's whole process tree from /proc (CPU seconds, peak RSS) and the target's end
+offsets: start-up is launch to the first record on the target, records/s is the copy from first to last record.
+A copy counts only if every target partition ends exactly at the source's end offset, and its first and last
+records equal the source's (key, value, headers, timestamp). `--topics-scale 1,10,100` repeats the copy at each
+topic count to show how start-up, throughput and memory grow.
+
+Results go to bench/results/<stamp>.json, .md (each figure with its ratio to MM2 and to the limit) and .png.
+
+Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--topics 4] [--partitions 4]
+       [--candidates mirror,mm2,mm2-untuned,limit] [--topics-scale 1,10,100 --scale-records 100000]
+
+Not yet measured here: end-to-end latency at a steady rate (continuous mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+from confluent_kafka import KafkaException, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, OffsetSpec  # noqa: E402
+
+from bench import write_paths as wp  # noqa: E402
+from images.fetch_jars import cached_jars  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+COPY_LOOP = ROOT / "bench" / "java"
+MM2_TUNED = {"target.producer.linger.ms": "20", "target.producer.batch.size": "1048576"}
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+class TreeMonitor:
+    """Samples a process and all its descendants from /proc: CPU seconds (last value seen per pid) and peak RSS."""
+
+    def __init__(self, pid: int, interval: float = 0.25) -> None:
+        self.pid, self.interval = pid, interval
+        self.cpu: dict[int, float] = {}
+        self.peak_rss = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _tree(self) -> list[int]:
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                children.setdefault(ppid, []).append(int(entry))
+        out, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo.extend(children.get(pid, ()))
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss = 0
+            for pid in self._tree():
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    self.cpu[pid] = (int(fields[11]) + int(fields[12])) / TICK
+                    rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+                except (OSError, IndexError, ValueError):
+                    continue
+            self.peak_rss = max(self.peak_rss, rss)
+            self._stop.wait(self.interval)
+
+    def stop(self) -> tuple[float, float]:
+        self._stop.set()
+        self._thread.join()
+        return sum(self.cpu.values()), self.peak_rss / 1e6
+
+
+def end_offsets(admin: AdminClient, topics: list[str], partitions: int) -> dict[tuple[str, int], int]:
+    """End offset of every partition; retried while new topics' leaders settle."""
+    wanted = {TopicPartition(t, p): OffsetSpec.latest() for t in topics for p in range(partitions)}
+    for attempt in range(20):
+        try:
+            return {(tp.topic, tp.partition): f.result().offset for tp, f in admin.list_offsets(wanted).items()}
+        except KafkaException:
+            if attempt == 19:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def run_candidate(
+    name: str, cmd: list[str], env: dict[str, str], target: str, out_topics: list[str], partitions: int,
+    expected: int, exits_by_itself: bool, log: Path, timeout: float,
+) -> dict:  # fmt: skip
+    """Launch, watch the target fill up, stop; timings, CPU and memory of the whole process tree."""
+    admin = AdminClient({"bootstrap.servers": target})
+    began = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    monitor = TreeMonitor(proc.pid)
+    first = done = None
+    total = 0
+    try:
+        while time.monotonic() - began < timeout:
+            total = sum(end_offsets(admin, out_topics, partitions).values())
+            now = time.monotonic()
+            if total and first is None:
+                first = now
+            if total >= expected:
+                done = now
+                break
+            if proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        if exits_by_itself and done is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        cpu, peak = monitor.stop()
+    result = {"candidate": name, "records": expected, "cpu_s": round(cpu, 1), "peak_rss_mb": round(peak)}
+    if done is None or first is None:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        return result | {"error": f"copied {total} of {expected} (exit {proc.returncode}); log tail:\n{tail}"}
+    copy_s = max(done - first, 0.2)
+    return result | {
+        "startup_s": round(first - began, 1),
+        "copy_s": round(copy_s, 1),
+        "wall_s": round(done - began, 1),
+        "records_per_s": round(expected / copy_s),
+        "exit_code": proc.returncode,
+    }
+
+
+def mirror_command(alias: str, source: str, target: str, topics: list[str], work: Path) -> list[str]:
+    config = {
+        "clusters": [
+            {"alias": alias, "bootstrap_servers": source, "profile": "kafka"},
+            {"alias": "tgt", "bootstrap_servers": target, "profile": "kafka"},
+        ],
+        "flows": [
+            {"source": alias, "target": "tgt", "topics": {"include": topics}, "checkpoint_location": str(work / alias)}
+        ],
+    }
+    path = work / f"{alias}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--available-now", "--master", "local[2]"]
+    return run
+
+
+def mm2_command(alias: str, source: str, target: str, topics: list[str], tuned: bool, work: Path) -> list[str]:
+    props = {
+        "clusters": f"{alias}, target",
+        f"{alias}.bootstrap.servers": source,
+        "target.bootstrap.servers": target,
+        f"{alias}->target.enabled": "true",
+        f"{alias}->target.topics": ",".join(topics),
+        f"target->{alias}.enabled": "false",
+        "tasks.max": "2",
+        "replication.factor": "1",
+        "sync.topic.acls.enabled": "false",
+        **{
+            f"{t}.replication.factor": "1"
+            for t in ("checkpoints.topic", "heartbeats.topic", "offset-syncs.topic")
+            + ("offset.storage", "status.storage", "config.storage")
+        },
+    }
+    if tuned:
+        props |= MM2_TUNED | {f"{alias}.consumer.max.poll.records": "10000"}
+    path = work / f"{alias}.properties"
+    path.write_text("".join(f"{k} = {v}\n" for k, v in props.items()))
+    cp = os.pathsep.join(str(j) for j in cached_jars("kafka"))
+    log4j = ROOT / "tests" / "support" / "log4j2.properties"
+    return ["java", "-Xms256m", "-Xmx1g", f"-Dlog4j2.configurationFile={log4j}", "-cp", cp,
+            "org.apache.kafka.connect.mirror.MirrorMaker", str(path), "--clusters", "target"]  # fmt: skip
+
+
+def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], records: int, tag: str) -> list[dict]:
+    """Every candidate over one loaded topic set; each into its own fresh target topics."""
+    source = bed.clusters["src"].client.bootstrap
+    target = bed.clusters["tgt"].client.bootstrap
+    source_hw = {t: wp.watermarks(source, t, args.partitions) for t in topics}
+    env = os.environ | {
+        "PYSPARK_PYTHON": sys.executable,
+        "MIRRORKIT_SPARK_JARS": ",".join(str(j) for j in cached_jars("spark")),
+        "PYTHONPATH": str(ROOT),
+    }
+    copy_loop = None
+    results = []
+    for n, name in enumerate(args.candidates.split(",")):
+        alias = f"{tag}c{n}"
+        out_topics = [f"{alias}.{t}" for t in topics]
+        wp.create_topics(target, out_topics, args.partitions)
+        exits = True
+        run_env = env
+        if name == "mirror":
+            cmd = mirror_command(alias, source, target, topics, work)
+        elif name in ("mm2", "mm2-untuned"):
+            cmd, exits = mm2_command(alias, source, target, topics, name == "mm2", work), False
+        elif name == "limit":
+            kafka = list(cached_jars("kafka"))
+            copy_loop = copy_loop or wp.build_jar(COPY_LOOP, kafka, work, "copy-loop.jar")
+            cp = os.pathsep.join(str(j) for j in [copy_loop, *kafka])
+            cmd = ["java", "-Xmx1g", "-cp", cp, "io.mirrorkit.bench.CopyLoop", source, target, alias + ".",
+                   str(records), ",".join(topics)]  # fmt: skip
+        elif name.startswith("wp:"):
+            ns = argparse.Namespace(max_offsets_per_trigger=0, arrow_batch=10_000, py_producer=[], java_producer=[])
+            cmd, run_env, _ = wp.child_command(name[3:], alias + ".", ns, source, target, topics, work)
+        else:
+            raise SystemExit(f"unknown candidate '{name}'")
+        log = work / f"{alias}.log"
+        result = run_candidate(name, cmd, run_env, target, out_topics, args.partitions, records, exits, log,
+                               args.timeout)  # fmt: skip
+        result["scenario"] = f"{len(topics)}x{args.partitions}"
+        result["mb_per_s"] = round(result.get("records_per_s", 0) * args.size / 1e6, 1)
+        if "error" not in result:
+            check = wp.Result(name)
+            spec = {"topics": topics, "prefix": alias + ".", "target": target, "source": source}
+            if len(topics) <= 10:  # sampling both ends of hundreds of partitions would dominate the run
+                wp.verify(check, spec, source_hw, args.partitions)
+            ends = end_offsets(AdminClient({"bootstrap.servers": target}), out_topics, args.partitions)
+            pairs = [(t, p) for t in topics for p in range(args.partitions)]
+            result["counts_ok"] = all(ends[(alias + "." + t, p)] == source_hw[t][p] for t, p in pairs)
+            if len(topics) <= 10:
+                result["records_equal"] = check.data_ok and check.ts_kept and check.headers_kept
+        print(json.dumps({k: v for k, v in result.items() if k != "error"}), result.get("error", ""), flush=True)
+        results.append(result)
+        wp.delete_topics(target, out_topics)
+    return results
+
+
+def ratio(value: float | None, base: float | None) -> str:
+    return f"{value / base:.2f}" if value and base else "-"
+
+
+def write_outputs(results: list[dict], meta: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    lines = [
+        f"# Benchmark {meta['stamp']}",
+        "",
+        f"{meta['machine']}; {meta['records']:,} records x {meta['size']} B per scenario; plaintext loopback.",
+        "",
+        "| scenario | candidate | records/s | vs MM2 | vs limit | MB/s | start-up s | CPU s | peak RSS MB | counts"
+        " | records equal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for scenario in dict.fromkeys(r["scenario"] for r in results):
+        rows = [r for r in results if r["scenario"] == scenario]
+        mm2 = next((r.get("records_per_s") for r in rows if r["candidate"] == "mm2"), None)
+        limit = next((r.get("records_per_s") for r in rows if r["candidate"] == "limit"), None)
+        for r in rows:
+            if "error" in r:
+                lines.append(f"| {scenario} | {r['candidate']} | failed: {r['error'].splitlines()[0]} |")
+                continue
+            rate = r["records_per_s"]
+            lines.append(
+                f"| {scenario} | {r['candidate']} | {rate:,} | {ratio(rate, mm2)} | {ratio(rate, limit)} |"
+                f" {r['mb_per_s']} | {r['startup_s']} | {r['cpu_s']} | {r['peak_rss_mb']} |"
+                f" {'yes' if r.get('counts_ok') else 'NO'} | {r.get('records_equal', 'not sampled')} |"
+            )
+    lines += [
+        "",
+        "records/s: first to last record on the target; start-up: launch to first record on the target; CPU and",
+        "peak RSS: the candidate's whole process tree (JVM, Python workers) sampled from /proc every 0.25 s.",
+    ]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results if "error" not in r]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    labels = [f"{r['candidate']}\n{r['scenario']}" for r in ok]
+    for ax, key, title in zip(
+        axes, ("records_per_s", "startup_s", "peak_rss_mb"), ("records/s", "start-up s", "peak RSS MB"), strict=True
+    ):
+        ax.bar(range(len(ok)), [r[key] for r in ok])
+        ax.set_xticks(range(len(ok)), labels, fontsize=7, rotation=60)
+        ax.set_title(title)
+    fig.suptitle(f"{meta['machine']}, {meta['records']:,} x {meta['size']} B")
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=512)
+    parser.add_argument("--topics", type=int, default=4)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--candidates", default="mirror,mm2,mm2-untuned,limit", help="also wp:<write_paths path>")
+    parser.add_argument("--topics-scale", default="", help="e.g. 1,10,100: repeat at these topic counts")
+    parser.add_argument("--scale-records", type=int, default=100_000)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per candidate")
+    parser.add_argument("--out", type=Path, default=None, help="result path without suffix")
+    args = parser.parse_args()
+
+    from tests.support.testbed import TestBed
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    meta = {"stamp": stamp, "machine": f"{os.cpu_count()} cores, {mem_gb:.0f} GB", "records": args.records}
+    meta |= {"size": args.size, "argv": sys.argv[1:]}
+    bed = TestBed()
+    work = Path(tempfile.mkdtemp(prefix="mirrorkit-bench-"))
+    results: list[dict] = []
+    try:
+        bed.start("src", "plaintext")
+        bed.start("tgt", "plaintext")
+        source = bed.clusters["src"].client.bootstrap
+        base_ts = int(time.time() * 1000) - 86_400_000
+        scales = [(args.topics, args.records)]
+        scales += [(int(t), args.scale_records) for t in args.topics_scale.split(",") if t]
+        for i, (count, records) in enumerate(scales):
+            topics = [f"b{i}-{t}" for t in range(count)]
+            wp.create_topics(source, topics, args.partitions)
+            began = time.monotonic()
+            wp.load_source(source, topics, args.partitions, records, args.size, base_ts)
+            took = time.monotonic() - began
+            print(f"loaded {records} x {args.size} B into {count} x {args.partitions} in {took:.0f}s", flush=True)
+            results += run_all(args, bed, work, topics, records, f"s{i}")
+            wp.delete_topics(source, topics)
+    finally:
+        bed.close()
+    out = args.out or RESULTS / stamp
+    write_outputs(results, meta, out)
+    print(out.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()
