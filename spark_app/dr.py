@@ -178,6 +178,20 @@ class SyncStore:
             old, dense = syncs[:-DENSE_SYNCS], syncs[-DENSE_SYNCS:]
             syncs[:] = old[::2] + dense
 
+    def merge(self, newer: SyncStore) -> None:
+        for (topic, partition), syncs in newer._syncs.items():
+            for upstream, downstream in syncs:
+                self.record(topic, partition, upstream, downstream)
+
+    def reread(self, topic: str, partition: int, committed: int, resume_at: int) -> int | None:
+        """At most how many records a consumer resuming at target offset `resume_at` reads again."""
+        best = self.translate(topic, partition, committed)
+        if best is not None:
+            return best.reread + max(0, best.downstream_offset - resume_at)
+        above = [s for s in self._syncs.get((topic, partition), []) if s[0] > committed]
+        # The sync's own record is unread, so fewer than all of resume_at..d were read before.
+        return max(0, above[0][1] - resume_at) if above else None
+
     def latest(self, topic: str, partition: int) -> tuple[int, int] | None:
         syncs = self._syncs.get((topic, partition))
         return syncs[-1] if syncs else None
@@ -361,12 +375,12 @@ class DrSync:
     """One flow's DR loop. State the metrics read: `checkpoint_written_at` (group -> unix s of its last checkpoint
     write) and `newest_heartbeat_ms` (timestamp of the newest heartbeat seen on the target; see `heartbeat_age_s`)."""
 
-    def __init__(self, config: MirrorConfig, flow: FlowConfig, emit_heartbeats: bool = True) -> None:
+    def __init__(self, config: MirrorConfig, flow: FlowConfig) -> None:
         self.config = config
         self.flow = flow
         self.source = config.cluster(flow.source)
         self.target = config.cluster(flow.target)
-        self.emit_heartbeats = emit_heartbeats
+        self.emit_heartbeats = False  # only a running mirror beats: an available-now run is not a live service
         self.syncs = SyncStore()
         self.checkpoints: dict[tuple[str, str, int], Checkpoint] = {}
         self.checkpoint_written_at: dict[str, float] = {}
@@ -383,24 +397,37 @@ class DrSync:
     def heartbeat_age_s(self) -> float | None:
         return None if self.newest_heartbeat_ms is None else time.time() - self.newest_heartbeat_ms / 1000
 
-    def prepare(self) -> None:
-        """Make the internal topics and reload the syncs and checkpoints a previous run left."""
+    def prepare(self, emit_heartbeats: bool = False) -> None:
+        """Make the internal topics and reload the syncs and checkpoints a previous run left.
+
+        A cluster that does not answer leaves translation safe but coarse (no history: resume points fall back to
+        the start of the target partition); it is retried at the next checkpoint.
+        """
         if self._prepared:
             return
-        self._prepared = True
+        self.emit_heartbeats = emit_heartbeats and self.flow.emit_heartbeats
         syncs_cluster = self.config.cluster(offset_syncs_cluster(self.flow))
         wanted = [(syncs_cluster, offset_syncs_topic(self.flow)), (self.target, checkpoints_topic(self.flow))]
         if self.emit_heartbeats:
             wanted.append((self.source, HEARTBEATS_TOPIC))
-        for cluster, topic in wanted:
-            reason = ensure_topic(cluster, topic)
-            if reason:
-                self.disabled[topic] = reason
-                log.warning("flow %s: %s", self.flow.name, reason)
-        if offset_syncs_topic(self.flow) not in self.disabled:
-            self.syncs = read_offset_syncs(self.config, self.flow)
-        if checkpoints_topic(self.flow) not in self.disabled:
-            self.checkpoints = {k: cp for k, (cp, _) in read_checkpoints(self.config, self.flow).items()}
+        try:
+            for cluster, topic in wanted:
+                reason = ensure_topic(cluster, topic)
+                if reason:
+                    self.disabled[topic] = reason
+                    log.warning("flow %s: %s", self.flow.name, reason)
+            stored = SyncStore()
+            if offset_syncs_topic(self.flow) not in self.disabled:
+                stored = read_offset_syncs(self.config, self.flow)
+            if checkpoints_topic(self.flow) not in self.disabled:
+                self.checkpoints = {k: cp for k, (cp, _) in read_checkpoints(self.config, self.flow).items()}
+        except (KafkaException, TimeoutError) as err:
+            log.warning("flow %s: cannot read DR state yet: %s", self.flow.name, err)
+            return
+        with self._lock:
+            stored.merge(self.syncs)  # batches that landed while the history was read come last
+            self.syncs = stored
+        self._prepared = True
 
     def on_landed(self, flow: FlowConfig, rows: Iterable) -> None:
         """The stream's after-batch hook: record and write one offset sync per partition that landed."""
@@ -419,6 +446,7 @@ class DrSync:
 
     def checkpoint_once(self) -> list[Checkpoint]:
         """Translate every selected group's committed offsets, write the checkpoints, sync groups if asked."""
+        self.prepare(self.emit_heartbeats)
         source_admin = _admin(self.source)
         listing = source_admin.list_consumer_groups(request_timeout=ADMIN_TIMEOUT_S).result()
         groups = sorted(g.group_id for g in listing.valid if self.flow.groups.matches(g.group_id))
@@ -474,6 +502,9 @@ class DrSync:
             producer = self._producer(self.flow.source)
             producer.produce(HEARTBEATS_TOPIC, key=beat.key(), value=beat.value())
             producer.poll(0)
+        self.observe_heartbeats()
+
+    def observe_heartbeats(self) -> None:
         seen = newest_heartbeat_ms(self.config, self.flow)
         if seen is not None:
             self.newest_heartbeat_ms = max(self.newest_heartbeat_ms or 0, seen)
@@ -492,7 +523,8 @@ class DrSync:
 
     def start(self) -> None:
         """Run checkpoints and heartbeats on their intervals in a daemon thread until `stop`."""
-        self.prepare()
+        self.prepare(emit_heartbeats=True)
+        self.heartbeat_once()  # before topic sync runs, so `heartbeats` is there to be mirrored
         self._thread = threading.Thread(target=self._run, name=f"dr {self.flow.name}", daemon=True)
         self._thread.start()
 
@@ -522,10 +554,9 @@ class DrSync:
             self._flush(alias)
         try:
             self.checkpoint_once()
-        except KafkaException as err:
+            self.observe_heartbeats()
+        except (KafkaException, RuntimeError) as err:
             log.warning("flow %s: final checkpoint failed: %s", self.flow.name, err)
-        if self.emit_heartbeats:
-            self.heartbeat_once()
 
 
 # -- operator views -------------------------------------------------------------------------------------------
@@ -551,10 +582,7 @@ def failover_plan(config: MirrorConfig, flow: FlowConfig, groups: str | None = N
         if not flow.groups.matches(group) or (pattern and not pattern.fullmatch(group)):
             continue
         source_tp = by_remote.get((topic, partition))
-        best = syncs.translate(*source_tp, cp.upstream_offset) if source_tp else None
-        reread = None
-        if best is not None:
-            reread = best.reread + max(0, best.downstream_offset - cp.downstream_offset)
+        reread = syncs.reread(*source_tp, cp.upstream_offset, cp.downstream_offset) if source_tp else None
         rows.append(FailoverRow(group, topic, partition, cp.upstream_offset, cp.downstream_offset, reread))
     return rows
 

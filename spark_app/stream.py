@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from .config import FlowConfig, MirrorConfig
+from .dr import DrSync
 from .profiles import spark_options
 from .topics import TopicPlan, TopicSync
 from .writer import LANDED_SCHEMA, SOURCE_COLUMNS, PartitionWriter
@@ -151,11 +152,14 @@ class Mirror:
     def __init__(self, spark: SparkSession, config: MirrorConfig) -> None:
         self.spark = spark
         self.config = config
-        self.flows = [FlowMirror(spark, config, f) for f in config.flows]
+        self.dr = {f.name: DrSync(config, f) for f in config.flows}  # offset syncs, checkpoints, heartbeats
+        self.flows = [FlowMirror(spark, config, f, on_landed=self.dr[f.name].on_landed) for f in config.flows]
         self.stopping = threading.Event()
 
     def run_available_now(self) -> None:
-        """Mirror what is there now, then return."""
+        """Mirror what is there now, write a final offset sync and checkpoint, then return."""
+        for dr in self.dr.values():
+            dr.prepare()
         for flow in self.flows:
             flow.start(tuple(sorted(flow.sync_topics().mirrored)), available_now=True)
         for flow in self.flows:
@@ -163,9 +167,13 @@ class Mirror:
                 with contextlib.suppress(StreamingQueryException):  # reported below, in the mirror's own words
                     flow.query.awaitTermination()
                 _raise_if_failed(flow)
+        for dr in self.dr.values():
+            dr.stop()
 
     def run_forever(self) -> None:
         """Mirror continuously, re-syncing topics every `topic_sync_interval_s`, until `stopping` is set."""
+        for dr in self.dr.values():
+            dr.start()
         for flow in self.flows:
             flow.start(tuple(sorted(flow.sync_topics().mirrored)), available_now=False)
         while not self.stopping.wait(self.config.topic_sync_interval_s):
@@ -179,6 +187,8 @@ class Mirror:
                     flow.start(wanted, available_now=False)
         for flow in self.flows:
             flow.stop_between_batches()
+        for dr in self.dr.values():
+            dr.stop()
 
 
 def _raise_if_failed(flow: FlowMirror) -> None:
