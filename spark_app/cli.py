@@ -1,4 +1,4 @@
-"""`python -m spark_app run|validate|describe --config FILE`: the entry point of the mirror image."""
+"""`python -m spark_app run|validate|describe|status|failover --config FILE`: the entry point of the mirror image."""
 
 from __future__ import annotations
 
@@ -22,12 +22,19 @@ def main(argv: list[str] | None = None) -> int:
         ("run", "run the mirror"),
         ("validate", "check a config and exit"),
         ("describe", "show the resolved flows and the topics they match now, without secrets"),
+        ("status", "per flow and topic-partition: lag, last checkpoint age, last heartbeat age"),
+        ("failover", "commit translated offsets on a flow's target for its consumer groups"),
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, help="the mirror config (YAML or JSON)")
     run = sub.choices["run"]
     run.add_argument("--available-now", action="store_true", help="mirror everything present, then exit 0")
     run.add_argument("--master", default=None, help="Spark master, e.g. local[2] (spark-submit sets it in the image)")
+    sub.choices["status"].add_argument("--json", action="store_true", help="print JSON instead of a table")
+    fail = sub.choices["failover"]
+    fail.add_argument("--flow", required=True, help="the flow to fail over, as SRC->DST")
+    fail.add_argument("--groups", default=None, help="only groups matching this regex (full match)")
+    fail.add_argument("--dry-run", action="store_true", help="print the plan, commit nothing")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -39,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "describe":
             print(json.dumps(describe(config), indent=2))
             return 0
+        if args.command == "status":
+            return print_status(config, args.json)
+        if args.command == "failover":
+            return run_failover(config, args.flow, args.groups, args.dry_run)
         return run_mirror(config, args.available_now, args.master)
     except (ConfigError, SecretError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -70,6 +81,69 @@ def describe(config: MirrorConfig) -> dict:
             }
         )
     return out
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}s"
+
+
+def print_status(config: MirrorConfig, as_json: bool) -> int:
+    """Read only what the mirror wrote on the clusters, so it works beside a running mirror or without one."""
+    from .dr import flow_status
+
+    flows = [flow_status(config, flow) for flow in config.flows]
+    if as_json:
+        print(json.dumps({"flows": flows}, indent=2))
+        return 0
+    print(
+        f"{'flow':16} {'topic':24} {'part':>4} {'mirrored':>10} {'lag':>8} {'checkpoint age':>15} {'heartbeat age':>14}"
+    )
+    for f in flows:
+        heartbeat = _age(f["heartbeat_age_s"])
+        if not f["partitions"]:
+            print(f"{f['flow']:16} {'(nothing mirrored yet)':24} {'':>4} {'':>10} {'':>8} {'-':>15} {heartbeat:>14}")
+        for p in f["partitions"]:
+            lag = "source down" if p["lag"] is None else str(p["lag"])
+            print(
+                f"{f['flow']:16} {p['topic']:24} {p['partition']:>4} {p['mirrored_offset']:>10} {lag:>8}"
+                f" {_age(p['checkpoint_age_s']):>15} {heartbeat:>14}"
+            )
+    return 0
+
+
+def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_run: bool) -> int:
+    """Print where each group resumes on the target; without --dry-run, commit it there for idle groups."""
+    import re
+
+    from .dr import failover, failover_plan
+
+    flow = config.flow(flow_name)
+    if groups is not None:
+        try:
+            re.compile(groups)
+        except re.error as err:
+            raise ConfigError(f"--groups: '{groups}' is not a valid regex: {err}") from None
+    plan = failover_plan(config, flow, groups)
+    print(f"{'group':24} {'topic':24} {'part':>4} {'source offset':>13} {'target offset':>13} {'re-read':>8}")
+    for r in plan:
+        reread = "?" if r.reread is None else str(r.reread)
+        print(f"{r.group:24} {r.topic:24} {r.partition:>4} {r.source_offset:>13} {r.target_offset:>13} {reread:>8}")
+    if not plan:
+        print(f"no checkpoint for flow {flow.name} on '{flow.target}' matches; nothing to fail over")
+        return 1
+    if dry_run:
+        return 0
+    refused = 0
+    for result in failover(config, flow, plan):
+        if result.refused:
+            refused += 1
+            print(f"refused: {result.refused}", file=sys.stderr)
+            continue
+        for (topic, partition), offset in sorted(result.committed.items()):
+            print(f"committed {result.group} {topic}[{partition}] = {offset} on '{flow.target}'")
+        for (topic, partition), offset in sorted(result.kept.items()):
+            print(f"kept {result.group} {topic}[{partition}] = {offset}: already at or past the translation")
+    return 1 if refused else 0
 
 
 def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) -> int:

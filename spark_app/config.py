@@ -197,6 +197,8 @@ class FlowConfig(_Strict):
     fail_on_data_loss: bool = False
     offset_syncs_location: Literal["source", "target"] = "target"
     sync_group_offsets: bool = False
+    # MM2-format heartbeats to `heartbeats` on the source while the mirror runs; needs write rights there
+    emit_heartbeats: bool = True
     max_records_per_trigger: Annotated[int, Field(gt=0)] | None = None
 
     @property

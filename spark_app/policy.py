@@ -61,8 +61,9 @@ def checkpoints_topic(flow: FlowConfig) -> str:
 
 
 def offset_syncs_topic(flow: FlowConfig) -> str:
-    """MM2's name: tools that know MM2 find our offset syncs where they expect them."""
-    return f"mm2-offset-syncs.{flow.target}.internal"
+    """Named after the other cluster's alias, as MM2 does, but not MM2's name: see spark_app/dr.py for why."""
+    other = flow.source if flow.offset_syncs_location == "target" else flow.target
+    return f"mirrorkit-offset-syncs.{other}.internal"
 
 
 def event_hubs_topics(config: MirrorConfig) -> dict[str, list[str]]:
@@ -83,7 +84,8 @@ def event_hubs_topics(config: MirrorConfig) -> dict[str, list[str]]:
             if flow.offset_syncs_location == "target":
                 target.add(offset_syncs_topic(flow))
         if flow.source in needed:
-            needed[flow.source].add(HEARTBEATS_TOPIC)
+            if flow.emit_heartbeats:
+                needed[flow.source].add(HEARTBEATS_TOPIC)
             if flow.offset_syncs_location == "source":
                 needed[flow.source].add(offset_syncs_topic(flow))
     return {alias: sorted(topics) for alias, topics in needed.items()}

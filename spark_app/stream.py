@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from .config import FlowConfig, MirrorConfig
+from .dr import DrSync
 from .metrics import LagPoller, LagSource, MirrorMetrics
 from .profiles import spark_options
 from .topics import TopicPlan, TopicSync
@@ -170,11 +171,17 @@ class Mirror:
         self.spark = spark
         self.config = config
         self.metrics = MirrorMetrics()
-        self.flows = [FlowMirror(spark, config, f, metrics=self.metrics) for f in config.flows]
+        self.dr = {f.name: DrSync(config, f, self.metrics) for f in config.flows}  # offset syncs, checkpoints
+        self.flows = [
+            FlowMirror(spark, config, f, on_landed=self.dr[f.name].on_landed, metrics=self.metrics)
+            for f in config.flows
+        ]
         self.stopping = threading.Event()
 
     def run_available_now(self) -> None:
-        """Mirror what is there now, then return."""
+        """Mirror what is there now, write a final offset sync and checkpoint, then return."""
+        for dr in self.dr.values():
+            dr.prepare()
         for flow in self.flows:
             flow.start(tuple(sorted(flow.sync_topics().mirrored)), available_now=True)
         for flow in self.flows:
@@ -182,17 +189,21 @@ class Mirror:
                 with contextlib.suppress(StreamingQueryException):  # reported below, in the mirror's own words
                     flow.query.awaitTermination()
                 _raise_if_failed(flow)
+        for dr in self.dr.values():
+            dr.stop()
 
     def run_forever(self) -> None:
         """Mirror continuously, re-syncing topics every `topic_sync_interval_s`, until `stopping` is set.
 
-        Meanwhile the metrics endpoint listens on `metrics_port` and the lag poller runs.
+        Meanwhile the metrics endpoint listens on `metrics_port`, the lag poller runs, and so does each flow's DR loop.
         """
         lag_sources = [LagSource(f.flow.name, f.source, f.next_offsets) for f in self.flows]
         with self.metrics.serve(self.config.metrics_port), LagPoller(self.metrics, lag_sources):
             self._mirror_until_stopped()
 
     def _mirror_until_stopped(self) -> None:
+        for dr in self.dr.values():
+            dr.start()
         for flow in self.flows:
             flow.start(tuple(sorted(flow.sync_topics().mirrored)), available_now=False)
         while not self.stopping.wait(self.config.topic_sync_interval_s):
@@ -206,6 +217,8 @@ class Mirror:
                     flow.start(wanted, available_now=False)
         for flow in self.flows:
             flow.stop_between_batches()
+        for dr in self.dr.values():
+            dr.stop()
 
 
 def _raise_if_failed(flow: FlowMirror) -> None:

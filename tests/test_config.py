@@ -94,7 +94,7 @@ def test_event_hubs_topics_come_from_the_flows_naming_policy():
     raw["flows"][0]["dead_letter_topic"] = "mirror.dlq"
     assert event_hubs_topics(parse_config(raw)) == {
         "eh": ["a.checkpoints.internal", "a.heartbeats", "a.orders", "a.payments", "mirror.dlq",
-               "mm2-offset-syncs.eh.internal"]
+               "mirrorkit-offset-syncs.a.internal"]
     }  # fmt: skip
 
 

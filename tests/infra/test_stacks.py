@@ -25,7 +25,7 @@ def test_active_passive_msk_to_event_hubs(stack_runs):
     hubs = {h.plain["eventHubName"]: h.plain for h in run.of_type(f"{EVENTHUB}:EventHub")}
     assert sorted(hubs) == [
         "mirrorkit-dead-letters",
-        "mm2-offset-syncs.dr.internal",
+        "mirrorkit-offset-syncs.primary.internal",
         "primary.checkpoints.internal",
         "primary.customers",
         "primary.heartbeats",
