@@ -13,6 +13,7 @@ from .policy import target_topic
 from .profiles import SecretError, java_settings, redacted
 
 log = logging.getLogger("spark_app")
+PREFLIGHT_TIMEOUT_S = 20.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as err:  # noqa: BLE001 - the last line of defence prints one clear line, not a JVM stack
         from .stream import MirrorFailed
-        from .topics import ClusterUnreachable
+        from .topics import ClusterUnreachable, StateError
 
-        if isinstance(err, MirrorFailed | ClusterUnreachable):
+        if isinstance(err, MirrorFailed | ClusterUnreachable | StateError):
             print(f"error: {err}", file=sys.stderr)
             return 1
         raise
@@ -148,6 +149,7 @@ def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_r
 
 def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) -> int:
     from .stream import Mirror, build_session
+    from .topics import check_reachable
 
     for flow in config.flows:
         src, dst = config.cluster(flow.source), config.cluster(flow.target)
@@ -156,6 +158,7 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
             flow.name, src.alias, src.profile.value, dst.alias, dst.profile.value,
             flow.replication_policy, flow.topics.include, flow.topics.exclude,
         )  # fmt: skip
+    check_reachable(config.clusters, PREFLIGHT_TIMEOUT_S)  # before Spark: a wrong address or password fails fast
     spark = build_session(master)
     mirror = Mirror(spark, config)
     if available_now:
@@ -166,9 +169,9 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
     for flow in mirror.flows:
         t = flow.totals
         log.info(
-            "flow %s: %d records, %d bytes in %d batches; dropped %d, dead-lettered %d, quarantined %s",
-            flow.flow.name, sum(t.records.values()), sum(t.bytes.values()), t.batches, t.dropped,
-            t.dead_lettered, t.quarantined or "none",
+            "flow %s: %d records, %d bytes in %d batches; dropped %d, dead-lettered %d, lost at source %d,"
+            " quarantined %s", flow.flow.name, sum(t.records.values()), sum(t.bytes.values()), t.batches, t.dropped,
+            t.dead_lettered, sum(loss.count for loss in t.data_loss), t.quarantined or "none",
         )  # fmt: skip
     spark.stop()
     return 0

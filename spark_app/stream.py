@@ -1,9 +1,25 @@
 """The Spark side: one streaming query per flow, wired to the writer and to topic sync.
 
-Each query subscribes to the explicit list of topics that topic sync has made ready on the target. When that list
-changes (a new topic, a quarantine lifted) the query is stopped between batches and started again on the same
-checkpoint; Spark then reads the new partitions from their earliest offset, so records produced before the mirror
-noticed a topic are copied too.
+Each query subscribes to every source topic the flow selects, quarantined ones included. When that set changes
+(a new topic, a partition added) the query is stopped between batches and started again on the same checkpoint;
+Spark then reads the new partitions from their earliest offset, so records produced before the mirror noticed a
+topic are copied too.
+
+Quarantine (one bad topic never stops the others). The writer is told which topics are ready on the target; it
+holds back every record of the others, and of a partition from the first record the target refused, and says per
+partition which source offsets it held (`held_from` to `held_until`). The driver merges those into the flow's
+`FlowState`: per quarantined topic, per partition, a `Hold` from the first offset not written to the offset the
+query has read up to. The query itself goes on, so it keeps advancing past held records and the hold keeps
+growing; nothing of the topic is written meanwhile, so order is kept. To rejoin, the driver, between batches (a
+lock keeps batches and catch-ups apart), copies each hold with a bounded batch read of exactly those offsets
+(startingOffsets/endingOffsets JSON) through the same writer, then marks the topic ready: the next batch writes
+the topic's records after the hold. A catch-up is tried when topic sync says the target can take the topic, at
+start (so a restart retries at once), and for a refused record every `RECORD_RETRY_S`. The state is saved after
+every batch, before Spark commits it, so a crash replays a batch at most (at least once, never a gap).
+
+Data loss. Per partition the state keeps the next offset the query expects. When a batch starts further on, the
+source's log start is checked: records below it that were never read were deleted by retention. They are reported
+(log, `FlowTotals.data_loss`) and mirroring goes on, unless the flow sets `fail_on_data_loss`.
 """
 
 from __future__ import annotations
@@ -25,12 +41,14 @@ from .config import FlowConfig, MirrorConfig
 from .dr import DrSync
 from .metrics import LagPoller, LagSource, MirrorMetrics
 from .profiles import spark_options
-from .topics import TopicPlan, TopicSync
+from .topics import ClusterUnreachable, DataLoss, FlowState, Hold, Quarantine, TopicPlan, TopicSync
 from .writer import LANDED_SCHEMA, SOURCE_COLUMNS, PartitionWriter
 
 log = logging.getLogger(__name__)
 
 JARS_ENV = "MIRRORKIT_SPARK_JARS"
+RECORD_RETRY_S = 60.0  # how often a topic held by a refused record tries again while `run` goes on
+UNREACHABLE_GIVE_UP_S = 300.0  # a target or source down this long stops `run` (the producer's delivery timeout)
 
 
 def build_session(master: str | None = None, app_name: str = "mirrorkit") -> SparkSession:
@@ -50,7 +68,11 @@ def build_session(master: str | None = None, app_name: str = "mirrorkit") -> Spa
 
 @dataclass
 class FlowTotals:
-    """What a flow has done since start, per source topic; the demo and status print it."""
+    """What a flow has done since start, per source topic; the demo, `status` and the metrics read it.
+
+    `quarantined` maps each stopped topic to its reason; `held` maps it to {partition: first offset not written};
+    `data_loss` lists the ranges deleted at the source before they were read.
+    """
 
     records: dict[str, int] = field(default_factory=dict)
     bytes: dict[str, int] = field(default_factory=dict)
@@ -58,6 +80,8 @@ class FlowTotals:
     dead_lettered: int = 0
     batches: int = 0
     quarantined: dict[str, str] = field(default_factory=dict)
+    held: dict[str, dict[int, int]] = field(default_factory=dict)
+    data_loss: list[DataLoss] = field(default_factory=list)
     landed_offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (src, tgt) per partition
 
 
@@ -65,7 +89,7 @@ Landed = list  # rows of LANDED_SCHEMA
 
 
 class FlowMirror:
-    """Runs one flow: topic sync, the query, and the bookkeeping of what landed."""
+    """Runs one flow: topic sync, the query, quarantines and the bookkeeping of what landed."""
 
     def __init__(
         self,
@@ -81,52 +105,80 @@ class FlowMirror:
         self.source = config.cluster(flow.source)
         self.target = config.cluster(flow.target)
         self.topic_sync = TopicSync(flow, self.source, self.target)
+        self.state = FlowState.load(flow.checkpoint_location)
         self.totals = FlowTotals()
-        self.topics: tuple[str, ...] = ()
+        self.plan = TopicPlan()
+        self.topics: tuple[tuple[str, int], ...] = ()  # what the query subscribes to, with partition counts
         self.query: StreamingQuery | None = None
         self._on_landed = on_landed
         self.metrics = metrics or MirrorMetrics()
         self._next_offsets: dict[tuple[str, int], int] = {}
+        self._between_batches = threading.Lock()
+        self._publish()
 
-    def source_frame(self, topics: tuple[str, ...]) -> DataFrame:
-        reader = (
-            self.spark.readStream.format("kafka")
-            .options(**spark_options(self.source, "consumer"))
-            .option("subscribe", ",".join(topics))
-            .option("includeHeaders", "true")
-            .option("startingOffsets", self.flow.start_from)
-            .option("failOnDataLoss", str(self.flow.fail_on_data_loss).lower())
+    def _read(self, stream: bool, topics: tuple[str, ...], start: str, end: str | None = None) -> DataFrame:
+        reader = (self.spark.readStream if stream else self.spark.read).format("kafka")
+        reader = reader.options(**spark_options(self.source, "consumer")).option("includeHeaders", "true")
+        reader = reader.option("startingOffsets", start).option(
+            "failOnDataLoss", str(self.flow.fail_on_data_loss).lower()
         )
-        if self.flow.max_records_per_trigger:
+        if end is None:
+            reader = reader.option("subscribe", ",".join(topics))
+        else:
+            reader = reader.option("assign", json.dumps({t: [int(p) for p in json.loads(end)[t]] for t in topics}))
+            reader = reader.option("endingOffsets", end)
+        if stream and self.flow.max_records_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(self.flow.max_records_per_trigger))
         return reader.load().selectExpr(*SOURCE_COLUMNS)
 
-    def sync_topics(self) -> TopicPlan:
-        plan = self.topic_sync.sync()
-        self.totals.quarantined = dict(plan.quarantined)
-        self.metrics.topics_quarantined(self.flow.name, plan.quarantined)
-        return plan
+    def source_frame(self, topics: tuple[str, ...]) -> DataFrame:
+        return self._read(True, topics, self.flow.start_from)
 
-    def start(self, topics: tuple[str, ...], available_now: bool) -> StreamingQuery | None:
+    def sync_topics(self) -> tuple[tuple[str, int], ...]:
+        """Run topic sync; quarantine what the target cannot take. Returns what the query should subscribe to."""
+        plan = self.topic_sync.sync()
+        with self._between_batches:
+            self.plan = plan
+            for topic, reason in plan.quarantined.items():
+                q = self.state.quarantined.setdefault(topic, Quarantine(reason))
+                q.reason = reason
+            self._publish()
+        return tuple(sorted(plan.wanted.items()))
+
+    def ready(self) -> dict[str, int]:
+        """The topics the writer may write now, with their partition counts on the target."""
+        return {t: n for t, n in self.plan.mirrored.items() if t not in self.state.quarantined}
+
+    def start(self, topics: tuple[tuple[str, int], ...], available_now: bool) -> StreamingQuery | None:
         self.topics = topics
+        self.catch_up()
         if not topics:
             log.warning("flow %s: no topic to mirror yet", self.flow.name)
             self.query = None
             return None
-        writer = PartitionWriter(self.flow, self.target)
 
         def write_batch(frame: DataFrame, batch_id: int) -> None:
-            landed = frame.mapInArrow(writer, LANDED_SCHEMA).collect()
-            self._record(landed)
+            with self._between_batches:
+                self._catch_up()
+                writer = PartitionWriter(self.flow, self.target, ready=self.ready())
+                landed = frame.mapInArrow(writer, LANDED_SCHEMA).collect()
+                self._record(landed)
+                self._after_batch(landed)
 
-        stream = self.source_frame(topics).writeStream.queryName(f"mirror {self.flow.name}")
+        names = tuple(t for t, _ in topics)
+        stream = self.source_frame(names).writeStream.queryName(f"mirror {self.flow.name}")
         stream = stream.foreachBatch(write_batch).option("checkpointLocation", self.flow.checkpoint_location)
         if available_now:
             stream = stream.trigger(availableNow=True)
         else:
             stream = stream.trigger(processingTime=f"{self.config.trigger_interval_s} seconds")
         self.query = stream.start()
-        log.info("flow %s: mirroring %d topic(s): %s", self.flow.name, len(topics), ", ".join(topics))
+        active = [t for t in names if t not in self.state.quarantined]
+        held = sorted(set(names) - set(active))
+        log.info(
+            "flow %s: mirroring %d topic(s): %s%s", self.flow.name, len(active), ", ".join(active),
+            f"; quarantined: {', '.join(held)}" if held else "",
+        )  # fmt: skip
         return self.query
 
     def stop_between_batches(self, timeout_s: float = 120.0) -> None:
@@ -149,6 +201,43 @@ class FlowMirror:
                 self._next_offsets.update({(topic, int(p)): offset for p, offset in offsets.items()})
         return dict(self._next_offsets)
 
+    def catch_up(self) -> None:
+        """Catch up quarantined topics whose cause may be gone; safe while the query runs (between its batches)."""
+        with self._between_batches:
+            self._catch_up()
+
+    def _catch_up(self) -> None:
+        now = time.monotonic()
+        for topic, q in list(self.state.quarantined.items()):
+            partitions = self.plan.mirrored.get(topic)
+            if partitions is None or now < q.retry_at or any(p >= partitions for p in q.partitions):
+                continue
+            owed = {p: h for p, h in q.partitions.items() if h.next > h.first}
+            landed = []
+            if owed:
+                end = json.dumps({topic: {str(p): h.next for p, h in owed.items()}})
+                start = json.dumps({topic: {str(p): h.first for p, h in owed.items()}})
+                writer = PartitionWriter(self.flow, self.target, ready={topic: partitions})
+                landed = self._read(False, (topic,), start, end).mapInArrow(writer, LANDED_SCHEMA).collect()
+                self._record(landed)
+            rows = {row.partition: row for row in landed}
+            lost = [(topic, p, h.first, rows[p].first_offset if p in rows else h.next) for p, h in owed.items()]
+            self._report_loss(lost)
+            still = {p: Hold(rows[p].held_from, owed[p].next) for p in owed if p in rows and rows[p].held_from >= 0}
+            copied = sum(r.records for r in landed)
+            if still:
+                p, row = next((p, rows[p]) for p in sorted(still))
+                q.reason = _refused_reason(self.flow, topic, p, row.held_from, row.refused_bytes) or q.reason
+                q.partitions, q.retry_at = still, now + RECORD_RETRY_S
+                log.error("flow %s: topic '%s' still quarantined after copying %d: %s", self.flow.name, topic,
+                          copied, q.reason)  # fmt: skip
+            else:
+                del self.state.quarantined[topic]
+                log.info("flow %s: topic '%s' caught up %d record(s) from %s and rejoins", self.flow.name, topic,
+                         copied, {p: h.first for p, h in owed.items()} or "its start")  # fmt: skip
+        self._publish()
+        self.state.save()
+
     def _record(self, landed: Landed) -> None:
         t = self.totals
         t.batches += 1
@@ -162,6 +251,68 @@ class FlowMirror:
         self.metrics.batch_landed(self.flow.name, landed)
         if self._on_landed is not None:
             self._on_landed(self.flow, landed)
+
+    def _after_batch(self, landed: Landed) -> None:
+        """Quarantine what the writer held, check for records deleted before they were read, save the state."""
+        lost = []
+        for row in landed:
+            key = (row.topic, row.partition)
+            expected = self.state.positions.get(key)
+            if expected is not None and row.first_offset > expected:
+                lost.append((row.topic, row.partition, expected, row.first_offset))
+            self.state.positions[key] = max(row.last_offset + 1, row.held_until, expected or 0)
+            if row.held_from < 0:
+                continue
+            q = self.state.quarantined.get(row.topic)
+            if q is None:
+                reason = _refused_reason(self.flow, row.topic, row.partition, row.held_from, row.refused_bytes)
+                reason = reason or f"partition {row.partition} is not on the target yet"
+                q = self.state.quarantined[row.topic] = Quarantine(reason, retry_at=time.monotonic() + RECORD_RETRY_S)
+                log.error("flow %s: topic '%s' quarantined: %s", self.flow.name, row.topic, reason)
+            hold = q.partitions.get(row.partition)
+            if hold is None:
+                q.partitions[row.partition] = Hold(row.held_from, row.held_until)
+            else:
+                hold.first, hold.next = min(hold.first, row.held_from), max(hold.next, row.held_until)
+        self._report_loss(lost)
+        self._publish()
+        self.state.save()
+
+    def _report_loss(self, gaps: list[tuple[str, int, int, int]]) -> None:
+        """Gaps (topic, partition, expected, first read) below the source's log start are records lost to retention."""
+        if not gaps:
+            return
+        earliest = self.topic_sync.earliest_offsets([(t, p) for t, p, _, _ in gaps])
+        for topic, partition, expected, first_read in gaps:
+            end = min(earliest[(topic, partition)], first_read)
+            if end <= expected:
+                continue  # offsets that never held a record (compaction, transaction markers)
+            loss = DataLoss(topic, partition, expected, end - 1)
+            self.totals.data_loss.append(loss)
+            log.error(
+                "flow %s: %d record(s) of '%s' partition %d, offsets %d..%d, were deleted at the source before they"
+                " were mirrored%s", self.flow.name, loss.count, topic, partition, loss.first_offset, loss.last_offset,
+                "" if self.flow.fail_on_data_loss else "; mirroring goes on",
+            )  # fmt: skip
+            if self.flow.fail_on_data_loss:
+                raise MirrorFailed(f"flow {self.flow.name}: records deleted before they were mirrored: {loss}")
+
+    def _publish(self) -> None:
+        """Copy the quarantines into the totals as plain data, for `status` and the metrics."""
+        self.totals.quarantined = {t: q.reason for t, q in self.state.quarantined.items()}
+        self.totals.held = {
+            t: {p: h.first for p, h in sorted(q.partitions.items())} for t, q in self.state.quarantined.items()
+        }
+        self.metrics.topics_quarantined(self.flow.name, self.totals.quarantined)
+
+
+def _refused_reason(flow: FlowConfig, topic: str, partition: int, offset: int, size: int) -> str | None:
+    if not size:
+        return None
+    return (
+        f"record too large for target '{flow.target}': topic '{topic}' partition {partition} offset {offset}"
+        f" ({size} bytes); raise the target's cap, or set dead_letter_topic to divert such records"
+    )
 
 
 class Mirror:
@@ -183,7 +334,7 @@ class Mirror:
         for dr in self.dr.values():
             dr.prepare()
         for flow in self.flows:
-            flow.start(tuple(sorted(flow.sync_topics().mirrored)), available_now=True)
+            flow.start(flow.sync_topics(), available_now=True)
         for flow in self.flows:
             if flow.query is not None:
                 with contextlib.suppress(StreamingQueryException):  # reported below, in the mirror's own words
@@ -195,7 +346,9 @@ class Mirror:
     def run_forever(self) -> None:
         """Mirror continuously, re-syncing topics every `topic_sync_interval_s`, until `stopping` is set.
 
-        Meanwhile the metrics endpoint listens on `metrics_port`, the lag poller runs, and so does each flow's DR loop.
+        A cluster that stops answering is waited for (the writer's producer retries meanwhile) for up to
+        `UNREACHABLE_GIVE_UP_S`; then the mirror stops with the error. Meanwhile the metrics endpoint listens on
+        `metrics_port`, the lag poller runs, and so does each flow's DR loop.
         """
         lag_sources = [LagSource(f.flow.name, f.source, f.next_offsets) for f in self.flows]
         with self.metrics.serve(self.config.metrics_port), LagPoller(self.metrics, lag_sources):
@@ -205,16 +358,27 @@ class Mirror:
         for dr in self.dr.values():
             dr.start()
         for flow in self.flows:
-            flow.start(tuple(sorted(flow.sync_topics().mirrored)), available_now=False)
+            flow.start(flow.sync_topics(), available_now=False)
+        unreachable_since: float | None = None
         while not self.stopping.wait(self.config.topic_sync_interval_s):
             for flow in self.flows:
                 if flow.query is not None and not flow.query.isActive:
                     _raise_if_failed(flow)
-                wanted = tuple(sorted(flow.sync_topics().mirrored))
+                try:
+                    wanted = flow.sync_topics()
+                except ClusterUnreachable as err:
+                    unreachable_since = unreachable_since or time.monotonic()
+                    if time.monotonic() - unreachable_since > UNREACHABLE_GIVE_UP_S:
+                        raise
+                    log.warning("flow %s: topic sync skipped, retrying: %s", flow.flow.name, err)
+                    continue
+                unreachable_since = None
                 if wanted != flow.topics:
                     log.info("flow %s: topic set changed; restarting its query on the same checkpoint", flow.flow.name)
                     flow.stop_between_batches()
                     flow.start(wanted, available_now=False)
+                else:
+                    flow.catch_up()
         for flow in self.flows:
             flow.stop_between_batches()
         for dr in self.dr.values():
@@ -230,7 +394,7 @@ def _raise_if_failed(flow: FlowMirror) -> None:
 
 def _first_cause(message: str) -> str:
     """The mirror's own error line out of a Py4J/Spark stack, when there is one."""
-    for marker in ("RecordTooLarge: ", "DeliveryFailed: ", "SecretError: "):
+    for marker in ("MirrorFailed: ", "DeliveryFailed: ", "SecretError: ", "OffsetOutOfRangeException: "):
         if marker in message:
             return marker + message.split(marker, 1)[1].splitlines()[0]
     return message.splitlines()[0] if message else "unknown error"

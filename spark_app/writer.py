@@ -8,7 +8,10 @@ resolved on the worker from the same env vars and files as on the driver, so the
 For every source partition it hands back one landing row: the last source offset written and the target offset it
 landed at (an offset sync), with counts and a replication-latency histogram (bucket counts and sum, measured per
 record in the delivery callback). A record the target refuses for size goes to the flow's dead-letter
-topic when there is one; otherwise the batch fails with the record's coordinates, and nothing is skipped.
+topic when there is one. Otherwise its partition is held from that record on: nothing after it is written (order),
+and the row says which offsets were held (`held_from`, `held_until`) so the driver quarantines the topic and
+catches it up later. A partition of a topic that is not `ready` (quarantined, or not yet that many partitions on
+the target) is held whole the same way.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ SOURCE_COLUMNS = (
 )
 LANDED_SCHEMA = (
     "topic string, partition int, first_offset long, last_offset long, last_target_offset long,"
-    " records long, bytes long, dropped long, dead_lettered long, latency_counts array<long>, latency_sum_ms double"
+    " records long, bytes long, dropped long, dead_lettered long, latency_counts array<long>, latency_sum_ms double,"
+    " held_from long, held_until long, refused_bytes long"
 )
 DLQ_PREFIX = "mirrorkit.dlq."
 # Throughput settings measured in bench/; acks=all and idempotence keep order and avoid duplicates on retry.
@@ -52,11 +56,7 @@ PRODUCER_DEFAULTS = {
     "queue.buffering.max.kbytes": 1_048_576,
 }
 
-_producers: dict[tuple[str, str], Producer] = {}
-
-
-class RecordTooLarge(RuntimeError):
-    pass
+_producers: dict[tuple, Producer] = {}  # a changed override (e.g. a raised cap) gets its own
 
 
 class DeliveryFailed(RuntimeError):
@@ -65,7 +65,7 @@ class DeliveryFailed(RuntimeError):
 
 def _producer(cluster: ClusterConfig) -> Producer:
     """One producer per target per Python worker: connections outlive tasks, as Spark reuses workers."""
-    key = (cluster.alias, cluster.bootstrap_servers)
+    key = (cluster.alias, cluster.bootstrap_servers, tuple(sorted(cluster.client_overrides.items())))
     if key not in _producers:
         _producers[key] = Producer(PRODUCER_DEFAULTS | librdkafka_settings(cluster, "producer"))
     return _producers[key]
@@ -85,14 +85,27 @@ class _Landing:
     # Replication latency per bucket of LATENCY_BOUNDS_MS (not cumulative; the last slot is +Inf), and the sum.
     latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS_MS) + 1))
     latency_sum_ms: float = 0.0
+    held_from: int = -1  # first source offset not written (held), -1 when all were
+    held_until: int = -1  # the offset after the last held one
+    refused_bytes: int = 0  # size of the record refused at `held_from`, 0 when held for another reason
+
+    def hold(self, offset: int, size: int = 0) -> None:
+        if self.held_from < 0 or offset < self.held_from:
+            self.held_from, self.refused_bytes = offset, size
+        self.held_until = max(self.held_until, offset + 1, self.last_offset + 1)
 
 
 class PartitionWriter:
-    """A picklable `mapInArrow` function for one flow."""
+    """A picklable `mapInArrow` function for one flow.
 
-    def __init__(self, flow: FlowConfig, target: ClusterConfig) -> None:
+    `ready` maps each source topic that may be written to its partition count on the target; records of other
+    topics or partitions are held, not written. None writes everything.
+    """
+
+    def __init__(self, flow: FlowConfig, target: ClusterConfig, ready: dict[str, int] | None = None) -> None:
         self.flow = flow
         self.target = target
+        self.ready = ready
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         producer = _producer(self.target)
@@ -143,7 +156,12 @@ class PartitionWriter:
                     out_topic = target_topic(self.flow, topic)
                     target_to_source[(out_topic, partition)] = (topic, partition)
                     state = per_partition[(topic, partition)] = (landing, out_topic, in_flight[(out_topic, partition)])
+                    if self.ready is not None and partition >= self.ready.get(topic, 0):
+                        landing.hold(offset)
                 landing, out_topic, queue = state
+                if landing.held_from >= 0:  # held: nothing after the first record not written goes before it
+                    landing.held_until = offset + 1
+                    continue
                 if identity:
                     origin = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
                     if drops_record(self.flow, origin):
@@ -165,6 +183,8 @@ class PartitionWriter:
                 except (BufferError, KafkaException):  # queue full, or refused for size: the slow path decides
                     if not self._produce(producer, out_topic, partition, key, value, headers, ts, delivered):
                         refused.append((offset, _Refused(out_topic, partition, key, value, headers, ts), topic))
+                        if not self.flow.dead_letter_topic:
+                            landing.hold(offset, len(value or b""))
                         continue
                 queue.append(offset)
                 landing.records += 1
@@ -173,8 +193,11 @@ class PartitionWriter:
         remaining = producer.flush(300)
         if remaining or failures:
             raise DeliveryFailed(f"flow {self.flow.name}: {remaining} undelivered; first errors: {failures[:3]}")
-        if refused:
+        if refused and self.flow.dead_letter_topic:
             self._dead_letter(producer, refused, landings)
+        elif refused:  # refused by the broker after later records were sent: held from the first refused one
+            for offset, msg, source_topic in refused:
+                landings[(source_topic, msg.partition())].hold(offset, len(msg.value() or b""))
         yield pa.RecordBatch.from_pylist([vars(x) for x in landings.values()], schema=_landed_arrow_schema())
 
     def _produce(self, producer: Producer, topic, partition, key, value, headers, ts, on_delivery) -> bool:
@@ -199,15 +222,6 @@ class PartitionWriter:
                 raise
 
     def _dead_letter(self, producer: Producer, refused, landings: dict[tuple[str, int], _Landing]) -> None:
-        first = min(refused, key=lambda r: r[0])
-        offset, msg, source_topic = first
-        if not self.flow.dead_letter_topic:
-            size = len(msg.value() or b"")
-            raise RecordTooLarge(
-                f"flow {self.flow.name}: record too large for target '{self.flow.target}': topic '{source_topic}'"
-                f" partition {msg.partition()} offset {offset} ({size} bytes); set dead_letter_topic to divert"
-                " such records"
-            )
         errors: list[str] = []
         for offset, msg, source_topic in refused:
             value = msg.value() or b""
@@ -289,5 +303,8 @@ def _landed_arrow_schema() -> pa.Schema:
             ("dead_lettered", pa.int64()),
             ("latency_counts", pa.list_(pa.int64())),
             ("latency_sum_ms", pa.float64()),
+            ("held_from", pa.int64()),
+            ("held_until", pa.int64()),
+            ("refused_bytes", pa.int64()),
         ]
     )

@@ -6,7 +6,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from spark_app.config import parse_config
-from spark_app.stream import Mirror, MirrorFailed
+from spark_app.stream import Mirror
 from spark_app.writer import DLQ_PREFIX
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry
@@ -57,7 +57,7 @@ def test_exclusions_internal_topics_and_remote_copies_stay_home_and_configs_trav
 
 
 @pytest.mark.parametrize("dead_letters", [False, True], ids=["stops", "dead-letters"])
-def test_a_record_over_the_targets_cap_stops_with_its_coordinates_or_goes_to_dead_letters(
+def test_a_record_over_the_targets_cap_quarantines_its_topic_with_its_coordinates_or_goes_to_dead_letters(
     dead_letters, spark, plaintext_cluster, target_cluster, tmp_path, unique
 ):
     topic = f"big-{unique}"
@@ -70,12 +70,12 @@ def test_a_record_over_the_targets_cap_stops_with_its_coordinates_or_goes_to_dea
     flow = {"topics": {"include": [topic]}} | ({"dead_letter_topic": "mirror.dlq"} if dead_letters else {})
     mirror = Mirror(spark, parse_config(flow_config(plaintext_cluster, target_cluster, tmp_path, **flow)))
 
-    if not dead_letters:
-        with pytest.raises(MirrorFailed) as stopped:
-            mirror.run_available_now()
-        assert f"topic '{topic}' partition 0 offset 1 (1200000 bytes)" in str(stopped.value)
-        return
     mirror.run_available_now()
+    if not dead_letters:  # the topic is quarantined with the record's coordinates; nothing after it is written
+        assert f"topic '{topic}' partition 0 offset 1 (1200000 bytes)" in mirror.flows[0].totals.quarantined[topic]
+        assert mirror.flows[0].totals.held == {topic: {0: 1}}
+        assert [r.value for r in read_all(target_cluster.client, f"onprem.{topic}", expected=1)] == [b"small"]
+        return
     assert [r.value for r in read_all(target_cluster.client, f"onprem.{topic}", expected=2)] == [b"small", b"after"]
     (letter,) = read_all(target_cluster.client, "mirror.dlq", expected=1)
     headers = dict(letter.headers)

@@ -292,7 +292,9 @@ class KafkaCluster:
         return [*jvm, "-cp", kafka_classpath(), main_class, *args]
 
     def _format(self) -> None:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # the storage tool would read a leading '-' as an option
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         args = ["format", "--standalone", "-t", cluster_id, "-c", str(self.folder / "server.properties")]
         if self.kind is ListenerKind.MSK_SCRAM:
             args += ["--add-scram", f"SCRAM-SHA-512=[name={MSK_USER},password={self.password}]"]

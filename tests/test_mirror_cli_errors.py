@@ -1,0 +1,45 @@
+"""A cluster the mirror cannot reach, or that refuses its password, stops `run` quickly with a message naming it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import yaml
+
+from tests.support.kafka_cluster import free_ports
+from tests.support.mirror_config import cluster_entry
+
+
+def run_cli(config: dict, tmp_path) -> tuple[subprocess.CompletedProcess, float]:
+    path = tmp_path / "mirror.yaml"
+    path.write_text(yaml.safe_dump(config))
+    began = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    return result, time.monotonic() - began
+
+
+def test_unreachable_cluster_and_wrong_password_fail_fast_naming_the_cluster(source_cluster, tmp_path):
+    (closed,) = free_ports(1)
+    good_source = cluster_entry(source_cluster, "msk")
+    flow = {"source": "msk", "target": "gone", "topics": {"include": ["t"]}, "checkpoint_location": str(tmp_path / "c")}
+    unreachable = {"alias": "gone", "bootstrap_servers": f"127.0.0.1:{closed}", "profile": "kafka"}
+    result, took = run_cli({"clusters": [good_source, unreachable], "flows": [flow]}, tmp_path)
+    print(f"unreachable cluster: exit {result.returncode} after {took:.1f}s")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"cluster 'gone' (127.0.0.1:{closed}) is unreachable" in result.stderr
+
+    wrong = tmp_path / "wrong-password"
+    wrong.write_text("not-the-password")
+    bad_source = good_source | {"password": {"file": str(wrong)}}
+    target = {"alias": "other", "bootstrap_servers": f"127.0.0.1:{closed}", "profile": "kafka"}
+    result, took = run_cli({"clusters": [bad_source, target], "flows": [flow | {"target": "other"}]}, tmp_path)
+    print(f"wrong password: exit {result.returncode} after {took:.1f}s")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"authentication failed for cluster 'msk' ({source_cluster.client.bootstrap})" in result.stderr
+    assert took < 60, f"a wrong password took {took:.0f}s to report; it must not wait for timeouts"
+    assert source_cluster.client.password not in result.stdout + result.stderr

@@ -1,0 +1,137 @@
+"""`run` with the real CLI: killed mid-stream it resumes without loss, SIGTERM stops it with exit 0, no secret shows."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import yaml
+
+from images.fetch_jars import cached_jars
+from tests.support.clients import Record, by_partition, create_topics, produce, read_all
+from tests.support.mirror_config import cluster_entry
+
+
+def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_printing_secrets(
+    plaintext_cluster, target_cluster, tmp_path, unique
+):
+    topic = f"term-{unique}"
+    create_topics(plaintext_cluster.admin, {topic: 2})
+    create_topics(target_cluster.admin, {f"onprem.{topic}": 2})
+    now = int(time.time() * 1000)
+    sent = [Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (), now + i) for i in range(6000)]
+    produce(plaintext_cluster.client, topic, sent[:200])
+
+    def feed() -> None:
+        for i in range(200, len(sent), 200):
+            produce(plaintext_cluster.client, topic, sent[i : i + 200])
+            time.sleep(0.5)
+
+    feeder = threading.Thread(target=feed)
+    config = {
+        "clusters": [cluster_entry(plaintext_cluster, "onprem"), cluster_entry(target_cluster, "dr")],
+        "flows": [{"source": "onprem", "target": "dr", "topics": {"include": [topic]},
+                   "checkpoint_location": str(tmp_path / "ckpt")}],
+    }  # fmt: skip
+    path = tmp_path / "mirror.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = os.environ | {
+        "PYSPARK_PYTHON": sys.executable,
+        "MIRRORKIT_SPARK_JARS": ",".join(str(j) for j in cached_jars("spark")),
+    }
+    command = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"]
+    with open(tmp_path / "out.log", "w+") as out:
+        first = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            read_all(target_cluster.client, f"onprem.{topic}", expected=200, timeout_s=240, exact=False)
+            feeder.start()
+            time.sleep(5)
+            os.killpg(first.pid, signal.SIGKILL)  # mid-stream, the producer still writing
+            first.wait(30)
+            mirror = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            feeder.join()
+            got = read_all(target_cluster.client, f"onprem.{topic}", expected=len(sent), timeout_s=300, exact=False)
+            mirror.send_signal(signal.SIGTERM)
+            code = mirror.wait(120)
+        finally:
+            for proc in (first, mirror) if "mirror" in locals() else (first,):
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+        out.seek(0)
+        output = out.read()
+    firsts: dict[int, list[Record]] = {}
+    seen = set()
+    for r in got:
+        if r not in seen:
+            seen.add(r)
+            firsts.setdefault(r.partition, []).append(r)
+    print(f"after SIGKILL: {len(got)} records on the target for {len(sent)} sent, {len(got) - len(seen)} duplicates")
+    assert firsts == by_partition(sent), "lost or reordered (order of first occurrences per partition)"
+    assert code == 0, output[-3000:]
+    assert "flow onprem->dr: onprem (kafka) -> dr (eventhubs)" in output
+    assert f"mirroring 1 topic(s): {topic}" in output
+    assert target_cluster.client.password not in output, "the Event Hubs connection string was printed"
+
+
+def test_run_rides_out_its_target_broker_stopped_for_30s_mid_stream(plaintext_cluster, testbed, tmp_path, unique):
+    """A dedicated target, so the shared clusters are not disturbed."""
+    target = testbed.start(f"outage-{unique[-8:]}", "plaintext")
+    topic = f"outage-{unique}"
+    create_topics(plaintext_cluster.admin, {topic: 2})
+    create_topics(target.admin, {f"onprem.{topic}": 2})  # so the reader below can wait on it from the start
+    now = int(time.time() * 1000)
+    sent = [Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (), now + i) for i in range(6000)]
+    produce(plaintext_cluster.client, topic, sent[:200])
+
+    def feed() -> None:
+        for i in range(200, len(sent), 200):
+            produce(plaintext_cluster.client, topic, sent[i : i + 200])
+            time.sleep(0.5)
+
+    config = {
+        "clusters": [cluster_entry(plaintext_cluster, "onprem"), cluster_entry(target, "dr")],
+        "flows": [{"source": "onprem", "target": "dr", "topics": {"include": [topic]},
+                   "checkpoint_location": str(tmp_path / "ckpt")}],
+    }  # fmt: skip
+    path = tmp_path / "mirror.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = os.environ | {
+        "PYSPARK_PYTHON": sys.executable,
+        "MIRRORKIT_SPARK_JARS": ",".join(str(j) for j in cached_jars("spark")),
+    }
+    command = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"]
+    feeder = threading.Thread(target=feed)
+    with open(tmp_path / "out.log", "w+") as out:
+        mirror = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            read_all(target.client, f"onprem.{topic}", expected=200, timeout_s=240, exact=False)
+            feeder.start()
+            time.sleep(3)
+            target.stop()
+            time.sleep(30)
+            assert mirror.poll() is None, "the mirror died while its target was down"
+            target.start()
+            feeder.join()
+            got = read_all(target.client, f"onprem.{topic}", expected=len(sent), timeout_s=400, exact=False)
+            mirror.send_signal(signal.SIGTERM)
+            code = mirror.wait(120)
+        finally:
+            if mirror.poll() is None:
+                os.killpg(mirror.pid, signal.SIGKILL)
+        out.seek(0)
+        output = out.read()
+    firsts: dict[int, list[Record]] = {}
+    seen = set()
+    for r in got:
+        if r not in seen:
+            seen.add(r)
+            firsts.setdefault(r.partition, []).append(r)
+    print(
+        f"after 30s target outage: {len(got)} records on the target for {len(sent)}, {len(got) - len(seen)} duplicates"
+    )
+    assert firsts == by_partition(sent), "lost or reordered (order of first occurrences per partition)"
+    assert code == 0, output[-3000:]

@@ -1,0 +1,103 @@
+"""One bad topic never stops the others, and a quarantined topic catches up later without a gap or a reorder."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+from spark_app.config import parse_config
+from spark_app.stream import Mirror
+from spark_app.topics import STATE_FILE, STATE_VERSION
+from tests.support.clients import Record, by_partition, create_topics, produce, read_all
+from tests.support.mirror_config import cluster_entry
+
+BIG = 1_200_000  # over the Event Hubs-like target's 1 MB cap
+
+
+def small(partition: int, tag: str, count: int) -> list[Record]:
+    """Records with explicit timestamps (near now), so the mirrored copy compares equal field by field."""
+    now = int(time.time() * 1000)
+    return [
+        Record(partition, f"{tag}{i}".encode(), f"{tag}-value-{i}".encode(), (("h", tag.encode()),), now + i)
+        for i in range(count)
+    ]
+
+
+def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_losses_are_reported(
+    spark, plaintext_cluster, target_cluster, tmp_path, unique
+):
+    good, big, late, gone = (f"{n}-{unique}" for n in ("good", "big", "late", "gone"))
+    create_topics(plaintext_cluster.admin, {good: 2, late: 1, gone: 1})
+    create_topics(plaintext_cluster.admin, {big: 2}, {"max.message.bytes": "3000000"})
+    sent = {
+        good: small(0, "g", 20) + small(1, "g", 20),
+        big: small(0, "a", 5)
+        + [Record(0, b"huge", b"x" * BIG, (), int(time.time() * 1000))]
+        + small(0, "b", 5)
+        + small(1, "c", 8),
+        late: small(0, "l", 7),
+        gone: small(0, "o", 10),
+    }
+    for topic, records in sent.items():
+        produce(plaintext_cluster.client, topic, records, **{"message.max.bytes": "3000000"})
+    # Event Hubs topics come from infra; the hub for `late` is missing at first.
+    create_topics(target_cluster.admin, {f"onprem.{good}": 2, f"onprem.{big}": 2, f"onprem.{gone}": 1})
+    ckpt = tmp_path / "ckpt"
+
+    def config(target_overrides: dict) -> dict:
+        target = cluster_entry(target_cluster, "dr") | {"client_overrides": target_overrides}
+        flow = {"source": "onprem", "target": "dr", "topics": {"include": [good, big, late, gone]}}
+        return {
+            "clusters": [cluster_entry(plaintext_cluster, "onprem"), target],
+            "flows": [flow | {"checkpoint_location": str(ckpt)}],
+        }
+
+    first = Mirror(spark, parse_config(config({})))
+    first.run_available_now()
+
+    totals = first.flows[0].totals
+    assert sorted(totals.quarantined) == sorted([big, late])
+    assert f"topic '{big}' partition 0 offset 5 (1200000 bytes)" in totals.quarantined[big]
+    assert f"event hub 'onprem.{late}' does not exist" in totals.quarantined[late]
+    assert totals.held[big] == {0: 5}
+    assert by_partition(read_all(target_cluster.client, f"onprem.{good}", expected=40)) == by_partition(sent[good])
+    on_target = by_partition(read_all(target_cluster.client, f"onprem.{big}", expected=5 + 8))
+    assert on_target == {0: sent[big][:5], 1: sent[big][11:]}, "nothing after the refused record, the rest goes on"
+    state = json.loads((ckpt / STATE_FILE).read_text())
+    assert state["version"] == STATE_VERSION
+    assert state["quarantined"][big]["partitions"]["0"] == {"first": 5, "next": 11}
+
+    # More traffic while quarantined, then records of `gone` deleted by retention before they were mirrored.
+    more = {big: small(0, "d", 4) + small(1, "e", 3), late: small(0, "m", 3), gone: small(0, "p", 10)}
+    for topic, records in more.items():
+        produce(plaintext_cluster.client, topic, records)
+        sent[topic] += records
+    source_admin = AdminClient(plaintext_cluster.admin.librdkafka())
+    for future in source_admin.delete_records([TopicPartition(gone, 0, 15)], request_timeout=30).values():
+        future.result()
+    # The causes are fixed: the hub is created, the target's cap raised for `big`.
+    create_topics(target_cluster.admin, {f"onprem.{late}": 1})
+    target_admin = AdminClient(target_cluster.admin.librdkafka())
+    raise_cap = ConfigResource(
+        ResourceType.TOPIC, f"onprem.{big}",
+        incremental_configs=[ConfigEntry("max.message.bytes", "3000000", incremental_operation=AlterConfigOpType.SET)],
+    )  # fmt: skip
+    for future in target_admin.incremental_alter_configs([raise_cap]).values():
+        future.result()
+
+    second = Mirror(spark, parse_config(config({"max.request.size": "3000000"})))
+    second.run_available_now()
+
+    totals = second.flows[0].totals
+    assert totals.quarantined == {} and totals.held == {}
+    for topic in (big, late):
+        got = read_all(target_cluster.client, f"onprem.{topic}", expected=len(sent[topic]))
+        assert by_partition(got) == by_partition(sent[topic]), f"{topic}: lost, duplicated or reordered"
+    got = read_all(target_cluster.client, f"onprem.{gone}", expected=15)
+    assert got == sent[gone][:10] + sent[gone][15:]
+    assert [(x.topic, x.partition, x.first_offset, x.last_offset, x.count) for x in totals.data_loss] == [
+        (gone, 0, 10, 14, 5)
+    ]
