@@ -1,0 +1,101 @@
+"""A running mirror finds a new source topic within 30 s, with the records written before it noticed, and follows
+a partition increase at the source."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from confluent_kafka.admin import AdminClient, NewPartitions
+
+from spark_app.config import parse_config
+from spark_app.stream import Mirror
+from tests.support.clients import Record, by_partition, create_topics, produce, read_all
+from tests.support.mirror_config import cluster_entry, free_port
+
+DISCOVERY_BOUND_S = 30.0  # MirrorMaker 2's default is 600 s
+WAIT_S = 180.0
+
+
+def records(prefix: str, partitions: int, count: int) -> list[Record]:
+    now_ms = int(time.time() * 1000)
+    return [Record(i % partitions, f"{prefix}{i}".encode(), f"v{i}".encode(), (), now_ms - i) for i in range(count)]
+
+
+def wait_for_partitions(admin: AdminClient, topic: str, count: int, errors: list[BaseException]) -> float:
+    """Seconds until `topic` exists on the target with `count` partitions; fails with the mirror's error if it died."""
+    began = time.monotonic()
+    while time.monotonic() - began < WAIT_S:
+        assert not errors, f"the mirror stopped: {errors[0]!r}"
+        found = admin.list_topics(timeout=10).topics.get(topic)
+        if found is not None and found.error is None and len(found.partitions) >= count:
+            return time.monotonic() - began
+        time.sleep(0.2)
+    raise AssertionError(f"'{topic}' did not reach {count} partitions on the target within {WAIT_S:.0f}s")
+
+
+def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_increase_follows(
+    spark, plaintext_cluster, source_cluster, tmp_path, unique
+):
+    first, later = f"disc-a-{unique}", f"disc-b-{unique}"
+    create_topics(plaintext_cluster.admin, {first: 2})
+    produce(plaintext_cluster.client, first, records("a", 2, 200))
+    config = parse_config(
+        {
+            "clusters": [cluster_entry(plaintext_cluster, "dc"), cluster_entry(source_cluster, "cloud")],
+            "flows": [
+                {
+                    "source": "dc",
+                    "target": "cloud",
+                    "topics": {"include": [f"disc-.*-{unique}"]},
+                    "checkpoint_location": str(tmp_path / "ckpt"),
+                    "emit_heartbeats": False,  # keep the shared source cluster free of a `heartbeats` topic
+                }
+            ],
+            "topic_sync_interval_s": 5,
+            "metrics_port": free_port(),
+        }
+    )
+    mirror = Mirror(spark, config)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            mirror.run_forever()
+        except BaseException as err:  # noqa: BLE001 - handed to the test thread, which fails with it
+            errors.append(err)
+
+    thread = threading.Thread(target=run, name="mirror", daemon=True)
+    thread.start()
+    target_admin = AdminClient(source_cluster.admin.librdkafka())
+    try:
+        read_all(source_cluster.client, f"dc.{first}", expected=200, timeout_s=WAIT_S)
+
+        # A new topic, with records written before the mirror can have noticed it.
+        create_topics(plaintext_cluster.admin, {later: 3})
+        created = time.monotonic()
+        early = records("b", 3, 300)
+        produce(plaintext_cluster.client, later, early)
+        wait_for_partitions(target_admin, f"dc.{later}", 3, errors)
+        got = read_all(source_cluster.client, f"dc.{later}", expected=300, timeout_s=WAIT_S)
+        discovered_in = time.monotonic() - created
+        print(f"\nnew topic: all 300 records on the target {discovered_in:.1f}s after the topic was created")
+        assert by_partition(got) == by_partition(early)
+        assert discovered_in <= DISCOVERY_BOUND_S, f"the new topic took {discovered_in:.1f}s, over 30s"
+
+        # The source grows from 2 to 4 partitions; the target follows and the new partitions' records arrive.
+        AdminClient(plaintext_cluster.admin.librdkafka()).create_partitions([NewPartitions(first, 4)])[first].result()
+        grown = [
+            Record(p, f"g{p}-{i}".encode(), b"grown", (), int(time.time() * 1000)) for p in (2, 3) for i in range(50)
+        ]
+        produce(plaintext_cluster.client, first, grown)
+        grew_in = wait_for_partitions(target_admin, f"dc.{first}", 4, errors)
+        got = read_all(source_cluster.client, f"dc.{first}", expected=300, timeout_s=WAIT_S)
+        print(f"partition increase: target grown to 4 partitions after {grew_in:.1f}s")
+        assert by_partition(got)[2] == by_partition(grown)[2]
+        assert by_partition(got)[3] == by_partition(grown)[3]
+    finally:
+        mirror.stopping.set()
+        thread.join(120)
+    assert not errors, f"the mirror stopped: {errors[0]!r}"
+    assert not thread.is_alive(), "the mirror did not stop within 120 s of being asked"
