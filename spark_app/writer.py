@@ -56,6 +56,7 @@ PRODUCER_DEFAULTS = {
     "queue.buffering.max.kbytes": 1_048_576,
 }
 
+METADATA_WAIT_S = 60.0
 _producers: dict[tuple, Producer] = {}  # a changed override (e.g. a raised cap) gets its own
 
 
@@ -201,7 +202,12 @@ class PartitionWriter:
         yield pa.RecordBatch.from_pylist([vars(x) for x in landings.values()], schema=_landed_arrow_schema())
 
     def _produce(self, producer: Producer, topic, partition, key, value, headers, ts, on_delivery) -> bool:
-        """Hand one record to the producer; False when librdkafka refuses it for size before sending."""
+        """Hand one record to the producer; False when librdkafka refuses it for size before sending.
+
+        A worker's producer outlives tasks, so its metadata can predate partitions added to the target since: on an
+        unknown partition it refreshes the topic's metadata and tries again, for up to METADATA_WAIT_S.
+        """
+        deadline = time.monotonic() + METADATA_WAIT_S
         while True:
             try:
                 producer.produce(
@@ -217,9 +223,13 @@ class PartitionWriter:
             except BufferError:
                 producer.poll(0.05)
             except KafkaException as err:
-                if err.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                code = err.args[0].code()
+                if code == KafkaError.MSG_SIZE_TOO_LARGE:
                     return False
-                raise
+                if code != KafkaError._UNKNOWN_PARTITION or time.monotonic() > deadline:
+                    raise
+                producer.list_topics(topic, timeout=10)
+                time.sleep(0.2)
 
     def _dead_letter(self, producer: Producer, refused, landings: dict[tuple[str, int], _Landing]) -> None:
         errors: list[str] = []

@@ -66,9 +66,10 @@ def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_incre
             errors.append(err)
 
     thread = threading.Thread(target=run, name="mirror", daemon=True)
-    thread.start()
     target_admin = AdminClient(source_cluster.admin.librdkafka())
+    thread.start()
     try:
+        wait_for_partitions(target_admin, f"dc.{first}", 2, errors)
         read_all(source_cluster.client, f"dc.{first}", expected=200, timeout_s=WAIT_S)
 
         # A new topic, with records written before the mirror can have noticed it.
@@ -84,7 +85,8 @@ def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_incre
         assert discovered_in <= DISCOVERY_BOUND_S, f"the new topic took {discovered_in:.1f}s, over 30s"
 
         # The source grows from 2 to 4 partitions; the target follows and the new partitions' records arrive.
-        AdminClient(plaintext_cluster.admin.librdkafka()).create_partitions([NewPartitions(first, 4)])[first].result()
+        source_admin = AdminClient(plaintext_cluster.admin.librdkafka())  # kept alive until the result arrives
+        source_admin.create_partitions([NewPartitions(first, 4)])[first].result()
         grown = [
             Record(p, f"g{p}-{i}".encode(), b"grown", (), int(time.time() * 1000)) for p in (2, 3) for i in range(50)
         ]
