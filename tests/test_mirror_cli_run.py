@@ -35,7 +35,8 @@ def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_pr
     config = {
         "clusters": [cluster_entry(plaintext_cluster, "onprem"), cluster_entry(target_cluster, "dr")],
         "flows": [{"source": "onprem", "target": "dr", "topics": {"include": [topic]},
-                   "checkpoint_location": str(tmp_path / "ckpt")}],
+                   "checkpoint_location": str(tmp_path / "ckpt"),
+                   "emit_heartbeats": False}],  # no `heartbeats` topic on the shared source cluster
     }  # fmt: skip
     path = tmp_path / "mirror.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -95,7 +96,8 @@ def test_run_rides_out_its_target_broker_stopped_for_30s_mid_stream(plaintext_cl
     config = {
         "clusters": [cluster_entry(plaintext_cluster, "onprem"), cluster_entry(target, "dr")],
         "flows": [{"source": "onprem", "target": "dr", "topics": {"include": [topic]},
-                   "checkpoint_location": str(tmp_path / "ckpt")}],
+                   "checkpoint_location": str(tmp_path / "ckpt"),
+                   "emit_heartbeats": False}],  # no `heartbeats` topic on the shared source cluster
     }  # fmt: skip
     path = tmp_path / "mirror.yaml"
     path.write_text(yaml.safe_dump(config))
