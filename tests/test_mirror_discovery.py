@@ -3,7 +3,6 @@ a partition increase at the source."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 from confluent_kafka.admin import AdminClient, NewPartitions
@@ -12,6 +11,7 @@ from spark_app.config import parse_config
 from spark_app.stream import Mirror
 from tests.support.clients import Record, by_partition, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry, free_port
+from tests.support.running import mirror_running
 
 DISCOVERY_BOUND_S = 30.0  # MirrorMaker 2's default is 600 s
 WAIT_S = 180.0
@@ -57,18 +57,8 @@ def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_incre
         }
     )
     mirror = Mirror(spark, config)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            mirror.run_forever()
-        except BaseException as err:  # noqa: BLE001 - handed to the test thread, which fails with it
-            errors.append(err)
-
-    thread = threading.Thread(target=run, name="mirror", daemon=True)
     target_admin = AdminClient(source_cluster.admin.librdkafka())
-    thread.start()
-    try:
+    with mirror_running(mirror, stop_timeout_s=120) as errors:
         wait_for_partitions(target_admin, f"dc.{first}", 2, errors)
         read_all(source_cluster.client, f"dc.{first}", expected=200, timeout_s=WAIT_S)
 
@@ -96,8 +86,3 @@ def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_incre
         print(f"partition increase: target grown to 4 partitions after {grew_in:.1f}s")
         assert by_partition(got)[2] == by_partition(grown)[2]
         assert by_partition(got)[3] == by_partition(grown)[3]
-    finally:
-        mirror.stopping.set()
-        thread.join(120)
-    assert not errors, f"the mirror stopped: {errors[0]!r}"
-    assert not thread.is_alive(), "the mirror did not stop within 120 s of being asked"

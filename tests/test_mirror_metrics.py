@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -15,6 +14,7 @@ from spark_app.config import parse_config
 from spark_app.stream import Mirror
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry, free_port
+from tests.support.running import mirror_running
 from tests.test_metrics import scrape
 
 PARTITIONS = 4
@@ -92,20 +92,10 @@ def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_dra
         }
     )
     mirror = Mirror(spark, config)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            mirror.run_forever()
-        except BaseException as err:  # noqa: BLE001 - handed to the test thread, which fails with it
-            errors.append(err)
-
-    thread = threading.Thread(target=run, name="mirror", daemon=True)
-    thread.start()
     flow = "msk->eh"
     where = {"flow": flow, "topic": live}
-    scraper = Scraper(port, errors)
-    try:
+    with mirror_running(mirror) as errors:
+        scraper = Scraper(port, errors)
         after_1 = scraper.until(
             "wave 1 mirrored with lag 0 on every partition",
             lambda g: (
@@ -126,11 +116,6 @@ def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_dra
                 and total(g, "mirrorkit_lag_records", **where) == 0
             ),
         )
-    finally:
-        mirror.stopping.set()
-        thread.join(timeout=180)
-    assert not thread.is_alive(), "the mirror did not stop within 180 s of `stopping`"
-    assert not errors, f"the mirror failed: {errors[0]!r}"
 
     # Records and bytes, per partition, are exactly what was produced, and what the target holds.
     sent = first + second
