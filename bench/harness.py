@@ -215,7 +215,6 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
     source_hw = {t: wp.watermarks(source, t, args.partitions) for t in topics}
     env = os.environ | {
         "PYSPARK_PYTHON": sys.executable,
-        "MIRRORKIT_SPARK_JARS": ",".join(str(j) for j in cached_jars("spark")),
         "PYTHONPATH": str(ROOT),
     }
     copy_loop = None
@@ -237,7 +236,8 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
             cmd = ["java", "-Xmx1g", "-cp", cp, "io.mirrorkit.bench.CopyLoop", source, target, alias + ".",
                    str(records), ",".join(topics)]  # fmt: skip
         elif name.startswith("wp:"):
-            ns = argparse.Namespace(max_offsets_per_trigger=0, arrow_batch=10_000, py_producer=[], java_producer=[])
+            ns = argparse.Namespace(max_offsets_per_trigger=0, partitions=args.partitions, py_producer=[],
+                                    java_producer=[])  # fmt: skip
             cmd, run_env, _ = wp.child_command(name[3:], alias + ".", ns, source, target, topics, work)
         else:
             raise SystemExit(f"unknown candidate '{name}'")

@@ -9,12 +9,15 @@ no timestamp column, so this script measures it against ways around that:
   header into the record's timestamp;
 - `batch+interceptor`: the same, as a batch write inside foreachBatch, followed by reading the target's end
   offsets, which give the landing offset of each batch's last record;
-- `arrow`: foreachBatch + mapInArrow with the mirror's own writer (spark_app.writer.PartitionWriter), as it ships;
-- `rows`: foreachBatch + rdd.mapPartitions (pickled Rows) regrouped into Arrow batches for the same writer;
-- `pysink`: a Python streaming data source sink (DataSourceStreamArrowWriter) around the same writer.
+- `ranges`: the mirror's own path as it ships: Spark plans offset ranges (spark_app.planner) and
+  foreachBatch + mapInArrow hands them to spark_app.writer.RangeCopier, which reads each range with librdkafka and
+  writes it with an idempotent producer, so records never pass through the JVM.
 
-The Python paths take the mirror's producer settings (spark_app.writer.PRODUCER_DEFAULTS); `--py-producer K=V`
-passes an override the way a config's `client_overrides` would.
+Earlier rounds also measured Python writers fed by Spark's Kafka source (Arrow batches through mapInArrow, pickled
+Rows, a Python data source sink): at 18k-55k records/s they were all slower than `ranges` and are gone.
+
+`ranges` takes the mirror's producer settings (spark_app.writer.PRODUCER_DEFAULTS); `--py-producer K=V` passes an
+override the way a config's `client_overrides` would.
 
 Every path runs in its own child process with a fresh SparkSession (local[2], Trigger.AvailableNow), copying the
 whole source into fresh, empty target topics. Afterwards the script checks counts on every partition and compares
@@ -46,12 +49,11 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # no
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from images.fetch_jars import cached_jars  # noqa: E402
-from spark_app.writer import LANDED_SCHEMA, SOURCE_COLUMNS  # noqa: E402
 
 INTERCEPTOR_SOURCE = ROOT / "images" / "interceptor" / "src" / "main" / "java"
 INTERCEPTOR_CLASS = "io.mirrorkit.interceptor.TimestampHeaderInterceptor"
 TIMESTAMP_HEADER = "__mirrorkit.ts"  # must match TimestampHeaderInterceptor.HEADER
-PATHS = ("sink-default", "sink", "sink+interceptor", "batch+interceptor", "arrow", "rows", "pysink")
+PATHS = ("sink-default", "sink", "sink+interceptor", "batch+interceptor", "ranges")
 # Batching the producers with big batches and a short linger is what mattered; acks=all + idempotence keep order.
 JAVA_PRODUCER = {
     "kafka.acks": "all",
@@ -92,8 +94,6 @@ def run_child(spec: dict) -> dict:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from bench import kafka_writer as kw
-
     work = Path(spec["work"])
     jars = [str(j) for j in cached_jars("spark")]
     if spec["path"].endswith("+interceptor"):
@@ -105,7 +105,6 @@ def run_child(spec: dict) -> dict:
         .config("spark.driver.memory", "3g")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(spec["arrow_batch"]))
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .getOrCreate()
     )
@@ -184,30 +183,28 @@ def run_child(spec: dict) -> dict:
             .trigger(availableNow=True)
             .start()
         )
-    elif path in ("arrow", "rows"):
+    elif path == "ranges":
+        from spark_app.config import ClusterConfig
+        from spark_app.planner import OffsetRangeSource, plan_source_options
+        from spark_app.writer import LANDED_SCHEMA, RangeCopier
+
+        spark.dataSource.register(OffsetRangeSource)
+        flow, target = writer_parts(spec["writer"])
+        source = ClusterConfig(alias=flow.source, bootstrap_servers=spec["source"], profile="kafka")
+        copier = RangeCopier(flow, source, target)
+        options = plan_source_options(
+            source, dict.fromkeys(spec["topics"], spec["partitions"]), "earliest",
+            spark.sparkContext.defaultParallelism, spec["max_offsets"] or None,
+        )  # fmt: skip
 
         def each_batch(batch_df, batch_id: int) -> None:
-            selected = batch_df.selectExpr(*SOURCE_COLUMNS)
-            if path == "arrow":
-                rows = selected.mapInArrow(kw.partition_writer(spec["writer"]), LANDED_SCHEMA).collect()
-                landed.extend(r.asDict() for r in rows)
-            else:
-                landed.extend(selected.rdd.mapPartitions(kw.RowPartitionWriter(spec["writer"])).collect())
+            landed.extend(r.asDict() for r in batch_df.mapInArrow(copier, LANDED_SCHEMA).collect())
 
         query = (
-            df.writeStream.foreachBatch(each_batch)
-            .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
-        )
-    elif path == "pysink":
-        spark.dataSource.register(kw.KafkaArrowSink)
-        landed_file = work / "landed.jsonl"
-        query = (
-            df.selectExpr(*SOURCE_COLUMNS)
-            .writeStream.format(kw.KafkaArrowSink.name())
-            .option("writer", spec["writer"])
-            .option("landed_file", str(landed_file))
+            spark.readStream.format(OffsetRangeSource.name())
+            .options(**options)
+            .load()
+            .writeStream.foreachBatch(each_batch)
             .option("checkpointLocation", checkpoint)
             .trigger(availableNow=True)
             .start()
@@ -220,9 +217,6 @@ def run_child(spec: dict) -> dict:
     progress = query.recentProgress
     batches = sum(1 for p in progress if p.numInputRows)
     add_batch_s = sum(p.durationMs.get("addBatch", 0) for p in progress) / 1000
-    if path == "pysink" and landed_file.exists():
-        for line in landed_file.read_text().splitlines():
-            landed.extend(json.loads(line)["rows"])
     spark.stop()
     return {
         "session_s": session_s,
@@ -398,6 +392,14 @@ def check_landings(result: Result, spec: dict, landed: list[dict], source_hw: di
         result.notes.append(f"landings disagree with the target: {sorted(last.items())[:4]}")
 
 
+def writer_parts(spec: str):
+    """The FlowConfig and target ClusterConfig of `writer_spec`'s JSON."""
+    from spark_app.config import ClusterConfig, FlowConfig
+
+    data = json.loads(spec)
+    return FlowConfig.model_validate(data["flow"]), ClusterConfig.model_validate(data["target"])
+
+
 def writer_spec(prefix: str, target: str, topics: list[str], overrides: dict[str, str], work: Path) -> str:
     """The mirror's flow and target for a Python path: the source alias plus "." is the target topics' prefix."""
     flow = {
@@ -422,7 +424,7 @@ def child_command(
         "prefix": prefix,
         "work": str(work / prefix.rstrip(".")),
         "max_offsets": args.max_offsets_per_trigger,
-        "arrow_batch": args.arrow_batch,
+        "partitions": args.partitions,
         "writer": writer_spec(prefix, target, topics, dict(kv.split("=", 1) for kv in args.py_producer), work),
         "java_producer": JAVA_PRODUCER | {f"kafka.{k}": v for k, v in (kv.split("=", 1) for kv in args.java_producer)},
     }
@@ -484,7 +486,6 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {', '.join(PATHS)}")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=0, help="0: one batch for everything")
-    parser.add_argument("--arrow-batch", type=int, default=10_000, help="spark.sql.execution.arrow.maxRecordsPerBatch")
     parser.add_argument("--py-producer", action="append", default=[], metavar="K=V", help="librdkafka override")
     parser.add_argument("--java-producer", action="append", default=[], metavar="K=V", help="sink producer override")
     parser.add_argument("--repeat", type=int, default=1, help="runs per path; the table shows the median run")
@@ -539,7 +540,7 @@ def main() -> None:
         print(
             f"{args.records} records x {args.size} B, {args.topics} topics x {args.partitions} partitions, local[2], "
             f"Trigger.AvailableNow, maxOffsetsPerTrigger={args.max_offsets_per_trigger or 'none'}, "
-            f"{args.repeat} run(s) per path, arrow batch {args.arrow_batch}, "
+            f"{args.repeat} run(s) per path, "
             f"overrides: {args.py_producer + args.java_producer or 'none'}"
         )
         print_table(results, args.records, args.size)

@@ -24,12 +24,9 @@ ALIAS_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
 # Kafka's own rule for topic names; Event Hubs names are a subset.
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 EVENTHUBS_CODECS = ("none", "gzip")
-# kafka-clients has no Entra workload-identity login of its own, so a cluster read by Spark's (Java) Kafka source
-# with profile eventhubs-entra must name a handler in client_overrides, from a jar the image carries.
+# kafka-clients has no Entra workload-identity login of its own: a Java client (not the mirror, which reads and
+# writes through librdkafka) of a cluster with profile eventhubs-entra names a handler here in client_overrides.
 ENTRA_JAVA_HANDLER_KEY = "sasl.login.callback.handler.class"
-ENTRA_JAVA_HANDLER_EXAMPLE = (
-    "an AuthenticateCallbackHandler that gets its token from azure-identity's WorkloadIdentityCredential"
-)
 
 
 class ConfigError(ValueError):
@@ -243,19 +240,6 @@ class MirrorConfig(_Strict):
             if (flow.source, flow.target) in by_pair:
                 errors.append(f"{where}: a second flow {flow.name}")
             by_pair[(flow.source, flow.target)] = flow
-            source = aliases.get(flow.source)
-            if (
-                source is not None
-                and source.profile is Profile.EVENTHUBS_ENTRA
-                and ENTRA_JAVA_HANDLER_KEY not in source.client_overrides
-            ):
-                errors.append(
-                    f"{where}.source: Spark reads cluster '{flow.source}' (profile 'eventhubs-entra') with the Java"
-                    f" Kafka client, which has no Entra ID login built in;"
-                    f" set its client_overrides.{ENTRA_JAVA_HANDLER_KEY}"
-                    " to a handler whose jar is in the image (images/jars.toml has none),"
-                    f" e.g. {ENTRA_JAVA_HANDLER_EXAMPLE}"
-                )
             target = aliases.get(flow.target)
             if target is not None and target.is_eventhubs and flow.topics.literal_names() is None:
                 errors.append(

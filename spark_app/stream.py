@@ -1,21 +1,21 @@
 """The Spark side: one streaming query per flow, wired to the writer and to topic sync.
 
-Each query subscribes to every source topic the flow selects, quarantined ones included. When that set changes
-(a new topic, a partition added) the query is stopped between batches and started again on the same checkpoint;
-Spark then reads the new partitions from their earliest offset, so records produced before the mirror noticed a
-topic are copied too.
+Each query plans batches over every source topic the flow selects, quarantined ones included (spark_app.planner),
+and copies them with the writer's `RangeCopier`. When that set changes (a new topic, a partition added) the query
+is stopped between batches and started again on the same checkpoint; the planner starts the new partitions at
+their earliest offset, so records produced before the mirror noticed a topic are copied too.
 
 Quarantine (one bad topic never stops the others). The writer is told which topics are ready on the target; it
 holds back every record of the others, and of a partition from the first record the target refused, and says per
 partition which source offsets it held (`held_from` to `held_until`). The driver merges those into the flow's
 `FlowState`: per quarantined topic, per partition, a `Hold` from the first offset not written to the offset the
-query has read up to. The query itself goes on, so it keeps advancing past held records and the hold keeps
-growing; nothing of the topic is written meanwhile, so order is kept. To rejoin, the driver, between batches (a
-lock keeps batches and catch-ups apart), copies each hold with a bounded batch read of exactly those offsets
-(startingOffsets/endingOffsets JSON) through the same writer, then marks the topic ready: the next batch writes
-the topic's records after the hold. A catch-up is tried when topic sync says the target can take the topic, at
-start (so a restart retries at once), and for a refused record every `RECORD_RETRY_S`. The state is saved after
-every batch, before Spark commits it, so a crash replays a batch at most (at least once, never a gap).
+query has read up to. The query itself goes on, so it keeps advancing past held records and the hold keeps growing;
+nothing of the topic is written meanwhile, so order is kept. To rejoin, the driver, between batches (a lock keeps
+batches and catch-ups apart), copies each hold as one offset range through the same writer, then marks the topic
+ready: the next batch writes the topic's records after the hold. A catch-up is tried when topic sync says the
+target can take the topic, at start (so a restart retries at once), and for a refused record every
+`RECORD_RETRY_S`. The state is saved after every batch, before Spark commits it, so a crash replays a batch at most
+(at least once, never a gap).
 
 Data loss. Per partition the state keeps the next offset the query expects. When a batch starts further on, the
 source's log start is checked: records below it that were never read were deleted by retention. They are reported
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -40,15 +39,13 @@ from pyspark.sql.streaming import StreamingQuery
 from .config import FlowConfig, MirrorConfig
 from .dr import DrSync
 from .metrics import LagPoller, LagSource, MirrorMetrics
-from .profiles import spark_options
+from .planner import RANGE_SCHEMA, UNREACHABLE_GIVE_UP_S, OffsetRangeSource, plan_source_options
 from .topics import ClusterUnreachable, DataLoss, FlowState, Hold, Quarantine, TopicPlan, TopicSync
-from .writer import LANDED_SCHEMA, SOURCE_COLUMNS, PartitionWriter
+from .writer import LANDED_SCHEMA, RangeCopier
 
 log = logging.getLogger(__name__)
 
-JARS_ENV = "MIRRORKIT_SPARK_JARS"
 RECORD_RETRY_S = 60.0  # how often a topic held by a refused record tries again while `run` goes on
-UNREACHABLE_GIVE_UP_S = 300.0  # a target or source down this long stops `run` (the producer's delivery timeout)
 
 
 def build_session(master: str | None = None, app_name: str = "mirrorkit") -> SparkSession:
@@ -56,14 +53,13 @@ def build_session(master: str | None = None, app_name: str = "mirrorkit") -> Spa
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
-    if os.environ.get(JARS_ENV):
-        builder = builder.config("spark.jars", os.environ[JARS_ENV])
-    return (
-        builder.config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
-        .config("spark.task.maxFailures", "4")
+    session = (
+        builder.config("spark.task.maxFailures", "4")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
         .getOrCreate()
     )
+    session.dataSource.register(OffsetRangeSource)
+    return session
 
 
 @dataclass
@@ -116,23 +112,16 @@ class FlowMirror:
         self._between_batches = threading.Lock()
         self._publish()
 
-    def _read(self, stream: bool, topics: tuple[str, ...], start: str, end: str | None = None) -> DataFrame:
-        reader = (self.spark.readStream if stream else self.spark.read).format("kafka")
-        reader = reader.options(**spark_options(self.source, "consumer")).option("includeHeaders", "true")
-        reader = reader.option("startingOffsets", start).option(
-            "failOnDataLoss", str(self.flow.fail_on_data_loss).lower()
-        )
-        if end is None:
-            reader = reader.option("subscribe", ",".join(topics))
-        else:
-            reader = reader.option("assign", json.dumps({t: [int(p) for p in json.loads(end)[t]] for t in topics}))
-            reader = reader.option("endingOffsets", end)
-        if stream and self.flow.max_records_per_trigger:
-            reader = reader.option("maxOffsetsPerTrigger", str(self.flow.max_records_per_trigger))
-        return reader.load().selectExpr(*SOURCE_COLUMNS)
+    def source_frame(self, topics: tuple[tuple[str, int], ...]) -> DataFrame:
+        """The flow's micro-batches as offset ranges over `topics` (name, partition count)."""
+        options = plan_source_options(
+            self.source, dict(topics), self.flow.start_from, self.spark.sparkContext.defaultParallelism,
+            self.flow.max_records_per_trigger,
+        )  # fmt: skip
+        return self.spark.readStream.format(OffsetRangeSource.name()).options(**options).load()
 
-    def source_frame(self, topics: tuple[str, ...]) -> DataFrame:
-        return self._read(True, topics, self.flow.start_from)
+    def copier(self, ready: dict[str, int]) -> RangeCopier:
+        return RangeCopier(self.flow, self.source, self.target, ready=ready)
 
     def sync_topics(self) -> tuple[tuple[str, int], ...]:
         """Run topic sync; quarantine what the target cannot take. Returns what the query should subscribe to."""
@@ -160,13 +149,12 @@ class FlowMirror:
         def write_batch(frame: DataFrame, batch_id: int) -> None:
             with self._between_batches:
                 self._catch_up()
-                writer = PartitionWriter(self.flow, self.target, ready=self.ready())
-                landed = frame.mapInArrow(writer, LANDED_SCHEMA).collect()
+                landed = frame.mapInArrow(self.copier(self.ready()), LANDED_SCHEMA).collect()
                 self._record(landed)
                 self._after_batch(landed)
 
         names = tuple(t for t, _ in topics)
-        stream = self.source_frame(names).writeStream.queryName(f"mirror {self.flow.name}")
+        stream = self.source_frame(topics).writeStream.queryName(f"mirror {self.flow.name}")
         stream = stream.foreachBatch(write_batch).option("checkpointLocation", self.flow.checkpoint_location)
         if available_now:
             stream = stream.trigger(availableNow=True)
@@ -215,10 +203,9 @@ class FlowMirror:
             owed = {p: h for p, h in q.partitions.items() if h.next > h.first}
             landed = []
             if owed:
-                end = json.dumps({topic: {str(p): h.next for p, h in owed.items()}})
-                start = json.dumps({topic: {str(p): h.first for p, h in owed.items()}})
-                writer = PartitionWriter(self.flow, self.target, ready={topic: partitions})
-                landed = self._read(False, (topic,), start, end).mapInArrow(writer, LANDED_SCHEMA).collect()
+                ranges = [(topic, p, h.first, h.next) for p, h in sorted(owed.items())]
+                frame = self.spark.createDataFrame(ranges, RANGE_SCHEMA).repartition(len(ranges))
+                landed = frame.mapInArrow(self.copier({topic: partitions}), LANDED_SCHEMA).collect()
                 self._record(landed)
             rows = {row.partition: row for row in landed}
             lost = [(topic, p, h.first, rows[p].first_offset if p in rows else h.next) for p, h in owed.items()]
@@ -260,7 +247,7 @@ class FlowMirror:
             expected = self.state.positions.get(key)
             if expected is not None and row.first_offset > expected:
                 lost.append((row.topic, row.partition, expected, row.first_offset))
-            self.state.positions[key] = max(row.last_offset + 1, row.held_until, expected or 0)
+            self.state.positions[key] = max(row.end_offset, expected or 0)
             if row.held_from < 0:
                 continue
             q = self.state.quarantined.get(row.topic)

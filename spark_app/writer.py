@@ -1,17 +1,20 @@
-"""The write path: copy one Spark partition (= one source topic-partition) to the target and say where it landed.
+"""The copy path: copy planned source offset ranges to the target and say where each record landed.
 
-It runs inside Spark's Python workers through `mapInArrow`, so a batch's Kafka partitions are written in parallel,
-each in source order. Each record keeps its key, value, headers (order and duplicates), partition and original
-timestamp; Spark's built-in Kafka sink cannot set the timestamp, which is why this path exists. Secrets are
-resolved on the worker from the same env vars and files as on the driver, so they never travel in a task.
+Spark plans every micro-batch as offset ranges, one per source topic-partition (spark_app.planner), and hands
+them to `RangeCopier` through `mapInArrow`, so a batch's ranges are copied in parallel, each in source order.
+Each Python task reads its ranges with one librdkafka consumer and writes them with one idempotent producer:
+records never cross from the JVM to Python and back, which is what made this path about twice as fast as reading
+with Spark's Kafka source and writing from Arrow batches (bench/). Each record keeps its key, value, headers
+(order and duplicates), partition and original timestamp. Secrets are resolved on the worker from the same env
+vars and files as on the driver, so they never travel in a task.
 
-For every source partition it hands back one landing row: the last source offset written and the target offset it
-landed at (an offset sync), with counts and a replication-latency histogram (bucket counts and sum, measured per
-record in the delivery callback). A record the target refuses for size goes to the flow's dead-letter
-topic when there is one. Otherwise its partition is held from that record on: nothing after it is written (order),
-and the row says which offsets were held (`held_from`, `held_until`) so the driver quarantines the topic and
-catches it up later. A partition of a topic that is not `ready` (quarantined, or not yet that many partitions on
-the target) is held whole the same way.
+For every range it hands back one landing row: the last source offset written and the target offset it landed at
+(an offset sync), with counts and a replication-latency histogram (bucket counts and sum, measured per record in
+the delivery callback). A record the target refuses for size goes to the flow's dead-letter topic when there is
+one. Otherwise its partition is held from that record on: nothing after it is written (order), and the row says
+which offsets were held (`held_from`, `held_until`) so the driver quarantines the topic and catches it up later.
+A range of a topic that is not `ready` (quarantined, or not yet that many partitions on the target) is held whole
+the same way, without reading it.
 """
 
 from __future__ import annotations
@@ -23,25 +26,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, Producer
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from .config import ClusterConfig, FlowConfig
 from .metrics import LATENCY_BOUNDS_MS
+from .planner import OffsetRange
 from .policy import PROVENANCE_HEADER, drops_record, target_topic
 from .profiles import librdkafka_settings
 
-# What the Spark query selects from the Kafka source, in this order.
-SOURCE_COLUMNS = (
-    "topic",
-    "partition",
-    "offset",
-    "key",
-    "value",
-    "headers",
-    "unix_millis(timestamp) AS timestamp_ms",
-)
 LANDED_SCHEMA = (
-    "topic string, partition int, first_offset long, last_offset long, last_target_offset long,"
+    "topic string, partition int, first_offset long, end_offset long, last_offset long, last_target_offset long,"
     " records long, bytes long, dropped long, dead_lettered long, latency_counts array<long>, latency_sum_ms double,"
     " held_from long, held_until long, refused_bytes long"
 )
@@ -55,28 +49,56 @@ PRODUCER_DEFAULTS = {
     "queue.buffering.max.messages": 500_000,
     "queue.buffering.max.kbytes": 1_048_576,
 }
+# The copier assigns partitions at Spark's offsets and never joins the group or commits: Spark's checkpoint owns
+# the positions. EOF events tell it where a partition's log ends (a range can end in transaction markers).
+CONSUMER_DEFAULTS = {
+    "group.id": "mirrorkit-copier",
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "enable.partition.eof": True,
+    "auto.offset.reset": "earliest",  # a start below the log start: copy what is left; the driver reports the gap
+    "isolation.level": "read_committed",
+    "fetch.max.bytes": 52_428_800,
+    "max.partition.fetch.bytes": 10_485_760,
+}
+CONSUME_BATCH = 10_000
+READ_STALL_S = 300.0  # a range that makes no progress this long fails the batch (the source stopped answering)
 
 METADATA_WAIT_S = 60.0
 _producers: dict[tuple, Producer] = {}  # a changed override (e.g. a raised cap) gets its own
+_consumers: dict[tuple, Consumer] = {}
 
 
 class DeliveryFailed(RuntimeError):
     pass
 
 
+def _client_key(cluster: ClusterConfig) -> tuple:
+    return (cluster.alias, cluster.bootstrap_servers, tuple(sorted(cluster.client_overrides.items())))
+
+
 def _producer(cluster: ClusterConfig) -> Producer:
     """One producer per target per Python worker: connections outlive tasks, as Spark reuses workers."""
-    key = (cluster.alias, cluster.bootstrap_servers, tuple(sorted(cluster.client_overrides.items())))
+    key = _client_key(cluster)
     if key not in _producers:
         _producers[key] = Producer(PRODUCER_DEFAULTS | librdkafka_settings(cluster, "producer"))
     return _producers[key]
+
+
+def _consumer(cluster: ClusterConfig) -> Consumer:
+    """One consumer per source per Python worker; each task assigns it its own ranges."""
+    key = _client_key(cluster)
+    if key not in _consumers:
+        _consumers[key] = Consumer(CONSUMER_DEFAULTS | librdkafka_settings(cluster, "consumer"))
+    return _consumers[key]
 
 
 @dataclass
 class _Landing:
     topic: str
     partition: int
-    first_offset: int
+    first_offset: int  # the first source offset found in the range (a record, or the log's end), else its end
+    end_offset: int  # the range's end: the next offset this flow will copy
     last_offset: int = -1
     last_target_offset: int = -1
     records: int = 0
@@ -93,24 +115,50 @@ class _Landing:
     def hold(self, offset: int, size: int = 0) -> None:
         if self.held_from < 0 or offset < self.held_from:
             self.held_from, self.refused_bytes = offset, size
-        self.held_until = max(self.held_until, offset + 1, self.last_offset + 1)
+        self.held_until = max(self.held_until, self.end_offset)
 
 
-class PartitionWriter:
-    """A picklable `mapInArrow` function for one flow.
+class RangeCopier:
+    """A picklable `mapInArrow` function for one flow: its input rows are offset ranges (RANGE_SCHEMA).
 
-    `ready` maps each source topic that may be written to its partition count on the target; records of other
-    topics or partitions are held, not written. None writes everything.
+    `ready` maps each source topic that may be written to its partition count on the target; ranges of other
+    topics or partitions are held, not read. None writes everything.
     """
 
-    def __init__(self, flow: FlowConfig, target: ClusterConfig, ready: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, ready: dict[str, int] | None = None
+    ) -> None:
         self.flow = flow
+        self.source = source
         self.target = target
         self.ready = ready
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ranges = [OffsetRange(**row) for batch in batches for row in batch.to_pylist()]
+        landings = self.copy(ranges)
+        yield pa.RecordBatch.from_pylist([vars(x) for x in landings], schema=_landed_arrow_schema())
+
+    def copy(self, ranges: list[OffsetRange]) -> list[_Landing]:
+        """Copy every range, each partition in order; one landing per range."""
         producer = _producer(self.target)
         landings: dict[tuple[str, int], _Landing] = {}
+        ends: dict[tuple[str, int], int] = {}
+        for r in ranges:
+            landing = landings[(r.topic, r.partition)] = _Landing(r.topic, r.partition, r.end, r.end)
+            if self.ready is not None and r.partition >= self.ready.get(r.topic, 0):
+                landing.first_offset = r.start
+                landing.hold(r.start)
+            elif r.end > r.start:
+                ends[(r.topic, r.partition)] = r.end
+        if ends:
+            self._copy_open(ranges, ends, landings, producer)
+        return list(landings.values())
+
+    def _copy_open(self, ranges, ends: dict[tuple[str, int], int], landings, producer: Producer) -> None:
+        consumer = _consumer(self.source)
+        assignment = [TopicPartition(r.topic, r.partition, r.start) for r in ranges if (r.topic, r.partition) in ends]
+        consumer.assign(assignment)
+        consumer.resume(assignment)  # a partition paused at the end of an earlier task would stay paused
         in_flight: dict[tuple[str, int], collections.deque[int]] = collections.defaultdict(collections.deque)
         refused: list[tuple[int, object, str]] = []  # (source offset, refused message, source topic)
         failures: list[str] = []
@@ -134,62 +182,85 @@ class PartitionWriter:
             else:
                 failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.str()}")
 
+        def close(key: tuple[str, int]) -> None:
+            """Stop reading a partition: its range is done, or held from a refused record on."""
+            del open_[key]
+            consumer.pause([TopicPartition(*key)])
+
         target_to_source: dict[tuple[str, int], tuple[str, int]] = {}
-        # (landing, target topic, offsets in flight) per source partition: one lookup per record
-        per_partition: dict[tuple[str, int], tuple[_Landing, str, collections.deque[int]]] = {}
+        # (landing, target topic, offsets in flight, range end) per source partition: one lookup per record
+        open_: dict[tuple[str, int], tuple[_Landing, str, collections.deque[int], int]] = {}
+        for (topic, partition), end in ends.items():
+            out_topic = target_topic(self.flow, topic)
+            target_to_source[(out_topic, partition)] = (topic, partition)
+            queue = in_flight[(out_topic, partition)]
+            open_[(topic, partition)] = (landings[(topic, partition)], out_topic, queue, end)
+        first_seen: set[tuple[str, int]] = set()
         identity = self.flow.replication_policy == "identity"
         produce = producer.produce
-        for batch in batches:
-            # Plain Python lists per column: to_pydict would build a dict per header, the loop's biggest cost.
-            for topic, partition, offset, key, value, headers, ts in zip(
-                batch.column("topic").to_pylist(),
-                batch.column("partition").to_pylist(),
-                batch.column("offset").to_pylist(),
-                batch.column("key").to_pylist(),
-                batch.column("value").to_pylist(),
-                _header_lists(batch.column("headers")),
-                batch.column("timestamp_ms").to_pylist(),
-                strict=True,
-            ):
-                state = per_partition.get((topic, partition))
-                if state is None:
-                    landing = landings[(topic, partition)] = _Landing(topic, partition, offset)
-                    out_topic = target_topic(self.flow, topic)
-                    target_to_source[(out_topic, partition)] = (topic, partition)
-                    state = per_partition[(topic, partition)] = (landing, out_topic, in_flight[(out_topic, partition)])
-                    if self.ready is not None and partition >= self.ready.get(topic, 0):
-                        landing.hold(offset)
-                landing, out_topic, queue = state
-                if landing.held_from >= 0:  # held: nothing after the first record not written goes before it
-                    landing.held_until = offset + 1
+        progress_at = time.monotonic()
+        while open_:
+            messages = consumer.consume(CONSUME_BATCH, 0.5)
+            if not messages:
+                if time.monotonic() - progress_at > READ_STALL_S:
+                    raise DeliveryFailed(
+                        f"flow {self.flow.name}: no progress reading cluster '{self.source.alias}'"
+                        f" ({self.source.bootstrap_servers}) for {READ_STALL_S:.0f}s; still open: {sorted(open_)[:3]}"
+                    )
+                continue
+            progress_at = time.monotonic()
+            for msg in messages:
+                key = (msg.topic(), msg.partition())
+                state = open_.get(key)
+                if state is None:  # fetched past its range, or already closed
                     continue
+                landing, out_topic, queue, end = state
+                offset = msg.offset()
+                if key not in first_seen:
+                    first_seen.add(key)
+                    landing.first_offset = min(offset, end)
+                err = msg.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise DeliveryFailed(f"flow {self.flow.name}: reading {key[0]}[{key[1]}]: {err.str()}")
+                    if offset >= end:
+                        close(key)
+                    continue
+                if offset >= end:
+                    close(key)
+                    continue
+                value, headers = msg.value(), msg.headers()
                 if identity:
                     origin = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
                     if drops_record(self.flow, origin):
                         landing.dropped += 1
                         landing.last_offset = max(landing.last_offset, offset)
+                        if offset + 1 >= end:
+                            close(key)
                         continue
                     if stamp and origin is None:
                         headers = [*headers, provenance] if headers else [provenance]
+                k, ts = msg.key(), msg.timestamp()[1]
                 try:
                     produce(
-                        out_topic,
-                        value=value,
-                        key=key,
-                        partition=partition,
-                        timestamp=ts,
-                        headers=headers,
+                        out_topic, value=value, key=k, partition=key[1], timestamp=ts, headers=headers,
                         on_delivery=delivered,
-                    )
+                    )  # fmt: skip
                 except (BufferError, KafkaException):  # queue full, or refused for size: the slow path decides
-                    if not self._produce(producer, out_topic, partition, key, value, headers, ts, delivered):
-                        refused.append((offset, _Refused(out_topic, partition, key, value, headers, ts), topic))
+                    if not self._produce(producer, out_topic, key[1], k, value, headers, ts, delivered):
+                        refused.append((offset, _Refused(out_topic, key[1], k, value, headers, ts), key[0]))
                         if not self.flow.dead_letter_topic:
                             landing.hold(offset, len(value or b""))
+                            close(key)
+                            continue
+                        if offset + 1 >= end:
+                            close(key)
                         continue
                 queue.append(offset)
                 landing.records += 1
-                landing.bytes += (len(key) if key else 0) + (len(value) if value else 0)
+                landing.bytes += (len(k) if k else 0) + (len(value) if value else 0)
+                if offset + 1 >= end:
+                    close(key)
             producer.poll(0)  # serve delivery reports as we go, so they do not pile up until the flush
         remaining = producer.flush(300)
         if remaining or failures:
@@ -199,7 +270,6 @@ class PartitionWriter:
         elif refused:  # refused by the broker after later records were sent: held from the first refused one
             for offset, msg, source_topic in refused:
                 landings[(source_topic, msg.partition())].hold(offset, len(msg.value() or b""))
-        yield pa.RecordBatch.from_pylist([vars(x) for x in landings.values()], schema=_landed_arrow_schema())
 
     def _produce(self, producer: Producer, topic, partition, key, value, headers, ts, on_delivery) -> bool:
         """Hand one record to the producer; False when librdkafka refuses it for size before sending.
@@ -284,27 +354,13 @@ class _Refused:
         return -1
 
 
-def _header_lists(column: pa.ListArray) -> list[list[tuple[str, bytes | None]] | None]:
-    """Each row's headers as (key, value) pairs, order and duplicates kept; None for a row without headers.
-
-    Two flat lists and one slice per row, instead of the dict per header that `to_pylist` on the struct builds.
-    """
-    flat = column.flatten()
-    pairs = list(zip(flat.field(0).to_pylist(), flat.field(1).to_pylist(), strict=True))
-    bounds = column.offsets.to_pylist()
-    base = bounds[0]
-    return [
-        pairs[start - base : end - base] or None if valid else None
-        for start, end, valid in zip(bounds, bounds[1:], column.is_valid().to_pylist(), strict=False)
-    ]
-
-
 def _landed_arrow_schema() -> pa.Schema:
     return pa.schema(
         [
             ("topic", pa.string()),
             ("partition", pa.int32()),
             ("first_offset", pa.int64()),
+            ("end_offset", pa.int64()),
             ("last_offset", pa.int64()),
             ("last_target_offset", pa.int64()),
             ("records", pa.int64()),

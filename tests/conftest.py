@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from images.fetch_jars import cached_jars
 from tests.support.kafka_cluster import KafkaCluster, ListenerKind
 from tests.support.testbed import TestBed
 
@@ -44,10 +43,9 @@ def target_cluster(testbed: TestBed) -> KafkaCluster:
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local Spark session for the whole run, with the Kafka connector from the jar cache."""
+    """One local Spark session for the whole run, with the mirror's offset-range source registered."""
     # Python workers must run this interpreter, or they cannot import pyarrow and confluent-kafka.
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["MIRRORKIT_SPARK_JARS"] = ",".join(str(j) for j in cached_jars("spark"))
     from spark_app.stream import build_session
 
     session = build_session("local[2]", app_name="mirrorkit-tests")

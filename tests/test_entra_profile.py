@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from spark_app.config import ENTRA_JAVA_HANDLER_KEY, ClusterConfig, ConfigError, parse_config
+from spark_app.config import ENTRA_JAVA_HANDLER_KEY, ClusterConfig, parse_config
 from spark_app.profiles import SecretError, java_settings, librdkafka_settings
 
 HANDLER = "com.example.WorkloadIdentityLoginCallbackHandler"
@@ -125,14 +125,12 @@ def flows_config(source: dict, target: dict) -> dict:
     }
 
 
-def test_spark_cannot_read_an_entra_cluster_without_a_java_login_handler():
+def test_an_entra_cluster_is_a_valid_source_and_target_without_a_java_login_handler(workload_identity):
+    """The copier reads and writes through librdkafka, whose OAUTHBEARER callback signs in; no Java client."""
     kafka = {"alias": "k", "bootstrap_servers": "k:9092", "profile": "kafka"}
-    with pytest.raises(ConfigError) as err:
-        parse_config(flows_config(ENTRA, kafka))
-    assert "config:flows[0].source: Spark reads cluster 'dr' (profile 'eventhubs-entra')" in str(err.value)
-    assert f"client_overrides.{ENTRA_JAVA_HANDLER_KEY}" in str(err.value)
-    with_handler = ENTRA | {"client_overrides": {ENTRA_JAVA_HANDLER_KEY: HANDLER}}
-    assert parse_config(flows_config(with_handler, kafka)).flows[0].source == "dr"
+    assert parse_config(flows_config(ENTRA, kafka)).flows[0].source == "dr"
+    conf = librdkafka_settings(ClusterConfig(**ENTRA), "consumer")
+    assert conf["sasl.mechanism"] == "OAUTHBEARER" and callable(conf["oauth_cb"])
     # Written to through librdkafka only: no Java handler needed; its hubs are made ahead, so it is Event Hubs.
     config = parse_config(flows_config(kafka, ENTRA))
     assert config.cluster("dr").is_eventhubs

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import yaml
 
-from images.fetch_jars import cached_jars
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry
 
@@ -67,7 +66,6 @@ def test_entrypoint_validates_and_runs_the_mirror_in_local_mode(plaintext_cluste
     env = os.environ | {
         "MIRRORKIT_PYTHON": sys.executable,
         "PYSPARK_PYTHON": sys.executable,
-        "MIRRORKIT_SPARK_JARS": ",".join(str(j) for j in cached_jars("spark")),
     }
     checked = subprocess.run([str(ENTRYPOINT), "validate", "--config", str(config)], env=env, capture_output=True)
     assert checked.returncode == 0, checked.stderr

@@ -11,7 +11,6 @@ import time
 
 import yaml
 
-from images.fetch_jars import cached_jars
 from tests.support.clients import Record, by_partition, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry
 
@@ -42,7 +41,6 @@ def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_pr
     path.write_text(yaml.safe_dump(config))
     env = os.environ | {
         "PYSPARK_PYTHON": sys.executable,
-        "MIRRORKIT_SPARK_JARS": ",".join(str(j) for j in cached_jars("spark")),
     }
     command = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"]
     with open(tmp_path / "out.log", "w+") as out:
@@ -103,7 +101,6 @@ def test_run_rides_out_its_target_broker_stopped_for_30s_mid_stream(plaintext_cl
     path.write_text(yaml.safe_dump(config))
     env = os.environ | {
         "PYSPARK_PYTHON": sys.executable,
-        "MIRRORKIT_SPARK_JARS": ",".join(str(j) for j in cached_jars("spark")),
     }
     command = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"]
     feeder = threading.Thread(target=feed)

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import yaml
 
-from images.fetch_jars import cached_jars
-
 from .clients import Record, by_partition, create_topics, produce, read_all
 from .kafka_cluster import ListenerKind
 from .mirror_config import cluster_entry
@@ -73,7 +71,6 @@ def main() -> int:
         config_file.write_text(yaml.safe_dump(config))
         env = os.environ | {
             "PYSPARK_PYTHON": sys.executable,
-            "MIRRORKIT_SPARK_JARS": ",".join(str(j) for j in cached_jars("spark")),
         }
         began = time.monotonic()
         cmd = [sys.executable, "-m", "spark_app", "run", "--config", str(config_file), "--available-now"]

@@ -1,0 +1,182 @@
+"""The Spark streaming source that plans each micro-batch as source offset ranges, one per topic-partition.
+
+Spark Structured Streaming keeps the mirror's positions: each batch's end offsets go to the query's offset log
+before the batch runs, and a restart resumes from the last committed batch. The offsets are the Kafka source's
+own shape, `{"topic": {"partition": next offset}}`. The source yields one row per range (RANGE_SCHEMA) and reads
+no records: the copy happens in the writer (spark_app.writer), which reads each range with librdkafka, so records
+never pass through the JVM.
+
+Where a partition starts: at the flow's `start_from` (earliest or latest) for a topic the query meets for the
+first time, and at its earliest offset for a partition added to a topic it already copies. End offsets are the
+last stable offsets (read_committed), so an open transaction is waited for, never half copied. A source that
+stops answering is waited for up to `UNREACHABLE_GIVE_UP_S` (no new batch meanwhile); then the query fails with a
+message naming the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from .config import ClusterConfig
+from .topics import ADMIN_TIMEOUT_S, ClusterUnreachable, _admin
+
+log = logging.getLogger(__name__)
+
+RANGE_SCHEMA = "topic string, partition int, start long, end long"
+UNREACHABLE_GIVE_UP_S = 300.0  # a source or target down this long stops the mirror (the producer's delivery timeout)
+
+Offsets = dict[str, dict[str, int]]  # {"topic": {"partition": offset}}
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """Source offsets [start, end) of one topic-partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+class RangeGroup(InputPartition):
+    """The ranges one Spark task copies, with one consumer and one producer."""
+
+    def __init__(self, ranges: list[OffsetRange]) -> None:
+        self.ranges = ranges
+
+
+def plan_source_options(source: ClusterConfig, topics: dict[str, int], start_from: str, tasks: int,
+                        max_records: int | None) -> dict[str, str]:  # fmt: skip
+    """The options `spark.readStream.format(OffsetRangeSource.name())` takes (all strings, no secret)."""
+    options = {
+        "source": source.model_dump_json(),
+        "topics": json.dumps(topics),
+        "start_from": start_from,
+        "tasks": str(tasks),
+    }
+    if max_records:
+        options["max_records_per_trigger"] = str(max_records)
+    return options
+
+
+def split_ranges(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
+    """At most `tasks` groups of whole ranges, balanced by record count (largest first to the lightest group)."""
+    groups: list[list[OffsetRange]] = [[] for _ in range(max(1, min(tasks, len(ranges))))]
+    loads = [0] * len(groups)
+    for r in sorted(ranges, key=lambda r: -r.size):
+        i = loads.index(min(loads))
+        groups[i].append(r)
+        loads[i] += r.size
+    return [g for g in groups if g]
+
+
+class OffsetRangeSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "mirrorkit-offset-ranges"
+
+    def schema(self) -> str:
+        return RANGE_SCHEMA
+
+    def streamReader(self, schema) -> OffsetRangeReader:
+        return OffsetRangeReader(self.options)
+
+
+class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Runs in Spark's Python planner process next to the driver; one instance per query run."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.source = ClusterConfig.model_validate_json(options["source"])
+        self.topics: dict[str, int] = json.loads(options["topics"])
+        self.start_from = options["start_from"]
+        self.tasks = int(options["tasks"])
+        self.max_records = int(options.get("max_records_per_trigger") or 0)
+        self._admin: AdminClient | None = None
+        self._available_now_end: Offsets | None = None
+        self._down_since: float | None = None
+
+    def initialOffset(self) -> dict:
+        return {}  # every partition starts where `_starts` says: the checkpoint holds no position yet
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_records) if self.max_records else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now_end = self._list(OffsetSpec.latest())
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        try:
+            latest = self._available_now_end or self._list(OffsetSpec.latest())
+            starts = self._starts(start, latest)
+        except KafkaException as err:
+            self._down_since = self._down_since or time.monotonic()
+            waited = time.monotonic() - self._down_since
+            if waited > UNREACHABLE_GIVE_UP_S:
+                raise ClusterUnreachable(self.source, waited, err.args[0].str()) from None
+            log.warning("cluster '%s' did not answer; no new batch until it does: %s", self.source.alias, err)
+            return start
+        self._down_since = None
+        if isinstance(limit, ReadMaxRows):
+            latest = _limited(starts, latest, limit.max_rows)
+        return latest
+
+    def partitions(self, start: dict, end: dict) -> list[RangeGroup]:
+        starts = self._starts(start, end)
+        ranges = [
+            OffsetRange(topic, int(p), min(starts[topic][p], offset), offset)
+            for topic, offsets in end.items()
+            for p, offset in offsets.items()
+            if offset > starts[topic][p]
+        ]
+        return [RangeGroup(g) for g in split_ranges(ranges, self.tasks)]
+
+    def read(self, partition: RangeGroup):
+        for r in partition.ranges:
+            yield tuple(asdict(r).values())
+
+    def _starts(self, start: Offsets, end: Offsets) -> Offsets:
+        """Each end partition's start: the checkpoint's, else `start_from` (new topic) or earliest (new partition)."""
+        starts: Offsets = {t: dict(start.get(t, {})) for t in end}
+        missing = [(t, p) for t, offsets in end.items() for p in offsets if p not in starts[t]]
+        earliest = self._list(OffsetSpec.earliest(), missing) if missing else {}
+        for t, p in missing:
+            new_topic = t not in start
+            starts[t][p] = end[t][p] if new_topic and self.start_from == "latest" else earliest[t][p]
+        return starts
+
+    def _list(self, spec: OffsetSpec, partitions: list[tuple[str, str]] | None = None) -> Offsets:
+        if self._admin is None:
+            self._admin = _admin(self.source)
+        wanted = partitions or [(t, str(p)) for t, n in self.topics.items() for p in range(n)]
+        request = {TopicPartition(t, int(p)): spec for t, p in wanted}
+        futures = self._admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=ADMIN_TIMEOUT_S
+        )
+        offsets: Offsets = {}
+        for tp, future in futures.items():
+            offsets.setdefault(tp.topic, {})[str(tp.partition)] = future.result().offset
+        return offsets
+
+
+def _limited(starts: Offsets, latest: Offsets, max_rows: int) -> Offsets:
+    """End offsets that take at most `max_rows` records, shared across partitions in proportion to their backlog."""
+    backlog = {(t, p): max(0, e - starts[t][p]) for t, offsets in latest.items() for p, e in offsets.items()}
+    total = sum(backlog.values())
+    if total <= max_rows:
+        return latest
+    out: Offsets = {t: {} for t in latest}
+    for (t, p), behind in backlog.items():
+        out[t][p] = starts[t][p] + min(behind, max(1, behind * max_rows // total) if behind else 0)
+    return out
