@@ -16,12 +16,20 @@ A copy counts only if every target partition ends exactly at the source's end of
 records equal the source's (key, value, headers, timestamp). `--topics-scale 1,10,100` repeats the copy at each
 topic count to show how start-up, throughput and memory grow.
 
-Results go to bench/results/<stamp>.json, .md (each figure with its ratio to MM2 and to the limit) and .png.
+Then it measures end-to-end replication latency at a steady rate for each of `--latency-candidates`: the mirror
+in continuous mode (`run` without --available-now, the shipped trigger_interval_s) and tuned MM2, each started
+first on fresh topics of the same shape. Once a warm-up record has crossed every partition, bench/latency.py's
+probe sends `--latency-rate` records/s of `--size` B for `--latency-seconds`, stamped with their send time as
+CreateTime, and reads the target: per record, receive time minus that timestamp. Records sent in the first
+`--latency-warmup` seconds do not count. It reports the achieved send rate, records sent and received, p50, p99,
+p99.9 and max, and the candidate's CPU seconds over the counted window.
+
+Results go to bench/results/<stamp>.json, .md (each figure with its ratio to MM2 and to the limit; p99 with its
+ratio to MM2) and .png.
 
 Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--topics 4] [--partitions 4]
        [--candidates mirror,mm2,mm2-untuned,limit] [--topics-scale 1,10,100 --scale-records 100000]
-
-Not yet measured here: end-to-end latency at a steady rate (continuous mode).
+       [--latency-candidates mirror,mm2] [--latency-rate 10000] [--latency-seconds 60] [--latency-warmup 15]
 """
 
 from __future__ import annotations
@@ -46,12 +54,16 @@ import yaml  # noqa: E402
 from confluent_kafka import KafkaException, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, OffsetSpec  # noqa: E402
 
+from bench import latency  # noqa: E402
 from bench import write_paths as wp  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
+from spark_app.config import MirrorConfig  # noqa: E402
+from tests.support.mirror_config import free_port  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 COPY_LOOP = ROOT / "bench" / "java"
 MM2_TUNED = {"target.producer.linger.ms": "20", "target.producer.batch.size": "1048576"}
+LATENCY_CANDIDATES = ("mirror", "mm2")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -96,10 +108,14 @@ class TreeMonitor:
             self.peak_rss = max(self.peak_rss, rss)
             self._stop.wait(self.interval)
 
+    def cpu_s(self) -> float:
+        """CPU seconds of the tree so far, as of the last sample; differences give the CPU of a window."""
+        return sum(list(self.cpu.values()))
+
     def stop(self) -> tuple[float, float]:
         self._stop.set()
         self._thread.join()
-        return sum(self.cpu.values()), self.peak_rss / 1e6
+        return self.cpu_s(), self.peak_rss / 1e6
 
 
 def end_offsets(admin: AdminClient, topics: list[str], partitions: int) -> dict[tuple[str, int], int]:
@@ -115,6 +131,28 @@ def end_offsets(admin: AdminClient, topics: list[str], partitions: int) -> dict[
     raise AssertionError("unreachable")
 
 
+def launch(cmd: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen, TreeMonitor]:
+    """Start a candidate in its own session (so it is stopped with all its children), sampled from the start."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, TreeMonitor(proc.pid)
+
+
+def terminate(proc: subprocess.Popen) -> None:
+    """SIGTERM the candidate's whole session (the mirror stops after its batch in flight), SIGKILL after 30 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def log_tail(log: Path, lines: int = 15) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
 def run_candidate(
     name: str, cmd: list[str], env: dict[str, str], target: str, out_topics: list[str], partitions: int,
     expected: int, exits_by_itself: bool, log: Path, timeout: float,
@@ -122,9 +160,7 @@ def run_candidate(
     """Launch, watch the target fill up, stop; timings, CPU and memory of the whole process tree."""
     admin = AdminClient({"bootstrap.servers": target})
     began = time.monotonic()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    monitor = TreeMonitor(proc.pid)
+    proc, monitor = launch(cmd, env, log)
     first = done = None
     total = 0
     try:
@@ -143,17 +179,11 @@ def run_candidate(
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        terminate(proc)
         cpu, peak = monitor.stop()
     result = {"candidate": name, "records": expected, "cpu_s": round(cpu, 1), "peak_rss_mb": round(peak)}
     if done is None or first is None:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        tail = log_tail(log)
         return result | {"error": f"copied {total} of {expected} (exit {proc.returncode}); log tail:\n{tail}"}
     copy_s = max(done - first, 0.2)
     return result | {
@@ -165,8 +195,11 @@ def run_candidate(
     }
 
 
-def mirror_command(alias: str, source: str, target: str, topics: list[str], work: Path) -> list[str]:
-    config = {
+def mirror_command(
+    alias: str, source: str, target: str, topics: list[str], work: Path, available_now: bool
+) -> list[str]:
+    """The mirror's CLI on a config with the shipped defaults; a continuous run gets a free metrics port."""
+    config: dict = {
         "clusters": [
             {"alias": alias, "bootstrap_servers": source, "profile": "kafka"},
             {"alias": "tgt", "bootstrap_servers": target, "profile": "kafka"},
@@ -175,10 +208,12 @@ def mirror_command(alias: str, source: str, target: str, topics: list[str], work
             {"source": alias, "target": "tgt", "topics": {"include": topics}, "checkpoint_location": str(work / alias)}
         ],
     }
+    if not available_now:
+        config["metrics_port"] = free_port()
     path = work / f"{alias}.yaml"
     path.write_text(yaml.safe_dump(config))
-    run = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--available-now", "--master", "local[2]"]
-    return run
+    run = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"]
+    return run + ["--available-now"] if available_now else run
 
 
 def mm2_command(alias: str, source: str, target: str, topics: list[str], tuned: bool, work: Path) -> list[str]:
@@ -208,15 +243,25 @@ def mm2_command(alias: str, source: str, target: str, topics: list[str], tuned: 
             "org.apache.kafka.connect.mirror.MirrorMaker", str(path), "--clusters", "target"]  # fmt: skip
 
 
+def show(result: dict) -> None:
+    """One line of JSON per candidate as it finishes, then its error (with the log tail) if it failed."""
+    print(json.dumps({k: v for k, v in result.items() if k != "error"}), result.get("error", ""), flush=True)
+
+
+def candidate_env() -> dict[str, str]:
+    """The environment every candidate runs in: Spark's Python workers import this checkout's spark_app."""
+    return os.environ | {
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT),
+    }
+
+
 def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], records: int, tag: str) -> list[dict]:
     """Every candidate over one loaded topic set; each into its own fresh target topics."""
     source = bed.clusters["src"].client.bootstrap
     target = bed.clusters["tgt"].client.bootstrap
     source_hw = {t: wp.watermarks(source, t, args.partitions) for t in topics}
-    env = os.environ | {
-        "PYSPARK_PYTHON": sys.executable,
-        "PYTHONPATH": str(ROOT),
-    }
+    env = candidate_env()
     copy_loop = None
     results = []
     for n, name in enumerate(args.candidates.split(",")):
@@ -226,7 +271,7 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
         exits = True
         run_env = env
         if name == "mirror":
-            cmd = mirror_command(alias, source, target, topics, work)
+            cmd = mirror_command(alias, source, target, topics, work, available_now=True)
         elif name in ("mm2", "mm2-untuned"):
             cmd, exits = mm2_command(alias, source, target, topics, name == "mm2", work), False
         elif name == "limit":
@@ -256,19 +301,83 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
             result["counts_ok"] = all(ends[(alias + "." + t, p)] == source_hw[t][p] for t, p in pairs)
             if len(topics) <= 10:
                 result["records_equal"] = check.data_ok and check.ts_kept and check.headers_kept
-        print(json.dumps({k: v for k, v in result.items() if k != "error"}), result.get("error", ""), flush=True)
+        show(result)
         results.append(result)
         wp.delete_topics(target, out_topics)
     return results
+
+
+def run_latency(args: argparse.Namespace, name: str, n: int, source: str, target: str, work: Path) -> dict:
+    """One candidate in continuous mode on fresh topics, under the probe's steady load (bench/latency.py)."""
+    alias = f"lat{n}"
+    topics = [f"{alias}-{t}" for t in range(args.topics)]
+    out_topics = [f"{alias}.{t}" for t in topics]
+    wp.create_topics(source, topics, args.partitions)
+    wp.create_topics(target, out_topics, args.partitions)
+    if name == "mirror":
+        cmd = mirror_command(alias, source, target, topics, work, available_now=False)
+    else:
+        cmd = mm2_command(alias, source, target, topics, True, work)
+    log = work / f"{alias}.log"
+    result: dict = {"candidate": name, "scenario": f"{args.topics}x{args.partitions}"}
+    proc, monitor = launch(cmd, candidate_env(), log)
+    try:
+        result |= latency.measure(
+            source, target, topics, out_topics, args.partitions, args.latency_rate, args.latency_seconds,
+            args.latency_warmup, args.size, monitor.cpu_s, lambda: proc.poll() is None, args.timeout,
+        )  # fmt: skip
+    except RuntimeError as err:
+        result["error"] = f"{err} (exit {proc.poll()}); log tail:\n{log_tail(log)}"
+    finally:
+        terminate(proc)
+        monitor.stop()
+    show(result)
+    wp.delete_topics(source, topics)
+    wp.delete_topics(target, out_topics)
+    return result
 
 
 def ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}" if value and base else "-"
 
 
-def write_outputs(results: list[dict], meta: dict, out: Path) -> None:
+def latency_lines(rows: list[dict], meta: dict) -> list[str]:
+    """The Markdown section of the latency runs, with each p99 as a ratio to MM2's."""
+    lat = meta["latency"]
+    mm2 = next((r.get("p99_ms") for r in rows if r["candidate"] == "mm2"), None)
+    lines = [
+        "",
+        f"## Replication latency at {lat['rate']:,} records/s",
+        "",
+        f"{lat['rate']:,} records/s x {meta['size']} B over {rows[0]['scenario']} for {lat['seconds']} s; records sent"
+        f" in the first {lat['warmup_s']} s are not counted. Continuous mode: the mirror is `run` without"
+        f" --available-now at the shipped trigger_interval_s ({lat['mirror_trigger_interval_s']} s); MM2 tuned.",
+        "",
+        "| candidate | sent/s | sent | received | duplicates | p50 ms | p99 ms | p99 vs MM2 | p99.9 ms | max ms"
+        " | CPU s in window | window s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['candidate']} | failed: {r['error'].splitlines()[0]} |")
+            continue
+        lines.append(
+            f"| {r['candidate']} | {r['send_rate']:,} | {r['sent']:,} | {r['received']:,} | {r['duplicates']:,} |"
+            f" {r['p50_ms']} | {r['p99_ms']} | {ratio(r['p99_ms'], mm2)} | {r['p999_ms']} | {r['max_ms']} |"
+            f" {r['cpu_s']} | {r['window_s']} |"
+        )
+    lines += [f"\n{r['candidate']}: {r['warning']}" for r in rows if r.get("warning")]
+    return lines + [
+        "",
+        "Latency: the probe consumer's receive wall time minus the target record's timestamp (the source CreateTime,",
+        "set when the probe producer sent it); probe producer, consumer and candidate on this machine, one clock, 1 ms",
+        "resolution. CPU s: the candidate's process tree over the counted window.",
+    ]
+
+
+def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "latency": latencies}, indent=2))
     lines = [
         f"# Benchmark {meta['stamp']}",
         "",
@@ -297,6 +406,8 @@ def write_outputs(results: list[dict], meta: dict, out: Path) -> None:
         "records/s: first to last record on the target; start-up: launch to first record on the target; CPU and",
         "peak RSS: the candidate's whole process tree (JVM, Python workers) sampled from /proc every 0.25 s.",
     ]
+    if latencies:
+        lines += latency_lines(latencies, meta)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
     import matplotlib
@@ -305,14 +416,23 @@ def write_outputs(results: list[dict], meta: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     ok = [r for r in results if "error" not in r]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    measured = [r for r in latencies if r.get("p50_ms") is not None]
+    fig, axes = plt.subplots(1, 4 if measured else 3, figsize=(20 if measured else 15, 4.5))
     labels = [f"{r['candidate']}\n{r['scenario']}" for r in ok]
     for ax, key, title in zip(
-        axes, ("records_per_s", "startup_s", "peak_rss_mb"), ("records/s", "start-up s", "peak RSS MB"), strict=True
+        axes[:3], ("records_per_s", "startup_s", "peak_rss_mb"), ("records/s", "start-up s", "peak RSS MB"), strict=True
     ):
         ax.bar(range(len(ok)), [r[key] for r in ok])
         ax.set_xticks(range(len(ok)), labels, fontsize=7, rotation=60)
         ax.set_title(title)
+    if measured:
+        ax = axes[3]
+        for i, (key, label) in enumerate((("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9"))):
+            ax.bar([x + (i - 1) * 0.27 for x in range(len(measured))], [r[key] for r in measured], 0.27, label=label)
+        ax.set_xticks(range(len(measured)), [r["candidate"] for r in measured])
+        ax.set_yscale("log")
+        ax.set_title(f"replication latency ms at {meta['latency']['rate']:,} records/s")
+        ax.legend()
     fig.suptitle(f"{meta['machine']}, {meta['records']:,} x {meta['size']} B")
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=100)
@@ -328,8 +448,17 @@ def main() -> None:
     parser.add_argument("--topics-scale", default="", help="e.g. 1,10,100: repeat at these topic counts")
     parser.add_argument("--scale-records", type=int, default=100_000)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per candidate")
+    parser.add_argument("--latency-rate", type=int, default=10_000, help="probe records/s over all partitions")
+    parser.add_argument("--latency-seconds", type=float, default=60, help="how long the probe sends")
+    parser.add_argument("--latency-warmup", type=float, default=15, help="first seconds of the load not counted")
+    parser.add_argument("--latency-candidates", default=",".join(LATENCY_CANDIDATES), help="empty: no latency runs")
     parser.add_argument("--out", type=Path, default=None, help="result path without suffix")
     args = parser.parse_args()
+    latency_candidates = [c for c in args.latency_candidates.split(",") if c]
+    if unknown := set(latency_candidates) - set(LATENCY_CANDIDATES):
+        parser.error(f"--latency-candidates: unknown {', '.join(sorted(unknown))}; choose from {LATENCY_CANDIDATES}")
+    if latency_candidates and not 0 <= args.latency_warmup < args.latency_seconds:
+        parser.error("--latency-warmup must be shorter than --latency-seconds")
 
     from tests.support.testbed import TestBed
 
@@ -337,9 +466,16 @@ def main() -> None:
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     meta = {"stamp": stamp, "machine": f"{os.cpu_count()} cores, {mem_gb:.0f} GB", "records": args.records}
     meta |= {"size": args.size, "argv": sys.argv[1:]}
+    meta["latency"] = {
+        "rate": args.latency_rate,
+        "seconds": args.latency_seconds,
+        "warmup_s": args.latency_warmup,
+        "mirror_trigger_interval_s": MirrorConfig.model_fields["trigger_interval_s"].default,
+    }
     bed = TestBed()
     work = Path(tempfile.mkdtemp(prefix="mirrorkit-bench-"))
     results: list[dict] = []
+    latencies: list[dict] = []
     try:
         bed.start("src", "plaintext")
         bed.start("tgt", "plaintext")
@@ -356,10 +492,12 @@ def main() -> None:
             print(f"loaded {records} x {args.size} B into {count} x {args.partitions} in {took:.0f}s", flush=True)
             results += run_all(args, bed, work, topics, records, f"s{i}")
             wp.delete_topics(source, topics)
+        target = bed.clusters["tgt"].client.bootstrap
+        latencies = [run_latency(args, c, n, source, target, work) for n, c in enumerate(latency_candidates)]
     finally:
         bed.close()
     out = args.out or RESULTS / stamp
-    write_outputs(results, meta, out)
+    write_outputs(results, latencies, meta, out)
     print(out.with_suffix(".md").read_text())
 
 
