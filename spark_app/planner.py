@@ -114,23 +114,42 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.max_records) if self.max_records else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_end = self._list(OffsetSpec.latest())
+        self._available_now_end = self._until_answered(lambda: self._list(OffsetSpec.latest()))
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        try:
-            latest = self._available_now_end or self._list(OffsetSpec.latest())
-            starts = self._starts(start, latest)
-        except KafkaException as err:
-            self._down_since = self._down_since or time.monotonic()
-            waited = time.monotonic() - self._down_since
-            if waited > UNREACHABLE_GIVE_UP_S:
-                raise ClusterUnreachable(self.source, waited, err.args[0].str()) from None
-            log.warning("cluster '%s' did not answer; no new batch until it does: %s", self.source.alias, err)
-            return start
-        self._down_since = None
+        if self._available_now_end is not None:  # an empty answer would end the run early: wait for a real one
+            latest = self._available_now_end
+            starts = self._until_answered(lambda: self._starts(start, latest))
+        else:
+            try:
+                latest = self._list(OffsetSpec.latest())
+                starts = self._starts(start, latest)
+            except KafkaException as err:
+                self._note_down(err)
+                return start  # no new batch until the source answers
+            self._down_since = None
         if isinstance(limit, ReadMaxRows):
             latest = _limited(starts, latest, limit.max_rows)
         return latest
+
+    def _until_answered(self, call):
+        while True:
+            try:
+                answer = call()
+            except KafkaException as err:
+                self._note_down(err)
+                time.sleep(1.0)
+                continue
+            self._down_since = None
+            return answer
+
+    def _note_down(self, err: KafkaException) -> None:
+        """Log a failed call; past `UNREACHABLE_GIVE_UP_S` of failures, stop with the cluster named."""
+        self._down_since = self._down_since or time.monotonic()
+        waited = time.monotonic() - self._down_since
+        if waited > UNREACHABLE_GIVE_UP_S:
+            raise ClusterUnreachable(self.source, waited, err.args[0].str()) from None
+        log.warning("cluster '%s' did not answer (retrying): %s", self.source.alias, err.args[0].str())
 
     def partitions(self, start: dict, end: dict) -> list[RangeGroup]:
         starts = self._starts(start, end)

@@ -158,7 +158,6 @@ class RangeCopier:
         consumer = _consumer(self.source)
         assignment = [TopicPartition(r.topic, r.partition, r.start) for r in ranges if (r.topic, r.partition) in ends]
         consumer.assign(assignment)
-        consumer.resume(assignment)  # a partition paused at the end of an earlier task would stay paused
         in_flight: dict[tuple[str, int], collections.deque[int]] = collections.defaultdict(collections.deque)
         refused: list[tuple[int, object, str]] = []  # (source offset, refused message, source topic)
         failures: list[str] = []
@@ -183,9 +182,9 @@ class RangeCopier:
                 failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.str()}")
 
         def close(key: tuple[str, int]) -> None:
-            """Stop reading a partition: its range is done, or held from a refused record on."""
+            """A partition's range is done, or held from a refused record on: what the consumer fetched past its end
+            is skipped. (Pausing it instead left it paused in librdkafka when a later task assigned it again.)"""
             del open_[key]
-            consumer.pause([TopicPartition(*key)])
 
         target_to_source: dict[tuple[str, int], tuple[str, int]] = {}
         # (landing, target topic, offsets in flight, range end) per source partition: one lookup per record
@@ -262,6 +261,7 @@ class RangeCopier:
                 if offset + 1 >= end:
                     close(key)
             producer.poll(0)  # serve delivery reports as we go, so they do not pile up until the flush
+        consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
         remaining = producer.flush(300)
         if remaining or failures:
             raise DeliveryFailed(f"flow {self.flow.name}: {remaining} undelivered; first errors: {failures[:3]}")
