@@ -62,6 +62,7 @@ CONSUMER_DEFAULTS = {
     "max.partition.fetch.bytes": 10_485_760,
 }
 CONSUME_BATCH = 10_000
+CONSUME_WAIT_S = 0.1
 READ_STALL_S = 300.0  # a range that makes no progress this long fails the batch (the source stopped answering)
 
 METADATA_WAIT_S = 60.0
@@ -198,8 +199,11 @@ class RangeCopier:
         identity = self.flow.replication_policy == "identity"
         produce = producer.produce
         progress_at = time.monotonic()
+        # consume() returns once it has as many messages as asked, or at its timeout: ask for no more than the
+        # ranges still hold, so a small batch (continuous mode) does not wait out the timeout.
+        left = sum(r.end - r.start for r in ranges if (r.topic, r.partition) in ends)
         while open_:
-            messages = consumer.consume(CONSUME_BATCH, 0.5)
+            messages = consumer.consume(max(1, min(CONSUME_BATCH, left)), CONSUME_WAIT_S)
             if not messages:
                 if time.monotonic() - progress_at > READ_STALL_S:
                     raise DeliveryFailed(
@@ -228,6 +232,7 @@ class RangeCopier:
                 if offset >= end:
                     close(key)
                     continue
+                left -= 1
                 value, headers = msg.value(), msg.headers()
                 if identity:
                     origin = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
