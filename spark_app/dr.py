@@ -9,9 +9,10 @@
   reads them as they are.
 - Translation never skips a record. For a committed offset C (the next record the group reads), with the newest
   sync (u, d) at or below it: C == u gives d exactly; u < C gives d + 1, which re-reads at most the C - 1 - u
-  records between the sync and C (syncs come at every batch boundary, so that is under one batch). With no sync at
-  or below C, the group's own previous checkpoint is used if it is not ahead of C, else the start of the target
-  partition. Lagging groups are translated like any other: the kept history thins out with age, it never stops.
+  records between the sync and C (syncs come at every batch boundary, so that is under one batch; for a group
+  ahead of the mirror, it is the mirror's lag behind the group). With no sync at or below C, the group's own
+  previous checkpoint is used if it is not ahead of C, else the start of the target partition. Lagging groups are
+  translated like any other: the kept history thins out with age, it never stops.
 - Group offset sync (`sync_group_offsets`) commits the translations on the target for groups with no member there,
   and only where the target's own committed offset is behind: a group used on the target is never overwritten.
 - Heartbeats, in MM2's format, go to `heartbeats` on the source every `heartbeat_interval_s` and are mirrored like

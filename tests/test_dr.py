@@ -7,18 +7,20 @@ import json
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from spark_app.cli import main as cli_main
-from spark_app.config import parse_config
-from spark_app.dr import read_checkpoints, read_offset_syncs
-from spark_app.policy import event_hubs_topics
+from spark_app.config import ClusterConfig, parse_config
+from spark_app.dr import Checkpoint, OffsetSync, failover_plan, read_checkpoints, read_topic
+from spark_app.policy import checkpoints_topic, event_hubs_topics, offset_syncs_topic
 from spark_app.stream import Mirror
-from tests.support.clients import Record, create_topics, produce
+from tests.support.clients import Record, commit, create_topics, produce
 from tests.support.kafka_cluster import ClientSettings, kafka_classpath, require_java
-from tests.support.mirror_config import cluster_entry
+from tests.support.mirror_config import cluster_entry, free_port
 
 TRANSLATE_OFFSETS = Path(__file__).parent / "support" / "TranslateOffsets.java"
 
@@ -37,17 +39,19 @@ def mm2_translate(target: ClientSettings, source_alias: str, groups: list[str], 
     return out
 
 
-def commit(settings: ClientSettings, group: str, topic: str, offsets: dict[int, int]) -> None:
-    consumer = Consumer(settings.librdkafka() | {"group.id": group, "enable.auto.commit": False})
-    consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
-    consumer.close()
-
-
 def committed(settings: ClientSettings, group: str, topic: str, partitions: int) -> dict[int, int]:
     consumer = Consumer(settings.librdkafka() | {"group.id": group, "enable.auto.commit": False})
     got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
     consumer.close()
     return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
+
+
+Decoded = TypeVar("Decoded")
+
+
+def written(cluster: ClusterConfig, topic: str, decode: Callable[[bytes, bytes], Decoded]) -> list[tuple[Decoded, int]]:
+    """Every record of one of the mirror's internal topics, decoded, with its timestamp: when the mirror wrote it."""
+    return [(decode(m.key(), m.value()), m.timestamp()[1]) for m in read_topic(cluster, topic)]
 
 
 def values_from(settings: ClientSettings, topic: str, partition: int, offset: int) -> list[bytes]:
@@ -156,7 +160,7 @@ def test_checkpoints_read_by_mm2_match_failover_and_group_sync_spares_a_live_gro
 def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, target_cluster, tmp_path, unique):
     """Steady producer, committing consumer, running mirror; the primary's broker is killed; failover; the same
     group resumes on DR. No record it had not processed (and that reached DR) is lost; duplicates stay within the
-    records since the last checkpoint plus the re-read failover printed."""
+    records processed since the last checkpoint plus a re-read under one batch, and within what failover printed."""
     primary = testbed.start(f"drill-{unique[-8:]}", "plaintext")
     topic, group = f"orders-{unique}", f"app-{unique}"
     remote = f"primary.{topic}"
@@ -175,8 +179,10 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
             "checkpoint_interval_s": 2,
             "heartbeat_interval_s": 1,
             "trigger_interval_s": 1,
+            "metrics_port": free_port(),
         }
     )
+    flow, dr_cluster = config.flows[0], config.cluster("dr")
     create_topics(primary.admin, {topic: 2})
     create_topics(target_cluster.admin, dict.fromkeys(event_hubs_topics(config)["dr"], 1) | {remote: 2})
     config_file = tmp_path / "mirror.json"
@@ -214,24 +220,34 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
                 with contextlib.suppress(Exception):
                     consumer.commit(asynchronous=False)
 
+    def batch_ends_below_checkpoint() -> int:
+        """The fewest, over the partitions, of the mirror's batch ends below the group's checkpointed offset."""
+        checkpoints_now = [cp for cp, _ in read_checkpoints(config, flow).values() if cp.group == group]
+        checkpointed = {cp.partition: cp.upstream_offset for cp in checkpoints_now}
+        ends = [s for s, _ in written(dr_cluster, offset_syncs_topic(flow), OffsetSync.decode) if s.topic == topic]
+        below = [sum(1 for s in ends if s.partition == p and s.upstream_offset < c) for p, c in checkpointed.items()]
+        return min(below) if len(below) == 2 else 0
+
     mirror = Mirror(spark, config)
     threads = [threading.Thread(target=f, daemon=True) for f in (producer_loop, consumer_loop, mirror.run_forever)]
     for t in threads:
         t.start()
+    # The first batches are large (the first carries all that was written while the query started): wait until the
+    # group's checkpoint is past three batch ends, so the translation is tried among batches of steady size, as in
+    # a mirror that has run a while; then a few more batches and checkpoints under load.
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not any(
-        cp.group == group for cp, _ in read_checkpoints(config, config.flows[0]).values()
-    ):
+    while batch_ends_below_checkpoint() < 3:
+        assert time.monotonic() < deadline, "the group's checkpoint never got past the mirror's first batches"
         time.sleep(2)
-    time.sleep(8)  # a few more batches and checkpoints under load
+    time.sleep(4)
     primary.kill()
     killed_at = time.time()
     stop.set()
     mirror.stopping.set()
     for t in threads:
         t.join(300)
-    for flow in mirror.flows:  # the loop may have ended on the unreachable source; stop what is left
-        flow.stop_between_batches()
+    for flow_mirror in mirror.flows:  # the loop may have ended on the unreachable source; stop what is left
+        flow_mirror.stop_between_batches()
     for dr in mirror.dr.values():
         dr.stop()
 
@@ -240,9 +256,8 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
     unmirrored = [at for v, at in acked.items() if v not in mirrored]
     rpo_s = killed_at - min(unmirrored) if unmirrored else 0.0
 
-    checkpoints = {
-        cp.partition: cp for cp, _ in read_checkpoints(config, config.flows[0]).values() if cp.group == group
-    }
+    checkpoints = {cp.partition: cp for cp, _ in read_checkpoints(config, flow).values() if cp.group == group}
+    printed_reread = {r.partition: r.reread for r in failover_plan(config, flow) if r.group == group}
     began = time.time()
     assert cli_main(["failover", "--config", str(config_file), "--flow", "primary->dr"]) == 0
     resumed = Consumer(
@@ -265,12 +280,41 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
     assert first_at is not None and mirrored - done, "the drill needs records mirrored but not yet processed"
     assert mirrored - done <= set(consumed), "a record that reached DR and was never processed was not consumed"
     duplicates = set(consumed) & done
-    since_checkpoint = sum(1 for p, o, _ in processed if o >= checkpoints[p].upstream_offset)
-    store = read_offset_syncs(config, config.flows[0])
-    reread = sum(store.reread(topic, p, cp.upstream_offset, cp.downstream_offset) or 0 for p, cp in checkpoints.items())
-    assert len(duplicates) <= since_checkpoint + reread, (len(duplicates), since_checkpoint, reread)
+
+    # Duplicates, per partition. The group's last checkpoint carries its committed offset C on the primary (the next
+    # record it would have read) and the DR offset failover resumed it at. A duplicate is a record the group
+    # processed on the primary and reads again on DR, and it is one of two kinds:
+    # - at an offset >= C: processed after the commit the checkpoint carries (the group commits every 25 records,
+    #   the mirror checkpoints every 2 s); at most `since`, the records processed at offsets >= C.
+    # - at an offset < C: the translation's re-read. Offset syncs mark batch ends only: for the newest synced batch
+    #   end u <= C, C == u resumes exactly at u and u < C resumes right after u, re-reading offsets u+1..C-1, that
+    #   is max(0, C - 1 - u) records, under one batch. u counts only if the mirror knew it when it translated:
+    #   its sync was written before the group's previous checkpoint (the translation runs after that one). Had the
+    #   group been ahead of the mirror, u is where the mirror was, and the re-read is the mirror's lag behind it.
+    #   The allowance comes from the syncs and the checkpoints' write times, not from the resume offset under test,
+    #   so a translation that resumes a batch early fails here (a bound of C minus the resume offset would not).
+    # When every processed record reached DR (the group is slower than the mirror) and the mirror's newest batch end
+    # below C was synced before the previous checkpoint, duplicates equal the bound exactly: it is tight, not off by
+    # one. It is asserted as <= because records processed just before the kill may never have been mirrored.
+    syncs = [(s, at) for s, at in written(dr_cluster, offset_syncs_topic(flow), OffsetSync.decode) if s.topic == topic]
+    checkpoints_written = written(dr_cluster, checkpoints_topic(flow), Checkpoint.decode)
+    checkpointed_at = sorted((cp.partition, at) for cp, at in checkpoints_written if cp.group == group)
+    since_checkpoint = within_batch = 0
+    for p, cp in sorted(checkpoints.items()):
+        times = [at for q, at in checkpointed_at if q == p]
+        assert len(times) >= 2, f"partition {p}: the drill needs two checkpoints of the group"
+        known = [s.upstream_offset for s, at in syncs if s.partition == p and at <= times[-2]]
+        known = [u for u in known if u <= cp.upstream_offset]
+        allowed = max(0, cp.upstream_offset - 1 - max(known)) if known else cp.upstream_offset
+        offsets = {v: o for q, o, v in processed if q == p}
+        since = sum(1 for o in offsets.values() if o >= cp.upstream_offset)
+        reread = sum(1 for v in duplicates if v in offsets and offsets[v] < cp.upstream_offset)
+        assert printed_reread[p] is not None and reread <= printed_reread[p], (p, reread, printed_reread[p])
+        dups = sum(1 for v in duplicates if v in offsets)
+        assert dups <= since + allowed, f"partition {p}: {dups} duplicates > {since} since checkpoint + {allowed}"
+        since_checkpoint, within_batch = since_checkpoint + since, within_batch + allowed
     print(
         f"\nDR drill: {len(acked)} produced, {len(mirrored)} mirrored, {len(done)} processed on primary;"
-        f" RPO {len(unmirrored)} records / {rpo_s:.1f}s; RTO {first_at - began:.1f}s;"
-        f" {len(duplicates)} duplicates (bound {since_checkpoint} since checkpoint + {reread} re-read)"
+        f" RPO {len(unmirrored)} records / {rpo_s:.1f}s; RTO {first_at - began:.1f}s; {len(duplicates)} duplicates"
+        f" (bound {since_checkpoint} since checkpoint + {within_batch} re-read within a batch)"
     )

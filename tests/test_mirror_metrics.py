@@ -1,4 +1,8 @@
-"""The metrics endpoint of a running mirror, scraped over HTTP while it copies two waves of records."""
+"""The metrics endpoint of a running mirror, scraped over HTTP while it copies two waves of records.
+
+The source is a cluster of the test's own: heartbeats are on, and they create `heartbeats` on the source, which
+other tests' topic listings on the shared source cluster must not see.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,9 @@ from collections.abc import Callable
 import pytest
 
 from spark_app.config import parse_config
+from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
 from spark_app.stream import Mirror
-from tests.support.clients import Record, create_topics, produce, read_all
+from tests.support.clients import Record, commit, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry, free_port
 from tests.support.running import mirror_running
 from tests.test_metrics import scrape
@@ -22,6 +27,14 @@ WAVE_1 = 400  # stamped now by the producer
 WAVE_2 = 4_000  # stamped two hours ago: every one of them is older than the top latency bucket (1 h)
 PER_TRIGGER = 200  # so wave 2 takes at least 20 batches, long enough for lag to be seen before it drains
 WAIT_S = 300.0
+CHECKPOINT_INTERVAL_S = 2.0
+HEARTBEAT_INTERVAL_S = 1.0
+# A checkpoint is rewritten every interval, a heartbeat reaches the target one trigger and batch after it is
+# emitted and is seen at the next heartbeat round; these bounds leave room for a busy machine, and the window
+# outlasts them, so an age that stopped being refreshed would cross its bound within it.
+CHECKPOINT_AGE_MAX_S = 3 * CHECKPOINT_INTERVAL_S
+HEARTBEAT_AGE_MAX_S = 15.0
+FRESH_WINDOW_S = 25.0
 
 
 def wave(count: int, timestamp_ms: int | None, seed: int) -> list[Record]:
@@ -32,68 +45,99 @@ def wave(count: int, timestamp_ms: int | None, seed: int) -> list[Record]:
 
 
 class Scraper:
-    """Reads the mirror's endpoint until a condition holds; fails with the mirror's own error if it died."""
+    """Reads the mirror's endpoint every half second and keeps every scrape in `history`; fails with the mirror's
+    own error if it died."""
 
     def __init__(self, port: int, mirror_errors: list[BaseException]) -> None:
         self.url = f"http://127.0.0.1:{port}/metrics"
         self.mirror_errors = mirror_errors
-        self.max_lag = 0.0
+        self.history: list[dict] = []
 
     def until(self, what: str, condition: Callable[[dict], bool]) -> dict:
+        """The first scrape for which `condition` holds."""
         deadline = time.monotonic() + WAIT_S
         got: dict = {}
         while time.monotonic() < deadline:
-            assert not self.mirror_errors, f"the mirror stopped: {self.mirror_errors[0]!r}"
-            try:
-                with urllib.request.urlopen(self.url, timeout=10) as response:
-                    got = scrape(response.read().decode())
-            except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.5)  # not listening yet
-                continue
-            self.max_lag = max(self.max_lag, total(got, "mirrorkit_lag_records"))
-            if condition(got):
+            got = self._scrape() or got
+            if got and condition(got):
                 return got
             time.sleep(0.5)
         figures = {k[0]: v for k, v in got.items() if "latency" not in k[0]}
         raise AssertionError(f"no {what} within {WAIT_S:.0f}s; last scrape: {figures}")
+
+    def during(self, seconds: float) -> list[dict]:
+        """Every scrape taken over `seconds`."""
+        scrapes, end = [], time.monotonic() + seconds
+        while time.monotonic() < end:
+            if got := self._scrape():
+                scrapes.append(got)
+            time.sleep(0.5)
+        return scrapes
+
+    def _scrape(self) -> dict | None:
+        """One scrape, or None while the endpoint is not listening yet."""
+        assert not self.mirror_errors, f"the mirror stopped: {self.mirror_errors[0]!r}"
+        try:
+            with urllib.request.urlopen(self.url, timeout=10) as response:
+                got = scrape(response.read().decode())
+        except (urllib.error.URLError, ConnectionError):
+            return None
+        self.history.append(got)
+        return got
 
 
 def total(got: dict, name: str, **where: str) -> float:
     return sum(v for (n, ls), v in got.items() if n == name and ls >= frozenset(where.items()))
 
 
-def bucket(got: dict, le: str) -> float:
-    return total(got, "mirrorkit_replication_latency_seconds_bucket", le=le)
+def bucket(got: dict, le: str, **where: str) -> float:
+    return total(got, "mirrorkit_replication_latency_seconds_bucket", le=le, **where)
+
+
+def series(got: dict, name: str, **where: str) -> list[float]:
+    """The values of every series of `name` whose labels include `where`."""
+    return [v for (n, ls), v in got.items() if n == name and ls >= frozenset(where.items())]
 
 
 def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_drains(
-    spark, source_cluster, target_cluster, tmp_path, unique
+    spark, testbed, target_cluster, tmp_path, unique
 ):
-    live, held = f"live-{unique}", f"held-{unique}"
-    create_topics(source_cluster.admin, {live: PARTITIONS, held: 1})
-    create_topics(target_cluster.admin, {f"msk.{live}": PARTITIONS})  # no hub for `held`: it is quarantined
-    first = wave(WAVE_1, None, seed=1)
-    produce(source_cluster.client, live, first)
+    source = testbed.start(f"metrics-{unique[-8:]}", "msk-scram")
+    alias = f"src{unique[-8:]}"  # its own names on the shared target: no other test's heartbeats or checkpoints
+    live, held, group = f"live-{unique}", f"held-{unique}", f"app-{unique}"
     port = free_port()
     config = parse_config(
         {
-            "clusters": [cluster_entry(source_cluster, "msk"), cluster_entry(target_cluster, "eh")],
+            "clusters": [cluster_entry(source, alias), cluster_entry(target_cluster, "eh")],
             "flows": [
                 {
-                    "source": "msk",
+                    "source": alias,
                     "target": "eh",
                     "topics": {"include": [live, held]},
+                    "groups": {"include": [group]},
                     "checkpoint_location": str(tmp_path / "ckpt"),
                     "max_records_per_trigger": PER_TRIGGER,
-                    "emit_heartbeats": False,  # no `heartbeats` topic on the shared source cluster
                 }
             ],
             "metrics_port": port,
+            "checkpoint_interval_s": CHECKPOINT_INTERVAL_S,
+            "heartbeat_interval_s": HEARTBEAT_INTERVAL_S,
         }
     )
+    (flow_config,) = config.flows
+    create_topics(source.admin, {live: PARTITIONS, held: 1})
+    dr_topics = [target_topic(flow_config, HEARTBEATS_TOPIC), checkpoints_topic(flow_config)]
+    create_topics(  # no hub for `held`: it is quarantined
+        target_cluster.admin,
+        {target_topic(flow_config, live): PARTITIONS, offset_syncs_topic(flow_config): 1} | dict.fromkeys(dr_topics, 1),
+    )
+    first = wave(WAVE_1, None, seed=1)
+    produce(source.client, live, first)
+    commit(source.client, group, live, dict.fromkeys(range(PARTITIONS), WAVE_1 // PARTITIONS // 2))
     mirror = Mirror(spark, config)
-    flow = "msk->eh"
+    flow = flow_config.name
     where = {"flow": flow, "topic": live}
+    checkpoint_age = {"flow": flow, "group": group}
     with mirror_running(mirror) as errors:
         scraper = Scraper(port, errors)
         after_1 = scraper.until(
@@ -104,10 +148,20 @@ def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_dra
                 and total(g, "mirrorkit_lag_records", **where) == 0
             ),
         )
+        # The group's checkpoint and the heartbeats: served, and kept young for longer than their bounds.
+        scraper.until(
+            "checkpoint age and heartbeat age served",
+            lambda g: (
+                series(g, "mirrorkit_checkpoint_age_seconds", **checkpoint_age)
+                and series(g, "mirrorkit_heartbeat_age_seconds", flow=flow)
+            ),
+        )
+        fresh_from = len(scraper.history)
+        window = scraper.during(FRESH_WINDOW_S)
         old_ms = int(time.time() * 1000) - 2 * 3_600_000
         second = wave(WAVE_2, old_ms, seed=2)
-        produce(source_cluster.client, live, second)
-        scraper.max_lag = 0.0
+        produce(source.client, live, second)
+        wave_2_from = len(scraper.history)
         after_2 = scraper.until(
             "wave 2 mirrored with lag 0 on every partition",
             lambda g: (
@@ -119,7 +173,7 @@ def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_dra
 
     # Records and bytes, per partition, are exactly what was produced, and what the target holds.
     sent = first + second
-    on_target = read_all(target_cluster.client, f"msk.{live}", expected=len(sent))
+    on_target = read_all(target_cluster.client, target_topic(flow_config, live), expected=len(sent))
     assert len(on_target) == WAVE_1 + WAVE_2
     per_partition = Counter(r.partition for r in sent)
     bytes_per_partition = Counter()
@@ -132,14 +186,15 @@ def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_dra
     assert total(after_2, "mirrorkit_bytes_mirrored_total") > total(after_1, "mirrorkit_bytes_mirrored_total") > 0
 
     # Latency: wave 1 was copied within the hour, every wave-2 record was two hours old when it landed.
-    assert bucket(after_1, "3600.0") == bucket(after_1, "+Inf") == WAVE_1
-    assert bucket(after_2, "3600.0") == WAVE_1
-    assert bucket(after_2, "+Inf") - bucket(after_1, "+Inf") == WAVE_2
+    assert bucket(after_1, "3600.0", **where) == bucket(after_1, "+Inf", **where) == WAVE_1
+    assert bucket(after_2, "3600.0", **where) == WAVE_1
+    assert bucket(after_2, "+Inf", **where) - bucket(after_1, "+Inf", **where) == WAVE_2
     latency_sum = "mirrorkit_replication_latency_seconds_sum"
-    assert total(after_2, latency_sum) - total(after_1, latency_sum) >= WAVE_2 * 2 * 3600
+    assert total(after_2, latency_sum, **where) - total(after_1, latency_sum, **where) >= WAVE_2 * 2 * 3600
 
     # Lag rose while wave 2 was being copied and fell back to 0.
-    assert 0 < scraper.max_lag <= WAVE_2
+    max_lag = max(total(g, "mirrorkit_lag_records", **where) for g in scraper.history[wave_2_from:])
+    assert 0 < max_lag <= WAVE_2
     assert all(total(after_2, "mirrorkit_lag_records", **where, partition=str(p)) == 0 for p in range(PARTITIONS))
 
     assert total(after_2, "mirrorkit_last_batch_timestamp_seconds", flow=flow) > total(
@@ -148,5 +203,22 @@ def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_dra
     assert total(after_2, "mirrorkit_quarantined_topics", flow=flow) == 1
     assert total(after_2, "mirrorkit_errors_total", flow=flow, kind="quarantined") == 1
     assert total(after_2, "mirrorkit_records_mirrored_total", flow=flow, topic=held) == 0  # held, never written
+
+    # Checkpoint and heartbeat ages: one series each on every scrape, below its bound. The checkpoint's over the
+    # window and all of wave 2, as the loop runs beside the copy; the heartbeat's over the window, as heartbeats
+    # queue behind a backlog like any record, which is what makes their age a liveness signal.
+    assert len(window) >= 10, f"only {len(window)} scrapes in {FRESH_WINDOW_S:.0f} s"
+    checkpoint_ages = [
+        series(g, "mirrorkit_checkpoint_age_seconds", **checkpoint_age) for g in scraper.history[fresh_from:]
+    ]
+    heartbeat_ages = [series(g, "mirrorkit_heartbeat_age_seconds", flow=flow) for g in window]
+    assert all(len(ages) == 1 for ages in checkpoint_ages + heartbeat_ages)
+    assert max(a for (a,) in checkpoint_ages) < CHECKPOINT_AGE_MAX_S, checkpoint_ages
+    assert max(a for (a,) in heartbeat_ages) < HEARTBEAT_AGE_MAX_S, heartbeat_ages
+    print(
+        f"\nMax ages: checkpoint {max(a for (a,) in checkpoint_ages):.1f} s over {len(checkpoint_ages)} scrapes,"
+        f" heartbeat {max(a for (a,) in heartbeat_ages):.1f} s over {len(window)} scrapes in {FRESH_WINDOW_S:.0f} s"
+    )
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(scraper.url, timeout=5)  # the endpoint closed with the mirror
+    source.stop()

@@ -67,6 +67,13 @@ def produce(settings: ClientSettings, topic: str, records: Iterable[Record], **o
     return count
 
 
+def commit(settings: ClientSettings, group: str, topic: str, offsets: dict[int, int]) -> None:
+    """Commit a group's offsets (partition -> next offset to read) as its consumer would, without joining it."""
+    consumer = Consumer(settings.librdkafka() | {"group.id": group, "enable.auto.commit": False})
+    consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+    consumer.close()
+
+
 def read_all(
     settings: ClientSettings, topic: str, expected: int, timeout_s: float = 60.0, exact: bool = True
 ) -> list[Record]:
