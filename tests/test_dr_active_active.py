@@ -13,7 +13,7 @@ from spark_app.config import parse_config
 from spark_app.policy import PROVENANCE_HEADER
 from spark_app.stream import Mirror
 from tests.support.clients import Record, create_topics, produce, read_all
-from tests.support.mirror_config import cluster_entry
+from tests.support.mirror_config import cluster_entry, free_port
 
 PER_SIDE = 150
 
@@ -57,7 +57,12 @@ def test_both_ways_each_record_lands_once_per_direction_and_names_never_grow(pol
         for src, dst in ((a, b), (b, a))
     ]
     config = parse_config(
-        {"clusters": [cluster_entry(east, a), cluster_entry(west, b)], "flows": flows, "heartbeat_interval_s": 1}
+        {
+            "clusters": [cluster_entry(east, a), cluster_entry(west, b)],
+            "flows": flows,
+            "heartbeat_interval_s": 1,
+            "metrics_port": free_port(),
+        }
     )
     sent = {}
     for cluster, alias in ((east, a), (west, b)):

@@ -12,7 +12,22 @@ import time
 import yaml
 
 from tests.support.clients import Record, by_partition, create_topics, produce, read_all
-from tests.support.mirror_config import cluster_entry
+from tests.support.mirror_config import cluster_entry, free_port
+
+
+def run_command(source, target, topic: str, tmp_path) -> tuple[list[str], dict[str, str]]:
+    """`run` (continuous) on a one-flow config `onprem` -> `dr` for `topic`, and the environment it needs."""
+    config = {
+        "clusters": [cluster_entry(source, "onprem"), cluster_entry(target, "dr")],
+        "flows": [{"source": "onprem", "target": "dr", "topics": {"include": [topic]},
+                   "checkpoint_location": str(tmp_path / "ckpt"),
+                   "emit_heartbeats": False}],  # no `heartbeats` topic on the shared source cluster
+        "metrics_port": free_port(),
+    }  # fmt: skip
+    path = tmp_path / "mirror.yaml"
+    path.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"]
+    return command, os.environ | {"PYSPARK_PYTHON": sys.executable}
 
 
 def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_printing_secrets(
@@ -31,18 +46,7 @@ def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_pr
             time.sleep(0.5)
 
     feeder = threading.Thread(target=feed)
-    config = {
-        "clusters": [cluster_entry(plaintext_cluster, "onprem"), cluster_entry(target_cluster, "dr")],
-        "flows": [{"source": "onprem", "target": "dr", "topics": {"include": [topic]},
-                   "checkpoint_location": str(tmp_path / "ckpt"),
-                   "emit_heartbeats": False}],  # no `heartbeats` topic on the shared source cluster
-    }  # fmt: skip
-    path = tmp_path / "mirror.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = os.environ | {
-        "PYSPARK_PYTHON": sys.executable,
-    }
-    command = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"]
+    command, env = run_command(plaintext_cluster, target_cluster, topic, tmp_path)
     with open(tmp_path / "out.log", "w+") as out:
         first = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
@@ -91,18 +95,7 @@ def test_run_rides_out_its_target_broker_stopped_for_30s_mid_stream(plaintext_cl
             produce(plaintext_cluster.client, topic, sent[i : i + 200])
             time.sleep(0.5)
 
-    config = {
-        "clusters": [cluster_entry(plaintext_cluster, "onprem"), cluster_entry(target, "dr")],
-        "flows": [{"source": "onprem", "target": "dr", "topics": {"include": [topic]},
-                   "checkpoint_location": str(tmp_path / "ckpt"),
-                   "emit_heartbeats": False}],  # no `heartbeats` topic on the shared source cluster
-    }  # fmt: skip
-    path = tmp_path / "mirror.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = os.environ | {
-        "PYSPARK_PYTHON": sys.executable,
-    }
-    command = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"]
+    command, env = run_command(plaintext_cluster, target, topic, tmp_path)
     feeder = threading.Thread(target=feed)
     with open(tmp_path / "out.log", "w+") as out:
         mirror = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
