@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -49,9 +50,8 @@ def test_entrypoint_hands_spark_driver_and_executor_commands_to_spark(tmp_path):
 def test_entrypoint_validates_and_runs_the_mirror_in_local_mode(plaintext_cluster, source_cluster, tmp_path, unique):
     topic = f"img-{unique}"
     create_topics(plaintext_cluster.admin, {topic: 2})
-    records = [
-        Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (("h", b"1"),), 1_700_000_000_000 + i) for i in range(500)
-    ]
+    now = int(time.time() * 1000)  # an old timestamp would let the broker's retention delete the records mid-test
+    records = [Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (("h", b"1"),), now + i) for i in range(500)]
     produce(plaintext_cluster.client, topic, records)
     config = tmp_path / "mirror.yaml"
     config.write_text(
