@@ -36,7 +36,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .config import ClusterConfig, FlowConfig, MirrorConfig
@@ -229,6 +236,24 @@ def _consumer(cluster: ClusterConfig) -> Consumer:
     )
 
 
+# What a partition answers while its leader is being elected or its metadata spreads, e.g. just after creation.
+LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                           KafkaError.UNKNOWN_TOPIC_OR_PART})  # fmt: skip
+
+
+def watermarks(consumer: Consumer, topic: str, partition: int, timeout_s: float = ADMIN_TIMEOUT_S) -> tuple[int, int]:
+    """A partition's (log start, end), waiting out a leader that is still moving, up to `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=max(left, 1.0))
+        except KafkaException as err:
+            if err.args[0].code() not in LEADER_MOVING or left <= 0:
+                raise
+            time.sleep(0.2)
+
+
 def read_topic(cluster: ClusterConfig, topic: str, tail: int | None = None, timeout_s: float = ADMIN_TIMEOUT_S) -> list:
     """Every record of a topic (or the last `tail` of each partition) up to its end now; [] if it does not exist."""
     consumer = _consumer(cluster)
@@ -238,7 +263,7 @@ def read_topic(cluster: ClusterConfig, topic: str, tail: int | None = None, time
             return []
         assignment, ends = [], {}
         for p in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            low, high = watermarks(consumer, topic, p, timeout_s)
             if high > low:
                 start = max(low, high - tail) if tail else low
                 assignment.append(TopicPartition(topic, p, start))
@@ -497,7 +522,7 @@ class DrSync:
     def _target_start(self, topic: str, partition: int) -> int:
         consumer = _consumer(self.target)
         try:
-            return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=ADMIN_TIMEOUT_S)[0]
+            return watermarks(consumer, topic, partition)[0]
         finally:
             consumer.close()
 
@@ -531,7 +556,7 @@ class DrSync:
     def start(self) -> None:
         """Run checkpoints and heartbeats on their intervals in a daemon thread until `stop`."""
         self.prepare(emit_heartbeats=True)
-        self.heartbeat_once()  # before topic sync runs, so `heartbeats` is there to be mirrored
+        self._attempt(self.heartbeat_once)  # before topic sync runs, so `heartbeats` is there to be mirrored
         self._thread = threading.Thread(target=self._run, name=f"dr {self.flow.name}", daemon=True)
         self._thread.start()
 
@@ -545,11 +570,15 @@ class DrSync:
             for i, (interval, task) in enumerate(tasks):
                 if time.monotonic() >= due[i]:
                     due[i] = time.monotonic() + interval
-                    try:
-                        task()
-                    except Exception as err:  # noqa: BLE001 - a DR hiccup must not stop the data plane
-                        log.warning("flow %s: %s failed: %s", self.flow.name, task.__name__, err)
+                    self._attempt(task)
             self._stop.wait(max(0.05, min(due) - time.monotonic()))
+
+    def _attempt(self, task: Callable[[], object]) -> None:
+        """Run one DR task; a failure is logged and the next interval tries again."""
+        try:
+            task()
+        except Exception as err:  # noqa: BLE001 - a DR hiccup must not stop the data plane
+            log.warning("flow %s: %s failed: %s", self.flow.name, task.__name__, err)
 
     def stop(self) -> None:
         """Stop the loop, then write a final offset sync flush and checkpoint, so a finished run is exact."""
@@ -614,7 +643,7 @@ def flow_status(config: MirrorConfig, flow: FlowConfig) -> dict:
     consumer = _consumer(config.cluster(flow.source))
     try:
         for topic, partition in syncs.partitions():
-            ends[(topic, partition)] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+            ends[(topic, partition)] = watermarks(consumer, topic, partition, timeout_s=10)[1]
     except KafkaException:
         ends = None  # the source is down: lag cannot be known
     finally:

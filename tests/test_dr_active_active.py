@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import threading
 import time
 
 import pytest
@@ -14,6 +13,7 @@ from spark_app.policy import PROVENANCE_HEADER
 from spark_app.stream import Mirror
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry, free_port
+from tests.support.running import mirror_running
 
 PER_SIDE = 150
 
@@ -71,22 +71,18 @@ def test_both_ways_each_record_lands_once_per_direction_and_names_never_grow(pol
         produce(cluster.client, topic, sent[alias][:PER_SIDE])
 
     mirror = Mirror(spark, config)
-    runner = threading.Thread(target=mirror.run_forever, daemon=True)
-    runner.start()
-    for cluster, alias in ((east, a), (west, b)):
-        produce(cluster.client, topic, sent[alias][PER_SIDE:])  # while it runs
     copies = [
         (west, f"{a}.{topic}" if policy == "default" else topic),
         (east, f"{b}.{topic}" if policy == "default" else topic),
     ]
     want = 2 * PER_SIDE if policy == "default" else 4 * PER_SIDE
-    deadline = time.monotonic() + 300
-    while any(count(c, t) < want for c, t in copies) and time.monotonic() < deadline:
-        time.sleep(2)
-    time.sleep(10)  # keep mirroring both ways a while longer: nothing more may arrive
-    mirror.stopping.set()
-    runner.join(300)
-    assert not runner.is_alive(), "the mirror did not stop"
+    with mirror_running(mirror, stop_timeout_s=300) as errors:
+        for cluster, alias in ((east, a), (west, b)):
+            produce(cluster.client, topic, sent[alias][PER_SIDE:])  # while it runs
+        deadline = time.monotonic() + 300
+        while any(count(c, t) < want for c, t in copies) and time.monotonic() < deadline and not errors:
+            time.sleep(2)
+        time.sleep(10)  # keep mirroring both ways a while longer: nothing more may arrive
 
     for cluster, here, there in ((east, a, b), (west, b, a)):
         names = {t for t in topics_on(cluster) if topic in t}
