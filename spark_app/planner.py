@@ -10,7 +10,8 @@ Where a partition starts: at the flow's `start_from` (earliest or latest) for a 
 first time, and at its earliest offset for a partition added to a topic it already copies. End offsets are the
 last stable offsets (read_committed), so an open transaction is waited for, never half copied. A source that
 stops answering is waited for up to `UNREACHABLE_GIVE_UP_S` (no new batch meanwhile); then the query fails with a
-message naming the cluster.
+message naming the cluster. While the driver's pause file exists no new batch is planned either, so the driver can
+stop the query between batches (Spark's own stop cancels a batch in flight).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -58,14 +60,19 @@ class RangeGroup(InputPartition):
 
 
 def plan_source_options(source: ClusterConfig, topics: dict[str, int], start_from: str, tasks: int,
-                        max_records: int | None) -> dict[str, str]:  # fmt: skip
-    """The options `spark.readStream.format(OffsetRangeSource.name())` takes (all strings, no secret)."""
+                        max_records: int | None, pause_file: Path | None = None) -> dict[str, str]:  # fmt: skip
+    """The options `spark.readStream.format(OffsetRangeSource.name())` takes (all strings, no secret).
+
+    While `pause_file` exists a continuous query plans no new batch, so the driver can stop it between batches.
+    """
     options = {
         "source": source.model_dump_json(),
         "topics": json.dumps(topics),
         "start_from": start_from,
         "tasks": str(tasks),
     }
+    if pause_file is not None:
+        options["pause_file"] = str(pause_file)
     if max_records:
         options["max_records_per_trigger"] = str(max_records)
     return options
@@ -103,6 +110,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.start_from = options["start_from"]
         self.tasks = int(options["tasks"])
         self.max_records = int(options.get("max_records_per_trigger") or 0)
+        self.pause_file = Path(options["pause_file"]) if "pause_file" in options else None
         self._admin: AdminClient | None = None
         self._available_now_end: Offsets | None = None
         self._down_since: float | None = None
@@ -120,6 +128,8 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._available_now_end is not None:  # an empty answer would end the run early: wait for a real one
             latest = self._available_now_end
             starts = self._until_answered(lambda: self._starts(start, latest))
+        elif self.pause_file is not None and self.pause_file.exists():
+            return start  # the driver is stopping this query: no new batch
         else:
             try:
                 latest = self._list(OffsetSpec.latest())

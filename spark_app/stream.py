@@ -27,10 +27,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -110,13 +113,15 @@ class FlowMirror:
         self.metrics = metrics or MirrorMetrics()
         self._next_offsets: dict[tuple[str, int], int] = {}
         self._between_batches = threading.Lock()
+        # While this file exists the flow's source plans no new batch (spark_app.planner): a stop waits on it.
+        self._pause_file = Path(tempfile.gettempdir()) / f"mirrorkit-pause-{uuid.uuid4().hex}"
         self._publish()
 
     def source_frame(self, topics: tuple[tuple[str, int], ...]) -> DataFrame:
         """The flow's micro-batches as offset ranges over `topics` (name, partition count)."""
         options = plan_source_options(
             self.source, dict(topics), self.flow.start_from, self.spark.sparkContext.defaultParallelism,
-            self.flow.max_records_per_trigger,
+            self.flow.max_records_per_trigger, self._pause_file,
         )  # fmt: skip
         return self.spark.readStream.format(OffsetRangeSource.name()).options(**options).load()
 
@@ -170,13 +175,23 @@ class FlowMirror:
         return self.query
 
     def stop_between_batches(self, timeout_s: float = 120.0) -> None:
-        """Stop after the batch in flight, so no write is cut in half."""
+        """Stop after the batch in flight, so no batch is cut in half and none is written twice.
+
+        Spark's stop cancels whatever runs at that moment, and a batch cancelled after its write but before its
+        commit is written again by the next query. So the source is paused first: a trigger that starts now plans
+        no batch, and the one in flight (if any) runs to its commit before the query stops. A batch stuck past
+        `timeout_s` is cancelled anyway, and runs again (at least once).
+        """
         if self.query is None or not self.query.isActive:
             return
-        deadline = time.monotonic() + timeout_s
-        while self.query.status.get("isTriggerActive") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        self.query.stop()
+        self._pause_file.touch()
+        try:
+            deadline = time.monotonic() + timeout_s
+            while self.query.status.get("isTriggerActive") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.query.stop()
+        finally:
+            self._pause_file.unlink(missing_ok=True)
 
     def next_offsets(self) -> dict[tuple[str, int], int]:
         """Per source partition, the next offset the flow will copy: where its query's last batch ended.
