@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from spark_app.cli import main as cli_main
 from spark_app.config import ClusterConfig, parse_config
-from spark_app.dr import Checkpoint, OffsetSync, failover_plan, read_checkpoints, read_topic
+from spark_app.dr import Checkpoint, OffsetSync, failover_plan, read_checkpoints, read_topic, watermarks
 from spark_app.policy import checkpoints_topic, event_hubs_topics, offset_syncs_topic
 from spark_app.stream import Mirror
 from tests.support.clients import Record, commit, create_topics, produce
@@ -56,7 +56,7 @@ def written(cluster: ClusterConfig, topic: str, decode: Callable[[bytes, bytes],
 
 def values_from(settings: ClientSettings, topic: str, partition: int, offset: int) -> list[bytes]:
     consumer = Consumer(settings.librdkafka() | {"group.id": "dr-test-reader", "enable.auto.commit": False})
-    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+    low, high = watermarks(consumer, topic, partition)
     consumer.assign([TopicPartition(topic, partition, offset)])
     values = []
     deadline = time.monotonic() + 60

@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from spark_app.config import parse_config
+from spark_app.dr import watermarks
 from spark_app.policy import PROVENANCE_HEADER
 from spark_app.stream import Mirror
 from tests.support.clients import Record, create_topics, produce, read_all
@@ -29,14 +30,14 @@ def topics_on(cluster) -> set[str]:
 
 
 def count(cluster, topic: str) -> int:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer
 
     consumer = Consumer(cluster.client.librdkafka() | {"group.id": "aa-count"})
     try:
         metadata = consumer.list_topics(topic, timeout=10).topics[topic]
         if metadata.error is not None:
             return 0
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in metadata.partitions)
+        return sum(watermarks(consumer, topic, p)[1] for p in metadata.partitions)  # a fresh topic's leader may move
     finally:
         consumer.close()
 
