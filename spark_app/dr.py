@@ -236,9 +236,8 @@ def _consumer(cluster: ClusterConfig) -> Consumer:
     )
 
 
-# What a partition answers while its leader is being elected or its metadata spreads, e.g. just after creation.
-LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                           KafkaError.UNKNOWN_TOPIC_OR_PART})  # fmt: skip
+# What a partition answers while its leader is being elected, e.g. just after the topic was created.
+LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
 
 
 def watermarks(consumer: Consumer, topic: str, partition: int, timeout_s: float = ADMIN_TIMEOUT_S) -> tuple[int, int]:

@@ -187,7 +187,11 @@ class FlowMirror:
         self._pause_file.touch()
         try:
             deadline = time.monotonic() + timeout_s
-            while self.query.status.get("isTriggerActive") and time.monotonic() < deadline:
+            while self.query.status.get("isTriggerActive"):
+                if time.monotonic() > deadline:
+                    log.warning("flow %s: the batch in flight did not end within %.0f s; cancelling it, it runs"
+                                " again when the query restarts", self.flow.name, timeout_s)  # fmt: skip
+                    break
                 time.sleep(0.05)
             self.query.stop()
         finally:

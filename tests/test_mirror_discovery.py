@@ -89,12 +89,18 @@ def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_incre
         assert by_partition(got)[3] == by_partition(grown)[3]
 
 
+def batch_ids(log_dir) -> set[int]:
+    """The batch ids in one of a Spark checkpoint's logs (`offsets`: planned, `commits`: done)."""
+    return {int(f.name) for f in log_dir.iterdir() if f.name.isdigit()} if log_dir.exists() else set()
+
+
 def test_query_restarts_under_load_write_each_record_once_in_order(
     spark, plaintext_cluster, source_cluster, tmp_path, unique
 ):
     """A topic-set change stops the query and starts it again; stopping must never cut a batch in half.
 
-    Records flow in all the while, so batches follow each other closely, and each stop lands next to one.
+    Records flow in all the while, so batches follow each other closely, and each stop lands next to one. After
+    each stop every planned batch is committed: none is left for the next query to write again.
     """
     topic, restarts, waves = f"restart-{unique}", 8, 40
     create_topics(plaintext_cluster.admin, {topic: 2})
@@ -132,9 +138,12 @@ def test_query_restarts_under_load_write_each_record_once_in_order(
         time.sleep(0.5 + 0.2 * (stops % 4))
         flow.stop_between_batches()
         stops += 1
+        planned, committed = batch_ids(tmp_path / "ckpt" / "offsets"), batch_ids(tmp_path / "ckpt" / "commits")
+        assert planned == committed, f"stop {stops} left batch(es) {planned - committed} planned but not committed"
     producer.join()
     flow.start(topics, available_now=True)
-    flow.query.awaitTermination(120)
+    assert flow.query.awaitTermination(120), "the final available-now run did not end"
+    assert flow.query.exception() is None, flow.query.exception()
     got = read_all(source_cluster.client, f"here.{topic}", expected=len(sent), timeout_s=WAIT_S)  # exact: no twice
     print(f"\nrestarts under load: {stops} stops, {len(got)} records read back of {len(sent)} sent")
     assert by_partition(got) == by_partition(sent)
