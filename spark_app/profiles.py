@@ -1,9 +1,10 @@
 """Client settings per platform, in both dialects the mirror speaks.
 
-Spark's Kafka source and sink take Java client names (prefixed `kafka.`); the control loops and the Python write
-path use confluent-kafka, which takes librdkafka names. One profile table feeds both so they cannot drift.
-Explicit `client_overrides` (Java names) win over the profile. Secrets are read here, at run time, from the env var
-or file the config names; they are never logged and never part of an error message.
+Users know Kafka's Java client names: the profile table, `client_overrides` and `describe` speak them. Every
+client the mirror runs (the copier, topic sync, the DR loop) is confluent-kafka, which takes librdkafka names, so
+`librdkafka_settings` translates the one table and the two cannot drift. Explicit `client_overrides` win over the
+profile. Secrets are read here, at run time, from the env var or file the config names; they are never logged and
+never part of an error message.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def java_settings(cluster: ClusterConfig, role: Role) -> dict[str, str]:
             **(_EVENTHUBS_PRODUCER if role == "producer" else {}),
         }
     elif cluster.profile is Profile.EVENTHUBS_ENTRA:
-        # The login callback handler comes from client_overrides (config validation insists when Spark reads it).
+        # A Java client also needs a login callback handler, from client_overrides; librdkafka uses `oauth_cb`.
         conf |= {
             "sasl.mechanism": "OAUTHBEARER",
             "sasl.jaas.config": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;",
@@ -126,10 +127,6 @@ def librdkafka_settings(cluster: ClusterConfig, role: Role) -> dict[str, object]
     if role == "producer" and cluster.is_eventhubs:
         conf["socket.keepalive.enable"] = True
     return conf
-
-
-def spark_options(cluster: ClusterConfig, role: Role) -> dict[str, str]:
-    return {f"kafka.{k}": v for k, v in java_settings(cluster, role).items()}
 
 
 def redacted(settings: dict[str, object]) -> dict[str, object]:
