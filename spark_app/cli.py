@@ -1,16 +1,20 @@
-"""`python -m spark_app run|validate|describe|status|failover --config FILE`: the entry point of the mirror image."""
+"""The command line, `mirrorkit run|validate|describe|status|failover --config FILE` (also `python -m spark_app`)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import re
 import signal
 import sys
+from typing import Any
 
 from .config import ConfigError, MirrorConfig, load_config
+from .errors import MirrorFailed
 from .policy import target_topic
-from .profiles import SecretError, java_settings, redacted
+from .profiles import SecretError, librdkafka_settings, redacted
 
 log = logging.getLogger("spark_app")
 PREFLIGHT_TIMEOUT_S = 20.0
@@ -55,23 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, SecretError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except Exception as err:  # noqa: BLE001 - the last line of defence prints one clear line, not a JVM stack
-        from .stream import MirrorFailed
-        from .topics import ClusterUnreachable, StateError
-
-        if isinstance(err, MirrorFailed | ClusterUnreachable | StateError):
-            print(f"error: {err}", file=sys.stderr)
-            return 1
-        raise
+    except MirrorFailed as err:  # one clear line, not a JVM stack
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
 
-def describe(config: MirrorConfig) -> dict:
+def describe(config: MirrorConfig) -> dict[str, Any]:
     """Flows, clusters (redacted) and the topics each flow matches on its source right now."""
     from .topics import TopicSync
 
-    out: dict = {"clusters": {}, "flows": []}
+    out: dict[str, Any] = {"clusters": {}, "flows": []}
     for c in config.clusters:
-        out["clusters"][c.alias] = {"profile": c.profile.value, "settings": redacted(java_settings(c, "consumer"))}
+        settings = redacted(librdkafka_settings(c, "consumer"))
+        out["clusters"][c.alias] = {"profile": c.profile.value, "settings": settings}
     for flow in config.flows:
         sync = TopicSync(flow, config.cluster(flow.source), config.cluster(flow.target))
         out["flows"].append(
@@ -90,33 +90,31 @@ def _age(seconds: float | None) -> str:
 
 def print_status(config: MirrorConfig, as_json: bool) -> int:
     """Read only what the mirror wrote on the clusters, so it works beside a running mirror or without one."""
-    from .dr import flow_status
+    from .dr.views import flow_status
 
     flows = [flow_status(config, flow) for flow in config.flows]
     if as_json:
-        print(json.dumps({"flows": flows}, indent=2))
+        print(json.dumps({"flows": [dataclasses.asdict(f) for f in flows]}, indent=2))
         return 0
     print(
         f"{'flow':16} {'topic':24} {'part':>4} {'mirrored':>10} {'lag':>8} {'checkpoint age':>15} {'heartbeat age':>14}"
     )
     for f in flows:
-        heartbeat = _age(f["heartbeat_age_s"])
-        if not f["partitions"]:
-            print(f"{f['flow']:16} {'(nothing mirrored yet)':24} {'':>4} {'':>10} {'':>8} {'-':>15} {heartbeat:>14}")
-        for p in f["partitions"]:
-            lag = "source down" if p["lag"] is None else str(p["lag"])
+        heartbeat = _age(f.heartbeat_age_s)
+        if not f.partitions:
+            print(f"{f.flow:16} {'(nothing mirrored yet)':24} {'':>4} {'':>10} {'':>8} {'-':>15} {heartbeat:>14}")
+        for p in f.partitions:
+            lag = "source down" if p.lag is None else str(p.lag)
             print(
-                f"{f['flow']:16} {p['topic']:24} {p['partition']:>4} {p['mirrored_offset']:>10} {lag:>8}"
-                f" {_age(p['checkpoint_age_s']):>15} {heartbeat:>14}"
+                f"{f.flow:16} {p.topic:24} {p.partition:>4} {p.mirrored_offset:>10} {lag:>8}"
+                f" {_age(p.checkpoint_age_s):>15} {heartbeat:>14}"
             )
     return 0
 
 
 def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_run: bool) -> int:
     """Print where each group resumes on the target; without --dry-run, commit it there for idle groups."""
-    import re
-
-    from .dr import failover, failover_plan
+    from .dr.views import failover, failover_plan
 
     flow = config.flow(flow_name)
     if groups is not None:
@@ -148,8 +146,8 @@ def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_r
 
 
 def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) -> int:
+    from .clients import check_reachable
     from .stream import Mirror, build_session
-    from .topics import check_reachable
 
     for flow in config.flows:
         src, dst = config.cluster(flow.source), config.cluster(flow.target)
@@ -166,11 +164,11 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
     else:
         signal.signal(signal.SIGTERM, lambda *_: mirror.stopping.set())
         mirror.run_forever()
-    for flow in mirror.flows:
-        t = flow.totals
+    for running in mirror.flows:
+        t = running.totals
         log.info(
             "flow %s: %d records, %d bytes in %d batches; dropped %d, dead-lettered %d, lost at source %d,"
-            " quarantined %s", flow.flow.name, sum(t.records.values()), sum(t.bytes.values()), t.batches, t.dropped,
+            " quarantined %s", running.flow.name, sum(t.records.values()), sum(t.bytes.values()), t.batches, t.dropped,
             t.dead_lettered, sum(loss.count for loss in t.data_loss), t.quarantined or "none",
         )  # fmt: skip
     spark.stop()

@@ -19,14 +19,22 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-CONFIG_VERSION = 1
+CONFIG_VERSION: Literal[1] = 1
 ALIAS_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
 # Kafka's own rule for topic names; Event Hubs names are a subset.
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 EVENTHUBS_CODECS = ("none", "gzip")
-# kafka-clients has no Entra workload-identity login of its own: a Java client (not the mirror, which reads and
-# writes through librdkafka) of a cluster with profile eventhubs-entra names a handler here in client_overrides.
-ENTRA_JAVA_HANDLER_KEY = "sasl.login.callback.handler.class"
+# Kafka Java client names users carry over from MirrorMaker 2 configs, with what librdkafka (every client the mirror
+# runs) calls them; None when librdkafka has no such setting.
+JAVA_CLIENT_NAMES = {
+    "max.request.size": "message.max.bytes",
+    "ssl.truststore.location": "ssl.ca.location",
+    "ssl.keystore.location": "ssl.certificate.location and ssl.key.location",
+    "sasl.jaas.config": None,
+    "max.poll.records": None,
+    "sasl.client.callback.handler.class": None,
+    "sasl.login.callback.handler.class": None,
+}
 
 
 class ConfigError(ValueError):
@@ -60,7 +68,7 @@ class Profile(str, enum.Enum):
     KAFKA = "kafka"  # plaintext, or TLS with `tls: true`
     EVENTHUBS = "eventhubs"  # SASL_SSL PLAIN, username $ConnectionString, password the connection string
     # SASL_SSL OAUTHBEARER with an Entra ID token from Azure workload identity: for namespaces with local (SAS) auth
-    # disabled. Java clients need a login callback handler from a jar (ENTRA_JAVA_HANDLER_KEY).
+    # disabled.
     EVENTHUBS_ENTRA = "eventhubs-entra"
     MSK_SCRAM = "msk-scram"  # SASL_SSL SCRAM-SHA-512, port 9096
     MSK_IAM = "msk-iam"  # SASL_SSL AWS_MSK_IAM, port 9098
@@ -94,7 +102,7 @@ class ClusterConfig(_Strict):
     client_cert_file: str | None = None  # mtls
     client_key: SecretRef | None = None  # mtls
     region: str | None = None  # msk-iam
-    client_overrides: dict[str, str] = Field(default_factory=dict)  # Java client names; they win over the profile
+    client_overrides: dict[str, str] = Field(default_factory=dict)  # librdkafka names; they win over the profile
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -118,6 +126,17 @@ class ClusterConfig(_Strict):
             raise ValueError(f"profile '{self.profile.value}' needs {', '.join(repr(k) for k in missing)}")
         if self.tls and self.profile is not Profile.KAFKA:
             raise ValueError(f"'tls' applies to profile 'kafka' only; '{self.profile.value}' always uses TLS")
+        for key in self.client_overrides:
+            if key in JAVA_CLIENT_NAMES:
+                instead = JAVA_CLIENT_NAMES[key]
+                raise ValueError(
+                    f"client_overrides.{key}: a Kafka Java client name; the mirror's clients are librdkafka, "
+                    + (
+                        f"which calls it '{instead}'"
+                        if instead
+                        else "which has no such setting (the profile covers it)"
+                    )
+                )
         codec = self.client_overrides.get("compression.type")
         if self.is_eventhubs and codec is not None and codec not in EVENTHUBS_CODECS:
             raise ValueError(

@@ -1,7 +1,8 @@
-"""The mirror's Prometheus metrics, served as text from the driver on `metrics_port`.
+"""What the mirror reports about itself: per-flow totals, and Prometheus metrics served on `metrics_port`.
 
-Each `Mirror` owns one `MirrorMetrics` with a private registry, so two mirrors in one process never share a series.
-Figures come from three places:
+`FlowTotals` is what a flow has done since start (the `run` summary, the demo and tests read it). Each `Mirror`
+owns one `MirrorMetrics` with a private registry, so two mirrors in one process never share a series. Figures come
+from three places:
 - the landing rows the writer hands back per batch (records, bytes, dead letters and a replication-latency
   histogram bucketed per record on the worker, at delivery time);
 - `LagPoller`, a driver thread that compares each source partition's end offset with the next offset the mirror
@@ -16,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
@@ -25,21 +26,46 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from . import clients
 from .config import ClusterConfig, ConfigError
-from .profiles import librdkafka_settings
+from .ranges import LATENCY_BUCKETS_S, DataLoss, Landing
 
 log = logging.getLogger(__name__)
 
-# Upper bounds of the replication-latency buckets: sub-second for a mirror that keeps up, up to an hour for one
-# catching up; anything older lands in +Inf.
-LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-# The same bounds in milliseconds, as Kafka timestamps are, for the writer's `bisect_left`; its counts list has one
-# more slot, for +Inf.
-LATENCY_BOUNDS_MS = tuple(b * 1000 for b in LATENCY_BUCKETS_S)
 LAG_POLL_INTERVAL_S = 5.0
 LIST_OFFSETS_TIMEOUT_S = 15.0
 
 Positions = Mapping[tuple[str, int], int]  # (source topic, partition) -> next offset the mirror will copy
+
+
+@dataclass
+class FlowTotals:
+    """What a flow has done since start, per source topic.
+
+    `quarantined` maps each stopped topic to its reason; `held` maps it to {partition: first offset not written};
+    `data_loss` lists the ranges deleted at the source before they were read.
+    """
+
+    records: dict[str, int] = field(default_factory=dict)
+    bytes: dict[str, int] = field(default_factory=dict)
+    dropped: int = 0
+    dead_lettered: int = 0
+    batches: int = 0
+    quarantined: dict[str, str] = field(default_factory=dict)
+    held: dict[str, dict[int, int]] = field(default_factory=dict)
+    data_loss: list[DataLoss] = field(default_factory=list)
+    landed_offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (src, tgt) per partition
+
+    def add(self, landed: Iterable[Landing]) -> None:
+        """Count one batch (or catch-up) of landings."""
+        self.batches += 1
+        for row in landed:
+            self.records[row.topic] = self.records.get(row.topic, 0) + row.records
+            self.bytes[row.topic] = self.bytes.get(row.topic, 0) + row.bytes
+            self.dropped += row.dropped
+            self.dead_lettered += row.dead_lettered
+            if row.last_target_offset >= 0:
+                self.landed_offsets[(row.topic, row.partition)] = (row.last_offset, row.last_target_offset)
 
 
 class MetricsPortError(ConfigError):
@@ -84,8 +110,8 @@ class MirrorMetrics:
         )
         r.register(self)  # `collect` adds the series computed at scrape time
 
-    def batch_landed(self, flow: str, rows: Iterable[Any]) -> None:
-        """Add one batch's landing rows (spark_app.writer.LANDED_SCHEMA) to the flow's figures."""
+    def batch_landed(self, flow: str, rows: Iterable[Landing]) -> None:
+        """Add one batch's landings to the flow's figures."""
         for row in rows:
             labels = (flow, row.topic, str(row.partition))
             self.records.labels(*labels).inc(row.records)
@@ -247,7 +273,7 @@ class LagPoller:
     def _poll_flow(self, source: LagSource, positions: Positions) -> None:
         admin = self._admins.get(source.cluster.alias)
         if admin is None:
-            admin = self._admins[source.cluster.alias] = AdminClient(librdkafka_settings(source.cluster, "admin"))
+            admin = self._admins[source.cluster.alias] = clients.admin(source.cluster)
         wanted = {TopicPartition(t, p): OffsetSpec.latest() for t, p in positions}
         failed: list[str] = []
         for tp, future in admin.list_offsets(wanted, request_timeout=LIST_OFFSETS_TIMEOUT_S).items():

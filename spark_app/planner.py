@@ -19,37 +19,25 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
 
+from . import clients
 from .config import ClusterConfig
-from .topics import ADMIN_TIMEOUT_S, ClusterUnreachable, _admin
+from .errors import ClusterUnreachable
+from .ranges import RANGE_SCHEMA, OffsetRange
 
 log = logging.getLogger(__name__)
 
-RANGE_SCHEMA = "topic string, partition int, start long, end long"
 UNREACHABLE_GIVE_UP_S = 300.0  # a source or target down this long stops the mirror (the producer's delivery timeout)
 
 Offsets = dict[str, dict[str, int]]  # {"topic": {"partition": offset}}
-
-
-@dataclass(frozen=True)
-class OffsetRange:
-    """Source offsets [start, end) of one topic-partition."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
 
 
 class RangeGroup(InputPartition):
@@ -97,8 +85,8 @@ class OffsetRangeSource(DataSource):
     def schema(self) -> str:
         return RANGE_SCHEMA
 
-    def streamReader(self, schema) -> OffsetRangeReader:
-        return OffsetRangeReader(self.options)
+    def streamReader(self, schema: StructType) -> OffsetRangeReader:
+        return OffsetRangeReader(dict(self.options))
 
 
 class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -115,7 +103,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_end: Offsets | None = None
         self._down_since: float | None = None
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> Offsets:
         return {}  # every partition starts where `_starts` says: the checkpoint holds no position yet
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -124,7 +112,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now_end = self._until_answered(lambda: self._list(OffsetSpec.latest()))
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         if self._available_now_end is not None:  # an empty answer would end the run early: wait for a real one
             latest = self._available_now_end
             starts = self._until_answered(lambda: self._starts(start, latest))
@@ -142,7 +130,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = _limited(starts, latest, limit.max_rows)
         return latest
 
-    def _until_answered(self, call):
+    def _until_answered(self, call: Callable[[], Offsets]) -> Offsets:
         while True:
             try:
                 answer = call()
@@ -161,7 +149,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ClusterUnreachable(self.source, waited, err.args[0].str()) from None
         log.warning("cluster '%s' did not answer (retrying): %s", self.source.alias, err.args[0].str())
 
-    def partitions(self, start: dict, end: dict) -> list[RangeGroup]:
+    def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
         starts = self._starts(start, end)
         ranges = [
             OffsetRange(topic, int(p), min(starts[topic][p], offset), offset)
@@ -171,9 +159,10 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ]
         return [RangeGroup(g) for g in split_ranges(ranges, self.tasks)]
 
-    def read(self, partition: RangeGroup):
+    def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, int]]:
+        assert isinstance(partition, RangeGroup)  # Spark hands back what `partitions` planned
         for r in partition.ranges:
-            yield tuple(asdict(r).values())
+            yield r.topic, r.partition, r.start, r.end
 
     def _starts(self, start: Offsets, end: Offsets) -> Offsets:
         """Each end partition's start: the checkpoint's, else `start_from` (new topic) or earliest (new partition)."""
@@ -187,15 +176,12 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _list(self, spec: OffsetSpec, partitions: list[tuple[str, str]] | None = None) -> Offsets:
         if self._admin is None:
-            self._admin = _admin(self.source)
+            self._admin = clients.admin(self.source)
         wanted = partitions or [(t, str(p)) for t, n in self.topics.items() for p in range(n)]
-        request = {TopicPartition(t, int(p)): spec for t, p in wanted}
-        futures = self._admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=ADMIN_TIMEOUT_S
-        )
+        found = clients.list_offsets(self._admin, [(t, int(p)) for t, p in wanted], spec, read_committed=True)
         offsets: Offsets = {}
-        for tp, future in futures.items():
-            offsets.setdefault(tp.topic, {})[str(tp.partition)] = future.result().offset
+        for (topic, partition), offset in found.items():
+            offsets.setdefault(topic, {})[str(partition)] = offset
         return offsets
 
 

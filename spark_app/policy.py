@@ -50,7 +50,7 @@ def should_mirror(flow: FlowConfig, source_topic: str) -> bool:
     return flow.topics.matches(source_topic)
 
 
-def drops_record(flow: FlowConfig, provenance: bytes | None) -> bool:
+def drops_record(flow: FlowConfig, provenance: str | bytes | None) -> bool:
     """Identity loop prevention: a record that came from the flow's target must not go back there."""
     return flow.replication_policy == "identity" and flow.provenance_header and provenance == flow.target.encode()
 

@@ -1,10 +1,9 @@
-"""Client settings per platform, in both dialects the mirror speaks.
+"""Client settings per platform, in librdkafka's names: every Kafka client the mirror runs is confluent-kafka.
 
-Users know Kafka's Java client names: the profile table, `client_overrides` and `describe` speak them. Every
-client the mirror runs (the copier, topic sync, the DR loop) is confluent-kafka, which takes librdkafka names, so
-`librdkafka_settings` translates the one table and the two cannot drift. Explicit `client_overrides` win over the
-profile. Secrets are read here, at run time, from the env var or file the config names; they are never logged and
-never part of an error message.
+Each profile says what its platform needs (protocol, SASL mechanism, Event Hubs' limits); a cluster's
+`client_overrides` (librdkafka names too) win over the profile. Java client names appear only where a Java client
+really runs: the benchmarks and MirrorMaker 2, outside this package. Secrets are read here, at run time, from the
+env var or file the config names; they are never logged and never part of an error message.
 """
 
 from __future__ import annotations
@@ -18,24 +17,25 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
-from .config import ENTRA_JAVA_HANDLER_KEY, ClusterConfig, ConfigError, Profile, SecretRef
+from .config import ClusterConfig, ConfigError, Profile, SecretRef
 
 Role = Literal["consumer", "producer", "admin"]
+# librdkafka settings: strings, numbers and booleans, plus callbacks (oauth_cb, error_cb) that confluent-kafka's
+# stubs leave out of their value type, hence Any.
+Settings = dict[str, Any]
+_T = TypeVar("_T")
+OAuthCallback = Callable[[str], tuple[str, float]]
 
 # Event Hubs: Azure's load balancer drops idle TCP after 4 minutes, so both idle limits stay under it; the service
-# enforces a 20 s minimum request timeout and a 1 MB request cap.
+# enforces a 20 s minimum request timeout and a 1 MB request cap, and takes no codec but gzip (or none).
 _EVENTHUBS_TUNING = {
     "connections.max.idle.ms": "180000",
     "metadata.max.age.ms": "180000",
     "request.timeout.ms": "60000",
 }
-_EVENTHUBS_PRODUCER = {"max.request.size": "1000000", "compression.type": "none"}
-# Java names that librdkafka spells differently; the rest carry over as they are.
-_TO_LIBRDKAFKA = {"max.request.size": "message.max.bytes"}
-# Java-only names with no librdkafka counterpart.
-_JAVA_ONLY = {"max.request.size", "sasl.jaas.config", "ssl.truststore.type", "ssl.truststore.location"}
+_EVENTHUBS_PRODUCER = {"message.max.bytes": "1000000", "compression.type": "none"}
 # What Azure workload identity's admission webhook puts in a pod labelled azure.workload.identity/use=true whose
 # service account carries azure.workload.identity/client-id.
 WORKLOAD_IDENTITY_ENV = ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_FEDERATED_TOKEN_FILE", "AZURE_AUTHORITY_HOST")
@@ -53,83 +53,43 @@ def read_secret(ref: SecretRef, what: str) -> str:
         if not value:
             raise SecretError(f"{what}: env var {ref.env} is not set")
         return value
+    if ref.file is None:
+        raise SecretError(f"{what}: the secret names neither an env var nor a file")
     try:
         return Path(ref.file).read_text().strip()
     except OSError as err:
         raise SecretError(f"{what}: cannot read secret file {ref.file}: {err.strerror}") from None
 
 
-def java_settings(cluster: ClusterConfig, role: Role) -> dict[str, str]:
-    """Java client properties for this cluster and role."""
-    conf = {"bootstrap.servers": cluster.bootstrap_servers, "security.protocol": _protocol(cluster)}
-    trust = {"ssl.truststore.type": "PEM", "ssl.truststore.location": cluster.ca_file} if cluster.ca_file else {}
-    what = f"cluster '{cluster.alias}'"
-    if cluster.profile is Profile.EVENTHUBS:
-        secret = _jaas_quote(read_secret(cluster.password, f"{what} password"))
-        conf |= {
-            "sasl.mechanism": "PLAIN",
-            "sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required "
-            f'username="$ConnectionString" password="{secret}";',
-            **_EVENTHUBS_TUNING,
-            **(_EVENTHUBS_PRODUCER if role == "producer" else {}),
-        }
-    elif cluster.profile is Profile.EVENTHUBS_ENTRA:
-        # A Java client also needs a login callback handler, from client_overrides; librdkafka uses `oauth_cb`.
-        conf |= {
-            "sasl.mechanism": "OAUTHBEARER",
-            "sasl.jaas.config": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;",
-            **_EVENTHUBS_TUNING,
-            **(_EVENTHUBS_PRODUCER if role == "producer" else {}),
-        }
-    elif cluster.profile is Profile.MSK_SCRAM:
-        secret = _jaas_quote(read_secret(cluster.password, f"{what} password"))
-        conf |= {
-            "sasl.mechanism": "SCRAM-SHA-512",
-            "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
-            f'username="{_jaas_quote(cluster.username)}" password="{secret}";',
-        }
-    elif cluster.profile is Profile.MSK_IAM:
-        conf |= {
-            "sasl.mechanism": "AWS_MSK_IAM",
-            "sasl.jaas.config": "software.amazon.msk.auth.iam.IAMLoginModule required;",
-            "sasl.client.callback.handler.class": "software.amazon.msk.auth.iam.IAMClientCallbackHandler",
-        }
-    elif cluster.profile is Profile.MTLS:
-        if cluster.client_key.file is None:
-            raise SecretError(f"{what} client_key: the Java clients need it as a file (PEM key and chain)")
-        conf |= {"ssl.keystore.type": "PEM", "ssl.keystore.location": cluster.client_key.file}
-    return conf | trust | cluster.client_overrides
-
-
-def librdkafka_settings(cluster: ClusterConfig, role: Role) -> dict[str, object]:
-    """confluent-kafka settings for this cluster and role."""
-    java = java_settings(cluster, role)
-    conf: dict[str, object] = {
-        _TO_LIBRDKAFKA.get(k, k): v for k, v in java.items() if k not in _JAVA_ONLY or k in _TO_LIBRDKAFKA
-    }
-    conf.pop("ssl.keystore.type", None)
-    conf.pop("ssl.keystore.location", None)
-    conf.pop("sasl.client.callback.handler.class", None)
-    conf.pop(ENTRA_JAVA_HANDLER_KEY, None)
+def librdkafka_settings(cluster: ClusterConfig, role: Role) -> Settings:
+    """confluent-kafka settings for this cluster and role: the profile's, then the cluster's overrides."""
+    conf: Settings = {"bootstrap.servers": cluster.bootstrap_servers, "security.protocol": _protocol(cluster)}
     if cluster.ca_file:
         conf["ssl.ca.location"] = cluster.ca_file
     what = f"cluster '{cluster.alias}'"
     if cluster.profile is Profile.EVENTHUBS:
-        conf |= {"sasl.username": "$ConnectionString", "sasl.password": read_secret(cluster.password, what)}
-    elif cluster.profile is Profile.MSK_SCRAM:
-        conf |= {"sasl.username": cluster.username, "sasl.password": read_secret(cluster.password, what)}
+        conf |= {"sasl.mechanism": "PLAIN", "sasl.username": "$ConnectionString"}
+        conf["sasl.password"] = read_secret(_required(cluster.password), what)
     elif cluster.profile is Profile.EVENTHUBS_ENTRA:
         conf |= {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": _entra_token(cluster)}
+    elif cluster.profile is Profile.MSK_SCRAM:
+        conf |= {"sasl.mechanism": "SCRAM-SHA-512", "sasl.username": cluster.username}
+        conf["sasl.password"] = read_secret(_required(cluster.password), what)
     elif cluster.profile is Profile.MSK_IAM:
-        conf |= {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": _msk_iam_token(cluster.region)}
+        conf |= {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": _msk_iam_token(_required(cluster.region))}
     elif cluster.profile is Profile.MTLS:
-        conf |= {"ssl.certificate.location": cluster.client_cert_file, "ssl.key.location": cluster.client_key.file}
-    if role == "producer" and cluster.is_eventhubs:
-        conf["socket.keepalive.enable"] = True
-    return conf
+        key = _required(cluster.client_key)
+        if key.file is None:
+            raise SecretError(f"{what} client_key: librdkafka reads the client key from a file, not {key.describe()}")
+        conf |= {"ssl.certificate.location": cluster.client_cert_file, "ssl.key.location": key.file}
+    if cluster.is_eventhubs:
+        conf |= _EVENTHUBS_TUNING
+        if role == "producer":
+            conf |= _EVENTHUBS_PRODUCER | {"socket.keepalive.enable": True}
+    return conf | cluster.client_overrides
 
 
-def redacted(settings: dict[str, object]) -> dict[str, object]:
+def redacted(settings: Settings) -> Settings:
     """Settings fit for a log line or `describe`."""
     secret_words = ("password", "jaas", "secret", "oauth_cb", "key.pem", "ssl.key")
     return {k: ("***" if any(w in k for w in secret_words) else v) for k, v in settings.items()}
@@ -141,11 +101,14 @@ def _protocol(cluster: ClusterConfig) -> str:
     return "SSL" if cluster.profile is Profile.MTLS else "SASL_SSL"
 
 
-def _jaas_quote(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"')
+def _required(value: _T | None) -> _T:
+    """A value the config's profile check already demands (spark_app.config); None here is a bug, not bad input."""
+    if value is None:
+        raise AssertionError("a profile's required setting is missing after validation")
+    return value
 
 
-def _msk_iam_token(region: str):
+def _msk_iam_token(region: str) -> OAuthCallback:
     """An OAUTHBEARER callback that signs MSK IAM tokens with the pod's AWS identity."""
     from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
 
@@ -187,7 +150,7 @@ def entra_scope(cluster: ClusterConfig) -> str:
     return f"https://{host}/.default"
 
 
-def _entra_token(cluster: ClusterConfig) -> Callable[[str], tuple[str, float]]:
+def _entra_token(cluster: ClusterConfig) -> OAuthCallback:
     """An OAUTHBEARER callback that trades the pod's federated token for an Entra ID token for the namespace.
 
     The webhook's token file is read on every call, because the kubelet rotates it.

@@ -1,38 +1,27 @@
-"""Topic sync: which source topics a flow mirrors, target topics that can take them, and what is held back.
+"""Topic sync: which source topics a flow mirrors, and target topics that can take them.
 
 On Kafka and MSK targets the mirror creates each target topic with the source's partition count and the configs
 that matter, and adds partitions when the source grows. Event Hubs topics are made by infra; there the mirror only
-checks them. A topic whose target cannot take it is quarantined with the reason; the other topics go on.
-
-`FlowState` is the flow's own bookkeeping next to its Spark checkpoint: per quarantined topic the reason and, per
-partition, the source offsets not yet written (`Hold`), and per partition the offset the mirror has read up to
-(to tell records deleted by retention from offsets that never held a record). It is a small versioned JSON file, so
-`status` can read it without a running mirror.
+checks them. A topic whose target cannot take it comes back in `TopicPlan.quarantined` with the reason
+(spark_app.quarantine holds it); the other topics go on.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, OffsetSpec, ResourceType
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import ConfigResource, NewPartitions, NewTopic, OffsetSpec, ResourceType
 
+from . import clients
 from .config import ClusterConfig, FlowConfig
 from .policy import should_mirror, target_topic
-from .profiles import librdkafka_settings
 
 log = logging.getLogger(__name__)
 
 # The configs MirrorMaker 2 users rely on to make a DR copy behave like its source.
 COPIED_CONFIGS = ("cleanup.policy", "retention.ms", "retention.bytes", "max.message.bytes", "min.compaction.lag.ms")
-ADMIN_TIMEOUT_S = 30.0
-STATE_VERSION = 1
-STATE_FILE = "mirrorkit-state.json"
 
 
 @dataclass(frozen=True)
@@ -47,94 +36,19 @@ class TopicPlan:
     wanted: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass
-class Hold:
-    """Source offsets of one partition not written yet: from `first` (the first one not written) up to `next`."""
-
-    first: int
-    next: int
-
-
-@dataclass
-class Quarantine:
-    """A topic that stopped: why, and per partition what it still owes the target."""
-
-    reason: str
-    partitions: dict[int, Hold] = field(default_factory=dict)
-    retry_at: float = 0.0  # time.monotonic() after which a catch-up is tried; not persisted, so a restart retries
-
-
-@dataclass(frozen=True)
-class DataLoss:
-    """Records deleted at the source (by retention) before the mirror read them."""
-
-    topic: str
-    partition: int
-    first_offset: int
-    last_offset: int
-
-    @property
-    def count(self) -> int:
-        return self.last_offset - self.first_offset + 1
-
-
-@dataclass
-class FlowState:
-    """Quarantines and read positions of one flow, persisted in `<checkpoint_location>/mirrorkit-state.json`."""
-
-    path: Path
-    quarantined: dict[str, Quarantine] = field(default_factory=dict)
-    positions: dict[tuple[str, int], int] = field(default_factory=dict)  # next source offset to read
-
-    @classmethod
-    def load(cls, checkpoint_location: str) -> FlowState:
-        path = Path(checkpoint_location.removeprefix("file:")) / STATE_FILE
-        if not path.exists():
-            return cls(path)
-        raw = json.loads(path.read_text())
-        if raw.get("version") != STATE_VERSION:
-            raise StateError(
-                f"{path}: state version {raw.get('version')!r}, this mirror reads version {STATE_VERSION};"
-                " run the mirror version that wrote it to drain its quarantines, or move the file away to accept"
-                " that its held offsets are not caught up"
-            )
-        state = cls(path)
-        for topic, q in raw["quarantined"].items():
-            holds = {int(p): Hold(h["first"], h["next"]) for p, h in q["partitions"].items()}
-            state.quarantined[topic] = Quarantine(q["reason"], holds)
-        state.positions = {(t, int(p)): o for t, parts in raw["positions"].items() for p, o in parts.items()}
-        return state
-
-    def save(self) -> None:
-        """Write atomically: a crash leaves the old file or the new one, never half of one."""
-        positions: dict[str, dict[str, int]] = {}
-        for (topic, partition), offset in sorted(self.positions.items()):
-            positions.setdefault(topic, {})[str(partition)] = offset
-        raw = {
-            "version": STATE_VERSION,
-            "quarantined": {
-                t: {"reason": q.reason, "partitions": {str(p): vars(h) for p, h in sorted(q.partitions.items())}}
-                for t, q in sorted(self.quarantined.items())
-            },
-            "positions": positions,
-        }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(raw, indent=1))
-        os.replace(tmp, self.path)
-
-
 class TopicSync:
+    """One flow's topic sync, from its source cluster to its target cluster."""
+
     def __init__(self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig) -> None:
         self.flow = flow
-        self.target = target
-        self._source_admin = _admin(source)
-        self._target_admin = _admin(target)
         self.source = source
+        self.target = target
+        self._source_admin = clients.admin(source)
+        self._target_admin = clients.admin(target)
 
     def source_topics(self) -> dict[str, int]:
         """Source topics this flow selects, with their partition counts."""
-        metadata = self._list(self._source_admin, self.source)
+        metadata = clients.list_topics(self._source_admin, self.source)
         return {
             name: len(t.partitions)
             for name, t in metadata.items()
@@ -143,7 +57,7 @@ class TopicSync:
 
     def sync(self) -> TopicPlan:
         wanted = self.source_topics()
-        existing = {n: len(t.partitions) for n, t in self._list(self._target_admin, self.target).items()}
+        existing = {n: len(t.partitions) for n, t in clients.list_topics(self._target_admin, self.target).items()}
         plan = TopicPlan(wanted=wanted)
         to_create = [s for s in wanted if target_topic(self.flow, s) not in existing]
         created = self._create(to_create, wanted) if to_create and not self.target.is_eventhubs else {}
@@ -170,7 +84,7 @@ class TopicSync:
             NewTopic(target_topic(self.flow, n), num_partitions=partitions[n], config=configs.get(n, {})) for n in names
         ]
         outcome: dict[str, str | None] = {}
-        futures = self._target_admin.create_topics(new, request_timeout=ADMIN_TIMEOUT_S)
+        futures = self._target_admin.create_topics(new, request_timeout=clients.REQUEST_TIMEOUT_S)
         for source_name in names:
             try:
                 futures[target_topic(self.flow, source_name)].result()
@@ -206,56 +120,4 @@ class TopicSync:
 
     def earliest_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """The source's first available offset per partition (its log start, moved on by retention)."""
-        request = {TopicPartition(t, p): OffsetSpec.earliest() for t, p in partitions}
-        futures = self._source_admin.list_offsets(request, request_timeout=ADMIN_TIMEOUT_S)
-        return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
-
-    @staticmethod
-    def _list(admin: AdminClient, cluster: ClusterConfig, timeout_s: float = ADMIN_TIMEOUT_S):
-        """Topic metadata; fails at once on bad credentials, and after `timeout_s` when nothing answers."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return admin.list_topics(timeout=min(2.0, timeout_s)).topics
-            except KafkaException as err:
-                admin.poll(0)  # serves error_cb, which raises on an authentication failure
-                if time.monotonic() >= deadline:
-                    raise ClusterUnreachable(cluster, timeout_s, err.args[0].str()) from None
-
-
-def _admin(cluster: ClusterConfig) -> AdminClient:
-    """An AdminClient whose bad credentials raise at once: librdkafka reports them only on error_cb."""
-
-    def on_error(err: KafkaError) -> None:
-        if err.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
-            raise AuthenticationFailed(cluster)
-
-    return AdminClient(librdkafka_settings(cluster, "admin") | {"error_cb": on_error})
-
-
-def check_reachable(clusters: list[ClusterConfig], timeout_s: float) -> None:
-    """Before Spark starts: every cluster answers with these credentials, or a clear error naming it."""
-    for cluster in clusters:
-        TopicSync._list(_admin(cluster), cluster, timeout_s)
-
-
-class ClusterUnreachable(RuntimeError):
-    """A cause that affects every topic: the mirror stops, naming the cluster."""
-
-    def __init__(self, cluster: ClusterConfig, waited_s: float, detail: str) -> None:
-        super().__init__(
-            f"cluster '{cluster.alias}' ({cluster.bootstrap_servers}) is unreachable after {waited_s:.0f}s: {detail}"
-        )
-
-
-class AuthenticationFailed(ClusterUnreachable):
-    def __init__(self, cluster: ClusterConfig) -> None:
-        RuntimeError.__init__(
-            self,
-            f"authentication failed for cluster '{cluster.alias}' ({cluster.bootstrap_servers}):"
-            " check its username and the secret it names",
-        )
-
-
-class StateError(RuntimeError):
-    """The flow's state file is from another mirror version."""
+        return clients.list_offsets(self._source_admin, partitions, OffsetSpec.earliest())

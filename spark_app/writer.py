@@ -22,23 +22,19 @@ from __future__ import annotations
 import collections
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol, cast
 
 import pyarrow as pa
-from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from . import clients
 from .config import ClusterConfig, FlowConfig
-from .metrics import LATENCY_BOUNDS_MS
-from .planner import OffsetRange
+from .errors import DeliveryFailed
 from .policy import PROVENANCE_HEADER, drops_record, target_topic
-from .profiles import librdkafka_settings
+from .ranges import LATENCY_BOUNDS_MS, Landing, OffsetRange, landed_arrow_schema
 
-LANDED_SCHEMA = (
-    "topic string, partition int, first_offset long, end_offset long, last_offset long, last_target_offset long,"
-    " records long, bytes long, dropped long, dead_lettered long, latency_counts array<long>, latency_sum_ms double,"
-    " held_from long, held_until long, refused_bytes long"
-)
 DLQ_PREFIX = "mirrorkit.dlq."
 # Throughput settings measured in bench/; acks=all and idempotence keep order and avoid duplicates on retry.
 PRODUCER_DEFAULTS = {
@@ -66,57 +62,24 @@ CONSUME_WAIT_S = 0.1
 READ_STALL_S = 300.0  # a range that makes no progress this long fails the batch (the source stopped answering)
 
 METADATA_WAIT_S = 60.0
-_producers: dict[tuple, Producer] = {}  # a changed override (e.g. a raised cap) gets its own
-_consumers: dict[tuple, Consumer] = {}
 
 
-class DeliveryFailed(RuntimeError):
-    pass
+Partition = tuple[str, int]  # (topic, partition)
+Headers = list[tuple[str, str | bytes | None]]  # as confluent-kafka types them; consumed values are bytes or None
 
 
-def _client_key(cluster: ClusterConfig) -> tuple:
-    return (cluster.alias, cluster.bootstrap_servers, tuple(sorted(cluster.client_overrides.items())))
+class Record(Protocol):
+    """A consumed record or a delivery report. confluent-kafka's stubs make every field Optional; these are always
+    set on a message read from an assigned partition or reported for one."""
 
-
-def _producer(cluster: ClusterConfig) -> Producer:
-    """One producer per target per Python worker: connections outlive tasks, as Spark reuses workers."""
-    key = _client_key(cluster)
-    if key not in _producers:
-        _producers[key] = Producer(PRODUCER_DEFAULTS | librdkafka_settings(cluster, "producer"))
-    return _producers[key]
-
-
-def _consumer(cluster: ClusterConfig) -> Consumer:
-    """One consumer per source per Python worker; each task assigns it its own ranges."""
-    key = _client_key(cluster)
-    if key not in _consumers:
-        _consumers[key] = Consumer(CONSUMER_DEFAULTS | librdkafka_settings(cluster, "consumer"))
-    return _consumers[key]
-
-
-@dataclass
-class _Landing:
-    topic: str
-    partition: int
-    first_offset: int  # the first source offset found in the range (a record, or the log's end), else its end
-    end_offset: int  # the range's end: the next offset this flow will copy
-    last_offset: int = -1
-    last_target_offset: int = -1
-    records: int = 0
-    bytes: int = 0
-    dropped: int = 0
-    dead_lettered: int = 0
-    # Replication latency per bucket of LATENCY_BOUNDS_MS (not cumulative; the last slot is +Inf), and the sum.
-    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS_MS) + 1))
-    latency_sum_ms: float = 0.0
-    held_from: int = -1  # first source offset not written (held), -1 when all were
-    held_until: int = -1  # the offset after the last held one
-    refused_bytes: int = 0  # size of the record refused at `held_from`, 0 when held for another reason
-
-    def hold(self, offset: int, size: int = 0) -> None:
-        if self.held_from < 0 or offset < self.held_from:
-            self.held_from, self.refused_bytes = offset, size
-        self.held_until = max(self.held_until, self.end_offset)
+    def topic(self) -> str: ...
+    def partition(self) -> int: ...
+    def offset(self) -> int: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def headers(self) -> Headers | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+    def error(self) -> KafkaError | None: ...
 
 
 class RangeCopier:
@@ -137,15 +100,15 @@ class RangeCopier:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         ranges = [OffsetRange(**row) for batch in batches for row in batch.to_pylist()]
         landings = self.copy(ranges)
-        yield pa.RecordBatch.from_pylist([vars(x) for x in landings], schema=_landed_arrow_schema())
+        yield pa.RecordBatch.from_pylist([vars(x) for x in landings], schema=landed_arrow_schema())
 
-    def copy(self, ranges: list[OffsetRange]) -> list[_Landing]:
+    def copy(self, ranges: list[OffsetRange]) -> list[Landing]:
         """Copy every range, each partition in order; one landing per range."""
-        producer = _producer(self.target)
-        landings: dict[tuple[str, int], _Landing] = {}
+        producer = clients.shared_producer(self.target, PRODUCER_DEFAULTS)
+        landings: dict[tuple[str, int], Landing] = {}
         ends: dict[tuple[str, int], int] = {}
         for r in ranges:
-            landing = landings[(r.topic, r.partition)] = _Landing(r.topic, r.partition, r.end, r.end)
+            landing = landings[(r.topic, r.partition)] = Landing(r.topic, r.partition, r.end, r.end)
             if self.ready is not None and r.partition >= self.ready.get(r.topic, 0):
                 landing.first_offset = r.start
                 landing.hold(r.start)
@@ -155,20 +118,25 @@ class RangeCopier:
             self._copy_open(ranges, ends, landings, producer)
         return list(landings.values())
 
-    def _copy_open(self, ranges, ends: dict[tuple[str, int], int], landings, producer: Producer) -> None:
-        consumer = _consumer(self.source)
+    def _copy_open(
+        self, ranges: list[OffsetRange], ends: dict[Partition, int], landings: dict[Partition, Landing],
+        producer: Producer,
+    ) -> None:  # fmt: skip
+        consumer = clients.shared_consumer(self.source, CONSUMER_DEFAULTS)
         assignment = [TopicPartition(r.topic, r.partition, r.start) for r in ranges if (r.topic, r.partition) in ends]
         consumer.assign(assignment)
-        in_flight: dict[tuple[str, int], collections.deque[int]] = collections.defaultdict(collections.deque)
-        refused: list[tuple[int, object, str]] = []  # (source offset, refused message, source topic)
+        in_flight: dict[Partition, collections.deque[int]] = collections.defaultdict(collections.deque)
+        refused: list[Refused] = []
         failures: list[str] = []
         stamp = self.flow.replication_policy == "identity" and self.flow.provenance_header
         provenance = (PROVENANCE_HEADER, self.flow.source.encode())
 
-        def delivered(err: KafkaError | None, msg) -> None:
-            source_key = (msg.topic(), msg.partition())  # target topic; mapped back below
-            offset = in_flight[source_key].popleft()
-            landing = landings[target_to_source[source_key]]
+        def delivered(err: KafkaError | None, report: Message) -> None:
+            msg = cast(Record, report)
+            target_key = (msg.topic(), msg.partition())
+            offset = in_flight[target_key].popleft()
+            source_topic, partition = target_to_source[target_key]
+            landing = landings[(source_topic, partition)]
             if err is None:
                 landing.last_offset = offset
                 landing.last_target_offset = msg.offset()
@@ -178,24 +146,24 @@ class RangeCopier:
                     landing.latency_counts[bisect_left(LATENCY_BOUNDS_MS, latency_ms)] += 1
                     landing.latency_sum_ms += latency_ms
             elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                refused.append((offset, msg, target_to_source[source_key][0]))
+                refused.append(Refused.of(source_topic, offset, msg))
             else:
                 failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.str()}")
 
-        def close(key: tuple[str, int]) -> None:
+        def close(key: Partition) -> None:
             """A partition's range is done, or held from a refused record on: what the consumer fetched past its end
             is skipped. (Pausing it instead left it paused in librdkafka when a later task assigned it again.)"""
             del open_[key]
 
-        target_to_source: dict[tuple[str, int], tuple[str, int]] = {}
+        target_to_source: dict[Partition, Partition] = {}
         # (landing, target topic, offsets in flight, range end) per source partition: one lookup per record
-        open_: dict[tuple[str, int], tuple[_Landing, str, collections.deque[int], int]] = {}
+        open_: dict[Partition, tuple[Landing, str, collections.deque[int], int]] = {}
         for (topic, partition), end in ends.items():
             out_topic = target_topic(self.flow, topic)
             target_to_source[(out_topic, partition)] = (topic, partition)
             queue = in_flight[(out_topic, partition)]
             open_[(topic, partition)] = (landings[(topic, partition)], out_topic, queue, end)
-        first_seen: set[tuple[str, int]] = set()
+        first_seen: set[Partition] = set()
         identity = self.flow.replication_policy == "identity"
         produce = producer.produce
         progress_at = time.monotonic()
@@ -203,7 +171,8 @@ class RangeCopier:
         # ranges still hold, so a small batch (continuous mode) does not wait out the timeout.
         left = sum(r.end - r.start for r in ranges if (r.topic, r.partition) in ends)
         while open_:
-            messages = consumer.consume(max(1, min(CONSUME_BATCH, left)), CONSUME_WAIT_S)
+            # Read from assigned partitions, so topic, partition and offset are set (the stubs say Optional).
+            messages = cast(list[Record], consumer.consume(max(1, min(CONSUME_BATCH, left)), CONSUME_WAIT_S))
             if not messages:
                 if time.monotonic() - progress_at > READ_STALL_S:
                     raise DeliveryFailed(
@@ -252,7 +221,7 @@ class RangeCopier:
                     )  # fmt: skip
                 except (BufferError, KafkaException):  # queue full, or refused for size: the slow path decides
                     if not self._produce(producer, out_topic, key[1], k, value, headers, ts, delivered):
-                        refused.append((offset, _Refused(out_topic, key[1], k, value, headers, ts), key[0]))
+                        refused.append(Refused(key[0], key[1], offset, k, value, headers, ts))
                         if not self.flow.dead_letter_topic:
                             landing.hold(offset, len(value or b""))
                             close(key)
@@ -273,10 +242,13 @@ class RangeCopier:
         if refused and self.flow.dead_letter_topic:
             self._dead_letter(producer, refused, landings)
         elif refused:  # refused by the broker after later records were sent: held from the first refused one
-            for offset, msg, source_topic in refused:
-                landings[(source_topic, msg.partition())].hold(offset, len(msg.value() or b""))
+            for r in refused:
+                landings[(r.topic, r.partition)].hold(r.offset, len(r.value or b""))
 
-    def _produce(self, producer: Producer, topic, partition, key, value, headers, ts, on_delivery) -> bool:
+    def _produce(
+        self, producer: Producer, topic: str, partition: int, key: bytes | None, value: bytes | None,
+        headers: Headers | None, ts: int, on_delivery: Callable[[KafkaError | None, Message], None],
+    ) -> bool:  # fmt: skip
         """Hand one record to the producer; False when librdkafka refuses it for size before sending.
 
         A worker's producer outlives tasks, so its metadata can predate partitions added to the target since: on an
@@ -306,76 +278,50 @@ class RangeCopier:
                 producer.list_topics(topic, timeout=10)
                 time.sleep(0.2)
 
-    def _dead_letter(self, producer: Producer, refused, landings: dict[tuple[str, int], _Landing]) -> None:
+    def _dead_letter(self, producer: Producer, refused: list[Refused], landings: dict[Partition, Landing]) -> None:
         errors: list[str] = []
-        for offset, msg, source_topic in refused:
-            value = msg.value() or b""
-            coordinates = [
-                (f"{DLQ_PREFIX}topic", source_topic.encode()),
-                (f"{DLQ_PREFIX}partition", str(msg.partition()).encode()),
-                (f"{DLQ_PREFIX}offset", str(offset).encode()),
-                (f"{DLQ_PREFIX}timestamp", str(msg.timestamp()[1]).encode()),
+
+        def delivered(err: KafkaError | None, _report: Message) -> None:
+            if err is not None:
+                errors.append(err.str())
+
+        for r in refused:
+            value = r.value or b""
+            coordinates: Headers = [
+                (f"{DLQ_PREFIX}topic", r.topic.encode()),
+                (f"{DLQ_PREFIX}partition", str(r.partition).encode()),
+                (f"{DLQ_PREFIX}offset", str(r.offset).encode()),
+                (f"{DLQ_PREFIX}timestamp", str(r.timestamp).encode()),
                 (f"{DLQ_PREFIX}size", str(len(value)).encode()),
                 (f"{DLQ_PREFIX}error", b"MSG_SIZE_TOO_LARGE"),
             ]
             # The value itself did not fit this cluster, so the dead letter carries the coordinates to fetch it.
             producer.produce(
-                self.flow.dead_letter_topic,
-                key=msg.key(),
+                self.flow.dead_letter_topic or "",
+                key=r.key,
                 value=None,
-                headers=list(msg.headers() or []) + coordinates,
-                on_delivery=lambda err, _m: errors.append(err.str()) if err else None,
+                headers=list(r.headers or []) + coordinates,
+                on_delivery=delivered,
             )
-            landings[(source_topic, msg.partition())].dead_lettered += 1
+            landings[(r.topic, r.partition)].dead_lettered += 1
         if producer.flush(60) or errors:
             raise DeliveryFailed(f"flow {self.flow.name}: dead-letter writes failed: {errors[:3]}")
 
 
-class _Refused:
-    """Quacks like a confluent-kafka Message for a record librdkafka refused before sending."""
+@dataclass(frozen=True)
+class Refused:
+    """A record the target refused for size, by its source coordinates, for the dead-letter topic or a hold."""
 
-    def __init__(self, topic, partition, key, value, headers, ts) -> None:
-        self._fields = (topic, partition, key, value, headers, ts)
+    topic: str  # the source topic
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers | None
+    timestamp: int
 
-    def topic(self):
-        return self._fields[0]
-
-    def partition(self):
-        return self._fields[1]
-
-    def key(self):
-        return self._fields[2]
-
-    def value(self):
-        return self._fields[3]
-
-    def headers(self):
-        return self._fields[4]
-
-    def timestamp(self):
-        return (1, self._fields[5])
-
-    def offset(self):
-        return -1
-
-
-def _landed_arrow_schema() -> pa.Schema:
-    return pa.schema(
-        [
-            ("topic", pa.string()),
-            ("partition", pa.int32()),
-            ("first_offset", pa.int64()),
-            ("end_offset", pa.int64()),
-            ("last_offset", pa.int64()),
-            ("last_target_offset", pa.int64()),
-            ("records", pa.int64()),
-            ("bytes", pa.int64()),
-            ("dropped", pa.int64()),
-            ("dead_lettered", pa.int64()),
-            ("latency_counts", pa.list_(pa.int64())),
-            ("latency_sum_ms", pa.float64()),
-            ("held_from", pa.int64()),
-            ("held_until", pa.int64()),
-            ("refused_bytes", pa.int64()),
-        ]
-    )
+    @classmethod
+    def of(cls, source_topic: str, offset: int, report: Record) -> Refused:
+        """From a delivery report the broker refused."""
+        return cls(source_topic, report.partition(), offset, report.key(), report.value(), report.headers(),
+                   report.timestamp()[1])  # fmt: skip

@@ -53,13 +53,18 @@ def variant(**changes) -> dict:
             "identity flows a->b and b->a would loop records forever",
         ),
         (variant(clusters__2__client_overrides={"compression.type": "lz4"}), "'lz4' is refused by Event Hubs"),
+        (
+            variant(clusters__2__client_overrides={"max.request.size": "2000000"}),
+            "client_overrides.max.request.size: a Kafka Java client name; the mirror's clients are librdkafka, which"
+            " calls it 'message.max.bytes'",
+        ),
         (variant(flows__0__target="eh"), "a flow into Event Hubs cluster 'eh' must list topic names"),
         (variant(clusters__0__password=None), "config:clusters[0]: profile 'msk-scram' needs 'password'"),
         (variant(clusters__1__bootstrap_servers="nohost"), "'nohost' is not host:port"),
         (variant(clusters__1__alias="a"), "config:clusters[1].alias: 'a' is used twice"),
     ],
     ids=["unknown-alias", "empty-selection", "bad-regex", "same-cluster", "identity-loop", "eh-codec",
-         "eh-pattern", "missing-secret", "bad-bootstrap", "duplicate-alias"],
+         "java-client-name", "eh-pattern", "missing-secret", "bad-bootstrap", "duplicate-alias"],
 )  # fmt: skip
 def test_bad_config_is_refused_naming_the_key(raw, message):
     with pytest.raises(ConfigError) as refused:

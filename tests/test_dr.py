@@ -14,8 +14,11 @@ from typing import TypeVar
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from spark_app.cli import main as cli_main
+from spark_app.clients import read_topic, watermarks
 from spark_app.config import ClusterConfig, parse_config
-from spark_app.dr import Checkpoint, OffsetSync, failover_plan, read_checkpoints, read_topic, watermarks
+from spark_app.dr.formats import Checkpoint, OffsetSync
+from spark_app.dr.internal import read_checkpoints
+from spark_app.dr.views import failover_plan
 from spark_app.policy import checkpoints_topic, event_hubs_topics, offset_syncs_topic
 from spark_app.stream import Mirror
 from tests.support.clients import Record, commit, create_topics, produce

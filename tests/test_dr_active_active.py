@@ -8,8 +8,8 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from spark_app.clients import watermarks
 from spark_app.config import parse_config
-from spark_app.dr import watermarks
 from spark_app.policy import PROVENANCE_HEADER
 from spark_app.stream import Mirror
 from tests.support.clients import Record, create_topics, produce, read_all

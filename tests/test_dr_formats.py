@@ -6,7 +6,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from spark_app.dr import DENSE_SYNCS, Checkpoint, Heartbeat, OffsetSync, SyncStore, Translation
+from spark_app.dr.formats import Checkpoint, Heartbeat, OffsetSync
+from spark_app.dr.syncs import DENSE_SYNCS, SyncStore, Translation
 from tests.support.kafka_cluster import kafka_classpath
 
 DECODE = """

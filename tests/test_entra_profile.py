@@ -1,4 +1,4 @@
-"""The eventhubs-entra profile: OAUTHBEARER settings in both dialects, and the workload identity token exchange
+"""The eventhubs-entra profile: OAUTHBEARER settings librdkafka accepts, and the workload identity token exchange
 run against a real HTTP token endpoint on loopback."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from confluent_kafka import Producer
 
-from spark_app.config import ENTRA_JAVA_HANDLER_KEY, ClusterConfig, parse_config
-from spark_app.profiles import SecretError, java_settings, librdkafka_settings
+from spark_app.config import ClusterConfig, parse_config
+from spark_app.profiles import SecretError, librdkafka_settings
 
-HANDLER = "com.example.WorkloadIdentityLoginCallbackHandler"
 ENTRA = {"alias": "dr", "bootstrap_servers": "dr-ns.servicebus.windows.net:9093", "profile": "eventhubs-entra"}
 
 
@@ -62,24 +62,24 @@ def workload_identity(tmp_path, monkeypatch) -> Iterator[str]:
     thread.join(timeout=10)
 
 
-def test_java_settings_speak_oauthbearer_with_the_configured_login_handler():
-    cluster = ClusterConfig(**ENTRA, client_overrides={ENTRA_JAVA_HANDLER_KEY: HANDLER})
-    conf = java_settings(cluster, "producer")
+def test_producer_settings_speak_oauthbearer_with_event_hubs_limits_in_names_librdkafka_accepts(workload_identity):
+    conf = librdkafka_settings(ClusterConfig(**ENTRA, client_overrides={"linger.ms": "20"}), "producer")
     assert (conf["security.protocol"], conf["sasl.mechanism"]) == ("SASL_SSL", "OAUTHBEARER")
-    assert conf["sasl.jaas.config"] == "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
-    assert conf[ENTRA_JAVA_HANDLER_KEY] == HANDLER
-    assert (conf["connections.max.idle.ms"], conf["metadata.max.age.ms"], conf["max.request.size"]) == (
+    assert (conf["connections.max.idle.ms"], conf["metadata.max.age.ms"], conf["message.max.bytes"]) == (
         "180000",
         "180000",
         "1000000",
     )
-    assert "password" not in conf["sasl.jaas.config"]
+    assert conf["linger.ms"] == "20"  # an override wins
+    assert not any("jaas" in k or "password" in k for k in conf)
+    # librdkafka refuses an unknown property at construction: every name here is one of its own.
+    Producer(conf).flush(0)
 
 
 def test_librdkafka_trades_the_federated_token_for_an_entra_token_for_the_namespace(workload_identity):
-    conf = librdkafka_settings(ClusterConfig(**ENTRA, client_overrides={ENTRA_JAVA_HANDLER_KEY: HANDLER}), "producer")
+    conf = librdkafka_settings(ClusterConfig(**ENTRA), "producer")
     assert (conf["security.protocol"], conf["sasl.mechanism"]) == ("SASL_SSL", "OAUTHBEARER")
-    assert ENTRA_JAVA_HANDLER_KEY not in conf and "sasl.jaas.config" not in conf  # librdkafka would refuse them
+    assert "sasl.jaas.config" not in conf  # a Java name: librdkafka would refuse it
     assert conf["socket.keepalive.enable"] is True and conf["connections.max.idle.ms"] == "180000"
     token, expiry = conf["oauth_cb"]("")
     assert token == "entra-access-token"

@@ -9,8 +9,8 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from spark_app.config import parse_config
+from spark_app.quarantine import STATE_FILE, STATE_VERSION
 from spark_app.stream import Mirror
-from spark_app.topics import STATE_FILE, STATE_VERSION
 from tests.support.clients import Record, by_partition, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry
 
@@ -88,7 +88,7 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
     for future in target_admin.incremental_alter_configs([raise_cap]).values():
         future.result()
 
-    second = Mirror(spark, parse_config(config({"max.request.size": "3000000"})))
+    second = Mirror(spark, parse_config(config({"message.max.bytes": "3000000"})))
     second.run_available_now()
 
     totals = second.flows[0].totals

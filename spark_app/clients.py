@@ -1,0 +1,160 @@
+"""Every Kafka client the mirror makes, with one timeout policy, and the reads built on them.
+
+Each AdminClient, Consumer and Producer gets the cluster's profile settings (spark_app.profiles) and an error
+callback that turns a failed sign-in into `AuthenticationFailed` at once: librdkafka reports bad credentials only
+on that callback, and otherwise retries until a request times out. Requests and whole-topic reads wait at most
+`REQUEST_TIMEOUT_S`. Clients that outlive a Spark task (the copier's) are kept one per cluster and settings per
+process, as Spark reuses its Python workers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec, TopicMetadata
+
+from .config import ClusterConfig
+from .errors import AuthenticationFailed, ClusterUnreachable
+from .profiles import Role, Settings, librdkafka_settings
+
+REQUEST_TIMEOUT_S = 30.0
+# What a partition answers while its leader is being elected, e.g. just after the topic was created.
+LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+_AUTH_FAILED = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
+# A reader of internal topics: it assigns partitions itself, never joins a group and never commits.
+_READER = {"group.id": "mirrorkit-reader", "enable.auto.commit": False, "enable.partition.eof": True}
+
+Offsets = dict[tuple[str, int], int]  # (topic, partition) -> offset
+
+
+def _settings(cluster: ClusterConfig, role: Role, extra: Mapping[str, object]) -> Settings:
+    def on_error(err: KafkaError) -> None:
+        if err.code() in _AUTH_FAILED:
+            raise AuthenticationFailed(cluster)
+
+    return dict(extra) | librdkafka_settings(cluster, role) | {"error_cb": on_error}
+
+
+def admin(cluster: ClusterConfig) -> AdminClient:
+    return AdminClient(_settings(cluster, "admin", {}))
+
+
+def consumer(cluster: ClusterConfig, defaults: Mapping[str, object] = _READER) -> Consumer:
+    """A consumer; `defaults` are the caller's settings, under the profile's and the cluster's overrides."""
+    return Consumer(_settings(cluster, "consumer", defaults))
+
+
+def producer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> Producer:
+    """A producer; `defaults` are the caller's settings, under the profile's and the cluster's overrides."""
+    return Producer(_settings(cluster, "producer", defaults))
+
+
+_consumers: dict[tuple[str, str], Consumer] = {}
+_producers: dict[tuple[str, str], Producer] = {}
+
+
+def _key(cluster: ClusterConfig, defaults: Mapping[str, object]) -> tuple[str, str]:
+    return cluster.model_dump_json(), repr(sorted(defaults.items()))
+
+
+def shared_consumer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> Consumer:
+    """One consumer per cluster and settings in this process; each user assigns it what it reads."""
+    key = _key(cluster, defaults)
+    if key not in _consumers:
+        _consumers[key] = consumer(cluster, defaults)
+    return _consumers[key]
+
+
+def shared_producer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> Producer:
+    """One producer per cluster and settings in this process (a changed override, e.g. a raised cap, gets its own)."""
+    key = _key(cluster, defaults)
+    if key not in _producers:
+        _producers[key] = producer(cluster, defaults)
+    return _producers[key]
+
+
+def list_topics(
+    client: AdminClient, cluster: ClusterConfig, timeout_s: float = REQUEST_TIMEOUT_S
+) -> dict[str, TopicMetadata]:
+    """Topic metadata; fails at once on bad credentials, and after `timeout_s` when nothing answers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.list_topics(timeout=min(2.0, timeout_s)).topics
+        except KafkaException as err:
+            client.poll(0)  # serves error_cb, which raises on an authentication failure
+            if time.monotonic() >= deadline:
+                raise ClusterUnreachable(cluster, timeout_s, err.args[0].str()) from None
+
+
+def check_reachable(clusters: Iterable[ClusterConfig], timeout_s: float) -> None:
+    """Every cluster answers with these credentials, or a clear error naming it."""
+    for cluster in clusters:
+        list_topics(admin(cluster), cluster, timeout_s)
+
+
+def list_offsets(
+    client: AdminClient, partitions: Iterable[tuple[str, int]], spec: OffsetSpec, read_committed: bool = False
+) -> Offsets:
+    """One offset per partition (earliest, latest...) in one request; raises the first partition's error."""
+    request = {TopicPartition(t, p): spec for t, p in partitions}
+    if not request:
+        return {}
+    isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
+    futures = client.list_offsets(request, isolation_level=isolation, request_timeout=REQUEST_TIMEOUT_S)
+    return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+
+
+def watermarks(reader: Consumer, topic: str, partition: int, timeout_s: float = REQUEST_TIMEOUT_S) -> tuple[int, int]:
+    """A partition's (log start, end), waiting out a leader that is still moving, up to `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            low, high = reader.get_watermark_offsets(TopicPartition(topic, partition), timeout=max(left, 1.0))
+            return low, high
+        except KafkaException as err:
+            if err.args[0].code() not in LEADER_MOVING or left <= 0:
+                raise
+            time.sleep(0.2)
+
+
+def read_topic(
+    cluster: ClusterConfig, topic: str, tail: int | None = None, timeout_s: float = REQUEST_TIMEOUT_S
+) -> list[Message]:
+    """Every record of a topic (or the last `tail` of each partition) up to its end now; [] if it does not exist."""
+    reader = consumer(cluster)
+    try:
+        metadata = reader.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return []
+        assignment, ends = [], {}
+        for p in metadata.partitions:
+            low, high = watermarks(reader, topic, p, timeout_s)
+            if high > low:
+                start = max(low, high - tail) if tail else low
+                assignment.append(TopicPartition(topic, p, start))
+                ends[p] = high
+        if not assignment:
+            return []
+        reader.assign(assignment)
+        records: list[Message] = []
+        deadline = time.monotonic() + timeout_s
+        while ends and time.monotonic() < deadline:
+            msg = reader.poll(0.5)
+            if msg is None:
+                continue
+            err, offset, partition = msg.error(), msg.offset(), msg.partition()
+            if err is None and offset is not None and partition is not None:
+                records.append(msg)
+                if offset + 1 >= ends.get(partition, 0):
+                    ends.pop(partition, None)
+            elif err is not None and err.code() != KafkaError._PARTITION_EOF:
+                raise KafkaException(err)
+        if ends:
+            raise TimeoutError(f"reading '{topic}' on '{cluster.alias}' did not reach its end in {timeout_s:.0f}s")
+        return records
+    finally:
+        reader.close()

@@ -1,0 +1,110 @@
+"""The checkpoint task: translate the selected groups' committed offsets and write MM2-format checkpoints.
+
+Every `checkpoint_interval_s` the committed offsets of the flow's selected groups are read on the source,
+translated through the offset-sync store, and written to `<source>.checkpoints.internal` on the target in MirrorMaker
+2's format, keyed by (group, target topic, partition), so MM2's `RemoteClusterUtils.translateOffsets` reads them.
+With `sync_group_offsets` the translations are also committed on the target for groups with no member there.
+The source and the target are injected, so the task runs without a cluster in tests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from ..config import FlowConfig, GroupSelection
+from ..policy import should_mirror, target_topic
+from .formats import Checkpoint
+from .groups import Committed, GroupCommit, Partition
+from .syncs import SyncStore, Translation
+
+CheckpointKey = tuple[str, str, int]  # (group, target topic, partition)
+
+
+class SourceGroups(Protocol):
+    """The consumer groups on the flow's source."""
+
+    def groups(self, selection: GroupSelection) -> list[str]: ...
+
+    def committed(self, group: str) -> dict[Partition, Committed]: ...
+
+
+class CheckpointTarget(Protocol):
+    """The flow's target, as the checkpoint task uses it."""
+
+    def start_offset(self, topic: str, partition: int) -> int:
+        """The first offset of a target partition."""
+        ...
+
+    def write(self, checkpoints: list[Checkpoint]) -> bool:
+        """Write checkpoints, acknowledged; False when the checkpoints topic cannot be used."""
+        ...
+
+    def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
+        """Commit a group's offsets on the target (spark_app.dr.groups.ClusterGroups.commit)."""
+        ...
+
+
+class CheckpointTask:
+    """One flow's checkpoints. `checkpoints` holds the newest written per key (a restart reloads them)."""
+
+    def __init__(
+        self,
+        flow: FlowConfig,
+        syncs: SyncStore,
+        lock: threading.Lock,
+        source: SourceGroups,
+        target: CheckpointTarget,
+        on_written: Callable[[str, float], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.flow = flow
+        self.syncs = syncs
+        self.source = source
+        self.target = target
+        self.checkpoints: dict[CheckpointKey, Checkpoint] = {}
+        self.written_at: dict[str, float] = {}  # group -> unix time of its last checkpoint
+        self.group_commits: dict[str, GroupCommit] = {}
+        self._lock = lock
+        self._on_written = on_written
+        self._clock = clock
+
+    def run_once(self) -> list[Checkpoint]:
+        """Translate every selected group's committed offsets, write the checkpoints, sync groups if asked."""
+        written: list[Checkpoint] = []
+        for group in self.source.groups(self.flow.groups):
+            offsets = self.source.committed(group)
+            group_cps = [cp for tp, c in sorted(offsets.items()) if (cp := self.checkpoint(group, tp, c)) is not None]
+            written += group_cps
+            if self.flow.sync_group_offsets and group_cps:
+                on_target = {(cp.topic, cp.partition): cp.downstream_offset for cp in group_cps}
+                self.group_commits[group] = self.target.commit(group, on_target)
+        if written and self.target.write(written):
+            now = self._clock()
+            for cp in written:
+                self.checkpoints[(cp.group, cp.topic, cp.partition)] = cp
+                self.written_at[cp.group] = now
+                if self._on_written is not None:
+                    self._on_written(cp.group, now)
+        return written
+
+    def checkpoint(self, group: str, tp: Partition, committed: Committed) -> Checkpoint | None:
+        """The checkpoint for one group's committed source offset; None when the partition has nothing mirrored."""
+        topic, partition = tp
+        if not should_mirror(self.flow, topic):
+            return None
+        remote = target_topic(self.flow, topic)
+        previous = self.checkpoints.get((group, remote, partition))
+        fallback = None
+        if previous is not None and previous.upstream_offset <= committed.offset:
+            fallback = Translation(previous.downstream_offset, committed.offset - previous.upstream_offset)
+        with self._lock:
+            translation = self.syncs.translate(topic, partition, committed.offset, fallback)
+            mirrored = self.syncs.latest(topic, partition) is not None
+        if translation is None:
+            if not mirrored:
+                return None  # nothing of this partition mirrored yet
+            translation = Translation(self.target.start_offset(remote, partition), committed.offset)
+        return Checkpoint(group, remote, partition, committed.offset, translation.downstream_offset, committed.metadata)

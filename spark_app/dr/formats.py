@@ -1,0 +1,120 @@
+"""MirrorMaker 2's wire formats: Checkpoint and Heartbeat (connect-mirror-client 4.1.1), OffsetSync (connect-mirror).
+
+Kafka's protocol types: INT16/INT32/INT64 big-endian, STRING an INT16 length then UTF-8. MM2's own classes decode
+what these encode (tests/test_dr_formats.py runs them).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import TypeVar
+
+
+def _string(value: str) -> bytes:
+    data = value.encode()
+    return struct.pack(">h", len(data)) + data
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.at = data, 0
+
+    def take(self, fmt: str) -> int:
+        (value,) = struct.unpack_from(fmt, self.data, self.at)
+        self.at += struct.calcsize(fmt)
+        return int(value)
+
+    def string(self) -> str:
+        size = self.take(">h")
+        if size < 0 or self.at + size > len(self.data):
+            raise ValueError("bad STRING length")
+        value = self.data[self.at : self.at + size].decode()
+        self.at += size
+        return value
+
+    def version(self) -> None:
+        version = self.take(">h")
+        if version != 0:
+            raise ValueError(f"unknown record version {version}")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """key {group, topic, partition}; value header {version=0} + {upstreamOffset, offset, metadata}."""
+
+    group: str
+    topic: str  # the target (renamed) topic
+    partition: int
+    upstream_offset: int
+    downstream_offset: int
+    metadata: str = ""
+
+    def key(self) -> bytes:
+        return _string(self.group) + _string(self.topic) + struct.pack(">i", self.partition)
+
+    def value(self) -> bytes:
+        return struct.pack(">hqq", 0, self.upstream_offset, self.downstream_offset) + _string(self.metadata)
+
+    @classmethod
+    def decode(cls, key: bytes, value: bytes) -> Checkpoint:
+        k, v = _Reader(key), _Reader(value)
+        group, topic, partition = k.string(), k.string(), k.take(">i")
+        v.version()
+        return cls(group, topic, partition, v.take(">q"), v.take(">q"), v.string())
+
+
+@dataclass(frozen=True)
+class OffsetSync:
+    """key {topic, partition} (the source topic); value {upstreamOffset, offset}, no version header."""
+
+    topic: str
+    partition: int
+    upstream_offset: int
+    downstream_offset: int
+
+    def key(self) -> bytes:
+        return _string(self.topic) + struct.pack(">i", self.partition)
+
+    def value(self) -> bytes:
+        return struct.pack(">qq", self.upstream_offset, self.downstream_offset)
+
+    @classmethod
+    def decode(cls, key: bytes, value: bytes) -> OffsetSync:
+        k, v = _Reader(key), _Reader(value)
+        return cls(k.string(), k.take(">i"), v.take(">q"), v.take(">q"))
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """key {sourceClusterAlias, targetClusterAlias}; value header {version=0} + {timestamp}."""
+
+    source: str
+    target: str
+    timestamp_ms: int
+
+    def key(self) -> bytes:
+        return _string(self.source) + _string(self.target)
+
+    def value(self) -> bytes:
+        return struct.pack(">hq", 0, self.timestamp_ms)
+
+    @classmethod
+    def decode(cls, key: bytes, value: bytes) -> Heartbeat:
+        k, v = _Reader(key), _Reader(value)
+        source, target = k.string(), k.string()
+        v.version()
+        return cls(source, target, v.take(">q"))
+
+
+_R = TypeVar("_R", Checkpoint, OffsetSync, Heartbeat)
+
+
+def decode_or_none(kind: type[_R], key: bytes | None, value: bytes | None) -> _R | None:
+    """The record decoded as `kind`, or None for a foreign or damaged record (MM2 skips those too)."""
+    if key is None or value is None:
+        return None
+    try:
+        return kind.decode(key, value)
+    except (ValueError, struct.error):
+        return None

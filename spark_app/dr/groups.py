@@ -1,0 +1,98 @@
+"""Consumer groups on a cluster: their committed offsets, and commits that never overwrite a group in use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from .. import clients
+from ..config import ClusterConfig, GroupSelection
+
+Partition = tuple[str, int]  # (topic, partition)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A group's committed position on one partition: the next offset it reads, and its commit metadata."""
+
+    offset: int
+    metadata: str = ""
+
+
+@dataclass(frozen=True)
+class GroupCommit:
+    """What committing translated offsets did for one group: committed, kept (target ahead), or refused."""
+
+    group: str
+    committed: dict[Partition, int] = field(default_factory=dict)
+    kept: dict[Partition, int] = field(default_factory=dict)
+    refused: str | None = None
+
+
+def split_commit(group: str, wanted: dict[Partition, int], current: dict[Partition, int]) -> GroupCommit:
+    """Which wanted offsets to commit: a partition whose committed offset is already at or past it is kept."""
+    committed, kept = {}, {}
+    for tp, offset in wanted.items():
+        have = current.get(tp)
+        if have is not None and have >= offset:
+            kept[tp] = have
+        else:
+            committed[tp] = offset
+    return GroupCommit(group, committed, kept)
+
+
+class ClusterGroups:
+    """The consumer groups of one cluster, through its AdminClient."""
+
+    def __init__(self, cluster: ClusterConfig) -> None:
+        self.cluster = cluster
+        self._admin: AdminClient | None = None
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = clients.admin(self.cluster)
+        return self._admin
+
+    def groups(self, selection: GroupSelection) -> list[str]:
+        """The groups on the cluster that `selection` matches, sorted."""
+        listing = self.admin.list_consumer_groups(request_timeout=clients.REQUEST_TIMEOUT_S).result()
+        return sorted(g.group_id for g in listing.valid if selection.matches(g.group_id))
+
+    def committed(self, group: str) -> dict[Partition, Committed]:
+        request = [ConsumerGroupTopicPartitions(group)]
+        future = self.admin.list_consumer_group_offsets(request, request_timeout=clients.REQUEST_TIMEOUT_S)[group]
+        return {
+            (tp.topic, tp.partition): Committed(tp.offset, tp.metadata or "")
+            for tp in future.result().topic_partitions
+            if tp.offset >= 0
+        }
+
+    def members(self, group: str) -> int:
+        """How many members the group has on this cluster (0 for an empty or unknown group)."""
+        future = self.admin.describe_consumer_groups([group], request_timeout=clients.REQUEST_TIMEOUT_S)[group]
+        return len(future.result().members)
+
+    def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
+        """Commit offsets for a group with no member here, never moving a partition backwards."""
+        members = self.members(group)
+        if members:
+            return GroupCommit(
+                group,
+                refused=f"group '{group}' has {members} active member(s) on '{self.cluster.alias}'; stop its"
+                " consumers there first, the mirror never overwrites a group in use",
+            )
+        current = {tp: c.offset for tp, c in self.committed(group).items()}
+        result = split_commit(group, offsets, current)
+        if result.committed:
+            partitions = [TopicPartition(t, p, o) for (t, p), o in sorted(result.committed.items())]
+            request = [ConsumerGroupTopicPartitions(group, partitions)]
+            try:
+                self.admin.alter_consumer_group_offsets(request, request_timeout=clients.REQUEST_TIMEOUT_S)[
+                    group
+                ].result()
+            except KafkaException as err:  # a member joined between the check and the commit: the broker refused
+                return GroupCommit(group, refused=f"group '{group}' on '{self.cluster.alias}': {err.args[0].str()}")
+        return result

@@ -1,0 +1,92 @@
+"""The flow's internal topics on the clusters: where each lives, making them, and reading them back."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import NewTopic
+
+from .. import clients
+from ..config import ClusterConfig, FlowConfig, MirrorConfig
+from ..policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
+from .formats import Checkpoint, Heartbeat, OffsetSync, decode_or_none
+from .syncs import SyncStore
+
+# Internal topics, when the mirror may create them (not on Event Hubs, where infra does): one partition, as MM2
+# reads checkpoints from partition 0 only; compacted, as only the newest record per key matters.
+INTERNAL_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "3600000"}
+HEARTBEATS_TAIL = 50  # records read back per partition of the target's heartbeats copy
+
+CheckpointsRead = dict[tuple[str, str, int], tuple[Checkpoint, float]]  # (group, topic, partition) -> (cp, unix s)
+
+
+def offset_syncs_cluster(flow: FlowConfig) -> str:
+    """The alias of the cluster that holds the flow's offset syncs."""
+    return flow.target if flow.offset_syncs_location == "target" else flow.source
+
+
+def ensure_topic(cluster: ClusterConfig, topic: str) -> str | None:
+    """Make an internal topic where the mirror may; the reason it cannot be used, or None when it is there."""
+    admin = clients.admin(cluster)
+    if topic in admin.list_topics(timeout=clients.REQUEST_TIMEOUT_S).topics:
+        return None
+    if cluster.is_eventhubs:
+        return f"event hub '{topic}' does not exist on '{cluster.alias}'; infra must create it"
+    new = NewTopic(topic, 1, config=INTERNAL_TOPIC_CONFIG)
+    future = admin.create_topics([new], request_timeout=clients.REQUEST_TIMEOUT_S)
+    try:
+        future[topic].result()
+    except KafkaException as err:
+        if err.args[0].name() != "TOPIC_ALREADY_EXISTS":
+            return f"cannot create '{topic}' on '{cluster.alias}': {err.args[0].str()}"
+    return None
+
+
+def read_checkpoints(config: MirrorConfig, flow: FlowConfig) -> CheckpointsRead:
+    """The newest checkpoint per (group, target topic, partition), with when it was written (unix s)."""
+    out: CheckpointsRead = {}
+    for msg in clients.read_topic(config.cluster(flow.target), checkpoints_topic(flow)):
+        cp = decode_or_none(Checkpoint, msg.key(), msg.value())
+        if cp is not None:
+            out[(cp.group, cp.topic, cp.partition)] = (cp, msg.timestamp()[1] / 1000)
+    return out
+
+
+def read_offset_syncs(config: MirrorConfig, flow: FlowConfig) -> SyncStore:
+    """The flow's offset-sync history, as a store."""
+    store = SyncStore()
+    for msg in clients.read_topic(config.cluster(offset_syncs_cluster(flow)), offset_syncs_topic(flow)):
+        sync = decode_or_none(OffsetSync, msg.key(), msg.value())
+        if sync is not None:
+            store.record(sync.topic, sync.partition, sync.upstream_offset, sync.downstream_offset)
+    return store
+
+
+def newest_heartbeat_ms(config: MirrorConfig, flow: FlowConfig) -> int | None:
+    """The timestamp of the newest heartbeat of this flow that reached its target."""
+    newest = None
+    remote = target_topic(flow, HEARTBEATS_TOPIC)
+    for msg in clients.read_topic(config.cluster(flow.target), remote, tail=HEARTBEATS_TAIL):
+        beat = decode_or_none(Heartbeat, msg.key(), msg.value())
+        if beat is not None and (beat.source, beat.target) == (flow.source, flow.target):
+            newest = max(newest or 0, beat.timestamp_ms)
+    return newest
+
+
+def target_start(target: ClusterConfig, topic: str, partition: int) -> int:
+    """The first offset of a target partition: where a group with nothing better to go on resumes."""
+    reader = clients.consumer(target)
+    try:
+        return clients.watermarks(reader, topic, partition)[0]
+    finally:
+        reader.close()
+
+
+def source_ends(
+    source: ClusterConfig, partitions: list[tuple[str, int]], timeout_s: float
+) -> dict[tuple[str, int], int]:
+    """End offsets of source partitions, each waited for up to `timeout_s`."""
+    reader = clients.consumer(source)
+    try:
+        return {(t, p): clients.watermarks(reader, t, p, timeout_s)[1] for t, p in partitions}
+    finally:
+        reader.close()

@@ -1,0 +1,207 @@
+"""One flow's DR service: it makes the internal topics, reloads their history, and runs the DR tasks beside the stream.
+
+The stream hands every batch's landings to `on_landed` (offset syncs). A daemon thread runs the checkpoint task
+every `checkpoint_interval_s` and the heartbeat task every `heartbeat_interval_s`; a failed round is logged and
+tried again at the next interval, as a DR hiccup must not stop the data plane. `stop` ends with a final offset sync
+flush and checkpoint, so a finished run is exact. The Kafka side of each task is wired here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from confluent_kafka import KafkaException, Producer
+
+from .. import clients
+from ..config import FlowConfig, MirrorConfig
+from ..metrics import MirrorMetrics
+from ..policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic
+from ..ranges import Landing
+from .checkpoints import CheckpointTask
+from .formats import Checkpoint, Heartbeat, OffsetSync
+from .groups import ClusterGroups, GroupCommit, Partition
+from .heartbeats import HeartbeatTask
+from .internal import (
+    ensure_topic,
+    newest_heartbeat_ms,
+    offset_syncs_cluster,
+    read_checkpoints,
+    read_offset_syncs,
+    target_start,
+)
+from .offset_syncs import OffsetSyncWriter
+from .syncs import SyncStore
+
+log = logging.getLogger(__name__)
+
+PRODUCER_SETTINGS = {"acks": "all", "linger.ms": 5}
+
+
+class DrSync:
+    """One flow's DR loop. It reports each checkpoint write and the newest heartbeat seen on the target to the
+    mirror's metrics."""
+
+    def __init__(self, config: MirrorConfig, flow: FlowConfig, metrics: MirrorMetrics | None = None) -> None:
+        self.config = config
+        self.flow = flow
+        self.source = config.cluster(flow.source)
+        self.target = config.cluster(flow.target)
+        self.emit_heartbeats = False  # only a running mirror beats: an available-now run is not a live service
+        self.disabled: dict[str, str] = {}  # internal topic -> why it cannot be used
+        self.syncs = SyncStore()
+        self._lock = threading.Lock()  # the stream's batches and the checkpoint task share the store
+        self.offset_syncs = OffsetSyncWriter(self.syncs, self._lock, self._emit_sync)
+        self.checkpoints = CheckpointTask(
+            flow, self.syncs, self._lock, ClusterGroups(self.source), _Target(self),
+            on_written=None if metrics is None else lambda group, at: metrics.checkpoint_written(flow.name, group, at),
+        )  # fmt: skip
+        self.heartbeats = HeartbeatTask(
+            flow, self._emit_heartbeat, lambda: newest_heartbeat_ms(config, flow),
+            on_seen=None if metrics is None else lambda at: metrics.heartbeat_seen(flow.name, at),
+        )  # fmt: skip
+        self._producers: dict[str, Producer] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._prepared = False
+
+    @property
+    def newest_heartbeat_ms(self) -> int | None:
+        """The newest heartbeat of this flow seen on its target."""
+        return self.heartbeats.newest_ms
+
+    def prepare(self, emit_heartbeats: bool = False) -> None:
+        """Make the internal topics and reload the syncs and checkpoints a previous run left.
+
+        A cluster that does not answer leaves translation safe but coarse (no history: resume points fall back to
+        the start of the target partition); it is retried at the next checkpoint.
+        """
+        if self._prepared:
+            return
+        self.emit_heartbeats = emit_heartbeats and self.flow.emit_heartbeats
+        syncs_cluster = self.config.cluster(offset_syncs_cluster(self.flow))
+        wanted = [(syncs_cluster, offset_syncs_topic(self.flow)), (self.target, checkpoints_topic(self.flow))]
+        if self.emit_heartbeats:
+            wanted.append((self.source, HEARTBEATS_TOPIC))
+        try:
+            for cluster, topic in wanted:
+                reason = ensure_topic(cluster, topic)
+                if reason:
+                    self.disabled[topic] = reason
+                    log.warning("flow %s: %s", self.flow.name, reason)
+            stored = SyncStore()
+            if offset_syncs_topic(self.flow) not in self.disabled:
+                stored = read_offset_syncs(self.config, self.flow)
+            if checkpoints_topic(self.flow) not in self.disabled:
+                read = read_checkpoints(self.config, self.flow)
+                self.checkpoints.checkpoints = {k: cp for k, (cp, _) in read.items()}
+        except (KafkaException, TimeoutError) as err:
+            log.warning("flow %s: cannot read DR state yet: %s", self.flow.name, err)
+            return
+        with self._lock:
+            self.syncs.rebase(stored)  # batches that landed while the history was read stay the newest
+        self._prepared = True
+
+    def on_landed(self, rows: Iterable[Landing]) -> None:
+        """The stream's after-batch hook: record and write one offset sync per partition that landed."""
+        self.offset_syncs.on_landed(rows)
+
+    def checkpoint_once(self) -> list[Checkpoint]:
+        self.prepare(self.emit_heartbeats)
+        return self.checkpoints.run_once()
+
+    def heartbeat_once(self) -> None:
+        self.heartbeats.run_once()
+
+    def _emit_sync(self, sync: OffsetSync) -> None:
+        topic = offset_syncs_topic(self.flow)
+        if topic not in self.disabled:
+            producer = self._producer(offset_syncs_cluster(self.flow))
+            producer.produce(topic, key=sync.key(), value=sync.value())
+            producer.poll(0)
+
+    def _emit_heartbeat(self, beat: Heartbeat) -> None:
+        if self.emit_heartbeats and HEARTBEATS_TOPIC not in self.disabled:
+            producer = self._producer(self.flow.source)
+            producer.produce(HEARTBEATS_TOPIC, key=beat.key(), value=beat.value())
+            producer.poll(0)
+
+    def _producer(self, alias: str) -> Producer:
+        if alias not in self._producers:
+            self._producers[alias] = clients.producer(self.config.cluster(alias), PRODUCER_SETTINGS)
+        return self._producers[alias]
+
+    def _flush(self, alias: str) -> None:
+        if alias in self._producers:
+            self._producers[alias].flush(clients.REQUEST_TIMEOUT_S)
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run checkpoints and heartbeats on their intervals in a daemon thread until `stop`."""
+        self.prepare(emit_heartbeats=True)
+        self._attempt(self.heartbeat_once)  # before topic sync runs, so `heartbeats` is there to be mirrored
+        self._thread = threading.Thread(target=self._run, name=f"dr {self.flow.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        tasks: list[tuple[float, Callable[[], object]]] = [
+            (self.config.checkpoint_interval_s, self.checkpoint_once),
+            (self.config.heartbeat_interval_s, self.heartbeat_once),
+        ]
+        due = [time.monotonic()] * len(tasks)
+        while not self._stop.is_set():
+            for i, (interval, task) in enumerate(tasks):
+                if time.monotonic() >= due[i]:
+                    due[i] = time.monotonic() + interval
+                    self._attempt(task)
+            self._stop.wait(max(0.05, min(due) - time.monotonic()))
+
+    def _attempt(self, task: Callable[[], object]) -> None:
+        """Run one DR task; a failure is logged and the next interval tries again."""
+        try:
+            task()
+        except Exception as err:  # noqa: BLE001 - a DR hiccup must not stop the data plane
+            log.warning("flow %s: %s failed: %s", self.flow.name, getattr(task, "__name__", task), err)
+
+    def stop(self) -> None:
+        """Stop the loop, then write a final offset sync flush and checkpoint, so a finished run is exact."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(clients.REQUEST_TIMEOUT_S * 3)
+        self.prepare()
+        for alias in list(self._producers):
+            self._flush(alias)
+        try:
+            self.checkpoint_once()
+            self.heartbeats.observe()
+        except (KafkaException, RuntimeError) as err:
+            log.warning("flow %s: final checkpoint failed: %s", self.flow.name, err)
+
+
+class _Target:
+    """The flow's target for the checkpoint task: checkpoints go out after the offset syncs they rest on."""
+
+    def __init__(self, service: DrSync) -> None:
+        self.service = service
+        self.groups = ClusterGroups(service.target)
+
+    def start_offset(self, topic: str, partition: int) -> int:
+        return target_start(self.service.target, topic, partition)
+
+    def write(self, checkpoints: list[Checkpoint]) -> bool:
+        service, topic = self.service, checkpoints_topic(self.service.flow)
+        if topic in service.disabled:
+            return False
+        service._flush(offset_syncs_cluster(service.flow))
+        producer = service._producer(service.flow.target)
+        for cp in checkpoints:
+            producer.produce(topic, key=cp.key(), value=cp.value())
+        if producer.flush(clients.REQUEST_TIMEOUT_S):
+            raise RuntimeError(f"flow {service.flow.name}: checkpoints not acknowledged by '{service.flow.target}'")
+        return True
+
+    def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
+        return self.groups.commit(group, offsets)

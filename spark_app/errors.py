@@ -1,0 +1,35 @@
+"""The errors that stop the mirror; the CLI prints each as one line naming what to fix."""
+
+from __future__ import annotations
+
+from .config import ClusterConfig
+
+
+class MirrorFailed(RuntimeError):
+    """The mirror cannot go on; the message says why and names the flow, cluster or topic."""
+
+
+class ClusterUnreachable(MirrorFailed):
+    """A cause that affects every topic: the mirror stops, naming the cluster."""
+
+    def __init__(self, cluster: ClusterConfig, waited_s: float, detail: str) -> None:
+        super().__init__(
+            f"cluster '{cluster.alias}' ({cluster.bootstrap_servers}) is unreachable after {waited_s:.0f}s: {detail}"
+        )
+
+
+class AuthenticationFailed(ClusterUnreachable):
+    def __init__(self, cluster: ClusterConfig) -> None:
+        MirrorFailed.__init__(
+            self,
+            f"authentication failed for cluster '{cluster.alias}' ({cluster.bootstrap_servers}):"
+            " check its username and the secret it names",
+        )
+
+
+class StateError(MirrorFailed):
+    """The flow's state file is from another mirror version, or unreadable."""
+
+
+class DeliveryFailed(MirrorFailed):
+    """A batch could not be copied: the target refused records, or the source stopped answering."""

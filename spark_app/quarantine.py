@@ -1,0 +1,228 @@
+"""Quarantine: one flow's held-back topics, what each partition owes the target, and how it catches up.
+
+One bad topic never stops the others. The writer is told which topics are ready on the target; it holds back every
+record of the others, and of a partition from the first record the target refused, and says per partition which
+source offsets it held (`held_from` to `held_until`). `FlowQuarantine.after_batch` merges those into the flow's
+`FlowState`: per quarantined topic, per partition, a `Hold` from the first offset not written to the offset the
+query has read up to. The query itself goes on, so it keeps advancing past held records and the hold keeps
+growing; nothing of the topic is written meanwhile, so order is kept. To rejoin, `catch_up` copies each hold as
+one offset range (through the copy function it is given), then the topic is ready again: the next batch writes its
+records after the hold. A catch-up is tried when topic sync says the target can take the topic, at start (so a
+restart retries at once), and for a refused record every `RECORD_RETRY_S`. The state is saved after every batch,
+before Spark commits it, so a crash replays a batch at most (at least once, never a gap).
+
+Data loss. Per partition the state keeps the next offset the query expects. When a batch starts further on, the
+source's log start is checked: records below it that were never read were deleted by retention. They are reported
+(log, `data_loss`) and mirroring goes on, unless the flow sets `fail_on_data_loss`.
+
+`FlowState` is a small versioned JSON file next to the flow's Spark checkpoint, so `status` can read it without a
+running mirror.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import FlowConfig
+from .errors import MirrorFailed, StateError
+from .ranges import DataLoss, Landing, OffsetRange
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+STATE_FILE = "mirrorkit-state.json"
+RECORD_RETRY_S = 60.0  # how often a topic held by a refused record tries again while `run` goes on
+
+# Copy these ranges with a writer that may write the given topics (name -> partitions on the target).
+CopyRanges = Callable[[list[OffsetRange], dict[str, int]], list[Landing]]
+# The source's log start per (topic, partition).
+EarliestOffsets = Callable[[list[tuple[str, int]]], dict[tuple[str, int], int]]
+
+
+@dataclass
+class Hold:
+    """Source offsets of one partition not written yet: from `first` (the first one not written) up to `next`."""
+
+    first: int
+    next: int
+
+
+@dataclass
+class Quarantine:
+    """A topic that stopped: why, and per partition what it still owes the target."""
+
+    reason: str
+    partitions: dict[int, Hold] = field(default_factory=dict)
+    retry_at: float = 0.0  # monotonic time after which a catch-up is tried; not persisted, so a restart retries
+
+
+@dataclass
+class FlowState:
+    """Quarantines and read positions of one flow, persisted in `<checkpoint_location>/mirrorkit-state.json`."""
+
+    path: Path
+    quarantined: dict[str, Quarantine] = field(default_factory=dict)
+    positions: dict[tuple[str, int], int] = field(default_factory=dict)  # next source offset to read
+
+    @classmethod
+    def load(cls, checkpoint_location: str) -> FlowState:
+        path = Path(checkpoint_location.removeprefix("file:")) / STATE_FILE
+        if not path.exists():
+            return cls(path)
+        raw = json.loads(path.read_text())
+        if raw.get("version") != STATE_VERSION:
+            raise StateError(
+                f"{path}: state version {raw.get('version')!r}, this mirror reads version {STATE_VERSION};"
+                " run the mirror version that wrote it to drain its quarantines, or move the file away to accept"
+                " that its held offsets are not caught up"
+            )
+        state = cls(path)
+        for topic, q in raw["quarantined"].items():
+            holds = {int(p): Hold(h["first"], h["next"]) for p, h in q["partitions"].items()}
+            state.quarantined[topic] = Quarantine(q["reason"], holds)
+        state.positions = {(t, int(p)): o for t, parts in raw["positions"].items() for p, o in parts.items()}
+        return state
+
+    def save(self) -> None:
+        """Write atomically: a crash leaves the old file or the new one, never half of one."""
+        positions: dict[str, dict[str, int]] = {}
+        for (topic, partition), offset in sorted(self.positions.items()):
+            positions.setdefault(topic, {})[str(partition)] = offset
+        raw = {
+            "version": STATE_VERSION,
+            "quarantined": {
+                t: {"reason": q.reason, "partitions": {str(p): vars(h) for p, h in sorted(q.partitions.items())}}
+                for t, q in sorted(self.quarantined.items())
+            },
+            "positions": positions,
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(raw, indent=1))
+        os.replace(tmp, self.path)
+
+
+class FlowQuarantine:
+    """One flow's quarantines over its `FlowState`; the copy path and the source's log starts are injected."""
+
+    def __init__(
+        self,
+        flow: FlowConfig,
+        state: FlowState,
+        copy: CopyRanges,
+        earliest: EarliestOffsets,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.flow = flow
+        self.state = state
+        self.data_loss: list[DataLoss] = []
+        self._copy = copy
+        self._earliest = earliest
+        self._clock = clock
+
+    def reasons(self) -> dict[str, str]:
+        """Each quarantined topic with why it stopped."""
+        return {t: q.reason for t, q in self.state.quarantined.items()}
+
+    def held(self) -> dict[str, dict[int, int]]:
+        """Per quarantined topic, per partition, the first source offset not written."""
+        return {t: {p: h.first for p, h in sorted(q.partitions.items())} for t, q in self.state.quarantined.items()}
+
+    def refused(self, reasons: dict[str, str]) -> None:
+        """Topic sync found targets that cannot take these topics: hold them (all their records) with the reason."""
+        for topic, reason in reasons.items():
+            self.state.quarantined.setdefault(topic, Quarantine(reason)).reason = reason
+
+    def ready(self, mirrored: dict[str, int]) -> dict[str, int]:
+        """The topics the writer may write now, with their partition counts on the target."""
+        return {t: n for t, n in mirrored.items() if t not in self.state.quarantined}
+
+    def after_batch(self, landed: Iterable[Landing]) -> None:
+        """Quarantine what the writer held, check for records deleted before they were read, save the state."""
+        lost = []
+        for row in landed:
+            key = (row.topic, row.partition)
+            expected = self.state.positions.get(key)
+            if expected is not None and row.first_offset > expected:
+                lost.append((row.topic, row.partition, expected, row.first_offset))
+            self.state.positions[key] = max(row.end_offset, expected or 0)
+            if row.held_from >= 0:
+                self._hold(row)
+        self._report_loss(lost)
+        self.state.save()
+
+    def _hold(self, row: Landing) -> None:
+        q = self.state.quarantined.get(row.topic)
+        if q is None:
+            reason = refused_reason(self.flow, row.topic, row.partition, row.held_from, row.refused_bytes)
+            reason = reason or f"partition {row.partition} is not on the target yet"
+            q = self.state.quarantined[row.topic] = Quarantine(reason, retry_at=self._clock() + RECORD_RETRY_S)
+            log.error("flow %s: topic '%s' quarantined: %s", self.flow.name, row.topic, reason)
+        hold = q.partitions.get(row.partition)
+        if hold is None:
+            q.partitions[row.partition] = Hold(row.held_from, row.held_until)
+        else:
+            hold.first, hold.next = min(hold.first, row.held_from), max(hold.next, row.held_until)
+
+    def catch_up(self, mirrored: dict[str, int]) -> None:
+        """Copy the holds of each quarantined topic the target can take now (`mirrored`), then let it rejoin."""
+        now = self._clock()
+        for topic, q in list(self.state.quarantined.items()):
+            partitions = mirrored.get(topic)
+            if partitions is None or now < q.retry_at or any(p >= partitions for p in q.partitions):
+                continue
+            owed = {p: h for p, h in q.partitions.items() if h.next > h.first}
+            ranges = [OffsetRange(topic, p, h.first, h.next) for p, h in sorted(owed.items())]
+            landed = self._copy(ranges, {topic: partitions}) if ranges else []
+            rows = {row.partition: row for row in landed}
+            lost = [(topic, p, h.first, rows[p].first_offset if p in rows else h.next) for p, h in owed.items()]
+            self._report_loss(lost)
+            still = {p: Hold(rows[p].held_from, owed[p].next) for p in owed if p in rows and rows[p].held_from >= 0}
+            copied = sum(r.records for r in landed)
+            if still:
+                p = min(still)
+                row = rows[p]
+                q.reason = refused_reason(self.flow, topic, p, row.held_from, row.refused_bytes) or q.reason
+                q.partitions, q.retry_at = still, now + RECORD_RETRY_S
+                log.error("flow %s: topic '%s' still quarantined after copying %d: %s", self.flow.name, topic,
+                          copied, q.reason)  # fmt: skip
+            else:
+                del self.state.quarantined[topic]
+                log.info("flow %s: topic '%s' caught up %d record(s) from %s and rejoins", self.flow.name, topic,
+                         copied, {p: h.first for p, h in owed.items()} or "its start")  # fmt: skip
+        self.state.save()
+
+    def _report_loss(self, gaps: list[tuple[str, int, int, int]]) -> None:
+        """Gaps (topic, partition, expected, first read) below the source's log start are records lost to retention."""
+        if not gaps:
+            return
+        earliest = self._earliest([(t, p) for t, p, _, _ in gaps])
+        for topic, partition, expected, first_read in gaps:
+            end = min(earliest[(topic, partition)], first_read)
+            if end <= expected:
+                continue  # offsets that never held a record (compaction, transaction markers)
+            loss = DataLoss(topic, partition, expected, end - 1)
+            self.data_loss.append(loss)
+            log.error(
+                "flow %s: %d record(s) of '%s' partition %d, offsets %d..%d, were deleted at the source before they"
+                " were mirrored%s", self.flow.name, loss.count, topic, partition, loss.first_offset, loss.last_offset,
+                "" if self.flow.fail_on_data_loss else "; mirroring goes on",
+            )  # fmt: skip
+            if self.flow.fail_on_data_loss:
+                raise MirrorFailed(f"flow {self.flow.name}: records deleted before they were mirrored: {loss}")
+
+
+def refused_reason(flow: FlowConfig, topic: str, partition: int, offset: int, size: int) -> str | None:
+    """Why a record the target refused for size holds its topic, and what to do; None when nothing was refused."""
+    if not size:
+        return None
+    return (
+        f"record too large for target '{flow.target}': topic '{topic}' partition {partition} offset {offset}"
+        f" ({size} bytes); raise the target's cap, or set dead_letter_topic to divert such records"
+    )

@@ -1,0 +1,111 @@
+"""The copy path's units of work: the offset ranges the planner hands out, and the landings the writer hands back.
+
+A batch is a list of `OffsetRange`s, one per source topic-partition. Copying a range yields one `Landing`: where
+its last record landed on the target (an offset sync), what was written, dropped, dead-lettered or held back, and
+a replication-latency histogram. The schemas are what Spark carries between the planner, the tasks and the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+RANGE_SCHEMA = "topic string, partition int, start long, end long"
+LANDED_SCHEMA = (
+    "topic string, partition int, first_offset long, end_offset long, last_offset long, last_target_offset long,"
+    " records long, bytes long, dropped long, dead_lettered long, latency_counts array<long>, latency_sum_ms double,"
+    " held_from long, held_until long, refused_bytes long"
+)
+# Upper bounds of the replication-latency buckets: sub-second for a mirror that keeps up, up to an hour for one
+# catching up; anything older lands in +Inf.
+LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+# The same bounds in milliseconds, as Kafka timestamps are, for the writer's `bisect_left`; a landing's counts list
+# has one more slot, for +Inf.
+LATENCY_BOUNDS_MS = tuple(b * 1000 for b in LATENCY_BUCKETS_S)
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """Source offsets [start, end) of one topic-partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Landing:
+    """What copying one range did (LANDED_SCHEMA)."""
+
+    topic: str
+    partition: int
+    first_offset: int  # the first source offset found in the range (a record, or the log's end), else its end
+    end_offset: int  # the range's end: the next offset this flow will copy
+    last_offset: int = -1  # the last source offset written (or dropped), -1 when none
+    last_target_offset: int = -1  # where `last_offset` landed on the target, -1 when nothing was written
+    records: int = 0
+    bytes: int = 0
+    dropped: int = 0
+    dead_lettered: int = 0
+    # Replication latency per bucket of LATENCY_BOUNDS_MS (not cumulative; the last slot is +Inf), and the sum.
+    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS_MS) + 1))
+    latency_sum_ms: float = 0.0
+    held_from: int = -1  # first source offset not written (held), -1 when all were
+    held_until: int = -1  # the offset after the last held one
+    refused_bytes: int = 0  # size of the record refused at `held_from`, 0 when held for another reason
+
+    def hold(self, offset: int, size: int = 0) -> None:
+        """Hold the partition from `offset` to the range's end: nothing from there on is written."""
+        if self.held_from < 0 or offset < self.held_from:
+            self.held_from, self.refused_bytes = offset, size
+        self.held_until = max(self.held_until, self.end_offset)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Landing:
+        """A landing from a collected Spark row's `asDict()`."""
+        return cls(**row)
+
+
+@dataclass(frozen=True)
+class DataLoss:
+    """Source offsets [first_offset, last_offset] deleted (by retention) before the mirror read them."""
+
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+
+    @property
+    def count(self) -> int:
+        return self.last_offset - self.first_offset + 1
+
+
+def landed_arrow_schema() -> pa.Schema:
+    """LANDED_SCHEMA as Arrow types, for the batches `mapInArrow` yields."""
+    return pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("first_offset", pa.int64()),
+            ("end_offset", pa.int64()),
+            ("last_offset", pa.int64()),
+            ("last_target_offset", pa.int64()),
+            ("records", pa.int64()),
+            ("bytes", pa.int64()),
+            ("dropped", pa.int64()),
+            ("dead_lettered", pa.int64()),
+            ("latency_counts", pa.list_(pa.int64())),
+            ("latency_sum_ms", pa.float64()),
+            ("held_from", pa.int64()),
+            ("held_until", pa.int64()),
+            ("refused_bytes", pa.int64()),
+        ]
+    )
