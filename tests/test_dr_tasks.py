@@ -1,0 +1,121 @@
+"""The DR tasks on their own, with the clusters injected as fakes: offset syncs, checkpoints, group commits and
+heartbeats, so their rules are checked without a broker."""
+
+from __future__ import annotations
+
+import threading
+
+from spark_app.config import FlowConfig, GroupSelection
+from spark_app.dr.checkpoints import CheckpointTask
+from spark_app.dr.formats import Checkpoint, Heartbeat, OffsetSync
+from spark_app.dr.groups import Committed, GroupCommit, Partition, split_commit
+from spark_app.dr.heartbeats import HeartbeatTask
+from spark_app.dr.offset_syncs import OffsetSyncWriter
+from spark_app.dr.syncs import SyncStore
+from spark_app.ranges import Landing
+
+FLOW = FlowConfig.model_validate(
+    {"source": "primary", "target": "dr", "topics": {"include": ["orders"]}, "checkpoint_location": "/c",
+     "groups": {"include": ["app-.*"]}, "sync_group_offsets": True}
+)  # fmt: skip
+
+
+class FakeSource:
+    def __init__(self, committed: dict[str, dict[Partition, Committed]]) -> None:
+        self.by_group = committed
+
+    def groups(self, selection: GroupSelection) -> list[str]:
+        return sorted(g for g in self.by_group if selection.matches(g))
+
+    def committed(self, group: str) -> dict[Partition, Committed]:
+        return self.by_group[group]
+
+
+class FakeTarget:
+    def __init__(self, usable: bool = True) -> None:
+        self.usable = usable
+        self.written: list[Checkpoint] = []
+        self.commits: dict[str, dict[Partition, int]] = {}
+
+    def start_offset(self, topic: str, partition: int) -> int:
+        return 1000 + partition
+
+    def write(self, checkpoints: list[Checkpoint]) -> bool:
+        if self.usable:
+            self.written += checkpoints
+        return self.usable
+
+    def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
+        self.commits[group] = offsets
+        return GroupCommit(group, committed=offsets)
+
+
+def test_offset_syncs_record_each_partition_that_wrote_and_skip_ranges_that_wrote_nothing():
+    store, emitted = SyncStore(), []
+    writer = OffsetSyncWriter(store, threading.Lock(), emitted.append)
+    wrote = Landing("orders", 0, 0, 50, last_offset=49, last_target_offset=12, records=50)
+    held = Landing("orders", 1, 0, 50)  # held whole: nothing landed
+    assert writer.on_landed([wrote, held]) == [OffsetSync("orders", 0, 49, 12)]
+    assert emitted == [OffsetSync("orders", 0, 49, 12)]
+    assert store.latest("orders", 0) == (49, 12) and store.latest("orders", 1) is None
+
+
+def test_checkpoints_translate_selected_groups_commit_them_and_skip_partitions_with_nothing_mirrored():
+    store = SyncStore()
+    store.record("orders", 0, 99, 40)
+    store.record("orders", 1, 9, 5)
+    source = FakeSource(
+        {
+            "app-a": {("orders", 0): Committed(99, "m"), ("orders", 1): Committed(3), ("orders", 2): Committed(7)},
+            "other": {("orders", 0): Committed(1)},  # not selected
+            "app-b": {("unselected-topic", 0): Committed(5)},
+        }
+    )
+    target, written_at = FakeTarget(), []
+    task = CheckpointTask(FLOW, store, threading.Lock(), source, target, lambda g, t: written_at.append((g, t)),
+                          clock=lambda: 50.0)  # fmt: skip
+    written = task.run_once()
+    assert written == [
+        Checkpoint("app-a", "primary.orders", 0, 99, 40, "m"),  # exact at a sync
+        Checkpoint("app-a", "primary.orders", 1, 3, 1001, ""),  # below every sync: the target partition's start
+    ]  # partition 2 has nothing mirrored yet; app-b's topic is not mirrored by this flow
+    assert target.written == written and written_at == [("app-a", 50.0), ("app-a", 50.0)]
+    assert target.commits == {"app-a": {("primary.orders", 0): 40, ("primary.orders", 1): 1001}}
+    assert task.checkpoints[("app-a", "primary.orders", 0)].downstream_offset == 40
+
+
+def test_a_group_below_every_sync_resumes_from_its_previous_checkpoint_when_that_is_not_ahead():
+    store = SyncStore()
+    store.record("orders", 0, 500, 300)
+    task = CheckpointTask(FLOW, store, threading.Lock(), FakeSource({}), FakeTarget())
+    task.checkpoints[("app-a", "primary.orders", 0)] = Checkpoint("app-a", "primary.orders", 0, 100, 60)
+    at_120 = task.checkpoint("app-a", ("orders", 0), Committed(120))
+    assert at_120 == Checkpoint("app-a", "primary.orders", 0, 120, 60)  # re-reads at most the 20 since then
+    at_90 = task.checkpoint("app-a", ("orders", 0), Committed(90))  # moved back: the old checkpoint is ahead
+    assert at_90 == Checkpoint("app-a", "primary.orders", 0, 90, 1000)
+
+
+def test_checkpoints_the_target_cannot_take_are_not_remembered_as_written():
+    store = SyncStore()
+    store.record("orders", 0, 9, 9)
+    source = FakeSource({"app-a": {("orders", 0): Committed(10)}})
+    task = CheckpointTask(FLOW, store, threading.Lock(), source, FakeTarget(usable=False))
+    assert len(task.run_once()) == 1
+    assert task.checkpoints == {} and task.written_at == {}
+
+
+def test_a_group_commit_keeps_partitions_the_target_group_is_already_past():
+    result = split_commit("g", {("t", 0): 10, ("t", 1): 10, ("t", 2): 10}, {("t", 0): 12, ("t", 1): 4})
+    assert result == GroupCommit("g", committed={("t", 1): 10, ("t", 2): 10}, kept={("t", 0): 12})
+
+
+def test_heartbeats_are_emitted_with_the_flow_aliases_and_the_newest_seen_only_moves_forward():
+    emitted: list[Heartbeat] = []
+    seen = iter([None, 5_000, 3_000, 9_000])
+    reported: list[float] = []
+    task = HeartbeatTask(FLOW, emitted.append, lambda: next(seen), reported.append, clock=lambda: 12.5)
+    task.run_once()
+    assert emitted == [Heartbeat("primary", "dr", 12_500)] and task.newest_ms is None
+    for _ in range(3):
+        task.observe()
+    assert task.newest_ms == 9_000 and reported == [5.0, 5.0, 9.0]
