@@ -1,0 +1,94 @@
+"""Client profiles: every profile's settings are librdkafka's own names (librdkafka refuses an unknown one when a
+client is made), Event Hubs' limits are set, overrides win, and secrets come from where the config points."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+
+from spark_app import profiles
+from spark_app.config import ClusterConfig
+from spark_app.profiles import SecretError, librdkafka_settings, redacted
+from tests.support.tls import make_loopback_tls
+
+SECRET = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0"
+
+
+@pytest.fixture
+def clusters(tmp_path, monkeypatch) -> dict[str, ClusterConfig]:
+    """One cluster per profile, with secrets in an env var and in files, and token callbacks that sign nothing."""
+    monkeypatch.setenv("EH_CONNECTION_STRING", SECRET)
+    (tmp_path / "pw").write_text("scram-secret\n")
+    tls = make_loopback_tls(tmp_path)  # librdkafka loads certificates and keys when a client is made
+    monkeypatch.setattr(profiles, "_msk_iam_token", lambda region: lambda _cfg: ("iam-token", time.time() + 3600))
+    monkeypatch.setattr(profiles, "_entra_token", lambda cluster: lambda _cfg: ("entra-token", time.time() + 3600))
+    base = {"bootstrap_servers": "127.0.0.1:1"}
+    return {
+        c["profile"]: ClusterConfig.model_validate(base | c)
+        for c in (
+            {"alias": "k", "profile": "kafka", "tls": True, "ca_file": str(tls.ca_pem)},
+            {"alias": "eh", "profile": "eventhubs", "password": {"env": "EH_CONNECTION_STRING"}},
+            {"alias": "ehe", "profile": "eventhubs-entra"},
+            {"alias": "ms", "profile": "msk-scram", "username": "mirror", "password": {"file": str(tmp_path / "pw")}},
+            {"alias": "mi", "profile": "msk-iam", "region": "eu-west-1"},
+            {"alias": "mt", "profile": "mtls", "client_cert_file": str(tls.server_pem),
+             "client_key": {"file": str(tls.server_pem)}},
+        )
+    }  # fmt: skip
+
+
+def test_every_profile_gives_settings_librdkafka_accepts_for_every_role(clusters):
+    for cluster in clusters.values():
+        for role, make in (("producer", Producer), ("consumer", Consumer), ("admin", AdminClient)):
+            conf = librdkafka_settings(cluster, role)
+            if role == "consumer":
+                conf["group.id"] = "profile-check"
+            make(conf)  # raises KafkaException "No such configuration property" on a Java name
+
+
+def test_protocols_mechanisms_and_secrets_per_profile(clusters):
+    def conf(profile: str) -> dict[str, object]:
+        return librdkafka_settings(clusters[profile], "consumer")
+
+    assert conf("kafka")["security.protocol"] == "SSL" and str(conf("kafka")["ssl.ca.location"]).endswith("ca.pem")
+    eh = conf("eventhubs")
+    assert (eh["security.protocol"], eh["sasl.mechanism"], eh["sasl.username"]) == (
+        "SASL_SSL",
+        "PLAIN",
+        "$ConnectionString",
+    )
+    assert eh["sasl.password"] == SECRET
+    scram = conf("msk-scram")
+    assert (scram["sasl.mechanism"], scram["sasl.username"], scram["sasl.password"]) == (
+        "SCRAM-SHA-512", "mirror", "scram-secret",
+    )  # fmt: skip
+    assert conf("msk-iam")["sasl.mechanism"] == "OAUTHBEARER" and callable(conf("msk-iam")["oauth_cb"])
+    assert conf("mtls")["security.protocol"] == "SSL" and str(conf("mtls")["ssl.key.location"]).endswith("server.pem")
+
+
+def test_event_hubs_producers_stay_under_the_services_limits_and_overrides_win(clusters):
+    producer = librdkafka_settings(clusters["eventhubs"], "producer")
+    assert producer["message.max.bytes"] == "1000000" and producer["compression.type"] == "none"
+    assert producer["connections.max.idle.ms"] == producer["metadata.max.age.ms"] == "180000"
+    assert producer["request.timeout.ms"] == "60000" and producer["socket.keepalive.enable"] is True
+    assert "message.max.bytes" not in librdkafka_settings(clusters["eventhubs"], "consumer")
+    tuned = clusters["eventhubs"].model_copy(update={"client_overrides": {"compression.type": "gzip"}})
+    assert librdkafka_settings(tuned, "producer")["compression.type"] == "gzip"
+
+
+def test_redacted_settings_hide_every_secret_and_callback(clusters):
+    for cluster in clusters.values():
+        shown = repr(redacted(librdkafka_settings(cluster, "producer")))
+        assert SECRET not in shown and "scram-secret" not in shown and "function" not in shown
+
+
+def test_a_missing_secret_names_where_it_was_looked_for_not_its_value(clusters, monkeypatch):
+    monkeypatch.delenv("EH_CONNECTION_STRING")
+    with pytest.raises(SecretError, match="cluster 'eh': env var EH_CONNECTION_STRING is not set"):
+        librdkafka_settings(clusters["eventhubs"], "producer")
+    env_key = ClusterConfig.model_validate(clusters["mtls"].model_dump() | {"client_key": {"env": "KEY"}})
+    with pytest.raises(SecretError, match="client_key: librdkafka reads the client key from a file, not env KEY"):
+        librdkafka_settings(env_key, "consumer")
