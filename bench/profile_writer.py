@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:
 
 from bench.write_paths import create_topics, load_source, watermarks  # noqa: E402
 from spark_app.config import ClusterConfig, FlowConfig  # noqa: E402
-from spark_app.planner import OffsetRange  # noqa: E402
+from spark_app.ranges import OffsetRange  # noqa: E402
 from spark_app.writer import RangeCopier  # noqa: E402
 
 

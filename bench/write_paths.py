@@ -186,7 +186,8 @@ def run_child(spec: dict) -> dict:
     elif path == "ranges":
         from spark_app.config import ClusterConfig
         from spark_app.planner import OffsetRangeSource, plan_source_options
-        from spark_app.writer import LANDED_SCHEMA, RangeCopier
+        from spark_app.ranges import LANDED_SCHEMA
+        from spark_app.writer import RangeCopier
 
         spark.dataSource.register(OffsetRangeSource)
         flow, target = writer_parts(spec["writer"])
