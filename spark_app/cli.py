@@ -9,12 +9,12 @@ import logging
 import re
 import signal
 import sys
-from typing import Any
+from dataclasses import dataclass
 
 from .config import ConfigError, MirrorConfig, load_config
 from .errors import MirrorFailed
 from .policy import target_topic
-from .profiles import SecretError, librdkafka_settings, redacted
+from .profiles import SecretError, Settings, librdkafka_settings, redacted
 
 log = logging.getLogger("spark_app")
 PREFLIGHT_TIMEOUT_S = 20.0
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.config}: valid ({len(config.clusters)} clusters, {len(config.flows)} flows)")
             return 0
         if args.command == "describe":
-            print(json.dumps(describe(config), indent=2))
+            print(json.dumps(dataclasses.asdict(describe(config)), indent=2))
             return 0
         if args.command == "status":
             return print_status(config, args.json)
@@ -64,24 +64,38 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def describe(config: MirrorConfig) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ClusterView:
+    profile: str
+    settings: Settings  # redacted
+
+
+@dataclass(frozen=True)
+class FlowView:
+    flow: str
+    replication_policy: str
+    topics: dict[str, str]  # source topic -> target topic, for the topics the flow selects now
+
+
+@dataclass(frozen=True)
+class Description:
+    clusters: dict[str, ClusterView]
+    flows: list[FlowView]
+
+
+def describe(config: MirrorConfig) -> Description:
     """Flows, clusters (redacted) and the topics each flow matches on its source right now."""
     from .topics import TopicSync
 
-    out: dict[str, Any] = {"clusters": {}, "flows": []}
-    for c in config.clusters:
-        settings = redacted(librdkafka_settings(c, "consumer"))
-        out["clusters"][c.alias] = {"profile": c.profile.value, "settings": settings}
+    clusters = {
+        c.alias: ClusterView(c.profile.value, redacted(librdkafka_settings(c, "consumer"))) for c in config.clusters
+    }
+    flows = []
     for flow in config.flows:
         sync = TopicSync(flow, config.cluster(flow.source), config.cluster(flow.target))
-        out["flows"].append(
-            {
-                "flow": flow.name,
-                "replication_policy": flow.replication_policy,
-                "topics": {t: target_topic(flow, t) for t in sorted(sync.source_topics())},
-            }
-        )
-    return out
+        names = {t: target_topic(flow, t) for t in sorted(sync.source_topics())}
+        flows.append(FlowView(flow.name, flow.replication_policy, names))
+    return Description(clusters, flows)
 
 
 def _age(seconds: float | None) -> str:
