@@ -109,20 +109,14 @@ class FlowState:
 
 
 class FlowQuarantine:
-    """One flow's quarantines over its `FlowState`; the copy path and the source's log starts are injected."""
+    """One flow's quarantines over its `FlowState`; the source's log starts and the copy path are injected."""
 
     def __init__(
-        self,
-        flow: FlowConfig,
-        state: FlowState,
-        copy: CopyRanges,
-        earliest: EarliestOffsets,
-        clock: Callable[[], float] = time.monotonic,
+        self, flow: FlowConfig, state: FlowState, earliest: EarliestOffsets, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.flow = flow
         self.state = state
         self.data_loss: list[DataLoss] = []
-        self._copy = copy
         self._earliest = earliest
         self._clock = clock
 
@@ -170,8 +164,9 @@ class FlowQuarantine:
         else:
             hold.first, hold.next = min(hold.first, row.held_from), max(hold.next, row.held_until)
 
-    def catch_up(self, mirrored: dict[str, int]) -> None:
-        """Copy the holds of each quarantined topic the target can take now (`mirrored`), then let it rejoin."""
+    def catch_up(self, mirrored: dict[str, int], copy: CopyRanges) -> None:
+        """Copy (with `copy`) the holds of each quarantined topic the target can take now (`mirrored`), then let it
+        rejoin."""
         now = self._clock()
         for topic, q in list(self.state.quarantined.items()):
             partitions = mirrored.get(topic)
@@ -179,7 +174,7 @@ class FlowQuarantine:
                 continue
             owed = {p: h for p, h in q.partitions.items() if h.next > h.first}
             ranges = [OffsetRange(topic, p, h.first, h.next) for p, h in sorted(owed.items())]
-            landed = self._copy(ranges, {topic: partitions}) if ranges else []
+            landed = copy(ranges, {topic: partitions}) if ranges else []
             rows = {row.partition: row for row in landed}
             lost = [(topic, p, h.first, rows[p].first_offset if p in rows else h.next) for p, h in owed.items()]
             self._report_loss(lost)

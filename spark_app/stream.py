@@ -63,15 +63,17 @@ class FlowMirror:
         flow: FlowConfig,
         on_landed: Callable[[list[Landing]], None] | None = None,
         metrics: MirrorMetrics | None = None,
+        topic_sync: TopicSync | None = None,
+        quarantine: FlowQuarantine | None = None,
     ) -> None:
         self.spark = spark
         self.config = config
         self.flow = flow
         self.source = config.cluster(flow.source)
         self.target = config.cluster(flow.target)
-        self.topic_sync = TopicSync(flow, self.source, self.target)
-        self.quarantine = FlowQuarantine(
-            flow, FlowState.load(flow.checkpoint_location), self._copy, self.topic_sync.earliest_offsets
+        self.topic_sync = topic_sync or TopicSync(flow, self.source, self.target)
+        self.quarantine = quarantine or FlowQuarantine(
+            flow, FlowState.load(flow.checkpoint_location), self.topic_sync.earliest_offsets
         )
         self.totals = FlowTotals()
         self.plan = TopicPlan()
@@ -174,7 +176,7 @@ class FlowMirror:
             self._catch_up()
 
     def _catch_up(self) -> None:
-        self.quarantine.catch_up(self.plan.mirrored)
+        self.quarantine.catch_up(self.plan.mirrored, self._copy)
         self._publish()
 
     def _copy(self, ranges: list[OffsetRange], ready: dict[str, int]) -> list[Landing]:

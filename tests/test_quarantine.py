@@ -59,7 +59,7 @@ class Clock:
 
 def keeper(tmp_path, fake: FakeSource, clock: Clock | None = None, **flow_overrides: object) -> FlowQuarantine:
     state = FlowState.load(str(tmp_path))
-    return FlowQuarantine(flow(**flow_overrides), state, fake.copy, fake.earliest, clock or Clock())
+    return FlowQuarantine(flow(**flow_overrides), state, fake.earliest, clock or Clock())
 
 
 def test_the_state_file_round_trips_holds_and_positions_and_is_replaced_whole(tmp_path):
@@ -94,10 +94,10 @@ def test_a_refused_record_holds_its_partition_and_the_hold_grows_until_a_catch_u
     # The query goes on: the next batch holds the whole topic (not ready), and the hold grows to its end.
     q.after_batch([landing(0, 10, 20, held_from=10), landing(1, 10, 15, held_from=10)])
     assert q.state.quarantined[TOPIC].partitions == {0: Hold(5, 20), 1: Hold(10, 15)}
-    q.catch_up({TOPIC: 2})
+    q.catch_up({TOPIC: 2}, fake.copy)
     assert fake.copied == [], "a record hold waits RECORD_RETRY_S before it tries again"
     clock.now += RECORD_RETRY_S
-    q.catch_up({TOPIC: 2})
+    q.catch_up({TOPIC: 2}, fake.copy)
     assert fake.copied == [OffsetRange(TOPIC, 0, 5, 20), OffsetRange(TOPIC, 1, 10, 15)]
     assert q.reasons() == {} and q.ready({TOPIC: 2}) == {TOPIC: 2}
     assert FlowState.load(str(tmp_path)).quarantined == {}, "the rejoin is saved"
@@ -109,7 +109,7 @@ def test_a_catch_up_refused_again_keeps_the_rest_held_from_the_refused_offset(tm
     q.after_batch([landing(0, 0, 10, held_from=5, refused=2_000_000)])
     clock.now += RECORD_RETRY_S
     fake.refuse_at = {0: 8}
-    q.catch_up({TOPIC: 1})
+    q.catch_up({TOPIC: 1}, fake.copy)
     assert q.state.quarantined[TOPIC].partitions == {0: Hold(8, 10)}
     assert "offset 8 (9 bytes)" in q.reasons()[TOPIC]
     assert q.state.quarantined[TOPIC].retry_at == clock.now + RECORD_RETRY_S
@@ -120,10 +120,10 @@ def test_a_topic_the_target_cannot_take_is_held_whole_and_waits_until_it_has_the
     q = keeper(tmp_path, fake)
     q.refused({TOPIC: "event hub 'a.orders' does not exist on 'b'; infra must create it"})
     q.after_batch([landing(0, 0, 7, held_from=0), landing(1, 0, 3, held_from=0)])
-    q.catch_up({})  # still not on the target
-    q.catch_up({TOPIC: 1})  # too few partitions there
+    q.catch_up({}, fake.copy)  # still not on the target
+    q.catch_up({TOPIC: 1}, fake.copy)  # too few partitions there
     assert fake.copied == []
-    q.catch_up({TOPIC: 2})
+    q.catch_up({TOPIC: 2}, fake.copy)
     assert fake.copied == [OffsetRange(TOPIC, 0, 0, 7), OffsetRange(TOPIC, 1, 0, 3)]
     assert q.reasons() == {}
 
@@ -169,7 +169,7 @@ def test_state_stays_one_entry_per_partition_over_thousands_of_batches_with_hold
         q.after_batch(rows)
         if batch % 500 == 100:
             clock.now += RECORD_RETRY_S
-            q.catch_up({TOPIC: 8})
+            q.catch_up({TOPIC: 8}, fake.copy)
         sizes.append(len((tmp_path / STATE_FILE).read_text()))
     assert q.reasons() == {} and len(q.state.positions) == 8
     assert max(sizes) < 2_000, max(sizes)

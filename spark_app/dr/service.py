@@ -54,15 +54,15 @@ class DrSync:
         self.syncs = SyncStore()
         self._lock = threading.Lock()  # the stream's batches and the checkpoint task share the store
         self.offset_syncs = OffsetSyncWriter(self.syncs, self._lock, self._emit_sync)
+        self.producers = _Producers(config)
         self.checkpoints = CheckpointTask(
-            flow, self.syncs, self._lock, ClusterGroups(self.source), _Target(self),
+            flow, self.syncs, self._lock, ClusterGroups(self.source), _Target(self, self.producers),
             on_written=None if metrics is None else lambda group, at: metrics.checkpoint_written(flow.name, group, at),
         )  # fmt: skip
         self.heartbeats = HeartbeatTask(
             flow, self._emit_heartbeat, lambda: newest_heartbeat_ms(config, flow),
             on_seen=None if metrics is None else lambda at: metrics.heartbeat_seen(flow.name, at),
         )  # fmt: skip
-        self._producers: dict[str, Producer] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._prepared = False
@@ -118,24 +118,15 @@ class DrSync:
     def _emit_sync(self, sync: OffsetSync) -> None:
         topic = offset_syncs_topic(self.flow)
         if topic not in self.disabled:
-            producer = self._producer(offset_syncs_cluster(self.flow))
+            producer = self.producers.get(offset_syncs_cluster(self.flow))
             producer.produce(topic, key=sync.key(), value=sync.value())
             producer.poll(0)
 
     def _emit_heartbeat(self, beat: Heartbeat) -> None:
         if self.emit_heartbeats and HEARTBEATS_TOPIC not in self.disabled:
-            producer = self._producer(self.flow.source)
+            producer = self.producers.get(self.flow.source)
             producer.produce(HEARTBEATS_TOPIC, key=beat.key(), value=beat.value())
             producer.poll(0)
-
-    def _producer(self, alias: str) -> Producer:
-        if alias not in self._producers:
-            self._producers[alias] = clients.producer(self.config.cluster(alias), PRODUCER_SETTINGS)
-        return self._producers[alias]
-
-    def _flush(self, alias: str) -> None:
-        if alias in self._producers:
-            self._producers[alias].flush(clients.REQUEST_TIMEOUT_S)
 
     # -- the loop ---------------------------------------------------------------------------------------------
 
@@ -172,8 +163,7 @@ class DrSync:
         if self._thread is not None:
             self._thread.join(clients.REQUEST_TIMEOUT_S * 3)
         self.prepare()
-        for alias in list(self._producers):
-            self._flush(alias)
+        self.producers.flush_all()
         try:
             self.checkpoint_once()
             self.heartbeats.observe()
@@ -181,26 +171,50 @@ class DrSync:
             log.warning("flow %s: final checkpoint failed: %s", self.flow.name, err)
 
 
+class _Producers:
+    """One producer per cluster the service writes to (offset syncs, checkpoints, heartbeats)."""
+
+    def __init__(self, config: MirrorConfig) -> None:
+        self.config = config
+        self._by_alias: dict[str, Producer] = {}
+
+    def get(self, alias: str) -> Producer:
+        if alias not in self._by_alias:
+            self._by_alias[alias] = clients.producer(self.config.cluster(alias), PRODUCER_SETTINGS)
+        return self._by_alias[alias]
+
+    def flush(self, alias: str) -> None:
+        if alias in self._by_alias:
+            self._by_alias[alias].flush(clients.REQUEST_TIMEOUT_S)
+
+    def flush_all(self) -> None:
+        for alias in list(self._by_alias):
+            self.flush(alias)
+
+
 class _Target:
     """The flow's target for the checkpoint task: checkpoints go out after the offset syncs they rest on."""
 
-    def __init__(self, service: DrSync) -> None:
-        self.service = service
+    def __init__(self, service: DrSync, producers: _Producers) -> None:
+        self.flow = service.flow
+        self.target = service.target
+        self.disabled = service.disabled
+        self.producers = producers
         self.groups = ClusterGroups(service.target)
 
     def start_offset(self, topic: str, partition: int) -> int:
-        return target_start(self.service.target, topic, partition)
+        return target_start(self.target, topic, partition)
 
     def write(self, checkpoints: list[Checkpoint]) -> bool:
-        service, topic = self.service, checkpoints_topic(self.service.flow)
-        if topic in service.disabled:
+        topic = checkpoints_topic(self.flow)
+        if topic in self.disabled:
             return False
-        service._flush(offset_syncs_cluster(service.flow))
-        producer = service._producer(service.flow.target)
+        self.producers.flush(offset_syncs_cluster(self.flow))
+        producer = self.producers.get(self.flow.target)
         for cp in checkpoints:
             producer.produce(topic, key=cp.key(), value=cp.value())
         if producer.flush(clients.REQUEST_TIMEOUT_S):
-            raise RuntimeError(f"flow {service.flow.name}: checkpoints not acknowledged by '{service.flow.target}'")
+            raise RuntimeError(f"flow {self.flow.name}: checkpoints not acknowledged by '{self.flow.target}'")
         return True
 
     def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
