@@ -1,13 +1,18 @@
-"""The shared record assertion fails on every way a copy can go wrong, and says where; no broker needed."""
+"""The shared test helpers: the record assertion fails on every way a copy can go wrong and says where; the one-flow
+config is what the mirror parses. No broker needed."""
 
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
+from spark_app.config import parse_config
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.clients import Record
+from tests.support.kafka_cluster import ListenerKind
+from tests.support.mirror_config import one_flow_config
 
 SENT = [Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (("h", b"1"),), 1_000 + i) for i in range(8)]
 
@@ -82,3 +87,30 @@ def test_long_values_are_shortened_in_the_message():
 def test_at_least_once_refuses_sent_records_that_repeat():
     with pytest.raises(ValueError, match="differ from each other"):
         assert_each_record_once_in_order("orders", [], [SENT[0], SENT[0]], at_least_once=True)
+
+
+def test_one_flow_config_places_each_key_where_the_schema_has_it_and_parses():
+    onprem = SimpleNamespace(kind=ListenerKind.PLAINTEXT, client=SimpleNamespace(bootstrap="127.0.0.1:19092"))
+    target = {"alias": "eh", "bootstrap_servers": "ns.servicebus.windows.net:9093", "profile": "kafka"}
+    raw = one_flow_config(onprem, target, ["orders"], "/ckpt", emit_heartbeats=False, metrics_port=9500)
+    assert raw == {
+        "clusters": [{"alias": "onprem", "bootstrap_servers": "127.0.0.1:19092", "profile": "kafka"}, target],
+        "flows": [
+            {"source": "onprem", "target": "eh", "topics": {"include": ["orders"]}, "checkpoint_location": "/ckpt",
+             "emit_heartbeats": False}
+        ],
+        "metrics_port": 9500,
+    }  # fmt: skip
+    config = parse_config(raw)
+    assert (config.flows[0].name, config.metrics_port, config.flows[0].emit_heartbeats) == ("onprem->eh", 9500, False)
+    named = one_flow_config(onprem, onprem, {"include": ["a"], "exclude": ["b"]}, "/c", target_alias="cloud")
+    assert [c["alias"] for c in named["clusters"]] == ["onprem", "cloud"]
+    assert named["flows"][0]["topics"] == {"include": ["a"], "exclude": ["b"]}
+
+
+def test_one_flow_config_refuses_an_unknown_key_and_an_alias_for_a_ready_entry():
+    entry = {"alias": "k", "bootstrap_servers": "k:9092", "profile": "kafka"}
+    with pytest.raises(TypeError, match="metrics_prot is neither a flow key nor a config key"):
+        one_flow_config(entry, entry | {"alias": "j"}, ["t"], "/c", metrics_prot=1)
+    with pytest.raises(TypeError, match="the entry 'k' keeps its alias"):
+        one_flow_config(entry, entry | {"alias": "j"}, ["t"], "/c", source_alias="other")
