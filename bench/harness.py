@@ -440,10 +440,7 @@ def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: P
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--size", type=int, default=512)
-    parser.add_argument("--topics", type=int, default=4)
-    parser.add_argument("--partitions", type=int, default=4)
+    wp.add_load_arguments(parser)
     parser.add_argument("--candidates", default="mirror,mm2,mm2-untuned,limit", help="also wp:<write_paths path>")
     parser.add_argument("--topics-scale", default="", help="e.g. 1,10,100: repeat at these topic counts")
     parser.add_argument("--scale-records", type=int, default=100_000)

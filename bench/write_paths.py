@@ -479,12 +479,17 @@ def print_table(results: list[Result], records: int, size: int) -> None:
             print(f"  {r.path}: {note}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a benchmark loads into the source: `--records` of `--size` bytes over `--topics` x `--partitions`."""
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--topics", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=4)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_load_arguments(parser)
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {', '.join(PATHS)}")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=0, help="0: one batch for everything")
     parser.add_argument("--py-producer", action="append", default=[], metavar="K=V", help="librdkafka override")

@@ -127,7 +127,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return start  # no new batch until the source answers
             self._down_since = None
         if isinstance(limit, ReadMaxRows):
-            latest = _limited(starts, latest, limit.max_rows)
+            latest = limit_offsets(starts, latest, limit.max_rows)
         return latest
 
     def _until_answered(self, call: Callable[[], Offsets]) -> Offsets:
@@ -185,7 +185,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return offsets
 
 
-def _limited(starts: Offsets, latest: Offsets, max_rows: int) -> Offsets:
+def limit_offsets(starts: Offsets, latest: Offsets, max_rows: int) -> Offsets:
     """End offsets that take at most `max_rows` records, shared across partitions in proportion to their backlog."""
     backlog = {(t, p): max(0, e - starts[t][p]) for t, offsets in latest.items() for p, e in offsets.items()}
     total = sum(backlog.values())

@@ -23,7 +23,7 @@ from spark_app.policy import checkpoints_topic, event_hubs_topics, offset_syncs_
 from spark_app.stream import Mirror
 from tests.support.clients import Record, commit, create_topics, produce
 from tests.support.kafka_cluster import ClientSettings, kafka_classpath, require_java
-from tests.support.mirror_config import cluster_entry, free_port
+from tests.support.mirror_config import free_port, one_flow_config
 
 TRANSLATE_OFFSETS = Path(__file__).parent / "support" / "TranslateOffsets.java"
 
@@ -81,19 +81,16 @@ def test_checkpoints_read_by_mm2_match_failover_and_group_sync_spares_a_live_gro
     remote = f"{alias}.{topic}"
     groups = {"caught-up": f"caught-up-{unique}", "lagging": f"lagging-{unique}", "live": f"live-{unique}"}
     config = parse_config(
-        {
-            "clusters": [cluster_entry(source_cluster, alias), cluster_entry(target_cluster, "eh")],
-            "flows": [
-                {
-                    "source": alias,
-                    "target": "eh",
-                    "topics": {"include": [topic]},
-                    "groups": {"include": [f".*-{unique}"]},
-                    "sync_group_offsets": True,
-                    "checkpoint_location": str(tmp_path / "ckpt"),
-                }
-            ],
-        }
+        one_flow_config(
+            source_cluster,
+            target_cluster,
+            [topic],
+            tmp_path / "ckpt",
+            source_alias=alias,
+            target_alias="eh",
+            groups={"include": [f".*-{unique}"]},
+            sync_group_offsets=True,
+        )
     )
     create_topics(source_cluster.admin, {topic: 2})
     create_topics(target_cluster.admin, dict.fromkeys(event_hubs_topics(config)["eh"], 1) | {remote: 2})
@@ -168,22 +165,19 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
     topic, group = f"orders-{unique}", f"app-{unique}"
     remote = f"primary.{topic}"
     config = parse_config(
-        {
-            "clusters": [cluster_entry(primary, "primary"), cluster_entry(target_cluster, "dr")],
-            "flows": [
-                {
-                    "source": "primary",
-                    "target": "dr",
-                    "topics": {"include": [topic]},
-                    "groups": {"include": [group]},
-                    "checkpoint_location": str(tmp_path / "ckpt"),
-                }
-            ],
-            "checkpoint_interval_s": 2,
-            "heartbeat_interval_s": 1,
-            "trigger_interval_s": 1,
-            "metrics_port": free_port(),
-        }
+        one_flow_config(
+            primary,
+            target_cluster,
+            [topic],
+            tmp_path / "ckpt",
+            source_alias="primary",
+            target_alias="dr",
+            groups={"include": [group]},
+            checkpoint_interval_s=2,
+            heartbeat_interval_s=1,
+            trigger_interval_s=1,
+            metrics_port=free_port(),
+        )
     )
     flow, dr_cluster = config.flows[0], config.cluster("dr")
     create_topics(primary.admin, {topic: 2})

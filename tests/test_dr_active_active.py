@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import time
 
 import pytest
@@ -12,6 +12,7 @@ from spark_app.clients import watermarks
 from spark_app.config import parse_config
 from spark_app.policy import PROVENANCE_HEADER
 from spark_app.stream import Mirror
+from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry, free_port
 from tests.support.running import mirror_running
@@ -27,6 +28,11 @@ def pair(testbed):
 
 def topics_on(cluster) -> set[str]:
     return set(AdminClient(cluster.admin.librdkafka()).list_topics(timeout=30).topics)
+
+
+def without_timestamps(records: list[Record]) -> list[Record]:
+    """As sent: the records went out without a timestamp, the producer stamped them."""
+    return [dataclasses.replace(r, timestamp_ms=None) for r in records]
 
 
 def count(cluster, topic: str) -> int:
@@ -90,15 +96,16 @@ def test_both_ways_each_record_lands_once_per_direction_and_names_never_grow(pol
         names = {t for t in topics_on(cluster) if topic in t}
         if policy == "default":
             assert names == {topic, f"{there}.{topic}"}, names
-            got = read_all(cluster.client, f"{there}.{topic}", expected=2 * PER_SIDE)
-            assert collections.Counter(r.value for r in got) == collections.Counter(r.value for r in sent[there])
+            got = without_timestamps(read_all(cluster.client, f"{there}.{topic}", expected=2 * PER_SIDE))
+            assert_each_record_once_in_order(f"{there}.{topic}", got, sent[there])
         else:
             assert names == {topic}, names
-            got = read_all(cluster.client, topic, expected=4 * PER_SIDE)
-            values = collections.Counter(r.value for r in got)
-            assert values == collections.Counter(r.value for r in sent[here] + sent[there])
-            stamped = {r.value for r in got if (PROVENANCE_HEADER, there.encode()) in r.headers}
-            assert stamped == {r.value for r in sent[there]}
+            got = without_timestamps(read_all(cluster.client, topic, expected=4 * PER_SIDE))
+            # Its own records as produced, and the other side's, each stamped with where it came from.
+            assert_each_record_once_in_order(topic, [r for r in got if not r.headers], sent[here])
+            stamp = ((PROVENANCE_HEADER, there.encode()),)
+            copies = [dataclasses.replace(r, headers=stamp) for r in sent[there]]
+            assert_each_record_once_in_order(topic, [r for r in got if r.headers], copies)
         assert not any(t.startswith((f"{a}.{b}.", f"{b}.{a}.", f"{a}.{a}.", f"{b}.{b}.")) for t in topics_on(cluster))
     for dr in mirror.dr.values():
         assert dr.newest_heartbeat_ms is not None, f"no heartbeat of {dr.flow.name} reached its target"

@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 
 from spark_app.config import ClusterConfig, parse_config
 from spark_app.profiles import SecretError, librdkafka_settings
+from tests.support.mirror_config import one_flow_config
 
 ENTRA = {"alias": "dr", "bootstrap_servers": "dr-ns.servicebus.windows.net:9093", "profile": "eventhubs-entra"}
 
@@ -111,26 +112,12 @@ def test_a_pod_without_workload_identity_is_told_what_it_lacks(monkeypatch):
         librdkafka_settings(ClusterConfig(**ENTRA), "producer")
 
 
-def flows_config(source: dict, target: dict) -> dict:
-    return {
-        "clusters": [source, target],
-        "flows": [
-            {
-                "source": source["alias"],
-                "target": target["alias"],
-                "topics": {"include": ["orders"]},
-                "checkpoint_location": "/c",
-            }
-        ],
-    }
-
-
 def test_an_entra_cluster_is_a_valid_source_and_target_without_a_java_login_handler(workload_identity):
     """The copier reads and writes through librdkafka, whose OAUTHBEARER callback signs in; no Java client."""
     kafka = {"alias": "k", "bootstrap_servers": "k:9092", "profile": "kafka"}
-    assert parse_config(flows_config(ENTRA, kafka)).flows[0].source == "dr"
+    assert parse_config(one_flow_config(ENTRA, kafka, ["orders"], "/c")).flows[0].source == "dr"
     conf = librdkafka_settings(ClusterConfig(**ENTRA), "consumer")
     assert conf["sasl.mechanism"] == "OAUTHBEARER" and callable(conf["oauth_cb"])
     # Written to through librdkafka only: no Java handler needed; its hubs are made ahead, so it is Event Hubs.
-    config = parse_config(flows_config(kafka, ENTRA))
+    config = parse_config(one_flow_config(kafka, ENTRA, ["orders"], "/c"))
     assert config.cluster("dr").is_eventhubs

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.clients import Record, create_topics, produce, read_all
-from tests.support.mirror_config import cluster_entry
+from tests.support.mirror_config import one_flow_config
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = ROOT / "images" / "mirror"
@@ -54,15 +55,8 @@ def test_entrypoint_validates_and_runs_the_mirror_in_local_mode(plaintext_cluste
     records = [Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (("h", b"1"),), now + i) for i in range(500)]
     produce(plaintext_cluster.client, topic, records)
     config = tmp_path / "mirror.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "clusters": [cluster_entry(plaintext_cluster, "onprem"), cluster_entry(source_cluster, "cloud")],
-                "flows": [{"source": "onprem", "target": "cloud", "topics": {"include": [topic]},
-                           "checkpoint_location": str(tmp_path / "ckpt")}],
-            }
-        )
-    )  # fmt: skip
+    raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", target_alias="cloud")
+    config.write_text(yaml.safe_dump(raw))
     env = os.environ | {
         "MIRRORKIT_PYTHON": sys.executable,
         "PYSPARK_PYTHON": sys.executable,
@@ -81,6 +75,4 @@ def test_entrypoint_validates_and_runs_the_mirror_in_local_mode(plaintext_cluste
     assert "flow onprem->cloud: 500 records" in run.stderr
     assert source_cluster.client.password not in run.stderr + run.stdout
     got = read_all(source_cluster.client, f"onprem.{topic}", expected=500)
-    assert sorted((r.partition, r.key, r.value, r.headers, r.timestamp_ms) for r in got) == sorted(
-        (r.partition, r.key, r.value, r.headers, r.timestamp_ms) for r in records
-    )
+    assert_each_record_once_in_order(f"onprem.{topic}", got, records)

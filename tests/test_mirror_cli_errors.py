@@ -9,7 +9,7 @@ import time
 import yaml
 
 from tests.support.kafka_cluster import free_ports
-from tests.support.mirror_config import cluster_entry
+from tests.support.mirror_config import cluster_entry, one_flow_config
 
 
 def run_cli(config: dict, tmp_path) -> tuple[subprocess.CompletedProcess, float]:
@@ -26,9 +26,8 @@ def run_cli(config: dict, tmp_path) -> tuple[subprocess.CompletedProcess, float]
 def test_unreachable_cluster_and_wrong_password_fail_fast_naming_the_cluster(source_cluster, tmp_path):
     (closed,) = free_ports(1)
     good_source = cluster_entry(source_cluster, "msk")
-    flow = {"source": "msk", "target": "gone", "topics": {"include": ["t"]}, "checkpoint_location": str(tmp_path / "c")}
     unreachable = {"alias": "gone", "bootstrap_servers": f"127.0.0.1:{closed}", "profile": "kafka"}
-    result, took = run_cli({"clusters": [good_source, unreachable], "flows": [flow]}, tmp_path)
+    result, took = run_cli(one_flow_config(good_source, unreachable, ["t"], tmp_path / "c"), tmp_path)
     print(f"unreachable cluster: exit {result.returncode} after {took:.1f}s")
     assert result.returncode == 1, result.stderr[-2000:]
     assert f"cluster 'gone' (127.0.0.1:{closed}) is unreachable" in result.stderr
@@ -37,7 +36,7 @@ def test_unreachable_cluster_and_wrong_password_fail_fast_naming_the_cluster(sou
     wrong.write_text("not-the-password")
     bad_source = good_source | {"password": {"file": str(wrong)}}
     target = {"alias": "other", "bootstrap_servers": f"127.0.0.1:{closed}", "profile": "kafka"}
-    result, took = run_cli({"clusters": [bad_source, target], "flows": [flow | {"target": "other"}]}, tmp_path)
+    result, took = run_cli(one_flow_config(bad_source, target, ["t"], tmp_path / "c"), tmp_path)
     print(f"wrong password: exit {result.returncode} after {took:.1f}s")
     assert result.returncode == 1, result.stderr[-2000:]
     assert f"authentication failed for cluster 'msk' ({source_cluster.client.bootstrap})" in result.stderr

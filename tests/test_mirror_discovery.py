@@ -10,8 +10,9 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 
 from spark_app.config import parse_config
 from spark_app.stream import FlowMirror, Mirror
-from tests.support.clients import Record, by_partition, create_topics, produce, read_all
-from tests.support.mirror_config import cluster_entry, free_port
+from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.clients import Record, create_topics, produce, read_all
+from tests.support.mirror_config import free_port, one_flow_config
 from tests.support.running import mirror_running
 
 DISCOVERY_BOUND_S = 30.0  # MirrorMaker 2's default is 600 s
@@ -40,22 +41,20 @@ def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_incre
 ):
     first, later = f"disc-a-{unique}", f"disc-b-{unique}"
     create_topics(plaintext_cluster.admin, {first: 2})
-    produce(plaintext_cluster.client, first, records("a", 2, 200))
+    initial = records("a", 2, 200)
+    produce(plaintext_cluster.client, first, initial)
     config = parse_config(
-        {
-            "clusters": [cluster_entry(plaintext_cluster, "dc"), cluster_entry(source_cluster, "cloud")],
-            "flows": [
-                {
-                    "source": "dc",
-                    "target": "cloud",
-                    "topics": {"include": [f"disc-.*-{unique}"]},
-                    "checkpoint_location": str(tmp_path / "ckpt"),
-                    "emit_heartbeats": False,  # keep the shared source cluster free of a `heartbeats` topic
-                }
-            ],
-            "topic_sync_interval_s": 5,
-            "metrics_port": free_port(),
-        }
+        one_flow_config(
+            plaintext_cluster,
+            source_cluster,
+            [f"disc-.*-{unique}"],
+            tmp_path / "ckpt",
+            source_alias="dc",
+            target_alias="cloud",
+            emit_heartbeats=False,  # keep the shared source cluster free of a `heartbeats` topic
+            topic_sync_interval_s=5,
+            metrics_port=free_port(),
+        )
     )
     mirror = Mirror(spark, config)
     target_admin = AdminClient(source_cluster.admin.librdkafka())
@@ -72,7 +71,7 @@ def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_incre
         got = read_all(source_cluster.client, f"dc.{later}", expected=300, timeout_s=WAIT_S)
         discovered_in = time.monotonic() - created
         print(f"\nnew topic: all 300 records on the target {discovered_in:.1f}s after the topic was created")
-        assert by_partition(got) == by_partition(early)
+        assert_each_record_once_in_order(f"dc.{later}", got, early)
         assert discovered_in <= DISCOVERY_BOUND_S, f"the new topic took {discovered_in:.1f}s, over 30s"
 
         # The source grows from 2 to 4 partitions; the target follows and the new partitions' records arrive.
@@ -85,8 +84,7 @@ def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_incre
         grew_in = wait_for_partitions(target_admin, f"dc.{first}", 4, errors)
         got = read_all(source_cluster.client, f"dc.{first}", expected=300, timeout_s=WAIT_S)
         print(f"partition increase: target grown to 4 partitions after {grew_in:.1f}s")
-        assert by_partition(got)[2] == by_partition(grown)[2]
-        assert by_partition(got)[3] == by_partition(grown)[3]
+        assert_each_record_once_in_order(f"dc.{first}", got, initial + grown)  # grown: on the new partitions 2 and 3
 
 
 def batch_ids(log_dir) -> set[int]:
@@ -105,19 +103,16 @@ def test_query_restarts_under_load_write_each_record_once_in_order(
     topic, restarts, waves = f"restart-{unique}", 8, 40
     create_topics(plaintext_cluster.admin, {topic: 2})
     config = parse_config(
-        {
-            "clusters": [cluster_entry(plaintext_cluster, "here"), cluster_entry(source_cluster, "there")],
-            "flows": [
-                {
-                    "source": "here",
-                    "target": "there",
-                    "topics": {"include": [topic]},
-                    "checkpoint_location": str(tmp_path / "ckpt"),
-                    "emit_heartbeats": False,
-                }
-            ],
-            "trigger_interval_s": 0.1,
-        }
+        one_flow_config(
+            plaintext_cluster,
+            source_cluster,
+            [topic],
+            tmp_path / "ckpt",
+            source_alias="here",
+            target_alias="there",
+            emit_heartbeats=False,
+            trigger_interval_s=0.1,
+        )
     )
     flow = FlowMirror(spark, config, config.flows[0])
     sent = records("r", 2, 100 * waves)
@@ -146,4 +141,4 @@ def test_query_restarts_under_load_write_each_record_once_in_order(
     assert flow.query.exception() is None, flow.query.exception()
     got = read_all(source_cluster.client, f"here.{topic}", expected=len(sent), timeout_s=WAIT_S)  # exact: no twice
     print(f"\nrestarts under load: {stops} stops, {len(got)} records read back of {len(sent)} sent")
-    assert by_partition(got) == by_partition(sent)
+    assert_each_record_once_in_order(f"here.{topic}", got, sent)

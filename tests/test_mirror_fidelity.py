@@ -11,8 +11,9 @@ import pytest
 from spark_app.config import parse_config
 from spark_app.policy import PROVENANCE_HEADER
 from spark_app.stream import Mirror
-from tests.support.clients import Record, by_partition, create_topics, produce, read_all
-from tests.support.mirror_config import cluster_entry
+from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.clients import Record, create_topics, produce, read_all
+from tests.support.mirror_config import one_flow_config
 
 TOPICS = 3
 PARTITIONS = 4
@@ -48,18 +49,15 @@ def test_mirror_preserves_every_record_exactly(policy, spark, source_cluster, ta
     create_topics(target_cluster.admin, dict.fromkeys(target_name.values(), PARTITIONS))
 
     config = parse_config(
-        {
-            "clusters": [cluster_entry(source_cluster, "msk"), cluster_entry(target_cluster, "eh")],
-            "flows": [
-                {
-                    "source": "msk",
-                    "target": "eh",
-                    "topics": {"include": names},
-                    "replication_policy": policy,
-                    "checkpoint_location": str(tmp_path / "ckpt"),
-                }
-            ],
-        }
+        one_flow_config(
+            source_cluster,
+            target_cluster,
+            names,
+            tmp_path / "ckpt",
+            source_alias="msk",
+            target_alias="eh",
+            replication_policy=policy,
+        )
     )
     mirror = Mirror(spark, config)
     mirror.run_available_now()
@@ -72,4 +70,4 @@ def test_mirror_preserves_every_record_exactly(policy, spark, source_cluster, ta
         if policy == "identity":
             expected = [dataclasses.replace(r, headers=(*r.headers, (PROVENANCE_HEADER, b"msk"))) for r in expected]
         got = read_all(target_cluster.client, target_name[name], expected=PER_TOPIC)
-        assert by_partition(got) == by_partition(expected), f"{name} differs on the target"
+        assert_each_record_once_in_order(target_name[name], got, expected)

@@ -18,7 +18,7 @@ from spark_app.config import parse_config
 from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
 from spark_app.stream import Mirror
 from tests.support.clients import Record, commit, create_topics, produce, read_all
-from tests.support.mirror_config import cluster_entry, free_port
+from tests.support.mirror_config import free_port, one_flow_config
 from tests.support.running import mirror_running
 from tests.test_metrics import scrape
 
@@ -107,22 +107,19 @@ def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_dra
     live, held, group = f"live-{unique}", f"held-{unique}", f"app-{unique}"
     port = free_port()
     config = parse_config(
-        {
-            "clusters": [cluster_entry(source, alias), cluster_entry(target_cluster, "eh")],
-            "flows": [
-                {
-                    "source": alias,
-                    "target": "eh",
-                    "topics": {"include": [live, held]},
-                    "groups": {"include": [group]},
-                    "checkpoint_location": str(tmp_path / "ckpt"),
-                    "max_records_per_trigger": PER_TRIGGER,
-                }
-            ],
-            "metrics_port": port,
-            "checkpoint_interval_s": CHECKPOINT_INTERVAL_S,
-            "heartbeat_interval_s": HEARTBEAT_INTERVAL_S,
-        }
+        one_flow_config(
+            source,
+            target_cluster,
+            [live, held],
+            tmp_path / "ckpt",
+            source_alias=alias,
+            target_alias="eh",
+            groups={"include": [group]},
+            max_records_per_trigger=PER_TRIGGER,
+            metrics_port=port,
+            checkpoint_interval_s=CHECKPOINT_INTERVAL_S,
+            heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
+        )
     )
     (flow_config,) = config.flows
     create_topics(source.admin, {live: PARTITIONS, held: 1})

@@ -11,8 +11,9 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from spark_app.config import parse_config
 from spark_app.quarantine import STATE_FILE, STATE_VERSION
 from spark_app.stream import Mirror
-from tests.support.clients import Record, by_partition, create_topics, produce, read_all
-from tests.support.mirror_config import cluster_entry
+from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.clients import Record, create_topics, produce, read_all
+from tests.support.mirror_config import cluster_entry, one_flow_config
 
 BIG = 1_200_000  # over the Event Hubs-like target's 1 MB cap
 
@@ -49,11 +50,7 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
 
     def config(target_overrides: dict) -> dict:
         target = cluster_entry(target_cluster, "dr") | {"client_overrides": target_overrides}
-        flow = {"source": "onprem", "target": "dr", "topics": {"include": [good, big, late, gone]}}
-        return {
-            "clusters": [cluster_entry(plaintext_cluster, "onprem"), target],
-            "flows": [flow | {"checkpoint_location": str(ckpt)}],
-        }
+        return one_flow_config(plaintext_cluster, target, [good, big, late, gone], ckpt)
 
     first = Mirror(spark, parse_config(config({})))
     first.run_available_now()
@@ -63,9 +60,11 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
     assert f"topic '{big}' partition 0 offset 5 (1200000 bytes)" in totals.quarantined[big]
     assert f"event hub 'onprem.{late}' does not exist" in totals.quarantined[late]
     assert totals.held[big] == {0: 5}
-    assert by_partition(read_all(target_cluster.client, f"onprem.{good}", expected=40)) == by_partition(sent[good])
-    on_target = by_partition(read_all(target_cluster.client, f"onprem.{big}", expected=5 + 8))
-    assert on_target == {0: sent[big][:5], 1: sent[big][11:]}, "nothing after the refused record, the rest goes on"
+    got = read_all(target_cluster.client, f"onprem.{good}", expected=40)
+    assert_each_record_once_in_order(f"onprem.{good}", got, sent[good])
+    got = read_all(target_cluster.client, f"onprem.{big}", expected=5 + 8)
+    # Partition 0: nothing from the refused record on; partition 1 goes on.
+    assert_each_record_once_in_order(f"onprem.{big}", got, sent[big][:5] + sent[big][11:])
     state = json.loads((ckpt / STATE_FILE).read_text())
     assert state["version"] == STATE_VERSION
     assert state["quarantined"][big]["partitions"]["0"] == {"first": 5, "next": 11}
@@ -95,9 +94,9 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
     assert totals.quarantined == {} and totals.held == {}
     for topic in (big, late):
         got = read_all(target_cluster.client, f"onprem.{topic}", expected=len(sent[topic]))
-        assert by_partition(got) == by_partition(sent[topic]), f"{topic}: lost, duplicated or reordered"
+        assert_each_record_once_in_order(f"onprem.{topic}", got, sent[topic])
     got = read_all(target_cluster.client, f"onprem.{gone}", expected=15)
-    assert got == sent[gone][:10] + sent[gone][15:]
+    assert_each_record_once_in_order(f"onprem.{gone}", got, sent[gone][:10] + sent[gone][15:])  # 10-14 deleted
     assert [(x.topic, x.partition, x.first_offset, x.last_offset, x.count) for x in totals.data_loss] == [
         (gone, 0, 10, 14, 5)
     ]

@@ -9,14 +9,7 @@ from spark_app.config import parse_config
 from spark_app.stream import Mirror
 from spark_app.writer import DLQ_PREFIX
 from tests.support.clients import Record, create_topics, produce, read_all
-from tests.support.mirror_config import cluster_entry
-
-
-def flow_config(source, target, tmp_path, **flow) -> dict:
-    return {
-        "clusters": [cluster_entry(source, "onprem"), cluster_entry(target, "dr")],
-        "flows": [{"source": "onprem", "target": "dr", "checkpoint_location": str(tmp_path / "ckpt"), **flow}],
-    }
+from tests.support.mirror_config import one_flow_config
 
 
 def test_exclusions_internal_topics_and_remote_copies_stay_home_and_configs_travel(
@@ -29,17 +22,11 @@ def test_exclusions_internal_topics_and_remote_copies_stay_home_and_configs_trav
     for topic in (keep, secret, remote, compact):
         produce(plaintext_cluster.client, topic, [Record(0, b"k", topic.encode())])
 
-    config = parse_config(
-        flow_config(
-            plaintext_cluster,
-            source_cluster,
-            tmp_path,
-            topics={
-                "include": [f"keep.*-{unique}", f"dr\\.keep-{unique}", f"compact-{unique}", "__consumer_offsets"],
-                "exclude": [f"keep-secret-{unique}"],
-            },
-        )  # fmt: skip
-    )
+    topics = {
+        "include": [f"keep.*-{unique}", f"dr\\.keep-{unique}", f"compact-{unique}", "__consumer_offsets"],
+        "exclude": [f"keep-secret-{unique}"],
+    }
+    config = parse_config(one_flow_config(plaintext_cluster, source_cluster, topics, tmp_path / "ckpt"))
     mirror = Mirror(spark, config)
     mirror.run_available_now()
 
@@ -67,8 +54,11 @@ def test_a_record_over_the_targets_cap_quarantines_its_topic_with_its_coordinate
     create_topics(
         target_cluster.admin, {f"onprem.{topic}": 1, "mirror.dlq": 1} if dead_letters else {f"onprem.{topic}": 1}
     )
-    flow = {"topics": {"include": [topic]}} | ({"dead_letter_topic": "mirror.dlq"} if dead_letters else {})
-    mirror = Mirror(spark, parse_config(flow_config(plaintext_cluster, target_cluster, tmp_path, **flow)))
+    dead_letter_topic = "mirror.dlq" if dead_letters else None  # None: the schema's default, no dead letters
+    config = one_flow_config(
+        plaintext_cluster, target_cluster, [topic], tmp_path / "ckpt", dead_letter_topic=dead_letter_topic
+    )
+    mirror = Mirror(spark, parse_config(config))
 
     mirror.run_available_now()
     if not dead_letters:  # the topic is quarantined with the record's coordinates; nothing after it is written

@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.clients import Record, by_partition, console_consume, create_topics, produce, read_all
 
 CLUSTERS = ["plaintext_cluster", "source_cluster", "target_cluster"]
@@ -36,7 +37,7 @@ def test_each_listener_kind_round_trips_1000_records_through_python_and_java(clu
     assert produce(cluster.client, topic, sent) == 1000
 
     received = [dataclasses.replace(r, timestamp_ms=None) for r in read_all(cluster.client, topic, expected=1000)]
-    assert by_partition(received) == by_partition(sent)
+    assert_each_record_once_in_order(topic, received, sent)
 
     lines = console_consume(cluster.client, topic, max_messages=1000)
     expected_lines = {

@@ -6,7 +6,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -19,13 +19,14 @@ Headers = tuple[tuple[str, bytes | None], ...]
 
 @dataclass(frozen=True)
 class Record:
-    """Everything a mirror must carry over, in a comparable form."""
+    """Everything a mirror must carry over, in a comparable form; where a read found it is not compared."""
 
     partition: int
     key: bytes | None
     value: bytes | None
     headers: Headers = ()
     timestamp_ms: int | None = None
+    offset: int | None = field(default=None, compare=False)  # set by `read_all`
 
 
 def create_topics(admin: ClientSettings, topics: dict[str, int], config: dict[str, str] | None = None) -> None:
@@ -105,9 +106,8 @@ def read_all(
                     continue
                 raise AssertionError(f"reading '{topic}': {msg.error()}")
             at_eof.discard(msg.partition())
-            records.append(
-                Record(msg.partition(), msg.key(), msg.value(), tuple(msg.headers() or ()), msg.timestamp()[1])
-            )
+            headers = tuple(msg.headers() or ())
+            records.append(Record(msg.partition(), msg.key(), msg.value(), headers, msg.timestamp()[1], msg.offset()))
     finally:
         consumer.close()
     if len(records) < expected or (exact and len(records) != expected):

@@ -18,7 +18,7 @@ import yaml
 
 from .clients import Record, by_partition, create_topics, produce, read_all
 from .kafka_cluster import ListenerKind
-from .mirror_config import cluster_entry
+from .mirror_config import one_flow_config
 from .testbed import TestBed
 
 TOPICS = {"orders": 4, "payments": 2, "audit": 1}
@@ -56,17 +56,9 @@ def main() -> int:
         create_topics(target.admin, {f"msk.{t}": p for t, p in TOPICS.items()})  # what infra makes through ARM
         print(f"produced {PER_TOPIC} records on each of {', '.join(TOPICS)}")
 
-        config = {
-            "clusters": [cluster_entry(source, "msk"), cluster_entry(target, "eh")],
-            "flows": [
-                {
-                    "source": "msk",
-                    "target": "eh",
-                    "topics": {"include": list(TOPICS)},
-                    "checkpoint_location": str(work / "checkpoint"),
-                }
-            ],
-        }
+        config = one_flow_config(
+            source, target, list(TOPICS), work / "checkpoint", source_alias="msk", target_alias="eh"
+        )
         config_file = work / "mirror.yaml"
         config_file.write_text(yaml.safe_dump(config))
         env = os.environ | {

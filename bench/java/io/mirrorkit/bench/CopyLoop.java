@@ -3,6 +3,7 @@ package io.mirrorkit.bench;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.atomic.AtomicReference;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
@@ -28,23 +29,15 @@ public final class CopyLoop {
         long expected = Long.parseLong(args[3]);
         String[] topics = args[4].split(",");
 
-        Properties c = new Properties();
-        c.put("bootstrap.servers", source);
-        c.put("enable.auto.commit", "false");
-        c.put("max.poll.records", "10000");
-        c.put("fetch.max.bytes", "52428800");
-        c.put("max.partition.fetch.bytes", "10485760");
-        c.put("key.deserializer", ByteArrayDeserializer.class.getName());
-        c.put("value.deserializer", ByteArrayDeserializer.class.getName());
-        Properties p = new Properties();
-        p.put("bootstrap.servers", target);
-        p.put("acks", "all");
-        p.put("enable.idempotence", "true");
-        p.put("linger.ms", "20");
-        p.put("batch.size", "1048576");
-        p.put("buffer.memory", "134217728");
-        p.put("key.serializer", ByteArraySerializer.class.getName());
-        p.put("value.serializer", ByteArraySerializer.class.getName());
+        String bytesIn = ByteArrayDeserializer.class.getName(), bytesOut = ByteArraySerializer.class.getName();
+        Properties c = properties(Map.of(
+                "bootstrap.servers", source, "key.deserializer", bytesIn, "value.deserializer", bytesIn,
+                "enable.auto.commit", "false", "max.poll.records", "10000",
+                "fetch.max.bytes", "52428800", "max.partition.fetch.bytes", "10485760"));
+        Properties p = properties(Map.of(
+                "bootstrap.servers", target, "key.serializer", bytesOut, "value.serializer", bytesOut,
+                "acks", "all", "enable.idempotence", "true",
+                "linger.ms", "20", "batch.size", "1048576", "buffer.memory", "134217728"));
 
         AtomicReference<Exception> failed = new AtomicReference<>();
         try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(c);
@@ -77,5 +70,11 @@ public final class CopyLoop {
         if (failed.get() != null) {
             throw failed.get();
         }
+    }
+
+    private static Properties properties(Map<String, String> settings) {
+        Properties props = new Properties();
+        props.putAll(settings);
+        return props;
     }
 }

@@ -1,0 +1,190 @@
+"""The planner's range math on its own: how a batch's ranges are shared among tasks, and how far a read limit lets
+each partition go. Pure functions: no Spark session and no broker."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from spark_app.planner import limit_offsets, split_ranges
+from spark_app.ranges import OffsetRange
+
+SEED = 20261124
+CASES = 3_000
+
+
+def ranges_of(*sizes: int, start: int = 100) -> list[OffsetRange]:
+    """One range per size, each on its own partition of topic `t`."""
+    return [OffsetRange("t", p, start, start + size) for p, size in enumerate(sizes)]
+
+
+def loads(groups: list[list[OffsetRange]]) -> list[int]:
+    return [sum(r.size for r in g) for g in groups]
+
+
+def assert_split_is_sound(ranges: list[OffsetRange], tasks: int, groups: list[list[OffsetRange]]) -> None:
+    """Every range in exactly one group, whole; no empty group; no more groups than tasks or ranges; and balanced as
+    greedy largest-first gives: the heaviest group outweighs the lightest by at most the largest range."""
+    context = f"tasks={tasks}, sizes={[r.size for r in ranges]}, groups={[[r.size for r in g] for g in groups]}"
+    assert Counter(r for g in groups for r in g) == Counter(ranges), context
+    assert all(groups), context
+    assert len(groups) <= min(tasks, len(ranges)), context
+    if all(r.size > 0 for r in ranges):  # the planner makes no empty range
+        assert len(groups) == min(tasks, len(ranges)), context
+    if groups:
+        assert max(loads(groups)) - min(loads(groups)) <= max(r.size for r in ranges), context
+
+
+def test_split_balances_groups_by_record_count_not_by_range_count():
+    big, *small = ranges_of(1_000, *[100] * 10)
+    groups = split_ranges([*small, big], tasks=2)
+    assert sorted(groups, key=len) == [[big], small]
+    assert loads(groups) == [1_000, 1_000]
+
+
+def test_split_gives_the_largest_range_to_the_lightest_group_first():
+    ranges = ranges_of(3, 7, 1, 5, 4)
+    groups = split_ranges(ranges, tasks=2)
+    assert [[r.size for r in g] for g in groups] == [[7, 3], [5, 4, 1]]
+    assert loads(groups) == [10, 10]
+    assert_split_is_sound(ranges, 2, groups)
+
+
+def test_split_makes_no_more_groups_than_tasks_or_ranges():
+    ranges = ranges_of(10, 20, 30)
+    assert len(split_ranges(ranges, tasks=2)) == 2
+    assert len(split_ranges(ranges, tasks=3)) == 3
+    assert len(split_ranges(ranges, tasks=8)) == 3  # one range a task: a range is never split to fill a task
+    assert sorted(r.size for (r,) in split_ranges(ranges, tasks=8)) == [10, 20, 30]
+    assert split_ranges(ranges, tasks=1) == [sorted(ranges, key=lambda r: -r.size)]
+
+
+def test_split_assigns_every_range_exactly_once_and_whole():
+    ranges = [OffsetRange(f"t{t}", p, 10 * p, 10 * p + 1 + 37 * t + p) for t in range(3) for p in range(5)]
+    groups = split_ranges(ranges, tasks=4)
+    assigned = [r for g in groups for r in g]
+    assert Counter(assigned) == Counter(ranges) and len(assigned) == len(ranges)
+    assert {id(r) for r in assigned} == {id(r) for r in ranges}, "a range was cut, copied or changed"
+    assert_split_is_sound(ranges, 4, groups)
+
+
+def test_split_of_no_ranges_is_no_groups():
+    assert split_ranges([], tasks=4) == []
+    assert split_ranges([], tasks=1) == []
+
+
+def test_split_holds_its_guarantees_over_random_batches():
+    rng = random.Random(SEED)
+    for _ in range(CASES):
+        count = rng.randint(0, 40)
+        sizes = [rng.choice((0, 1, rng.randint(1, 50), rng.randint(1, 100_000))) for _ in range(count)]
+        if rng.random() < 0.7:
+            sizes = [max(1, s) for s in sizes]  # as the planner makes them: no empty range
+        ranges = [OffsetRange(f"t{i % 3}", i, 1_000 + i, 1_000 + i + s) for i, s in enumerate(sizes)]
+        tasks = rng.randint(1, 12)
+        assert_split_is_sound(ranges, tasks, split_ranges(ranges, tasks))
+
+
+def offsets(**partitions: int) -> dict[str, dict[str, int]]:
+    """{"t": {"0": offset, ...}} from p0=..., p1=..."""
+    return {"t": {name.removeprefix("p"): offset for name, offset in partitions.items()}}
+
+
+def taken(starts: dict, ends: dict) -> dict[tuple[str, str], int]:
+    """Records each partition's range holds: the planner makes no range where the end is not past the start."""
+    return {(t, p): max(0, e - starts[t][p]) for t, offs in ends.items() for p, e in offs.items()}
+
+
+def test_limit_returns_latest_unchanged_when_the_backlog_fits():
+    starts, latest = offsets(p0=10, p1=0), offsets(p0=15, p1=5)
+    assert limit_offsets(starts, latest, max_rows=10) == latest
+    assert limit_offsets(starts, latest, max_rows=11) == latest
+
+
+def test_limit_shares_max_rows_in_proportion_to_each_partitions_backlog():
+    starts = {"a": {"0": 0, "1": 500}, "b": {"0": 7}}
+    latest = {"a": {"0": 600, "1": 800}, "b": {"0": 107}}  # backlogs 600, 300, 100
+    assert limit_offsets(starts, latest, max_rows=100) == {"a": {"0": 60, "1": 530}, "b": {"0": 17}}
+
+
+def test_limit_takes_at_most_max_rows_when_every_backlogged_partitions_share_is_one_or_more():
+    starts, latest = offsets(p0=0, p1=0, p2=0), offsets(p0=1_000, p1=333, p2=100)
+    ends = limit_offsets(starts, latest, max_rows=100)
+    assert ends == offsets(p0=69, p1=23, p2=6)  # each backlog * 100 // 1433, rounded down
+    assert sum(taken(starts, ends).values()) == 98
+
+
+def test_limit_exceeds_max_rows_by_at_most_one_record_per_partition_whose_share_rounds_to_zero():
+    """A partition with backlog always moves, so one whose proportional share rounds down to 0 still takes 1.
+    Those are the only records over `max_rows`, and this can happen with fewer backlogged partitions than
+    `max_rows`, not only with more."""
+    starts, latest = offsets(p0=0, p1=0, p2=0, p3=0, p4=0, p5=0), offsets(p0=1_000, p1=1, p2=1, p3=1, p4=1, p5=1)
+    ends = limit_offsets(starts, latest, max_rows=10)
+    assert ends == offsets(p0=9, p1=1, p2=1, p3=1, p4=1, p5=1)  # 9 is p0's share: 1000 * 10 // 1005
+    assert sum(taken(starts, ends).values()) == 10 + 4  # four of the five one-record partitions are over budget
+    many = {"t": {str(p): 0 for p in range(20)}}
+    ends = limit_offsets(many, {"t": {str(p): 5 for p in range(20)}}, max_rows=10)
+    assert set(ends["t"].values()) == {1} and sum(taken(many, ends).values()) == 20
+
+
+def test_limit_never_goes_past_latest_nor_below_start_and_keeps_every_backlogged_partition_moving():
+    starts, latest = offsets(p0=100, p1=200, p2=300, p3=400), offsets(p0=100, p1=201, p2=1_300, p3=100_400)
+    ends = limit_offsets(starts, latest, max_rows=50)
+    for p in ("0", "1", "2", "3"):
+        assert starts["t"][p] <= ends["t"][p] <= latest["t"][p], p
+    assert ends["t"]["0"] == 100, "no backlog: stays"
+    assert ends["t"]["1"] == 201 and ends["t"]["2"] == 301, "backlog 1, and a share below 1: still moves by 1"
+    assert ends["t"]["3"] == 449, "its share: 100000 * 50 // 101001"
+
+
+def test_limit_takes_nothing_from_a_partition_whose_end_is_below_its_start():
+    """A topic recreated under the mirror lists an end below the checkpoint's start: no backlog there. Limited, the
+    end stays at the start; when the rest fits, latest comes back as it is. Either way the range is empty."""
+    starts, latest = offsets(p0=500, p1=0), offsets(p0=20, p1=1_000)
+    ends = limit_offsets(starts, latest, max_rows=10)
+    assert ends == offsets(p0=500, p1=10)
+    assert limit_offsets(starts, latest, max_rows=1_000) == latest
+    assert taken(starts, latest)[("t", "0")] == 0
+
+
+def test_limit_holds_its_bounds_over_random_backlogs():
+    """Per partition: the end is never past latest nor below the start (where latest is not below it), and a
+    partition with backlog takes at least 1. In all: at most max_rows, plus 1 for each backlogged partition whose
+    proportional share rounds down to 0; and more than max_rows minus the number of backlogged partitions (each share
+    loses under one record to rounding)."""
+    rng = random.Random(SEED)
+    for _ in range(CASES):
+        starts: dict[str, dict[str, int]] = {}
+        latest: dict[str, dict[str, int]] = {}
+        for t in range(rng.randint(1, 3)):
+            for p in range(rng.randint(1, 12)):
+                start = rng.randint(0, 10**9)
+                behind = rng.choice((0, 1, rng.randint(1, 100), rng.randint(1, 10**6)))
+                if rng.random() < 0.03:
+                    behind = -rng.randint(1, 1_000)  # the end fell below the start
+                starts.setdefault(f"t{t}", {})[str(p)] = start
+                latest.setdefault(f"t{t}", {})[str(p)] = start + behind
+        max_rows = rng.choice((1, rng.randint(1, 50), rng.randint(1, 100_000)))
+        context = f"starts={starts}, latest={latest}, max_rows={max_rows}"
+
+        ends = limit_offsets(starts, latest, max_rows)
+
+        backlog = taken(starts, latest)
+        total = sum(backlog.values())
+        got = taken(starts, ends)
+        assert {t: set(o) for t, o in ends.items()} == {t: set(o) for t, o in latest.items()}, context
+        if total <= max_rows:
+            assert ends == latest, context
+            continue
+        for (t, p), behind in backlog.items():
+            start, end = starts[t][p], ends[t][p]
+            assert start <= end, context
+            assert got[(t, p)] <= behind, context
+            if latest[t][p] >= start:
+                assert end <= latest[t][p], context
+            if behind:
+                assert got[(t, p)] >= 1, context
+        rounded_to_zero = sum(1 for b in backlog.values() if b > 0 and b * max_rows < total)
+        backlogged = sum(1 for b in backlog.values() if b)
+        assert sum(got.values()) <= max_rows + rounded_to_zero, context
+        assert sum(got.values()) > max_rows - backlogged, context
