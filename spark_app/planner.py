@@ -186,7 +186,11 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def limit_offsets(starts: Offsets, latest: Offsets, max_rows: int) -> Offsets:
-    """End offsets that take at most `max_rows` records, shared across partitions in proportion to their backlog."""
+    """End offsets that take about `max_rows` records, shared across partitions in proportion to their backlog.
+
+    Each partition with a backlog moves at least one record, so the total is at most `max_rows` plus one per
+    backlogged partition whose share rounds down to nothing (tests/test_planner.py checks this bound).
+    """
     backlog = {(t, p): max(0, e - starts[t][p]) for t, offsets in latest.items() for p, e in offsets.items()}
     total = sum(backlog.values())
     if total <= max_rows:
