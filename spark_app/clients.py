@@ -10,7 +10,7 @@ process, as Spark reuses its Python workers.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec, TopicMetadata
@@ -23,18 +23,30 @@ REQUEST_TIMEOUT_S = 30.0
 # What a partition answers while its leader is being elected, e.g. just after the topic was created.
 LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
 _AUTH_FAILED = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
+_TRANSPORT_FAILURE = "Broker transport failure"
 # A reader of internal topics: it assigns partitions itself, never joins a group and never commits.
 _READER = {"group.id": "mirrorkit-reader", "enable.auto.commit": False, "enable.partition.eof": True}
 
 Offsets = dict[tuple[str, int], int]  # (topic, partition) -> offset
 
 
-def _settings(cluster: ClusterConfig, role: Role, extra: Mapping[str, object]) -> Settings:
+def auth_error_callback(cluster: ClusterConfig) -> Callable[[KafkaError], None]:
+    """An `error_cb` that raises `AuthenticationFailed` when the cluster refuses the credentials.
+
+    librdkafka also reports a connection lost during the SASL handshake (a broker restarting, a client closing
+    while it reconnects) as an authentication error, with "Broker transport failure" in it: that is a network
+    hiccup, retried like any other, not a refusal.
+    """
+
     def on_error(err: KafkaError) -> None:
-        if err.code() in _AUTH_FAILED:
+        if err.code() in _AUTH_FAILED and _TRANSPORT_FAILURE not in err.str():
             raise AuthenticationFailed(cluster)
 
-    return dict(extra) | librdkafka_settings(cluster, role) | {"error_cb": on_error}
+    return on_error
+
+
+def _settings(cluster: ClusterConfig, role: Role, extra: Mapping[str, object]) -> Settings:
+    return dict(extra) | librdkafka_settings(cluster, role) | {"error_cb": auth_error_callback(cluster)}
 
 
 def admin(cluster: ClusterConfig) -> AdminClient:
