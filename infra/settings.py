@@ -33,7 +33,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Tier(str, enum.Enum):
+class Tier(enum.StrEnum):
     BASIC = "Basic"
     STANDARD = "Standard"
     PREMIUM = "Premium"
