@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from infra.versions import pinned
 from spark_app.config import ALIAS_PATTERN, ConfigError, FlowConfig, MirrorConfig
 from spark_app.policy import HEARTBEATS_TOPIC, event_hubs_topics, target_topic
 
@@ -286,7 +287,9 @@ class Alerts(_Strict):
 
 
 class MirrorSpec(_Strict):
-    spark_version: str = "4.0.1"
+    # The SparkApplication's sparkVersion: the pyspark pin, which the image's Spark is built from too
+    # (images/mirror/Dockerfile). Set it only for an image built some other way.
+    spark_version: str = pinned("pyspark")
     driver: Resources = Field(default_factory=Resources)
     executor: ExecutorResources = Field(default_factory=ExecutorResources)
     checkpoint: Checkpoint = Field(default_factory=lambda: Checkpoint(pvc=Pvc()))
