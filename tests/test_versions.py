@@ -8,6 +8,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+from images.fetch_jars import load_manifest
 from infra.settings import MirrorSpec
 from infra.versions import pinned
 
@@ -47,3 +48,8 @@ def test_python_is_3_11_wherever_it_is_named():
     assert f"--python-version {floor} " in (ROOT / "requirements.lock").read_text()
     installs = re.findall(r"uv python install (\S+)", DOCKERFILE.read_text())
     assert installs == [floor]
+
+
+def test_the_benchmarks_spark_connector_is_at_the_pyspark_pin():
+    spark = load_manifest()["spark"]
+    assert {a.version for a in spark.artifacts if a.group == "org.apache.spark"} == {pinned("pyspark")}
