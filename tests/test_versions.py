@@ -43,6 +43,7 @@ def test_python_is_3_11_wherever_it_is_named():
     config = pyproject()
     assert config["project"]["requires-python"] == f">={floor}"
     assert config["tool"]["ruff"]["target-version"] == "py" + floor.replace(".", "")
+    assert config["tool"]["mypy"]["python_version"] == floor
     assert "sys.version_info >= (3, 11)" in (ROOT / ".ci" / "setup").read_text()
     assert f'PYTHON_VERSION: "{floor}"' in (ROOT / ".github" / "workflows" / "infra.yml").read_text()
     assert f"--python-version {floor} " in (ROOT / "requirements.lock").read_text()
