@@ -42,6 +42,7 @@ def collect(expression: str, tmp_path: Path) -> dict[str, list[str]]:
 def test_the_fast_selection_holds_the_unit_tests_and_nothing_that_needs_brokers_or_spark(tmp_path):
     fast = collect("not kafka and not spark", tmp_path)
     assert any(node.startswith("tests/test_dr_formats.py::") for node in fast)
+    assert any(node.startswith("tests/infra/") for node in fast)  # the workflow's unit job relies on it
     assert {n: f for n, f in fast.items() if set(f) & (CLUSTER_FIXTURES | {"spark"})} == {}
     slow = collect("kafka or spark", tmp_path)
     assert slow and not set(slow) & set(fast)
