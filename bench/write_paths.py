@@ -5,7 +5,7 @@ record, and should learn where each record landed (for offset syncs). Spark's bu
 no timestamp column, so this script measures it against ways around that:
 
 - `sink-default`, `sink`: the built-in sink with the connector's producer defaults and with tuned batching;
-- `sink+interceptor`: the built-in sink plus a ProducerInterceptor (images/interceptor) that moves a timestamp
+- `sink+interceptor`: the built-in sink plus a ProducerInterceptor (bench/interceptor) that moves a timestamp
   header into the record's timestamp;
 - `batch+interceptor`: the same, as a batch write inside foreachBatch, followed by reading the target's end
   offsets, which give the landing offset of each batch's last record;
@@ -50,7 +50,7 @@ from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from images.fetch_jars import cached_jars  # noqa: E402
 
-INTERCEPTOR_SOURCE = ROOT / "images" / "interceptor" / "src" / "main" / "java"
+INTERCEPTOR_SOURCE = ROOT / "bench" / "interceptor"
 INTERCEPTOR_CLASS = "io.mirrorkit.interceptor.TimestampHeaderInterceptor"
 TIMESTAMP_HEADER = "__mirrorkit.ts"  # must match TimestampHeaderInterceptor.HEADER
 PATHS = ("sink-default", "sink", "sink+interceptor", "batch+interceptor", "ranges")

@@ -1,8 +1,9 @@
 """Fetch the JVM artifacts listed in images/jars.toml into a local cache, idempotently.
 
 Each group lands in `<cache>/<group>/` next to a stamp that records what was fetched. A second run whose stamp
-matches the manifest and whose jars are all present touches no network. Tests, the demo, the benchmarks and the
-mirror image all read the same manifest, so they cannot drift apart.
+matches the manifest and whose jars are all present touches no network. The test bed, the demo and the benchmarks
+read the same manifest, so they cannot drift apart. `--image` selects the groups marked `image = true`, for the mirror
+image to bake; none is marked now, and the image bakes no jars.
 
 Usage: python images/fetch_jars.py [--image] [--cache DIR] [GROUP ...]
 """
@@ -16,11 +17,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-
-import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = Path(__file__).resolve().parent / "jars.toml"

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from infra.versions import pinned
 from spark_app.config import ALIAS_PATTERN, ConfigError, FlowConfig, MirrorConfig
 from spark_app.policy import HEARTBEATS_TOPIC, event_hubs_topics, target_topic
 
@@ -33,7 +34,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Tier(str, enum.Enum):
+class Tier(enum.StrEnum):
     BASIC = "Basic"
     STANDARD = "Standard"
     PREMIUM = "Premium"
@@ -136,11 +137,17 @@ class MskSpec(_Strict):
 
     @property
     def region(self) -> str:
-        return MSK_ARN.match(self.cluster_arn)["region"]
+        return self._arn("region")
 
     @property
     def account_id(self) -> str:
-        return MSK_ARN.match(self.cluster_arn)["account"]
+        return self._arn("account")
+
+    def _arn(self, part: str) -> str:
+        match = MSK_ARN.match(self.cluster_arn)
+        if match is None:  # the field's pattern is MSK_ARN's, so a parsed spec always matches
+            raise ValueError(f"cluster_arn: '{self.cluster_arn}' is not an MSK cluster ARN")
+        return match[part]
 
     @property
     def port(self) -> int:
@@ -188,10 +195,17 @@ class ClusterSpec(_Strict):
         return self.eventhubs is not None and self.eventhubs.disable_local_auth
 
     @property
+    def self_managed(self) -> KafkaSpec:
+        """The `kafka` spec of a cluster that is neither Event Hubs nor MSK (`_one_platform` leaves no fourth kind)."""
+        if self.kafka is None:
+            raise ValueError(f"cluster '{self.alias}' is not self-managed Kafka")
+        return self.kafka
+
+    @property
     def ports(self) -> set[int]:
         if self.eventhubs is not None:
             return {EVENTHUBS_PORT}
-        return {self.msk.port} if self.msk is not None else self.kafka.ports
+        return {self.msk.port} if self.msk is not None else self.self_managed.ports
 
     def credential_keys(self) -> tuple[str, ...]:
         """Files the mirror reads from this cluster's Kubernetes Secret, set in stack config as secrets."""
@@ -274,7 +288,7 @@ class Checkpoint(_Strict):
         return self
 
     def location(self, source: str, target: str) -> str:
-        root = CHECKPOINT_DIR if self.pvc is not None else self.url.rstrip("/")
+        root = CHECKPOINT_DIR if self.url is None else self.url.rstrip("/")  # `_one`: url, or else a pvc
         return f"{root}/{source}-{target}"
 
 
@@ -286,7 +300,9 @@ class Alerts(_Strict):
 
 
 class MirrorSpec(_Strict):
-    spark_version: str = "4.0.1"
+    # The SparkApplication's sparkVersion: the pyspark pin, which the image's Spark is built from too
+    # (images/mirror/Dockerfile). Set it only for an image built some other way.
+    spark_version: str = pinned("pyspark")
     driver: Resources = Field(default_factory=Resources)
     executor: ExecutorResources = Field(default_factory=ExecutorResources)
     checkpoint: Checkpoint = Field(default_factory=lambda: Checkpoint(pvc=Pvc()))
@@ -364,8 +380,8 @@ def _hubs(mirror: MirrorConfig, model: StackModel, alias: str) -> list[HubSpec]:
     clusters = {c.alias: c for c in model.clusters}
     hubs = []
     for name in event_hubs_topics(mirror)[alias]:
-        src_alias, topic = sources.get(name, (None, None))
-        spec = clusters[src_alias].topics.get(topic) if src_alias else None
+        source = sources.get(name)
+        spec = clusters[source[0]].topics.get(source[1]) if source else None
         if spec is not None:
             hubs.append(HubSpec(name, spec.partitions, spec.compacted))
         else:
@@ -383,47 +399,38 @@ def _mirror_cluster(c: ClusterSpec) -> dict[str, Any]:
     """The spark_app view of a cluster: how to reach it, and where its secrets are mounted."""
     secrets = f"{SECRETS_DIR}/{c.alias}"
     out: dict[str, Any] = {"alias": c.alias, "client_overrides": c.client_overrides}
-    if c.entra:
-        return out | {"bootstrap_servers": c.eventhubs.bootstrap_servers, "profile": "eventhubs-entra"}
+    by_auth: dict[str, dict[str, Any]]
     if c.eventhubs is not None:
+        if c.entra:
+            return out | {"bootstrap_servers": c.eventhubs.bootstrap_servers, "profile": "eventhubs-entra"}
         return out | {
             "bootstrap_servers": c.eventhubs.bootstrap_servers,
             "profile": "eventhubs",
             "password": {"file": f"{secrets}/password"},
         }
     if c.msk is not None:
-        base = out | {"bootstrap_servers": f"{PENDING_BOOTSTRAP}:{c.msk.port}"}
-        return (
-            base
-            | {
-                "scram": {
-                    "profile": "msk-scram",
-                    "username": c.msk.username,
-                    "password": {"file": f"{secrets}/password"},
-                },
-                "iam": {"profile": "msk-iam", "region": c.msk.region},
-                "tls": {
-                    "profile": "mtls",
-                    "client_cert_file": f"{secrets}/client_cert",
-                    "client_key": {"file": f"{secrets}/client_key"},
-                },
-            }[c.msk.auth]
-        )
-    k = c.kafka
-    base = out | {"bootstrap_servers": k.bootstrap_servers, "ca_file": k.ca_file}
-    return (
-        base
-        | {
-            "none": {"profile": "kafka"},
-            "tls": {"profile": "kafka", "tls": True},
-            "scram": {"profile": "msk-scram", "username": k.username, "password": {"file": f"{secrets}/password"}},
-            "mtls": {
+        by_auth = {
+            "scram": {"profile": "msk-scram", "username": c.msk.username, "password": {"file": f"{secrets}/password"}},
+            "iam": {"profile": "msk-iam", "region": c.msk.region},
+            "tls": {
                 "profile": "mtls",
                 "client_cert_file": f"{secrets}/client_cert",
                 "client_key": {"file": f"{secrets}/client_key"},
             },
-        }[k.auth]
-    )
+        }
+        return out | {"bootstrap_servers": f"{PENDING_BOOTSTRAP}:{c.msk.port}"} | by_auth[c.msk.auth]
+    k = c.self_managed
+    by_auth = {
+        "none": {"profile": "kafka"},
+        "tls": {"profile": "kafka", "tls": True},
+        "scram": {"profile": "msk-scram", "username": k.username, "password": {"file": f"{secrets}/password"}},
+        "mtls": {
+            "profile": "mtls",
+            "client_cert_file": f"{secrets}/client_cert",
+            "client_key": {"file": f"{secrets}/client_key"},
+        },
+    }
+    return out | {"bootstrap_servers": k.bootstrap_servers, "ca_file": k.ca_file} | by_auth[k.auth]
 
 
 def _render(model: StackModel) -> MirrorConfig:
@@ -437,7 +444,8 @@ def _render(model: StackModel) -> MirrorConfig:
         raise ConfigError("\n".join(errors))
     flows = []
     for raw in model.flows:
-        where = model.mirror.checkpoint.location(raw.get("source"), raw.get("target"))
+        # Raw until spark_app validates it below; a flow without its aliases fails there, not here.
+        where = model.mirror.checkpoint.location(str(raw.get("source")), str(raw.get("target")))
         flows.append(raw | {"checkpoint_location": where})
     raw_config = model.mirror.runtime | {"clusters": [_mirror_cluster(c) for c in model.clusters], "flows": flows}
     try:
@@ -459,22 +467,22 @@ def _check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
     clusters = {c.alias: (i, c) for i, c in enumerate(model.clusters)}
     sites = {s.name: s for s in model.sites}
     site_of_flow: dict[str, str] = {}
-    for name, site in model.placement.items():
-        if site not in sites:
-            errors.append(f"{PROJECT}:placement.{name}: unknown site '{site}' (sites: {', '.join(sites)})")
+    for name, placed in model.placement.items():
+        if placed not in sites:
+            errors.append(f"{PROJECT}:placement.{name}: unknown site '{placed}' (sites: {', '.join(sites)})")
         if name not in {f.name for f in mirror.flows}:
             errors.append(f"{PROJECT}:placement.{name}: no such flow")
     for i, flow in enumerate(mirror.flows):
         region = model.clusters[clusters[flow.target][0]].region
         in_region = [s.name for s in model.sites if s.region == region]
-        site = model.placement.get(flow.name) or (in_region[0] if len(in_region) == 1 else None)
-        if site is None:
+        chosen = model.placement.get(flow.name) or (in_region[0] if len(in_region) == 1 else None)
+        if chosen is None:
             errors.append(
                 f"{PROJECT}:flows[{i}]: {len(in_region)} sites in region '{region}' (the target's) to run {flow.name};"
                 f" name one in {PROJECT}:placement"
             )
             continue
-        site_of_flow[flow.name] = site
+        site_of_flow[flow.name] = chosen
     for i, c in enumerate(model.clusters):
         for key in c.credential_keys():
             if key not in model.credentials.get(c.alias, {}):

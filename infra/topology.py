@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -126,7 +127,7 @@ def build(settings: StackSettings) -> Topology:
                 annotations = role.service_account_annotations
         pod_labels: dict[str, str] = {}
         entra = [c for c in clusters if c.entra]
-        if entra:
+        if entra and site.azure is not None:  # settings refuse a site that reaches these without `azure`
             first = out.event_hubs[entra[0].alias]
             identity = MirrorEntraIdentity(
                 f"{site.name}-entra",
@@ -174,7 +175,7 @@ def build(settings: StackSettings) -> Topology:
             SparkOperator(f"{site.name}-operator", SparkOperatorArgs(job_namespace=namespace.namespace), on_site)
         site_bootstraps = {a: bootstraps[a] for a in msk}
         config_yaml = (
-            pulumi.Output.all(**site_bootstraps).apply(lambda b, cfg=site_config: render(cfg, b))
+            pulumi.Output.all(**site_bootstraps).apply(functools.partial(render, site_config))
             if site_bootstraps
             else pulumi.Output.from_input(render(site_config, {}))
         )

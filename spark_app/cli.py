@@ -21,7 +21,7 @@ PREFLIGHT_TIMEOUT_S = 20.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spark_app", description="The mirrorkit Kafka mirror.")
+    parser = argparse.ArgumentParser(prog="mirrorkit", description="The mirrorkit Kafka mirror.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (
         ("run", "run the mirror"),

@@ -1,4 +1,5 @@
-"""Session-wide fixtures: the real Kafka clusters every integration test shares.
+"""Session-wide fixtures: the real Kafka clusters every integration test shares, and the `kafka` and `spark` marks
+that say which tests need them.
 
 Brokers start once per session; each test isolates itself with its own topic names (see `unique`).
 """
@@ -14,6 +15,12 @@ import pytest
 
 from tests.support.kafka_cluster import KafkaCluster, ListenerKind
 from tests.support.testbed import TestBed
+
+CLUSTER_FIXTURES = frozenset({"testbed", "plaintext_cluster", "source_cluster", "target_cluster"})
+# Modules whose cluster tests run the mirror CLI's `run` in a subprocess: Spark, without the `spark` fixture.
+RUNS_THE_MIRROR_CLI = frozenset(
+    {"tests.test_mirror_cli_run", "tests.test_mirror_cli_errors", "tests.test_image", "tests.test_dr"}
+)
 
 
 @pytest.fixture(scope="session")
@@ -69,3 +76,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         for cluster in bed.clusters.values():
             report.sections.append((f"broker '{cluster.name}' log (tail)", cluster.log_tail()))
     return report
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark what each test needs, so `-m "not kafka and not spark"` selects the fast ones.
+
+    - `kafka`: the test's fixture closure holds a cluster fixture (CLUSTER_FIXTURES), or one of its parameters names
+      one (a test parametrized over cluster names calls `request.getfixturevalue`).
+    - `spark`: it holds the `spark` fixture; or it is a `kafka` test in one of the modules named in
+      RUNS_THE_MIRROR_CLI, which run the mirror's `run` in a subprocess (a test that runs the mirror needs clusters,
+      so the other tests of those modules, such as the image's Dockerfile check, stay unmarked). Add a module there
+      when its tests start `run` in a subprocess; tests/test_markers.py checks that each name is a module.
+    """
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        params = {v for v in callspec.params.values() if isinstance(v, str)} if callspec else set()
+        needs_kafka = bool((fixtures | params) & CLUSTER_FIXTURES)
+        if needs_kafka:
+            item.add_marker(pytest.mark.kafka)
+        module = item.module.__name__ if isinstance(item, pytest.Function) else ""
+        if "spark" in fixtures or (needs_kafka and module in RUNS_THE_MIRROR_CLI):
+            item.add_marker(pytest.mark.spark)

@@ -47,7 +47,10 @@ def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> d
     """Least privilege on the IAM-auth MSK clusters among `clusters` (alias -> spec) for these flows."""
     statements = []
     for alias, msk in clusters.items():
-        reads, writes, groups_read, groups_use = set(), set(), set(), {*OWN_GROUPS}
+        reads: set[str] = set()
+        writes: set[str] = set()
+        groups_read: set[str] = set()
+        groups_use = {*OWN_GROUPS}
         for flow in flows:
             selected = [regex_to_glob(p) for p in flow.topics.include]
             if flow.source == alias:
@@ -93,7 +96,7 @@ def _oidc_issuer(provider_arn: str) -> str:
 
 def trust_policy(site: AwsSite, namespace: str, service_account: str) -> dict[str, Any]:
     """EKS Pod Identity when the site names its EKS cluster, IRSA through the cluster's OIDC provider otherwise."""
-    if site.eks_cluster is not None:
+    if site.oidc_provider_arn is None:  # so the site names its EKS cluster (AwsSite takes exactly one of them)
         return {
             "Version": "2012-10-17",
             "Statement": [

@@ -49,22 +49,8 @@ class MskReach(pulumi.ComponentResource):
                 tags={"Name": name},
                 opts=on_msk,
             )
-            for table in site.route_table_ids:
-                aws.ec2.Route(
-                    f"{name}-{table}",
-                    route_table_id=table,
-                    destination_cidr_block=msk_vpc.cidr,
-                    vpc_peering_connection_id=accepter.id,
-                    opts=on_site,
-                )
-            for table in msk_vpc.route_table_ids:
-                aws.ec2.Route(
-                    f"{name}-{table}",
-                    route_table_id=table,
-                    destination_cidr_block=site.cidr,
-                    vpc_peering_connection_id=accepter.id,
-                    opts=on_msk,
-                )
+            _routes(name, site.route_table_ids, msk_vpc.cidr, accepter.id, on_site)
+            _routes(name, msk_vpc.route_table_ids, site.cidr, accepter.id, on_msk)
             self.peering_id = accepter.id
         for cluster in args.clusters:
             aws.vpc.SecurityGroupIngressRule(
@@ -78,3 +64,17 @@ class MskReach(pulumi.ComponentResource):
                 opts=on_msk,
             )
         self.register_outputs({"peering_id": self.peering_id})
+
+
+def _routes(
+    name: str, tables: Sequence[str], destination: str, peering_id: pulumi.Input[str], opts: pulumi.ResourceOptions
+) -> None:
+    """One route per table in `tables` (one side of the peering) to the other side's CIDR, through the peering."""
+    for table in tables:
+        aws.ec2.Route(
+            f"{name}-{table}",
+            route_table_id=table,
+            destination_cidr_block=destination,
+            vpc_peering_connection_id=peering_id,
+            opts=opts,
+        )

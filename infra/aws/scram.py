@@ -39,14 +39,11 @@ class MskScramUser(pulumi.ComponentResource):
             kms_key_id=key.arn,
             opts=child,
         )
-        aws.secretsmanager.SecretVersion(
-            f"{name}-value",
-            secret_id=secret.id,
-            secret_string=pulumi.Output.secret(
-                args.password.apply(lambda p: json.dumps({"username": args.cluster.username, "password": p}))
-            ),
-            opts=child,
+        # Typed here: mypy cannot pick Output.secret's type parameter out of an Output argument on its own.
+        value: pulumi.Output[str] = pulumi.Output.secret(
+            args.password.apply(lambda p: json.dumps({"username": args.cluster.username, "password": p}))
         )
+        aws.secretsmanager.SecretVersion(f"{name}-value", secret_id=secret.id, secret_string=value, opts=child)
         aws.msk.SingleScramSecretAssociation(
             f"{name}-association", cluster_arn=args.cluster.cluster_arn, secret_arn=secret.arn, opts=child
         )

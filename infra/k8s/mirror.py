@@ -1,4 +1,9 @@
-"""The mirror itself: its rendered config, the SparkApplication running the image, disruption and alerting rules."""
+"""The mirror itself: its rendered config, the SparkApplication running the image, disruption and alerting rules.
+
+Objects are spelt in Kubernetes' own camelCase field names, as the API reference and the policy pack read them.
+pulumi-kubernetes sends such dicts unchanged, but its type hints describe only its snake_case keys; each call that
+passes one carries `# type: ignore[call-overload]` for that reason alone.
+"""
 
 from __future__ import annotations
 
@@ -189,7 +194,7 @@ class Mirror(pulumi.ComponentResource):
         )
         pvc_name = None
         if args.checkpoint.pvc is not None:
-            pvc = k8s.core.v1.PersistentVolumeClaim(
+            pvc = k8s.core.v1.PersistentVolumeClaim(  # type: ignore[call-overload]  # camelCase fields (module doc)
                 f"{name}-checkpoints",
                 metadata={"name": f"{name}-checkpoints", "namespace": args.namespace, "labels": APP_LABELS},
                 spec={
@@ -210,7 +215,7 @@ class Mirror(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[config_map])),
         )
         instance = {**APP_LABELS, "app.kubernetes.io/instance": name}
-        k8s.policy.v1.PodDisruptionBudget(
+        k8s.policy.v1.PodDisruptionBudget(  # type: ignore[call-overload]  # camelCase fields (module doc)
             f"{name}-pdb",
             metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
             spec={"maxUnavailable": 1, "selector": {"matchLabels": instance}},
@@ -237,5 +242,6 @@ class Mirror(pulumi.ComponentResource):
                 spec={"groups": [{"name": "mirrorkit", "rules": alert_rules(name, args.alerts)}]},
                 opts=child,
             )
-        self.app_name = app.metadata["name"]
+        # The engine sets a CustomResource's outputs as attributes at run time; the class declares none of them.
+        self.app_name: pulumi.Output[str] = app.metadata["name"]  # type: ignore[attr-defined]
         self.register_outputs({"app_name": self.app_name})

@@ -1,4 +1,9 @@
-"""The mirror's home on a Kubernetes cluster: namespace, service account, namespaced RBAC, network policy, secrets."""
+"""The mirror's home on a Kubernetes cluster: namespace, service account, namespaced RBAC, network policy, secrets.
+
+Objects are spelt in Kubernetes' own camelCase field names, as the API reference and the policy pack read them.
+pulumi-kubernetes sends such dicts unchanged, but its type hints describe only its snake_case keys; each call that
+passes one carries `# type: ignore[call-overload]` for that reason alone.
+"""
 
 from __future__ import annotations
 
@@ -72,23 +77,23 @@ class MirrorNamespace(pulumi.ComponentResource):
             },
             opts=in_ns,
         )
-        role = k8s.rbac.v1.Role(
+        role = k8s.rbac.v1.Role(  # type: ignore[call-overload]  # camelCase fields (module doc)
             f"{name}-driver", metadata={"name": "mirrorkit-driver", "namespace": ns}, rules=DRIVER_RULES, opts=in_ns
         )
-        k8s.rbac.v1.RoleBinding(
+        k8s.rbac.v1.RoleBinding(  # type: ignore[call-overload]  # camelCase fields (module doc)
             f"{name}-driver",
             metadata={"name": "mirrorkit-driver", "namespace": ns},
             role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role.metadata.name},
             subjects=[{"kind": "ServiceAccount", "name": account.metadata.name, "namespace": ns}],
             opts=in_ns,
         )
-        k8s.networking.v1.NetworkPolicy(
+        k8s.networking.v1.NetworkPolicy(  # type: ignore[call-overload]  # camelCase fields (module doc)
             f"{name}-default-deny",
             metadata={"name": "default-deny", "namespace": ns},
             spec={"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
             opts=in_ns,
         )
-        k8s.networking.v1.NetworkPolicy(
+        k8s.networking.v1.NetworkPolicy(  # type: ignore[call-overload]  # camelCase fields (module doc)
             f"{name}-mirror",
             metadata={"name": "mirrorkit", "namespace": ns},
             spec=network_policy_spec(args),

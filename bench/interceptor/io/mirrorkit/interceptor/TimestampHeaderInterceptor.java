@@ -12,11 +12,11 @@ import org.apache.kafka.common.header.internals.RecordHeaders;
  * Lets Spark's Kafka sink keep each record's original CreateTime.
  *
  * <p>The sink has no timestamp column, but the producer runs {@code onSend} before it stamps a record that has no
- * timestamp. The mirror appends one header, {@value #HEADER}, whose value is the original timestamp in epoch
+ * timestamp. The write path appends one header, {@value #HEADER}, whose value is the original timestamp in epoch
  * milliseconds as decimal ASCII. This interceptor moves that value into the record's timestamp and drops that one
  * header, so the record lands with exactly the source's headers, in order and with duplicates.
  *
- * <p>Only the last header is inspected: the mirror always appends its header last, and a source header that happens
+ * <p>Only the last header is inspected: the write path always appends its header last, and a source header that happens
  * to share the name stays untouched. A record without the header passes through unchanged.
  */
 public final class TimestampHeaderInterceptor implements ProducerInterceptor<byte[], byte[]> {

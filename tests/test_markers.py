@@ -1,0 +1,61 @@
+"""`pytest -m "not kafka and not spark"` selects the tests that need neither brokers nor Spark, and only those."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import CLUSTER_FIXTURES, RUNS_THE_MIRROR_CLI
+
+ROOT = Path(__file__).resolve().parent.parent
+# Collects as `pytest --collect-only -q -m EXPR` does, and writes each selected test's fixtures and string parameters.
+COLLECT = """
+import json, sys
+import pytest
+
+class Record:
+    def pytest_collection_finish(self, session):
+        selected = {}
+        for item in session.items:
+            callspec = getattr(item, "callspec", None)
+            params = [v for v in callspec.params.values() if isinstance(v, str)] if callspec else []
+            selected[item.nodeid] = sorted(set(getattr(item, "fixturenames", ())) | set(params))
+        with open(sys.argv[2], "w") as out:
+            json.dump(selected, out)
+
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-m", sys.argv[1]], plugins=[Record()]))
+"""
+
+
+def collect(expression: str, tmp_path: Path) -> dict[str, list[str]]:
+    out = tmp_path / "selected.json"
+    done = subprocess.run(
+        [sys.executable, "-c", COLLECT, expression, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_the_fast_selection_holds_the_unit_tests_and_nothing_that_needs_brokers_or_spark(tmp_path):
+    fast = collect("not kafka and not spark", tmp_path)
+    assert any(node.startswith("tests/test_dr_formats.py::") for node in fast)
+    assert any(node.startswith("tests/infra/") for node in fast)  # the workflow's unit job relies on it
+    assert {n: f for n, f in fast.items() if set(f) & (CLUSTER_FIXTURES | {"spark"})} == {}
+    slow = collect("kafka or spark", tmp_path)
+    assert slow and not set(slow) & set(fast)
+
+
+def test_spark_marks_the_spark_fixture_users_and_the_tests_that_run_the_mirror_cli(tmp_path):
+    spark = collect("spark", tmp_path)
+    everything = collect("kafka or not kafka", tmp_path)
+    assert {n for n, f in everything.items() if "spark" in f} <= set(spark)
+    cli_runs = [n for n in spark if n.startswith("tests/test_mirror_cli_run.py::")]
+    assert cli_runs and all("spark" not in spark[n] for n in cli_runs)
+    assert "tests/test_image.py::test_every_path_the_dockerfile_copies_exists" not in spark
+
+
+def test_every_module_named_as_running_the_mirror_cli_exists():
+    assert [m for m in sorted(RUNS_THE_MIRROR_CLI) if importlib.util.find_spec(m) is None] == []
