@@ -62,7 +62,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class Profile(str, enum.Enum):
+class Profile(enum.StrEnum):
     """How a cluster is reached; spark_app.profiles turns each into client settings."""
 
     KAFKA = "kafka"  # plaintext, or TLS with `tls: true`

@@ -44,7 +44,7 @@ EVENTHUBS_USER = "$ConnectionString"
 MSK_USER = "mirror"
 
 
-class ListenerKind(str, enum.Enum):
+class ListenerKind(enum.StrEnum):
     PLAINTEXT = "plaintext"
     EVENTHUBS = "eventhubs"
     MSK_SCRAM = "msk-scram"

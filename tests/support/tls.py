@@ -25,7 +25,7 @@ class TlsFiles:
 
 def make_loopback_tls(folder: Path) -> TlsFiles:
     folder.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     validity = (now - dt.timedelta(hours=1), now + dt.timedelta(days=2))
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
