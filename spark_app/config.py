@@ -12,9 +12,9 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -159,6 +159,20 @@ def _regexes_compile(patterns: list[str]) -> list[str]:
     return patterns
 
 
+_Item = TypeVar("_Item")
+
+
+def _non_empty(message: str) -> Callable[[list[_Item]], list[_Item]]:
+    """A field validator refusing an empty list with `message`."""
+
+    def check(items: list[_Item]) -> list[_Item]:
+        if not items:
+            raise ValueError(message)
+        return items
+
+    return check
+
+
 def _selected(name: str, include: list[str], exclude: list[str]) -> bool:
     return any(re.fullmatch(p, name) for p in include) and not any(re.fullmatch(p, name) for p in exclude)
 
@@ -169,13 +183,7 @@ class TopicSelection(_Strict):
     include: list[str]
     exclude: list[str] = Field(default_factory=list)
 
-    @field_validator("include")
-    @classmethod
-    def _not_empty(cls, v: list[str]) -> list[str]:
-        if not v:
-            raise ValueError("select at least one topic: 'include' is empty")
-        return v
-
+    _not_empty = field_validator("include")(_non_empty("select at least one topic: 'include' is empty"))
     _compiles = field_validator("include", "exclude")(_regexes_compile)
 
     def matches(self, name: str) -> bool:
@@ -234,12 +242,7 @@ class MirrorConfig(_Strict):
     trigger_interval_s: Annotated[float, Field(ge=0)] = 0.25
     metrics_port: Annotated[int, Field(ge=1, le=65535)] = 9404
 
-    @field_validator("flows")
-    @classmethod
-    def _some_flow(cls, v: list[FlowConfig]) -> list[FlowConfig]:
-        if not v:
-            raise ValueError("define at least one flow")
-        return v
+    _some_flow = field_validator("flows")(_non_empty("define at least one flow"))
 
     @model_validator(mode="after")
     def _flows_fit_clusters(self) -> MirrorConfig:

@@ -15,8 +15,9 @@ from infra.settings import AwsSite, MskSpec
 from spark_app.config import FlowConfig
 from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
 
-# Consumer groups the mirror itself uses: Spark's Kafka source and the mirror's control loops.
-OWN_GROUPS = ("spark-kafka-source-*", "mirrorkit-*")
+# Consumer group ids the mirror's own clients carry (the copier, the readers of internal topics; spark_app.clients);
+# they never join or commit, but MSK IAM checks the group id all the same.
+OWN_GROUPS = ("mirrorkit-*",)
 READ = ["kafka-cluster:DescribeTopic", "kafka-cluster:DescribeTopicDynamicConfiguration", "kafka-cluster:ReadData"]
 WRITE = [*READ, "kafka-cluster:CreateTopic", "kafka-cluster:AlterTopic", "kafka-cluster:WriteData"]
 WRITE_CONFIGS = [*WRITE, "kafka-cluster:AlterTopicDynamicConfiguration"]
