@@ -5,11 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import yaml
 
 from tests.support.kafka_cluster import free_ports
 from tests.support.mirror_config import cluster_entry, one_flow_config
+
+# The console script set-up installs next to this interpreter, as `mirrorkit` is on PATH in the image.
+MIRRORKIT = str(Path(sys.executable).parent / "mirrorkit")
 
 
 def run_cli(config: dict, tmp_path) -> tuple[subprocess.CompletedProcess, float]:
@@ -17,7 +21,7 @@ def run_cli(config: dict, tmp_path) -> tuple[subprocess.CompletedProcess, float]
     path.write_text(yaml.safe_dump(config))
     began = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"],
+        [MIRRORKIT, "run", "--config", str(path), "--master", "local[2]"],
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     return result, time.monotonic() - began

@@ -1,7 +1,7 @@
 """The local demo: mirror an MSK-like source into an Event Hubs-like target with the real CLI, then check it.
 
 It starts both clusters on loopback, produces sample traffic on a few topics, pre-creates the target event hubs
-(as infra does through ARM), runs `python -m spark_app run --available-now`, and prints what was mirrored, the lag
+(as infra does through ARM), runs `mirrorkit run --available-now`, and prints what was mirrored, the lag
 left and a byte-exact comparison. Run it with `bash .ci/demo`.
 """
 
@@ -65,7 +65,8 @@ def main() -> int:
             "PYSPARK_PYTHON": sys.executable,
         }
         began = time.monotonic()
-        cmd = [sys.executable, "-m", "spark_app", "run", "--config", str(config_file), "--available-now"]
+        mirrorkit = Path(sys.executable).parent / "mirrorkit"  # the console script set-up installed
+        cmd = [str(mirrorkit), "run", "--config", str(config_file), "--available-now"]
         run = subprocess.run([*cmd, "--master", "local[2]"], env=env, capture_output=True, text=True)
         took = time.monotonic() - began
         for line in run.stderr.splitlines():
