@@ -17,7 +17,7 @@ RANGE_SCHEMA = "topic string, partition int, start long, end long"
 LANDED_SCHEMA = (
     "topic string, partition int, first_offset long, end_offset long, last_offset long, last_target_offset long,"
     " records long, bytes long, dropped long, dead_lettered long, latency_counts array<long>, latency_sum_ms double,"
-    " held_from long, held_until long, refused_bytes long"
+    " held_from long, held_until long, refused_bytes long, runs array<array<long>>"
 )
 # Upper bounds of the replication-latency buckets: sub-second for a mirror that keeps up, up to an hour for one
 # catching up; anything older lands in +Inf.
@@ -25,6 +25,10 @@ LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.
 # The same bounds in milliseconds, as Kafka timestamps are, for the writer's `bisect_left`; a landing's counts list
 # has one more slot, for +Inf.
 LATENCY_BOUNDS_MS = tuple(b * 1000 for b in LATENCY_BUCKETS_S)
+# Runs a landing carries for one range. A range breaks into runs at every gap in the source (transaction markers,
+# compaction, dropped records) and at every foreign record between ours on the target; past this many, the middle
+# ones are dropped, which only makes translation inside them re-read (spark_app.dr.syncs).
+MAX_RUNS_PER_RANGE = 64
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,23 @@ class Landing:
     held_from: int = -1  # first source offset not written (held), -1 when all were
     held_until: int = -1  # the offset after the last held one
     refused_bytes: int = 0  # size of the record refused at `held_from`, 0 when held for another reason
+    # Where the range landed, as runs [first source offset, its target offset, last source offset] of records
+    # copied one after another on both sides (spark_app.dr.syncs); at most MAX_RUNS_PER_RANGE, the newest kept.
+    runs: list[list[int]] = field(default_factory=list)
+
+    def landed(self, offset: int, target_offset: int) -> None:
+        """Source `offset` landed at `target_offset`; delivery reports come in order, so runs grow at their end."""
+        self.last_offset, self.last_target_offset = offset, target_offset
+        runs = self.runs
+        if runs:
+            run = runs[-1]
+            if offset == run[2] + 1 and target_offset == run[1] + offset - run[0]:
+                run[2] = offset
+                return
+            if len(runs) >= MAX_RUNS_PER_RANGE:  # keep the first ones and the newest: the dropped one only re-reads
+                runs[-1] = [offset, target_offset, offset]
+                return
+        runs.append([offset, target_offset, offset])
 
     def hold(self, offset: int, size: int = 0) -> None:
         """Hold the partition from `offset` to the range's end: nothing from there on is written."""
@@ -107,5 +128,6 @@ def landed_arrow_schema() -> pa.Schema:
             ("held_from", pa.int64()),
             ("held_until", pa.int64()),
             ("refused_bytes", pa.int64()),
+            ("runs", pa.list_(pa.list_(pa.int64()))),
         ]
     )

@@ -138,8 +138,7 @@ class RangeCopier:
             source_topic, partition = target_to_source[target_key]
             landing = landings[(source_topic, partition)]
             if err is None:
-                landing.last_offset = offset
-                landing.last_target_offset = msg.offset()
+                landing.landed(offset, msg.offset())
                 kind, ts = msg.timestamp()
                 if kind == TIMESTAMP_CREATE_TIME:  # an append-time target has replaced the source's timestamp
                     latency_ms = max(0.0, time.time() * 1000 - ts)

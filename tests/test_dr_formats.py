@@ -7,7 +7,6 @@ import tempfile
 from pathlib import Path
 
 from spark_app.dr.formats import Checkpoint, Heartbeat, OffsetSync
-from spark_app.dr.syncs import DENSE_SYNCS, SyncStore, Translation
 from tests.support.kafka_cluster import kafka_classpath
 
 DECODE = """
@@ -28,7 +27,7 @@ def test_mirrormakers_own_classes_decode_our_checkpoint_heartbeat_and_offset_syn
     records = (
         Checkpoint("orders-app", "primary.orders", 3, 1234, 987, "mé"),
         Heartbeat("primary", "dr", 1_700_000_000_123),
-        OffsetSync("orders", 11, 2**40, 5),
+        OffsetSync("orders", 11, 2**40, 5, slot=3, last_offset=2**40 + 7),
     )
     script = DECODE % tuple(part for r in records for part in (r.key().hex(), r.value().hex()))
     with tempfile.NamedTemporaryFile("w", suffix=".jsh", delete=False) as f:
@@ -52,27 +51,8 @@ def test_mirrormakers_own_classes_decode_our_checkpoint_heartbeat_and_offset_syn
         assert type(r).decode(r.key(), r.value()) == r
 
 
-def test_translation_is_exact_at_a_sync_and_rereads_at_most_the_gap_after_one():
-    store = SyncStore()
-    store.record("orders", 0, 99, 40)  # source offset 99 landed at target offset 40
-    store.record("orders", 0, 199, 140)
-    assert store.translate("orders", 0, 199) == Translation(140, 0)  # next to read is 199 itself
-    assert store.translate("orders", 0, 200) == Translation(141, 0)  # consumed through the sync
-    assert store.translate("orders", 0, 150) == Translation(41, 50)  # 100..149 may be read again, nothing skipped
-    assert store.translate("orders", 0, 10_000) == Translation(141, 9_800)  # ahead of the mirror: its next write
-    assert store.translate("orders", 0, 50) is None  # below every sync: the caller falls back
-    assert store.translate("orders", 0, 50, Translation(7, 3)) == Translation(7, 3)
-    assert store.translate("orders", 1, 50) is None
-
-
-def test_a_replayed_batch_moves_translation_to_the_newer_copy_and_old_history_thins_but_stays():
-    store = SyncStore()
-    store.record("t", 0, 9, 9)
-    store.record("t", 0, 19, 19)
-    store.record("t", 0, 19, 29)  # the same batch written again after a retry
-    assert store.translate("t", 0, 20) == Translation(30, 0)
-    for i in range(1, 10 * DENSE_SYNCS):
-        store.record("t", 0, 19 + 10 * i, 29 + 10 * i)
-    assert len(store._syncs[("t", 0)]) <= 2 * DENSE_SYNCS
-    far_behind = store.translate("t", 0, 25)  # a lagging group still translates, with a longer re-read
-    assert far_behind is not None and far_behind.downstream_offset <= 30 + 5
+def test_an_offset_sync_in_mirrormakers_own_layout_reads_as_a_run_of_one_record():
+    """What an older mirror wrote (MM2's key and value, no slot, no run end) still loads after an upgrade."""
+    mm2_key = OffsetSync("orders", 11, 0, 0).key()[:-4]
+    mm2_value = OffsetSync("orders", 11, 99, 40).value()[:16]
+    assert OffsetSync.decode(mm2_key, mm2_value) == OffsetSync("orders", 11, 99, 40, slot=-1, last_offset=None)

@@ -33,6 +33,9 @@ class _Reader:
         self.at += size
         return value
 
+    def left(self) -> int:
+        return len(self.data) - self.at
+
     def version(self) -> None:
         version = self.take(">h")
         if version != 0:
@@ -66,23 +69,31 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class OffsetSync:
-    """key {topic, partition} (the source topic); value {upstreamOffset, offset}, no version header."""
+    """MM2's key {topic, partition} and value {upstreamOffset, offset}, each followed by a field of ours: an INT32
+    slot in the key and the run's last source offset (INT64) in the value (spark_app.dr.syncs). MM2's own classes
+    read the MM2 part and ignore the rest; a sync without them (an older mirror's) is a run of one record."""
 
     topic: str
     partition: int
     upstream_offset: int
     downstream_offset: int
+    slot: int = -1
+    last_offset: int | None = None  # None: the same as upstream_offset
 
     def key(self) -> bytes:
-        return _string(self.topic) + struct.pack(">i", self.partition)
+        return _string(self.topic) + struct.pack(">ii", self.partition, self.slot)
 
     def value(self) -> bytes:
-        return struct.pack(">qq", self.upstream_offset, self.downstream_offset)
+        last = self.upstream_offset if self.last_offset is None else self.last_offset
+        return struct.pack(">qqq", self.upstream_offset, self.downstream_offset, last)
 
     @classmethod
     def decode(cls, key: bytes, value: bytes) -> OffsetSync:
         k, v = _Reader(key), _Reader(value)
-        return cls(k.string(), k.take(">i"), v.take(">q"), v.take(">q"))
+        topic, partition = k.string(), k.take(">i")
+        slot = k.take(">i") if k.left() >= 4 else -1
+        upstream, downstream = v.take(">q"), v.take(">q")
+        return cls(topic, partition, upstream, downstream, slot, v.take(">q") if v.left() >= 8 else None)
 
 
 @dataclass(frozen=True)

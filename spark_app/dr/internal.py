@@ -9,11 +9,12 @@ from .. import clients
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
 from ..policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
 from .formats import Checkpoint, Heartbeat, OffsetSync, decode_or_none
-from .syncs import SyncStore
+from .syncs import Run, SlottedRun, SyncStore
 
 # Internal topics, when the mirror may create them (not on Event Hubs, where infra does): one partition, as MM2
 # reads checkpoints from partition 0 only; compacted, as only the newest record per key matters.
-INTERNAL_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "3600000"}
+# A short segment lets compaction reach the offset syncs soon, so a restart reads back about one record per live run.
+INTERNAL_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"}
 HEARTBEATS_TAIL = 50  # records read back per partition of the target's heartbeats copy
 
 CheckpointsRead = dict[tuple[str, str, int], tuple[Checkpoint, float]]  # (group, topic, partition) -> (cp, unix s)
@@ -52,12 +53,16 @@ def read_checkpoints(config: MirrorConfig, flow: FlowConfig) -> CheckpointsRead:
 
 
 def read_offset_syncs(config: MirrorConfig, flow: FlowConfig) -> SyncStore:
-    """The flow's offset-sync history, as a store."""
+    """The flow's offset-sync history, as a store (see spark_app.dr.syncs for how runs and slots rebuild it)."""
     store = SyncStore()
+    synced = []
     for msg in clients.read_topic(config.cluster(offset_syncs_cluster(flow)), offset_syncs_topic(flow)):
         sync = decode_or_none(OffsetSync, msg.key(), msg.value())
         if sync is not None:
-            store.record(sync.topic, sync.partition, sync.upstream_offset, sync.downstream_offset)
+            last = sync.upstream_offset if sync.last_offset is None else sync.last_offset
+            run = Run(sync.upstream_offset, sync.downstream_offset, last)
+            synced.append(SlottedRun(sync.topic, sync.partition, sync.slot, run))
+    store.load(synced)
     return store
 
 

@@ -1,7 +1,10 @@
-"""Offset syncs: after each batch, record where each partition's last record landed, in the store and on the topic.
+"""Offset syncs: record where each batch landed in the sync store, and write what changed to the offset-syncs topic.
 
-One sync per partition that landed, per batch, as MirrorSourceTask emits them; a restarted mirror, `status` and
-`failover` read them back from the offset-syncs topic (spark_app.dr.internal).
+Each landing carries its runs (spark_app.dr.syncs); they go into the store at once, so checkpoints translate
+exactly. The topic is written only when the DR service asks (`flush`): before each checkpoint round and at stop,
+one record per run that started or grew since the last flush. So a partition that copies without gaps writes one
+sync per checkpoint interval (5 s by default) however many batches it ran, and each gap adds one: the topic is what
+a restart, `status` and `failover` read back, and it never lags the checkpoints that rest on it.
 """
 
 from __future__ import annotations
@@ -11,27 +14,31 @@ from collections.abc import Callable, Iterable
 
 from ..ranges import Landing
 from .formats import OffsetSync
-from .syncs import SyncStore
+from .syncs import Run, SyncStore
 
 
 class OffsetSyncWriter:
-    """The stream's after-batch hook; `emit` writes one sync to the offset-syncs topic (None: keep it in memory)."""
+    """The stream's after-batch hook, and the writer of changed runs; `emit` writes one sync to the topic."""
 
-    def __init__(self, syncs: SyncStore, lock: threading.Lock, emit: Callable[[OffsetSync], None] | None) -> None:
+    def __init__(self, syncs: SyncStore, lock: threading.Lock, emit: Callable[[OffsetSync], None]) -> None:
         self.syncs = syncs
         self._lock = lock
         self._emit = emit
 
-    def on_landed(self, rows: Iterable[Landing]) -> list[OffsetSync]:
-        """Record a sync for each range that wrote something; returns them."""
-        written = []
+    def on_landed(self, rows: Iterable[Landing]) -> None:
+        """Record the runs of each range that wrote something."""
         with self._lock:
             for row in rows:
-                if row.last_target_offset < 0:
-                    continue
-                sync = OffsetSync(row.topic, row.partition, row.last_offset, row.last_target_offset)
-                self.syncs.record(sync.topic, sync.partition, sync.upstream_offset, sync.downstream_offset)
-                if self._emit is not None:
-                    self._emit(sync)
-                written.append(sync)
-        return written
+                for start, target, last in row.runs:
+                    self.syncs.record(row.topic, row.partition, Run(start, target, last))
+
+    def flush(self) -> list[OffsetSync]:
+        """Write one sync per run changed since the last flush; returns them."""
+        with self._lock:
+            changed = [
+                OffsetSync(s.topic, s.partition, s.run.start, s.run.target, s.slot, s.run.last)
+                for s in self.syncs.take_changed()
+            ]
+        for sync in changed:
+            self._emit(sync)
+        return changed

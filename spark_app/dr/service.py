@@ -105,11 +105,13 @@ class DrSync:
         self._prepared = True
 
     def on_landed(self, rows: Iterable[Landing]) -> None:
-        """The stream's after-batch hook: record and write one offset sync per partition that landed."""
+        """The stream's after-batch hook: record where each range landed (written to the topic at the next round)."""
         self.offset_syncs.on_landed(rows)
 
     def checkpoint_once(self) -> list[Checkpoint]:
+        """Write the offset syncs that changed, then the checkpoints that changed (after the syncs they rest on)."""
         self.prepare(self.emit_heartbeats)
+        self.offset_syncs.flush()
         return self.checkpoints.run_once()
 
     def heartbeat_once(self) -> None:
@@ -158,14 +160,14 @@ class DrSync:
             log.warning("flow %s: %s failed: %s", self.flow.name, getattr(task, "__name__", task), err)
 
     def stop(self) -> None:
-        """Stop the loop, then write a final offset sync flush and checkpoint, so a finished run is exact."""
+        """Stop the loop, then write the final offset syncs and checkpoints, so a finished run is exact."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(clients.REQUEST_TIMEOUT_S * 3)
         self.prepare()
-        self.producers.flush_all()
         try:
             self.checkpoint_once()
+            self.producers.flush_all()
             self.heartbeats.observe()
         except (KafkaException, RuntimeError) as err:
             log.warning("flow %s: final checkpoint failed: %s", self.flow.name, err)

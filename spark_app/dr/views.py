@@ -89,8 +89,8 @@ def flow_status(config: MirrorConfig, flow: FlowConfig) -> FlowStatus:
     rows = []
     for topic, partition in syncs.partitions():
         latest = syncs.latest(topic, partition)
-        assert latest is not None  # every listed partition has a sync
-        mirrored = latest[0] + 1
+        assert latest is not None  # every listed partition has a run
+        mirrored = latest.last + 1
         end = None if ends is None else ends[(topic, partition)]
         at = checkpoint_at.get((target_topic(flow, topic), partition))
         rows.append(
