@@ -235,7 +235,7 @@ class MirrorConfig(_Strict):
     clusters: list[ClusterConfig]
     flows: list[FlowConfig]
     topic_sync_interval_s: Annotated[float, Field(gt=0, le=30)] = 5.0
-    checkpoint_interval_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+    checkpoint_interval_s: Annotated[float, Field(gt=0, le=300)] = 5.0
     heartbeat_interval_s: Annotated[float, Field(gt=0, le=300)] = 5.0
     # How often a continuous run looks for new records: each look is one ListOffsets request to the source, and a
     # batch costs about 0.3 s of Spark overhead (bench/), so 0.25 s keeps latency low without hammering the source.

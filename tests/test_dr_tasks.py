@@ -11,7 +11,7 @@ from spark_app.dr.formats import Checkpoint, Heartbeat, OffsetSync
 from spark_app.dr.groups import Committed, GroupCommit, Partition, split_commit
 from spark_app.dr.heartbeats import HeartbeatTask
 from spark_app.dr.offset_syncs import OffsetSyncWriter
-from spark_app.dr.syncs import SyncStore
+from spark_app.dr.syncs import Run, SyncStore
 from spark_app.ranges import Landing
 
 FLOW = FlowConfig.model_validate(
@@ -50,20 +50,32 @@ class FakeTarget:
         return GroupCommit(group, committed=offsets)
 
 
-def test_offset_syncs_record_each_partition_that_wrote_and_skip_ranges_that_wrote_nothing():
+def landing(partition: int, start: int, end: int, target: int) -> Landing:
+    """A range whose records all landed, one after another, from `target` on."""
+    row = Landing("orders", partition, start, end)
+    for offset in range(start, end):
+        row.landed(offset, target + offset - start)
+    return row
+
+
+def test_offset_syncs_go_to_the_store_at_once_and_to_the_topic_once_per_flush_for_what_changed():
     store, emitted = SyncStore(), []
     writer = OffsetSyncWriter(store, threading.Lock(), emitted.append)
-    wrote = Landing("orders", 0, 0, 50, last_offset=49, last_target_offset=12, records=50)
     held = Landing("orders", 1, 0, 50)  # held whole: nothing landed
-    assert writer.on_landed([wrote, held]) == [OffsetSync("orders", 0, 49, 12)]
-    assert emitted == [OffsetSync("orders", 0, 49, 12)]
-    assert store.latest("orders", 0) == (49, 12) and store.latest("orders", 1) is None
+    for batch in range(10):
+        writer.on_landed([landing(0, 50 * batch, 50 * (batch + 1), 12 + 50 * batch), held])
+    assert store.runs("orders", 0) == [Run(0, 12, 499)] and store.latest("orders", 1) is None
+    assert emitted == []  # nothing written per batch
+    assert writer.flush() == emitted == [OffsetSync("orders", 0, 0, 12, slot=0, last_offset=499)]
+    assert writer.flush() == []  # unchanged since: nothing to write
+    writer.on_landed([landing(0, 501, 510, 512)])  # a gap at 500: a new run, in a slot of its own
+    assert writer.flush() == [OffsetSync("orders", 0, 501, 512, slot=1, last_offset=509)]
 
 
 def test_checkpoints_translate_selected_groups_commit_them_and_skip_partitions_with_nothing_mirrored():
     store = SyncStore()
-    store.record("orders", 0, 99, 40)
-    store.record("orders", 1, 9, 5)
+    store.record("orders", 0, Run(0, -59, 99))  # source 99 landed at 40
+    store.record("orders", 1, Run(5, 1, 9))
     source = FakeSource(
         {
             "app-a": {("orders", 0): Committed(99, "m"), ("orders", 1): Committed(3), ("orders", 2): Committed(7)},
@@ -76,17 +88,25 @@ def test_checkpoints_translate_selected_groups_commit_them_and_skip_partitions_w
                           clock=lambda: 50.0)  # fmt: skip
     written = task.run_once()
     assert written == [
-        Checkpoint("app-a", "primary.orders", 0, 99, 40, "m"),  # exact at a sync
-        Checkpoint("app-a", "primary.orders", 1, 3, 1001, ""),  # below every sync: the target partition's start
+        Checkpoint("app-a", "primary.orders", 0, 99, 40, "m"),  # exact: right after 98, at 39
+        Checkpoint("app-a", "primary.orders", 1, 3, 1001, ""),  # below every run: the target partition's start
     ]  # partition 2 has nothing mirrored yet; app-b's topic is not mirrored by this flow
-    assert target.written == written and written_at == [("app-a", 50.0), ("app-a", 50.0)]
+    assert target.written == written and written_at == [("app-a", 50.0)]
     assert target.commits == {"app-a": {("primary.orders", 0): 40, ("primary.orders", 1): 1001}}
     assert task.checkpoints[("app-a", "primary.orders", 0)].downstream_offset == 40
+    # A second round with nothing changed writes nothing and commits nothing, but confirms the group is current.
+    target.commits.clear()
+    assert task.run_once() == [] and target.written == written and target.commits == {}
+    assert written_at == [("app-a", 50.0), ("app-a", 50.0)]
+    source.by_group["app-a"][("orders", 0)] = Committed(101, "m")  # the group moved on one partition
+    # ahead of the mirror (it wrote through 99): the mirror's next write, re-reading the 1 it has not copied yet
+    assert task.run_once() == [Checkpoint("app-a", "primary.orders", 0, 101, 41, "m")]
+    assert target.commits == {"app-a": {("primary.orders", 0): 41, ("primary.orders", 1): 1001}}
 
 
 def test_a_group_below_every_sync_resumes_from_its_previous_checkpoint_when_that_is_not_ahead():
     store = SyncStore()
-    store.record("orders", 0, 500, 300)
+    store.record("orders", 0, Run(500, 300, 600))
     task = CheckpointTask(FLOW, store, threading.Lock(), FakeSource({}), FakeTarget())
     task.checkpoints[("app-a", "primary.orders", 0)] = Checkpoint("app-a", "primary.orders", 0, 100, 60)
     at_120 = task.checkpoint("app-a", ("orders", 0), Committed(120))
@@ -97,11 +117,14 @@ def test_a_group_below_every_sync_resumes_from_its_previous_checkpoint_when_that
 
 def test_checkpoints_the_target_cannot_take_are_not_remembered_as_written():
     store = SyncStore()
-    store.record("orders", 0, 9, 9)
+    store.record("orders", 0, Run(0, 0, 9))
     source = FakeSource({"app-a": {("orders", 0): Committed(10)}})
-    task = CheckpointTask(FLOW, store, threading.Lock(), source, FakeTarget(usable=False))
-    assert len(task.run_once()) == 1
+    target = FakeTarget(usable=False)
+    task = CheckpointTask(FLOW, store, threading.Lock(), source, target)
+    assert task.run_once() == [] and target.commits == {"app-a": {("primary.orders", 0): 10}}
     assert task.checkpoints == {} and task.written_at == {}
+    target.usable = True  # the topic appears (infra made it): the same checkpoint is written at the next round
+    assert task.run_once() == [Checkpoint("app-a", "primary.orders", 0, 10, 10)]
 
 
 def test_a_group_commit_keeps_partitions_the_target_group_is_already_past():

@@ -1,10 +1,12 @@
 """The checkpoint task: translate the selected groups' committed offsets and write MM2-format checkpoints.
 
-Every `checkpoint_interval_s` the committed offsets of the flow's selected groups are read on the source,
-translated through the offset-sync store, and written to `<source>.checkpoints.internal` on the target in MirrorMaker
-2's format, keyed by (group, target topic, partition), so MM2's `RemoteClusterUtils.translateOffsets` reads them.
-With `sync_group_offsets` the translations are also committed on the target for groups with no member there.
-The source and the target are injected, so the task runs without a cluster in tests.
+Every `checkpoint_interval_s` the committed offsets of the flow's selected groups are read on the source and
+translated through the offset-sync store. A checkpoint is written to `<source>.checkpoints.internal` on the target,
+in MirrorMaker 2's format keyed by (group, target topic, partition) so MM2's `RemoteClusterUtils.translateOffsets`
+reads it, only when it differs from the last one written for its key: an idle group costs nothing. Each round
+tells the store which committed offsets groups hold, so the runs they need are kept however old they grow. With
+`sync_group_offsets` a changed translation is also committed on the target for groups with no member there. The
+source and the target are injected, so the task runs without a cluster in tests.
 """
 
 from __future__ import annotations
@@ -64,31 +66,44 @@ class CheckpointTask:
         self.syncs = syncs
         self.source = source
         self.target = target
-        self.checkpoints: dict[CheckpointKey, Checkpoint] = {}
-        self.written_at: dict[str, float] = {}  # group -> unix time of its last checkpoint
+        self.checkpoints: dict[CheckpointKey, Checkpoint] = {}  # the last written (or read back at start) per key
+        self.written_at: dict[str, float] = {}  # group -> unix time its checkpoints were last written or confirmed
         self.group_commits: dict[str, GroupCommit] = {}
         self._lock = lock
         self._on_written = on_written
         self._clock = clock
 
     def run_once(self) -> list[Checkpoint]:
-        """Translate every selected group's committed offsets, write the checkpoints, sync groups if asked."""
-        written: list[Checkpoint] = []
+        """Translate every selected group's committed offsets; write the checkpoints that changed, and sync the
+        groups whose translation changed (or whose last commit was refused) if asked. Returns what was written."""
+        current: list[Checkpoint] = []
+        needed: dict[Partition, set[int]] = {}
         for group in self.source.groups(self.flow.groups):
             offsets = self.source.committed(group)
-            group_cps = [cp for tp, c in sorted(offsets.items()) if (cp := self.checkpoint(group, tp, c)) is not None]
-            written += group_cps
-            if self.flow.sync_group_offsets and group_cps:
-                on_target = {(cp.topic, cp.partition): cp.downstream_offset for cp in group_cps}
-                self.group_commits[group] = self.target.commit(group, on_target)
-        if written and self.target.write(written):
-            now = self._clock()
-            for cp in written:
-                self.checkpoints[(cp.group, cp.topic, cp.partition)] = cp
-                self.written_at[cp.group] = now
-                if self._on_written is not None:
-                    self._on_written(cp.group, now)
-        return written
+            for tp, c in offsets.items():
+                needed.setdefault(tp, set()).add(c.offset)
+            current += [cp for tp, c in sorted(offsets.items()) if (cp := self.checkpoint(group, tp, c)) is not None]
+        with self._lock:
+            self.syncs.keep_for(needed)
+        changed = [cp for cp in current if self.checkpoints.get((cp.group, cp.topic, cp.partition)) != cp]
+        if self.flow.sync_group_offsets:
+            self._sync_groups(current, {cp.group for cp in changed})
+        if changed and not self.target.write(changed):
+            return []
+        now = self._clock()
+        for cp in changed:
+            self.checkpoints[(cp.group, cp.topic, cp.partition)] = cp
+        for group in sorted({cp.group for cp in current}):
+            self.written_at[group] = now
+            if self._on_written is not None:
+                self._on_written(group, now)
+        return changed
+
+    def _sync_groups(self, current: list[Checkpoint], changed_groups: set[str]) -> None:
+        refused = {g for g, commit in self.group_commits.items() if commit.refused}
+        for group in sorted(changed_groups | (refused & {cp.group for cp in current})):
+            on_target = {(cp.topic, cp.partition): cp.downstream_offset for cp in current if cp.group == group}
+            self.group_commits[group] = self.target.commit(group, on_target)
 
     def checkpoint(self, group: str, tp: Partition, committed: Committed) -> Checkpoint | None:
         """The checkpoint for one group's committed source offset; None when the partition has nothing mirrored."""
