@@ -20,6 +20,7 @@ from .errors import AuthenticationFailed, ClusterUnreachable
 from .profiles import Role, Settings, librdkafka_settings
 
 REQUEST_TIMEOUT_S = 30.0
+READ_BATCH = 10_000  # records asked of each consume() in whole-topic reads
 # What a partition answers while its leader is being elected, e.g. just after the topic was created.
 LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
 _AUTH_FAILED = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
@@ -108,14 +109,18 @@ def check_reachable(clusters: Iterable[ClusterConfig], timeout_s: float) -> None
 
 
 def list_offsets(
-    client: AdminClient, partitions: Iterable[tuple[str, int]], spec: OffsetSpec, read_committed: bool = False
+    client: AdminClient,
+    partitions: Iterable[tuple[str, int]],
+    spec: OffsetSpec,
+    read_committed: bool = False,
+    timeout_s: float = REQUEST_TIMEOUT_S,
 ) -> Offsets:
     """One offset per partition (earliest, latest...) in one request; raises the first partition's error."""
     request = {TopicPartition(t, p): spec for t, p in partitions}
     if not request:
         return {}
     isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
-    futures = client.list_offsets(request, isolation_level=isolation, request_timeout=REQUEST_TIMEOUT_S)
+    futures = client.list_offsets(request, isolation_level=isolation, request_timeout=timeout_s)
     return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
 
 
@@ -133,40 +138,61 @@ def watermarks(reader: Consumer, topic: str, partition: int, timeout_s: float = 
             time.sleep(0.2)
 
 
+def log_ranges(
+    client: AdminClient, partitions: Iterable[tuple[str, int]], timeout_s: float = REQUEST_TIMEOUT_S
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """Each partition's (log start, end) in two batched requests, waiting out leaders still moving up to
+    `timeout_s`."""
+    wanted = list(partitions)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low = list_offsets(client, wanted, OffsetSpec.earliest())
+            high = list_offsets(client, wanted, OffsetSpec.latest())
+            return {tp: (low[tp], high[tp]) for tp in wanted}
+        except KafkaException as err:
+            if err.args[0].code() not in LEADER_MOVING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def read_topic(
     cluster: ClusterConfig, topic: str, tail: int | None = None, timeout_s: float = REQUEST_TIMEOUT_S
 ) -> list[Message]:
-    """Every record of a topic (or the last `tail` of each partition) up to its end now; [] if it does not exist."""
+    """Every record of a topic (or the last `tail` of each partition) up to its end now; [] if it does not exist.
+
+    Partitions are read to their ends in bulk; the read fails only when it makes no progress for `timeout_s`, so a
+    large internal topic is read whole however long that takes.
+    """
+    client = admin(cluster)
+    metadata = list_topics(client, cluster, timeout_s).get(topic)
+    if metadata is None or metadata.error is not None:
+        return []
+    ranges = log_ranges(client, [(topic, p) for p in metadata.partitions], timeout_s)
+    ends = {p: high for (_, p), (low, high) in ranges.items() if high > low}
+    if not ends:
+        return []
     reader = consumer(cluster)
     try:
-        metadata = reader.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            return []
-        assignment, ends = [], {}
-        for p in metadata.partitions:
-            low, high = watermarks(reader, topic, p, timeout_s)
-            if high > low:
-                start = max(low, high - tail) if tail else low
-                assignment.append(TopicPartition(topic, p, start))
-                ends[p] = high
-        if not assignment:
-            return []
-        reader.assign(assignment)
+        starts = {
+            p: max(ranges[(topic, p)][0], high - tail) if tail else ranges[(topic, p)][0] for p, high in ends.items()
+        }
+        reader.assign([TopicPartition(topic, p, start) for p, start in starts.items()])
         records: list[Message] = []
-        deadline = time.monotonic() + timeout_s
-        while ends and time.monotonic() < deadline:
-            msg = reader.poll(0.5)
-            if msg is None:
-                continue
-            err, offset, partition = msg.error(), msg.offset(), msg.partition()
-            if err is None and offset is not None and partition is not None:
-                records.append(msg)
-                if offset + 1 >= ends.get(partition, 0):
-                    ends.pop(partition, None)
-            elif err is not None and err.code() != KafkaError._PARTITION_EOF:
-                raise KafkaException(err)
-        if ends:
-            raise TimeoutError(f"reading '{topic}' on '{cluster.alias}' did not reach its end in {timeout_s:.0f}s")
+        progress_at = time.monotonic()
+        while ends:
+            batch = reader.consume(READ_BATCH, 0.5)
+            if not batch and time.monotonic() - progress_at > timeout_s:
+                raise TimeoutError(f"reading '{topic}' on '{cluster.alias}' made no progress for {timeout_s:.0f}s")
+            for msg in batch:
+                err, offset, partition = msg.error(), msg.offset(), msg.partition()
+                if err is None and offset is not None and partition is not None:
+                    progress_at = time.monotonic()
+                    records.append(msg)
+                    if offset + 1 >= ends.get(partition, 0):
+                        ends.pop(partition, None)
+                elif err is not None and err.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(err)
         return records
     finally:
         reader.close()

@@ -1,13 +1,15 @@
-"""The Kafka client module's rules that need no broker: which errors mean the credentials were refused."""
+"""The Kafka client module: which errors mean the credentials were refused, and whole-topic reads in bulk."""
 
 from __future__ import annotations
 
 import pytest
 from confluent_kafka import KafkaError
 
-from spark_app.clients import auth_error_callback
+from spark_app.clients import auth_error_callback, read_topic
 from spark_app.config import ClusterConfig
 from spark_app.errors import AuthenticationFailed
+from tests.support.clients import Record, create_topics, produce
+from tests.support.mirror_config import cluster_entry
 
 CLUSTER = ClusterConfig(alias="dr", bootstrap_servers="127.0.0.1:9093", profile="kafka")
 
@@ -29,3 +31,23 @@ def test_a_connection_lost_during_the_sasl_handshake_is_not_a_refusal():
                         " Broker transport failure (after 0ms in state DOWN)"))  # fmt: skip
     on_error(KafkaError(KafkaError._TRANSPORT, "Connection refused"))
     on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "2/2 brokers are down"))
+
+
+def test_a_whole_internal_topic_is_read_in_bulk_to_its_end_and_its_tail_alone_on_request(plaintext_cluster, unique):
+    """200,000 records over 3 partitions (a busy checkpoints or offset-syncs topic); with one poll per record under
+    one deadline, the old reader gave up on topics like this."""
+    topic = f"internal-{unique}"
+    create_topics(plaintext_cluster.admin, {topic: 3})
+    sent = [Record(i % 3, f"k{i}".encode(), f"v{i}".encode()) for i in range(200_000)]
+    produce(plaintext_cluster.client, topic, sent)
+    cluster = ClusterConfig.model_validate(cluster_entry(plaintext_cluster, "onprem"))
+    got = read_topic(cluster, topic)
+    assert len(got) == len(sent)
+    for partition in range(3):
+        values = [m.value() for m in got if m.partition() == partition]
+        assert values == [r.value for r in sent if r.partition == partition]  # each partition whole, in order
+    tail = read_topic(cluster, topic, tail=5)
+    assert sorted((m.partition(), m.value()) for m in tail) == sorted(
+        (r.partition, r.value) for p in range(3) for r in [r for r in sent if r.partition == p][-5:]
+    )
+    assert read_topic(cluster, f"absent-{unique}") == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.admin import NewTopic, OffsetSpec
 
 from .. import clients
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
@@ -79,19 +79,11 @@ def newest_heartbeat_ms(config: MirrorConfig, flow: FlowConfig) -> int | None:
 
 def target_start(target: ClusterConfig, topic: str, partition: int) -> int:
     """The first offset of a target partition: where a group with nothing better to go on resumes."""
-    reader = clients.consumer(target)
-    try:
-        return clients.watermarks(reader, topic, partition)[0]
-    finally:
-        reader.close()
+    return clients.log_ranges(clients.admin(target), [(topic, partition)])[(topic, partition)][0]
 
 
 def source_ends(
     source: ClusterConfig, partitions: list[tuple[str, int]], timeout_s: float
 ) -> dict[tuple[str, int], int]:
-    """End offsets of source partitions, each waited for up to `timeout_s`."""
-    reader = clients.consumer(source)
-    try:
-        return {(t, p): clients.watermarks(reader, t, p, timeout_s)[1] for t, p in partitions}
-    finally:
-        reader.close()
+    """End offsets of source partitions, in one batched request answered within `timeout_s`."""
+    return clients.list_offsets(clients.admin(source), partitions, OffsetSpec.latest(), timeout_s=timeout_s)
