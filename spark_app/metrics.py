@@ -28,7 +28,7 @@ from prometheus_client.utils import floatToGoString
 
 from . import clients
 from .config import ClusterConfig, ConfigError
-from .ranges import LATENCY_BUCKETS_S, DataLoss, Landing
+from .ranges import LATENCY_BUCKETS_S, DataLoss, Landing, OffsetsReset
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ class FlowTotals:
     """What a flow has done since start, per source topic.
 
     `quarantined` maps each stopped topic to its reason; `held` maps it to {partition: first offset not written};
-    `data_loss` lists the ranges deleted at the source before they were read.
+    `data_loss` lists the ranges deleted at the source before they were read; `offset_resets` the partitions whose
+    offsets went backwards.
     """
 
     records: dict[str, int] = field(default_factory=dict)
@@ -54,6 +55,7 @@ class FlowTotals:
     quarantined: dict[str, str] = field(default_factory=dict)
     held: dict[str, dict[int, int]] = field(default_factory=dict)
     data_loss: list[DataLoss] = field(default_factory=list)
+    offset_resets: list[OffsetsReset] = field(default_factory=list)
     landed_offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (src, tgt) per partition
 
     def add(self, landed: Iterable[Landing]) -> None:
@@ -134,8 +136,8 @@ class MirrorMetrics:
         if entered:
             self.errors.labels(flow, "quarantined").inc(len(entered))
 
-    def error(self, flow: str, kind: str) -> None:
-        self.errors.labels(flow, kind).inc()
+    def error(self, flow: str, kind: str, count: int = 1) -> None:
+        self.errors.labels(flow, kind).inc(count)
 
     def checkpoint_written(self, flow: str, group: str, unix_time: float) -> None:
         """The DR loop wrote a checkpoint for `group` at `unix_time`; its age grows from then until the next."""

@@ -152,22 +152,28 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
         starts = self._starts(start, end)
         ranges = [
-            OffsetRange(topic, int(p), min(starts[topic][p], offset), offset)
+            OffsetRange(topic, int(p), min(starts[topic][p], offset), offset, went_back(start, end, topic, p))
             for topic, offsets in end.items()
             for p, offset in offsets.items()
-            if offset > starts[topic][p]
+            if offset > starts[topic][p] or went_back(start, end, topic, p) >= 0  # an empty one too: it is reported
         ]
         return [RangeGroup(g) for g in split_ranges(ranges, self.tasks)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, int]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, int, int]]:
         assert isinstance(partition, RangeGroup)  # Spark hands back what `partitions` planned
         for r in partition.ranges:
-            yield r.topic, r.partition, r.start, r.end
+            yield r.topic, r.partition, r.start, r.end, r.reset_from
 
     def _starts(self, start: Offsets, end: Offsets) -> Offsets:
-        """Each end partition's start: the checkpoint's, else `start_from` (new topic) or earliest (new partition)."""
+        """Each end partition's start: the checkpoint's, else `start_from` (new topic) or earliest (new partition,
+        or one whose offsets went backwards, so its new records are copied from the log start)."""
         starts: Offsets = {t: dict(start.get(t, {})) for t in end}
-        missing = [(t, p) for t, offsets in end.items() for p in offsets if p not in starts[t]]
+        missing = [
+            (t, p)
+            for t, offsets in end.items()
+            for p in offsets
+            if p not in starts[t] or went_back(start, end, t, p) >= 0
+        ]
         earliest = self._list(OffsetSpec.earliest(), missing) if missing else {}
         for t, p in missing:
             new_topic = t not in start
@@ -183,6 +189,15 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for (topic, partition), offset in found.items():
             offsets.setdefault(topic, {})[str(partition)] = offset
         return offsets
+
+
+def went_back(start: Offsets, end: Offsets, topic: str, partition: str) -> int:
+    """The checkpoint's position when it lies past the partition's end now (offsets went backwards), else -1.
+
+    This is the one place that notices it; the range carries it to the driver, which reports it.
+    """
+    position = start.get(topic, {}).get(partition)
+    return position if position is not None and position > end[topic][partition] else -1
 
 
 def limit_offsets(starts: Offsets, latest: Offsets, max_rows: int) -> Offsets:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .config import FlowConfig
 from .errors import MirrorFailed, StateError
-from .ranges import DataLoss, Landing, OffsetRange
+from .ranges import DataLoss, Landing, OffsetRange, OffsetsReset
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,7 @@ class FlowQuarantine:
         self.flow = flow
         self.state = state
         self.data_loss: list[DataLoss] = []
+        self.resets: list[OffsetsReset] = []
         self._earliest = earliest
         self._clock = clock
 
@@ -137,11 +138,22 @@ class FlowQuarantine:
         """The topics the writer may write now, with their partition counts on the target."""
         return {t: n for t, n in mirrored.items() if t not in self.state.quarantined}
 
-    def after_batch(self, landed: Iterable[Landing]) -> None:
-        """Quarantine what the writer held, check for records deleted before they were read, save the state."""
-        lost = []
+    def after_batch(self, landed: Iterable[Landing]) -> list[OffsetsReset]:
+        """Quarantine what the writer held, check for records deleted before they were read, save the state.
+        Returns the partitions whose offsets went backwards in this batch (each is also logged and kept)."""
+        lost, resets = [], []
         for row in landed:
             key = (row.topic, row.partition)
+            if row.reset_from >= 0:
+                reset = OffsetsReset(row.topic, row.partition, row.reset_from, min(row.first_offset, row.end_offset))
+                resets.append(reset)
+                log.error(
+                    "flow %s: offsets of '%s' partition %d went backwards (deleted and made again, or truncated): the"
+                    " mirror had copied up to offset %d, the partition now starts over at %d; it is copied again from"
+                    " there and its offset translation restarts", self.flow.name, row.topic, row.partition,
+                    reset.previous, reset.restart,
+                )  # fmt: skip
+                self.state.positions.pop(key, None)
             expected = self.state.positions.get(key)
             if expected is not None and row.first_offset > expected:
                 lost.append((row.topic, row.partition, expected, row.first_offset))
@@ -149,7 +161,9 @@ class FlowQuarantine:
             if row.held_from >= 0:
                 self._hold(row)
         self._report_loss(lost)
+        self.resets += resets
         self.state.save()
+        return resets
 
     def _hold(self, row: Landing) -> None:
         q = self.state.quarantined.get(row.topic)

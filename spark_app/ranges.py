@@ -13,11 +13,11 @@ from typing import Any
 
 import pyarrow as pa
 
-RANGE_SCHEMA = "topic string, partition int, start long, end long"
+RANGE_SCHEMA = "topic string, partition int, start long, end long, reset_from long"
 LANDED_SCHEMA = (
     "topic string, partition int, first_offset long, end_offset long, last_offset long, last_target_offset long,"
     " records long, bytes long, dropped long, dead_lettered long, latency_counts array<long>, latency_sum_ms double,"
-    " held_from long, held_until long, refused_bytes long, runs array<array<long>>"
+    " held_from long, held_until long, refused_bytes long, runs array<array<long>>, reset_from long"
 )
 # Upper bounds of the replication-latency buckets: sub-second for a mirror that keeps up, up to an hour for one
 # catching up; anything older lands in +Inf.
@@ -39,6 +39,9 @@ class OffsetRange:
     partition: int
     start: int
     end: int
+    # The position the mirror had reached when the partition's offsets went backwards (the topic deleted and made
+    # again, or truncated): this range starts over from the log start. -1 when they did not.
+    reset_from: int = -1
 
     @property
     def size(self) -> int:
@@ -68,6 +71,7 @@ class Landing:
     # Where the range landed, as runs [first source offset, its target offset, last source offset] of records
     # copied one after another on both sides (spark_app.dr.syncs); at most MAX_RUNS_PER_RANGE, the newest kept.
     runs: list[list[int]] = field(default_factory=list)
+    reset_from: int = -1  # the range's `reset_from`
 
     def landed(self, offset: int, target_offset: int) -> None:
         """Source `offset` landed at `target_offset`; delivery reports come in order, so runs grow at their end."""
@@ -109,6 +113,17 @@ class DataLoss:
         return self.last_offset - self.first_offset + 1
 
 
+@dataclass(frozen=True)
+class OffsetsReset:
+    """A source partition whose offsets went backwards: the mirror had reached `previous`, the partition now starts
+    over at `restart` (the topic was deleted and made again, or truncated)."""
+
+    topic: str
+    partition: int
+    previous: int
+    restart: int
+
+
 def landed_arrow_schema() -> pa.Schema:
     """LANDED_SCHEMA as Arrow types, for the batches `mapInArrow` yields."""
     return pa.schema(
@@ -129,5 +144,6 @@ def landed_arrow_schema() -> pa.Schema:
             ("held_until", pa.int64()),
             ("refused_bytes", pa.int64()),
             ("runs", pa.list_(pa.list_(pa.int64()))),
+            ("reset_from", pa.int64()),
         ]
     )

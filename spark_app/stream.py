@@ -117,7 +117,9 @@ class FlowMirror:
                 self._catch_up()
                 copier = RangeCopier(self.flow, self.source, self.target, self.quarantine.ready(self.plan.mirrored))
                 landed = self._land(frame.mapInArrow(copier, LANDED_SCHEMA))
-                self.quarantine.after_batch(landed)
+                resets = self.quarantine.after_batch(landed)
+                if resets:
+                    self.metrics.error(self.flow.name, "offsets_reset", len(resets))
                 self._publish()
 
         names = tuple(t for t, _ in topics)
@@ -181,7 +183,7 @@ class FlowMirror:
 
     def _copy(self, ranges: list[OffsetRange], ready: dict[str, int]) -> list[Landing]:
         """Copy ranges outside the stream (a quarantine catch-up), one Spark task per range."""
-        rows = [(r.topic, r.partition, r.start, r.end) for r in ranges]
+        rows = [(r.topic, r.partition, r.start, r.end, r.reset_from) for r in ranges]
         frame = self.spark.createDataFrame(rows, RANGE_SCHEMA).repartition(len(rows))
         return self._land(frame.mapInArrow(RangeCopier(self.flow, self.source, self.target, ready), LANDED_SCHEMA))
 
@@ -199,6 +201,7 @@ class FlowMirror:
         self.totals.quarantined = self.quarantine.reasons()
         self.totals.held = self.quarantine.held()
         self.totals.data_loss = self.quarantine.data_loss
+        self.totals.offset_resets = self.quarantine.resets
         self.metrics.topics_quarantined(self.flow.name, self.totals.quarantined)
 
 

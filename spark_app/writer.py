@@ -108,7 +108,8 @@ class RangeCopier:
         landings: dict[tuple[str, int], Landing] = {}
         ends: dict[tuple[str, int], int] = {}
         for r in ranges:
-            landing = landings[(r.topic, r.partition)] = Landing(r.topic, r.partition, r.end, r.end)
+            landing = Landing(r.topic, r.partition, r.end, r.end, reset_from=r.reset_from)
+            landings[(r.topic, r.partition)] = landing
             if self.ready is not None and r.partition >= self.ready.get(r.topic, 0):
                 landing.first_offset = r.start
                 landing.hold(r.start)

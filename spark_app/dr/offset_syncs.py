@@ -26,9 +26,11 @@ class OffsetSyncWriter:
         self._emit = emit
 
     def on_landed(self, rows: Iterable[Landing]) -> None:
-        """Record the runs of each range that wrote something."""
+        """Record the runs of each range that wrote something; a partition whose offsets went backwards starts over."""
         with self._lock:
             for row in rows:
+                if row.reset_from >= 0:
+                    self.syncs.reset(row.topic, row.partition)
                 for start, target, last in row.runs:
                     self.syncs.record(row.topic, row.partition, Run(start, target, last))
 

@@ -127,6 +127,11 @@ class SyncStore:
             self._record(s.topic, s.partition, s.run, slot=s.slot)
             part.dirty.clear()
 
+    def reset(self, topic: str, partition: int) -> None:
+        """Forget a partition whose offsets went backwards; its runs start over with the next batch (which reuse
+        the freed slots, so a restart does not bring the old ones back for long: the first new run replaces them)."""
+        self._parts.pop((topic, partition), None)
+
     def keep_for(self, needed: Mapping[Partition, Iterable[int]]) -> None:
         """The committed offsets groups have now, per partition: the runs holding them outlive MAX_RUNS."""
         for key, part in self._parts.items():

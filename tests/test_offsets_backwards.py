@@ -1,0 +1,66 @@
+"""A source topic deleted and made again while mirrored: its offsets go backwards. The new records are copied, the
+reset is reported and counted, and translation restarts on the new copy instead of pointing past it."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka.admin import AdminClient
+
+from spark_app.config import parse_config
+from spark_app.dr.internal import read_checkpoints
+from spark_app.ranges import OffsetsReset
+from spark_app.stream import Mirror
+from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.clients import Record, commit, create_topics, produce, read_all
+from tests.support.mirror_config import one_flow_config
+
+
+def recreate(cluster, topic: str) -> None:
+    """Delete the topic and make it again, empty, once the broker has let go of the old one."""
+    admin = AdminClient(cluster.admin.librdkafka())
+    admin.delete_topics([topic], operation_timeout=30)[topic].result()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            create_topics(cluster.admin, {topic: 1})
+            return
+        except AssertionError as err:  # still being deleted
+            assert time.monotonic() < deadline, f"could not make '{topic}' again: {err}"
+            time.sleep(0.5)
+
+
+def test_a_topic_made_again_is_copied_from_its_new_start_reported_and_translated_on_the_new_copy(
+    spark, plaintext_cluster, source_cluster, tmp_path, unique
+):
+    topic, group = f"remade-{unique}", f"app-{unique}"
+    now = int(time.time() * 1000)
+    old = [Record(0, b"k", f"old-{i}".encode(), (), now + i) for i in range(100)]
+    new = [Record(0, b"k", f"new-{i}".encode(), (), now + 1000 + i) for i in range(30)]
+    config = parse_config(
+        one_flow_config(
+            plaintext_cluster,
+            source_cluster,
+            [topic],
+            tmp_path / "ckpt",
+            source_alias="primary",
+            groups={"include": [group]},
+            emit_heartbeats=False,
+        )  # fmt: skip
+    )
+    create_topics(plaintext_cluster.admin, {topic: 1})
+    produce(plaintext_cluster.client, topic, old)
+    Mirror(spark, config).run_available_now()
+
+    recreate(plaintext_cluster, topic)
+    produce(plaintext_cluster.client, topic, new)
+    commit(plaintext_cluster.client, group, topic, {0: 10})  # a consumer of the new topic read 10 of it
+    mirror = Mirror(spark, config)
+    mirror.run_available_now()
+
+    remote = f"primary.{topic}"
+    assert_each_record_once_in_order(remote, read_all(source_cluster.client, remote, expected=130), old + new)
+    assert mirror.flows[0].totals.offset_resets == [OffsetsReset(topic, 0, 100, 0)]
+    assert 'mirrorkit_errors_total{flow="primary->dr",kind="offsets_reset"} 1.0' in mirror.metrics.text()
+    checkpoints = {cp.partition: cp for cp, _ in read_checkpoints(config, config.flows[0]).values()}
+    assert (checkpoints[0].upstream_offset, checkpoints[0].downstream_offset) == (10, 110)  # new-10 is at 110
