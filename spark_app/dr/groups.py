@@ -75,6 +75,11 @@ class ClusterGroups:
         future = self.admin.describe_consumer_groups([group], request_timeout=clients.REQUEST_TIMEOUT_S)[group]
         return len(future.result().members)
 
+    def delete(self, group: str) -> None:
+        """Delete a group with no member here (the broker refuses a group in use); raises KafkaException."""
+        future = self.admin.delete_consumer_groups([group], request_timeout=clients.REQUEST_TIMEOUT_S)[group]
+        future.result()
+
     def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
         """Commit offsets for a group with no member here, never moving a partition backwards."""
         members = self.members(group)
