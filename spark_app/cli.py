@@ -1,4 +1,4 @@
-"""The command line, `mirrorkit run|validate|describe|status|failover|drill --config FILE` (or `python -m spark_app`).
+"""The command line, `mirrorkit <command> --config FILE` (or `python -m spark_app`).
 
 Each command's logic lives in its module; this one parses arguments, prints, and maps errors to exit codes: 2 for a
 config or argument the command refuses, 1 for a mirror, cluster or group state that stops it.
@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         ("status", "per flow and topic-partition: lag, last checkpoint age, last heartbeat age"),
         ("failover", "commit translated offsets on a flow's target for its consumer groups"),
         ("drill", "measure a running flow's RPO, RTO and re-read with a probe topic and group of its own"),
+        ("failback", "move the groups back to the primary once the reverse flow has caught up"),
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, help="the mirror config (YAML or JSON)")
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     drill.add_argument("--records", type=int, default=1000, help="probe records to produce (default 1000)")
     drill.add_argument("--seconds", type=float, default=20.0, help="over this many seconds (default 20)")
     drill.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    back = sub.choices["failback"]
+    back.add_argument("--flow", required=True, help="the reverse flow, as DR->PRIMARY")
+    back.add_argument("--dry-run", action="store_true", help="print what it would commit, commit nothing")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -66,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             return print_status(config, args.json)
         if args.command == "failover":
             return run_failover(config, args.flow, args.groups, args.dry_run)
+        if args.command == "failback":
+            return run_failback(config, args.flow, args.dry_run)
         if args.command == "drill":
             return run_drill(config, args.flow, args.probe_topic, args.records, args.seconds, args.json)
         return run_mirror(config, args.available_now, args.master)
@@ -207,6 +213,21 @@ def run_drill(
     for line in report.cleanup:
         print(f"cleanup: {line}")
     return 0 if report.skipped == 0 else 1
+
+
+def run_failback(config: MirrorConfig, flow_name: str, dry_run: bool) -> int:
+    """Refuse while the operator must act; else commit (or, on a dry run, print) where each group goes."""
+    from .dr.failback import failback
+
+    result = failback(config, config.flow(flow_name), dry_run)
+    print(f"{'move':13} {'group':24} {'topic':24} {'part':>4} {'offset':>10}  on '{result.primary}'")
+    for a in result.actions:
+        print(f"{a.move:13} {a.group:24} {a.topic:24} {a.partition:>4} {a.offset:>10}  {a.done}")
+    if not result.actions and not result.refused:
+        print(f"no group of flow {flow_name} on '{result.dr}' has offsets to move")
+    for reason in result.refused:
+        print(f"refused: {reason}", file=sys.stderr)
+    return 1 if result.refused else 0
 
 
 def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) -> int:
