@@ -161,3 +161,37 @@ def test_failback_moves_groups_to_the_primary_and_refuses_live_consumers_and_lag
     assert committed(primary.client, live_group, topic) == {}
     assert cli_main(failback) == 0
     assert actions(capsys.readouterr().out) == {(*a[:5], "keep") for a in planned}
+
+
+def test_failback_under_identity_puts_groups_at_the_end_of_the_one_topic(spark, pair, tmp_path, unique, capsys):
+    """Identity both ways: the records written on DR go back into the same topic on the primary, and the primary's
+    own records, back on it from DR, are dropped (their tail is no lag). The group drained DR, so failback puts it
+    at the end of the topic on the primary, with nothing to re-read or skip."""
+    primary, dr = pair
+    p, d = f"p{unique[-6:]}", f"d{unique[-6:]}"
+    topic, group = f"orders-{unique}", f"app-{unique}"
+    flows = [
+        {"source": src, "target": dst, "topics": {"include": [topic]}, "groups": {"include": [f".*-{unique}"]},
+         "replication_policy": "identity", "checkpoint_location": str(tmp_path / f"ckpt-{src}")}
+        for src, dst in ((p, d), (d, p))
+    ]  # fmt: skip
+    raw = {"clusters": [cluster_entry(primary, p), cluster_entry(dr, d)], "flows": flows, "metrics_port": free_port()}
+    both = parse_config(raw)
+    config_file = tmp_path / "failback.json"
+    config_file.write_text(json.dumps(both.model_dump(mode="json")))
+
+    create_topics(primary.admin, {topic: 2})
+    produce(primary.client, topic, [Record(i % 2, None, f"p-{i}".encode()) for i in range(100)])
+    commit(primary.client, group, topic, {0: 30, 1: 30})
+    Mirror(spark, parse_config(raw | {"flows": flows[:1]})).run_available_now()
+    assert cli_main(["failover", "--config", str(config_file), "--flow", f"{p}->{d}"]) == 0
+    assert committed(dr.client, group, topic) == {0: 30, 1: 30}
+    produce(dr.client, topic, [Record(i % 2, None, f"d-{i}".encode()) for i in range(40)])
+    commit(dr.client, group, topic, {0: 70, 1: 70})  # it read everything on DR
+    Mirror(spark, both).run_available_now()
+    capsys.readouterr()
+
+    assert cli_main(["failback", "--config", str(config_file), "--flow", f"{d}->{p}"]) == 0
+    assert actions(capsys.readouterr().out) == {("at-end", group, topic, q, 70, "commit") for q in (0, 1)}
+    assert committed(primary.client, group, topic) == {0: 70, 1: 70}
+    assert resume(primary.client, group, [topic]) == {topic: []}

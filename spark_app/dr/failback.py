@@ -3,7 +3,8 @@
 Given an active/active config with the original flow PRIMARY->DR and the reverse flow DR->PRIMARY, it first checks
 what the operator must have done: no consumer of the reverse flow's selected groups runs on DR, and both flows have
 lag 0 (every selected partition with records mirrored to its end; the mirror's own `heartbeats` aside, as they
-keep moving). Then, for each of those groups on DR:
+keep moving, and under `identity` a tail of records the flow drops as they came from its target). Then, for each
+of those groups on DR:
 
 - where it stopped, for the data written on DR: the reverse flow's checkpoints put the group on the primary's
   `dr.<topic>` where it stopped on DR, as `failover` of the reverse flow does; each checkpoint must carry the
@@ -19,14 +20,16 @@ partition already at or past the offset is kept, never moved back.
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from .. import clients
-from ..config import ConfigError, FlowConfig, MirrorConfig
+from ..config import ClusterConfig, ConfigError, FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
-from ..policy import HEARTBEATS_TOPIC, should_mirror, target_topic
+from ..policy import HEARTBEATS_TOPIC, PROVENANCE_HEADER, drops_record, should_mirror, target_topic
 from .groups import ClusterGroups, GroupCommit, Partition
 from .views import failover_plan, flow_status
 
@@ -75,12 +78,15 @@ def lag_problems(config: MirrorConfig, flow: FlowConfig) -> list[str]:
     status = flow_status(config, flow)
     if not status.source_reachable:
         return [f"flow {flow.name}: its source '{flow.source}' does not answer, so its lag is unknown"]
+    source = config.cluster(flow.source)
     problems = [
         f"flow {flow.name}: {p.topic}[{p.partition}] lag {p.lag}"
         for p in status.partitions
-        if p.topic != HEARTBEATS_TOPIC and p.lag
+        if p.topic != HEARTBEATS_TOPIC
+        and p.lag
+        and p.source_end_offset is not None
+        and not dropped_tail(source, flow, p.topic, p.partition, p.mirrored_offset, p.source_end_offset)
     ]
-    source = config.cluster(flow.source)
     admin = clients.admin(source)
     selected = [
         (name, p)
@@ -99,6 +105,31 @@ def lag_problems(config: MirrorConfig, flow: FlowConfig) -> list[str]:
             if end[(t, p)] > first[(t, p)]
         ]
     return problems
+
+
+def dropped_tail(cluster: ClusterConfig, flow: FlowConfig, topic: str, partition: int, start: int, end: int) -> bool:
+    """Whether every record in [start, end) is one the flow drops (under `identity`, a record that came from its
+    target): the offset syncs end at the last record copied, so such a tail shows as lag that is none."""
+    if flow.replication_policy != "identity" or not flow.provenance_header:
+        return False
+    reader = clients.consumer(cluster)
+    try:
+        reader.assign([TopicPartition(topic, partition, start)])
+        deadline = time.monotonic() + clients.REQUEST_TIMEOUT_S
+        while time.monotonic() < deadline:
+            msg = reader.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            headers = msg.headers() or []  # a consumed record's headers come as a list of (key, value)
+            pairs = headers.items() if isinstance(headers, dict) else headers
+            origin = next((v for k, v in pairs if k == PROVENANCE_HEADER), None)
+            if not drops_record(flow, origin):
+                return False
+            if (msg.offset() or 0) + 1 >= end:
+                return True
+        return False
+    finally:
+        reader.close()
 
 
 def failback(config: MirrorConfig, reverse: FlowConfig, dry_run: bool = False) -> FailbackResult:
