@@ -127,8 +127,13 @@ class Drill:
         missing = [self.produce_ms[s] for s in self.produce_ms if s not in on_target]
         rpo_seconds = max(0.0, cut_at - min(missing) / 1000) if missing else 0.0
         self.log(f"cut: {produced} acknowledged on the source, {len(on_target)} on the target")
-        checkpoint_wait = self.wait_for_checkpoint(committed, cut_at)
-        rto, reads, bound = self.fail_over_and_consume(consumed)
+        try:
+            checkpoint_wait = self.wait_for_checkpoint(committed, cut_at)
+            rto, reads, bound = self.fail_over_and_consume(consumed)
+        except BaseException:
+            for line in self.clean_up():  # the probe group must not outlive a failed drill
+                self.log(line)
+            raise
         unconsumed = set(self.produce_ms) - consumed
         report = DrillReport(
             flow=self.flow.name,
@@ -302,7 +307,7 @@ class Drill:
 
     def clean_up(self) -> list[str]:
         done = []
-        for cluster in (self.target, self.source):
+        for cluster in (self.source, self.target):  # the source first: the mirror stops checkpointing the group
             try:
                 ClusterGroups(cluster).delete(self.group)
                 done.append(f"deleted group '{self.group}' on '{cluster.alias}'")
