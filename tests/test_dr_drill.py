@@ -133,3 +133,18 @@ def test_drill_refuses_a_flow_that_would_not_mirror_its_probe_naming_the_setting
     assert cli_main(args) == 2
     err = capsys.readouterr().err
     assert named in err, err
+
+
+def test_drill_refuses_an_event_hubs_source_without_the_probe_hub_naming_it(
+    source_cluster, target_cluster, tmp_path, unique, capsys
+):
+    """Topics on Event Hubs are made by infra: the drill never creates the probe there, it names the missing hub."""
+    probe = f"drill_{unique}"
+    raw = one_flow_config(
+        target_cluster, source_cluster, [probe], tmp_path / "ckpt", source_alias="eh", target_alias="msk"
+    )
+    config_file = tmp_path / "mirror.json"
+    config_file.write_text(json.dumps(raw))
+    assert cli_main(["drill", "--config", str(config_file), "--flow", "eh->msk", "--probe-topic", probe]) == 1
+    err = capsys.readouterr().err
+    assert f"event hub '{probe}' does not exist on 'eh'; infra must create it" in err, err
