@@ -1,4 +1,8 @@
-"""The command line, `mirrorkit run|validate|describe|status|failover --config FILE` (also `python -m spark_app`)."""
+"""The command line, `mirrorkit <command> --config FILE` (or `python -m spark_app`).
+
+Each command's logic lives in its module; this one parses arguments, prints, and maps errors to exit codes: 2 for a
+config or argument the command refuses, 1 for a mirror, cluster or group state that stops it.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         ("describe", "show the resolved flows and the topics they match now, without secrets"),
         ("status", "per flow and topic-partition: lag, last checkpoint age, last heartbeat age"),
         ("failover", "commit translated offsets on a flow's target for its consumer groups"),
+        ("drill", "measure a running flow's RPO, RTO and re-read with a probe topic and group of its own"),
+        ("failback", "move the groups back to the primary once the reverse flow has caught up"),
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, help="the mirror config (YAML or JSON)")
@@ -40,6 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     fail.add_argument("--flow", required=True, help="the flow to fail over, as SRC->DST")
     fail.add_argument("--groups", default=None, help="only groups matching this regex (full match)")
     fail.add_argument("--dry-run", action="store_true", help="print the plan, commit nothing")
+    drill = sub.choices["drill"]
+    drill.add_argument("--flow", required=True, help="the flow to drill, as SRC->DST; its mirror must be running")
+    drill.add_argument("--probe-topic", default="mirrorkit_drill", help="a topic the flow mirrors, for the drill only")
+    drill.add_argument("--records", type=int, default=1000, help="probe records to produce (default 1000)")
+    drill.add_argument("--seconds", type=float, default=20.0, help="over this many seconds (default 20)")
+    drill.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    back = sub.choices["failback"]
+    back.add_argument("--flow", required=True, help="the reverse flow, as DR->PRIMARY")
+    back.add_argument("--dry-run", action="store_true", help="print what it would commit, commit nothing")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -55,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             return print_status(config, args.json)
         if args.command == "failover":
             return run_failover(config, args.flow, args.groups, args.dry_run)
+        if args.command == "failback":
+            return run_failback(config, args.flow, args.dry_run)
+        if args.command == "drill":
+            return run_drill(config, args.flow, args.probe_topic, args.records, args.seconds, args.json)
         return run_mirror(config, args.available_now, args.master)
     except (ConfigError, SecretError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -157,6 +176,58 @@ def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_r
         for (topic, partition), offset in sorted(result.kept.items()):
             print(f"kept {result.group} {topic}[{partition}] = {offset}: already at or past the translation")
     return 1 if refused else 0
+
+
+def run_drill(
+    config: MirrorConfig, flow_name: str, probe_topic: str, records: int, seconds: float, as_json: bool
+) -> int:
+    """Drill a running flow with its own probe topic and group; print the report (steps go to stderr)."""
+    from .dr.drill import Drill, DrillOptions
+
+    if records < 2 or seconds <= 0:
+        raise ConfigError("--records must be at least 2 and --seconds above 0")
+    flow = config.flow(flow_name)
+    drill = Drill(config, flow, DrillOptions(probe_topic, records, seconds), log=lambda s: print(s, file=sys.stderr))
+    report = drill.run()
+    if as_json:
+        print(json.dumps(dataclasses.asdict(report), indent=2))
+        return 0
+    rows = [
+        ("flow", report.flow),
+        ("probe topic", f"{report.probe_topic} -> {report.target_topic}"),
+        ("probe group", report.probe_group),
+        ("produced (acknowledged)", report.produced),
+        ("on the target at the cut", report.on_target_at_cut),
+        ("RPO records", report.rpo_records),
+        ("RPO seconds", f"{report.rpo_seconds:.3f}"),
+        ("consumed on the source", report.consumed_on_source),
+        ("checkpoint after the cut s", f"{report.checkpoint_wait_s:.3f}"),
+        ("RTO seconds", f"{report.rto_seconds:.3f}"),
+        ("read on the target", report.read_on_target),
+        ("re-read", report.reread),
+        ("re-read the plan predicted", "?" if report.reread_bound is None else report.reread_bound),
+        ("skipped", report.skipped),
+    ]
+    for name, value in rows:
+        print(f"{name:28} {value}")
+    for line in report.cleanup:
+        print(f"cleanup: {line}")
+    return 0 if report.skipped == 0 else 1
+
+
+def run_failback(config: MirrorConfig, flow_name: str, dry_run: bool) -> int:
+    """Refuse while the operator must act; else commit (or, on a dry run, print) where each group goes."""
+    from .dr.failback import failback
+
+    result = failback(config, config.flow(flow_name), dry_run)
+    print(f"{'move':13} {'group':24} {'topic':24} {'part':>4} {'offset':>10}  on '{result.primary}'")
+    for a in result.actions:
+        print(f"{a.move:13} {a.group:24} {a.topic:24} {a.partition:>4} {a.offset:>10}  {a.done}")
+    if not result.actions and not result.refused:
+        print(f"no group of flow {flow_name} on '{result.dr}' has offsets to move")
+    for reason in result.refused:
+        print(f"refused: {reason}", file=sys.stderr)
+    return 1 if result.refused else 0
 
 
 def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) -> int:

@@ -9,7 +9,9 @@ One job per module, each testable without a cluster (the Kafka side is injected)
 - `checkpoints`: the checkpoint task (translate selected groups, write checkpoints, sync groups);
 - `heartbeats`: the heartbeat task (emit on the source, watch them arrive on the target);
 - `service`: one flow's DR service, running those tasks beside the stream;
-- `views`: what operators run: `status` and `failover`.
+- `views`: what operators run: `status` and `failover`;
+- `drill`: a DR drill of a running flow, with its own probe topic and group (RPO, RTO, re-read);
+- `failback`: the failback steps a program can do: checks, then groups moved back to the primary.
 
 Offset syncs are written in MM2's OffsetSync format, but not under MM2's topic name. We name the topic
 `mirrorkit-offset-syncs.<alias>.internal`, after the other cluster's alias as MM2 does (the target's when it lives on

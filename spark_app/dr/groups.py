@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .. import clients
 from ..config import ClusterConfig, GroupSelection
@@ -75,8 +75,17 @@ class ClusterGroups:
         future = self.admin.describe_consumer_groups([group], request_timeout=clients.REQUEST_TIMEOUT_S)[group]
         return len(future.result().members)
 
-    def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
-        """Commit offsets for a group with no member here, never moving a partition backwards."""
+    def delete(self, group: str) -> None:
+        """Delete a group with no member here (the broker refuses a group in use); raises KafkaException."""
+        future = self.admin.delete_consumer_groups([group], request_timeout=clients.REQUEST_TIMEOUT_S)[group]
+        future.result()
+
+    def latest(self, partitions: list[Partition]) -> dict[Partition, int]:
+        """The end offset of each partition: where a group that has read everything resumes."""
+        return clients.list_offsets(self.admin, partitions, OffsetSpec.latest())
+
+    def plan_commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
+        """What `commit` would do, committing nothing: refused for a group with members here, else the split."""
         members = self.members(group)
         if members:
             return GroupCommit(
@@ -85,8 +94,12 @@ class ClusterGroups:
                 " consumers there first, the mirror never overwrites a group in use",
             )
         current = {tp: c.offset for tp, c in self.committed(group).items()}
-        result = split_commit(group, offsets, current)
-        if result.committed:
+        return split_commit(group, offsets, current)
+
+    def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
+        """Commit offsets for a group with no member here, never moving a partition backwards."""
+        result = self.plan_commit(group, offsets)
+        if result.committed and not result.refused:
             partitions = [TopicPartition(t, p, o) for (t, p), o in sorted(result.committed.items())]
             request = [ConsumerGroupTopicPartitions(group, partitions)]
             try:

@@ -1,0 +1,197 @@
+"""`mirrorkit failback`: after a failover and writes on DR, the groups go back to the primary where the README says,
+and it refuses while consumers still run on DR or a flow still lags."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from spark_app.cli import main as cli_main
+from spark_app.config import parse_config
+from spark_app.stream import Mirror
+from tests.support.clients import Record, commit, create_topics, produce
+from tests.support.kafka_cluster import ClientSettings
+from tests.support.mirror_config import cluster_entry, free_port
+
+
+@pytest.fixture(scope="module")
+def pair(testbed):
+    """A primary and a DR cluster of their own: both flows run both ways on them."""
+    return testbed.start("fb-primary", "plaintext"), testbed.start("fb-dr", "plaintext")
+
+
+def committed(settings: ClientSettings, group: str, topic: str, partitions: int = 2) -> dict[int, int]:
+    consumer = Consumer(settings.librdkafka() | {"group.id": group, "enable.auto.commit": False})
+    got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+    consumer.close()
+    return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
+
+
+def resume(settings: ClientSettings, group: str, topics: list[str]) -> dict[str, list[bytes]]:
+    """What the group reads, per topic, from where it stands until every partition is at its end."""
+    consumer = Consumer(
+        settings.librdkafka()
+        | {"group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+           "enable.partition.eof": True}
+    )  # fmt: skip
+    consumer.subscribe(topics)
+    read: dict[str, list[bytes]] = {t: [] for t in topics}
+    at_end: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + 60
+    while len(at_end) < 2 * len(topics) and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            continue
+        if msg.error() is not None:
+            assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+            at_end.add((msg.topic(), msg.partition()))
+            continue
+        at_end.discard((msg.topic(), msg.partition()))
+        read[msg.topic()].append(msg.value())
+    consumer.close()
+    assert len(at_end) == 2 * len(topics), "the group never reached the end of its topics"
+    return read
+
+
+def actions(out: str) -> set[tuple[str, str, str, int, int, str]]:
+    """The (move, group, topic, partition, offset, what) rows `failback` printed."""
+    rows = set()
+    for line in out.splitlines()[1:]:
+        move, group, topic, partition, offset, done = line.split(maxsplit=5)
+        rows.add((move, group, topic, int(partition), int(offset), done))
+    return rows
+
+
+def test_failback_moves_groups_to_the_primary_and_refuses_live_consumers_and_lag(spark, pair, tmp_path, unique, capsys):
+    primary, dr = pair
+    p, d = f"p{unique[-6:]}", f"d{unique[-6:]}"
+    topic, group, live_group = f"orders-{unique}", f"app-{unique}", f"live-{unique}"
+    flows = [
+        {"source": src, "target": dst, "topics": {"include": [topic]}, "groups": {"include": [f".*-{unique}"]},
+         "checkpoint_location": str(tmp_path / f"ckpt-{src}")}
+        for src, dst in ((p, d), (d, p))
+    ]  # fmt: skip
+    raw = {
+        "clusters": [cluster_entry(primary, p), cluster_entry(dr, d)],
+        "flows": flows,
+        "checkpoint_interval_s": 1,
+        "metrics_port": free_port(),
+    }
+    forward_only = parse_config(raw | {"flows": flows[:1]})
+    both = parse_config(raw)
+    config_file = tmp_path / "failback.json"
+    config_file.write_text(json.dumps(both.model_dump(mode="json")))
+    failback = ["failback", "--config", str(config_file), "--flow", f"{d}->{p}"]
+
+    # Before the outage: 100 records on the primary, the group read 30 of each partition's 50; all mirrored.
+    create_topics(primary.admin, {topic: 2})
+    create_topics(dr.admin, {topic: 2})
+    produce(primary.client, topic, [Record(i % 2, None, f"p-{i}".encode()) for i in range(100)])
+    commit(primary.client, group, topic, {0: 30, 1: 30})
+    Mirror(spark, forward_only).run_available_now()
+    # Failover; on DR the group reads the rest of the primary's copy, and part of what producers write on DR.
+    assert cli_main(["failover", "--config", str(config_file), "--flow", f"{p}->{d}"]) == 0
+    assert committed(dr.client, group, f"{p}.{topic}") == {0: 30, 1: 30}
+    produce(dr.client, topic, [Record(i % 2, None, f"d-{i}".encode()) for i in range(40)])
+    commit(dr.client, group, f"{p}.{topic}", {0: 50, 1: 50})
+    commit(dr.client, group, topic, {0: 15, 1: 12})
+    capsys.readouterr()
+
+    # The reverse flow has not run: what was written on DR is not on the primary yet.
+    assert cli_main(failback) == 1
+    err = capsys.readouterr().err
+    assert f"flow {d}->{p}: {topic}[0] has 20 record(s), none mirrored yet" in err, err
+
+    # A consumer still runs on DR.
+    live = Consumer(dr.client.librdkafka() | {"group.id": live_group, "enable.auto.commit": False})
+    live.subscribe([topic])
+    deadline = time.monotonic() + 60
+    while not live.assignment() and time.monotonic() < deadline:
+        live.poll(0.5)
+    try:
+        Mirror(spark, both).run_available_now()
+        assert cli_main(failback) == 1
+        err = capsys.readouterr().err
+        assert f"consumers still run on '{d}' in group(s) {live_group} (1 member(s))" in err, err
+    finally:
+        live.close()
+
+    # A producer on DR wrote after the reverse flow's last copy: its lag is not 0.
+    produce(dr.client, topic, [Record(i % 2, None, f"d-late-{i}".encode()) for i in range(4)])
+    assert cli_main(failback) == 1
+    err = capsys.readouterr().err
+    assert f"flow {d}->{p}: {topic}[0] lag 2" in err and f"flow {d}->{p}: {topic}[1] lag 2" in err, err
+
+    Mirror(spark, both).run_available_now()
+    # A consumer on DR stopped before the end of the primary's copy: at the end on the primary, it would skip.
+    commit(dr.client, group, f"{p}.{topic}", {1: 49})
+    assert cli_main(failback) == 1
+    err = capsys.readouterr().err
+    assert f"{group} {p}.{topic}[1] at 49 of 50" in err, err
+    commit(dr.client, group, f"{p}.{topic}", {1: 50})
+
+    assert cli_main([*failback, "--dry-run"]) == 0
+    planned = actions(capsys.readouterr().out)
+    assert planned == {
+        ("where-stopped", group, f"{d}.{topic}", 0, 15, "would commit"),
+        ("where-stopped", group, f"{d}.{topic}", 1, 12, "would commit"),
+        ("at-end", group, topic, 0, 50, "would commit"),
+        ("at-end", group, topic, 1, 50, "would commit"),
+    }
+    assert committed(primary.client, group, f"{d}.{topic}") == {}
+    assert committed(primary.client, group, topic) == {0: 30, 1: 30}
+
+    assert cli_main(failback) == 0
+    assert actions(capsys.readouterr().out) == {(*a[:5], "commit") for a in planned}
+    # On the primary's copy of what was written on DR, where the group stopped on DR; at the end of
+    # the original topic, which it consumed through DR.
+    assert committed(primary.client, group, f"{d}.{topic}") == {0: 15, 1: 12}
+    assert committed(primary.client, group, topic) == {0: 50, 1: 50}
+    # Every record in its place: the group reads on the primary exactly what it had not read on DR, and nothing of
+    # the original topic again.
+    read = resume(primary.client, group, [topic, f"{d}.{topic}"])
+    assert read[topic] == []
+    unread = [f"d-{i}".encode() for i in range(40) if i // 2 >= (15 if i % 2 == 0 else 12)]
+    unread += [f"d-late-{i}".encode() for i in range(4)]
+    assert sorted(read[f"{d}.{topic}"]) == sorted(unread)
+    # The live group was never touched on the primary, and running it again moves nothing back.
+    assert committed(primary.client, live_group, topic) == {}
+    assert cli_main(failback) == 0
+    assert actions(capsys.readouterr().out) == {(*a[:5], "keep") for a in planned}
+
+
+def test_failback_under_identity_puts_groups_at_the_end_of_the_one_topic(spark, pair, tmp_path, unique, capsys):
+    """Identity both ways: the records written on DR go back into the same topic on the primary, and the primary's
+    own records, back on it from DR, are dropped (their tail is no lag). The group drained DR, so failback puts it
+    at the end of the topic on the primary, with nothing to re-read or skip."""
+    primary, dr = pair
+    p, d = f"p{unique[-6:]}", f"d{unique[-6:]}"
+    topic, group = f"orders-{unique}", f"app-{unique}"
+    flows = [
+        {"source": src, "target": dst, "topics": {"include": [topic]}, "groups": {"include": [f".*-{unique}"]},
+         "replication_policy": "identity", "checkpoint_location": str(tmp_path / f"ckpt-{src}")}
+        for src, dst in ((p, d), (d, p))
+    ]  # fmt: skip
+    raw = {"clusters": [cluster_entry(primary, p), cluster_entry(dr, d)], "flows": flows, "metrics_port": free_port()}
+    both = parse_config(raw)
+    config_file = tmp_path / "failback.json"
+    config_file.write_text(json.dumps(both.model_dump(mode="json")))
+
+    create_topics(primary.admin, {topic: 2})
+    produce(primary.client, topic, [Record(i % 2, None, f"p-{i}".encode()) for i in range(100)])
+    commit(primary.client, group, topic, {0: 30, 1: 30})
+    Mirror(spark, parse_config(raw | {"flows": flows[:1]})).run_available_now()
+    assert cli_main(["failover", "--config", str(config_file), "--flow", f"{p}->{d}"]) == 0
+    assert committed(dr.client, group, topic) == {0: 30, 1: 30}
+    produce(dr.client, topic, [Record(i % 2, None, f"d-{i}".encode()) for i in range(40)])
+    commit(dr.client, group, topic, {0: 70, 1: 70})  # it read everything on DR
+    Mirror(spark, both).run_available_now()
+    capsys.readouterr()
+
+    assert cli_main(["failback", "--config", str(config_file), "--flow", f"{d}->{p}"]) == 0
+    assert actions(capsys.readouterr().out) == {("at-end", group, topic, q, 70, "commit") for q in (0, 1)}
+    assert committed(primary.client, group, topic) == {0: 70, 1: 70}
+    assert resume(primary.client, group, [topic]) == {topic: []}
