@@ -37,17 +37,9 @@ def test_a_topic_made_again_is_copied_from_its_new_start_reported_and_translated
     now = int(time.time() * 1000)
     old = [Record(0, b"k", f"old-{i}".encode(), (), now + i) for i in range(100)]
     new = [Record(0, b"k", f"new-{i}".encode(), (), now + 1000 + i) for i in range(30)]
-    config = parse_config(
-        one_flow_config(
-            plaintext_cluster,
-            source_cluster,
-            [topic],
-            tmp_path / "ckpt",
-            source_alias="primary",
-            groups={"include": [group]},
-            emit_heartbeats=False,
-        )  # fmt: skip
-    )
+    raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", source_alias="primary",
+                          groups={"include": [group]}, emit_heartbeats=False)  # fmt: skip
+    config = parse_config(raw)
     create_topics(plaintext_cluster.admin, {topic: 1})
     produce(plaintext_cluster.client, topic, old)
     Mirror(spark, config).run_available_now()
