@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from spark_app.cli import main as cli_main
@@ -16,7 +17,7 @@ from tests.support.mirror_config import free_port, one_flow_config
 from tests.support.running import mirror_running
 
 BATCHES = 2_000  # at least this many micro-batches over the two runs of the mirror
-PER_BATCH = 4  # max_records_per_trigger: small batches, so thousands of them pass quickly
+PER_BATCH = 8  # max_records_per_trigger: small batches (about 0.3 s of Spark each), yet more than arrive
 PARKED_AT = {0: 37, 1: 41}  # where the group stopped reading, per partition
 
 
@@ -37,6 +38,7 @@ def batches_done(mirror: Mirror) -> int:
     return mirror.flows[0].totals.batches
 
 
+@pytest.mark.timeout(2400)  # 2,000 micro-batches take 10 to 15 minutes on two cores
 def test_a_group_parked_through_2000_batches_and_a_restart_fails_over_exactly(
     spark, plaintext_cluster, source_cluster, tmp_path, unique, capsys
 ):
@@ -69,6 +71,7 @@ def test_a_group_parked_through_2000_batches_and_a_restart_fails_over_exactly(
                 producing.join(60)
                 caught_up(mirror, source_cluster, f"primary.{topic}", len(sent), errors)
         done += batches_done(mirror)
+        print(f"run {run}: {batches_done(mirror)} batches, {len(sent)} records sent so far")
     print(f"{done} batches over two runs of the mirror, {len(sent)} records")
     assert done >= BATCHES
 
