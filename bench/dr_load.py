@@ -72,8 +72,9 @@ from bench.harness import TreeMonitor  # noqa: E402
 from spark_app import clients  # noqa: E402
 from spark_app.config import MirrorConfig, load_config  # noqa: E402
 from spark_app.dr.formats import Heartbeat  # noqa: E402
+from spark_app.dr.internal import read_checkpoints, read_offset_syncs, source_ends  # noqa: E402
 from spark_app.dr.service import DrSync  # noqa: E402
-from spark_app.dr.views import failover_plan, flow_status  # noqa: E402
+from spark_app.dr.views import STATUS_SOURCE_TIMEOUT_S, failover_plan, flow_status  # noqa: E402
 from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic  # noqa: E402
 from spark_app.ranges import Landing  # noqa: E402
 
@@ -509,6 +510,22 @@ def measure(args: argparse.Namespace, work: Path, bed: Any) -> dict:
         "checkpoints_loaded": len(restarted.checkpoints.checkpoints),
     }
     note(entry)
+    # Where the read-backs' time goes: the parts status, failover and prepare are made of.
+    parts = [
+        ("part: internal.read_offset_syncs", lambda: read_offset_syncs(config, flow)),
+        ("part: internal.read_checkpoints", lambda: read_checkpoints(config, flow)),
+        (
+            "part: clients.read_topic of the checkpoints, not decoded",
+            lambda: clients.read_topic(config.cluster(TARGET), internal[1]),
+        ),
+        (
+            f"part: internal.source_ends ({len(layout.slots)} partitions, one request each)",
+            lambda: source_ends(config.cluster(SOURCE), layout.slots, STATUS_SOURCE_TIMEOUT_S),
+        ),
+    ]
+    for what, call in parts:
+        entry, _ = timed(what, call)
+        note(entry)
     out["reads"] = reads
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     out["read_deadline_s"] = clients.REQUEST_TIMEOUT_S
@@ -568,6 +585,11 @@ def markdown(meta: dict, out: dict) -> str:
         f" each internal read has a {out['read_deadline_s']:.0f} s deadline. CLI times include interpreter start-up"
         " (the `validate` row).",
     ]
+    if w["checkpoint_round_errors"]:
+        lines.append(
+            "A failed checkpoint round stops at its error: the checkpoints it produced before it still reach the topic"
+            " and count in the rate, but the service does not record them as written."
+        )
     failures = [e for e in out["reads"] if e["outcome"] != "ok"] + w["checkpoint_round_errors"]
     for entry in failures:
         lines.append(f"\n- {entry['what']}: {entry['outcome']}" if isinstance(entry, dict) else f"\n- round: {entry}")
