@@ -266,6 +266,7 @@ class Driver:
         self.batch = 0
         self.on_landed_s: list[tuple[float, float]] = []  # (monotonic start, seconds) per batch
         self.errors: list[str] = []
+        self.error_at: list[float] = []  # monotonic start of each batch whose on_landed raised
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="batches", daemon=True)
 
@@ -296,6 +297,7 @@ class Driver:
                 self.dr.on_landed(rows)
             except Exception as err:  # noqa: BLE001 - in the mirror this fails the batch; here it is counted
                 self.errors.append(repr(err)[:300])
+                self.error_at.append(began)
             self.on_landed_s.append((began, time.monotonic() - began))
             self.batch += 1
             self.mirrored.value = self.batch
@@ -440,7 +442,8 @@ def measure(args: argparse.Namespace, work: Path, bed: Any) -> dict:
             "max": round(max(in_window, default=0) * 1000, 1),
             "mean": round(statistics.fmean(in_window) * 1000, 1) if in_window else 0,
         },
-        "on_landed_errors": len(driver.errors),
+        "on_landed_errors": sum(t0 <= at < t1 for at in driver.error_at),
+        "on_landed_errors_whole_run": len(driver.error_at),
         "checkpoint_rounds_started": len(window_rounds),
         "checkpoint_round_s": [r.get("seconds") for r in window_rounds],
         "checkpoint_round_errors": [r["error"] for r in window_rounds if "error" in r],
@@ -562,7 +565,10 @@ def markdown(meta: dict, out: dict) -> str:
         f" {w['checkpoints_per_s_if_every_round_on_time']:,}) |",
         f"| checkpoint rounds started in window, seconds each | {w['checkpoint_rounds_started']}:"
         f" {', '.join(str(s) for s in rounds) or '-'} |",
-        f"| failed checkpoint rounds in window | {len(w['checkpoint_round_errors'])} |",
+        f"| failed checkpoint rounds: in window / whole run | {len(w['checkpoint_round_errors'])} /"
+        f" {sum('error' in r for r in out['checkpoint_rounds'])} of {len(out['checkpoint_rounds'])} |",
+        f"| batches whose `on_landed` raised: in window / whole run | {w['on_landed_errors']} /"
+        f" {w['on_landed_errors_whole_run']} of {out['total_batches']} |",
     ]
     for topic, n in out["topic_records"].items():
         lines.append(f"| `{topic}` size at end, records | {n:,} |")
@@ -594,7 +600,7 @@ def markdown(meta: dict, out: dict) -> str:
     for entry in failures:
         lines.append(f"\n- {entry['what']}: {entry['outcome']}" if isinstance(entry, dict) else f"\n- round: {entry}")
     if out["driver_errors"]:
-        lines.append(f"\n- on_landed errors ({w['on_landed_errors']}): {out['driver_errors'][0]}")
+        lines.append(f"\n- on_landed: {out['driver_errors'][0]}")
     return "\n".join(lines) + "\n"
 
 
