@@ -1,12 +1,12 @@
 """The DR bookkeeping under load: what offset syncs and checkpoints cost, and how long `status`, `failover` and a
 restart take to read them back, on a flow with many partitions and consumer groups.
 
-Why: every batch writes one offset sync per partition that landed (spark_app/dr/offset_syncs.py), and every
-`checkpoint_interval_s` the checkpoint task writes one checkpoint per group and partition
-(spark_app/dr/checkpoints.py), whether anything moved or not. `status`, `failover` and a restarting mirror read both
-internal topics back in full (spark_app/dr/internal.py), each read bounded by `clients.REQUEST_TIMEOUT_S`. This
-measures that volume and those read times at a stated size, so a change to the bookkeeping can be compared against
-the same load.
+Why: every batch hands the DR service where each partition landed (spark_app/dr/offset_syncs.py), checkpoints
+are translated for every group and partition each `checkpoint_interval_s` (spark_app/dr/checkpoints.py), and
+`status`, `failover` and a restarting mirror read both internal topics back (spark_app/dr/internal.py). This
+measures the volume written and those read times at a stated size, so a change to the bookkeeping is compared
+against the same load; bench/results/dr-load-20261124-02*.json are the figures from before syncs became runs and
+checkpoints were written on change.
 
 What is real and what is synthetic:
 - Real: two single-node Kafka clusters of the test bed (plaintext, loopback, this machine), the source topics
@@ -107,7 +107,17 @@ class Layout:
         b = self.batch_records
         first, end = batch * b, (batch + 1) * b
         return [
-            Landing(t, p, first, end, last_offset=end - 1, last_target_offset=end - 1, records=b) for t, p in self.slots
+            Landing(
+                t,
+                p,
+                first,
+                end,
+                last_offset=end - 1,
+                last_target_offset=end - 1,
+                records=b,
+                runs=[[first, first, end - 1]],
+            )
+            for t, p in self.slots
         ]
 
     def group_offset(self, group: int, mirrored_batches: int) -> int:

@@ -88,6 +88,18 @@ def shared_producer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> P
     return _producers[key]
 
 
+def produce(client: Producer, topic: str, key: bytes, value: bytes) -> None:
+    """Hand a record to the producer, waiting for room when its queue is full (a round of a few hundred thousand
+    checkpoints is more than librdkafka queues at once) instead of failing."""
+    while True:
+        try:
+            client.produce(topic, key=key, value=value)
+            client.poll(0)
+            return
+        except BufferError:
+            client.poll(0.1)
+
+
 def list_topics(
     client: AdminClient, cluster: ClusterConfig, timeout_s: float = REQUEST_TIMEOUT_S
 ) -> dict[str, TopicMetadata]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from .. import clients
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
@@ -77,9 +77,9 @@ def newest_heartbeat_ms(config: MirrorConfig, flow: FlowConfig) -> int | None:
     return newest
 
 
-def target_start(target: ClusterConfig, topic: str, partition: int) -> int:
+def target_start(target: AdminClient, topic: str, partition: int) -> int:
     """The first offset of a target partition: where a group with nothing better to go on resumes."""
-    return clients.log_ranges(clients.admin(target), [(topic, partition)])[(topic, partition)][0]
+    return clients.log_ranges(target, [(topic, partition)])[(topic, partition)][0]
 
 
 def source_ends(

@@ -121,14 +121,12 @@ class DrSync:
         topic = offset_syncs_topic(self.flow)
         if topic not in self.disabled:
             producer = self.producers.get(offset_syncs_cluster(self.flow))
-            producer.produce(topic, key=sync.key(), value=sync.value())
-            producer.poll(0)
+            clients.produce(producer, topic, sync.key(), sync.value())
 
     def _emit_heartbeat(self, beat: Heartbeat) -> None:
         if self.emit_heartbeats and HEARTBEATS_TOPIC not in self.disabled:
             producer = self.producers.get(self.flow.source)
-            producer.produce(HEARTBEATS_TOPIC, key=beat.key(), value=beat.value())
-            producer.poll(0)
+            clients.produce(producer, HEARTBEATS_TOPIC, beat.key(), beat.value())
 
     # -- the loop ---------------------------------------------------------------------------------------------
 
@@ -169,7 +167,7 @@ class DrSync:
             self.checkpoint_once()
             self.producers.flush_all()
             self.heartbeats.observe()
-        except (KafkaException, RuntimeError) as err:
+        except (KafkaException, RuntimeError, TimeoutError) as err:
             log.warning("flow %s: final checkpoint failed: %s", self.flow.name, err)
 
 
@@ -205,7 +203,7 @@ class _Target:
         self.groups = ClusterGroups(service.target)
 
     def start_offset(self, topic: str, partition: int) -> int:
-        return target_start(self.target, topic, partition)
+        return target_start(self.groups.admin, topic, partition)
 
     def write(self, checkpoints: list[Checkpoint]) -> bool:
         topic = checkpoints_topic(self.flow)
@@ -214,7 +212,7 @@ class _Target:
         self.producers.flush(offset_syncs_cluster(self.flow))
         producer = self.producers.get(self.flow.target)
         for cp in checkpoints:
-            producer.produce(topic, key=cp.key(), value=cp.value())
+            clients.produce(producer, topic, cp.key(), cp.value())
         if producer.flush(clients.REQUEST_TIMEOUT_S):
             raise RuntimeError(f"flow {self.flow.name}: checkpoints not acknowledged by '{self.flow.target}'")
         return True
