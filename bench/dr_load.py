@@ -532,7 +532,7 @@ def measure(args: argparse.Namespace, work: Path, bed: Any) -> dict:
             lambda: clients.read_topic(config.cluster(TARGET), internal[1]),
         ),
         (
-            f"part: internal.source_ends ({len(layout.slots)} partitions, one request each)",
+            f"part: internal.source_ends ({len(layout.slots)} partitions, one batched request)",
             lambda: source_ends(config.cluster(SOURCE), layout.slots, STATUS_SOURCE_TIMEOUT_S),
         ),
     ]
