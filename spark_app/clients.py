@@ -109,9 +109,13 @@ def list_topics(
         try:
             return client.list_topics(timeout=min(2.0, timeout_s)).topics
         except KafkaException as err:
-            client.poll(0)  # serves error_cb, which raises on an authentication failure
-            if time.monotonic() >= deadline:
-                raise ClusterUnreachable(cluster, timeout_s, err.args[0].str()) from None
+            detail = err.args[0].str()
+        # Outside the except block, so the error raised here holds no cycle back to this frame and the client is
+        # freed as soon as the caller lets the error go: a librdkafka client left for the interpreter's exit to
+        # destroy, still retrying its sign-in, crashed the process (SIGSEGV instead of exit 1).
+        client.poll(0)  # serves error_cb, which raises on an authentication failure
+        if time.monotonic() >= deadline:
+            raise ClusterUnreachable(cluster, timeout_s, detail)
 
 
 def check_reachable(clusters: Iterable[ClusterConfig], timeout_s: float) -> None:
