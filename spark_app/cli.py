@@ -159,10 +159,12 @@ def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_r
         except re.error as err:
             raise ConfigError(f"--groups: '{groups}' is not a valid regex: {err}") from None
     plan = failover_plan(config, flow, groups)
-    print(f"{'group':24} {'topic':24} {'part':>4} {'source offset':>13} {'target offset':>13} {'re-read':>8}")
+    print(f"{'group':24} {'topic':24} {'part':>4} {'source offset':>13} {'target offset':>13} {'re-read':>8}  note")
     for r in plan:
         reread = "?" if r.reread is None else str(r.reread)
-        print(f"{r.group:24} {r.topic:24} {r.partition:>4} {r.source_offset:>13} {r.target_offset:>13} {reread:>8}")
+        note = "held-for-local-records" if r.held_for_local else "-"
+        where = f"{r.group:24} {r.topic:24} {r.partition:>4}"
+        print(f"{where} {r.source_offset:>13} {r.target_offset:>13} {reread:>8}  {note}")
     if not plan:
         print(f"no checkpoint for flow {flow.name} on '{flow.target}' matches; nothing to fail over")
         return 1

@@ -2,8 +2,9 @@
 
 - `default` (MirrorMaker 2's DefaultReplicationPolicy): `orders` from alias `A` becomes `A.orders`; a topic that is
   already a remote copy from the flow's target is never mirrored back, so active/active cannot cycle.
-- `identity`: names are kept; each record carries a provenance header naming its source cluster, and a flow drops
-  records whose provenance is its own target.
+- `identity`: names are kept; each record carries a provenance header, `<source alias>:<source offset>`, and a flow
+  drops records whose provenance is its own target. The offset lets the flow that drops such an echo of a
+  target-local record tell which of them a source group has read (spark_app.dr.syncs).
 """
 
 from __future__ import annotations
@@ -50,9 +51,35 @@ def should_mirror(flow: FlowConfig, source_topic: str) -> bool:
     return flow.topics.matches(source_topic)
 
 
-def drops_record(flow: FlowConfig, provenance: str | bytes | None) -> bool:
+def provenance(alias: str, offset: int) -> bytes:
+    """The provenance header's value for a record copied from `alias` at source `offset`."""
+    return f"{alias}:{offset}".encode()
+
+
+def origin(value: str | bytes) -> tuple[bytes, int]:
+    """A provenance value's alias and source offset; -1 for a value without one (an older mirror's bare alias)."""
+    alias, _, offset = (value.encode() if isinstance(value, str) else value).partition(b":")
+    return alias, int(offset) if offset.isdigit() else -1
+
+
+def drops_record(flow: FlowConfig, value: str | bytes | None) -> bool:
     """Identity loop prevention: a record that came from the flow's target must not go back there."""
-    return flow.replication_policy == "identity" and flow.provenance_header and provenance == flow.target.encode()
+    return (
+        flow.replication_policy == "identity"
+        and flow.provenance_header
+        and value is not None
+        and origin(value)[0] == flow.target.encode()
+    )
+
+
+def echoes_back(config: MirrorConfig, flow: FlowConfig) -> bool:
+    """Whether records written locally on the flow's target come back to its source, stamped, through an identity
+    flow the other way: then its translation can tell which of them a group has read (spark_app.dr.syncs)."""
+    return flow.replication_policy == "identity" and any(
+        back.source == flow.target and back.target == flow.source and back.replication_policy == "identity"
+        and back.provenance_header
+        for back in config.flows
+    )  # fmt: skip
 
 
 def checkpoints_topic(flow: FlowConfig) -> str:

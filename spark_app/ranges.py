@@ -17,7 +17,8 @@ RANGE_SCHEMA = "topic string, partition int, start long, end long, reset_from lo
 LANDED_SCHEMA = (
     "topic string, partition int, first_offset long, end_offset long, last_offset long, last_target_offset long,"
     " records long, bytes long, dropped long, dead_lettered long, latency_counts array<long>, latency_sum_ms double,"
-    " held_from long, held_until long, refused_bytes long, runs array<array<long>>, reset_from long"
+    " held_from long, held_until long, refused_bytes long, runs array<array<long>>, echoes array<array<long>>,"
+    " reset_from long"
 )
 # Upper bounds of the replication-latency buckets: sub-second for a mirror that keeps up, up to an hour for one
 # catching up; anything older lands in +Inf.
@@ -71,21 +72,15 @@ class Landing:
     # Where the range landed, as runs [first source offset, its target offset, last source offset] of records
     # copied one after another on both sides (spark_app.dr.syncs); at most MAX_RUNS_PER_RANGE, the newest kept.
     runs: list[list[int]] = field(default_factory=list)
+    # Identity only: the echoes of target-local records the range dropped, as runs [first source offset, the
+    # target offset it came from, last source offset] (the provenance header carries the target offset).
+    echoes: list[list[int]] = field(default_factory=list)
     reset_from: int = -1  # the range's `reset_from`
 
     def landed(self, offset: int, target_offset: int) -> None:
         """Source `offset` landed at `target_offset`; delivery reports come in order, so runs grow at their end."""
         self.last_offset, self.last_target_offset = offset, target_offset
-        runs = self.runs
-        if runs:
-            run = runs[-1]
-            if offset == run[2] + 1 and target_offset == run[1] + offset - run[0]:
-                run[2] = offset
-                return
-            if len(runs) >= MAX_RUNS_PER_RANGE:  # keep the first ones and the newest: the dropped one only re-reads
-                runs[-1] = [offset, target_offset, offset]
-                return
-        runs.append([offset, target_offset, offset])
+        extend_runs(self.runs, offset, target_offset)
 
     def hold(self, offset: int, size: int = 0) -> None:
         """Hold the partition from `offset` to the range's end: nothing from there on is written."""
@@ -93,10 +88,30 @@ class Landing:
             self.held_from, self.refused_bytes = offset, size
         self.held_until = max(self.held_until, self.end_offset)
 
+    def echoed(self, offset: int, target_offset: int) -> None:
+        """Source `offset` is a dropped echo of the record at `target_offset` on the target (-1: not known)."""
+        self.last_offset = max(self.last_offset, offset)
+        if target_offset >= 0:
+            extend_runs(self.echoes, offset, target_offset)
+
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Landing:
         """A landing from a collected Spark row's `asDict()`."""
         return cls(**row)
+
+
+def extend_runs(runs: list[list[int]], offset: int, target_offset: int) -> None:
+    """Add `offset` -> `target_offset` to runs that grow in order; past MAX_RUNS_PER_RANGE the newest replaces the
+    last, which only makes translation inside the replaced one re-read."""
+    if runs:
+        run = runs[-1]
+        if offset == run[2] + 1 and target_offset == run[1] + offset - run[0]:
+            run[2] = offset
+            return
+        if len(runs) >= MAX_RUNS_PER_RANGE:
+            runs[-1] = [offset, target_offset, offset]
+            return
+    runs.append([offset, target_offset, offset])
 
 
 @dataclass(frozen=True)
@@ -144,6 +159,7 @@ def landed_arrow_schema() -> pa.Schema:
             ("held_until", pa.int64()),
             ("refused_bytes", pa.int64()),
             ("runs", pa.list_(pa.list_(pa.int64()))),
+            ("echoes", pa.list_(pa.list_(pa.int64()))),
             ("reset_from", pa.int64()),
         ]
     )

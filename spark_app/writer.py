@@ -32,7 +32,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, M
 from . import clients
 from .config import ClusterConfig, FlowConfig
 from .errors import DeliveryFailed
-from .policy import PROVENANCE_HEADER, drops_record, target_topic
+from .policy import PROVENANCE_HEADER, drops_record, origin, provenance, target_topic
 from .ranges import LATENCY_BOUNDS_MS, Landing, OffsetRange, landed_arrow_schema
 
 DLQ_PREFIX = "mirrorkit.dlq."
@@ -130,7 +130,7 @@ class RangeCopier:
         refused: list[Refused] = []
         failures: list[str] = []
         stamp = self.flow.replication_policy == "identity" and self.flow.provenance_header
-        provenance = (PROVENANCE_HEADER, self.flow.source.encode())
+        alias = self.flow.source
 
         def delivered(err: KafkaError | None, report: Message) -> None:
             msg = cast(Record, report)
@@ -204,15 +204,17 @@ class RangeCopier:
                 left -= 1
                 value, headers = msg.value(), msg.headers()
                 if identity:
-                    origin = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
-                    if drops_record(self.flow, origin):
+                    came_from = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
+                    if drops_record(self.flow, came_from):
+                        assert came_from is not None  # drops_record says it is a provenance value
                         landing.dropped += 1
-                        landing.last_offset = max(landing.last_offset, offset)
+                        landing.echoed(offset, origin(came_from)[1])
                         if offset + 1 >= end:
                             close(key)
                         continue
-                    if stamp and origin is None:
-                        headers = [*headers, provenance] if headers else [provenance]
+                    if stamp and came_from is None:
+                        stamp_header = (PROVENANCE_HEADER, provenance(alias, offset))
+                        headers = [*headers, stamp_header] if headers else [stamp_header]
                 k, ts = msg.key(), msg.timestamp()[1]
                 try:
                     produce(

@@ -116,7 +116,7 @@ def test_checkpoints_read_by_mm2_match_failover_and_group_sync_spares_a_live_gro
         assert cli_main(["failover", "--config", str(config_file), "--flow", f"{alias}->eh", "--dry-run"]) == 0
         printed = {}
         for line in capsys.readouterr().out.splitlines()[1:]:
-            group, topic_, partition, source_offset, target_offset, reread = line.split()
+            group, topic_, partition, source_offset, target_offset, reread, _note = line.split()
             printed[(group, topic_, int(partition))] = (int(source_offset), int(target_offset), int(reread))
         assert sorted(printed) == sorted((g, remote, p) for g in groups.values() for p in (0, 1))
         # MirrorMaker 2's own client library reads our checkpoints and gets the very same offsets.

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from spark_app.cli import main as cli_main
 from spark_app.clients import watermarks
 from spark_app.config import parse_config
-from spark_app.policy import PROVENANCE_HEADER
 from spark_app.stream import Mirror
-from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, create_topics, produce, read_all
+from tests.support.assertions import assert_each_record_once_in_order, stamped
+from tests.support.clients import Record, commit, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry, free_port
 from tests.support.running import mirror_running
 
@@ -103,9 +104,64 @@ def test_both_ways_each_record_lands_once_per_direction_and_names_never_grow(pol
             got = without_timestamps(read_all(cluster.client, topic, expected=4 * PER_SIDE))
             # Its own records as produced, and the other side's, each stamped with where it came from.
             assert_each_record_once_in_order(topic, [r for r in got if not r.headers], sent[here])
-            stamp = ((PROVENANCE_HEADER, there.encode()),)
-            copies = [dataclasses.replace(r, headers=stamp) for r in sent[there]]
-            assert_each_record_once_in_order(topic, [r for r in got if r.headers], copies)
+            assert_each_record_once_in_order(topic, [r for r in got if r.headers], stamped(sent[there], there))
         assert not any(t.startswith((f"{a}.{b}.", f"{b}.{a}.", f"{a}.{a}.", f"{b}.{b}.")) for t in topics_on(cluster))
     for dr in mirror.dr.values():
         assert dr.newest_heartbeat_ms is not None, f"no heartbeat of {dr.flow.name} reached its target"
+
+
+def test_identity_failover_never_skips_a_record_written_locally_between_mirrored_ones(
+    spark, pair, tmp_path, unique, capsys
+):
+    """Identity both ways, local writes on B between A's records copied there. A's group has read A's newest
+    records but not yet the copies of B's records that landed below them on B; failing over must resume at B's
+    first record it has not read, and `failover --dry-run` says the position was held back for it."""
+    east, west = pair
+    a, b = f"e{unique[-6:]}", f"w{unique[-6:]}"
+    topic, group = f"local-{unique}", f"app-{unique}"
+    flows = [
+        {
+            "source": src,
+            "target": dst,
+            "topics": {"include": [topic]},
+            "groups": {"include": [group]},
+            "replication_policy": "identity",
+            "checkpoint_location": str(tmp_path / f"ckpt-{src}"),
+        }
+        for src, dst in ((a, b), (b, a))
+    ]
+    config = parse_config({"clusters": [cluster_entry(east, a), cluster_entry(west, b)], "flows": flows})
+    config_file = tmp_path / "mirror.json"
+    config_file.write_text(json.dumps(config.model_dump(mode="json")))
+    for cluster in (east, west):
+        create_topics(cluster.admin, {topic: 1})
+    # Each round: two records written on B, three on A, then both flows copy what is there. B then holds
+    # B's two, A's three; A holds A's three, then B's two (stamped with their offsets on B).
+    for r in range(3):
+        produce(west.client, topic, [Record(0, None, f"{b}-{r}-{i}".encode()) for i in range(2)])
+        produce(east.client, topic, [Record(0, None, f"{a}-{r}-{i}".encode()) for i in range(3)])
+        Mirror(spark, config).run_available_now()
+    on_a = read_all(east.client, topic, expected=15)
+    committed_at = 13  # read through A's last three records, not the two copied from B after them
+    assert [r.value for r in on_a[10:15]] == [f"{a}-2-{i}".encode() for i in range(3)] + [
+        f"{b}-2-{i}".encode() for i in range(2)
+    ]
+    commit(east.client, group, topic, {0: committed_at})
+    Mirror(spark, config).run_available_now()  # its last checkpoint round translates the group
+
+    assert cli_main(["failover", "--config", str(config_file), "--flow", f"{a}->{b}", "--dry-run"]) == 0
+    (row,) = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert row[:3] == [group, topic, "0"] and row[6] == "held-for-local-records", row
+    resume, reread = int(row[4]), int(row[5])
+    assert cli_main(["failover", "--config", str(config_file), "--flow", f"{a}->{b}"]) == 0
+    capsys.readouterr()
+
+    read = {r.value for r in on_a[:committed_at]}
+    on_b = read_all(west.client, topic, expected=15)
+    assert len(on_b) == 15
+    unread = [r.value for r in on_b if r.value not in read]
+    resumed = [r.value for r in on_b[resume:]]
+    assert unread and all(v in resumed for v in unread), (resume, unread)  # nothing it had not read is skipped
+    again = [v for v in resumed if v in read]
+    assert len(again) <= reread, (again, reread)
+    print(f"identity failover: resumed at B offset {resume}, {len(unread)} unread kept, {len(again)} read again")

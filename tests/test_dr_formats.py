@@ -52,7 +52,10 @@ def test_mirrormakers_own_classes_decode_our_checkpoint_heartbeat_and_offset_syn
 
 
 def test_an_offset_sync_in_mirrormakers_own_layout_reads_as_a_run_of_one_record():
-    """What an older mirror wrote (MM2's key and value, no slot, no run end) still loads after an upgrade."""
-    mm2_key = OffsetSync("orders", 11, 0, 0).key()[:-4]
+    """What an older mirror wrote (MM2's key and value, no slot, no run end; or a slot but no kind) still loads after
+    an upgrade, as a mirrored run."""
+    mm2_key = OffsetSync("orders", 11, 0, 0).key()[:-5]
     mm2_value = OffsetSync("orders", 11, 99, 40).value()[:16]
     assert OffsetSync.decode(mm2_key, mm2_value) == OffsetSync("orders", 11, 99, 40, slot=-1, last_offset=None)
+    slotted_key = OffsetSync("orders", 11, 0, 0, slot=3, kind=1).key()[:-1]
+    assert OffsetSync.decode(slotted_key, mm2_value) == OffsetSync("orders", 11, 99, 40, slot=3, kind=0)

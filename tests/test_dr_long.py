@@ -79,7 +79,7 @@ def test_a_group_parked_through_2000_batches_and_a_restart_fails_over_exactly(
     assert cli_main(["failover", "--config", str(config_file), "--flow", "primary->dr", "--dry-run"]) == 0
     plan = {}
     for line in capsys.readouterr().out.splitlines()[1:]:
-        group_, remote, partition, source_offset, target_offset, reread = line.split()
+        group_, remote, partition, source_offset, target_offset, reread, _note = line.split()
         plan[int(partition)] = (int(source_offset), int(target_offset), int(reread))
     print(f"failover plan (source offset, target offset, re-read) per partition: {plan}")
     assert {p: s for p, (s, _, _) in plan.items()} == PARKED_AT

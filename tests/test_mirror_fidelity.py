@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 
 import pytest
 
 from spark_app.config import parse_config
-from spark_app.policy import PROVENANCE_HEADER
 from spark_app.stream import Mirror
-from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.assertions import assert_each_record_once_in_order, stamped
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import one_flow_config
 
@@ -68,6 +66,6 @@ def test_mirror_preserves_every_record_exactly(policy, spark, source_cluster, ta
     for name in names:
         expected = sent[name]
         if policy == "identity":
-            expected = [dataclasses.replace(r, headers=(*r.headers, (PROVENANCE_HEADER, b"msk"))) for r in expected]
+            expected = stamped(expected, "msk")
         got = read_all(target_cluster.client, target_name[name], expected=PER_TOPIC)
         assert_each_record_once_in_order(target_name[name], got, expected)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 
 from spark_app.dr.syncs import MAX_RUNS, Run, SlottedRun, SyncStore, Translation
@@ -63,12 +64,12 @@ class CompactedTopic:
     """What the offset-syncs topic holds after compaction: the newest record per key, in the order written."""
 
     def __init__(self) -> None:
-        self.records: OrderedDict[tuple[str, int, int], SlottedRun] = OrderedDict()
+        self.records: OrderedDict[tuple[str, int, int, int], SlottedRun] = OrderedDict()
         self.written = 0
 
     def write(self, synced: list[SlottedRun]) -> None:
         for s in synced:
-            key = (s.topic, s.partition, s.slot)
+            key = (s.topic, s.partition, s.slot, s.kind)
             self.records.pop(key, None)
             self.records[key] = s
         self.written += len(synced)
@@ -159,3 +160,101 @@ def test_a_group_that_jumps_past_what_was_kept_for_it_resumes_safely_rereading_a
     assert translation is not None
     assert translation.downstream_offset <= 100 * 500 + 30  # never past a record it has not read
     assert translation.reread == jumped - 1 - (101 * 9 + 99)  # and the re-read says how far back it lands
+
+
+class ActiveActive:
+    """One partition of an identity active/active pair, A <-> B, as the A -> B flow's store sees it.
+
+    A's log holds A's own records and the echoes of B's (each with the B offset it came from); B's log holds A's
+    records copied there and B's own. Each step appends local records on either side or runs a flow for one small
+    batch; the A -> B flow reports its runs and echoes to the store, unless the batch "crashes" after writing (its
+    copy stays on B unreported, and the next batch copies the same records again).
+    """
+
+    def __init__(self, rng: random.Random, store: SyncStore) -> None:
+        self.rng, self.store = rng, store
+        self.a: list[tuple[str, int]] = []  # ("A", n) own, or ("B", b): the echo of B's record at offset b
+        self.b: list[tuple[str, int]] = []  # ("A", a): A's record at offset a, or ("B", n) own
+        self.a_to_b = self.b_to_a = 0  # each flow's next source offset
+
+    def step(self) -> None:
+        roll = self.rng.random()
+        if roll < 0.3:
+            self.a += [("A", len(self.a))] * self.rng.randint(1, 4)
+        elif roll < 0.55:
+            self.b += [("B", len(self.b))] * self.rng.randint(1, 3)
+        elif roll < 0.75:
+            end = min(len(self.b), self.b_to_a + self.rng.randint(1, 12))
+            self.a += [("B", i) for i in range(self.b_to_a, end) if self.b[i][0] == "B"]  # A's records stay
+            self.b_to_a = end
+        else:
+            self.copy_a_to_b(crash=self.rng.random() < 0.05)
+
+    def copy_a_to_b(self, crash: bool) -> None:
+        landing = Landing("t", 0, self.a_to_b, self.a_to_b)
+        end = min(len(self.a), self.a_to_b + self.rng.randint(1, 12))
+        for offset in range(self.a_to_b, end):
+            origin, at = self.a[offset]
+            if origin == "B":
+                landing.echoed(offset, at)
+            else:
+                landing.landed(offset, len(self.b))
+                self.b.append(("A", offset))
+        if crash:
+            return  # written, never reported: the next batch copies the same records again
+        for start, target, last in landing.runs:
+            self.store.record("t", 0, Run(start, target, last))
+        for start, target, last in landing.echoes:
+            self.store.echo("t", 0, Run(start, target, last))
+        self.a_to_b = end
+
+    def check(self, committed: int) -> int:
+        """Translate a group that read A's offsets below `committed`: no record of B it has not read lies below the
+        resume point, and what it reads again is within the reported bound. Returns the re-read."""
+        read_b = {b for origin, b in self.a[:committed] if origin == "B"}
+        translation = self.store.translate("t", 0, committed)
+        assert translation is not None
+        resume = translation.downstream_offset
+        unread = [x for x, (origin, n) in enumerate(self.b) if (n not in read_b if origin == "B" else n >= committed)]
+        assert not unread or unread[0] >= resume, (committed, resume, unread[:3])
+        reread = len(self.b) - resume - len([x for x in unread if x >= resume])
+        assert reread <= translation.reread, (committed, translation, reread)
+        return reread
+
+
+def test_identity_active_active_never_skips_a_local_record_the_group_has_not_read_over_thousands_of_steps():
+    """Local writes on both sides, echoes, lagging groups, crashed batches and a restart from the compacted topic:
+    every translation resumes at or before the first record of B the group has not read."""
+    rng = random.Random(7)
+    store, topic = SyncStore(max_runs=16, local_writes=True), CompactedTopic()
+    pair = ActiveActive(rng, store)
+    guarded = rereads = 0
+    for step in range(20_000):
+        pair.step()
+        if step % 50 == 49 and pair.a_to_b:
+            committed = [rng.randint(max(1, pair.a_to_b - 40), pair.a_to_b) for _ in range(3)]
+            store.keep_for({("t", 0): committed})
+            topic.write(list(store.take_changed()))
+            for c in committed:
+                rereads = max(rereads, pair.check(c))
+                guarded += bool(store.translate("t", 0, c).guarded)  # type: ignore[union-attr]
+        if step == 10_000:  # the mirror restarts: its store comes back from the compacted topic
+            restored = SyncStore(max_runs=16, local_writes=True)
+            restored.load(topic.records.values())
+            store = pair.store = restored
+    assert guarded > 0  # local records the group had not read moved some resume points back
+    print(f"identity active/active: {len(pair.b)} records on B, {guarded} guarded translations, max re-read {rereads}")
+
+
+def test_without_the_guard_a_group_would_skip_a_local_record_it_never_read():
+    """The case the guard exists for: B's record lands below A's next one, and A's group has not read its echo."""
+    for guard in (False, True):
+        store = SyncStore(local_writes=guard)
+        store.record("t", 0, Run(0, 0, 9))  # A's 0..9 at B's 0..9
+        store.record("t", 0, Run(10, 11, 19))  # B wrote its own record at 10; A's 10..19 land at 11..20
+        translation = store.translate("t", 0, 20)  # the group read A's 0..19, and not yet the echo of B's 10
+        assert translation is not None
+        assert translation.downstream_offset == (10 if guard else 21)
+        assert translation.guarded is guard
+        store.echo("t", 0, Run(20, 10, 20))  # the echo of B's 10 arrived on A at 20 ...
+        assert store.translate("t", 0, 21) == Translation(21, 1)  # ... and once the group read it, nothing is held

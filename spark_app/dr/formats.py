@@ -69,9 +69,10 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class OffsetSync:
-    """MM2's key {topic, partition} and value {upstreamOffset, offset}, each followed by a field of ours: an INT32
-    slot in the key and the run's last source offset (INT64) in the value (spark_app.dr.syncs). MM2's own classes
-    read the MM2 part and ignore the rest; a sync without them (an older mirror's) is a run of one record."""
+    """MM2's key {topic, partition} and value {upstreamOffset, offset}, followed by fields of ours: an INT32 slot
+    and an INT8 kind in the key, and the run's last source offset (INT64) in the value (spark_app.dr.syncs). MM2's
+    own classes read the MM2 part and ignore the rest; a sync without them (an older mirror's) is a mirrored run of
+    one record."""
 
     topic: str
     partition: int
@@ -79,9 +80,10 @@ class OffsetSync:
     downstream_offset: int
     slot: int = -1
     last_offset: int | None = None  # None: the same as upstream_offset
+    kind: int = 0  # spark_app.dr.syncs: 0 a mirrored run, 1 an echo run, 2 a local span
 
     def key(self) -> bytes:
-        return _string(self.topic) + struct.pack(">ii", self.partition, self.slot)
+        return _string(self.topic) + struct.pack(">iib", self.partition, self.slot, self.kind)
 
     def value(self) -> bytes:
         last = self.upstream_offset if self.last_offset is None else self.last_offset
@@ -92,8 +94,9 @@ class OffsetSync:
         k, v = _Reader(key), _Reader(value)
         topic, partition = k.string(), k.take(">i")
         slot = k.take(">i") if k.left() >= 4 else -1
+        kind = k.take(">b") if k.left() >= 1 else 0
         upstream, downstream = v.take(">q"), v.take(">q")
-        return cls(topic, partition, upstream, downstream, slot, v.take(">q") if v.left() >= 8 else None)
+        return cls(topic, partition, upstream, downstream, slot, v.take(">q") if v.left() >= 8 else None, kind)
 
 
 @dataclass(frozen=True)

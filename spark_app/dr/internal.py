@@ -7,7 +7,7 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from .. import clients
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
-from ..policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
+from ..policy import HEARTBEATS_TOPIC, checkpoints_topic, echoes_back, offset_syncs_topic, target_topic
 from .formats import Checkpoint, Heartbeat, OffsetSync, decode_or_none
 from .syncs import Run, SlottedRun, SyncStore
 
@@ -54,14 +54,14 @@ def read_checkpoints(config: MirrorConfig, flow: FlowConfig) -> CheckpointsRead:
 
 def read_offset_syncs(config: MirrorConfig, flow: FlowConfig) -> SyncStore:
     """The flow's offset-sync history, as a store (see spark_app.dr.syncs for how runs and slots rebuild it)."""
-    store = SyncStore()
+    store = SyncStore(local_writes=echoes_back(config, flow))
     synced = []
     for msg in clients.read_topic(config.cluster(offset_syncs_cluster(flow)), offset_syncs_topic(flow)):
         sync = decode_or_none(OffsetSync, msg.key(), msg.value())
         if sync is not None:
             last = sync.upstream_offset if sync.last_offset is None else sync.last_offset
             run = Run(sync.upstream_offset, sync.downstream_offset, last)
-            synced.append(SlottedRun(sync.topic, sync.partition, sync.slot, run))
+            synced.append(SlottedRun(sync.topic, sync.partition, sync.slot, run, sync.kind))
     store.load(synced)
     return store
 

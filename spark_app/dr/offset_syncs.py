@@ -26,19 +26,21 @@ class OffsetSyncWriter:
         self._emit = emit
 
     def on_landed(self, rows: Iterable[Landing]) -> None:
-        """Record the runs of each range that wrote something; a partition whose offsets went backwards starts over."""
+        """Record the runs and echoes of each range; a partition whose offsets went backwards starts over."""
         with self._lock:
             for row in rows:
                 if row.reset_from >= 0:
                     self.syncs.reset(row.topic, row.partition)
                 for start, target, last in row.runs:
                     self.syncs.record(row.topic, row.partition, Run(start, target, last))
+                for start, target, last in row.echoes:
+                    self.syncs.echo(row.topic, row.partition, Run(start, target, last))
 
     def flush(self) -> list[OffsetSync]:
         """Write one sync per run changed since the last flush; returns them."""
         with self._lock:
             changed = [
-                OffsetSync(s.topic, s.partition, s.run.start, s.run.target, s.slot, s.run.last)
+                OffsetSync(s.topic, s.partition, s.run.start, s.run.target, s.slot, s.run.last, s.kind)
                 for s in self.syncs.take_changed()
             ]
         for sync in changed:

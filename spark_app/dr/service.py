@@ -18,7 +18,7 @@ from confluent_kafka import KafkaException, Producer
 from .. import clients
 from ..config import FlowConfig, MirrorConfig
 from ..metrics import MirrorMetrics
-from ..policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic
+from ..policy import HEARTBEATS_TOPIC, checkpoints_topic, echoes_back, offset_syncs_topic
 from ..ranges import Landing
 from .checkpoints import CheckpointTask
 from .formats import Checkpoint, Heartbeat, OffsetSync
@@ -51,7 +51,7 @@ class DrSync:
         self.target = config.cluster(flow.target)
         self.emit_heartbeats = False  # only a running mirror beats: an available-now run is not a live service
         self.disabled: dict[str, str] = {}  # internal topic -> why it cannot be used
-        self.syncs = SyncStore()
+        self.syncs = SyncStore(local_writes=echoes_back(config, flow))
         self._lock = threading.Lock()  # the stream's batches and the checkpoint task share the store
         self.offset_syncs = OffsetSyncWriter(self.syncs, self._lock, self._emit_sync)
         self.producers = _Producers(config)

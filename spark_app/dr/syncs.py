@@ -19,8 +19,20 @@ exactly, and a partition without gaps is one run, exact at any lag. A group that
 than what is kept (possible only on a partition with more than MAX_RUNS gaps behind the head) resumes safely after
 the newest run kept below it, and the re-read it gets is reported.
 
-Each run owns a *slot*; the offset-syncs topic is keyed by (topic, partition, slot), so after compaction it holds
-exactly one record per live run and a restart rebuilds the same store from it.
+Under `identity` the target topic also holds records written there locally, and a group resuming after the last
+mirrored record it read could skip a local one below that it never read. The flow the other way copies those
+local records to the source, stamped with their target offset, and this flow drops them there as echoes; it keeps
+them as *echo runs* (source offset -> the target offset the record came from), and it notes the *local spans*,
+target offsets that landed between its own writes (someone else's records). A group at C has read every local
+record up to the echo it read last, e = the target offset of the newest echo below C; so it resumes at the first
+local-span offset past e when that comes before the mirrored position. That is exact when every local record is
+echoed back, and otherwise conservative: a span that is not the other flow's (a third writer) is read again,
+never skipped. `Translation.guarded` says so, and `failover --dry-run` prints it. Local spans are bounded by
+merging the oldest neighbours (a merged span also covers the mirrored records between, which only re-reads); the
+span each committed offset needs is never merged away.
+
+Each run and span owns a *slot*; the offset-syncs topic is keyed by (topic, partition, slot, kind), so after
+compaction it holds exactly one record per live run or span and a restart rebuilds the same store from it.
 """
 
 from __future__ import annotations
@@ -32,6 +44,10 @@ from dataclasses import dataclass, field
 # Recent runs kept per partition, beside the ones groups need. A topic with few gaps needs one; a transactional
 # topic breaks a run at every commit marker, so this is about MAX_RUNS transactions of exact history.
 MAX_RUNS = 256
+# Local spans kept per partition: identity active/active adds about one per batch with local writes.
+MAX_LOCAL_SPANS = 256
+# What a synced record holds: a mirrored run, an echo run, or a local span (written as a run onto itself).
+MIRRORED, ECHO, LOCAL = 0, 1, 2
 
 Partition = tuple[str, int]  # (source topic, partition)
 
@@ -58,6 +74,7 @@ class Run:
 class Translation:
     downstream_offset: int
     reread: int  # at most this many records a consumer reads again on the target
+    guarded: bool = False  # moved back to a target-local record the group may not have read (identity)
 
 
 @dataclass
@@ -79,12 +96,15 @@ class SlottedRun:
     partition: int
     slot: int
     run: Run
+    kind: int = MIRRORED
 
 
-class SyncStore:
-    """Runs per source partition, with translation; at most `max_runs` plus one per committed offset groups hold."""
+class RunHistory:
+    """Runs of one kind per source partition, with translation; at most `max_runs` plus one per committed offset
+    groups hold."""
 
-    def __init__(self, max_runs: int = MAX_RUNS) -> None:
+    def __init__(self, kind: int, max_runs: int = MAX_RUNS) -> None:
+        self.kind = kind
         self.max_runs = max_runs
         self._parts: dict[Partition, _PartitionRuns] = {}
 
@@ -151,17 +171,6 @@ class SyncStore:
             return Translation(run.target + (read - run.start) + 1, 0)
         return Translation(run.target_end, read - run.last)
 
-    def reread(self, topic: str, partition: int, committed: int, resume_at: int) -> int | None:
-        """At most how many records a consumer resuming at target offset `resume_at` reads again; None when the
-        runs to tell are gone."""
-        best = self.translate(topic, partition, committed)
-        if best is not None:
-            return best.reread + max(0, best.downstream_offset - resume_at)
-        part = self._parts.get((topic, partition))
-        above = [r for r in part.runs if r.start >= committed] if part else []
-        # The first run above starts with a record the group has not read: fewer than target - resume_at were read.
-        return max(0, above[0].target - resume_at) if above else None
-
     def latest(self, topic: str, partition: int) -> Run | None:
         part = self._parts.get((topic, partition))
         return part.runs[-1] if part and part.runs else None
@@ -178,20 +187,16 @@ class SyncStore:
         for (topic, partition), part in sorted(self._parts.items()):
             for run in part.runs:
                 if run.start in part.dirty:
-                    yield SlottedRun(topic, partition, part.slots[run.start], run)
+                    yield SlottedRun(topic, partition, part.slots[run.start], run, self.kind)
             part.dirty.clear()
 
-    def merge(self, newer: SyncStore) -> None:
-        """Record `newer`'s runs after this store's own."""
-        for (topic, partition), part in newer._parts.items():
-            for run in part.runs:
-                self.record(topic, partition, run)
-
-    def rebase(self, older: SyncStore) -> None:
-        """Put `older` history (read back at start) under this store's runs, in place."""
-        merged = SyncStore(self.max_runs)
-        merged.merge(older)
-        merged.merge(self)
+    def rebase(self, older: RunHistory) -> None:
+        """Put `older` history (read back at start) under this history's runs, in place."""
+        merged = RunHistory(self.kind, self.max_runs)
+        for source in (older, self):
+            for (topic, partition), part in source._parts.items():
+                for run in part.runs:
+                    merged.record(topic, partition, run)
         self._parts = merged._parts
 
     # -- bookkeeping ------------------------------------------------------------------------------------------
@@ -206,8 +211,7 @@ class SyncStore:
 
     @staticmethod
     def _free_slot(part: _PartitionRuns) -> int:
-        used = set(part.slots.values())
-        return next(i for i in range(len(used) + 1) if i not in used)
+        return lowest_free(part.slots.values())
 
     @staticmethod
     def _free(part: _PartitionRuns, run: Run) -> None:
@@ -232,3 +236,229 @@ class SyncStore:
             else:
                 kept.append(run)
         part.runs = kept
+
+
+def lowest_free(slots: Iterable[int]) -> int:
+    """The lowest slot not in use, so slots stay few and compaction keeps one record per live run or span."""
+    used = set(slots)
+    return next(i for i in range(len(used) + 1) if i not in used)
+
+
+@dataclass
+class _Spans:
+    spans: list[list[int]] = field(default_factory=list)  # [start, end) target offsets, sorted, not overlapping
+    slots: list[int] = field(default_factory=list)  # one per span
+    high: int | None = None  # the target offset after the flow's newest write
+    first: int | None = None  # where this store's first write landed, when it knew no history before it
+    needed: frozenset[int] = frozenset()  # starts of spans a group's translation rests on
+    dirty: set[int] = field(default_factory=set)  # slots changed since the last `take_changed`
+
+
+class LocalSpans:
+    """Target offsets written by others between this flow's writes, per partition (see the module docstring)."""
+
+    def __init__(self, max_spans: int = MAX_LOCAL_SPANS) -> None:
+        self.max_spans = max_spans
+        self._parts: dict[Partition, _Spans] = {}
+
+    def wrote(self, key: Partition, run: Run) -> None:
+        """The flow wrote `run`: whatever landed between its previous write and this one is someone else's."""
+        part = self._parts.setdefault(key, _Spans())
+        if part.high is None:
+            part.first = run.target
+        elif run.target > part.high:
+            self._add(part, part.high, run.target, None)
+        part.high = max(part.high or 0, run.target_end)
+
+    def first_unread(self, key: Partition, read_through: int) -> int | None:
+        """The first local target offset at or after `read_through`, None when none is known."""
+        part = self._parts.get(key)
+        if part is None:
+            return None
+        i = bisect.bisect_right([end for _, end in part.spans], read_through)
+        return max(part.spans[i][0], read_through) if i < len(part.spans) else None
+
+    def keep_for(self, key: Partition, read_through: Iterable[int]) -> None:
+        """Keep apart the span each group resumes at, given where each has read local records through."""
+        part = self._parts.get(key)
+        if part is None:
+            return
+        ends = [end for _, end in part.spans]
+        needed = {part.spans[i][0] for r in read_through if (i := bisect.bisect_right(ends, r)) < len(ends)}
+        part.needed = frozenset(needed)
+        self._bound(part)
+
+    def load(self, key: Partition, slot: int, start: int, end: int) -> None:
+        """A span read back from the topic; a slot written again replaces what it held."""
+        part = self._parts.setdefault(key, _Spans())
+        if slot in part.slots:
+            i = part.slots.index(slot)
+            del part.spans[i], part.slots[i]
+        self._add(part, start, end, slot)
+        part.dirty.clear()
+
+    def set_high(self, key: Partition, high: int) -> None:
+        """Where the flow's newest write ended, from history read back."""
+        part = self._parts.setdefault(key, _Spans())
+        part.high = max(part.high or 0, high)
+
+    def take_changed(self) -> Iterator[SlottedRun]:
+        for (topic, partition), part in sorted(self._parts.items()):
+            for (start, end), slot in zip(part.spans, part.slots, strict=True):
+                if slot in part.dirty:
+                    yield SlottedRun(topic, partition, slot, Run(start, start, end - 1), LOCAL)
+            part.dirty.clear()
+
+    def rebase(self, older: LocalSpans) -> None:
+        """Put `older` spans (read back at start) under this store's; the stretch between the older history's last
+        write and this store's first one is someone else's too."""
+        for key, old in older._parts.items():
+            part = self._parts.setdefault(key, _Spans())
+            if old.high is not None and part.first is not None and part.first > old.high:
+                self._add(part, old.high, part.first, None)
+            for (start, end), slot in zip(old.spans, old.slots, strict=True):
+                if slot not in part.slots:
+                    self._add(part, start, end, slot)
+                    part.dirty.discard(slot)
+            part.high = max(part.high or 0, old.high or 0)
+            part.first = None
+
+    def _add(self, part: _Spans, start: int, end: int, slot: int | None) -> None:
+        i = bisect.bisect_left([s for s, _ in part.spans], start)
+        part.spans.insert(i, [start, end])
+        part.slots.insert(i, lowest_free(part.slots) if slot is None else slot)
+        part.dirty.add(part.slots[i])
+        self._merge_overlaps(part)
+        if slot is None:
+            self._bound(part)
+
+    @staticmethod
+    def _merge_overlaps(part: _Spans) -> None:
+        i = 1
+        while i < len(part.spans):
+            if part.spans[i][0] <= part.spans[i - 1][1]:
+                LocalSpans._join(part, i - 1)
+            else:
+                i += 1
+
+    @staticmethod
+    def _join(part: _Spans, i: int) -> None:
+        """Merge span i with the next one: the mirrored records between count as local, which only re-reads."""
+        part.spans[i][1] = max(part.spans[i][1], part.spans[i + 1][1])
+        part.dirty.discard(part.slots[i + 1])
+        del part.spans[i + 1], part.slots[i + 1]
+        part.dirty.add(part.slots[i])
+
+    def _bound(self, part: _Spans) -> None:
+        """Merge the oldest neighbours past `max_spans`, never into a span a group resumes at."""
+        i = 0
+        while len(part.spans) > self.max_spans and i + 1 < len(part.spans):
+            if part.spans[i + 1][0] in part.needed:
+                i += 1
+            else:
+                self._join(part, i)
+
+
+class SyncStore:
+    """Where a flow's records landed, per source partition, and the translation that rests on it.
+
+    `local_writes` is for `identity` flows whose target's records come back to the source through a flow the
+    other way (spark_app.policy.echoes_back): their target topics hold local records, and the echoes tell which
+    of them a group has read.
+    """
+
+    def __init__(self, max_runs: int = MAX_RUNS, local_writes: bool = False) -> None:
+        self.local_writes = local_writes
+        self._mirrored = RunHistory(MIRRORED, max_runs)
+        self._echoes = RunHistory(ECHO, max_runs)
+        self._local = LocalSpans()
+
+    def record(self, topic: str, partition: int, run: Run) -> None:
+        """A run the writer reports. A run starting at or before kept history means a batch copied again: what
+        it overlaps is replaced, as reading goes on from the newer copy."""
+        self._mirrored.record(topic, partition, run)
+        if self.local_writes:
+            self._local.wrote((topic, partition), run)
+
+    def echo(self, topic: str, partition: int, run: Run) -> None:
+        """An echo run the writer reports: source offsets that were target-local records at `run.target..`."""
+        self._echoes.record(topic, partition, run)
+
+    def load(self, synced: Iterable[SlottedRun]) -> None:
+        """Rebuild from the offset-syncs topic, replaying its records in the order it holds them (compacted or
+        not). Nothing is evicted until `keep_for` says which runs groups need."""
+        synced = list(synced)
+        self._mirrored.load(s for s in synced if s.kind == MIRRORED)
+        self._echoes.load(s for s in synced if s.kind == ECHO)
+        for s in synced:
+            if s.kind == LOCAL:
+                self._local.load((s.topic, s.partition), s.slot, s.run.start, s.run.last + 1)
+        for key in self._mirrored.partitions():
+            latest = self._mirrored.latest(*key)
+            assert latest is not None  # a listed partition has a run
+            self._local.set_high(key, latest.target_end)
+
+    def reset(self, topic: str, partition: int) -> None:
+        """Forget a partition whose offsets went backwards; its runs start over with the next batch (which reuse
+        the freed slots, so a restart does not bring the old ones back for long: the first new run replaces them).
+        Local spans stay: they are target offsets, and the target kept its records."""
+        self._mirrored.reset(topic, partition)
+        self._echoes.reset(topic, partition)
+
+    def keep_for(self, needed: Mapping[Partition, Iterable[int]]) -> None:
+        """The committed offsets groups have now, per partition: the history they rest on outlives the bounds."""
+        self._mirrored.keep_for(needed)
+        self._echoes.keep_for(needed)
+        if self.local_writes:
+            for key, offsets in needed.items():
+                self._local.keep_for(key, [self._read_through(key, c) for c in offsets])
+
+    def translate(
+        self, topic: str, partition: int, committed: int, fallback: Translation | None = None
+    ) -> Translation | None:
+        """The target offset to resume at for a source committed offset; `fallback` when history does not reach
+        back to it."""
+        mirrored = self._mirrored.translate(topic, partition, committed, fallback)
+        if mirrored is None or not self.local_writes:
+            return mirrored
+        key = (topic, partition)
+        local = self._local.first_unread(key, self._read_through(key, committed))
+        if local is None or local >= mirrored.downstream_offset:
+            return mirrored
+        return Translation(local, mirrored.reread + mirrored.downstream_offset - local, guarded=True)
+
+    def reread(self, topic: str, partition: int, committed: int, resume_at: int) -> int | None:
+        """At most how many records a consumer resuming at target offset `resume_at` reads again; None when the
+        runs to tell are gone."""
+        best = self.translate(topic, partition, committed)
+        if best is not None:
+            return best.reread + max(0, best.downstream_offset - resume_at)
+        above = [r for r in self._mirrored.runs(topic, partition) if r.start >= committed]
+        # The first run above starts with a record the group has not read: fewer than target - resume_at were read.
+        return max(0, above[0].target - resume_at) if above else None
+
+    def latest(self, topic: str, partition: int) -> Run | None:
+        return self._mirrored.latest(topic, partition)
+
+    def partitions(self) -> list[Partition]:
+        return self._mirrored.partitions()
+
+    def runs(self, topic: str, partition: int) -> list[Run]:
+        return self._mirrored.runs(topic, partition)
+
+    def take_changed(self) -> Iterator[SlottedRun]:
+        """The runs and spans changed since the last call, each with its slot, to write to the topic."""
+        yield from self._mirrored.take_changed()
+        yield from self._echoes.take_changed()
+        yield from self._local.take_changed()
+
+    def rebase(self, older: SyncStore) -> None:
+        """Put `older` history (read back at start) under this store's, in place."""
+        self._mirrored.rebase(older._mirrored)
+        self._echoes.rebase(older._echoes)
+        self._local.rebase(older._local)
+
+    def _read_through(self, key: Partition, committed: int) -> int:
+        """The target offset after the newest local record a group at `committed` has read (0: none known)."""
+        echo = self._echoes.translate(key[0], key[1], committed)
+        return echo.downstream_offset if echo is not None else 0

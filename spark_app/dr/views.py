@@ -29,6 +29,9 @@ class FailoverRow:
     source_offset: int
     target_offset: int
     reread: int | None  # records read again, at most; None when the syncs to tell are gone
+    # Held back to a record written locally on the target that the group may not have read (identity
+    # active/active): exact when the flow the other way has copied it back, else a conservative re-read.
+    held_for_local: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,9 @@ def failover_plan(config: MirrorConfig, flow: FlowConfig, groups: str | None = N
             continue
         source_tp = by_remote.get((topic, partition))
         reread = syncs.reread(*source_tp, cp.upstream_offset, cp.downstream_offset) if source_tp else None
-        rows.append(FailoverRow(group, topic, partition, cp.upstream_offset, cp.downstream_offset, reread))
+        now = syncs.translate(*source_tp, cp.upstream_offset) if source_tp else None
+        held = now is not None and now.guarded and now.downstream_offset >= cp.downstream_offset
+        rows.append(FailoverRow(group, topic, partition, cp.upstream_offset, cp.downstream_offset, reread, held))
     return rows
 
 

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+from spark_app.policy import PROVENANCE_HEADER, provenance
+
 from .clients import Record, by_partition
+
+
+def stamped(sent: Sequence[Record], alias: str) -> list[Record]:
+    """The records an `identity` flow from `alias` writes for `sent` (produced in this order to a new topic): each
+    with the provenance header last, naming the alias and the record's source offset."""
+    offsets: dict[int, int] = {}
+    out = []
+    for r in sent:
+        offset = offsets[r.partition] = offsets.get(r.partition, -1) + 1
+        out.append(dataclasses.replace(r, headers=(*r.headers, (PROVENANCE_HEADER, provenance(alias, offset)))))
+    return out
 
 
 def assert_each_record_once_in_order(
