@@ -118,7 +118,7 @@ def adopt(config: MirrorConfig, flow: FlowConfig, options: AdoptOptions) -> Adop
     wanted = [(t, p) for t in topics for p in range(counts.get(t, 0))]
     starts = clients.list_offsets(clients.admin(source), [tp for tp in wanted if tp not in positions],
                                   OffsetSpec.earliest())  # fmt: skip
-    runs = seed_runs(config, flow, {tp: n for tp, n in positions.items() if tp in set(wanted)})
+    runs = seed_runs(config, flow, {tp: positions[tp] for tp in wanted if tp in positions})
     for tp in wanted:
         committed = tp in positions
         next_offset = positions[tp] + 1 if committed else starts[tp]
