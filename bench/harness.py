@@ -58,6 +58,7 @@ from bench import latency  # noqa: E402
 from bench import write_paths as wp  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
 from spark_app.config import MirrorConfig  # noqa: E402
+from tests.support import mm2  # noqa: E402
 from tests.support.mirror_config import free_port  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -217,30 +218,9 @@ def mirror_command(
 
 
 def mm2_command(alias: str, source: str, target: str, topics: list[str], tuned: bool, work: Path) -> list[str]:
-    props = {
-        "clusters": f"{alias}, target",
-        f"{alias}.bootstrap.servers": source,
-        "target.bootstrap.servers": target,
-        f"{alias}->target.enabled": "true",
-        f"{alias}->target.topics": ",".join(topics),
-        f"target->{alias}.enabled": "false",
-        "tasks.max": "2",
-        "replication.factor": "1",
-        "sync.topic.acls.enabled": "false",
-        **{
-            f"{t}.replication.factor": "1"
-            for t in ("checkpoints.topic", "heartbeats.topic", "offset-syncs.topic")
-            + ("offset.storage", "status.storage", "config.storage")
-        },
-    }
-    if tuned:
-        props |= MM2_TUNED | {f"{alias}.consumer.max.poll.records": "10000"}
-    path = work / f"{alias}.properties"
-    path.write_text("".join(f"{k} = {v}\n" for k, v in props.items()))
-    cp = os.pathsep.join(str(j) for j in cached_jars("kafka"))
-    log4j = ROOT / "tests" / "support" / "log4j2.properties"
-    return ["java", "-Xms256m", "-Xmx1g", f"-Dlog4j2.configurationFile={log4j}", "-cp", cp,
-            "org.apache.kafka.connect.mirror.MirrorMaker", str(path), "--clusters", "target"]  # fmt: skip
+    """MirrorMaker 2 in dedicated mode into the cluster aliased `target`, tuned as FACTS.md says a user would."""
+    tuning = MM2_TUNED | {f"{alias}.consumer.max.poll.records": "10000"} if tuned else {}
+    return mm2.mm2_command(alias, source, "target", target, topics, work, tuning)
 
 
 def show(result: dict) -> None:

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         ("failover", "commit translated offsets on a flow's target for its consumer groups"),
         ("drill", "measure a running flow's RPO, RTO and re-read with a probe topic and group of its own"),
         ("failback", "move the groups back to the primary once the reverse flow has caught up"),
+        ("adopt", "take a flow over from a stopped MirrorMaker 2: its positions, offset syncs and checkpoints"),
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, help="the mirror config (YAML or JSON)")
@@ -56,6 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     back = sub.choices["failback"]
     back.add_argument("--flow", required=True, help="the reverse flow, as DR->PRIMARY")
     back.add_argument("--dry-run", action="store_true", help="print what it would commit, commit nothing")
+    take = sub.choices["adopt"]
+    take.add_argument("--flow", required=True, help="the flow MM2 ran, as SRC->DST (MM2's cluster aliases)")
+    take.add_argument("--force", action="store_true", help="adopt even while MM2's heartbeats are fresh")
+    take.add_argument("--offsets-topic", default=None,
+                      help="Connect's offsets topic on the target (default: mm2-offsets.<SRC>.internal, dedicated"
+                      " mode; Strimzi: the Connect cluster's offset.storage.topic)")  # fmt: skip
+    take.add_argument("--connector", default=None, help="the MirrorSourceConnector's name, if the topic holds several")
+    take.add_argument("--mm2-policy", choices=("default", "identity"), default="default",
+                      help="MM2's replication.policy.class: Default- or IdentityReplicationPolicy")  # fmt: skip
+    take.add_argument("--mm2-separator", default=".", help="MM2's replication.policy.separator (default '.')")
+    take.add_argument("--heartbeat-quiet-s", type=float, default=None,
+                      help="MM2 counts as running while its newest heartbeat is younger (default 30)")  # fmt: skip
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -73,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_failover(config, args.flow, args.groups, args.dry_run)
         if args.command == "failback":
             return run_failback(config, args.flow, args.dry_run)
+        if args.command == "adopt":
+            return run_adopt(config, args)
         if args.command == "drill":
             return run_drill(config, args.flow, args.probe_topic, args.records, args.seconds, args.json)
         return run_mirror(config, args.available_now, args.master)
@@ -233,6 +248,30 @@ def run_failback(config: MirrorConfig, flow_name: str, dry_run: bool) -> int:
     for reason in result.refused:
         print(f"refused: {reason}", file=sys.stderr)
     return 1 if result.refused else 0
+
+
+def run_adopt(config: MirrorConfig, args: argparse.Namespace) -> int:
+    """Refuse while the operator must act; else seed the flow and print where each partition starts."""
+    from .dr.adopt import HEARTBEAT_QUIET_S, AdoptOptions, Mm2Naming, adopt
+
+    naming = Mm2Naming(args.mm2_policy, args.mm2_separator)
+    quiet_s = HEARTBEAT_QUIET_S if args.heartbeat_quiet_s is None else args.heartbeat_quiet_s
+    options = AdoptOptions(naming, args.offsets_topic, args.connector, quiet_s, args.force)
+    result = adopt(config, config.flow(args.flow), options)
+    for reason in result.refused:
+        print(f"refused: {reason}", file=sys.stderr)
+    if result.refused:
+        return 1
+    print(f"{'topic':24} {'part':>4} {'starts at':>10} {'from':10} {'history':>8}")
+    for p in result.partitions:
+        origin = "MM2" if p.committed else "log start"
+        print(f"{p.topic:24} {p.partition:>4} {p.next_offset:>10} {origin:10} {len(p.runs):>8}")
+    for topic in result.skipped:
+        print(f"not adopted: '{topic}' (MM2 copied it; flow {result.flow} does not select it)")
+    for group, count in sorted(result.checkpoints.items()):
+        print(f"checkpoints carry on: {group} ({count} partition(s))")
+    print(f"flow {result.flow} adopted {len(result.partitions)} partition(s); start the mirror on it now")
+    return 0
 
 
 def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) -> int:

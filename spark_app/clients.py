@@ -212,3 +212,39 @@ def read_topic(
         return records
     finally:
         reader.close()
+
+
+def read_at(
+    cluster: ClusterConfig, wanted: Mapping[tuple[str, int], int], timeout_s: float = REQUEST_TIMEOUT_S
+) -> dict[tuple[str, int], Message | None]:
+    """The record at one offset per partition, read together; None where that offset holds no record (outside the
+    log, compacted away, a transaction marker)."""
+    found: dict[tuple[str, int], Message | None] = dict.fromkeys(wanted)
+    if not wanted:
+        return found
+    ranges = log_ranges(admin(cluster), wanted, timeout_s)
+    todo = {tp for tp, offset in wanted.items() if ranges[tp][0] <= offset < ranges[tp][1]}
+    if not todo:
+        return found
+    reader = consumer(cluster)
+    try:
+        reader.assign([TopicPartition(t, p, wanted[(t, p)]) for t, p in sorted(todo)])
+        deadline = time.monotonic() + timeout_s
+        while todo:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {len(todo)} partition(s) on '{cluster.alias}' made no progress")
+            msg = reader.poll(0.5)
+            if msg is None:
+                continue
+            err, topic, partition = msg.error(), msg.topic(), msg.partition()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(err)
+                continue
+            assert topic is not None and partition is not None  # a record, not an event
+            if (topic, partition) in todo:
+                todo.discard((topic, partition))
+                found[(topic, partition)] = msg if msg.offset() == wanted[(topic, partition)] else None
+        return found
+    finally:
+        reader.close()

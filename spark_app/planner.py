@@ -6,8 +6,9 @@ own shape, `{"topic": {"partition": next offset}}`. The source yields one row pe
 no records: the copy happens in the writer (spark_app.writer), which reads each range with librdkafka, so records
 never pass through the JVM.
 
-Where a partition starts: at the flow's `start_from` (earliest or latest) for a topic the query meets for the
-first time, and at its earliest offset for a partition added to a topic it already copies. End offsets are the
+Where a partition starts: at the offset adopted from MirrorMaker 2 (spark_app.dr.adopt) when the flow has one for it,
+else at the flow's `start_from` (earliest or latest) for a topic the query meets for the first time, and at its
+earliest offset for a partition added to a topic it already copies. End offsets are the
 last stable offsets (read_committed), so an open transaction is waited for, never half copied. A source that
 stops answering is waited for up to `UNREACHABLE_GIVE_UP_S` (no new batch meanwhile); then the query fails with a
 message naming the cluster. While the driver's pause file exists no new batch is planned either, so the driver can
@@ -48,16 +49,19 @@ class RangeGroup(InputPartition):
 
 
 def plan_source_options(source: ClusterConfig, topics: dict[str, int], start_from: str, tasks: int,
-                        max_records: int | None, pause_file: Path | None = None) -> dict[str, str]:  # fmt: skip
+                        max_records: int | None, pause_file: Path | None = None,
+                        adopted: Offsets | None = None) -> dict[str, str]:  # fmt: skip
     """The options `spark.readStream.format(OffsetRangeSource.name())` takes (all strings, no secret).
 
     While `pause_file` exists a continuous query plans no new batch, so the driver can stop it between batches.
+    `adopted` starts partitions the checkpoint does not hold where MirrorMaker 2 stopped.
     """
     options = {
         "source": source.model_dump_json(),
         "topics": json.dumps(topics),
         "start_from": start_from,
         "tasks": str(tasks),
+        "adopted": json.dumps(adopted or {}),
     }
     if pause_file is not None:
         options["pause_file"] = str(pause_file)
@@ -99,6 +103,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.tasks = int(options["tasks"])
         self.max_records = int(options.get("max_records_per_trigger") or 0)
         self.pause_file = Path(options["pause_file"]) if "pause_file" in options else None
+        self.adopted: Offsets = json.loads(options.get("adopted") or "{}")
         self._admin: AdminClient | None = None
         self._available_now_end: Offsets | None = None
         self._down_since: float | None = None
@@ -165,9 +170,10 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield r.topic, r.partition, r.start, r.end, r.reset_from
 
     def _starts(self, start: Offsets, end: Offsets) -> Offsets:
-        """Each end partition's start: the checkpoint's, else `start_from` (new topic) or earliest (new partition,
-        or one whose offsets went backwards, so its new records are copied from the log start)."""
-        starts: Offsets = {t: dict(start.get(t, {})) for t in end}
+        """Each end partition's start: the checkpoint's, else the adopted one, else `start_from` (new topic) or
+        earliest (new partition, or one whose offsets went backwards, so its new records are copied from the log
+        start)."""
+        starts: Offsets = {t: self.adopted.get(t, {}) | start.get(t, {}) for t in end}
         missing = [
             (t, p)
             for t, offsets in end.items()
@@ -176,7 +182,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ]
         earliest = self._list(OffsetSpec.earliest(), missing) if missing else {}
         for t, p in missing:
-            new_topic = t not in start
+            new_topic = t not in start and t not in self.adopted  # an adopted topic is MM2's: copied before
             starts[t][p] = end[t][p] if new_topic and self.start_from == "latest" else earliest[t][p]
         return starts
 

@@ -69,6 +69,8 @@ class FlowState:
     path: Path
     quarantined: dict[str, Quarantine] = field(default_factory=dict)
     positions: dict[tuple[str, int], int] = field(default_factory=dict)  # next source offset to read
+    # Where to start a partition the Spark checkpoint does not hold: MirrorMaker 2's next offset (spark_app.dr.adopt).
+    adopted: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @classmethod
     def load(cls, checkpoint_location: str) -> FlowState:
@@ -87,25 +89,32 @@ class FlowState:
             holds = {int(p): Hold(h["first"], h["next"]) for p, h in q["partitions"].items()}
             state.quarantined[topic] = Quarantine(q["reason"], holds)
         state.positions = {(t, int(p)): o for t, parts in raw["positions"].items() for p, o in parts.items()}
+        state.adopted = {(t, int(p)): o for t, parts in raw.get("adopted", {}).items() for p, o in parts.items()}
         return state
 
     def save(self) -> None:
         """Write atomically: a crash leaves the old file or the new one, never half of one."""
-        positions: dict[str, dict[str, int]] = {}
-        for (topic, partition), offset in sorted(self.positions.items()):
-            positions.setdefault(topic, {})[str(partition)] = offset
         raw = {
             "version": STATE_VERSION,
             "quarantined": {
                 t: {"reason": q.reason, "partitions": {str(p): vars(h) for p, h in sorted(q.partitions.items())}}
                 for t, q in sorted(self.quarantined.items())
             },
-            "positions": positions,
+            "positions": by_topic(self.positions),
+            "adopted": by_topic(self.adopted),
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(raw, indent=1))
         os.replace(tmp, self.path)
+
+
+def by_topic(offsets: dict[tuple[str, int], int]) -> dict[str, dict[str, int]]:
+    """{(topic, partition): offset} as `{"topic": {"partition": offset}}`, the shape of the file and of Spark's."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = offset
+    return out
 
 
 class FlowQuarantine:

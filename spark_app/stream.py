@@ -29,7 +29,7 @@ from .dr.service import DrSync
 from .errors import ClusterUnreachable, MirrorFailed
 from .metrics import FlowTotals, LagPoller, LagSource, MirrorMetrics
 from .planner import UNREACHABLE_GIVE_UP_S, OffsetRangeSource, plan_source_options
-from .quarantine import FlowQuarantine, FlowState
+from .quarantine import FlowQuarantine, FlowState, by_topic
 from .ranges import LANDED_SCHEMA, RANGE_SCHEMA, Landing, OffsetRange
 from .topics import TopicPlan, TopicSync
 from .writer import RangeCopier
@@ -91,7 +91,7 @@ class FlowMirror:
         """The flow's micro-batches as offset ranges over `topics` (name, partition count)."""
         options = plan_source_options(
             self.source, dict(topics), self.flow.start_from, self.spark.sparkContext.defaultParallelism,
-            self.flow.max_records_per_trigger, self._pause_file,
+            self.flow.max_records_per_trigger, self._pause_file, by_topic(self.quarantine.state.adopted),
         )  # fmt: skip
         return self.spark.readStream.format(OffsetRangeSource.name()).options(**options).load()
 

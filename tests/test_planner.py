@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from spark_app.planner import limit_offsets, split_ranges
+from spark_app.config import ClusterConfig
+from spark_app.planner import OffsetRangeReader, limit_offsets, plan_source_options, split_ranges
 from spark_app.ranges import OffsetRange
 
 SEED = 20261124
@@ -188,3 +189,22 @@ def test_limit_holds_its_bounds_over_random_backlogs():
         backlogged = sum(1 for b in backlog.values() if b)
         assert sum(got.values()) <= max_rows + rounded_to_zero, context
         assert sum(got.values()) > max_rows - backlogged, context
+
+
+def test_adopted_positions_start_partitions_the_checkpoint_does_not_hold_and_never_override_it():
+    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
+    adopted = {"t": {"0": 70, "1": 5}}
+    reader = OffsetRangeReader(plan_source_options(source, {"t": 3, "u": 1}, "latest", 2, None, adopted=adopted))
+    asked: list = []
+
+    def earliest(spec, partitions=None):
+        asked.extend(partitions or [])
+        return {t: {p: 0 for tp, p in partitions if tp == t} for t, _ in partitions}
+
+    reader._list = earliest  # type: ignore[method-assign]  # no broker: only the log starts are asked
+    end = {"t": {"0": 100, "1": 100, "2": 100}, "u": {"0": 100}}
+    # The first batch: adopted partitions start where MM2 stopped; the one MM2 never committed (t[2]) starts at its
+    # log start, as t is no new topic; u, which MM2 never copied, follows start_from (latest).
+    assert reader._starts({}, end) == {"t": {"0": 70, "1": 5, "2": 0}, "u": {"0": 100}}
+    # Once the checkpoint holds a partition, its position wins.
+    assert reader._starts({"t": {"0": 90, "1": 95, "2": 3}, "u": {"0": 100}}, end)["t"] == {"0": 90, "1": 95, "2": 3}

@@ -67,11 +67,12 @@ def test_the_state_file_round_trips_holds_and_positions_and_is_replaced_whole(tm
     assert state.path == tmp_path / STATE_FILE and state.quarantined == {} and state.positions == {}
     state.quarantined[TOPIC] = Quarantine("too big", {0: Hold(5, 11), 3: Hold(7, 8)})
     state.positions = {(TOPIC, 0): 11, (TOPIC, 3): 8, ("other", 1): 42}
+    state.adopted = {(TOPIC, 0): 9, ("other", 1): 40}
     state.save()
     assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE]  # no temporary file left behind
     again = FlowState.load(str(tmp_path))
     assert again.quarantined == {TOPIC: Quarantine("too big", {0: Hold(5, 11), 3: Hold(7, 8)})}
-    assert again.positions == state.positions
+    assert again.positions == state.positions and again.adopted == state.adopted
     assert json.loads((tmp_path / STATE_FILE).read_text())["version"] == STATE_VERSION
 
 

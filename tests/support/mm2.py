@@ -1,0 +1,43 @@
+"""MirrorMaker 2 in dedicated mode (org.apache.kafka.connect.mirror.MirrorMaker) from the jars in the manifest."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .kafka_cluster import LOG4J2_CONFIG, kafka_classpath, require_java
+
+
+def mm2_command(
+    source_alias: str,
+    source_bootstrap: str,
+    target_alias: str,
+    target_bootstrap: str,
+    topics: Sequence[str],
+    work: Path,
+    extra: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The command that runs one MM2 flow `source_alias -> target_alias` (the reverse disabled), every internal
+    topic with replication factor 1; `extra` adds or overrides MM2 properties. The properties file goes to `work`."""
+    props = {
+        "clusters": f"{source_alias}, {target_alias}",
+        f"{source_alias}.bootstrap.servers": source_bootstrap,
+        f"{target_alias}.bootstrap.servers": target_bootstrap,
+        f"{source_alias}->{target_alias}.enabled": "true",
+        f"{source_alias}->{target_alias}.topics": ",".join(topics),
+        f"{target_alias}->{source_alias}.enabled": "false",
+        "tasks.max": "2",
+        "replication.factor": "1",
+        "sync.topic.acls.enabled": "false",
+        **{
+            f"{t}.replication.factor": "1"
+            for t in ("checkpoints.topic", "heartbeats.topic", "offset-syncs.topic")
+            + ("offset.storage", "status.storage", "config.storage")
+        },
+        **(extra or {}),
+    }
+    path = work / f"mm2-{source_alias}-{target_alias}.properties"
+    path.write_text("".join(f"{k} = {v}\n" for k, v in props.items()))
+    return [require_java(), "-Xms256m", "-Xmx1g", f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
+            "-cp", kafka_classpath(), "org.apache.kafka.connect.mirror.MirrorMaker", str(path),
+            "--clusters", target_alias]  # fmt: skip

@@ -1,0 +1,170 @@
+"""Taking over from a real MirrorMaker 2 (dedicated mode): no gap, bounded duplicates, groups keep their place."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from spark_app.cli import main as cli_main
+from spark_app.clients import read_topic
+from spark_app.config import parse_config
+from spark_app.stream import Mirror
+from tests.support.clients import by_partition, commit, create_topics, read_all
+from tests.support.mirror_config import one_flow_config
+from tests.support.mm2 import mm2_command
+from tests.test_dr import mm2_translate, values_from
+
+TOPICS = {"orders": 2, "payments": 2}
+MM2_SETTINGS = {
+    "dr.offset.flush.interval.ms": "2000",  # Connect's worker setting: how often MM2 commits its positions
+    "emit.checkpoints.interval.seconds": "1",
+    "refresh.groups.interval.seconds": "1",
+    "emit.heartbeats.interval.seconds": "1",
+    "sync.group.offsets.enabled": "false",
+}
+
+
+def mm2_committed(config, offsets_topic: str) -> dict[tuple[str, int], int]:
+    """MM2's MirrorSourceConnector positions as the test reads them itself: the last source offset copied."""
+    out = {}
+    for msg in read_topic(config.cluster("dr"), offsets_topic):
+        name, part = json.loads(msg.key())
+        if name == "MirrorSourceConnector" and msg.value() is not None:
+            out[(part["topic"], part["partition"])] = json.loads(msg.value())["offset"]
+    return out
+
+
+def test_adopt_takes_over_from_mm2_with_no_gap_and_groups_carry_on(spark, testbed, tmp_path, unique, capsys):
+    """MM2 mirrors two topics under a steady producer, checkpointing a group, and is killed mid-stream. Adopting
+    is refused while it runs and for a flow named differently; then `adopt`, and the mirror copies the rest. Each
+    target partition is MM2's prefix followed by the source from MM2's committed position on: in order, nothing
+    missing, duplicates exactly the records MM2 wrote but had not committed. RemoteClusterUtils reads the group's
+    checkpoints before and after the switch, and a failover after it resumes the group without skipping."""
+    src = testbed.start(f"mm2src-{unique[-8:]}", "plaintext")
+    dst = testbed.start(f"mm2dst-{unique[-8:]}", "plaintext")
+    group = f"app-{unique}"
+    create_topics(src.admin, TOPICS)
+    raw = one_flow_config(src, dst, list(TOPICS), tmp_path / "ckpt", source_alias="primary", target_alias="dr",
+                          groups={"include": [group]}, emit_heartbeats=False)  # fmt: skip
+    config = parse_config(raw)
+    config_file = tmp_path / "mirror.json"
+    config_file.write_text(json.dumps(raw))
+    identity_file = tmp_path / "identity.json"
+    identity = json.loads(json.dumps(raw))
+    identity["flows"][0]["replication_policy"] = "identity"
+    identity_file.write_text(json.dumps(identity))
+    offsets_topic = "mm2-offsets.primary.internal"  # dedicated mode's Connect offsets topic, as MM2 names it
+
+    stop = threading.Event()
+    produced = {tp: 0 for tp in ((t, p) for t, n in TOPICS.items() for p in range(n))}
+
+    def producer_loop() -> None:
+        producer = Producer(src.client.librdkafka() | {"linger.ms": 5, "enable.idempotence": True})
+        while not stop.is_set():
+            for topic, partition in produced:
+                i = produced[(topic, partition)]
+                producer.produce(topic, value=f"{topic}/{partition}/{i}".encode(), partition=partition)
+                produced[(topic, partition)] = i + 1
+            producer.poll(0)
+            time.sleep(0.005)
+        assert producer.flush(30) == 0
+
+    log = (tmp_path / "mm2.log").open("wb")
+    mm2 = subprocess.Popen(
+        mm2_command("primary", src.client.bootstrap, "dr", dst.client.bootstrap, list(TOPICS), tmp_path, MM2_SETTINGS),
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    producer = threading.Thread(target=producer_loop, daemon=True)
+    producer.start()
+    try:
+        commit(src.client, group, "orders", {0: 40, 1: 60})
+        deadline = time.monotonic() + 90
+        mm2_checkpoints: dict = {}
+        while len(mm2_committed(config, offsets_topic)) < len(produced) or not mm2_checkpoints:
+            assert mm2.poll() is None, f"MM2 exited: {(tmp_path / 'mm2.log').read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "MM2 never committed every partition and checkpointed the group"
+            time.sleep(1)
+            mm2_checkpoints = mm2_translate(dst.client, "primary", [group], tmp_path)
+
+        # While MM2 runs (its heartbeats are fresh), adopting is refused.
+        assert cli_main(["adopt", "--config", str(config_file), "--flow", "primary->dr"]) == 1
+        assert "MirrorMaker 2 is running" in capsys.readouterr().err
+        time.sleep(1.5)
+        os.killpg(mm2.pid, signal.SIGKILL)  # mid-stream, between two of its offset commits
+        mm2.wait(30)
+        stopped_at = _ends(dst, "primary.")  # where MM2 stopped writing
+        time.sleep(1)
+    finally:
+        stop.set()
+        producer.join(60)
+        if mm2.poll() is None:
+            os.killpg(mm2.pid, signal.SIGKILL)
+            mm2.wait(30)
+        log.close()
+    committed_by_mm2 = mm2_committed(config, offsets_topic)
+
+    # A flow whose naming is not MM2's is refused, naming the setting.
+    assert cli_main(["adopt", "--config", str(identity_file), "--flow", "primary->dr"]) == 1
+    assert "flows[0].replication_policy is 'identity'" in capsys.readouterr().err
+
+    time.sleep(3)  # MM2's newest heartbeat is now older than the quiet time below
+    assert cli_main(["adopt", "--config", str(config_file), "--flow", "primary->dr", "--heartbeat-quiet-s", "3"]) == 0
+    adopted = capsys.readouterr().out
+    with capsys.disabled():
+        print(f"\n{adopted}", end="")
+    # The group moves on, after the switch: on orders[0] into what MM2 copied, on orders[1] into what it did not.
+    after = {0: committed_by_mm2[("orders", 0)] - 5, 1: produced[("orders", 1)] - 50}
+    commit(src.client, group, "orders", after)
+    Mirror(spark, config).run_available_now()
+
+    duplicates = bound = 0
+    for topic in TOPICS:
+        source = by_partition(read_all(src.client, topic, sum(n for (t, _), n in produced.items() if t == topic)))
+        on_target = by_partition(read_all(dst.client, f"primary.{topic}", 0, exact=False))
+        for p in range(TOPICS[topic]):
+            src_values = [r.value for r in source[p]]
+            dst_values = [r.value for r in on_target[p]]
+            m, k = stopped_at[(f"primary.{topic}", p)], committed_by_mm2[(topic, p)] + 1
+            assert k <= m, (topic, p, "MM2 committed a position it had not written")
+            assert dst_values == src_values[:m] + src_values[k:], (topic, p, "a record is missing or out of order")
+            duplicates += len(dst_values) - len(src_values)
+            bound += m - k
+    with capsys.disabled():
+        print(f"adopted from MM2: {duplicates} duplicates (MM2 wrote {bound} records it had not committed)")
+    assert duplicates <= bound
+
+    # RemoteClusterUtils reads the group's checkpoints on; a failover resumes it without skipping a record.
+    translated = mm2_translate(dst.client, "primary", [group], tmp_path)
+    assert set(translated) == set(mm2_checkpoints) == {(group, "primary.orders", p) for p in (0, 1)}
+    assert cli_main(["failover", "--config", str(config_file), "--flow", "primary->dr", "--dry-run"]) == 0
+    plan = {}
+    for line in capsys.readouterr().out.splitlines()[1:]:
+        _, topic, partition, source_offset, target_offset, reread = line.split()
+        plan[int(partition)] = (int(source_offset), int(target_offset), int(reread))
+    assert {p: plan[p][0] for p in plan} == after
+    assert {(group, "primary.orders", p): plan[p][1] for p in plan} == translated
+    assert cli_main(["failover", "--config", str(config_file), "--flow", "primary->dr"]) == 0
+    for p, (source_offset, target_offset, reread) in plan.items():
+        resumed = values_from(dst.client, "primary.orders", p, target_offset)
+        next_unread = f"orders/{p}/{source_offset}".encode()
+        assert next_unread in resumed, f"orders[{p}]: the group would skip {next_unread!r}"
+        with capsys.disabled():
+            print(f"orders[{p}]: resumes at {target_offset}, re-reads {resumed.index(next_unread)} (plan: {reread})")
+        assert resumed.index(next_unread) <= reread <= 100  # MM2's offset.lag.max: its syncs' spacing at most
+    got = Consumer(dst.client.librdkafka() | {"group.id": group}).committed(
+        [TopicPartition("primary.orders", p) for p in plan], timeout=30
+    )
+    assert {tp.partition: tp.offset for tp in got} == {p: plan[p][1] for p in plan}
+
+
+def _ends(cluster, prefix: str) -> dict[tuple[str, int], int]:
+    admin = AdminClient(cluster.admin.librdkafka())
+    wanted = {TopicPartition(f"{prefix}{t}", p): OffsetSpec.latest() for t, n in TOPICS.items() for p in range(n)}
+    return {(tp.topic, tp.partition): f.result().offset for tp, f in admin.list_offsets(wanted).items()}
