@@ -146,7 +146,7 @@ def test_adopt_takes_over_from_mm2_with_no_gap_and_groups_carry_on(spark, testbe
     assert cli_main(["failover", "--config", str(config_file), "--flow", "primary->dr", "--dry-run"]) == 0
     plan = {}
     for line in capsys.readouterr().out.splitlines()[1:]:
-        _, topic, partition, source_offset, target_offset, reread = line.split()
+        _, topic, partition, source_offset, target_offset, reread, _note = line.split()
         plan[int(partition)] = (int(source_offset), int(target_offset), int(reread))
     assert {p: plan[p][0] for p in plan} == after
     assert {(group, "primary.orders", p): plan[p][1] for p in plan} == translated
