@@ -26,6 +26,8 @@ SECRETS_DIR = "/etc/mirrorkit/secrets"
 CHECKPOINT_DIR = "/checkpoints"
 EVENTHUBS_PORT = 9093
 MSK_PORTS = {"scram": 9096, "iam": 9098, "tls": 9094}
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+APP_NAME_MAX = 50  # Spark derives pod and service names from it, within Kubernetes' 63
 # Looked up from the MSK cluster at deploy time; stands in while the stack is validated.
 PENDING_BOOTSTRAP = "bootstrap.pending.invalid"
 
@@ -287,9 +289,11 @@ class Checkpoint(_Strict):
             raise ValueError("give exactly one of 'pvc' or 'url'")
         return self
 
-    def location(self, source: str, target: str) -> str:
-        root = CHECKPOINT_DIR if self.url is None else self.url.rstrip("/")  # `_one`: url, or else a pvc
-        return f"{root}/{source}-{target}"
+    def location(self, stack: str, source: str, target: str) -> str:
+        """A PVC lives in the stack's own namespace; in a shared bucket, each stack keeps to its own prefix."""
+        if self.url is None:  # `_one`: url, or else a pvc
+            return f"{CHECKPOINT_DIR}/{source}-{target}"
+        return f"{self.url.rstrip('/')}/{stack}/{source}-{target}"
 
 
 class Alerts(_Strict):
@@ -334,13 +338,24 @@ class HubSpec:
 
 @dataclass(frozen=True)
 class StackSettings:
+    stack: str
     namespace: str
     image: str
     spark_operator: bool
     monitoring: bool
+    protect_data: bool  # event hubs, their namespaces, checkpoint PVCs and buckets: Pulumi may not delete them
     model: StackModel
     mirror_config: MirrorConfig  # every flow, bootstraps still pending where they are looked up
     site_of_flow: dict[str, str]  # flow name -> site name
+
+    @property
+    def operator_name(self) -> str:
+        """The Spark Operator's Helm release and namespace: its cluster-wide objects are named after the release."""
+        return operator_name(self.stack)
+
+    def app_name(self, site: str) -> str:
+        """The SparkApplication of a site: unique across stacks, as alerts and dashboards select on it."""
+        return app_name(self.stack, site)
 
     def cluster(self, alias: str) -> ClusterSpec:
         return next(c for c in self.model.clusters if c.alias == alias)
@@ -433,7 +448,32 @@ def _mirror_cluster(c: ClusterSpec) -> dict[str, Any]:
     return out | {"bootstrap_servers": k.bootstrap_servers, "ca_file": k.ca_file} | by_auth[k.auth]
 
 
-def _render(model: StackModel) -> MirrorConfig:
+def operator_name(stack: str) -> str:
+    return f"spark-operator-{stack}"
+
+
+def app_name(stack: str, site: str) -> str:
+    return f"{PROJECT}-{stack}-{site}"
+
+
+def _names(stack: str, namespace: str, model: StackModel) -> list[str]:
+    """Kubernetes names derive from the stack, so stacks sharing a cluster never take each other's objects."""
+    errors = []
+    if not DNS_LABEL.match(namespace):
+        errors.append(f"{PROJECT}:namespace: '{namespace}' is not a Kubernetes namespace name (a DNS label)")
+    for i, site in enumerate(model.sites):
+        name = app_name(stack, site.name)
+        if len(name) > APP_NAME_MAX or not DNS_LABEL.match(name):
+            errors.append(
+                f"{PROJECT}:sites[{i}].name: the mirror's name '{name}' (project, stack, site) is longer than"
+                f" {APP_NAME_MAX} characters or not a DNS label; shorten the stack or site name"
+            )
+    if not DNS_LABEL.match(operator_name(stack)):
+        errors.append(f"{PROJECT}: stack '{stack}' makes no valid Helm release name '{operator_name(stack)}'")
+    return errors
+
+
+def _render(model: StackModel, stack: str) -> MirrorConfig:
     """The MirrorConfig the stack means, validated by spark_app; its errors keep the stack's key paths."""
     errors = [
         f"{PROJECT}:flows[{i}].checkpoint_location: set by infra from {PROJECT}:mirror.checkpoint; remove it"
@@ -445,7 +485,7 @@ def _render(model: StackModel) -> MirrorConfig:
     flows = []
     for raw in model.flows:
         # Raw until spark_app validates it below; a flow without its aliases fails there, not here.
-        where = model.mirror.checkpoint.location(str(raw.get("source")), str(raw.get("target")))
+        where = model.mirror.checkpoint.location(stack, str(raw.get("source")), str(raw.get("target")))
         flows.append(raw | {"checkpoint_location": where})
     raw_config = model.mirror.runtime | {"clusters": [_mirror_cluster(c) for c in model.clusters], "flows": flows}
     try:
@@ -551,12 +591,20 @@ def load_settings(config: pulumi.Config | None = None) -> StackSettings:
         # Whole-object checks here say `field: problem`; fold the field into the key path.
         lines = str(ConfigError.from_validation(PROJECT, err)).splitlines()
         raise ConfigError("\n".join(_FIELD_IN_MESSAGE.sub(r"\1.\2: ", line) for line in lines)) from None
-    mirror = _render(model)
+    stack = pulumi.get_stack()
+    namespace = config.get("namespace") or f"{PROJECT}-{stack}"
+    errors = _names(stack, namespace, model)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    mirror = _render(model, stack)
+    protect = config.get_bool("protectData")
     return StackSettings(
-        namespace=config.get("namespace") or PROJECT,
+        stack=stack,
+        namespace=namespace,
         image=image,
         spark_operator=config.get_bool("sparkOperator") or False,
         monitoring=config.get_bool("monitoring") or False,
+        protect_data=True if protect is None else protect,
         model=model,
         mirror_config=mirror,
         site_of_flow=_check(model, mirror),

@@ -21,7 +21,10 @@ from infra.k8s.operator import SparkOperator, SparkOperatorArgs
 from infra.settings import MskSpec, StackSettings
 from spark_app.config import MirrorConfig, parse_config
 
-SERVICE_ACCOUNT = "mirrorkit"
+SERVICE_ACCOUNT = "mirrorkit"  # the driver's
+EXECUTOR_SERVICE_ACCOUNT = "mirrorkit-executor"
+SERVICE_ACCOUNTS = (SERVICE_ACCOUNT, EXECUTOR_SERVICE_ACCOUNT)
+STACK_LABEL = "mirrorkit.io/stack"
 
 
 @dataclass
@@ -86,7 +89,10 @@ def build(settings: StackSettings) -> Topology:
     bootstraps: dict[str, pulumi.Output[str]] = {}
     for c in model.clusters:
         if c.eventhubs is not None:
-            hubs = EventHubs(f"eh-{c.alias}", EventHubsArgs(c.eventhubs, c.region, settings.hubs(c.alias)))
+            hubs = EventHubs(
+                f"eh-{c.alias}",
+                EventHubsArgs(c.eventhubs, c.region, settings.hubs(c.alias), protect=settings.protect_data),
+            )
             out.event_hubs[c.alias] = hubs
             if hubs.connection_string is not None:
                 out.credentials[c.alias] = {"password": hubs.connection_string}
@@ -106,6 +112,7 @@ def build(settings: StackSettings) -> Topology:
         msk = {c.alias: c.msk for c in clusters if c.msk is not None}
         iam_at_site = [a for a, spec in msk.items() if spec.auth == "iam"]
         annotations: dict[str, pulumi.Input[str]] = {}
+        ready: list[pulumi.Resource] = []  # what the SparkApplication's first submission needs in place
         if site.aws is not None and msk:
             site_provider = providers.get(site.region, site.aws.role_arn)
             by_vpc: dict[str, list[MskSpec]] = defaultdict(list)
@@ -120,11 +127,12 @@ def build(settings: StackSettings) -> Topology:
             if iam:
                 role = MirrorRole(
                     f"{site.name}-mirror",
-                    MirrorRoleArgs(site.aws, settings.namespace, SERVICE_ACCOUNT, settings.flows_at(site.name), iam),
+                    MirrorRoleArgs(site.aws, settings.namespace, SERVICE_ACCOUNTS, settings.flows_at(site.name), iam),
                     pulumi.ResourceOptions(provider=site_provider),
                 )
                 out.roles[site.name] = role
                 annotations = role.service_account_annotations
+                ready += role.ready
         pod_labels: dict[str, str] = {}
         entra = [c for c in clusters if c.entra]
         if entra and site.azure is not None:  # settings refuse a site that reaches these without `azure`
@@ -136,13 +144,14 @@ def build(settings: StackSettings) -> Topology:
                     location=entra[0].region,
                     oidc_issuer_url=site.azure.oidc_issuer_url,
                     namespace=settings.namespace,
-                    service_account=SERVICE_ACCOUNT,
+                    service_accounts=SERVICE_ACCOUNTS,
                     namespace_ids={c.alias: out.event_hubs[c.alias].namespace_id for c in entra},
                 ),
             )
             out.entra_identities[site.name] = identity
             annotations = {**annotations, **identity.service_account_annotations}
             pod_labels = identity.pod_labels
+            ready += identity.ready
         kubeconfig = model.kubeconfigs.get(site.name)
         k8s_provider = k8s.Provider(
             f"{site.name}-k8s",
@@ -156,6 +165,9 @@ def build(settings: StackSettings) -> Topology:
             MirrorNamespaceArgs(
                 namespace=settings.namespace,
                 service_account=SERVICE_ACCOUNT,
+                executor_service_account=EXECUTOR_SERVICE_ACCOUNT,
+                labels={STACK_LABEL: settings.stack},
+                protect=settings.protect_data and model.mirror.checkpoint.pvc is not None,
                 kafka_ports=sorted({p for c in clusters for p in c.ports}),
                 metrics_port=site_config.metrics_port,
                 monitoring_namespace=site.monitoring_namespace,
@@ -172,7 +184,12 @@ def build(settings: StackSettings) -> Topology:
         )
         out.namespaces[site.name] = namespace
         if settings.spark_operator:
-            SparkOperator(f"{site.name}-operator", SparkOperatorArgs(job_namespace=namespace.namespace), on_site)
+            operator = SparkOperator(
+                f"{site.name}-operator",
+                SparkOperatorArgs(job_namespace=namespace.namespace, release=settings.operator_name),
+                on_site,
+            )
+            ready.append(operator.chart)
         site_bootstraps = {a: bootstraps[a] for a in msk}
         config_yaml = (
             pulumi.Output.all(**site_bootstraps).apply(functools.partial(render, site_config))
@@ -181,10 +198,11 @@ def build(settings: StackSettings) -> Topology:
         )
         out.mirror_configs[site.name] = config_yaml
         out.mirrors[site.name] = Mirror(
-            f"mirrorkit-{site.name}",
+            settings.app_name(site.name),
             MirrorArgs(
                 namespace=namespace.namespace,
                 service_account=namespace.service_account,
+                executor_service_account=namespace.executor_service_account,
                 image=settings.image,
                 spark_version=model.mirror.spark_version,
                 config_yaml=config_yaml,
@@ -196,6 +214,8 @@ def build(settings: StackSettings) -> Topology:
                 monitoring=settings.monitoring,
                 alerts=model.mirror.alerts,
                 pod_labels=pod_labels,
+                depends_on=ready,
+                protect=settings.protect_data,
             ),
             on_site,
         )

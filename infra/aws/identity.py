@@ -95,7 +95,7 @@ def _oidc_issuer(provider_arn: str) -> str:
     return re.sub(r"^arn:aws:iam::\d+:oidc-provider/", "", provider_arn)
 
 
-def trust_policy(site: AwsSite, namespace: str, service_account: str) -> dict[str, Any]:
+def trust_policy(site: AwsSite, namespace: str, service_accounts: Sequence[str]) -> dict[str, Any]:
     """EKS Pod Identity when the site names its EKS cluster, IRSA through the cluster's OIDC provider otherwise."""
     if site.oidc_provider_arn is None:  # so the site names its EKS cluster (AwsSite takes exactly one of them)
         return {
@@ -118,7 +118,7 @@ def trust_policy(site: AwsSite, namespace: str, service_account: str) -> dict[st
                 "Action": "sts:AssumeRoleWithWebIdentity",
                 "Condition": {
                     "StringEquals": {
-                        f"{issuer}:sub": f"system:serviceaccount:{namespace}:{service_account}",
+                        f"{issuer}:sub": [f"system:serviceaccount:{namespace}:{sa}" for sa in service_accounts],
                         f"{issuer}:aud": "sts.amazonaws.com",
                     }
                 },
@@ -131,7 +131,7 @@ def trust_policy(site: AwsSite, namespace: str, service_account: str) -> dict[st
 class MirrorRoleArgs:
     site: AwsSite
     namespace: str
-    service_account: str
+    service_accounts: Sequence[str]  # the driver's and the executors': both run Kafka clients
     flows: Sequence[FlowConfig]
     iam_clusters: dict[str, MskSpec]  # alias -> spec, IAM-auth clusters only
 
@@ -148,25 +148,30 @@ class MirrorRole(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         role = aws.iam.Role(
             f"{name}-role",
-            assume_role_policy=json.dumps(trust_policy(args.site, args.namespace, args.service_account)),
+            assume_role_policy=json.dumps(trust_policy(args.site, args.namespace, args.service_accounts)),
             opts=child,
         )
-        aws.iam.RolePolicy(
+        policy = aws.iam.RolePolicy(
             f"{name}-kafka",
             role=role.name,
             policy=json.dumps(kafka_policy(args.flows, args.iam_clusters)),
             opts=child,
         )
         self.service_account_annotations = {}
+        # What a pod needs before it can sign in; the mirror's SparkApplication waits for these.
+        self.ready: list[pulumi.Resource] = [policy]
         if args.site.eks_cluster is not None:
-            aws.eks.PodIdentityAssociation(
-                f"{name}-pod-identity",
-                cluster_name=args.site.eks_cluster,
-                namespace=args.namespace,
-                service_account=args.service_account,
-                role_arn=role.arn,
-                opts=child,
-            )
+            for account in args.service_accounts:
+                self.ready.append(
+                    aws.eks.PodIdentityAssociation(
+                        f"{name}-pod-identity-{account}",
+                        cluster_name=args.site.eks_cluster,
+                        namespace=args.namespace,
+                        service_account=account,
+                        role_arn=role.arn,
+                        opts=child,
+                    )
+                )
         else:
             self.service_account_annotations = {"eks.amazonaws.com/role-arn": role.arn}
         self.role_arn = role.arn

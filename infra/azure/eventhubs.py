@@ -26,6 +26,9 @@ class EventHubsArgs:
     spec: EventHubsSpec
     location: str
     hubs: Sequence[HubSpec]  # from StackSettings.hubs: names by spark_app's policy, sized from the source
+    # The namespace and its hubs hold the DR copy: Pulumi may delete them (a topic dropped from a flow, a destroyed
+    # stack) only when the stack turns protection off.
+    protect: bool = True
 
 
 class EventHubs(pulumi.ComponentResource):
@@ -44,6 +47,7 @@ class EventHubs(pulumi.ComponentResource):
         super().__init__("mirrorkit:azure:EventHubs", name, None, opts)
         spec = args.spec
         child = pulumi.ResourceOptions(parent=self)
+        data = pulumi.ResourceOptions(parent=self, protect=args.protect)
         if spec.existing_resource_group:
             group_name: pulumi.Input[str] = spec.resource_group
         else:
@@ -67,7 +71,7 @@ class EventHubs(pulumi.ComponentResource):
             minimum_tls_version=eventhub.TlsVersion.TLS_VERSION_1_2,
             public_network_access=spec.public_network_access,
             disable_local_auth=spec.disable_local_auth,
-            opts=child,
+            opts=data,
         )
         self.hubs: dict[str, eventhub.EventHub] = {}
         for hub in args.hubs:
@@ -92,7 +96,7 @@ class EventHubs(pulumi.ComponentResource):
                 message_timestamp_description=eventhub.MessageTimestampDescriptionArgs(
                     timestamp_type=eventhub.TimestampType.CREATE
                 ),
-                opts=child,
+                opts=data,
             )
             for group_name_ in spec.consumer_groups:
                 eventhub.ConsumerGroup(

@@ -8,7 +8,7 @@ spark_app's `eventhubs-entra` profile trades for an Entra ID token.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -27,7 +27,7 @@ class MirrorEntraIdentityArgs:
     location: str
     oidc_issuer_url: str  # the site's service-account token issuer
     namespace: str
-    service_account: str
+    service_accounts: Sequence[str]  # the driver's and the executors': both run Kafka clients
     namespace_ids: Mapping[str, pulumi.Input[str]]  # cluster alias -> Event Hubs namespace ARM id
 
 
@@ -44,21 +44,25 @@ class MirrorEntraIdentity(pulumi.ComponentResource):
         identity = managedidentity.UserAssignedIdentity(
             f"{name}-identity", resource_group_name=args.resource_group_name, location=args.location, opts=child
         )
-        managedidentity.FederatedIdentityCredential(
-            f"{name}-federation",
-            resource_group_name=args.resource_group_name,
-            resource_name_=identity.name,
-            issuer=args.oidc_issuer_url,
-            subject=f"system:serviceaccount:{args.namespace}:{args.service_account}",
-            audiences=[TOKEN_AUDIENCE],
-            opts=child,
-        )
+        # What a pod needs before it can sign in; the mirror's SparkApplication waits for these.
+        self.ready: list[pulumi.Resource] = [
+            managedidentity.FederatedIdentityCredential(
+                f"{name}-federation-{account}",
+                resource_group_name=args.resource_group_name,
+                resource_name_=identity.name,
+                issuer=args.oidc_issuer_url,
+                subject=f"system:serviceaccount:{args.namespace}:{account}",
+                audiences=[TOKEN_AUDIENCE],
+                opts=child,
+            )
+            for account in args.service_accounts
+        ]
         subscription = authorization.get_client_config_output(
             opts=pulumi.InvokeOutputOptions(parent=self)
         ).subscription_id
         for alias, namespace_id in args.namespace_ids.items():
             for role, role_id in DATA_ROLES.items():
-                authorization.RoleAssignment(
+                assignment = authorization.RoleAssignment(
                     f"{name}-{alias}-{role}",
                     principal_id=identity.principal_id,
                     principal_type=authorization.PrincipalType.SERVICE_PRINCIPAL,
@@ -68,6 +72,7 @@ class MirrorEntraIdentity(pulumi.ComponentResource):
                     scope=namespace_id,
                     opts=child,
                 )
+                self.ready.append(assignment)
         self.client_id = identity.client_id
         self.service_account_annotations = {CLIENT_ID_ANNOTATION: identity.client_id}
         self.pod_labels = dict(POD_LABELS)

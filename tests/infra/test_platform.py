@@ -1,0 +1,114 @@
+"""Platform semantics the mocks alone do not see: node drains, service accounts, resubmission on a config change,
+the order of a first deploy and the protection of DR data. Each test reads what the engine would get."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+
+import pytest
+
+from infra.k8s.mirror import Mirror
+from tests.infra.harness import EVENTHUB, ROOT, STACKS, Run, run_pulumi, run_values, stack_values, with_secrets
+from tests.infra.test_components import mirror_args
+
+NAMES = [p.name.split(".")[1] for p in STACKS]
+SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
+DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
+
+
+def entra_variant() -> Run:
+    """The active/passive stack into an Event Hubs namespace with local auth off (Entra ID workload identity)."""
+    values = copy.deepcopy(with_secrets(stack_values(DR)))
+    values["mirrorkit:clusters"][1]["eventhubs"]["disable_local_auth"] = True
+    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.us-east-1.amazonaws.com/id/X"}
+    return run_values(values, stack="dr-msk-to-eventhubs")
+
+
+@pytest.mark.parametrize("stack", NAMES)
+def test_no_pod_disruption_budget_blocks_a_node_drain(stack, stack_runs):
+    # The driver and executors have no owner with /scale, so any maxUnavailable PDB allows 0 disruptions.
+    assert stack_runs[stack].of_type("kubernetes:policy/v1:PodDisruptionBudget") == []
+
+
+@pytest.mark.parametrize("stack", NAMES)
+def test_executors_run_as_their_own_service_account_with_no_rbac(stack, stack_runs):
+    run = stack_runs[stack]
+    accounts = {
+        (a.plain["metadata"]["namespace"], a.plain["metadata"]["name"]): a.plain
+        for a in run.of_type("kubernetes:core/v1:ServiceAccount")
+    }
+    bound = {
+        (s["namespace"], s["name"])
+        for b in run.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+        for s in b.plain["subjects"]
+    }
+    for app in run.of_type(SPARK_APP):
+        spec, namespace = app.plain["spec"], app.plain["metadata"]["namespace"]
+        driver = (namespace, spec["driver"]["serviceAccount"])
+        executor = (namespace, spec["executor"]["serviceAccount"])
+        assert driver != executor and driver in bound and executor not in bound
+        assert accounts[executor]["automountServiceAccountToken"] is False
+        # Executors run Kafka clients too, so they carry the same cloud identity as the driver.
+        assert accounts[executor]["metadata"]["annotations"] == accounts[driver]["metadata"]["annotations"]
+
+
+def test_executors_get_the_cloud_identity_too():
+    run = entra_variant()
+    subjects = {r.plain["subject"] for r in run.of_type("azure-native:managedidentity:FederatedIdentityCredential")}
+    assert subjects == {
+        "system:serviceaccount:mirrorkit-dr-msk-to-eventhubs:mirrorkit",
+        "system:serviceaccount:mirrorkit-dr-msk-to-eventhubs:mirrorkit-executor",
+    }
+
+
+def test_a_config_change_changes_the_spark_application_spec():
+    async def body():
+        Mirror("a", mirror_args(config_yaml="version: 1\n"))
+        Mirror("b", mirror_args(config_yaml="version: 1\n"))
+        Mirror("c", mirror_args(config_yaml="version: 1\nflows: []\n"))
+        return {}
+
+    run = run_pulumi(body, {})
+    annotations = {n: run.named(f"{n}-app").plain["spec"]["driver"]["annotations"] for n in "abc"}
+    hashes = {n: found["mirrorkit.io/config-sha256"] for n, found in annotations.items()}
+    assert hashes["a"] == hashes["b"] == hashlib.sha256(b"version: 1\n").hexdigest() != hashes["c"]
+
+
+def urn_of(run: Run, typ: str) -> set[str]:
+    return {r.urn for r in run.of_type(typ)}
+
+
+def test_the_spark_application_waits_for_the_operator_and_the_pod_identity(stack_runs):
+    for stack in ("dr-msk-to-eventhubs", "active-active"):
+        run = stack_runs[stack]
+        charts = urn_of(run, "kubernetes:helm.sh/v4:Chart")
+        assert charts
+        for app in run.of_type(SPARK_APP):
+            assert charts & set(app.dependencies), f"{stack}: {app.name} does not wait for the operator chart"
+    run = stack_runs["active-active"]
+    (app,) = [a for a in run.of_type(SPARK_APP) if a.name == "mirrorkit-active-active-use1-app"]
+    association = urn_of(run, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    assert association and association <= set(app.dependencies)
+    policies = urn_of(run, "aws:iam/rolePolicy:RolePolicy")
+    assert any(p in app.dependencies for p in policies)
+
+
+def test_the_spark_application_waits_for_its_role_assignments():
+    run = entra_variant()
+    assignments = urn_of(run, "azure-native:authorization:RoleAssignment")
+    (app,) = run.of_type(SPARK_APP)
+    assert assignments and assignments <= set(app.dependencies)
+
+
+def test_dr_data_is_protected(stack_runs):
+    run = stack_runs["dr-msk-to-eventhubs"]
+    for typ in (f"{EVENTHUB}:EventHub", f"{EVENTHUB}:Namespace", "kubernetes:core/v1:PersistentVolumeClaim"):
+        found = run.of_type(typ)
+        assert found and all(r.protect for r in found), typ
+
+
+def test_data_can_be_left_unprotected_only_when_the_stack_says_so():
+    values = copy.deepcopy(with_secrets(stack_values(DR))) | {"mirrorkit:protectData": "false"}
+    run = run_values(values)
+    assert not any(r.protect for r in run.of_type(f"{EVENTHUB}:EventHub"))
