@@ -121,7 +121,13 @@ def build(settings: StackSettings) -> Topology:
             for vpc, specs in by_vpc.items():
                 out.reaches[f"{site.name}-{vpc}"] = MskReach(
                     f"{site.name}-{vpc}",
-                    MskReachArgs(site.aws, site_provider, providers.get(specs[0].region, specs[0].role_arn), specs),
+                    MskReachArgs(
+                        settings.stack,
+                        site.aws,
+                        site_provider,
+                        providers.get(specs[0].region, specs[0].role_arn),
+                        specs,
+                    ),
                 )
             iam = {a: s for a, s in msk.items() if s.auth == "iam"}
             if iam:

@@ -31,6 +31,10 @@ BOOTSTRAPS = {
 }
 
 
+# An invoke's result, or a function of its arguments that gives it.
+Answer = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
+
+
 def sentinel(alias: str, key: str) -> str:
     return f"test-sentinel-{alias}-{key}"
 
@@ -73,7 +77,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def __init__(self) -> None:
         self.resources: list[Registered] = []
         self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.call_results: dict[str, dict[str, Any]] = {}  # a test's answers to invokes, by token
+        self.call_results: dict[str, Answer] = {}  # a test's answers to invokes, by token
         # (type, name) -> what the engine gets beside the inputs
         self.options: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -94,7 +98,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
         self.calls.append((args.token, dict(args.args)))
         if args.token in self.call_results:
-            return self.call_results[args.token]
+            answer = self.call_results[args.token]
+            return answer(dict(args.args)) if callable(answer) else answer
         if args.token == f"{EVENTHUB}:listNamespaceKeys":
             return {"primaryConnectionString": CONNECTION_STRING}
         if args.token == "azure-native:authorization:getClientConfig":
@@ -171,7 +176,7 @@ def run_pulumi(
     body: Callable[[], Awaitable[dict[str, Any]]],
     values: dict[str, Any],
     stack: str = "test",
-    calls: dict[str, dict[str, Any]] | None = None,
+    calls: dict[str, Answer] | None = None,
 ) -> Run:
     """Set fresh mocks and config, then run `body` (which builds resources) to completion, engine-style. `calls`
     answers invokes by token, as the cloud would."""
@@ -194,7 +199,7 @@ def run_stack(path: Path) -> Run:
     return run_values(with_secrets(stack_values(path)), stack=path.name.split(".")[1])
 
 
-def run_values(values: dict[str, Any], stack: str = "test", calls: dict[str, dict[str, Any]] | None = None) -> Run:
+def run_values(values: dict[str, Any], stack: str = "test", calls: dict[str, Answer] | None = None) -> Run:
     """The whole program with these config values (secrets included)."""
     from infra.settings import load_settings
     from infra.topology import build

@@ -166,7 +166,7 @@ def test_msk_reach_peers_routes_both_ways_and_opens_one_port_from_the_peer():
     async def body():
         site = aws.Provider("site", region="eu-west-1")
         msk = aws.Provider("msk", region="eu-west-1")
-        MskReach("r", MskReachArgs(SITE, site, msk, [MSK]))
+        MskReach("r", MskReachArgs("test", SITE, site, msk, [MSK]))
         return {}
 
     run = run_pulumi(body, {})
@@ -196,7 +196,7 @@ def test_msk_reach_in_the_same_vpc_only_opens_the_port():
 
     async def body():
         p = aws.Provider("p", region="eu-west-1")
-        MskReach("r", MskReachArgs(SITE, p, p, [same]))
+        MskReach("r", MskReachArgs("test", SITE, p, p, [same]))
         return {}
 
     run = run_pulumi(body, {})

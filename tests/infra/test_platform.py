@@ -7,6 +7,7 @@ import copy
 import hashlib
 
 import pytest
+import yaml
 
 from infra.k8s.mirror import Mirror
 from tests.infra.harness import EVENTHUB, ROOT, STACKS, Run, run_pulumi, run_values, stack_values, with_secrets
@@ -112,3 +113,46 @@ def test_data_can_be_left_unprotected_only_when_the_stack_says_so():
     values = copy.deepcopy(with_secrets(stack_values(DR))) | {"mirrorkit:protectData": "false"}
     run = run_values(values)
     assert not any(r.protect for r in run.of_type(f"{EVENTHUB}:EventHub"))
+
+
+def kubernetes_identities(run: Run) -> set[tuple[str, str, str]]:
+    """(kind, namespace, name) of every Kubernetes object, and each Helm release with its namespace."""
+    out = set()
+    for r in run.resources:
+        if r.typ == "kubernetes:helm.sh/v4:Chart":
+            out.add(("helm-release", r.plain["namespace"], r.plain["name"]))
+        elif r.typ.startswith("kubernetes:") and "providers" not in r.typ:
+            meta = r.plain["metadata"]
+            out.add((r.typ.rsplit(":", 1)[1], meta.get("namespace", ""), meta["name"]))
+    return out
+
+
+@pytest.mark.parametrize("path", STACKS, ids=NAMES)
+def test_two_stacks_on_one_cluster_share_no_kubernetes_object_or_checkpoint(path):
+    values = with_secrets(stack_values(path))
+    blue, green = run_values(values, stack="blue"), run_values(values, stack="green")
+    assert kubernetes_identities(blue) and not kubernetes_identities(blue) & kubernetes_identities(green)
+    for site, config in blue.result["configs"].items():  # a PVC path is in the stack's own namespace, shown above
+        places = {f["checkpoint_location"] for f in yaml.safe_load(config)["flows"]}
+        others = {f["checkpoint_location"] for f in yaml.safe_load(green.result["configs"][site])["flows"]}
+        assert all(p.startswith("/checkpoints/") for p in places & others)
+    for run, stack in ((blue, "blue"), (green, "green")):
+        (namespace,) = {n.plain["metadata"]["name"] for n in run.of_type("kubernetes:core/v1:Namespace")} - {
+            f"spark-operator-{stack}"
+        }
+        assert namespace == f"mirrorkit-{stack}"
+
+
+PEERINGS = "aws:ec2/getVpcPeeringConnections:getVpcPeeringConnections"
+
+
+def test_a_peering_another_stack_made_for_the_same_vpcs_is_refused_at_preview():
+    def peerings(args):  # another stack's peering joins the same VPCs; it carries not our stack's tag
+        tagged = any(f["name"].startswith("tag:") for f in args.get("filters", []))
+        return {"ids": [] if tagged else ["pcx-0other"], "id": "x"}
+
+    values = with_secrets(stack_values(DR))
+    with pytest.raises(Exception, match=r"pcx-0other already joins vpc-0a1b2c3d4e5f60001 and vpc-0f1e2d3c4b5a60001"):
+        run_values(values, calls={PEERINGS: peerings})
+    # Its own peering, on a later preview, is no overlap.
+    run_values(values, calls={PEERINGS: {"ids": ["pcx-0ours"], "id": "x"}})
