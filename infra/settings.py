@@ -554,6 +554,21 @@ def _check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
         i = list(sites).index(site_name)
         if msk and site.aws is None:
             errors.append(f"{PROJECT}:sites[{i}].aws: missing; its mirror reaches MSK cluster(s) {', '.join(msk)}")
+        for alias in sorted(msk):
+            j, spec = clusters[alias][0], clusters[alias][1].msk
+            if (
+                spec is not None
+                and spec.auth == "iam"
+                and site.aws is not None
+                and spec.account_id != site.aws.account_id
+                and spec.role_arn is None
+            ):
+                errors.append(
+                    f"{PROJECT}:clusters[{j}].msk.role_arn: missing; the mirror's role for site '{site_name}' lives in"
+                    f" account {site.aws.account_id} and cluster '{alias}' in {spec.account_id}, so MSK lets it in"
+                    f" only through the cluster's resource policy (aws.msk.ClusterPolicy). Give a role the program"
+                    f" assumes in {spec.account_id} to set that policy"
+                )
         entra = sorted(a for a in touched if clusters[a][1].entra)
         if entra and site.azure is None:
             errors.append(

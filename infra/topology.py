@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.aws.identity import MirrorRole, MirrorRoleArgs
+from infra.aws.identity import MirrorRole, MirrorRoleArgs, cluster_policy, kafka_policy
 from infra.aws.network import MskReach, MskReachArgs
 from infra.aws.scram import MskScramUser, MskScramUserArgs
 from infra.azure.eventhubs import EventHubs, EventHubsArgs
@@ -18,7 +20,7 @@ from infra.azure.identity import MirrorEntraIdentity, MirrorEntraIdentityArgs
 from infra.k8s.mirror import Mirror, MirrorArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
-from infra.settings import MskSpec, StackSettings
+from infra.settings import MskSpec, SiteSpec, StackSettings
 from spark_app.config import MirrorConfig, parse_config
 
 SERVICE_ACCOUNT = "mirrorkit"  # the driver's
@@ -80,6 +82,98 @@ def _bootstrap(msk: MskSpec, provider: aws.Provider) -> pulumi.Output[str]:
     }[msk.auth]
 
 
+@dataclass
+class _SiteIdentity:
+    """How a site's pods sign in to the clouds, and what must exist before they try."""
+
+    annotations: dict[str, pulumi.Input[str]] = field(default_factory=dict)  # on both service accounts
+    pod_labels: dict[str, str] = field(default_factory=dict)
+    ready: list[pulumi.Resource] = field(default_factory=list)  # the SparkApplication waits for these
+
+
+def _site_identity(settings: StackSettings, site: SiteSpec, providers: _AwsProviders, out: Topology) -> _SiteIdentity:
+    """The site's reach to MSK, its IAM role and its Entra identity, as its flows need them."""
+    found = _SiteIdentity()
+    clusters = settings.clusters_at(site.name)
+    msk = {c.alias: c.msk for c in clusters if c.msk is not None}
+    if site.aws is not None and msk:
+        site_provider = providers.get(site.region, site.aws.role_arn)
+        by_vpc: dict[str, list[MskSpec]] = defaultdict(list)
+        for spec in msk.values():
+            by_vpc[spec.vpc_id].append(spec)
+        for vpc, specs in by_vpc.items():
+            out.reaches[f"{site.name}-{vpc}"] = MskReach(
+                f"{site.name}-{vpc}",
+                MskReachArgs(
+                    settings.stack, site.aws, site_provider, providers.get(specs[0].region, specs[0].role_arn), specs
+                ),
+            )
+        iam = {a: s for a, s in msk.items() if s.auth == "iam"}
+        if iam:
+            role = MirrorRole(
+                f"{site.name}-mirror",
+                MirrorRoleArgs(site.aws, settings.namespace, SERVICE_ACCOUNTS, settings.flows_at(site.name), iam),
+                pulumi.ResourceOptions(provider=site_provider),
+            )
+            out.roles[site.name] = role
+            found.annotations.update(role.service_account_annotations)
+            found.ready += role.ready
+    entra = [c for c in clusters if c.entra]
+    if entra and site.azure is not None:  # settings refuse a site that reaches these without `azure`
+        first = out.event_hubs[entra[0].alias]
+        identity = MirrorEntraIdentity(
+            f"{site.name}-entra",
+            MirrorEntraIdentityArgs(
+                resource_group_name=first.resource_group_name,
+                location=entra[0].region,
+                oidc_issuer_url=site.azure.oidc_issuer_url,
+                namespace=settings.namespace,
+                service_accounts=SERVICE_ACCOUNTS,
+                namespace_ids={c.alias: out.event_hubs[c.alias].namespace_id for c in entra},
+            ),
+        )
+        out.entra_identities[site.name] = identity
+        found.annotations.update(identity.service_account_annotations)
+        found.pod_labels = identity.pod_labels
+        found.ready += identity.ready
+    return found
+
+
+@dataclass(frozen=True)
+class _ClusterPolicy:
+    resource: aws.msk.ClusterPolicy
+    sites: list[str]  # whose roles it allows
+
+
+def _cluster_policies(settings: StackSettings, providers: _AwsProviders, out: Topology) -> list[_ClusterPolicy]:
+    """The resource policy of each IAM-auth MSK cluster that a role from another account uses (settings make sure
+    the stack can act in the cluster's account). MSK keeps one policy per cluster: this one replaces any other."""
+    made: list[_ClusterPolicy] = []
+    accounts = {s.name: s.aws.account_id for s in settings.model.sites if s.aws is not None}
+    for c in settings.model.clusters:
+        if c.msk is None or c.msk.auth != "iam":
+            continue
+        spec = c.msk
+        users = [n for n in out.roles if c in settings.clusters_at(n) and accounts[n] != spec.account_id]
+        if not users:
+            continue
+        grants = [(out.roles[name].role_arn, kafka_policy(settings.flows_at(name), {c.alias: spec})) for name in users]
+        policies = [p for _, p in grants]
+
+        def document(arns: list[str], policies: list[dict[str, Any]] = policies) -> str:
+            return json.dumps(cluster_policy(list(zip(arns, policies, strict=True))))
+
+        text = pulumi.Output.all(*(arn for arn, _ in grants)).apply(document)
+        policy = aws.msk.ClusterPolicy(
+            f"msk-policy-{c.alias}",
+            cluster_arn=spec.cluster_arn,
+            policy=text,
+            opts=pulumi.ResourceOptions(provider=providers.get(spec.region, spec.role_arn)),
+        )
+        made.append(_ClusterPolicy(policy, users))
+    return made
+
+
 def build(settings: StackSettings) -> Topology:
     out = Topology()
     model = settings.model
@@ -105,59 +199,22 @@ def build(settings: StackSettings) -> Topology:
                     MskScramUserArgs(c.msk, c.alias, out.credentials[c.alias]["password"]),
                     pulumi.ResourceOptions(provider=provider),
                 )
+    identities: dict[str, _SiteIdentity] = {}
+    for site in model.sites:
+        if settings.clusters_at(site.name):
+            identities[site.name] = _site_identity(settings, site, providers, out)
+    for policy in _cluster_policies(settings, providers, out):
+        for site_name in policy.sites:
+            identities[site_name].ready.append(policy.resource)
     for site in model.sites:
         clusters = settings.clusters_at(site.name)
         if not clusters:
             continue
         msk = {c.alias: c.msk for c in clusters if c.msk is not None}
         iam_at_site = [a for a, spec in msk.items() if spec.auth == "iam"]
-        annotations: dict[str, pulumi.Input[str]] = {}
-        ready: list[pulumi.Resource] = []  # what the SparkApplication's first submission needs in place
-        if site.aws is not None and msk:
-            site_provider = providers.get(site.region, site.aws.role_arn)
-            by_vpc: dict[str, list[MskSpec]] = defaultdict(list)
-            for spec in msk.values():
-                by_vpc[spec.vpc_id].append(spec)
-            for vpc, specs in by_vpc.items():
-                out.reaches[f"{site.name}-{vpc}"] = MskReach(
-                    f"{site.name}-{vpc}",
-                    MskReachArgs(
-                        settings.stack,
-                        site.aws,
-                        site_provider,
-                        providers.get(specs[0].region, specs[0].role_arn),
-                        specs,
-                    ),
-                )
-            iam = {a: s for a, s in msk.items() if s.auth == "iam"}
-            if iam:
-                role = MirrorRole(
-                    f"{site.name}-mirror",
-                    MirrorRoleArgs(site.aws, settings.namespace, SERVICE_ACCOUNTS, settings.flows_at(site.name), iam),
-                    pulumi.ResourceOptions(provider=site_provider),
-                )
-                out.roles[site.name] = role
-                annotations = role.service_account_annotations
-                ready += role.ready
-        pod_labels: dict[str, str] = {}
         entra = [c for c in clusters if c.entra]
-        if entra and site.azure is not None:  # settings refuse a site that reaches these without `azure`
-            first = out.event_hubs[entra[0].alias]
-            identity = MirrorEntraIdentity(
-                f"{site.name}-entra",
-                MirrorEntraIdentityArgs(
-                    resource_group_name=first.resource_group_name,
-                    location=entra[0].region,
-                    oidc_issuer_url=site.azure.oidc_issuer_url,
-                    namespace=settings.namespace,
-                    service_accounts=SERVICE_ACCOUNTS,
-                    namespace_ids={c.alias: out.event_hubs[c.alias].namespace_id for c in entra},
-                ),
-            )
-            out.entra_identities[site.name] = identity
-            annotations = {**annotations, **identity.service_account_annotations}
-            pod_labels = identity.pod_labels
-            ready += identity.ready
+        identity = identities[site.name]
+        annotations, ready, pod_labels = identity.annotations, identity.ready, identity.pod_labels
         kubeconfig = model.kubeconfigs.get(site.name)
         k8s_provider = k8s.Provider(
             f"{site.name}-k8s",

@@ -71,16 +71,16 @@ def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> d
                     groups_use.update(regex_to_glob(p) for p in flow.groups.include)
         if not (reads or writes):
             continue
-        statements.append(
-            _statement(
-                [
-                    "kafka-cluster:Connect",
-                    "kafka-cluster:DescribeCluster",
-                    "kafka-cluster:DescribeClusterDynamicConfiguration",
-                ],
-                [msk.cluster_arn],
-            )
-        )
+        on_cluster = [
+            "kafka-cluster:Connect",
+            "kafka-cluster:DescribeCluster",
+            "kafka-cluster:DescribeClusterDynamicConfiguration",
+        ]
+        if writes:
+            # The mirror's producer is idempotent: with WriteData granted per topic, InitProducerId also needs this,
+            # on the cluster, or every write is refused.
+            on_cluster.append("kafka-cluster:WriteDataIdempotently")
+        statements.append(_statement(on_cluster, [msk.cluster_arn]))
         if reads - writes:
             statements.append(_statement(READ, [msk.arn_of("topic", t) for t in reads - writes]))
         if writes:
@@ -89,6 +89,20 @@ def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> d
             statements.append(_statement(GROUP_READ, [msk.arn_of("group", g) for g in groups_read - groups_use]))
         statements.append(_statement(GROUP_USE, [msk.arn_of("group", g) for g in groups_use]))
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def cluster_policy(grants: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """An MSK cluster's resource policy allowing each (role ARN, its kafka_policy on this cluster only).
+
+    A role from another account may act on a cluster only when the cluster's own policy allows it too."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {**statement, "Principal": {"AWS": role_arn}}
+            for role_arn, policy in grants
+            for statement in policy["Statement"]
+        ],
+    }
 
 
 def _oidc_issuer(provider_arn: str) -> str:

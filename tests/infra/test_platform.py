@@ -5,12 +5,25 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 
 import pytest
 import yaml
 
 from infra.k8s.mirror import Mirror
-from tests.infra.harness import EVENTHUB, ROOT, STACKS, Run, run_pulumi, run_values, stack_values, with_secrets
+from infra.settings import load_settings
+from spark_app.config import ConfigError
+from tests.infra.harness import (
+    EVENTHUB,
+    ROOT,
+    STACKS,
+    Run,
+    run_pulumi,
+    run_values,
+    set_config,
+    stack_values,
+    with_secrets,
+)
 from tests.infra.test_components import mirror_args
 
 NAMES = [p.name.split(".")[1] for p in STACKS]
@@ -156,3 +169,52 @@ def test_a_peering_another_stack_made_for_the_same_vpcs_is_refused_at_preview():
         run_values(values, calls={PEERINGS: peerings})
     # Its own peering, on a later preview, is no overlap.
     run_values(values, calls={PEERINGS: {"ids": ["pcx-0ours"], "id": "x"}})
+
+
+ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
+CLUSTER_POLICY = "aws:msk/clusterPolicy:ClusterPolicy"
+
+
+def test_an_idempotent_producer_may_write_to_every_iam_cluster_it_writes_to(stack_runs):
+    run = stack_runs["active-active"]
+    policies = [json.loads(p.plain["policy"]) for p in run.of_type("aws:iam/rolePolicy:RolePolicy")]
+    assert policies
+    for policy in policies:
+        on_clusters = [s for s in policy["Statement"] if all(":cluster/" in r for r in s["Resource"])]
+        assert on_clusters and all("kafka-cluster:WriteDataIdempotently" in s["Action"] for s in on_clusters)
+
+
+def cross_account(role_arn: str | None) -> dict:
+    """Active/active with the eu cluster in another account than the sites' roles."""
+    values = copy.deepcopy(with_secrets(stack_values(ACTIVE_ACTIVE)))
+    eu = values["mirrorkit:clusters"][1]["msk"]
+    eu["cluster_arn"] = eu["cluster_arn"].replace(":111111111111:", ":222222222222:")
+    if role_arn:
+        eu["role_arn"] = role_arn
+    return values
+
+
+def test_a_cross_account_iam_cluster_gets_a_cluster_policy_for_the_mirror_roles():
+    run = run_values(cross_account("arn:aws:iam::222222222222:role/deployer"), stack="active-active")
+    (policy,) = run.of_type(CLUSTER_POLICY)
+    assert policy.plain["clusterArn"].startswith("arn:aws:kafka:eu-west-1:222222222222:cluster/")
+    document = json.loads(policy.plain["policy"])
+    principals = {s["Principal"]["AWS"] for s in document["Statement"]}
+    assert principals == {"arn:aws:test:::use1-mirror-role", "arn:aws:test:::euw1-mirror-role"}
+    assert all(
+        r.startswith("arn:aws:kafka:eu-west-1:222222222222:") for s in document["Statement"] for r in s["Resource"]
+    )
+    writes = [s for s in document["Statement"] if "kafka-cluster:WriteDataIdempotently" in s["Action"]]
+    assert writes  # the resource policy must allow what the role policy allows
+    # Set in the cluster's account, through the provider that assumes the stack's role there.
+    (provider,) = [p for p in run.of_type("pulumi:providers:aws") if f"::{p.name}::" in policy.provider]
+    assert json.loads(provider.plain["assumeRoles"]) == [{"roleArn": "arn:aws:iam::222222222222:role/deployer"}]
+    apps = run.of_type(SPARK_APP)
+    assert all(policy.urn in app.dependencies for app in apps)
+
+
+def test_a_cross_account_iam_cluster_with_no_role_to_set_its_policy_is_refused():
+    values = cross_account(None)
+    set_config(values)
+    with pytest.raises(ConfigError, match=r"clusters\[1\]\.msk\.role_arn: missing; .*ClusterPolicy"):
+        load_settings()
