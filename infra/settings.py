@@ -55,6 +55,11 @@ TIER_LIMITS = {
     Tier.PREMIUM: TierLimits(partitions=100, retention_hours=90 * 24, consumer_groups=100),
     Tier.DEDICATED: TierLimits(partitions=1024, retention_hours=90 * 24, consumer_groups=1000),
 }
+# Event hubs per namespace: Standard 10 whatever its throughput units; Premium 100 per processing unit; Dedicated
+# 1000 per capacity unit. ARM refuses the next one with "Conflict 40300".
+HUBS_PER_NAMESPACE = {Tier.STANDARD: 10}
+HUBS_PER_CAPACITY = {Tier.PREMIUM: 100, Tier.DEDICATED: 1000}
+PREMIUM_CAPACITIES = (1, 2, 4, 8, 16)
 
 
 def _cidr(v: str) -> str:
@@ -109,6 +114,8 @@ class EventHubsSpec(_Strict):
             errors.append("auto_inflate_max: auto-inflate exists on the Standard tier only")
         if self.auto_inflate_max is not None and self.auto_inflate_max < self.capacity:
             errors.append(f"auto_inflate_max: {self.auto_inflate_max} is below capacity {self.capacity}")
+        if self.tier is Tier.PREMIUM and self.capacity not in PREMIUM_CAPACITIES:
+            errors.append(f"capacity: Premium takes 1, 2, 4, 8 or 16 processing units, not {self.capacity}")
         if (self.tier is Tier.DEDICATED) != (self.dedicated_cluster_id is not None):
             errors.append("dedicated_cluster_id: give it for tier Dedicated, and only then")
         if errors:
@@ -116,8 +123,15 @@ class EventHubsSpec(_Strict):
         return self
 
     @property
+    def hub_limit(self) -> int:
+        """How many event hubs the namespace takes, internal ones counted."""
+        return HUBS_PER_NAMESPACE.get(self.tier) or HUBS_PER_CAPACITY[self.tier] * self.capacity
+
+    @property
     def bootstrap_servers(self) -> str:
-        return f"{self.namespace}.servicebus.windows.net:{EVENTHUBS_PORT}"
+        """With Geo-DR, through the alias, which follows a failover; the namespace's own name would not."""
+        host = self.geo_dr.alias if self.geo_dr is not None else self.namespace
+        return f"{host}.servicebus.windows.net:{EVENTHUBS_PORT}"
 
 
 MSK_ARN = re.compile(
@@ -334,6 +348,7 @@ class HubSpec:
     name: str
     partitions: int
     compacted: bool
+    own: bool = False  # one of the mirror's own topics (heartbeats, checkpoints, offset syncs, dead letters)
 
 
 @dataclass(frozen=True)
@@ -402,7 +417,7 @@ def _hubs(mirror: MirrorConfig, model: StackModel, alias: str) -> list[HubSpec]:
         else:
             # The mirror's own topics (heartbeats, checkpoints, offset syncs, dead letters): one partition, like
             # MM2's; checkpoints and offset syncs are read back by key, so they are compacted.
-            hubs.append(HubSpec(name, 1, name.endswith(".internal")))
+            hubs.append(HubSpec(name, 1, name.endswith(".internal"), own=True))
     return hubs
 
 
@@ -533,6 +548,13 @@ def _check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
         if c.eventhubs is not None:
             limit = TIER_LIMITS[c.eventhubs.tier].partitions
             hubs = _hubs(mirror, model, c.alias)
+            if len(hubs) > c.eventhubs.hub_limit:
+                errors.append(
+                    f"{PROJECT}:clusters[{i}].eventhubs.tier: namespace '{c.eventhubs.namespace}' needs {len(hubs)}"
+                    f" event hubs ({sum(h.own for h in hubs)} of them the mirror's own) but tier"
+                    f" {c.eventhubs.tier.value} allows {c.eventhubs.hub_limit}"
+                    + (f" at capacity {c.eventhubs.capacity}" if c.eventhubs.tier in HUBS_PER_CAPACITY else "")
+                )
             errors += [
                 f"{PROJECT}:clusters[{i}].eventhubs.tier: hub '{h.name}' needs {h.partitions} partitions (its source"
                 f" topic's) but tier {c.eventhubs.tier.value} allows {limit}"

@@ -107,8 +107,9 @@ class EventHubs(pulumi.ComponentResource):
                     resource_group_name=group_name,
                     opts=child,
                 )
+        pairing = None
         if spec.geo_dr is not None:
-            eventhub.DisasterRecoveryConfig(
+            pairing = eventhub.DisasterRecoveryConfig(
                 f"{name}-geo-dr",
                 alias=spec.geo_dr.alias,
                 namespace_name=namespace.name,
@@ -116,7 +117,9 @@ class EventHubs(pulumi.ComponentResource):
                 partner_namespace=spec.geo_dr.partner_namespace_id,
                 opts=child,
             )
-        self.connection_string = None if spec.disable_local_auth else self._sas_rule(name, spec, namespace, group_name)
+        self.connection_string = (
+            None if spec.disable_local_auth else self._sas_rule(name, spec, namespace, group_name, pairing)
+        )
         self.namespace_name = namespace.name
         self.namespace_id = namespace.id
         self.resource_group_name = group_name
@@ -129,9 +132,16 @@ class EventHubs(pulumi.ComponentResource):
         )
 
     def _sas_rule(
-        self, name: str, spec: EventHubsSpec, namespace: eventhub.Namespace, group_name: pulumi.Input[str]
+        self,
+        name: str,
+        spec: EventHubsSpec,
+        namespace: eventhub.Namespace,
+        group_name: pulumi.Input[str],
+        pairing: eventhub.DisasterRecoveryConfig | None,
     ) -> pulumi.Output[str]:
-        """The mirror's Send/Listen rule (Manage only when asked); its connection string only ever as a secret."""
+        """The mirror's Send/Listen rule (Manage only when asked); its connection string only ever as a secret.
+
+        With Geo-DR, the alias's connection string: it names the alias, which a failover moves to the partner."""
         rights = [eventhub.AccessRights.SEND, eventhub.AccessRights.LISTEN]
         if spec.manage_rights:
             rights.append(eventhub.AccessRights.MANAGE)
@@ -143,6 +153,15 @@ class EventHubs(pulumi.ComponentResource):
             rights=rights,
             opts=pulumi.ResourceOptions(parent=self),
         )
+        if pairing is not None:
+            alias_keys = eventhub.list_disaster_recovery_config_keys_output(
+                alias=pairing.name,
+                authorization_rule_name=rule.name,
+                namespace_name=namespace.name,
+                resource_group_name=group_name,
+                opts=pulumi.InvokeOutputOptions(parent=self),
+            )
+            return pulumi.Output.secret(alias_keys.alias_primary_connection_string)
         keys = eventhub.list_namespace_keys_output(
             authorization_rule_name=rule.name,
             namespace_name=namespace.name,

@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import runpy
 
+import pulumi
 import pytest
 import yaml
 
@@ -218,3 +220,31 @@ def test_a_cross_account_iam_cluster_with_no_role_to_set_its_policy_is_refused()
     set_config(values)
     with pytest.raises(ConfigError, match=r"clusters\[1\]\.msk\.role_arn: missing; .*ClusterPolicy"):
         load_settings()
+
+
+GEO_DR = {"alias": "mirrorkit-dr", "partner_namespace_id": "/subscriptions/s/ns/partner"}
+
+
+def test_with_geo_dr_the_mirror_connects_through_the_alias():
+    values = copy.deepcopy(with_secrets(stack_values(DR)))
+    values["mirrorkit:clusters"][1]["eventhubs"]["geo_dr"] = GEO_DR
+    alias_string = "Endpoint=sb://mirrorkit-dr.servicebus.windows.net/;SharedAccessKeyName=mirrorkit;SharedAccessKey=k"
+    run = run_values(
+        values, calls={f"{EVENTHUB}:listDisasterRecoveryConfigKeys": {"aliasPrimaryConnectionString": alias_string}}
+    )
+    dr = yaml.safe_load(run.result["configs"]["use1"])["clusters"][1]
+    assert dr["bootstrap_servers"] == "mirrorkit-dr.servicebus.windows.net:9093"
+    secret = run.named("use1-dr")  # the Kubernetes Secret the mirror reads its password from
+    assert secret.plain["stringData"]["password"] == alias_string
+
+
+def test_no_connection_string_is_a_stack_output(monkeypatch):
+    exported: dict[str, object] = {}
+    monkeypatch.setattr(pulumi, "export", lambda name, value: exported.__setitem__(name, value))
+
+    async def body():
+        runpy.run_path(str(ROOT / "__main__.py"))
+        return {}
+
+    run_pulumi(body, with_secrets(stack_values(DR)))
+    assert exported and not [name for name in exported if "connection" in name]
