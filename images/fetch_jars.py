@@ -2,8 +2,8 @@
 
 Each group lands in `<cache>/<group>/` next to a stamp that records what was fetched. A second run whose stamp
 matches the manifest and whose jars are all present touches no network. The test bed, the demo and the benchmarks
-read the same manifest, so they cannot drift apart. `--image` selects the groups marked `image = true`, for the mirror
-image to bake; none is marked now, and the image bakes no jars.
+read the same manifest, so they cannot drift apart. `--image` selects the groups marked `image = true`, which the
+mirror image bakes into Spark's jars (the Hadoop cloud connectors).
 
 Usage: python images/fetch_jars.py [--image] [--cache DIR] [GROUP ...]
 """
