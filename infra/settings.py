@@ -325,6 +325,10 @@ class MirrorSpec(_Strict):
     executor: ExecutorResources = Field(default_factory=ExecutorResources)
     checkpoint: Checkpoint = Field(default_factory=lambda: Checkpoint(pvc=Pvc()))
     alerts: Alerts = Field(default_factory=Alerts)
+    # On the PodMonitor and PrometheusRule: kube-prometheus-stack selects them by `release: <its Helm release>`.
+    monitoring_labels: dict[str, str] = Field(default_factory=lambda: {"release": "kube-prometheus-stack"})
+    # On the dashboard's ConfigMap, in the site's monitoring namespace: Grafana's sidecar loads what carries these.
+    dashboard_labels: dict[str, str] = Field(default_factory=lambda: {"grafana_dashboard": "1"})
     # Top-level MirrorConfig settings (intervals, metrics_port), passed through and checked by spark_app.
     runtime: dict[str, Any] = Field(default_factory=dict)
 

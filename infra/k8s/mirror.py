@@ -8,6 +8,7 @@ passes one carries `# type: ignore[call-overload]` for that reason alone.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,16 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.k8s.dashboard import dashboard
 from infra.k8s.labels import APP_LABELS
+from infra.k8s.series import (
+    CHECKPOINT_AGE_METRIC,
+    ERRORS_METRIC,
+    HEARTBEAT_AGE_METRIC,
+    LAG_METRIC,
+    LAST_BATCH_METRIC,
+    RECORDS_METRIC,
+)
 from infra.settings import CHECKPOINT_DIR, SECRETS_DIR, Alerts, Checkpoint, ExecutorResources, Resources
 
 CONFIG_DIR = "/etc/mirrorkit/config"
@@ -24,13 +34,6 @@ CONFIG_FILE = "mirror.yaml"
 # config's hash in the spec makes a config edit restart the mirror.
 CONFIG_HASH_ANNOTATION = "mirrorkit.io/config-sha256"
 MAIN_FILE = "local:///opt/mirrorkit/main.py"  # images/mirror/main.py: `python -m spark_app` under spark-submit
-# The driver's Prometheus series the alerts read (spark_app.metrics serves them, each with a `flow` label).
-RECORDS_METRIC = "mirrorkit_records_mirrored_total"
-LAG_METRIC = "mirrorkit_lag_records"
-CHECKPOINT_AGE_METRIC = "mirrorkit_checkpoint_age_seconds"
-HEARTBEAT_AGE_METRIC = "mirrorkit_heartbeat_age_seconds"
-LAST_BATCH_METRIC = "mirrorkit_last_batch_timestamp_seconds"
-ERRORS_METRIC = "mirrorkit_errors_total"
 ALERT_METRICS = (
     RECORDS_METRIC,
     LAG_METRIC,
@@ -59,6 +62,10 @@ class MirrorArgs:
     metrics_port: int
     monitoring: bool
     alerts: Alerts
+    monitoring_namespace: str = "monitoring"  # where Grafana's dashboard sidecar looks
+    # kube-prometheus-stack's Prometheus selects PodMonitors and rules by its release label, and ignores the rest.
+    monitoring_labels: Mapping[str, str] = field(default_factory=lambda: {"release": "kube-prometheus-stack"})
+    dashboard_labels: Mapping[str, str] = field(default_factory=lambda: {"grafana_dashboard": "1"})  # the sidecar's
     pod_labels: Mapping[str, str] = field(default_factory=dict)  # e.g. Azure workload identity's opt-in label
     # What must exist before the first submission: the operator (its CRD and webhook), pod identity associations,
     # role assignments and policies; without them the first driver starts unable to sign in.
@@ -232,11 +239,22 @@ class Mirror(pulumi.ComponentResource):
         )
         instance = {**APP_LABELS, "app.kubernetes.io/instance": name}
         if args.monitoring:
+            monitoring_labels = {**args.monitoring_labels, **APP_LABELS}
+            k8s.core.v1.ConfigMap(
+                f"{name}-dashboard",
+                metadata={
+                    "name": f"{name}-dashboard",
+                    "namespace": args.monitoring_namespace,
+                    "labels": {**args.dashboard_labels, **APP_LABELS},
+                },
+                data={f"{name}.json": json.dumps(dashboard(name), indent=1, sort_keys=True)},
+                opts=child,
+            )
             k8s.apiextensions.CustomResource(
                 f"{name}-podmonitor",
                 api_version="monitoring.coreos.com/v1",
                 kind="PodMonitor",
-                metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
+                metadata={"name": name, "namespace": args.namespace, "labels": monitoring_labels},
                 spec={
                     "selector": {"matchLabels": {**instance, "spark-role": "driver"}},
                     "podTargetLabels": ["app.kubernetes.io/instance"],  # the alerts select on it
@@ -248,7 +266,7 @@ class Mirror(pulumi.ComponentResource):
                 f"{name}-rules",
                 api_version="monitoring.coreos.com/v1",
                 kind="PrometheusRule",
-                metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
+                metadata={"name": name, "namespace": args.namespace, "labels": monitoring_labels},
                 spec={"groups": [{"name": "mirrorkit", "rules": alert_rules(name, args.alerts)}]},
                 opts=child,
             )
