@@ -291,17 +291,57 @@ class Pvc(_Strict):
     storage_class: str | None = None
 
 
+ABFSS_URL = re.compile(
+    r"^abfss://(?P<container>[a-z0-9-]{3,63})@(?P<account>[a-z0-9]{3,24})\.dfs\.core\.windows\.net/?"
+)
+S3A_URL = re.compile(r"^s3a://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/?")
+
+
 class Checkpoint(_Strict):
-    """Where Spark keeps its checkpoints: a PVC on the driver, or object storage (s3a://, abfss://, gs://)."""
+    """Where Spark keeps its checkpoints: a PVC on the driver, or object storage (s3a://, abfss://, gs://).
+
+    For s3a:// and abfss://, infra makes the bucket or container (or takes an existing one), lets each mirror's
+    identity reach its own prefixes only, and renders Spark's settings to sign in with the pod's identity.
+    """
 
     pvc: Pvc | None = None
     url: Annotated[str, Field(pattern=r"^(s3a|abfss|gs)://.+")] | None = None
+    existing: bool = False  # the bucket or container exists already: take it, never make or delete it
+    region: str | None = None  # s3a: the bucket's region (default: the first site's); abfss: the account's location
+    resource_group: str | None = None  # abfss: the storage account's resource group (the account must exist)
 
     @model_validator(mode="after")
     def _one(self) -> Checkpoint:
         if (self.pvc is None) == (self.url is None):
             raise ValueError("give exactly one of 'pvc' or 'url'")
+        if self.url is not None and self.url.startswith("abfss://"):
+            if ABFSS_URL.match(self.url) is None:
+                raise ValueError(f"url: '{self.url}' is not abfss://<container>@<account>.dfs.core.windows.net/...")
+            if self.resource_group is None or self.region is None:
+                raise ValueError("resource_group: give the storage account's resource group and region for abfss://")
+        if self.url is not None and self.url.startswith("s3a://") and S3A_URL.match(self.url) is None:
+            raise ValueError(f"url: '{self.url}' does not name an S3 bucket")
         return self
+
+    @property
+    def scheme(self) -> str | None:
+        return None if self.url is None else self.url.split("://", 1)[0]
+
+    def store(self) -> tuple[str, str]:
+        """(bucket or container, storage account or '') of an s3a:// or abfss:// url."""
+        groups = self._match(self.url or "").groupdict()
+        return groups.get("bucket") or groups["container"], groups.get("account") or ""
+
+    def key(self, location: str) -> str:
+        """A checkpoint location's key prefix in its bucket or container."""
+        return location[self._match(location).end() :].strip("/")
+
+    @staticmethod
+    def _match(url: str) -> re.Match[str]:
+        match = ABFSS_URL.match(url) or S3A_URL.match(url)
+        if match is None:
+            raise ValueError(f"checkpoint url '{url}' is neither s3a:// nor abfss://")
+        return match
 
     def location(self, stack: str, source: str, target: str) -> str:
         """A PVC lives in the stack's own namespace; in a shared bucket, each stack keeps to its own prefix."""
@@ -601,6 +641,17 @@ def _check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
                 f"{PROJECT}:sites[{i}].azure: missing; its mirror reaches Event Hubs cluster(s) {', '.join(entra)}"
                 " with local auth disabled, so it signs in with Entra ID workload identity: give"
                 " azure.oidc_issuer_url, the issuer of the site's service-account tokens"
+            )
+        checkpoint = model.mirror.checkpoint
+        if touched and checkpoint.scheme == "s3a" and site.aws is None:
+            errors.append(
+                f"{PROJECT}:sites[{i}].aws: missing; its mirror keeps checkpoints in s3a:// and signs in with the"
+                " pod's AWS identity (EKS Pod Identity or IRSA), which the site's aws settings give"
+            )
+        if touched and checkpoint.scheme == "abfss" and site.azure is None:
+            errors.append(
+                f"{PROJECT}:sites[{i}].azure: missing; its mirror keeps checkpoints in abfss:// and signs in with"
+                " Entra ID workload identity: give azure.oidc_issuer_url"
             )
         if site.context is None and site_name not in model.kubeconfigs:
             errors.append(

@@ -12,11 +12,19 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.aws.checkpoints import CheckpointBucket, CheckpointBucketArgs, s3a_conf
 from infra.aws.identity import MirrorRole, MirrorRoleArgs, cluster_policy, kafka_policy
 from infra.aws.network import MskReach, MskReachArgs
 from infra.aws.scram import MskScramUser, MskScramUserArgs
+from infra.azure.checkpoints import (
+    BLOB_DATA_CONTRIBUTOR,
+    CheckpointContainer,
+    CheckpointContainerArgs,
+    abfss_conf,
+    prefix_condition,
+)
 from infra.azure.eventhubs import EventHubs, EventHubsArgs
-from infra.azure.identity import MirrorEntraIdentity, MirrorEntraIdentityArgs
+from infra.azure.identity import MirrorEntraIdentity, MirrorEntraIdentityArgs, RoleGrant
 from infra.k8s.mirror import Mirror, MirrorArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
@@ -41,6 +49,8 @@ class Topology:
     namespaces: dict[str, MirrorNamespace] = field(default_factory=dict)
     mirrors: dict[str, Mirror] = field(default_factory=dict)
     mirror_configs: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # site -> rendered YAML
+    checkpoint_bucket: CheckpointBucket | None = None
+    checkpoint_container: CheckpointContainer | None = None
     credentials: dict[str, dict[str, pulumi.Output[str]]] = field(default_factory=dict)
 
 
@@ -88,15 +98,55 @@ class _SiteIdentity:
 
     annotations: dict[str, pulumi.Input[str]] = field(default_factory=dict)  # on both service accounts
     pod_labels: dict[str, str] = field(default_factory=dict)
+    spark_conf: dict[str, pulumi.Input[str]] = field(default_factory=dict)  # object storage sign-in
     ready: list[pulumi.Resource] = field(default_factory=list)  # the SparkApplication waits for these
 
 
+def _checkpoint_store(settings: StackSettings, providers: _AwsProviders, out: Topology) -> None:
+    """The bucket or container object-storage checkpoints live in (a component that makes nothing for an existing
+    one), before any identity is granted access to it."""
+    checkpoint = settings.model.mirror.checkpoint
+    if checkpoint.scheme == "s3a":
+        bucket, _ = checkpoint.store()
+        site = next(s for s in settings.model.sites if s.aws is not None and settings.clusters_at(s.name))
+        out.checkpoint_bucket = CheckpointBucket(
+            "checkpoints",
+            CheckpointBucketArgs(bucket, checkpoint.existing, settings.protect_data),
+            pulumi.ResourceOptions(
+                provider=providers.get(_bucket_region(settings), site.aws.role_arn if site.aws else None)
+            ),
+        )
+    elif checkpoint.scheme == "abfss" and checkpoint.resource_group is not None:  # settings require it
+        container, account = checkpoint.store()
+        out.checkpoint_container = CheckpointContainer(
+            "checkpoints",
+            CheckpointContainerArgs(
+                account, container, checkpoint.resource_group, checkpoint.existing, settings.protect_data
+            ),
+        )
+
+
+def _bucket_region(settings: StackSettings) -> str:
+    """Where the checkpoint bucket is: as the stack says, or the first site's region that runs a mirror."""
+    first = next(s for s in settings.model.sites if settings.clusters_at(s.name))
+    return settings.model.mirror.checkpoint.region or first.region
+
+
+def _checkpoint_keys(settings: StackSettings, site: str) -> list[str]:
+    """The key prefixes of a site's flows' checkpoints in their bucket or container."""
+    checkpoint = settings.model.mirror.checkpoint
+    return [checkpoint.key(f.checkpoint_location) for f in settings.flows_at(site)]
+
+
 def _site_identity(settings: StackSettings, site: SiteSpec, providers: _AwsProviders, out: Topology) -> _SiteIdentity:
-    """The site's reach to MSK, its IAM role and its Entra identity, as its flows need them."""
+    """The site's reach to MSK, its IAM role and its Entra identity, as its flows and checkpoints need them."""
     found = _SiteIdentity()
     clusters = settings.clusters_at(site.name)
     msk = {c.alias: c.msk for c in clusters if c.msk is not None}
-    if site.aws is not None and msk:
+    bucket = out.checkpoint_bucket
+    if site.aws is not None and bucket is not None:
+        found.spark_conf.update(s3a_conf(site.aws, _bucket_region(settings)))
+    if site.aws is not None and (msk or bucket is not None):
         site_provider = providers.get(site.region, site.aws.role_arn)
         by_vpc: dict[str, list[MskSpec]] = defaultdict(list)
         for spec in msk.values():
@@ -109,33 +159,62 @@ def _site_identity(settings: StackSettings, site: SiteSpec, providers: _AwsProvi
                 ),
             )
         iam = {a: s for a, s in msk.items() if s.auth == "iam"}
-        if iam:
+        if iam or bucket is not None:
             role = MirrorRole(
                 f"{site.name}-mirror",
-                MirrorRoleArgs(site.aws, settings.namespace, SERVICE_ACCOUNTS, settings.flows_at(site.name), iam),
+                MirrorRoleArgs(
+                    site.aws,
+                    settings.namespace,
+                    SERVICE_ACCOUNTS,
+                    settings.flows_at(site.name),
+                    iam,
+                    checkpoints=(bucket.bucket, _checkpoint_keys(settings, site.name)) if bucket else None,
+                ),
                 pulumi.ResourceOptions(provider=site_provider),
             )
             out.roles[site.name] = role
             found.annotations.update(role.service_account_annotations)
             found.ready += role.ready
     entra = [c for c in clusters if c.entra]
-    if entra and site.azure is not None:  # settings refuse a site that reaches these without `azure`
-        first = out.event_hubs[entra[0].alias]
+    container = out.checkpoint_container
+    checkpoint = settings.model.mirror.checkpoint
+    # Settings refuse a site that reaches these without `azure`, and abfss without a resource group and region.
+    if (entra or container is not None) and site.azure is not None:
+        if entra:
+            group: pulumi.Input[str] = out.event_hubs[entra[0].alias].resource_group_name
+            location = entra[0].region
+        else:
+            group, location = checkpoint.resource_group or "", checkpoint.region or ""
+        grants = (
+            [
+                RoleGrant(
+                    "checkpoints",
+                    container.scope,
+                    BLOB_DATA_CONTRIBUTOR,
+                    prefix_condition(_checkpoint_keys(settings, site.name)),
+                )
+            ]
+            if container is not None
+            else []
+        )
         identity = MirrorEntraIdentity(
             f"{site.name}-entra",
             MirrorEntraIdentityArgs(
-                resource_group_name=first.resource_group_name,
-                location=entra[0].region,
+                resource_group_name=group,
+                location=location,
                 oidc_issuer_url=site.azure.oidc_issuer_url,
                 namespace=settings.namespace,
                 service_accounts=SERVICE_ACCOUNTS,
                 namespace_ids={c.alias: out.event_hubs[c.alias].namespace_id for c in entra},
+                grants=grants,
             ),
         )
         out.entra_identities[site.name] = identity
         found.annotations.update(identity.service_account_annotations)
         found.pod_labels = identity.pod_labels
         found.ready += identity.ready
+        if container is not None:
+            found.spark_conf.update(abfss_conf(checkpoint.store()[1], identity.client_id, identity.tenant_id))
     return found
 
 
@@ -199,6 +278,7 @@ def build(settings: StackSettings) -> Topology:
                     MskScramUserArgs(c.msk, c.alias, out.credentials[c.alias]["password"]),
                     pulumi.ResourceOptions(provider=provider),
                 )
+    _checkpoint_store(settings, providers, out)
     identities: dict[str, _SiteIdentity] = {}
     for site in model.sites:
         if settings.clusters_at(site.name):
@@ -281,6 +361,7 @@ def build(settings: StackSettings) -> Topology:
                 dashboard_labels=model.mirror.dashboard_labels,
                 pod_labels=pod_labels,
                 depends_on=ready,
+                spark_conf=identity.spark_conf,
                 protect=settings.protect_data,
             ),
             on_site,

@@ -1,4 +1,5 @@
-"""The mirror's AWS identity: an IAM role bound to its service account, allowed only what its flows need on MSK."""
+"""The mirror's AWS identity: an IAM role bound to its service accounts, allowed only what its flows need on MSK
+and on their S3 checkpoint prefixes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from infra.aws.checkpoints import checkpoint_policy
 from infra.settings import AwsSite, MskSpec
 from spark_app.config import FlowConfig
 from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
@@ -148,6 +150,8 @@ class MirrorRoleArgs:
     service_accounts: Sequence[str]  # the driver's and the executors': both run Kafka clients
     flows: Sequence[FlowConfig]
     iam_clusters: dict[str, MskSpec]  # alias -> spec, IAM-auth clusters only
+    # S3 checkpoints: (bucket, the key prefixes of this site's flows), or None
+    checkpoints: tuple[pulumi.Input[str], Sequence[str]] | None = None
 
 
 class MirrorRole(pulumi.ComponentResource):
@@ -165,15 +169,28 @@ class MirrorRole(pulumi.ComponentResource):
             assume_role_policy=json.dumps(trust_policy(args.site, args.namespace, args.service_accounts)),
             opts=child,
         )
-        policy = aws.iam.RolePolicy(
-            f"{name}-kafka",
-            role=role.name,
-            policy=json.dumps(kafka_policy(args.flows, args.iam_clusters)),
-            opts=child,
-        )
-        self.service_account_annotations = {}
         # What a pod needs before it can sign in; the mirror's SparkApplication waits for these.
-        self.ready: list[pulumi.Resource] = [policy]
+        self.ready: list[pulumi.Resource] = []
+        if args.iam_clusters:
+            self.ready.append(
+                aws.iam.RolePolicy(
+                    f"{name}-kafka",
+                    role=role.name,
+                    policy=json.dumps(kafka_policy(args.flows, args.iam_clusters)),
+                    opts=child,
+                )
+            )
+        if args.checkpoints is not None:
+            bucket, prefixes = args.checkpoints
+            self.ready.append(
+                aws.iam.RolePolicy(
+                    f"{name}-checkpoints",
+                    role=role.name,
+                    policy=pulumi.Output.from_input(bucket).apply(lambda b: json.dumps(checkpoint_policy(b, prefixes))),
+                    opts=child,
+                )
+            )
+        self.service_account_annotations = {}
         if args.site.eks_cluster is not None:
             for account in args.service_accounts:
                 self.ready.append(

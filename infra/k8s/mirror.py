@@ -70,6 +70,7 @@ class MirrorArgs:
     # What must exist before the first submission: the operator (its CRD and webhook), pod identity associations,
     # role assignments and policies; without them the first driver starts unable to sign in.
     depends_on: Sequence[pulumi.Resource] = ()
+    spark_conf: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # e.g. object storage sign-in
     protect: bool = True  # the checkpoint PVC holds the mirror's positions: `pulumi destroy` must not lose it
 
 
@@ -110,7 +111,7 @@ def spark_application_spec(name: str, config_map: str, pvc: str | None, args: Mi
             "onFailureRetryInterval": 30,
             "onSubmissionFailureRetryInterval": 60,
         },
-        "sparkConf": {"spark.kubernetes.executor.deleteOnTermination": "true"},
+        "sparkConf": {"spark.kubernetes.executor.deleteOnTermination": "true", **args.spark_conf},
         "volumes": volumes,
         "driver": {
             **pod,
