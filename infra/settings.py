@@ -174,6 +174,17 @@ class MskSpec(_Strict):
         return self.cluster_arn.replace(":cluster/", f":{kind}/", 1) + f"/{name}"
 
 
+ADMIN_PREFIX = "admin_"  # credentials.<alias>.admin_*: the program's own, to set ACLs; never mounted in a pod
+
+
+class KafkaAcls(_Strict):
+    """The mirror's ACLs on a self-managed cluster, set by the program with an admin credential
+    (`credentials.<alias>.admin_password`, or `admin_client_cert` and `admin_client_key` for mTLS)."""
+
+    principal: str | None = None  # as the brokers name the mirror; default for SCRAM: User:<username>
+    admin_username: str | None = None  # SCRAM: the user that may alter ACLs
+
+
 class KafkaSpec(_Strict):
     """Self-managed Kafka (on-prem, Strimzi): reached over an existing network path."""
 
@@ -181,6 +192,26 @@ class KafkaSpec(_Strict):
     auth: Literal["none", "tls", "scram", "mtls"] = "none"
     username: str | None = None  # scram
     ca_file: str | None = None
+    acls: KafkaAcls | None = None
+
+    @model_validator(mode="after")
+    def _acls_need_an_identity(self) -> KafkaSpec:
+        if self.acls is None:
+            return self
+        if self.auth not in ("scram", "mtls"):
+            raise ValueError(f"acls: the mirror has no identity on a '{self.auth}' listener; use scram or mtls")
+        if self.auth == "mtls" and self.acls.principal is None:
+            raise ValueError("acls: give the principal the brokers map the mirror's certificate to (User:CN=...)")
+        if self.auth == "scram" and self.acls.admin_username is None:
+            raise ValueError("acls: give admin_username, the SCRAM user that sets the ACLs")
+        return self
+
+    @property
+    def principal(self) -> str:
+        """The mirror's principal for its ACLs."""
+        if self.acls is not None and self.acls.principal is not None:
+            return self.acls.principal
+        return f"User:{self.username}"
 
     @property
     def ports(self) -> set[int]:
@@ -226,11 +257,14 @@ class ClusterSpec(_Strict):
     def credential_keys(self) -> tuple[str, ...]:
         """Files the mirror reads from this cluster's Kubernetes Secret, set in stack config as secrets."""
         auth = self.msk.auth if self.msk is not None else self.kafka.auth if self.kafka is not None else "sas"
-        return {
+        keys = {
             "scram": ("password",),
             "tls": ("client_cert", "client_key"),
             "mtls": ("client_cert", "client_key"),
         }.get(auth, ())
+        if self.kafka is not None and self.kafka.acls is not None:
+            keys += tuple(f"{ADMIN_PREFIX}{k}" for k in keys)
+        return keys
 
 
 class AwsSite(_Strict):

@@ -28,7 +28,8 @@ from infra.azure.identity import MirrorEntraIdentity, MirrorEntraIdentityArgs, R
 from infra.k8s.mirror import Mirror, MirrorArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
-from infra.settings import MskSpec, SiteSpec, StackSettings
+from infra.kafka.acls import MirrorAcls, MirrorAclsArgs
+from infra.settings import ADMIN_PREFIX, MskSpec, SiteSpec, StackSettings
 from spark_app.config import MirrorConfig, parse_config
 
 SERVICE_ACCOUNT = "mirrorkit"  # the driver's
@@ -49,6 +50,7 @@ class Topology:
     namespaces: dict[str, MirrorNamespace] = field(default_factory=dict)
     mirrors: dict[str, Mirror] = field(default_factory=dict)
     mirror_configs: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # site -> rendered YAML
+    acls: dict[str, MirrorAcls] = field(default_factory=dict)
     checkpoint_bucket: CheckpointBucket | None = None
     checkpoint_container: CheckpointContainer | None = None
     credentials: dict[str, dict[str, pulumi.Output[str]]] = field(default_factory=dict)
@@ -269,6 +271,11 @@ def build(settings: StackSettings) -> Topology:
             out.event_hubs[c.alias] = hubs
             if hubs.connection_string is not None:
                 out.credentials[c.alias] = {"password": hubs.connection_string}
+        if c.kafka is not None and c.kafka.acls is not None:
+            out.acls[c.alias] = MirrorAcls(
+                f"acls-{c.alias}",
+                MirrorAclsArgs(c.alias, c.kafka, settings.mirror_config.flows, out.credentials[c.alias]),
+            )
         if c.msk is not None:
             provider = providers.get(c.msk.region, c.msk.role_arn)
             bootstraps[c.alias] = _bootstrap(c.msk, provider)
@@ -315,7 +322,11 @@ def build(settings: StackSettings) -> Topology:
                 metrics_port=site_config.metrics_port,
                 monitoring_namespace=site.monitoring_namespace,
                 api_server_cidrs=site.api_server_cidrs,
-                credentials={c.alias: out.credentials[c.alias] for c in clusters if c.alias in out.credentials},
+                credentials={  # the mirror's own; the program's admin credentials stay out of the cluster
+                    c.alias: {k: v for k, v in out.credentials[c.alias].items() if not k.startswith(ADMIN_PREFIX)}
+                    for c in clusters
+                    if c.alias in out.credentials
+                },
                 service_account_annotations=annotations,
                 # HTTPS out of the cluster: object storage, Entra ID's token endpoint, STS for IRSA.
                 https_egress=model.mirror.checkpoint.url is not None
