@@ -1,4 +1,6 @@
-"""The Pulumi program: stack config -> validated settings -> resources and the rendered mirror config."""
+"""The Pulumi program: stack config -> validated settings -> resources and the rendered mirror config.
+
+No credential is a stack output: the Event Hubs connection string goes only into the mirror's Kubernetes Secret."""
 
 import pulumi
 
@@ -10,6 +12,5 @@ for site, config in topology.mirror_configs.items():
     pulumi.export(f"mirror_config_{site}", config)
 for alias, hubs in topology.event_hubs.items():
     pulumi.export(f"eventhubs_{alias}_namespace", hubs.namespace_name)
-    pulumi.export(f"eventhubs_{alias}_connection_string", hubs.connection_string)
 for site, role in topology.roles.items():
     pulumi.export(f"mirror_role_{site}", role.role_arn)

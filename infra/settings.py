@@ -26,6 +26,8 @@ SECRETS_DIR = "/etc/mirrorkit/secrets"
 CHECKPOINT_DIR = "/checkpoints"
 EVENTHUBS_PORT = 9093
 MSK_PORTS = {"scram": 9096, "iam": 9098, "tls": 9094}
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+APP_NAME_MAX = 50  # Spark derives pod and service names from it, within Kubernetes' 63
 # Looked up from the MSK cluster at deploy time; stands in while the stack is validated.
 PENDING_BOOTSTRAP = "bootstrap.pending.invalid"
 
@@ -53,6 +55,11 @@ TIER_LIMITS = {
     Tier.PREMIUM: TierLimits(partitions=100, retention_hours=90 * 24, consumer_groups=100),
     Tier.DEDICATED: TierLimits(partitions=1024, retention_hours=90 * 24, consumer_groups=1000),
 }
+# Event hubs per namespace: Standard 10 whatever its throughput units; Premium 100 per processing unit; Dedicated
+# 1000 per capacity unit. ARM refuses the next one with "Conflict 40300".
+HUBS_PER_NAMESPACE = {Tier.STANDARD: 10}
+HUBS_PER_CAPACITY = {Tier.PREMIUM: 100, Tier.DEDICATED: 1000}
+PREMIUM_CAPACITIES = (1, 2, 4, 8, 16)
 
 
 def _cidr(v: str) -> str:
@@ -107,6 +114,8 @@ class EventHubsSpec(_Strict):
             errors.append("auto_inflate_max: auto-inflate exists on the Standard tier only")
         if self.auto_inflate_max is not None and self.auto_inflate_max < self.capacity:
             errors.append(f"auto_inflate_max: {self.auto_inflate_max} is below capacity {self.capacity}")
+        if self.tier is Tier.PREMIUM and self.capacity not in PREMIUM_CAPACITIES:
+            errors.append(f"capacity: Premium takes 1, 2, 4, 8 or 16 processing units, not {self.capacity}")
         if (self.tier is Tier.DEDICATED) != (self.dedicated_cluster_id is not None):
             errors.append("dedicated_cluster_id: give it for tier Dedicated, and only then")
         if errors:
@@ -114,8 +123,15 @@ class EventHubsSpec(_Strict):
         return self
 
     @property
+    def hub_limit(self) -> int:
+        """How many event hubs the namespace takes, internal ones counted."""
+        return HUBS_PER_NAMESPACE.get(self.tier) or HUBS_PER_CAPACITY[self.tier] * self.capacity
+
+    @property
     def bootstrap_servers(self) -> str:
-        return f"{self.namespace}.servicebus.windows.net:{EVENTHUBS_PORT}"
+        """With Geo-DR, through the alias, which follows a failover; the namespace's own name would not."""
+        host = self.geo_dr.alias if self.geo_dr is not None else self.namespace
+        return f"{host}.servicebus.windows.net:{EVENTHUBS_PORT}"
 
 
 MSK_ARN = re.compile(
@@ -158,6 +174,17 @@ class MskSpec(_Strict):
         return self.cluster_arn.replace(":cluster/", f":{kind}/", 1) + f"/{name}"
 
 
+ADMIN_PREFIX = "admin_"  # credentials.<alias>.admin_*: the program's own, to set ACLs; never mounted in a pod
+
+
+class KafkaAcls(_Strict):
+    """The mirror's ACLs on a self-managed cluster, set by the program with an admin credential
+    (`credentials.<alias>.admin_password`, or `admin_client_cert` and `admin_client_key` for mTLS)."""
+
+    principal: str | None = None  # as the brokers name the mirror; default for SCRAM: User:<username>
+    admin_username: str | None = None  # SCRAM: the user that may alter ACLs
+
+
 class KafkaSpec(_Strict):
     """Self-managed Kafka (on-prem, Strimzi): reached over an existing network path."""
 
@@ -165,6 +192,26 @@ class KafkaSpec(_Strict):
     auth: Literal["none", "tls", "scram", "mtls"] = "none"
     username: str | None = None  # scram
     ca_file: str | None = None
+    acls: KafkaAcls | None = None
+
+    @model_validator(mode="after")
+    def _acls_need_an_identity(self) -> KafkaSpec:
+        if self.acls is None:
+            return self
+        if self.auth not in ("scram", "mtls"):
+            raise ValueError(f"acls: the mirror has no identity on a '{self.auth}' listener; use scram or mtls")
+        if self.auth == "mtls" and self.acls.principal is None:
+            raise ValueError("acls: give the principal the brokers map the mirror's certificate to (User:CN=...)")
+        if self.auth == "scram" and self.acls.admin_username is None:
+            raise ValueError("acls: give admin_username, the SCRAM user that sets the ACLs")
+        return self
+
+    @property
+    def principal(self) -> str:
+        """The mirror's principal for its ACLs."""
+        if self.acls is not None and self.acls.principal is not None:
+            return self.acls.principal
+        return f"User:{self.username}"
 
     @property
     def ports(self) -> set[int]:
@@ -210,11 +257,14 @@ class ClusterSpec(_Strict):
     def credential_keys(self) -> tuple[str, ...]:
         """Files the mirror reads from this cluster's Kubernetes Secret, set in stack config as secrets."""
         auth = self.msk.auth if self.msk is not None else self.kafka.auth if self.kafka is not None else "sas"
-        return {
+        keys = {
             "scram": ("password",),
             "tls": ("client_cert", "client_key"),
             "mtls": ("client_cert", "client_key"),
         }.get(auth, ())
+        if self.kafka is not None and self.kafka.acls is not None:
+            keys += tuple(f"{ADMIN_PREFIX}{k}" for k in keys)
+        return keys
 
 
 class AwsSite(_Strict):
@@ -275,21 +325,63 @@ class Pvc(_Strict):
     storage_class: str | None = None
 
 
+ABFSS_URL = re.compile(
+    r"^abfss://(?P<container>[a-z0-9-]{3,63})@(?P<account>[a-z0-9]{3,24})\.dfs\.core\.windows\.net/?"
+)
+S3A_URL = re.compile(r"^s3a://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/?")
+
+
 class Checkpoint(_Strict):
-    """Where Spark keeps its checkpoints: a PVC on the driver, or object storage (s3a://, abfss://, gs://)."""
+    """Where Spark keeps its checkpoints: a PVC on the driver, or object storage (s3a://, abfss://, gs://).
+
+    For s3a:// and abfss://, infra makes the bucket or container (or takes an existing one), lets each mirror's
+    identity reach its own prefixes only, and renders Spark's settings to sign in with the pod's identity.
+    """
 
     pvc: Pvc | None = None
     url: Annotated[str, Field(pattern=r"^(s3a|abfss|gs)://.+")] | None = None
+    existing: bool = False  # the bucket or container exists already: take it, never make or delete it
+    region: str | None = None  # s3a: the bucket's region (default: the first site's); abfss: the account's location
+    resource_group: str | None = None  # abfss: the storage account's resource group (the account must exist)
 
     @model_validator(mode="after")
     def _one(self) -> Checkpoint:
         if (self.pvc is None) == (self.url is None):
             raise ValueError("give exactly one of 'pvc' or 'url'")
+        if self.url is not None and self.url.startswith("abfss://"):
+            if ABFSS_URL.match(self.url) is None:
+                raise ValueError(f"url: '{self.url}' is not abfss://<container>@<account>.dfs.core.windows.net/...")
+            if self.resource_group is None or self.region is None:
+                raise ValueError("resource_group: give the storage account's resource group and region for abfss://")
+        if self.url is not None and self.url.startswith("s3a://") and S3A_URL.match(self.url) is None:
+            raise ValueError(f"url: '{self.url}' does not name an S3 bucket")
         return self
 
-    def location(self, source: str, target: str) -> str:
-        root = CHECKPOINT_DIR if self.url is None else self.url.rstrip("/")  # `_one`: url, or else a pvc
-        return f"{root}/{source}-{target}"
+    @property
+    def scheme(self) -> str | None:
+        return None if self.url is None else self.url.split("://", 1)[0]
+
+    def store(self) -> tuple[str, str]:
+        """(bucket or container, storage account or '') of an s3a:// or abfss:// url."""
+        groups = self._match(self.url or "").groupdict()
+        return groups.get("bucket") or groups["container"], groups.get("account") or ""
+
+    def key(self, location: str) -> str:
+        """A checkpoint location's key prefix in its bucket or container."""
+        return location[self._match(location).end() :].strip("/")
+
+    @staticmethod
+    def _match(url: str) -> re.Match[str]:
+        match = ABFSS_URL.match(url) or S3A_URL.match(url)
+        if match is None:
+            raise ValueError(f"checkpoint url '{url}' is neither s3a:// nor abfss://")
+        return match
+
+    def location(self, stack: str, source: str, target: str) -> str:
+        """A PVC lives in the stack's own namespace; in a shared bucket, each stack keeps to its own prefix."""
+        if self.url is None:  # `_one`: url, or else a pvc
+            return f"{CHECKPOINT_DIR}/{source}-{target}"
+        return f"{self.url.rstrip('/')}/{stack}/{source}-{target}"
 
 
 class Alerts(_Strict):
@@ -307,6 +399,10 @@ class MirrorSpec(_Strict):
     executor: ExecutorResources = Field(default_factory=ExecutorResources)
     checkpoint: Checkpoint = Field(default_factory=lambda: Checkpoint(pvc=Pvc()))
     alerts: Alerts = Field(default_factory=Alerts)
+    # On the PodMonitor and PrometheusRule: kube-prometheus-stack selects them by `release: <its Helm release>`.
+    monitoring_labels: dict[str, str] = Field(default_factory=lambda: {"release": "kube-prometheus-stack"})
+    # On the dashboard's ConfigMap, in the site's monitoring namespace: Grafana's sidecar loads what carries these.
+    dashboard_labels: dict[str, str] = Field(default_factory=lambda: {"grafana_dashboard": "1"})
     # Top-level MirrorConfig settings (intervals, metrics_port), passed through and checked by spark_app.
     runtime: dict[str, Any] = Field(default_factory=dict)
 
@@ -330,17 +426,29 @@ class HubSpec:
     name: str
     partitions: int
     compacted: bool
+    own: bool = False  # one of the mirror's own topics (heartbeats, checkpoints, offset syncs, dead letters)
 
 
 @dataclass(frozen=True)
 class StackSettings:
+    stack: str
     namespace: str
     image: str
     spark_operator: bool
     monitoring: bool
+    protect_data: bool  # event hubs, their namespaces, checkpoint PVCs and buckets: Pulumi may not delete them
     model: StackModel
     mirror_config: MirrorConfig  # every flow, bootstraps still pending where they are looked up
     site_of_flow: dict[str, str]  # flow name -> site name
+
+    @property
+    def operator_name(self) -> str:
+        """The Spark Operator's Helm release and namespace: its cluster-wide objects are named after the release."""
+        return operator_name(self.stack)
+
+    def app_name(self, site: str) -> str:
+        """The SparkApplication of a site: unique across stacks, as alerts and dashboards select on it."""
+        return app_name(self.stack, site)
 
     def cluster(self, alias: str) -> ClusterSpec:
         return next(c for c in self.model.clusters if c.alias == alias)
@@ -387,7 +495,7 @@ def _hubs(mirror: MirrorConfig, model: StackModel, alias: str) -> list[HubSpec]:
         else:
             # The mirror's own topics (heartbeats, checkpoints, offset syncs, dead letters): one partition, like
             # MM2's; checkpoints and offset syncs are read back by key, so they are compacted.
-            hubs.append(HubSpec(name, 1, name.endswith(".internal")))
+            hubs.append(HubSpec(name, 1, name.endswith(".internal"), own=True))
     return hubs
 
 
@@ -433,7 +541,32 @@ def _mirror_cluster(c: ClusterSpec) -> dict[str, Any]:
     return out | {"bootstrap_servers": k.bootstrap_servers, "ca_file": k.ca_file} | by_auth[k.auth]
 
 
-def _render(model: StackModel) -> MirrorConfig:
+def operator_name(stack: str) -> str:
+    return f"spark-operator-{stack}"
+
+
+def app_name(stack: str, site: str) -> str:
+    return f"{PROJECT}-{stack}-{site}"
+
+
+def _names(stack: str, namespace: str, model: StackModel) -> list[str]:
+    """Kubernetes names derive from the stack, so stacks sharing a cluster never take each other's objects."""
+    errors = []
+    if not DNS_LABEL.match(namespace):
+        errors.append(f"{PROJECT}:namespace: '{namespace}' is not a Kubernetes namespace name (a DNS label)")
+    for i, site in enumerate(model.sites):
+        name = app_name(stack, site.name)
+        if len(name) > APP_NAME_MAX or not DNS_LABEL.match(name):
+            errors.append(
+                f"{PROJECT}:sites[{i}].name: the mirror's name '{name}' (project, stack, site) is longer than"
+                f" {APP_NAME_MAX} characters or not a DNS label; shorten the stack or site name"
+            )
+    if not DNS_LABEL.match(operator_name(stack)):
+        errors.append(f"{PROJECT}: stack '{stack}' makes no valid Helm release name '{operator_name(stack)}'")
+    return errors
+
+
+def _render(model: StackModel, stack: str) -> MirrorConfig:
     """The MirrorConfig the stack means, validated by spark_app; its errors keep the stack's key paths."""
     errors = [
         f"{PROJECT}:flows[{i}].checkpoint_location: set by infra from {PROJECT}:mirror.checkpoint; remove it"
@@ -445,7 +578,7 @@ def _render(model: StackModel) -> MirrorConfig:
     flows = []
     for raw in model.flows:
         # Raw until spark_app validates it below; a flow without its aliases fails there, not here.
-        where = model.mirror.checkpoint.location(str(raw.get("source")), str(raw.get("target")))
+        where = model.mirror.checkpoint.location(stack, str(raw.get("source")), str(raw.get("target")))
         flows.append(raw | {"checkpoint_location": where})
     raw_config = model.mirror.runtime | {"clusters": [_mirror_cluster(c) for c in model.clusters], "flows": flows}
     try:
@@ -493,6 +626,13 @@ def _check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
         if c.eventhubs is not None:
             limit = TIER_LIMITS[c.eventhubs.tier].partitions
             hubs = _hubs(mirror, model, c.alias)
+            if len(hubs) > c.eventhubs.hub_limit:
+                errors.append(
+                    f"{PROJECT}:clusters[{i}].eventhubs.tier: namespace '{c.eventhubs.namespace}' needs {len(hubs)}"
+                    f" event hubs ({sum(h.own for h in hubs)} of them the mirror's own) but tier"
+                    f" {c.eventhubs.tier.value} allows {c.eventhubs.hub_limit}"
+                    + (f" at capacity {c.eventhubs.capacity}" if c.eventhubs.tier in HUBS_PER_CAPACITY else "")
+                )
             errors += [
                 f"{PROJECT}:clusters[{i}].eventhubs.tier: hub '{h.name}' needs {h.partitions} partitions (its source"
                 f" topic's) but tier {c.eventhubs.tier.value} allows {limit}"
@@ -514,12 +654,38 @@ def _check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
         i = list(sites).index(site_name)
         if msk and site.aws is None:
             errors.append(f"{PROJECT}:sites[{i}].aws: missing; its mirror reaches MSK cluster(s) {', '.join(msk)}")
+        for alias in sorted(msk):
+            j, spec = clusters[alias][0], clusters[alias][1].msk
+            if (
+                spec is not None
+                and spec.auth == "iam"
+                and site.aws is not None
+                and spec.account_id != site.aws.account_id
+                and spec.role_arn is None
+            ):
+                errors.append(
+                    f"{PROJECT}:clusters[{j}].msk.role_arn: missing; the mirror's role for site '{site_name}' lives in"
+                    f" account {site.aws.account_id} and cluster '{alias}' in {spec.account_id}, so MSK lets it in"
+                    f" only through the cluster's resource policy (aws.msk.ClusterPolicy). Give a role the program"
+                    f" assumes in {spec.account_id} to set that policy"
+                )
         entra = sorted(a for a in touched if clusters[a][1].entra)
         if entra and site.azure is None:
             errors.append(
                 f"{PROJECT}:sites[{i}].azure: missing; its mirror reaches Event Hubs cluster(s) {', '.join(entra)}"
                 " with local auth disabled, so it signs in with Entra ID workload identity: give"
                 " azure.oidc_issuer_url, the issuer of the site's service-account tokens"
+            )
+        checkpoint = model.mirror.checkpoint
+        if touched and checkpoint.scheme == "s3a" and site.aws is None:
+            errors.append(
+                f"{PROJECT}:sites[{i}].aws: missing; its mirror keeps checkpoints in s3a:// and signs in with the"
+                " pod's AWS identity (EKS Pod Identity or IRSA), which the site's aws settings give"
+            )
+        if touched and checkpoint.scheme == "abfss" and site.azure is None:
+            errors.append(
+                f"{PROJECT}:sites[{i}].azure: missing; its mirror keeps checkpoints in abfss:// and signs in with"
+                " Entra ID workload identity: give azure.oidc_issuer_url"
             )
         if site.context is None and site_name not in model.kubeconfigs:
             errors.append(
@@ -551,12 +717,20 @@ def load_settings(config: pulumi.Config | None = None) -> StackSettings:
         # Whole-object checks here say `field: problem`; fold the field into the key path.
         lines = str(ConfigError.from_validation(PROJECT, err)).splitlines()
         raise ConfigError("\n".join(_FIELD_IN_MESSAGE.sub(r"\1.\2: ", line) for line in lines)) from None
-    mirror = _render(model)
+    stack = pulumi.get_stack()
+    namespace = config.get("namespace") or f"{PROJECT}-{stack}"
+    errors = _names(stack, namespace, model)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    mirror = _render(model, stack)
+    protect = config.get_bool("protectData")
     return StackSettings(
-        namespace=config.get("namespace") or PROJECT,
+        stack=stack,
+        namespace=namespace,
         image=image,
         spark_operator=config.get_bool("sparkOperator") or False,
         monitoring=config.get_bool("monitoring") or False,
+        protect_data=True if protect is None else protect,
         model=model,
         mirror_config=mirror,
         site_of_flow=_check(model, mirror),

@@ -1,4 +1,5 @@
-"""The mirror's AWS identity: an IAM role bound to its service account, allowed only what its flows need on MSK."""
+"""The mirror's AWS identity: an IAM role bound to its service accounts, allowed only what its flows need on MSK
+and on their S3 checkpoint prefixes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from infra.aws.checkpoints import checkpoint_policy
 from infra.settings import AwsSite, MskSpec
 from spark_app.config import FlowConfig
 from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
@@ -71,16 +73,16 @@ def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> d
                     groups_use.update(regex_to_glob(p) for p in flow.groups.include)
         if not (reads or writes):
             continue
-        statements.append(
-            _statement(
-                [
-                    "kafka-cluster:Connect",
-                    "kafka-cluster:DescribeCluster",
-                    "kafka-cluster:DescribeClusterDynamicConfiguration",
-                ],
-                [msk.cluster_arn],
-            )
-        )
+        on_cluster = [
+            "kafka-cluster:Connect",
+            "kafka-cluster:DescribeCluster",
+            "kafka-cluster:DescribeClusterDynamicConfiguration",
+        ]
+        if writes:
+            # The mirror's producer is idempotent: with WriteData granted per topic, InitProducerId also needs this,
+            # on the cluster, or every write is refused.
+            on_cluster.append("kafka-cluster:WriteDataIdempotently")
+        statements.append(_statement(on_cluster, [msk.cluster_arn]))
         if reads - writes:
             statements.append(_statement(READ, [msk.arn_of("topic", t) for t in reads - writes]))
         if writes:
@@ -91,11 +93,25 @@ def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> d
     return {"Version": "2012-10-17", "Statement": statements}
 
 
+def cluster_policy(grants: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """An MSK cluster's resource policy allowing each (role ARN, its kafka_policy on this cluster only).
+
+    A role from another account may act on a cluster only when the cluster's own policy allows it too."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {**statement, "Principal": {"AWS": role_arn}}
+            for role_arn, policy in grants
+            for statement in policy["Statement"]
+        ],
+    }
+
+
 def _oidc_issuer(provider_arn: str) -> str:
     return re.sub(r"^arn:aws:iam::\d+:oidc-provider/", "", provider_arn)
 
 
-def trust_policy(site: AwsSite, namespace: str, service_account: str) -> dict[str, Any]:
+def trust_policy(site: AwsSite, namespace: str, service_accounts: Sequence[str]) -> dict[str, Any]:
     """EKS Pod Identity when the site names its EKS cluster, IRSA through the cluster's OIDC provider otherwise."""
     if site.oidc_provider_arn is None:  # so the site names its EKS cluster (AwsSite takes exactly one of them)
         return {
@@ -118,7 +134,7 @@ def trust_policy(site: AwsSite, namespace: str, service_account: str) -> dict[st
                 "Action": "sts:AssumeRoleWithWebIdentity",
                 "Condition": {
                     "StringEquals": {
-                        f"{issuer}:sub": f"system:serviceaccount:{namespace}:{service_account}",
+                        f"{issuer}:sub": [f"system:serviceaccount:{namespace}:{sa}" for sa in service_accounts],
                         f"{issuer}:aud": "sts.amazonaws.com",
                     }
                 },
@@ -131,9 +147,11 @@ def trust_policy(site: AwsSite, namespace: str, service_account: str) -> dict[st
 class MirrorRoleArgs:
     site: AwsSite
     namespace: str
-    service_account: str
+    service_accounts: Sequence[str]  # the driver's and the executors': both run Kafka clients
     flows: Sequence[FlowConfig]
     iam_clusters: dict[str, MskSpec]  # alias -> spec, IAM-auth clusters only
+    # S3 checkpoints: (bucket, the key prefixes of this site's flows), or None
+    checkpoints: tuple[pulumi.Input[str], Sequence[str]] | None = None
 
 
 class MirrorRole(pulumi.ComponentResource):
@@ -148,25 +166,43 @@ class MirrorRole(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         role = aws.iam.Role(
             f"{name}-role",
-            assume_role_policy=json.dumps(trust_policy(args.site, args.namespace, args.service_account)),
+            assume_role_policy=json.dumps(trust_policy(args.site, args.namespace, args.service_accounts)),
             opts=child,
         )
-        aws.iam.RolePolicy(
-            f"{name}-kafka",
-            role=role.name,
-            policy=json.dumps(kafka_policy(args.flows, args.iam_clusters)),
-            opts=child,
-        )
+        # What a pod needs before it can sign in; the mirror's SparkApplication waits for these.
+        self.ready: list[pulumi.Resource] = []
+        if args.iam_clusters:
+            self.ready.append(
+                aws.iam.RolePolicy(
+                    f"{name}-kafka",
+                    role=role.name,
+                    policy=json.dumps(kafka_policy(args.flows, args.iam_clusters)),
+                    opts=child,
+                )
+            )
+        if args.checkpoints is not None:
+            bucket, prefixes = args.checkpoints
+            self.ready.append(
+                aws.iam.RolePolicy(
+                    f"{name}-checkpoints",
+                    role=role.name,
+                    policy=pulumi.Output.from_input(bucket).apply(lambda b: json.dumps(checkpoint_policy(b, prefixes))),
+                    opts=child,
+                )
+            )
         self.service_account_annotations = {}
         if args.site.eks_cluster is not None:
-            aws.eks.PodIdentityAssociation(
-                f"{name}-pod-identity",
-                cluster_name=args.site.eks_cluster,
-                namespace=args.namespace,
-                service_account=args.service_account,
-                role_arn=role.arn,
-                opts=child,
-            )
+            for account in args.service_accounts:
+                self.ready.append(
+                    aws.eks.PodIdentityAssociation(
+                        f"{name}-pod-identity-{account}",
+                        cluster_name=args.site.eks_cluster,
+                        namespace=args.namespace,
+                        service_account=account,
+                        role_arn=role.arn,
+                        opts=child,
+                    )
+                )
         else:
             self.service_account_annotations = {"eks.amazonaws.com/role-arn": role.arn}
         self.role_arn = role.arn

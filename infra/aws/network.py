@@ -7,15 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
 from infra.settings import AwsSite, MskSpec
 
+STACK_TAG = "mirrorkit.io/stack"
+
 
 @dataclass(frozen=True)
 class MskReachArgs:
+    stack: str  # tags the peering, so a later preview tells its own peering from another stack's
     site: AwsSite
     site_provider: aws.Provider
     msk_provider: aws.Provider  # the MSK account and region: accepter, its routes and its SG rules
@@ -35,11 +39,11 @@ class MskReach(pulumi.ComponentResource):
         if site.vpc_id != msk_vpc.vpc_id:
             peering = aws.ec2.VpcPeeringConnection(
                 f"{name}-peering",
-                vpc_id=site.vpc_id,
+                vpc_id=_no_other_peering(args, msk_vpc),
                 peer_vpc_id=msk_vpc.vpc_id,
                 peer_owner_id=msk_vpc.account_id,
                 peer_region=msk_vpc.region,
-                tags={"Name": name},
+                tags={"Name": name, STACK_TAG: args.stack},
                 opts=on_site,
             )
             accepter = aws.ec2.VpcPeeringConnectionAccepter(
@@ -64,6 +68,35 @@ class MskReach(pulumi.ComponentResource):
                 opts=on_msk,
             )
         self.register_outputs({"peering_id": self.peering_id})
+
+
+def _no_other_peering(args: MskReachArgs, msk: MskSpec) -> pulumi.Output[str]:
+    """The site's VPC id, once no other stack's peering joins the same two VPCs; otherwise preview fails here.
+
+    AWS allows one active peering per pair of VPCs, and a second stack would also add the same routes and ingress
+    rule, so two stacks cannot both reach one MSK VPC from one site VPC.
+    """
+    opts = pulumi.InvokeOutputOptions(provider=args.site_provider)
+    pair = [
+        aws.ec2.GetVpcPeeringConnectionsFilterArgs(name="requester-vpc-info.vpc-id", values=[args.site.vpc_id]),
+        aws.ec2.GetVpcPeeringConnectionsFilterArgs(name="accepter-vpc-info.vpc-id", values=[msk.vpc_id]),
+        aws.ec2.GetVpcPeeringConnectionsFilterArgs(name="status-code", values=["active", "pending-acceptance"]),
+    ]
+    ours = aws.ec2.GetVpcPeeringConnectionsFilterArgs(name=f"tag:{STACK_TAG}", values=[args.stack])
+    every = aws.ec2.get_vpc_peering_connections_output(filters=pair, opts=opts).ids
+    own = aws.ec2.get_vpc_peering_connections_output(filters=[*pair, ours], opts=opts).ids
+
+    def check(found: list[Any]) -> str:  # [every id, our ids], each None when there is none
+        others = sorted(set(found[0] or []) - set(found[1] or []))
+        if others:
+            raise ValueError(
+                f"VPC peering {', '.join(others)} already joins {args.site.vpc_id} and {msk.vpc_id}, made by another"
+                f" stack or by hand; AWS allows one per pair of VPCs, and this stack would add the same routes and"
+                f" ingress rule. Mirror this pair from one stack, or remove that peering."
+            )
+        return args.site.vpc_id
+
+    return pulumi.Output.all(every, own).apply(check)
 
 
 def _routes(

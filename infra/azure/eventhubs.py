@@ -26,6 +26,9 @@ class EventHubsArgs:
     spec: EventHubsSpec
     location: str
     hubs: Sequence[HubSpec]  # from StackSettings.hubs: names by spark_app's policy, sized from the source
+    # The namespace and its hubs hold the DR copy: Pulumi may delete them (a topic dropped from a flow, a destroyed
+    # stack) only when the stack turns protection off.
+    protect: bool = True
 
 
 class EventHubs(pulumi.ComponentResource):
@@ -44,6 +47,7 @@ class EventHubs(pulumi.ComponentResource):
         super().__init__("mirrorkit:azure:EventHubs", name, None, opts)
         spec = args.spec
         child = pulumi.ResourceOptions(parent=self)
+        data = pulumi.ResourceOptions(parent=self, protect=args.protect)
         if spec.existing_resource_group:
             group_name: pulumi.Input[str] = spec.resource_group
         else:
@@ -67,7 +71,7 @@ class EventHubs(pulumi.ComponentResource):
             minimum_tls_version=eventhub.TlsVersion.TLS_VERSION_1_2,
             public_network_access=spec.public_network_access,
             disable_local_auth=spec.disable_local_auth,
-            opts=child,
+            opts=data,
         )
         self.hubs: dict[str, eventhub.EventHub] = {}
         for hub in args.hubs:
@@ -92,7 +96,7 @@ class EventHubs(pulumi.ComponentResource):
                 message_timestamp_description=eventhub.MessageTimestampDescriptionArgs(
                     timestamp_type=eventhub.TimestampType.CREATE
                 ),
-                opts=child,
+                opts=data,
             )
             for group_name_ in spec.consumer_groups:
                 eventhub.ConsumerGroup(
@@ -103,8 +107,9 @@ class EventHubs(pulumi.ComponentResource):
                     resource_group_name=group_name,
                     opts=child,
                 )
+        pairing = None
         if spec.geo_dr is not None:
-            eventhub.DisasterRecoveryConfig(
+            pairing = eventhub.DisasterRecoveryConfig(
                 f"{name}-geo-dr",
                 alias=spec.geo_dr.alias,
                 namespace_name=namespace.name,
@@ -112,7 +117,9 @@ class EventHubs(pulumi.ComponentResource):
                 partner_namespace=spec.geo_dr.partner_namespace_id,
                 opts=child,
             )
-        self.connection_string = None if spec.disable_local_auth else self._sas_rule(name, spec, namespace, group_name)
+        self.connection_string = (
+            None if spec.disable_local_auth else self._sas_rule(name, spec, namespace, group_name, pairing)
+        )
         self.namespace_name = namespace.name
         self.namespace_id = namespace.id
         self.resource_group_name = group_name
@@ -125,9 +132,16 @@ class EventHubs(pulumi.ComponentResource):
         )
 
     def _sas_rule(
-        self, name: str, spec: EventHubsSpec, namespace: eventhub.Namespace, group_name: pulumi.Input[str]
+        self,
+        name: str,
+        spec: EventHubsSpec,
+        namespace: eventhub.Namespace,
+        group_name: pulumi.Input[str],
+        pairing: eventhub.DisasterRecoveryConfig | None,
     ) -> pulumi.Output[str]:
-        """The mirror's Send/Listen rule (Manage only when asked); its connection string only ever as a secret."""
+        """The mirror's Send/Listen rule (Manage only when asked); its connection string only ever as a secret.
+
+        With Geo-DR, the alias's connection string: it names the alias, which a failover moves to the partner."""
         rights = [eventhub.AccessRights.SEND, eventhub.AccessRights.LISTEN]
         if spec.manage_rights:
             rights.append(eventhub.AccessRights.MANAGE)
@@ -139,6 +153,15 @@ class EventHubs(pulumi.ComponentResource):
             rights=rights,
             opts=pulumi.ResourceOptions(parent=self),
         )
+        if pairing is not None:
+            alias_keys = eventhub.list_disaster_recovery_config_keys_output(
+                alias=pairing.name,
+                authorization_rule_name=rule.name,
+                namespace_name=namespace.name,
+                resource_group_name=group_name,
+                opts=pulumi.InvokeOutputOptions(parent=self),
+            )
+            return pulumi.Output.secret(alias_keys.alias_primary_connection_string)
         keys = eventhub.list_namespace_keys_output(
             authorization_rule_name=rule.name,
             namespace_name=namespace.name,

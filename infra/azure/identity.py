@@ -1,4 +1,4 @@
-"""The mirror's Entra ID identity for Event Hubs namespaces with local (SAS) auth disabled.
+"""The mirror's Entra ID identity, for Event Hubs namespaces with local (SAS) auth disabled and abfss checkpoints.
 
 Azure workload identity: a user-assigned managed identity trusts the site's service-account tokens (a federated
 credential for the cluster's OIDC issuer and `system:serviceaccount:<ns>:<sa>`), holds the Event Hubs data roles
@@ -8,7 +8,7 @@ spark_app's `eventhubs-entra` profile trades for an Entra ID token.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -22,13 +22,24 @@ POD_LABELS = {"azure.workload.identity/use": "true"}
 
 
 @dataclass(frozen=True)
+class RoleGrant:
+    """A role the identity holds beyond the Event Hubs data roles, e.g. on the checkpoints' container."""
+
+    name: str
+    scope: pulumi.Input[str]
+    role_id: str  # a built-in role's id
+    condition: str | None = None  # ABAC, version 2.0
+
+
+@dataclass(frozen=True)
 class MirrorEntraIdentityArgs:
     resource_group_name: pulumi.Input[str]  # where the identity lives: the first namespace's group
     location: str
     oidc_issuer_url: str  # the site's service-account token issuer
     namespace: str
-    service_account: str
+    service_accounts: Sequence[str]  # the driver's and the executors': both run Kafka clients
     namespace_ids: Mapping[str, pulumi.Input[str]]  # cluster alias -> Event Hubs namespace ARM id
+    grants: Sequence[RoleGrant] = ()
 
 
 class MirrorEntraIdentity(pulumi.ComponentResource):
@@ -44,31 +55,46 @@ class MirrorEntraIdentity(pulumi.ComponentResource):
         identity = managedidentity.UserAssignedIdentity(
             f"{name}-identity", resource_group_name=args.resource_group_name, location=args.location, opts=child
         )
-        managedidentity.FederatedIdentityCredential(
-            f"{name}-federation",
-            resource_group_name=args.resource_group_name,
-            resource_name_=identity.name,
-            issuer=args.oidc_issuer_url,
-            subject=f"system:serviceaccount:{args.namespace}:{args.service_account}",
-            audiences=[TOKEN_AUDIENCE],
-            opts=child,
-        )
-        subscription = authorization.get_client_config_output(
-            opts=pulumi.InvokeOutputOptions(parent=self)
-        ).subscription_id
-        for alias, namespace_id in args.namespace_ids.items():
-            for role, role_id in DATA_ROLES.items():
+        # What a pod needs before it can sign in; the mirror's SparkApplication waits for these.
+        self.ready: list[pulumi.Resource] = [
+            managedidentity.FederatedIdentityCredential(
+                f"{name}-federation-{account}",
+                resource_group_name=args.resource_group_name,
+                resource_name_=identity.name,
+                issuer=args.oidc_issuer_url,
+                subject=f"system:serviceaccount:{args.namespace}:{account}",
+                audiences=[TOKEN_AUDIENCE],
+                opts=child,
+            )
+            for account in args.service_accounts
+        ]
+        client = authorization.get_client_config_output(opts=pulumi.InvokeOutputOptions(parent=self))
+        subscription = client.subscription_id
+        data_roles = [
+            RoleGrant(f"{alias}-{role}", namespace_id, role_id)
+            for alias, namespace_id in args.namespace_ids.items()
+            for role, role_id in DATA_ROLES.items()
+        ]
+        for grant in [*data_roles, *args.grants]:
+            self.ready.append(
                 authorization.RoleAssignment(
-                    f"{name}-{alias}-{role}",
+                    f"{name}-{grant.name}",
                     principal_id=identity.principal_id,
                     principal_type=authorization.PrincipalType.SERVICE_PRINCIPAL,
                     role_definition_id=pulumi.Output.concat(
-                        "/subscriptions/", subscription, "/providers/Microsoft.Authorization/roleDefinitions/", role_id
+                        "/subscriptions/",
+                        subscription,
+                        "/providers/Microsoft.Authorization/roleDefinitions/",
+                        grant.role_id,
                     ),
-                    scope=namespace_id,
+                    scope=grant.scope,
+                    condition=grant.condition,
+                    condition_version="2.0" if grant.condition else None,
                     opts=child,
                 )
+            )
         self.client_id = identity.client_id
+        self.tenant_id: pulumi.Output[str] = client.tenant_id
         self.service_account_annotations = {CLIENT_ID_ANNOTATION: identity.client_id}
         self.pod_labels = dict(POD_LABELS)
         self.register_outputs({"client_id": self.client_id})

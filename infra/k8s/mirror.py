@@ -1,4 +1,4 @@
-"""The mirror itself: its rendered config, the SparkApplication running the image, disruption and alerting rules.
+"""The mirror itself: its rendered config, the SparkApplication running the image, and its alerting rules.
 
 Objects are spelt in Kubernetes' own camelCase field names, as the API reference and the policy pack read them.
 pulumi-kubernetes sends such dicts unchanged, but its type hints describe only its snake_case keys; each call that
@@ -7,26 +7,33 @@ passes one carries `# type: ignore[call-overload]` for that reason alone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.k8s.dashboard import dashboard
 from infra.k8s.labels import APP_LABELS
+from infra.k8s.series import (
+    CHECKPOINT_AGE_METRIC,
+    ERRORS_METRIC,
+    HEARTBEAT_AGE_METRIC,
+    LAG_METRIC,
+    LAST_BATCH_METRIC,
+    RECORDS_METRIC,
+)
 from infra.settings import CHECKPOINT_DIR, SECRETS_DIR, Alerts, Checkpoint, ExecutorResources, Resources
 
 CONFIG_DIR = "/etc/mirrorkit/config"
 CONFIG_FILE = "mirror.yaml"
+# The operator resubmits an application when its spec changes, not when a mounted ConfigMap does: the rendered
+# config's hash in the spec makes a config edit restart the mirror.
+CONFIG_HASH_ANNOTATION = "mirrorkit.io/config-sha256"
 MAIN_FILE = "local:///opt/mirrorkit/main.py"  # images/mirror/main.py: `python -m spark_app` under spark-submit
-# The driver's Prometheus series the alerts read (spark_app.metrics serves them, each with a `flow` label).
-RECORDS_METRIC = "mirrorkit_records_mirrored_total"
-LAG_METRIC = "mirrorkit_lag_records"
-CHECKPOINT_AGE_METRIC = "mirrorkit_checkpoint_age_seconds"
-HEARTBEAT_AGE_METRIC = "mirrorkit_heartbeat_age_seconds"
-LAST_BATCH_METRIC = "mirrorkit_last_batch_timestamp_seconds"
-ERRORS_METRIC = "mirrorkit_errors_total"
 ALERT_METRICS = (
     RECORDS_METRIC,
     LAG_METRIC,
@@ -43,7 +50,8 @@ CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop"
 @dataclass(frozen=True)
 class MirrorArgs:
     namespace: pulumi.Input[str]
-    service_account: pulumi.Input[str]
+    service_account: pulumi.Input[str]  # the driver's: it makes the executor pods
+    executor_service_account: pulumi.Input[str]  # the executors': no Kubernetes rights at all
     image: str
     spark_version: str
     config_yaml: pulumi.Input[str]  # spark_app MirrorConfig.to_yaml(); secrets only referenced
@@ -54,7 +62,20 @@ class MirrorArgs:
     metrics_port: int
     monitoring: bool
     alerts: Alerts
+    monitoring_namespace: str = "monitoring"  # where Grafana's dashboard sidecar looks
+    # kube-prometheus-stack's Prometheus selects PodMonitors and rules by its release label, and ignores the rest.
+    monitoring_labels: Mapping[str, str] = field(default_factory=lambda: {"release": "kube-prometheus-stack"})
+    dashboard_labels: Mapping[str, str] = field(default_factory=lambda: {"grafana_dashboard": "1"})  # the sidecar's
     pod_labels: Mapping[str, str] = field(default_factory=dict)  # e.g. Azure workload identity's opt-in label
+    # What must exist before the first submission: the operator (its CRD and webhook), pod identity associations,
+    # role assignments and policies; without them the first driver starts unable to sign in.
+    depends_on: Sequence[pulumi.Resource] = ()
+    spark_conf: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # e.g. object storage sign-in
+    protect: bool = True  # the checkpoint PVC holds the mirror's positions: `pulumi destroy` must not lose it
+
+
+def config_hash(config_yaml: str) -> str:
+    return hashlib.sha256(config_yaml.encode()).hexdigest()
 
 
 def spark_application_spec(name: str, config_map: str, pvc: str | None, args: MirrorArgs) -> dict[str, Any]:
@@ -72,7 +93,6 @@ def spark_application_spec(name: str, config_map: str, pvc: str | None, args: Mi
         driver_mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_DIR})
     pod = {
         "labels": labels,
-        "serviceAccount": args.service_account,
         "secrets": secrets,
         "podSecurityContext": POD_SECURITY,
         "securityContext": CONTAINER_SECURITY,
@@ -91,15 +111,17 @@ def spark_application_spec(name: str, config_map: str, pvc: str | None, args: Mi
             "onFailureRetryInterval": 30,
             "onSubmissionFailureRetryInterval": 60,
         },
-        "sparkConf": {"spark.kubernetes.executor.deleteOnTermination": "true"},
+        "sparkConf": {"spark.kubernetes.executor.deleteOnTermination": "true", **args.spark_conf},
         "volumes": volumes,
         "driver": {
             **pod,
+            "serviceAccount": args.service_account,
             "cores": args.driver.cores,
             "memory": args.driver.memory,
             "volumeMounts": driver_mounts,
             "ports": [{"name": "metrics", "protocol": "TCP", "containerPort": args.metrics_port}],
             "annotations": {
+                CONFIG_HASH_ANNOTATION: pulumi.Output.from_input(args.config_yaml).apply(config_hash),
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(args.metrics_port),
                 "prometheus.io/path": "/metrics",
@@ -107,6 +129,7 @@ def spark_application_spec(name: str, config_map: str, pvc: str | None, args: Mi
         },
         "executor": {
             **pod,
+            "serviceAccount": args.executor_service_account,
             "instances": args.executor.instances,
             "cores": args.executor.cores,
             "memory": args.executor.memory,
@@ -178,8 +201,9 @@ def alert_rules(name: str, alerts: Alerts) -> list[dict[str, Any]]:
 class Mirror(pulumi.ComponentResource):
     """One SparkApplication running the packaged mirror with its rendered config.
 
-    Disruption: the PodDisruptionBudget allows one of the mirror's pods down at a time (maxUnavailable 1). It never
-    blocks a node drain (a minAvailable on the single driver would), and the driver comes back through the
+    Disruption: no PodDisruptionBudget. The driver is owned by its SparkApplication and the executors by the driver,
+    and neither owner has a /scale subresource, so a PDB with maxUnavailable gets `disruptionsAllowed: 0` and blocks
+    every node drain (as a minAvailable on the single driver would). A drained driver comes back through the
     operator's restart policy and resumes from its checkpoint, which outlives the pod.
     """
 
@@ -202,7 +226,7 @@ class Mirror(pulumi.ComponentResource):
                     "storageClassName": args.checkpoint.pvc.storage_class,
                     "resources": {"requests": {"storage": args.checkpoint.pvc.size}},
                 },
-                opts=child,
+                opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
             )
             pvc_name = f"{name}-checkpoints"
             child = pulumi.ResourceOptions(parent=self, depends_on=[pvc])
@@ -212,21 +236,26 @@ class Mirror(pulumi.ComponentResource):
             kind="SparkApplication",
             metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
             spec=spark_application_spec(name, f"{name}-config", pvc_name, args),
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[config_map])),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[config_map, *args.depends_on])),
         )
         instance = {**APP_LABELS, "app.kubernetes.io/instance": name}
-        k8s.policy.v1.PodDisruptionBudget(  # type: ignore[call-overload]  # camelCase fields (module doc)
-            f"{name}-pdb",
-            metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
-            spec={"maxUnavailable": 1, "selector": {"matchLabels": instance}},
-            opts=child,
-        )
         if args.monitoring:
+            monitoring_labels = {**args.monitoring_labels, **APP_LABELS}
+            k8s.core.v1.ConfigMap(
+                f"{name}-dashboard",
+                metadata={
+                    "name": f"{name}-dashboard",
+                    "namespace": args.monitoring_namespace,
+                    "labels": {**args.dashboard_labels, **APP_LABELS},
+                },
+                data={f"{name}.json": json.dumps(dashboard(name), indent=1, sort_keys=True)},
+                opts=child,
+            )
             k8s.apiextensions.CustomResource(
                 f"{name}-podmonitor",
                 api_version="monitoring.coreos.com/v1",
                 kind="PodMonitor",
-                metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
+                metadata={"name": name, "namespace": args.namespace, "labels": monitoring_labels},
                 spec={
                     "selector": {"matchLabels": {**instance, "spark-role": "driver"}},
                     "podTargetLabels": ["app.kubernetes.io/instance"],  # the alerts select on it
@@ -238,7 +267,7 @@ class Mirror(pulumi.ComponentResource):
                 f"{name}-rules",
                 api_version="monitoring.coreos.com/v1",
                 kind="PrometheusRule",
-                metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
+                metadata={"name": name, "namespace": args.namespace, "labels": monitoring_labels},
                 spec={"groups": [{"name": "mirrorkit", "rules": alert_rules(name, args.alerts)}]},
                 opts=child,
             )

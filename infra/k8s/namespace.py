@@ -31,13 +31,16 @@ POD_IDENTITY_AGENT = ({"cidr": "169.254.170.23/32"}, {"cidr": "fd00:ec2::23/128"
 @dataclass(frozen=True)
 class MirrorNamespaceArgs:
     namespace: str
-    service_account: str
+    service_account: str  # the driver's, bound to its Role
+    executor_service_account: str  # the executors', bound to nothing
     kafka_ports: Sequence[int]
     metrics_port: int
     monitoring_namespace: str
     api_server_cidrs: Sequence[str]
     credentials: Mapping[str, Mapping[str, pulumi.Output[str]]]  # alias -> file name -> secret value
-    service_account_annotations: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
+    service_account_annotations: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # both accounts
+    labels: Mapping[str, str] = field(default_factory=dict)  # on the namespace, e.g. the stack that owns it
+    protect: bool = False  # deleting the namespace deletes a checkpoint PVC in it
     https_egress: bool = False  # object storage, Entra ID's token endpoint or STS: TCP 443 to anywhere
     pod_identity_agent: bool = False  # EKS Pod Identity: the node-local agent hands out the role's credentials
 
@@ -51,13 +54,13 @@ class MirrorNamespace(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: MirrorNamespaceArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("mirrorkit:k8s:MirrorNamespace", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         ns = args.namespace
         namespace = k8s.core.v1.Namespace(
             f"{name}-ns",
             metadata={
                 "name": ns,
                 "labels": {
+                    **args.labels,
                     **APP_LABELS,
                     "pod-security.kubernetes.io/enforce": "restricted",
                     "pod-security.kubernetes.io/enforce-version": "latest",
@@ -65,7 +68,7 @@ class MirrorNamespace(pulumi.ComponentResource):
                     "pod-security.kubernetes.io/audit": "restricted",
                 },
             },
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
         )
         in_ns = pulumi.ResourceOptions(parent=self, depends_on=[namespace])
         account = k8s.core.v1.ServiceAccount(
@@ -75,6 +78,18 @@ class MirrorNamespace(pulumi.ComponentResource):
                 "namespace": ns,
                 "annotations": dict(args.service_account_annotations),
             },
+            opts=in_ns,
+        )
+        # Executors copy records but make no Kubernetes calls: their own account, no binding, no API token. They
+        # carry the same annotations, since their Kafka clients sign in with the pod's cloud identity.
+        executors = k8s.core.v1.ServiceAccount(
+            f"{name}-executor-sa",
+            metadata={
+                "name": args.executor_service_account,
+                "namespace": ns,
+                "annotations": dict(args.service_account_annotations),
+            },
+            automount_service_account_token=False,
             opts=in_ns,
         )
         role = k8s.rbac.v1.Role(  # type: ignore[call-overload]  # camelCase fields (module doc)
@@ -111,7 +126,14 @@ class MirrorNamespace(pulumi.ComponentResource):
             self.secret_names[alias] = secret_name(alias)
         self.namespace = namespace.metadata.name
         self.service_account = account.metadata.name
-        self.register_outputs({"namespace": self.namespace, "service_account": self.service_account})
+        self.executor_service_account = executors.metadata.name
+        self.register_outputs(
+            {
+                "namespace": self.namespace,
+                "service_account": self.service_account,
+                "executor_service_account": self.executor_service_account,
+            }
+        )
 
 
 def _tcp(port: int) -> dict:

@@ -15,7 +15,9 @@ CHART_REPO = "https://kubeflow.github.io/spark-operator"
 @dataclass(frozen=True)
 class SparkOperatorArgs:
     job_namespace: pulumi.Input[str]
-    namespace: str = "spark-operator"
+    # The Helm release, and the namespace it goes in. The chart names its cluster-wide objects (ClusterRole,
+    # webhook configurations) after the release, so each stack sharing a cluster needs its own.
+    release: str
 
 
 class SparkOperator(pulumi.ComponentResource):
@@ -27,13 +29,14 @@ class SparkOperator(pulumi.ComponentResource):
         namespace = k8s.core.v1.Namespace(
             f"{name}-ns",
             metadata={
-                "name": args.namespace,
+                "name": args.release,
                 "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
             },
             opts=pulumi.ResourceOptions(parent=self),
         )
         chart = k8s.helm.v4.Chart(
             f"{name}-chart",
+            name=args.release,
             chart=CHART,
             version=CHART_VERSION,
             repository_opts=k8s.helm.v4.RepositoryOptsArgs(repo=CHART_REPO),

@@ -15,6 +15,7 @@ from typing import Any
 import pulumi
 import yaml
 from pulumi.runtime import rpc
+from pulumi.runtime.mocks import MockMonitor
 
 from infra.settings import PROJECT
 
@@ -30,6 +31,10 @@ BOOTSTRAPS = {
 }
 
 
+# An invoke's result, or a function of its arguments that gives it.
+Answer = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
+
+
 def sentinel(alias: str, key: str) -> str:
     return f"test-sentinel-{alias}-{key}"
 
@@ -40,6 +45,10 @@ class Registered:
     name: str
     inputs: dict[str, Any]  # wire (camelCase) names; secrets still wrapped as the engine would see them
     provider: str | None = None  # the explicit provider reference, `urn::id`
+    urn: str = ""
+    dependencies: tuple[str, ...] = ()  # URNs the engine waits for before creating it (explicit and implicit)
+    protect: bool = False
+    retain_on_delete: bool = False
 
     @property
     def plain(self) -> dict[str, Any]:
@@ -68,9 +77,13 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def __init__(self) -> None:
         self.resources: list[Registered] = []
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.call_results: dict[str, Answer] = {}  # a test's answers to invokes, by token
+        # (type, name) -> what the engine gets beside the inputs
+        self.options: dict[tuple[str, str], dict[str, Any]] = {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        self.resources.append(Registered(args.typ, args.name, dict(args.inputs), args.provider))
+        options = self.options.get((args.typ, args.name), {})
+        self.resources.append(Registered(args.typ, args.name, dict(args.inputs), args.provider, **options))
         outputs = dict(args.inputs)
         outputs.setdefault("arn", f"arn:aws:test:::{args.name}")
         if args.typ.startswith("azure-native:"):
@@ -84,6 +97,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
         self.calls.append((args.token, dict(args.args)))
+        if args.token in self.call_results:
+            answer = self.call_results[args.token]
+            return answer(dict(args.args)) if callable(answer) else answer
         if args.token == f"{EVENTHUB}:listNamespaceKeys":
             return {"primaryConnectionString": CONNECTION_STRING}
         if args.token == "azure-native:authorization:getClientConfig":
@@ -91,6 +107,23 @@ class RecordingMocks(pulumi.runtime.Mocks):
         if args.token == "aws:msk/getBootstrapBrokers:getBootstrapBrokers":
             return dict(BOOTSTRAPS)
         return {}
+
+
+class RecordingMonitor(MockMonitor):
+    """The mock monitor, also keeping what mocks do not see: dependencies, protect and retain-on-delete."""
+
+    def __init__(self, mocks: RecordingMocks) -> None:
+        super().__init__(mocks)
+        self.recording = mocks
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802  # the gRPC method's name
+        self.recording.options[(request.type, request.name)] = {
+            "urn": self.make_urn(request.parent, request.type, request.name),
+            "dependencies": tuple(request.dependencies),
+            "protect": bool(request.protect),
+            "retain_on_delete": bool(request.retainOnDelete),
+        }
+        return super().RegisterResource(request)
 
 
 def stack_values(path: Path) -> dict[str, Any]:
@@ -139,10 +172,17 @@ class Run:
         return found
 
 
-def run_pulumi(body: Callable[[], Awaitable[dict[str, Any]]], values: dict[str, Any], stack: str = "test") -> Run:
-    """Set fresh mocks and config, then run `body` (which builds resources) to completion, engine-style."""
+def run_pulumi(
+    body: Callable[[], Awaitable[dict[str, Any]]],
+    values: dict[str, Any],
+    stack: str = "test",
+    calls: dict[str, Answer] | None = None,
+) -> Run:
+    """Set fresh mocks and config, then run `body` (which builds resources) to completion, engine-style. `calls`
+    answers invokes by token, as the cloud would."""
     mocks = RecordingMocks()
-    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    mocks.call_results = dict(calls or {})
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=RecordingMonitor(mocks))
     set_config(values)
     run = Run(mocks)
 
@@ -159,7 +199,7 @@ def run_stack(path: Path) -> Run:
     return run_values(with_secrets(stack_values(path)), stack=path.name.split(".")[1])
 
 
-def run_values(values: dict[str, Any], stack: str = "test") -> Run:
+def run_values(values: dict[str, Any], stack: str = "test", calls: dict[str, Answer] | None = None) -> Run:
     """The whole program with these config values (secrets included)."""
     from infra.settings import load_settings
     from infra.topology import build
@@ -175,4 +215,4 @@ def run_values(values: dict[str, Any], stack: str = "test") -> Run:
         }
         return {"settings": settings, "topology": topology, "configs": configs, "credential_is_secret": secret}
 
-    return run_pulumi(body, values, stack=stack)
+    return run_pulumi(body, values, stack=stack, calls=calls)

@@ -110,7 +110,7 @@ def test_entra_identity_federates_the_service_account_and_may_only_send_and_rece
                 location="westeurope",
                 oidc_issuer_url="https://oidc.example/issuer/",
                 namespace="mk",
-                service_account="mirrorkit",
+                service_accounts=["mirrorkit"],
                 namespace_ids={"dr": "/subscriptions/s/ns/dr", "dr2": "/subscriptions/s/ns/dr2"},
             ),
         )
@@ -120,7 +120,7 @@ def test_entra_identity_federates_the_service_account_and_may_only_send_and_rece
         return {"annotations": annotations, "labels": identity.pod_labels}
 
     run = run_pulumi(body, {})
-    federation = run.named("site-entra-federation").plain
+    federation = run.named("site-entra-federation-mirrorkit").plain
     assert (federation["issuer"], federation["subject"], federation["audiences"]) == (
         "https://oidc.example/issuer/",
         "system:serviceaccount:mk:mirrorkit",
@@ -166,7 +166,7 @@ def test_msk_reach_peers_routes_both_ways_and_opens_one_port_from_the_peer():
     async def body():
         site = aws.Provider("site", region="eu-west-1")
         msk = aws.Provider("msk", region="eu-west-1")
-        MskReach("r", MskReachArgs(SITE, site, msk, [MSK]))
+        MskReach("r", MskReachArgs("test", SITE, site, msk, [MSK]))
         return {}
 
     run = run_pulumi(body, {})
@@ -196,7 +196,7 @@ def test_msk_reach_in_the_same_vpc_only_opens_the_port():
 
     async def body():
         p = aws.Provider("p", region="eu-west-1")
-        MskReach("r", MskReachArgs(SITE, p, p, [same]))
+        MskReach("r", MskReachArgs("test", SITE, p, p, [same]))
         return {}
 
     run = run_pulumi(body, {})
@@ -270,16 +270,17 @@ def test_mirror_role_uses_pod_identity_or_irsa():
 
     async def body():
         flows = [FlowConfig(source="a", target="b", topics={"include": ["t"]}, checkpoint_location="/c")]
-        pod = MirrorRole("pod", MirrorRoleArgs(SITE, "ns", "sa", flows, {"b": MSK}))
-        web = MirrorRole("web", MirrorRoleArgs(irsa, "ns", "sa", flows, {"b": MSK}))
+        pod = MirrorRole("pod", MirrorRoleArgs(SITE, "ns", ["sa"], flows, {"b": MSK}))
+        web = MirrorRole("web", MirrorRoleArgs(irsa, "ns", ["sa"], flows, {"b": MSK}))
         return {"pod": pod.service_account_annotations, "web": await web.role_arn.future()}
 
     run = run_pulumi(body, {})
-    association = run.named("pod-pod-identity").plain
+    association = run.named("pod-pod-identity-sa").plain
     assert (association["clusterName"], association["namespace"], association["serviceAccount"]) == ("eks", "ns", "sa")
     assert run.result["pod"] == {}
     trust = json.loads(run.named("web-role").plain["assumeRolePolicy"])
-    assert trust["Statement"][0]["Condition"]["StringEquals"]["oidc.example/id/X:sub"] == "system:serviceaccount:ns:sa"
+    subjects = trust["Statement"][0]["Condition"]["StringEquals"]["oidc.example/id/X:sub"]
+    assert subjects == ["system:serviceaccount:ns:sa"]
     assert run.result["web"] == "arn:aws:test:::web-role"
 
 
@@ -287,6 +288,7 @@ def namespace_args(**changes) -> MirrorNamespaceArgs:
     defaults = dict(
         namespace="mk",
         service_account="mirrorkit",
+        executor_service_account="mirrorkit-executor",
         kafka_ports=[9096, 9093],
         metrics_port=9404,
         monitoring_namespace="monitoring",
@@ -349,12 +351,13 @@ def test_namespace_opens_https_and_the_pod_identity_agent_only_when_asked():
 
 def test_spark_operator_chart_is_pinned_and_watches_only_the_mirror_namespace():
     async def body():
-        SparkOperator("op", SparkOperatorArgs(job_namespace="mk"))
+        SparkOperator("op", SparkOperatorArgs(job_namespace="mk", release="spark-operator-test"))
         return {}
 
     run = run_pulumi(body, {})
     (chart,) = run.of_type("kubernetes:helm.sh/v4:Chart")
     assert chart.plain["version"] == CHART_VERSION and chart.plain["chart"] == "spark-operator"
+    assert chart.plain["name"] == chart.plain["namespace"] == "spark-operator-test"
     assert chart.plain["values"]["spark"]["jobNamespaces"] == ["mk"]
     assert chart.plain["values"]["spark"]["rbac"] == {"create": False}
 
@@ -363,6 +366,7 @@ def mirror_args(**changes) -> MirrorArgs:
     defaults = dict(
         namespace="mk",
         service_account="mirrorkit",
+        executor_service_account="mirrorkit-executor",
         image="img:1",
         spark_version="4.0.1",
         config_yaml="version: 1\n",
@@ -394,7 +398,6 @@ def test_mirror_runs_the_cli_with_its_config_and_checkpoint_pvc():
     ]
     assert {"name": "checkpoints", "mountPath": "/checkpoints"} in spec["driver"]["volumeMounts"]
     assert run.named("m-checkpoints").plain["spec"]["resources"]["requests"]["storage"] == "5Gi"
-    assert run.named("m-pdb").plain["spec"]["maxUnavailable"] == 1
     rules = {r["alert"]: r["expr"] for r in run.named("m-rules").plain["spec"]["groups"][0]["rules"]}
     assert set(rules) == {
         "MirrorkitLagHigh",

@@ -66,7 +66,7 @@ def test_credentials_reach_the_mirror_only_as_mounted_files(stack, stack_runs):
                 assert ref is None or (
                     ref["env"] is None and ref["file"].startswith(f"/etc/mirrorkit/secrets/{cluster['alias']}/")
                 )
-        secrets = run.named(f"mirrorkit-{site}-app").plain["spec"]["driver"]["secrets"]
+        secrets = run.named(f"mirrorkit-{stack}-{site}-app").plain["spec"]["driver"]["secrets"]
         mounted = {s["path"].rsplit("/", 1)[1] for s in secrets}
         assert mounted == {c["alias"] for c in config["clusters"] if c["password"] or c["client_key"]}
 

@@ -105,3 +105,31 @@ def test_an_entra_only_namespace_needs_the_sites_workload_identity_issuer():
         f"{PROJECT}:sites[0].azure: missing; its mirror reaches Event Hubs cluster(s) dr with local auth disabled"
         in (refused(values))
     )
+
+
+def test_a_standard_namespace_takes_ten_event_hubs_counting_the_mirrors_own():
+    def more_topics(clusters):
+        clusters[0]["topics"] |= {f"t{i}": {"partitions": 1} for i in range(4)}  # 7 hubs today, 11 with these
+
+    def standard(clusters):
+        clusters[1]["eventhubs"].update(tier="Standard")
+        more_topics(clusters)
+
+    values = edited(DR, clusters=standard, flows=lambda f: f[0]["topics"]["include"].extend(f"t{i}" for i in range(4)))
+    assert (
+        f"{PROJECT}:clusters[1].eventhubs.tier: namespace 'mirrorkit-dr-weu' needs 11 event hubs (4 of them the"
+        " mirror's own) but tier Standard allows 10" in refused(values)
+    )
+    values = edited(
+        DR, clusters=more_topics, flows=lambda f: f[0]["topics"]["include"].extend(f"t{i}" for i in range(4))
+    )
+    set_config(values)
+    assert len(load_settings().hubs("dr")) == 11  # Premium allows 100 per processing unit
+
+
+def test_premium_capacity_is_a_power_of_two_up_to_sixteen():
+    values = edited(DR, clusters=lambda c: c[1]["eventhubs"].update(capacity=3))
+    assert (
+        f"{PROJECT}:clusters[1].eventhubs.capacity: Premium takes 1, 2, 4, 8 or 16 processing units, not 3"
+        in refused(values)
+    )

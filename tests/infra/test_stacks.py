@@ -75,7 +75,8 @@ def test_active_active_runs_one_mirror_per_region_owning_the_flow_into_it(stack_
     assert {r.plain["fromPort"] for r in run.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")} == {
         9098
     }
-    assert len(run.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")) == 1  # use1; euw1 uses IRSA
+    # use1 associates its driver and executor accounts; euw1 uses IRSA
+    assert len(run.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")) == 2
     irsa = run.named("euw1-sa").plain["metadata"]["annotations"]
     assert irsa == {"eks.amazonaws.com/role-arn": "arn:aws:test:::euw1-mirror-role"}
 
@@ -108,12 +109,14 @@ def test_active_passive_into_an_entra_only_namespace_uses_workload_identity():
     assert (dr["profile"], dr["password"]) == ("eventhubs-entra", None)
     assert not run.of_type(f"{EVENTHUB}:NamespaceAuthorizationRule")
     assert [s.plain["metadata"]["name"] for s in run.of_type("kubernetes:core/v1:Secret")] == ["mirrorkit-primary"]
-    assert run.named("use1-entra-federation").plain["subject"] == "system:serviceaccount:mirrorkit:mirrorkit"
+    assert run.named("use1-entra-federation-mirrorkit").plain["subject"] == (
+        "system:serviceaccount:mirrorkit-test:mirrorkit"
+    )
     scopes = {r.plain["scope"] for r in run.of_type("azure-native:authorization:RoleAssignment")}
     assert scopes == {"eh-dr-ns-id"}
     annotations = run.named("use1-sa").plain["metadata"]["annotations"]
     assert annotations == {"azure.workload.identity/client-id": "client-use1-entra-identity"}
-    spec = run.named("mirrorkit-use1-app").plain["spec"]
+    spec = run.named("mirrorkit-test-use1-app").plain["spec"]
     for role in ("driver", "executor"):
         assert spec[role]["labels"]["azure.workload.identity/use"] == "true"
     egress = run.named("use1-mirror").plain["spec"]["egress"]

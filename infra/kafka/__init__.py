@@ -1,0 +1,1 @@
+"""Self-managed Kafka pieces: the mirror's ACLs."""

@@ -1,0 +1,118 @@
+"""The mirror's ACLs on a self-managed Kafka cluster, least privilege, derived from the flows and spark_app's naming
+policy: read the source topics and describe their groups; write the target copies; its own internal topics; and
+heartbeats on the source when the flow emits them. The program sets them with an admin credential of its own."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kafka as kafka
+
+from infra.aws.identity import regex_to_glob
+from infra.settings import ADMIN_PREFIX, KafkaSpec
+from spark_app.config import FlowConfig
+from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
+
+READ = ("Read", "Describe", "DescribeConfigs")
+WRITE = ("Write", "Describe", "Create", "DescribeConfigs", "AlterConfigs")  # topic sync creates and configures
+OWN = ("Read", "Write", "Describe", "Create")  # internal topics the mirror writes and reads back
+EMIT = ("Write", "Describe", "Create")
+
+
+@dataclass(frozen=True, order=True)
+class AclSpec:
+    resource_type: str  # Topic | Group
+    pattern: str  # Literal | Prefixed
+    name: str
+    operation: str
+
+
+def _selected(pattern: str) -> tuple[str, str]:
+    """(pattern type, name) of the narrowest ACL covering a regex: its literal prefix, or the whole literal name."""
+    glob = regex_to_glob(pattern)
+    if glob == "*":
+        return "Literal", "*"
+    return ("Prefixed", glob[:-1]) if glob.endswith("*") else ("Literal", glob)
+
+
+def mirror_acls(alias: str, flows: Sequence[FlowConfig]) -> list[AclSpec]:
+    """Every ACL the mirror needs on cluster `alias` for these flows, and nothing more."""
+    out: set[AclSpec] = set()
+
+    def allow(kind: str, pattern: str, name: str, operations: Sequence[str]) -> None:
+        out.update(AclSpec(kind, pattern, name, op) for op in operations)
+
+    for flow in flows:
+        topics = [_selected(p) for p in flow.topics.include]
+        groups = [_selected(p) for p in flow.groups.include]
+        if flow.source == alias:
+            for pattern, name in topics:
+                allow("Topic", pattern, name, READ)
+            for pattern, name in groups:  # committed offsets, to translate them
+                allow("Group", pattern, name, ("Describe",))
+            if flow.emit_heartbeats:
+                allow("Topic", "Literal", HEARTBEATS_TOPIC, EMIT)
+            if flow.offset_syncs_location == "source":
+                allow("Topic", "Literal", offset_syncs_topic(flow), OWN)
+        if flow.target == alias:
+            for pattern, name in topics:
+                allow("Topic", pattern, target_topic(flow, name) if name != "*" else name, WRITE)
+            own = [checkpoints_topic(flow), target_topic(flow, HEARTBEATS_TOPIC)]
+            if flow.offset_syncs_location == "target":
+                own.append(offset_syncs_topic(flow))
+            for name in own:
+                allow("Topic", "Literal", name, OWN)
+            if flow.dead_letter_topic:
+                allow("Topic", "Literal", flow.dead_letter_topic, EMIT)
+            if flow.sync_group_offsets:  # altering a group's offsets needs Read on it
+                for pattern, name in groups:
+                    allow("Group", pattern, name, ("Read", "Describe"))
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class MirrorAclsArgs:
+    alias: str
+    spec: KafkaSpec
+    flows: Sequence[FlowConfig]
+    credentials: Mapping[str, pulumi.Output[str]]  # the cluster's credential files; the admin_* ones are used here
+
+
+class MirrorAcls(pulumi.ComponentResource):
+    """The mirror principal's ACLs, set through a Kafka provider that signs in as the admin."""
+
+    def __init__(self, name: str, args: MirrorAclsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("mirrorkit:kafka:MirrorAcls", name, None, opts)
+        spec, admin = args.spec, args.credentials
+        provider = kafka.Provider(
+            f"{name}-admin",
+            bootstrap_servers=spec.bootstrap_servers.split(","),
+            tls_enabled=True,
+            client_cert=admin.get(f"{ADMIN_PREFIX}client_cert"),
+            client_key=admin.get(f"{ADMIN_PREFIX}client_key"),
+            sasl_mechanism="scram-sha512" if spec.auth == "scram" else None,
+            sasl_username=spec.acls.admin_username if spec.acls else None,
+            sasl_password=admin.get(f"{ADMIN_PREFIX}password"),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        on_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
+        for acl in mirror_acls(args.alias, args.flows):
+            kafka.Acl(
+                f"{name}-{acl.resource_type}-{acl.pattern}-{_slug(acl.name)}-{acl.operation}".lower(),
+                acl_principal=spec.principal,
+                acl_host="*",
+                acl_operation=acl.operation,
+                acl_permission_type="Allow",
+                acl_resource_type=acl.resource_type,
+                acl_resource_name=acl.name,
+                resource_pattern_type_filter=acl.pattern,
+                opts=on_cluster,
+            )
+        self.register_outputs({})
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]", "_", name)

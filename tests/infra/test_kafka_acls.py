@@ -1,0 +1,66 @@
+"""Kafka ACLs as code for the mirror's SCRAM or mTLS user on a self-managed cluster: least privilege, from the
+same flows and naming policy the mirror runs with."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from tests.infra.harness import ROOT, Run, is_secret, run_values, stack_values, with_secrets
+
+ONPREM = ROOT / "stacks" / "Pulumi.onprem-to-msk.yaml"
+ACL = "kafka:index/acl:Acl"
+PRINCIPAL = "User:CN=mirror,OU=dr"
+
+
+def onprem(reverse: bool = False, heartbeats: bool = True) -> dict:
+    values = copy.deepcopy(stack_values(ONPREM))
+    values["mirrorkit:clusters"][0]["kafka"]["acls"] = {"principal": PRINCIPAL}
+    flow = values["mirrorkit:flows"][0]
+    flow["emit_heartbeats"] = heartbeats
+    if reverse:
+        flow |= {"source": "aws", "target": "dc1", "groups": {"include": ["billing"]}, "sync_group_offsets": True}
+    return with_secrets(values)
+
+
+def acls(run: Run) -> set[tuple[str, str, str, str]]:
+    found = set()
+    for acl in run.of_type(ACL):
+        p = acl.plain
+        assert (p["aclPrincipal"], p["aclPermissionType"], p["aclHost"]) == (PRINCIPAL, "Allow", "*")
+        found.add((p["aclResourceType"], p["resourcePatternTypeFilter"], p["aclResourceName"], p["aclOperation"]))
+    return found
+
+
+def test_on_a_source_the_mirror_reads_its_topics_describes_groups_and_writes_heartbeats():
+    run = run_values(onprem())
+    got = acls(run)
+    for pattern, name in (("Prefixed", "orders"), ("Literal", "payments")):
+        for operation in ("Read", "Describe", "DescribeConfigs"):
+            assert ("Topic", pattern, name, operation) in got
+        assert ("Topic", pattern, name, "Write") not in got
+    assert ("Group", "Literal", "*", "Describe") in got and ("Group", "Literal", "*", "Read") not in got
+    assert {("Topic", "Literal", "heartbeats", op) for op in ("Write", "Describe", "Create")} <= got
+    assert not [a for a in got if a[3] in ("All", "Alter", "Delete", "ClusterAction")]
+    # The admin credential that sets the ACLs reaches no pod.
+    (secret,) = [s for s in run.of_type("kubernetes:core/v1:Secret") if s.plain["metadata"]["name"] == "mirrorkit-dc1"]
+    assert set(secret.plain["stringData"]) == {"client_cert", "client_key"}
+    (provider,) = run.of_type("pulumi:providers:kafka")
+    assert json.loads(provider.plain["bootstrapServers"]) == ["kafka-0.dc1.example:9093", "kafka-1.dc1.example:9093"]
+    assert is_secret(provider.inputs["clientKey"])
+
+
+def test_no_heartbeat_write_when_heartbeats_are_off():
+    got = acls(run_values(onprem(heartbeats=False)))
+    assert not [a for a in got if a[2] == "heartbeats"]
+
+
+def test_on_a_target_the_mirror_writes_its_copies_and_own_topics_and_moves_only_its_groups():
+    got = acls(run_values(onprem(reverse=True)))
+    for pattern, name in (("Prefixed", "aws.orders"), ("Literal", "aws.payments")):
+        for operation in ("Write", "Describe", "Create", "DescribeConfigs", "AlterConfigs"):
+            assert ("Topic", pattern, name, operation) in got
+    for own in ("aws.checkpoints.internal", "mirrorkit-offset-syncs.aws.internal", "aws.heartbeats"):
+        assert ("Topic", "Literal", own, "Write") in got and ("Topic", "Literal", own, "Read") in got
+    assert ("Group", "Literal", "billing", "Read") in got and ("Group", "Literal", "*", "Read") not in got
+    assert not [a for a in got if a[2] == "heartbeats"]  # heartbeats are written on the source, which is MSK here

@@ -1,0 +1,124 @@
+"""Checkpoints in object storage: infra makes (or takes) the bucket or container, lets each mirror's identity reach
+its own prefixes only, and renders Spark's s3a and abfss settings with the pod's identity and no key."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from infra.settings import load_settings
+from spark_app.config import ConfigError
+from tests.infra.harness import ROOT, Run, run_values, set_config, stack_values, with_secrets
+
+ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
+DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
+BUCKET = "mirrorkit-checkpoints-example"
+SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
+ABFSS = "abfss://checkpoints@mirrorkitdr.dfs.core.windows.net/dr"
+ACCOUNT = "mirrorkitdr.dfs.core.windows.net"
+KEYS = ("access.key", "secret.key", "session.token", "account.key", "client.secret", "sas")
+
+
+def spark_confs(run: Run) -> dict[str, dict[str, str]]:
+    return {app.plain["metadata"]["name"]: app.plain["spec"]["sparkConf"] for app in run.of_type(SPARK_APP)}
+
+
+def no_key_in(conf: dict[str, str]) -> None:
+    assert not [k for k in conf if any(word in k.lower() for word in KEYS)]
+
+
+def test_the_bucket_is_made_private_encrypted_and_protected(stack_runs):
+    run = stack_runs["active-active"]
+    (bucket,) = run.of_type("aws:s3/bucket:Bucket")
+    assert bucket.plain["bucket"] == BUCKET and bucket.protect
+    (block,) = run.of_type("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")
+    assert all(
+        block.plain[k] for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+    )
+    assert run.of_type("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
+
+
+def test_each_mirror_role_reaches_only_its_own_checkpoint_prefixes(stack_runs):
+    run = stack_runs["active-active"]
+    policies = {
+        p.name: json.loads(p.plain["policy"])
+        for p in run.of_type("aws:iam/rolePolicy:RolePolicy")
+        if p.name.endswith("-checkpoints")
+    }
+    expected = {"use1-mirror-checkpoints": "eu-us", "euw1-mirror-checkpoints": "us-eu"}
+    assert set(policies) == set(expected)
+    for name, policy in policies.items():
+        prefix = f"active-active/active-active/{expected[name]}"
+        objects, listing = policy["Statement"]
+        assert objects["Resource"] == [f"arn:aws:s3:::{BUCKET}/{prefix}/*"]
+        assert set(objects["Action"]) == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
+        assert listing["Action"] == ["s3:ListBucket"] and listing["Resource"] == [f"arn:aws:s3:::{BUCKET}"]
+        assert listing["Condition"] == {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}}
+
+
+def test_s3a_signs_in_with_the_pods_identity_and_no_key(stack_runs):
+    confs = spark_confs(stack_runs["active-active"])
+    provider = "spark.hadoop.fs.s3a.aws.credentials.provider"
+    assert confs["mirrorkit-active-active-use1"][provider].endswith(".ContainerCredentialsProvider")  # Pod Identity
+    assert confs["mirrorkit-active-active-euw1"][provider].endswith(".WebIdentityTokenFileCredentialsProvider")  # IRSA
+    for conf in confs.values():
+        assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "us-east-1"
+        no_key_in(conf)
+
+
+def test_an_existing_bucket_is_taken_not_made():
+    values = copy.deepcopy(with_secrets(stack_values(ACTIVE_ACTIVE)))
+    values["mirrorkit:mirror"]["checkpoint"]["existing"] = True
+    run = run_values(values, stack="active-active")
+    assert not run.of_type("aws:s3/bucket:Bucket")
+    assert [p for p in run.of_type("aws:iam/rolePolicy:RolePolicy") if p.name.endswith("-checkpoints")]
+
+
+def abfss_values() -> dict:
+    values = copy.deepcopy(with_secrets(stack_values(DR)))
+    values["mirrorkit:mirror"]["checkpoint"] = {"url": ABFSS, "resource_group": "rg-storage", "region": "westeurope"}
+    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.us-east-1.amazonaws.com/id/X"}
+    return values
+
+
+def test_the_container_is_made_and_only_the_mirrors_prefix_is_granted():
+    run = run_values(abfss_values(), stack="dr")
+    (container,) = run.of_type("azure-native:storage:BlobContainer")
+    assert container.protect and container.plain["containerName"] == "checkpoints"
+    assert container.plain["accountName"] == "mirrorkitdr" and container.plain["publicAccess"] == "None"
+    (grant,) = [r for r in run.of_type("azure-native:authorization:RoleAssignment") if "checkpoints" in r.name]
+    scope = grant.plain["scope"]
+    assert scope.endswith("/storageAccounts/mirrorkitdr/blobServices/default/containers/checkpoints")
+    assert grant.plain["roleDefinitionId"].endswith("/ba92f5b4-2d11-453d-a403-e96b0029c9fe")  # Blob Data Contributor
+    assert (
+        grant.plain["conditionVersion"] == "2.0" and "StringStartsWith 'dr/dr/primary-dr/'" in grant.plain["condition"]
+    )
+    (app,) = run.of_type(SPARK_APP)
+    assert grant.urn in app.dependencies
+    conf = app.plain["spec"]["sparkConf"]
+    assert conf[f"spark.hadoop.fs.azure.account.auth.type.{ACCOUNT}"] == "OAuth"
+    assert conf[f"spark.hadoop.fs.azure.account.oauth.provider.type.{ACCOUNT}"] == (
+        "org.apache.hadoop.fs.azurebfs.oauth2.WorkloadIdentityTokenProvider"
+    )
+    assert conf[f"spark.hadoop.fs.azure.account.oauth2.client.id.{ACCOUNT}"] == "client-use1-entra-identity"
+    assert conf[f"spark.hadoop.fs.azure.account.oauth2.token.file.{ACCOUNT}"].startswith("/var/run/secrets/")
+    no_key_in(conf)
+
+
+@pytest.mark.parametrize("scheme", ["s3a", "abfss"])
+def test_object_storage_without_the_sites_cloud_identity_is_refused(scheme):
+    values = abfss_values() if scheme == "abfss" else copy.deepcopy(with_secrets(stack_values(ACTIVE_ACTIVE)))
+    if scheme == "abfss":
+        del values["mirrorkit:sites"][0]["azure"]
+        expected = r"sites\[0\]\.azure: missing; .*abfss"
+    else:
+        values = copy.deepcopy(with_secrets(stack_values(DR)))
+        values["mirrorkit:mirror"]["checkpoint"] = {"url": "s3a://bucket-x/x"}
+        values["mirrorkit:sites"][0].pop("aws")
+        values["mirrorkit:placement"] = {"primary->dr": "use1"}
+        expected = r"sites\[0\]\.aws: missing; .*s3a"
+    set_config(values)
+    with pytest.raises(ConfigError, match=expected):
+        load_settings()

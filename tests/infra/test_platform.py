@@ -1,0 +1,252 @@
+"""Platform semantics the mocks alone do not see: node drains, service accounts, resubmission on a config change,
+the order of a first deploy and the protection of DR data. Each test reads what the engine would get."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import runpy
+
+import pulumi
+import pytest
+import yaml
+
+from infra.k8s.mirror import Mirror
+from infra.settings import load_settings
+from spark_app.config import ConfigError
+from tests.infra.harness import (
+    EVENTHUB,
+    ROOT,
+    STACKS,
+    Run,
+    run_pulumi,
+    run_values,
+    set_config,
+    stack_values,
+    with_secrets,
+)
+from tests.infra.test_components import mirror_args
+
+NAMES = [p.name.split(".")[1] for p in STACKS]
+SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
+DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
+
+
+def entra_variant() -> Run:
+    """The active/passive stack into an Event Hubs namespace with local auth off (Entra ID workload identity)."""
+    values = copy.deepcopy(with_secrets(stack_values(DR)))
+    values["mirrorkit:clusters"][1]["eventhubs"]["disable_local_auth"] = True
+    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.us-east-1.amazonaws.com/id/X"}
+    return run_values(values, stack="dr-msk-to-eventhubs")
+
+
+@pytest.mark.parametrize("stack", NAMES)
+def test_no_pod_disruption_budget_blocks_a_node_drain(stack, stack_runs):
+    # The driver and executors have no owner with /scale, so any maxUnavailable PDB allows 0 disruptions.
+    assert stack_runs[stack].of_type("kubernetes:policy/v1:PodDisruptionBudget") == []
+
+
+@pytest.mark.parametrize("stack", NAMES)
+def test_executors_run_as_their_own_service_account_with_no_rbac(stack, stack_runs):
+    run = stack_runs[stack]
+    accounts = {
+        (a.plain["metadata"]["namespace"], a.plain["metadata"]["name"]): a.plain
+        for a in run.of_type("kubernetes:core/v1:ServiceAccount")
+    }
+    bound = {
+        (s["namespace"], s["name"])
+        for b in run.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+        for s in b.plain["subjects"]
+    }
+    for app in run.of_type(SPARK_APP):
+        spec, namespace = app.plain["spec"], app.plain["metadata"]["namespace"]
+        driver = (namespace, spec["driver"]["serviceAccount"])
+        executor = (namespace, spec["executor"]["serviceAccount"])
+        assert driver != executor and driver in bound and executor not in bound
+        assert accounts[executor]["automountServiceAccountToken"] is False
+        # Executors run Kafka clients too, so they carry the same cloud identity as the driver.
+        assert accounts[executor]["metadata"]["annotations"] == accounts[driver]["metadata"]["annotations"]
+
+
+def test_executors_get_the_cloud_identity_too():
+    run = entra_variant()
+    subjects = {r.plain["subject"] for r in run.of_type("azure-native:managedidentity:FederatedIdentityCredential")}
+    assert subjects == {
+        "system:serviceaccount:mirrorkit-dr-msk-to-eventhubs:mirrorkit",
+        "system:serviceaccount:mirrorkit-dr-msk-to-eventhubs:mirrorkit-executor",
+    }
+
+
+def test_a_config_change_changes_the_spark_application_spec():
+    async def body():
+        Mirror("a", mirror_args(config_yaml="version: 1\n"))
+        Mirror("b", mirror_args(config_yaml="version: 1\n"))
+        Mirror("c", mirror_args(config_yaml="version: 1\nflows: []\n"))
+        return {}
+
+    run = run_pulumi(body, {})
+    annotations = {n: run.named(f"{n}-app").plain["spec"]["driver"]["annotations"] for n in "abc"}
+    hashes = {n: found["mirrorkit.io/config-sha256"] for n, found in annotations.items()}
+    assert hashes["a"] == hashes["b"] == hashlib.sha256(b"version: 1\n").hexdigest() != hashes["c"]
+
+
+def urn_of(run: Run, typ: str) -> set[str]:
+    return {r.urn for r in run.of_type(typ)}
+
+
+def test_the_spark_application_waits_for_the_operator_and_the_pod_identity(stack_runs):
+    for stack in ("dr-msk-to-eventhubs", "active-active"):
+        run = stack_runs[stack]
+        charts = urn_of(run, "kubernetes:helm.sh/v4:Chart")
+        assert charts
+        for app in run.of_type(SPARK_APP):
+            assert charts & set(app.dependencies), f"{stack}: {app.name} does not wait for the operator chart"
+    run = stack_runs["active-active"]
+    (app,) = [a for a in run.of_type(SPARK_APP) if a.name == "mirrorkit-active-active-use1-app"]
+    association = urn_of(run, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    assert association and association <= set(app.dependencies)
+    policies = urn_of(run, "aws:iam/rolePolicy:RolePolicy")
+    assert any(p in app.dependencies for p in policies)
+
+
+def test_the_spark_application_waits_for_its_role_assignments():
+    run = entra_variant()
+    assignments = urn_of(run, "azure-native:authorization:RoleAssignment")
+    (app,) = run.of_type(SPARK_APP)
+    assert assignments and assignments <= set(app.dependencies)
+
+
+def test_dr_data_is_protected(stack_runs):
+    run = stack_runs["dr-msk-to-eventhubs"]
+    for typ in (f"{EVENTHUB}:EventHub", f"{EVENTHUB}:Namespace", "kubernetes:core/v1:PersistentVolumeClaim"):
+        found = run.of_type(typ)
+        assert found and all(r.protect for r in found), typ
+
+
+def test_data_can_be_left_unprotected_only_when_the_stack_says_so():
+    values = copy.deepcopy(with_secrets(stack_values(DR))) | {"mirrorkit:protectData": "false"}
+    run = run_values(values)
+    assert not any(r.protect for r in run.of_type(f"{EVENTHUB}:EventHub"))
+
+
+def kubernetes_identities(run: Run) -> set[tuple[str, str, str]]:
+    """(kind, namespace, name) of every Kubernetes object, and each Helm release with its namespace."""
+    out = set()
+    for r in run.resources:
+        if r.typ == "kubernetes:helm.sh/v4:Chart":
+            out.add(("helm-release", r.plain["namespace"], r.plain["name"]))
+        elif r.typ.startswith("kubernetes:") and "providers" not in r.typ:
+            meta = r.plain["metadata"]
+            out.add((r.typ.rsplit(":", 1)[1], meta.get("namespace", ""), meta["name"]))
+    return out
+
+
+@pytest.mark.parametrize("path", STACKS, ids=NAMES)
+def test_two_stacks_on_one_cluster_share_no_kubernetes_object_or_checkpoint(path):
+    values = with_secrets(stack_values(path))
+    blue, green = run_values(values, stack="blue"), run_values(values, stack="green")
+    assert kubernetes_identities(blue) and not kubernetes_identities(blue) & kubernetes_identities(green)
+    for site, config in blue.result["configs"].items():  # a PVC path is in the stack's own namespace, shown above
+        places = {f["checkpoint_location"] for f in yaml.safe_load(config)["flows"]}
+        others = {f["checkpoint_location"] for f in yaml.safe_load(green.result["configs"][site])["flows"]}
+        assert all(p.startswith("/checkpoints/") for p in places & others)
+    for run, stack in ((blue, "blue"), (green, "green")):
+        (namespace,) = {n.plain["metadata"]["name"] for n in run.of_type("kubernetes:core/v1:Namespace")} - {
+            f"spark-operator-{stack}"
+        }
+        assert namespace == f"mirrorkit-{stack}"
+
+
+PEERINGS = "aws:ec2/getVpcPeeringConnections:getVpcPeeringConnections"
+
+
+def test_a_peering_another_stack_made_for_the_same_vpcs_is_refused_at_preview():
+    def peerings(args):  # another stack's peering joins the same VPCs; it carries not our stack's tag
+        tagged = any(f["name"].startswith("tag:") for f in args.get("filters", []))
+        return {"ids": [] if tagged else ["pcx-0other"], "id": "x"}
+
+    values = with_secrets(stack_values(DR))
+    with pytest.raises(Exception, match=r"pcx-0other already joins vpc-0a1b2c3d4e5f60001 and vpc-0f1e2d3c4b5a60001"):
+        run_values(values, calls={PEERINGS: peerings})
+    # Its own peering, on a later preview, is no overlap.
+    run_values(values, calls={PEERINGS: {"ids": ["pcx-0ours"], "id": "x"}})
+
+
+ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
+CLUSTER_POLICY = "aws:msk/clusterPolicy:ClusterPolicy"
+
+
+def test_an_idempotent_producer_may_write_to_every_iam_cluster_it_writes_to(stack_runs):
+    run = stack_runs["active-active"]
+    policies = [
+        json.loads(p.plain["policy"]) for p in run.of_type("aws:iam/rolePolicy:RolePolicy") if p.name.endswith("-kafka")
+    ]
+    assert policies
+    for policy in policies:
+        on_clusters = [s for s in policy["Statement"] if all(":cluster/" in r for r in s["Resource"])]
+        assert on_clusters and all("kafka-cluster:WriteDataIdempotently" in s["Action"] for s in on_clusters)
+
+
+def cross_account(role_arn: str | None) -> dict:
+    """Active/active with the eu cluster in another account than the sites' roles."""
+    values = copy.deepcopy(with_secrets(stack_values(ACTIVE_ACTIVE)))
+    eu = values["mirrorkit:clusters"][1]["msk"]
+    eu["cluster_arn"] = eu["cluster_arn"].replace(":111111111111:", ":222222222222:")
+    if role_arn:
+        eu["role_arn"] = role_arn
+    return values
+
+
+def test_a_cross_account_iam_cluster_gets_a_cluster_policy_for_the_mirror_roles():
+    run = run_values(cross_account("arn:aws:iam::222222222222:role/deployer"), stack="active-active")
+    (policy,) = run.of_type(CLUSTER_POLICY)
+    assert policy.plain["clusterArn"].startswith("arn:aws:kafka:eu-west-1:222222222222:cluster/")
+    document = json.loads(policy.plain["policy"])
+    principals = {s["Principal"]["AWS"] for s in document["Statement"]}
+    assert principals == {"arn:aws:test:::use1-mirror-role", "arn:aws:test:::euw1-mirror-role"}
+    assert all(
+        r.startswith("arn:aws:kafka:eu-west-1:222222222222:") for s in document["Statement"] for r in s["Resource"]
+    )
+    writes = [s for s in document["Statement"] if "kafka-cluster:WriteDataIdempotently" in s["Action"]]
+    assert writes  # the resource policy must allow what the role policy allows
+    # Set in the cluster's account, through the provider that assumes the stack's role there.
+    (provider,) = [p for p in run.of_type("pulumi:providers:aws") if f"::{p.name}::" in policy.provider]
+    assert json.loads(provider.plain["assumeRoles"]) == [{"roleArn": "arn:aws:iam::222222222222:role/deployer"}]
+    apps = run.of_type(SPARK_APP)
+    assert all(policy.urn in app.dependencies for app in apps)
+
+
+def test_a_cross_account_iam_cluster_with_no_role_to_set_its_policy_is_refused():
+    values = cross_account(None)
+    set_config(values)
+    with pytest.raises(ConfigError, match=r"clusters\[1\]\.msk\.role_arn: missing; .*ClusterPolicy"):
+        load_settings()
+
+
+GEO_DR = {"alias": "mirrorkit-dr", "partner_namespace_id": "/subscriptions/s/ns/partner"}
+
+
+def test_with_geo_dr_the_mirror_connects_through_the_alias():
+    values = copy.deepcopy(with_secrets(stack_values(DR)))
+    values["mirrorkit:clusters"][1]["eventhubs"]["geo_dr"] = GEO_DR
+    alias_string = "Endpoint=sb://mirrorkit-dr.servicebus.windows.net/;SharedAccessKeyName=mirrorkit;SharedAccessKey=k"
+    run = run_values(
+        values, calls={f"{EVENTHUB}:listDisasterRecoveryConfigKeys": {"aliasPrimaryConnectionString": alias_string}}
+    )
+    dr = yaml.safe_load(run.result["configs"]["use1"])["clusters"][1]
+    assert dr["bootstrap_servers"] == "mirrorkit-dr.servicebus.windows.net:9093"
+    secret = run.named("use1-dr")  # the Kubernetes Secret the mirror reads its password from
+    assert secret.plain["stringData"]["password"] == alias_string
+
+
+def test_no_connection_string_is_a_stack_output(monkeypatch):
+    exported: dict[str, object] = {}
+    monkeypatch.setattr(pulumi, "export", lambda name, value: exported.__setitem__(name, value))
+
+    async def body():
+        runpy.run_path(str(ROOT / "__main__.py"))
+        return {}
+
+    run_pulumi(body, with_secrets(stack_values(DR)))
+    assert exported and not [name for name in exported if "connection" in name]
