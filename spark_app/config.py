@@ -223,7 +223,10 @@ class FlowConfig(_Strict):
     sync_group_offsets: bool = False
     # MM2-format heartbeats to `heartbeats` on the source while the mirror runs; needs write rights there
     emit_heartbeats: bool = True
-    max_records_per_trigger: Annotated[int, Field(gt=0)] | None = None
+    # The bounds of one batch (spark_app.planner): a stop or a topic-set change waits for, or at worst throws away,
+    # one batch, so its size is what a slow target can take in well under the producer's delivery timeout.
+    max_records_per_trigger: Annotated[int, Field(gt=0)] = 250_000
+    max_bytes_per_trigger: Annotated[int, Field(ge=1_048_576)] = 268_435_456
 
     @property
     def name(self) -> str:
