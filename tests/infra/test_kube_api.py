@@ -1,0 +1,253 @@
+"""What each stack would send to Kubernetes, applied to a real API server: schemas, CRDs, RBAC, a shared cluster.
+
+The Kubernetes objects are the ones the program registers under mocks (tests/infra/harness.py), in the wire's
+camelCase, applied with server-side apply as `pulumi up` applies them. The Spark Operator's Helm release is not an
+object: its rendered manifests are made by the engine's Helm, which mocks do not run, so the release is left out.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pulumi.runtime.rpc import UNKNOWN
+
+from tests.infra.harness import STACKS, Registered, Run
+from tests.support.kube_api import KubeApiError, KubeApiServer
+
+NOT_OBJECTS = frozenset({"kubernetes:helm.sh/v4:Chart"})  # a component: the engine renders its objects
+STACK_NAMES = [p.name.split(".")[1] for p in STACKS]
+DRIVER_RESOURCES = ("pods", "services", "configmaps", "persistentvolumeclaims")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The objects one Kubernetes provider of a stack would apply, and what the API server refused of them."""
+
+    context: str
+    objects: list[dict[str, Any]]
+    refused: dict[str, str]
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+
+def api_version(typ: str) -> str:
+    """`kubernetes:core/v1:Namespace` -> `v1`; `kubernetes:rbac.authorization.k8s.io/v1:Role` -> that group."""
+    group_version = typ.split(":")[1]
+    return group_version.removeprefix("core/")
+
+
+def kubernetes_object(resource: Registered) -> dict[str, Any]:
+    """The object as the provider sends it: the registered inputs, which already use Kubernetes' field names."""
+    obj = resource.plain
+    assert UNKNOWN not in repr(obj), f"{resource.name} has unknown inputs: {obj}"
+    assert (obj.get("apiVersion"), obj.get("kind")) == (api_version(resource.typ), resource.typ.rsplit(":", 1)[1])
+    return obj
+
+
+def objects_by_cluster(run: Run) -> dict[str, list[dict[str, Any]]]:
+    """Per Kubernetes provider, keyed by its kubeconfig context (a site's cluster): its objects in program order."""
+    clusters: dict[str, list[dict[str, Any]]] = {}
+    for r in run.resources:
+        if r.typ.startswith("kubernetes:") and r.typ not in NOT_OBJECTS:
+            assert r.provider, f"{r.name} is not bound to a site's Kubernetes provider"
+            provider = run.named(
+                r.provider.rsplit("::", 1)[0].rsplit("::", 1)[1]
+            )  # `urn::id`; the urn ends in the name
+            clusters.setdefault(provider.plain["context"], []).append(kubernetes_object(r))
+    return clusters
+
+
+def ident(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{obj['apiVersion']} {obj['kind']} {meta.get('namespace', '')}/{meta['name']}"
+
+
+def in_own_namespaces(objects: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
+    """The same objects with each namespace the program makes renamed `<name>-<suffix>`, so clusters of one test
+    server never meet (namespaces cannot be deleted there: no controller manager finishes them)."""
+    made = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
+
+    def renamed(name: str) -> str:
+        return f"{name}-{suffix}" if name in made else name
+
+    out = []
+    for obj in objects:
+        meta = dict(obj["metadata"])
+        if obj["kind"] == "Namespace":
+            meta["name"] = renamed(meta["name"])
+        if "namespace" in meta:
+            meta["namespace"] = renamed(meta["namespace"])
+        moved = obj | {"metadata": meta}
+        if "subjects" in obj:
+            moved["subjects"] = [
+                s | ({"namespace": renamed(s["namespace"])} if "namespace" in s else {}) for s in obj["subjects"]
+            ]
+        out.append(moved)
+    return out
+
+
+def apply_all(api: KubeApiServer, objects: list[dict[str, Any]], manager: str, force: bool = True) -> dict[str, str]:
+    """Namespaces first, then the rest in the program's order; returns what the server refused, with its message."""
+    refused = {}
+    for obj in sorted(objects, key=lambda o: o["kind"] != "Namespace"):
+        try:
+            api.apply(obj, field_manager=manager, force=force)
+        except KubeApiError as err:
+            refused[ident(obj)] = str(err)
+    return refused
+
+
+def not_kept(api: KubeApiServer, objects: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per object, each field the server does not hold as it was sent."""
+    return {ident(o): diff for o in objects if (diff := sent_but_not_stored(as_stored(o), api.read(o)))}
+
+
+def sent_but_not_stored(sent: Any, stored: Any, at: str = "") -> list[str]:
+    """Every field value sent that the server did not keep as sent (pruned by a schema, or changed). An empty map or
+    list is the same as none: Kubernetes omits empty fields."""
+    if sent in ({}, []) and stored is None:
+        return []
+    if isinstance(sent, dict) and isinstance(stored, dict):
+        return [p for k, v in sent.items() for p in sent_but_not_stored(v, stored.get(k), f"{at}.{k}")]
+    if isinstance(sent, list) and isinstance(stored, list) and len(sent) == len(stored):
+        return [
+            p
+            for i, (a, b) in enumerate(zip(sent, stored, strict=True))
+            for p in sent_but_not_stored(a, b, f"{at}[{i}]")
+        ]
+    return [] if sent == stored else [f"{at}: sent {sent!r}, stored {stored!r}"]
+
+
+def as_stored(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Secret's `stringData` is write-only: the server keeps it base64-encoded in `data`."""
+    if obj["kind"] != "Secret" or "stringData" not in obj:
+        return obj
+    encoded = {k: base64.b64encode(v.encode()).decode() for k, v in obj["stringData"].items()}
+    return {k: v for k, v in obj.items() if k != "stringData"} | {"data": obj.get("data", {}) | encoded}
+
+
+@pytest.fixture(scope="module")
+def applied(kube_api: KubeApiServer, stack_runs: dict[str, Run]) -> dict[str, list[Cluster]]:
+    """Every stack's clusters, each in namespaces of its own, applied once for the module's tests."""
+    out: dict[str, list[Cluster]] = {}
+    for stack in STACK_NAMES:
+        out[stack] = []
+        for i, (context, objects) in enumerate(objects_by_cluster(stack_runs[stack]).items()):
+            moved = in_own_namespaces(objects, f"{stack}-{i}")
+            out[stack].append(Cluster(context, moved, apply_all(kube_api, moved, f"pulumi-{stack}")))
+    return out
+
+
+@pytest.mark.parametrize("stack", STACK_NAMES)
+def test_the_api_server_accepts_and_keeps_every_kubernetes_object_of_the_stack(applied, kube_api, stack):
+    clusters = applied[stack]
+    assert clusters and all(c.of_kind("SparkApplication") for c in clusters)
+    assert {k: v for c in clusters for k, v in c.refused.items()} == {}
+    assert {k: v for c in clusters for k, v in not_kept(kube_api, c.objects).items()} == {}
+
+
+def driver_and_executor_accounts(cluster: Cluster) -> list[tuple[str, str, str]]:
+    """(namespace, driver's service account, executors' service account) per SparkApplication."""
+    return [
+        (
+            app["metadata"]["namespace"],
+            app["spec"]["driver"]["serviceAccount"],
+            app["spec"]["executor"].get("serviceAccount", app["spec"]["driver"]["serviceAccount"]),
+        )
+        for app in cluster.of_kind("SparkApplication")
+    ]
+
+
+@pytest.mark.parametrize("stack", STACK_NAMES)
+def test_the_drivers_service_account_manages_its_pods_in_its_namespace_and_nothing_else(applied, kube_api, stack):
+    for cluster in applied[stack]:
+        accounts = {(a["metadata"]["namespace"], a["metadata"]["name"]) for a in cluster.of_kind("ServiceAccount")}
+        for namespace, driver, _ in driver_and_executor_accounts(cluster):
+            assert (namespace, driver) in accounts, f"the driver runs as {driver}, which the stack does not make"
+
+            may = functools.partial(kube_api.service_account_may, namespace, driver)
+            assert {
+                (v, r) for v in ("create", "delete") for r in DRIVER_RESOURCES if not may(v, r, where=namespace)
+            } == set()
+            elsewhere = [
+                ("create", "pods", "", "default"),
+                ("create", "pods", "", None),  # in every namespace
+                ("list", "pods", "", None),
+                ("get", "secrets", "", namespace),  # secrets reach the pods as volumes, never through the API
+                ("list", "secrets", "", None),
+                ("create", "roles", "rbac.authorization.k8s.io", namespace),
+                ("create", "rolebindings", "rbac.authorization.k8s.io", namespace),
+                ("create", "namespaces", "", None),
+                ("list", "nodes", "", None),
+                ("create", "clusterrolebindings", "rbac.authorization.k8s.io", None),
+                ("update", "sparkapplications", "sparkoperator.k8s.io", namespace),
+            ]
+            assert [e for e in elsewhere if may(e[0], e[1], e[2], e[3])] == []
+
+
+@pytest.mark.parametrize("stack", STACK_NAMES)
+def test_every_service_account_but_the_drivers_may_do_nothing(applied, kube_api, stack):
+    for cluster in applied[stack]:
+        drivers = {(ns, driver) for ns, driver, _ in driver_and_executor_accounts(cluster)}
+        others = {
+            (a["metadata"]["namespace"], a["metadata"]["name"]) for a in cluster.of_kind("ServiceAccount")
+        } - drivers
+        others |= {(ns, executor) for ns, _, executor in driver_and_executor_accounts(cluster)} - drivers
+        rights = [
+            (ns, account, verb, resource)
+            for ns, account in sorted(others)
+            for verb in ("get", "list", "create", "delete")
+            for resource in (*DRIVER_RESOURCES, "secrets")
+            if kube_api.service_account_may(ns, account, verb, resource, where=ns)
+        ]
+        assert rights == []
+
+
+def test_the_operator_release_acts_only_in_the_mirrors_namespaces(stack_runs):
+    """Spark Operator chart 2.4.0 (CHART_VERSION): with `spark.jobNamespaces` listing namespaces and no "", the
+    controller's and the webhook's rights on pods, services, config maps and PVCs come as Roles in those namespaces
+    only; cluster-wide they keep reading nodes and CRDs and their own webhook configurations. Mocks cannot render the
+    chart, so this reads the values the release is given."""
+    releases = 0
+    for stack, run in stack_runs.items():
+        for chart in run.of_type("kubernetes:helm.sh/v4:Chart"):
+            site = [
+                r.plain
+                for r in run.resources
+                if r.provider == chart.provider and r.typ == "kubernetes:core/v1:Namespace"
+            ]
+            mirror_namespaces = sorted(
+                a.plain["metadata"]["namespace"]
+                for a in run.of_type("kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication")
+                if a.provider == chart.provider
+            )
+            values = chart.plain["values"]
+            assert values["spark"]["jobNamespaces"] == mirror_namespaces, stack
+            assert {n["metadata"]["name"] for n in site} >= set(mirror_namespaces), stack  # the chart needs them made
+            assert values.get("controller", {}).get("rbac", {}).get("create", True), stack
+            releases += 1
+    assert releases
+
+
+def test_two_stacks_on_one_cluster_leave_each_others_objects_as_they_sent_them(kube_api, stack_runs):
+    """Stacks whose sites name the same kubeconfig context, applied one after the other with their own field
+    managers and without force, as two `pulumi up`s would."""
+    by_context: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {}
+    for stack in STACK_NAMES:
+        for context, objects in objects_by_cluster(stack_runs[stack]).items():
+            by_context.setdefault(context, []).append((stack, objects))
+    pairs = {context: stacks for context, stacks in by_context.items() if len(stacks) > 1}
+    assert pairs, "no two stack files share a cluster"
+    for i, (context, stacks) in enumerate(sorted(pairs.items())):
+        (first, ours), (second, theirs) = [(s, in_own_namespaces(o, f"shared-{i}")) for s, o in stacks[:2]]
+        refused = apply_all(kube_api, ours, f"pulumi-{first}", force=False)
+        refused |= apply_all(kube_api, theirs, f"pulumi-{second}", force=False)
+        both = {ident(o) for o in ours} & {ident(o) for o in theirs}
+        assert {k: v for k, v in refused.items() if k not in both} == {}, context
+        alone = [o for o in ours + theirs if ident(o) not in both]
+        assert not_kept(kube_api, alone) == {}, context
