@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import base64
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import yaml
 from pulumi.runtime.rpc import UNKNOWN
 
+from infra.k8s.operator import CHART, CHART_VERSION
 from tests.infra.harness import STACKS, Registered, Run
-from tests.support.kube_api import KubeApiError, KubeApiServer
+from tests.support.kube_api import CHARTS, KubeApiError, KubeApiServer, helm_template
 
-NOT_OBJECTS = frozenset({"kubernetes:helm.sh/v4:Chart"})  # a component: the engine renders its objects
+HELM_CHART = "kubernetes:helm.sh/v4:Chart"
+NOT_OBJECTS = frozenset({HELM_CHART})  # a component: the engine renders its objects (see the operator's test)
+RBAC_KINDS = frozenset({"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"})
 STACK_NAMES = [p.name.split(".")[1] for p in STACKS]
 DRIVER_RESOURCES = ("pods", "services", "configmaps", "persistentvolumeclaims")
 
@@ -67,13 +72,16 @@ def ident(obj: dict[str, Any]) -> str:
     return f"{obj['apiVersion']} {obj['kind']} {meta.get('namespace', '')}/{meta['name']}"
 
 
+def namespace_renaming(objects: list[dict[str, Any]], suffix: str) -> Callable[[str], str]:
+    """Each namespace the program makes, as `<name>-<suffix>`; any other name unchanged."""
+    made = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
+    return lambda name: f"{name}-{suffix}" if name in made else name
+
+
 def in_own_namespaces(objects: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
     """The same objects with each namespace the program makes renamed `<name>-<suffix>`, so clusters of one test
     server never meet (namespaces cannot be deleted there: no controller manager finishes them)."""
-    made = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
-
-    def renamed(name: str) -> str:
-        return f"{name}-{suffix}" if name in made else name
+    renamed = namespace_renaming(objects, suffix)
 
     out = []
     for obj in objects:
@@ -208,28 +216,55 @@ def test_every_service_account_but_the_drivers_may_do_nothing(applied, kube_api,
         assert rights == []
 
 
-def test_the_operator_release_acts_only_in_the_mirrors_namespaces(stack_runs):
-    """Spark Operator chart 2.4.0 (CHART_VERSION): with `spark.jobNamespaces` listing namespaces and no "", the
-    controller's and the webhook's rights on pods, services, config maps and PVCs come as Roles in those namespaces
-    only; cluster-wide they keep reading nodes and CRDs and their own webhook configurations. Mocks cannot render the
-    chart, so this reads the values the release is given."""
+def test_the_chart_set_up_copies_is_the_one_the_program_installs():
+    chart = yaml.safe_load((CHARTS / CHART / "Chart.yaml").read_text())
+    assert (chart["name"], chart["version"]) == (CHART, CHART_VERSION), "bump tests/support/kube/go.mod with the chart"
+
+
+def test_the_operator_acts_only_in_the_mirrors_namespaces(kube_api, stack_runs):
+    """The Spark Operator's chart rendered by Helm with the values, namespace and release name each stack gives it,
+    its service accounts and RBAC applied, and each of its service accounts asked what it may do. (Only the RBAC
+    objects: its webhook configurations would send every later SparkApplication to a webhook that is not running.)"""
     releases = 0
     for stack, run in stack_runs.items():
-        for chart in run.of_type("kubernetes:helm.sh/v4:Chart"):
+        clusters = objects_by_cluster(run)
+        for i, chart in enumerate(run.of_type(HELM_CHART)):
+            context = run.named(chart.provider.rsplit("::", 1)[0].rsplit("::", 1)[1]).plain["context"]
+            renamed = namespace_renaming(clusters[context], f"operator-{stack}-{i}")
             site = [
-                r.plain
-                for r in run.resources
-                if r.provider == chart.provider and r.typ == "kubernetes:core/v1:Namespace"
+                o for o in in_own_namespaces(clusters[context], f"operator-{stack}-{i}") if o["kind"] == "Namespace"
             ]
-            mirror_namespaces = sorted(
-                a.plain["metadata"]["namespace"]
-                for a in run.of_type("kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication")
-                if a.provider == chart.provider
+            given = chart.plain
+            values = given["values"]
+            jobs = [renamed(n) for n in values["spark"]["jobNamespaces"]]
+            mirrors = sorted(
+                {renamed(o["metadata"]["namespace"]) for o in clusters[context] if o["kind"] == "SparkApplication"}
             )
-            values = chart.plain["values"]
-            assert values["spark"]["jobNamespaces"] == mirror_namespaces, stack
-            assert {n["metadata"]["name"] for n in site} >= set(mirror_namespaces), stack  # the chart needs them made
-            assert values.get("controller", {}).get("rbac", {}).get("create", True), stack
+            assert jobs == mirrors, f"{stack}: the operator watches {jobs}, the mirrors run in {mirrors}"
+            values = values | {"spark": values["spark"] | {"jobNamespaces": jobs}}
+            home = renamed(given["namespace"])
+            rendered = helm_template(CHART, given.get("name", chart.name), home, values)
+            rbac = [o for o in rendered if o["kind"] in RBAC_KINDS]
+            assert apply_all(kube_api, site + rbac, f"pulumi-{stack}") == {}
+            accounts = sorted(o["metadata"]["name"] for o in rbac if o["kind"] == "ServiceAccount")
+            assert accounts, f"{stack}: the chart makes no service account"
+            for job in jobs:
+                for verb in ("create", "delete"):
+                    assert any(kube_api.service_account_may(home, a, verb, "pods", where=job) for a in accounts), job
+            beyond = [
+                (account, verb, resource, where)
+                for account in accounts
+                for verb, resource, where in (
+                    ("create", "pods", "default"),
+                    ("create", "pods", None),
+                    ("get", "secrets", "default"),
+                    ("list", "secrets", None),
+                    ("create", "configmaps", None),
+                    ("delete", "persistentvolumeclaims", None),
+                )
+                if kube_api.service_account_may(home, account, verb, resource, where=where)
+            ]
+            assert beyond == [], stack
             releases += 1
     assert releases
 

@@ -1,12 +1,14 @@
 """A real Kubernetes API server and its etcd on loopback, with the operators' CRDs, for what mocks cannot check.
 
-`.ci/setup` builds etcd and kube-apiserver from the Go module proxy (tests/support/kube/go.mod) and generates the
-Spark Operator's and the Prometheus Operator's CRDs from their Go API types. There is no controller manager: nothing
-runs the objects, deleted namespaces never finish terminating, and no `default` service account appears.
+`.ci/setup` builds etcd, kube-apiserver and Helm from the Go module proxy (tests/support/kube/go.mod), generates the
+Spark Operator's and the Prometheus Operator's CRDs from their Go API types, and copies the Spark Operator's chart from
+its Go module. There is no controller manager: nothing runs the objects, deleted namespaces never finish terminating,
+and no `default` service account appears.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import shutil
 import subprocess
@@ -27,6 +29,7 @@ from .tls import make_loopback_tls
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".cache" / "bin"
 CRDS = ROOT / ".cache" / "kube" / "crds"
+CHARTS = ROOT / ".cache" / "kube" / "charts"
 READY_TIMEOUT_S = 60.0
 SETUP_HINT = "run `bash .ci/setup` (it builds etcd and kube-apiserver from the Go module proxy, and the CRDs)"
 ADMIN = "mirrorkit-test-admin"
@@ -49,13 +52,33 @@ class ResourceType:
 
 
 def require_binaries() -> dict[str, Path]:
-    found = {name: BIN / name for name in ("etcd", "kube-apiserver")}
+    found = {name: BIN / name for name in ("etcd", "kube-apiserver", "helm")}
     missing = [str(p) for p in found.values() if not p.is_file()]
     if not CRDS.is_dir() or not any(CRDS.glob("*.yaml")):
         missing.append(f"{CRDS}/*.yaml")
+    if not CHARTS.is_dir():
+        missing.append(str(CHARTS))
     if missing:
         raise RuntimeError(f"missing {', '.join(missing)}: {SETUP_HINT}")
     return found
+
+
+def helm_template(chart: str, release: str, namespace: str, values: dict[str, Any]) -> list[dict[str, Any]]:
+    """The manifests `helm template` renders from a chart in CHARTS for this release and these values."""
+    helm = require_binaries()["helm"]
+    with tempfile.TemporaryDirectory(prefix="mirrorkit-helm-") as folder:
+        given = Path(folder) / "values.json"  # JSON is YAML
+        given.write_text(json.dumps(values))
+        done = subprocess.run(
+            [str(helm), "template", release, str(CHARTS / chart), "--namespace", namespace, "--values", str(given)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PATH": "/usr/bin:/bin", "HOME": folder},  # no kubeconfig, no user Helm settings
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"helm template {chart} failed: {done.stderr}")
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
 def api_version_path(api_version: str) -> str:
