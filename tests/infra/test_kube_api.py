@@ -2,7 +2,8 @@
 
 The Kubernetes objects are the ones the program registers under mocks (tests/infra/harness.py), in the wire's
 camelCase, applied with server-side apply as `pulumi up` applies them. The Spark Operator's Helm release is not an
-object: its rendered manifests are made by the engine's Helm, which mocks do not run, so the release is left out.
+object (the engine renders it, and mocks do not), so its test renders the chart with Helm from the values the release
+is given.
 """
 
 from __future__ import annotations
@@ -54,16 +55,20 @@ def kubernetes_object(resource: Registered) -> dict[str, Any]:
     return obj
 
 
+def cluster_of(run: Run, resource: Registered) -> str:
+    """The kubeconfig context (a site's cluster) of the explicit provider a Kubernetes resource is bound to."""
+    assert resource.provider, f"{resource.name} is not bound to a site's Kubernetes provider"
+    urn = resource.provider.rsplit("::", 1)[0]  # `urn::id`; the urn ends in the provider's name
+    provider = run.named(urn.rsplit("::", 1)[1])
+    return provider.plain.get("context") or provider.name
+
+
 def objects_by_cluster(run: Run) -> dict[str, list[dict[str, Any]]]:
-    """Per Kubernetes provider, keyed by its kubeconfig context (a site's cluster): its objects in program order."""
+    """Per cluster (kubeconfig context), the Kubernetes objects the program would apply there, in program order."""
     clusters: dict[str, list[dict[str, Any]]] = {}
     for r in run.resources:
         if r.typ.startswith("kubernetes:") and r.typ not in NOT_OBJECTS:
-            assert r.provider, f"{r.name} is not bound to a site's Kubernetes provider"
-            provider = run.named(
-                r.provider.rsplit("::", 1)[0].rsplit("::", 1)[1]
-            )  # `urn::id`; the urn ends in the name
-            clusters.setdefault(provider.plain["context"], []).append(kubernetes_object(r))
+            clusters.setdefault(cluster_of(run, r), []).append(kubernetes_object(r))
     return clusters
 
 
@@ -229,11 +234,10 @@ def test_the_operator_acts_only_in_the_mirrors_namespaces(kube_api, stack_runs):
     for stack, run in stack_runs.items():
         clusters = objects_by_cluster(run)
         for i, chart in enumerate(run.of_type(HELM_CHART)):
-            context = run.named(chart.provider.rsplit("::", 1)[0].rsplit("::", 1)[1]).plain["context"]
-            renamed = namespace_renaming(clusters[context], f"operator-{stack}-{i}")
-            site = [
-                o for o in in_own_namespaces(clusters[context], f"operator-{stack}-{i}") if o["kind"] == "Namespace"
-            ]
+            context = cluster_of(run, chart)
+            suffix = f"operator-{stack}-{i}"
+            renamed = namespace_renaming(clusters[context], suffix)
+            site = [o for o in in_own_namespaces(clusters[context], suffix) if o["kind"] == "Namespace"]
             given = chart.plain
             values = given["values"]
             jobs = [renamed(n) for n in values["spark"]["jobNamespaces"]]

@@ -35,6 +35,10 @@ SETUP_HINT = "run `bash .ci/setup` (it builds etcd and kube-apiserver from the G
 ADMIN = "mirrorkit-test-admin"
 
 
+class ServerStartError(RuntimeError):
+    pass
+
+
 class KubeApiError(Exception):
     """The API server refused a request; the message is its own Status message."""
 
@@ -99,11 +103,67 @@ class KubeApiServer:
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
-    def start(self) -> KubeApiServer:
+    def start(self, attempts: int = 3) -> KubeApiServer:
+        """Start etcd and the API server, wait for /readyz, install the CRDs. A port another process took between
+        our probe and the bind is retried with new ports."""
         binaries = require_binaries()
         began = time.monotonic()
-        etcd_client, etcd_peer, secure_port = free_ports(3)
         tls = make_loopback_tls(self.folder / "tls")
+        self._write_credentials()
+        self._session.headers["Authorization"] = f"Bearer {self._token}"
+        self._session.verify = str(tls.ca_pem)
+        self._session.trust_env = False  # else REQUESTS_CA_BUNDLE or a proxy from the environment wins
+        for attempt in range(1, attempts + 1):
+            etcd_client, etcd_peer, secure_port = free_ports(3)
+            self.url = f"https://127.0.0.1:{secure_port}"
+            self._launch_etcd(binaries["etcd"], etcd_client, etcd_peer, attempt)
+            self._launch(
+                "kube-apiserver",
+                binaries["kube-apiserver"],
+                f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={secure_port}",
+                f"--tls-cert-file={tls.server_pem}",
+                f"--tls-private-key-file={tls.server_pem}",
+                f"--cert-dir={self.folder / 'certs'}",
+                f"--service-account-key-file={self.folder / 'sa.pub'}",
+                f"--service-account-signing-key-file={self.folder / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--authorization-mode=RBAC",
+                f"--token-auth-file={self.folder / 'tokens.csv'}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--endpoint-reconciler-type=none",  # on 127.0.0.1 the `kubernetes` service's endpoints are refused
+            )
+            try:
+                self._wait_ready()
+                break
+            except ServerStartError:
+                taken = any("address already in use" in self.log_tail(n, 400) for n in ("etcd", "kube-apiserver"))
+                self._terminate()
+                if not taken or attempt == attempts:
+                    raise
+        self.started_in_s = time.monotonic() - began
+        self.install_crds()
+        return self
+
+    def stop(self) -> None:
+        self._terminate()
+        self._session.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _terminate(self) -> None:
+        for process in reversed(self._processes):
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        self._processes.clear()
+
+    def _write_credentials(self) -> None:
+        """The service-account token signing key pair, and the token file with the admin's token."""
         account_key = ec.generate_private_key(ec.SECP256R1())
         (self.folder / "sa.key").write_bytes(
             account_key.private_bytes(
@@ -118,59 +178,22 @@ class KubeApiServer:
         tokens = self.folder / "tokens.csv"
         tokens.write_text(f'{self._token},{ADMIN},{ADMIN},"system:masters"\n')
         tokens.chmod(0o600)
-        etcd_url = f"http://127.0.0.1:{etcd_client}"
-        peer_url = f"http://127.0.0.1:{etcd_peer}"
+
+    def _launch_etcd(self, binary: Path, client_port: int, peer_port: int, attempt: int) -> None:
+        client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
         self._launch(
             "etcd",
-            binaries["etcd"],
+            binary,
             "--name=test",
-            f"--data-dir={self.folder / 'etcd'}",
-            f"--listen-client-urls={etcd_url}",
-            f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=test={peer_url}",
-            "--unsafe-no-fsync",
+            f"--data-dir={self.folder / f'etcd-{attempt}'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=test={peer}",
+            "--unsafe-no-fsync",  # a throwaway store: durability buys nothing here
             "--log-level=warn",
         )
-        self._launch(
-            "kube-apiserver",
-            binaries["kube-apiserver"],
-            f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={secure_port}",
-            f"--tls-cert-file={tls.server_pem}",
-            f"--tls-private-key-file={tls.server_pem}",
-            f"--cert-dir={self.folder / 'certs'}",
-            f"--service-account-key-file={self.folder / 'sa.pub'}",
-            f"--service-account-signing-key-file={self.folder / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            "--authorization-mode=RBAC",
-            f"--token-auth-file={tokens}",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            "--endpoint-reconciler-type=none",  # on 127.0.0.1 the `kubernetes` service's endpoints are refused
-        )
-        self.url = f"https://127.0.0.1:{secure_port}"
-        self._session.headers["Authorization"] = f"Bearer {self._token}"
-        self._session.verify = str(tls.ca_pem)
-        self._session.trust_env = False  # else REQUESTS_CA_BUNDLE or a proxy from the environment wins
-        self._wait_ready()
-        self.started_in_s = time.monotonic() - began
-        self.install_crds()
-        return self
-
-    def stop(self) -> None:
-        for process in reversed(self._processes):
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-        self._processes.clear()
-        self._session.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         log = self.folder / f"{name}.log"
@@ -187,14 +210,16 @@ class KubeApiServer:
         while time.monotonic() < deadline:
             for process, name in zip(self._processes, ("etcd", "kube-apiserver"), strict=True):
                 if process.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {process.returncode}:\n{self.log_tail(name)}")
+                    raise ServerStartError(f"{name} exited with {process.returncode}:\n{self.log_tail(name)}")
             try:
                 if self._session.get(f"{self.url}/readyz", timeout=2).status_code == 200:
                     return
             except requests.ConnectionError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"kube-apiserver not ready after {READY_TIMEOUT_S:.0f}s:\n{self.log_tail('kube-apiserver')}")
+        raise ServerStartError(
+            f"kube-apiserver not ready after {READY_TIMEOUT_S:.0f}s:\n{self.log_tail('kube-apiserver')}"
+        )
 
     def install_crds(self) -> None:
         """Apply every generated CRD and wait until each is established and served."""
