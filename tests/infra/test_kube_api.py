@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -290,3 +291,20 @@ def test_two_stacks_on_one_cluster_leave_each_others_objects_as_they_sent_them(k
         assert {k: v for k, v in refused.items() if k not in both} == {}, context
         alone = [o for o in ours + theirs if ident(o) not in both]
         assert not_kept(kube_api, alone) == {}, context
+
+
+def test_the_api_server_refuses_what_a_schema_does_not_declare(kube_api, stack_runs):
+    """The checks above can fail: a misspelt field, a wrong type and an unknown enum value in a SparkApplication."""
+    objects = in_own_namespaces(objects_by_cluster(stack_runs["onprem-to-msk"])["eks-euw1"], "refusals")
+    assert apply_all(kube_api, [o for o in objects if o["kind"] == "Namespace"], "tests") == {}
+    (app,) = [o for o in objects if o["kind"] == "SparkApplication"]
+    spec = app["spec"]
+    wrong = {
+        ".spec.driver.serviceAcount: field not declared in schema": spec
+        | {"driver": spec["driver"] | {"serviceAcount": "mirrorkit"}},
+        ".spec.executor.instances: expected numeric": spec | {"executor": spec["executor"] | {"instances": "two"}},
+        'spec.mode: Unsupported value: "clustered"': spec | {"mode": "clustered"},
+    }
+    for message, bad in wrong.items():
+        with pytest.raises(KubeApiError, match=re.escape(message)):
+            kube_api.apply(app | {"spec": bad}, field_manager="tests")
