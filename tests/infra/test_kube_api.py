@@ -26,6 +26,7 @@ from tests.support.kube_api import CHARTS, KubeApiError, KubeApiServer, helm_tem
 HELM_CHART = "kubernetes:helm.sh/v4:Chart"
 NOT_OBJECTS = frozenset({HELM_CHART})  # a component: the engine renders its objects (see the operator's test)
 RBAC_KINDS = frozenset({"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"})
+CLUSTER_WIDE = frozenset({"ClusterRole", "ClusterRoleBinding"})  # Helm's output gives them a namespace anyway
 STACK_NAMES = [p.name.split(".")[1] for p in STACKS]
 DRIVER_RESOURCES = ("pods", "services", "configmaps", "persistentvolumeclaims")
 
@@ -79,7 +80,8 @@ def ident(obj: dict[str, Any]) -> str:
 
 
 def namespace_renaming(objects: list[dict[str, Any]], suffix: str) -> Callable[[str], str]:
-    """Each namespace the program makes, as `<name>-<suffix>`; any other name unchanged."""
+    """Each namespace the program makes, as `<name>-<suffix>` (keep it short: a name holds 63 characters); any other
+    name unchanged."""
     made = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
     return lambda name: f"{name}-{suffix}" if name in made else name
 
@@ -105,8 +107,17 @@ def in_own_namespaces(objects: list[dict[str, Any]], suffix: str) -> list[dict[s
     return out
 
 
+def namespaces_the_cluster_has(api: KubeApiServer, objects: list[dict[str, Any]]) -> None:
+    """Make the namespaces the objects go into that the program does not make: a real cluster has them already (the
+    monitoring stack's, for the Grafana dashboard), and the program's objects are applied into them."""
+    made = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
+    for name in sorted({o["metadata"].get("namespace") for o in objects} - made - {None}):
+        api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}, field_manager="the-cluster")
+
+
 def apply_all(api: KubeApiServer, objects: list[dict[str, Any]], manager: str, force: bool = True) -> dict[str, str]:
     """Namespaces first, then the rest in the program's order; returns what the server refused, with its message."""
+    namespaces_the_cluster_has(api, objects)
     refused = {}
     for obj in sorted(objects, key=lambda o: o["kind"] != "Namespace"):
         try:
@@ -152,7 +163,7 @@ def applied(kube_api: KubeApiServer, stack_runs: dict[str, Run]) -> dict[str, li
     for stack in STACK_NAMES:
         out[stack] = []
         for i, (context, objects) in enumerate(objects_by_cluster(stack_runs[stack]).items()):
-            moved = in_own_namespaces(objects, f"{stack}-{i}")
+            moved = in_own_namespaces(objects, f"s{STACK_NAMES.index(stack)}{i}")
             out[stack].append(Cluster(context, moved, apply_all(kube_api, moved, f"pulumi-{stack}")))
     return out
 
@@ -227,33 +238,62 @@ def test_the_chart_set_up_copies_is_the_one_the_program_installs():
     assert (chart["name"], chart["version"]) == (CHART, CHART_VERSION), "bump tests/support/kube/go.mod with the chart"
 
 
+@dataclass(frozen=True)
+class OperatorRelease:
+    """The Spark Operator's chart as Helm renders it for a stack's release: only its service accounts and RBAC (its
+    webhook configurations would send every later SparkApplication to a webhook that is not running)."""
+
+    namespace: str
+    job_namespaces: list[str]
+    rbac: list[dict[str, Any]]
+
+
+def operator_release(chart: Registered, renamed: Callable[[str], str]) -> OperatorRelease:
+    given = chart.plain
+    values = given["values"]
+    jobs = [renamed(n) for n in values["spark"]["jobNamespaces"]]
+    home = renamed(given["namespace"])
+    values = values | {"spark": values["spark"] | {"jobNamespaces": jobs}}
+    rendered = helm_template(CHART, given.get("name", chart.name), home, values)
+    rbac = [
+        o | {"metadata": {k: v for k, v in o["metadata"].items() if k != "namespace"}}
+        if o["kind"] in CLUSTER_WIDE
+        else o
+        for o in rendered
+        if o["kind"] in RBAC_KINDS
+    ]
+    return OperatorRelease(home, jobs, rbac)
+
+
+def cluster_objects(run: Run, context: str, suffix: str) -> list[dict[str, Any]]:
+    """What a stack applies to one cluster, in namespaces of its own: its objects, then its operator's RBAC."""
+    objects = objects_by_cluster(run)[context]
+    renamed = namespace_renaming(objects, suffix)
+    charts = [c for c in run.of_type(HELM_CHART) if cluster_of(run, c) == context]
+    return in_own_namespaces(objects, suffix) + [o for c in charts for o in operator_release(c, renamed).rbac]
+
+
 def test_the_operator_acts_only_in_the_mirrors_namespaces(kube_api, stack_runs):
     """The Spark Operator's chart rendered by Helm with the values, namespace and release name each stack gives it,
-    its service accounts and RBAC applied, and each of its service accounts asked what it may do. (Only the RBAC
-    objects: its webhook configurations would send every later SparkApplication to a webhook that is not running.)"""
+    its service accounts and RBAC applied, and each of its service accounts asked what it may do."""
     releases = 0
     for stack, run in stack_runs.items():
         clusters = objects_by_cluster(run)
         for i, chart in enumerate(run.of_type(HELM_CHART)):
             context = cluster_of(run, chart)
-            suffix = f"operator-{stack}-{i}"
+            suffix = f"o{STACK_NAMES.index(stack)}{i}"
             renamed = namespace_renaming(clusters[context], suffix)
-            site = [o for o in in_own_namespaces(clusters[context], suffix) if o["kind"] == "Namespace"]
-            given = chart.plain
-            values = given["values"]
-            jobs = [renamed(n) for n in values["spark"]["jobNamespaces"]]
+            release = operator_release(chart, renamed)
             mirrors = sorted(
                 {renamed(o["metadata"]["namespace"]) for o in clusters[context] if o["kind"] == "SparkApplication"}
             )
-            assert jobs == mirrors, f"{stack}: the operator watches {jobs}, the mirrors run in {mirrors}"
-            values = values | {"spark": values["spark"] | {"jobNamespaces": jobs}}
-            home = renamed(given["namespace"])
-            rendered = helm_template(CHART, given.get("name", chart.name), home, values)
-            rbac = [o for o in rendered if o["kind"] in RBAC_KINDS]
-            assert apply_all(kube_api, site + rbac, f"pulumi-{stack}") == {}
-            accounts = sorted(o["metadata"]["name"] for o in rbac if o["kind"] == "ServiceAccount")
+            assert release.job_namespaces == mirrors, f"{stack}: the operator watches {release.job_namespaces}"
+            site = [o for o in in_own_namespaces(clusters[context], suffix) if o["kind"] == "Namespace"]
+            assert apply_all(kube_api, site + release.rbac, f"pulumi-{stack}") == {}
+            home = release.namespace
+            accounts = sorted(o["metadata"]["name"] for o in release.rbac if o["kind"] == "ServiceAccount")
             assert accounts, f"{stack}: the chart makes no service account"
-            for job in jobs:
+            for job in release.job_namespaces:
                 for verb in ("create", "delete"):
                     assert any(kube_api.service_account_may(home, a, verb, "pods", where=job) for a in accounts), job
             beyond = [
@@ -274,28 +314,28 @@ def test_the_operator_acts_only_in_the_mirrors_namespaces(kube_api, stack_runs):
     assert releases
 
 
-def test_two_stacks_on_one_cluster_leave_each_others_objects_as_they_sent_them(kube_api, stack_runs):
-    """Stacks whose sites name the same kubeconfig context, applied one after the other with their own field
-    managers and without force, as two `pulumi up`s would."""
-    by_context: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {}
+def test_two_stacks_on_one_cluster_share_no_object_and_leave_each_others_as_they_sent_them(kube_api, stack_runs):
+    """Stacks whose sites name the same kubeconfig context, with their operators' RBAC, applied one after the other
+    with their own field managers and without force, as two `pulumi up`s would. An object both name would be
+    deleted by destroying either stack."""
+    by_context: dict[str, list[str]] = {}
     for stack in STACK_NAMES:
-        for context, objects in objects_by_cluster(stack_runs[stack]).items():
-            by_context.setdefault(context, []).append((stack, objects))
+        for context in objects_by_cluster(stack_runs[stack]):
+            by_context.setdefault(context, []).append(stack)
     pairs = {context: stacks for context, stacks in by_context.items() if len(stacks) > 1}
     assert pairs, "no two stack files share a cluster"
-    for i, (context, stacks) in enumerate(sorted(pairs.items())):
-        (first, ours), (second, theirs) = [(s, in_own_namespaces(o, f"shared-{i}")) for s, o in stacks[:2]]
+    for i, (context, (first, second, *_)) in enumerate(sorted(pairs.items())):
+        ours, theirs = (cluster_objects(stack_runs[s], context, f"x{i}") for s in (first, second))
+        assert sorted({ident(o) for o in ours} & {ident(o) for o in theirs}) == [], context
         refused = apply_all(kube_api, ours, f"pulumi-{first}", force=False)
         refused |= apply_all(kube_api, theirs, f"pulumi-{second}", force=False)
-        both = {ident(o) for o in ours} & {ident(o) for o in theirs}
-        assert {k: v for k, v in refused.items() if k not in both} == {}, context
-        alone = [o for o in ours + theirs if ident(o) not in both]
-        assert not_kept(kube_api, alone) == {}, context
+        assert refused == {}, context
+        assert not_kept(kube_api, ours + theirs) == {}, context
 
 
 def test_the_api_server_refuses_what_a_schema_does_not_declare(kube_api, stack_runs):
     """The checks above can fail: a misspelt field, a wrong type and an unknown enum value in a SparkApplication."""
-    objects = in_own_namespaces(objects_by_cluster(stack_runs["onprem-to-msk"])["eks-euw1"], "refusals")
+    objects = in_own_namespaces(objects_by_cluster(stack_runs["onprem-to-msk"])["eks-euw1"], "r")
     assert apply_all(kube_api, [o for o in objects if o["kind"] == "Namespace"], "tests") == {}
     (app,) = [o for o in objects if o["kind"] == "SparkApplication"]
     spec = app["spec"]

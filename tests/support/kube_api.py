@@ -214,7 +214,7 @@ class KubeApiServer:
             try:
                 if self._session.get(f"{self.url}/readyz", timeout=2).status_code == 200:
                     return
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or busy starting
                 pass
             time.sleep(0.2)
         raise ServerStartError(
