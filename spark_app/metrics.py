@@ -85,6 +85,8 @@ class MirrorMetrics:
         self._checkpoints: dict[tuple[str, str], float] = {}  # (flow, group) -> unix time written
         self._heartbeats: dict[str, float] = {}  # flow -> newest heartbeat's unix time
         self._quarantined: dict[str, frozenset[str]] = {}
+        self._selected: dict[str, frozenset[str]] = {}  # flow -> the topics it selects now, once topic sync told
+        self._labelled: dict[str, set[tuple[str, str]]] = {}  # flow -> (topic, partition) with a series
         partition = ("flow", "topic", "partition")
         r = self.registry
         self.records = Counter("mirrorkit_records_mirrored", "Records written to the target.", partition, registry=r)
@@ -113,9 +115,12 @@ class MirrorMetrics:
         r.register(self)  # `collect` adds the series computed at scrape time
 
     def batch_landed(self, flow: str, rows: Iterable[Landing]) -> None:
-        """Add one batch's landings to the flow's figures."""
+        """Add one batch's landings to the flow's figures (none for a topic that has left the selection)."""
         for row in rows:
-            labels = (flow, row.topic, str(row.partition))
+            with self._lock:
+                labels = self._series(flow, row.topic, row.partition)
+            if labels is None:
+                continue
             self.records.labels(*labels).inc(row.records)
             self.bytes.labels(*labels).inc(row.bytes)
             if row.dead_lettered:
@@ -125,7 +130,32 @@ class MirrorMetrics:
         self.last_batch.labels(flow).set(self._clock())
 
     def set_lag(self, flow: str, topic: str, partition: int, records: int) -> None:
-        self.lag.labels(flow, topic, str(partition)).set(max(0, records))
+        with self._lock:  # the lag poller's thread: never set a series `topics_selected` is removing
+            labels = self._series(flow, topic, partition)
+            if labels is not None:
+                self.lag.labels(*labels).set(max(0, records))
+
+    def topics_selected(self, flow: str, topics: Collection[str]) -> None:
+        """The topics the flow selects now; every series of a topic that left the selection is removed, so a
+        dashboard never shows a frozen figure for a topic the mirror no longer copies."""
+        with self._lock:
+            self._selected[flow] = frozenset(topics)
+            labelled = self._labelled.setdefault(flow, set())
+            gone = {(t, p) for t, p in labelled if t not in topics}
+            labelled -= gone
+            for topic, partition in gone:
+                self._latency.pop((flow, topic), None)
+                for series in (self.records, self.bytes, self.dead_lettered, self.lag):
+                    series.remove(flow, topic, partition)
+
+    def _series(self, flow: str, topic: str, partition: int) -> tuple[str, str, str] | None:
+        """The labels of one partition's series, noted for `topics_selected`; None once its topic left the
+        selection. Called with the lock held."""
+        selected = self._selected.get(flow)
+        if selected is not None and topic not in selected:
+            return None
+        self._labelled.setdefault(flow, set()).add((topic, str(partition)))
+        return flow, topic, str(partition)
 
     def topics_quarantined(self, flow: str, topics: Collection[str]) -> None:
         """The flow's quarantined topics now; each topic that enters quarantine counts one `quarantined` error."""

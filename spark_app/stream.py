@@ -102,6 +102,7 @@ class FlowMirror:
         plan = self.topic_sync.sync()
         with self._between_batches:
             self.plan = plan
+            self.metrics.topics_selected(self.flow.name, plan.wanted)
             self.quarantine.refused(plan.quarantined)
             self._publish()
         return tuple(sorted(plan.wanted.items()))

@@ -131,6 +131,53 @@ def test_quarantine_is_a_gauge_per_flow_and_each_topic_entering_it_counts_one_er
     assert got[("mirrorkit_lag_records", labels(flow=FLOW, topic="a", partition="3"))] == 0
 
 
+def test_series_of_a_topic_that_leaves_the_selection_are_removed_and_stay_gone():
+    metrics = MirrorMetrics()
+    counts = [1] + [0] * len(LATENCY_BUCKETS_S)
+    rows = [
+        landing_row(t, p, records=2, bytes=20, dead_lettered=1, latency_counts=counts)
+        for t in ("kept", "left")
+        for p in (0, 1)
+    ]
+    metrics.topics_selected(FLOW, {"kept", "left"})
+    metrics.batch_landed(FLOW, rows)
+    metrics.batch_landed("other->flow", [landing_row("left", 0, records=5, bytes=5)])
+    for t in ("kept", "left"):
+        metrics.set_lag(FLOW, t, 0, 9)
+
+    def topics(flow: str) -> dict[str, set[str]]:
+        """Per series name, the topics it has samples for in `flow`."""
+        out: dict[str, set[str]] = {}
+        for family in text_string_to_metric_families(metrics.text()):
+            for sample in family.samples:
+                if sample.labels.get("flow") == flow and "topic" in sample.labels:
+                    out.setdefault(family.name, set()).add(sample.labels["topic"])
+        return out
+
+    families = ("mirrorkit_records_mirrored", "mirrorkit_bytes_mirrored", "mirrorkit_dead_lettered",
+                "mirrorkit_lag_records", "mirrorkit_replication_latency_seconds")  # fmt: skip
+    assert {f: topics(FLOW).get(f) for f in families} == dict.fromkeys(families, {"kept", "left"})
+
+    metrics.topics_selected(FLOW, {"kept"})
+    assert {f: topics(FLOW).get(f) for f in families} == dict.fromkeys(families, {"kept"})
+    # A batch or a lag poll that was under way when the topic left does not bring its series back.
+    metrics.batch_landed(FLOW, rows)
+    metrics.set_lag(FLOW, "left", 0, 9)
+    assert {f: topics(FLOW).get(f) for f in families} == dict.fromkeys(families, {"kept"})
+    assert (
+        scrape(metrics.text())[("mirrorkit_records_mirrored_total", labels(flow=FLOW, topic="kept", partition="1"))]
+        == 4
+    )
+    assert topics("other->flow")["mirrorkit_records_mirrored"] == {"left"}, "another flow's series stay"
+    # Selected again (say, a re-created topic): it counts from zero.
+    metrics.topics_selected(FLOW, {"kept", "left"})
+    metrics.batch_landed(FLOW, [landing_row("left", 0, records=3, bytes=3)])
+    assert (
+        scrape(metrics.text())[("mirrorkit_records_mirrored_total", labels(flow=FLOW, topic="left", partition="0"))]
+        == 3
+    )
+
+
 def test_two_mirrors_in_one_process_serve_their_own_figures_on_free_ports():
     first, second = MirrorMetrics(), MirrorMetrics()
     first.batch_landed(FLOW, [landing_row("t", 0, records=1, bytes=1)])
