@@ -5,8 +5,8 @@ owns one `MirrorMetrics` with a private registry, so two mirrors in one process 
 from three places:
 - the landing rows the writer hands back per batch (records, bytes, dead letters and a replication-latency
   histogram bucketed per record on the worker, at delivery time);
-- `LagPoller`, a driver thread that compares each source partition's end offset with the next offset the mirror
-  will copy;
+- `LagPoller`, a driver thread that compares each source partition's end offset with the first offset the target
+  still lacks (where the query reads next, or a quarantined partition's first held offset);
 - the DR loop, which reports when it wrote a checkpoint and when a mirrored heartbeat arrived. Ages are computed
   at scrape time, so a loop that stops reporting shows as a growing age rather than a frozen one.
 """
@@ -36,6 +36,7 @@ LAG_POLL_INTERVAL_S = 5.0
 LIST_OFFSETS_TIMEOUT_S = 15.0
 
 Positions = Mapping[tuple[str, int], int]  # (source topic, partition) -> next offset the mirror will copy
+Held = Mapping[str, Mapping[int, int]]  # source topic -> partition -> first offset not written (quarantined)
 
 
 @dataclass
@@ -98,7 +99,7 @@ class MirrorMetrics:
         )
         self.lag = Gauge(
             "mirrorkit_lag_records",
-            "Source end offset minus the next offset the mirror will copy.",
+            "Source end offset minus the first offset the target still lacks.",
             partition,
             registry=r,
         )
@@ -258,11 +259,23 @@ class MetricsServer:
 
 @dataclass(frozen=True)
 class LagSource:
-    """One flow as the lag poller sees it: its source cluster and where the flow will read next."""
+    """One flow as the lag poller sees it: its source cluster, where its query will read next, and its holds."""
 
     flow: str
     cluster: ClusterConfig
     positions: Callable[[], Positions]
+    held: Callable[[], Held] = lambda: {}
+
+
+def owed_from(read: Positions, held: Held) -> dict[tuple[str, int], int]:
+    """Per partition, the first source offset the target still lacks: where the query reads next (`read`), or, for
+    a held (quarantined) partition, its first held offset. The query reads on past held records, so its own
+    position would show their lag as about 0 while they are still owed."""
+    owed = dict(read)
+    for topic, partitions in held.items():
+        for partition, first in partitions.items():
+            owed[(topic, partition)] = min(first, owed.get((topic, partition), first))
+    return owed
 
 
 class LagPoller:
@@ -291,7 +304,7 @@ class LagPoller:
 
     def poll(self) -> None:
         for source in self.sources:
-            positions = source.positions()
+            positions = owed_from(source.positions(), source.held())
             if positions:
                 self._poll_flow(source, positions)
 

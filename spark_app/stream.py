@@ -176,6 +176,10 @@ class FlowMirror:
                 self._next_offsets.update({(topic, int(p)): offset for p, offset in offsets.items()})
         return dict(self._next_offsets)
 
+    def lag(self) -> LagSource:
+        """The flow as the lag poller reads it: a held partition's lag counts from its first held offset."""
+        return LagSource(self.flow.name, self.source, self.next_offsets, lambda: self.totals.held)
+
     def catch_up(self) -> None:
         """Catch up quarantined topics whose cause may be gone; safe while the query runs (between its batches)."""
         with self._between_batches:
@@ -248,8 +252,7 @@ class Mirror:
         `UNREACHABLE_GIVE_UP_S`; then the mirror stops with the error. Meanwhile the metrics endpoint listens on
         `metrics_port`, the lag poller runs, and so does each flow's DR loop.
         """
-        lag_sources = [LagSource(f.flow.name, f.source, f.next_offsets) for f in self.flows]
-        with self.metrics.serve(self.config.metrics_port), LagPoller(self.metrics, lag_sources):
+        with self.metrics.serve(self.config.metrics_port), LagPoller(self.metrics, [f.lag() for f in self.flows]):
             self._mirror_until_stopped()
 
     def _mirror_until_stopped(self) -> None:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from spark_app import clients
 from spark_app.config import ClusterConfig
 from spark_app.metrics import LagPoller, LagSource, MetricsPortError, MirrorMetrics
 from spark_app.ranges import LANDED_SCHEMA, LATENCY_BUCKETS_S
@@ -200,6 +201,44 @@ def test_a_taken_metrics_port_fails_naming_the_setting_and_is_free_again_after_c
         port = server.port
     with metrics.serve(port) as again:
         assert again.port == port
+
+
+class EndOffsets:
+    """An admin client that answers ListOffsets(latest) from a dict, as confluent-kafka's futures do."""
+
+    def __init__(self, ends: dict[tuple[str, int], int]) -> None:
+        self.ends = ends
+
+    def list_offsets(self, wanted, request_timeout):
+        return {tp: SimpleNamespace(result=lambda tp=tp: SimpleNamespace(offset=self.ends[(tp.topic, tp.partition)]))
+                for tp in wanted}  # fmt: skip
+
+
+def test_a_held_partitions_lag_counts_from_its_first_held_offset_and_keeps_growing(monkeypatch):
+    ends = {("t", 0): 110, ("t", 1): 50, ("q", 0): 30}
+    monkeypatch.setattr(clients, "admin", lambda _cluster: EndOffsets(ends))
+    cluster = ClusterConfig(alias="src", bootstrap_servers="src.example:9092", profile="kafka")
+    # The query has read every partition to its end, past the held records of t[0] (from 100) and of q, a topic
+    # quarantined since its first record and not read by the query yet.
+    read = {("t", 0): 110, ("t", 1): 50}
+    held: dict[str, dict[int, int]] = {"t": {0: 100}, "q": {0: 0}}
+    metrics = MirrorMetrics()
+    poller = LagPoller(metrics, [LagSource(FLOW, cluster, lambda: read, lambda: held)])
+
+    def lag(topic: str, partition: int) -> float:
+        return scrape(metrics.text())[
+            ("mirrorkit_lag_records", labels(flow=FLOW, topic=topic, partition=str(partition)))
+        ]
+
+    poller.poll()
+    assert (lag("t", 0), lag("t", 1), lag("q", 0)) == (10, 0, 30)
+    ends |= {("t", 0): 125, ("t", 1): 60, ("q", 0): 31}  # more records while held; the query reads them too
+    read |= {("t", 0): 125, ("t", 1): 60, ("q", 0): 31}
+    poller.poll()
+    assert (lag("t", 0), lag("t", 1), lag("q", 0)) == (25, 0, 31)
+    held.clear()  # caught up: lag is where the query reads again
+    poller.poll()
+    assert (lag("t", 0), lag("t", 1), lag("q", 0)) == (0, 0, 0)
 
 
 def test_lag_is_the_source_end_offset_minus_the_next_offset_to_copy(plaintext_cluster, unique):
