@@ -59,6 +59,11 @@ class FlowTotals:
     offset_resets: list[OffsetsReset] = field(default_factory=list)
     landed_offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (src, tgt) per partition
 
+    @property
+    def handled(self) -> int:
+        """Source records done with: written, dropped (loop prevention) or dead-lettered; not those held."""
+        return sum(self.records.values()) + self.dropped + self.dead_lettered
+
     def add(self, landed: Iterable[Landing]) -> None:
         """Count one batch (or catch-up) of landings."""
         self.batches += 1
