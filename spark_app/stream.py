@@ -41,6 +41,8 @@ Topics = tuple[tuple[str, int], ...]  # what a query subscribes to: (source topi
 def build_session(master: str | None = None, app_name: str = "mirrorkit") -> SparkSession:
     """The session `run` uses; spark-submit's own settings win inside the image."""
     builder = SparkSession.builder.appName(app_name)
+    # Spark's console progress bar would draw over the mirror's own progress line (spark_app.progress).
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
     session = (
