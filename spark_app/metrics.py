@@ -154,11 +154,15 @@ class MirrorMetrics:
                 for series in (self.records, self.bytes, self.dead_lettered, self.lag):
                     series.remove(flow, topic, partition)
 
+    def selects(self, flow: str, topic: str) -> bool:
+        """Whether the flow selects the topic, as topic sync last said (every topic before it first did)."""
+        selected = self._selected.get(flow)
+        return selected is None or topic in selected
+
     def _series(self, flow: str, topic: str, partition: int) -> tuple[str, str, str] | None:
         """The labels of one partition's series, noted for `topics_selected`; None once its topic left the
         selection. Called with the lock held."""
-        selected = self._selected.get(flow)
-        if selected is not None and topic not in selected:
+        if not self.selects(flow, topic):
             return None
         self._labelled.setdefault(flow, set()).add((topic, str(partition)))
         return flow, topic, str(partition)
@@ -286,7 +290,8 @@ def owed_from(read: Positions, held: Held) -> dict[tuple[str, int], int]:
 class LagPoller:
     """A driver thread that sets `mirrorkit_lag_records` from the source's end offsets every `interval_s`.
 
-    Used as a context manager around a continuous run; `poll` does one round.
+    Used as a context manager around a continuous run; `poll` does one round. Topics the flow no longer selects
+    are not asked for (a deleted one would fail every round).
     """
 
     def __init__(
@@ -309,7 +314,8 @@ class LagPoller:
 
     def poll(self) -> None:
         for source in self.sources:
-            positions = owed_from(source.positions(), source.held())
+            owed = owed_from(source.positions(), source.held())
+            positions = {tp: offset for tp, offset in owed.items() if self.metrics.selects(source.flow, tp[0])}
             if positions:
                 self._poll_flow(source, positions)
 

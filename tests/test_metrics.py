@@ -208,15 +208,18 @@ class EndOffsets:
 
     def __init__(self, ends: dict[tuple[str, int], int]) -> None:
         self.ends = ends
+        self.asked: set[tuple[str, int]] = set()
 
     def list_offsets(self, wanted, request_timeout):
+        self.asked = {(tp.topic, tp.partition) for tp in wanted}
         return {tp: SimpleNamespace(result=lambda tp=tp: SimpleNamespace(offset=self.ends[(tp.topic, tp.partition)]))
                 for tp in wanted}  # fmt: skip
 
 
 def test_a_held_partitions_lag_counts_from_its_first_held_offset_and_keeps_growing(monkeypatch):
     ends = {("t", 0): 110, ("t", 1): 50, ("q", 0): 30}
-    monkeypatch.setattr(clients, "admin", lambda _cluster: EndOffsets(ends))
+    admin = EndOffsets(ends)
+    monkeypatch.setattr(clients, "admin", lambda _cluster: admin)
     cluster = ClusterConfig(alias="src", bootstrap_servers="src.example:9092", profile="kafka")
     # The query has read every partition to its end, past the held records of t[0] (from 100) and of q, a topic
     # quarantined since its first record and not read by the query yet.
@@ -239,6 +242,10 @@ def test_a_held_partitions_lag_counts_from_its_first_held_offset_and_keeps_growi
     held.clear()  # caught up: lag is where the query reads again
     poller.poll()
     assert (lag("t", 0), lag("t", 1), lag("q", 0)) == (0, 0, 0)
+    metrics.topics_selected(FLOW, {"t"})  # q left the selection: its end offsets are no longer asked for
+    poller.poll()
+    assert admin.asked == {("t", 0), ("t", 1)}
+    assert not any(dict(key[1]).get("topic") == "q" for key in scrape(metrics.text()))
 
 
 def test_lag_is_the_source_end_offset_minus_the_next_offset_to_copy(plaintext_cluster, unique):
