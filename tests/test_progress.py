@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import io
 import logging
+from types import SimpleNamespace
 
 import pytest
+from confluent_kafka.admin import OffsetSpec
 
-from spark_app.progress import LOG_EVERY_S, RATE_WINDOW_S, FlowProgress, ProgressReport, progress_line
+from spark_app import clients
+from spark_app.config import ClusterConfig
+from spark_app.metrics import owed_from
+from spark_app.progress import (
+    LOG_EVERY_S,
+    RATE_WINDOW_S,
+    FlowProgress,
+    ProgressReport,
+    count_backlog,
+    progress_line,
+)
 
 FLOW = "msk->eh"
 
@@ -118,3 +130,35 @@ def test_the_final_figures_are_shown_when_the_run_ends(live, caplog):
         assert out.getvalue().endswith(f"\r\x1b[K{final}\r\n")
     else:
         assert caplog.records[-1].getMessage() == final
+
+
+class LogBounds:
+    """An admin client that answers ListOffsets from each partition's (log start, end)."""
+
+    def __init__(self, bounds: dict[tuple[str, int], tuple[int, int]]) -> None:
+        self.bounds = bounds
+
+    def list_offsets(self, request, isolation_level, request_timeout):
+        latest = type(OffsetSpec.latest())
+        return {
+            tp: SimpleNamespace(
+                result=lambda tp=tp, spec=spec: SimpleNamespace(
+                    offset=self.bounds[(tp.topic, tp.partition)][isinstance(spec, latest)]
+                )
+            )
+            for tp, spec in request.items()
+        }
+
+
+@pytest.mark.parametrize(
+    ("start_from", "expected"), [("earliest", 10 + 30 + 20 + 7 + 15), ("latest", 10 + 30 + 20 + 7)]
+)
+def test_the_backlog_runs_from_where_each_partition_resumes_to_its_end(monkeypatch, start_from, expected):
+    bounds = {("t", 0): (0, 100), ("t", 1): (0, 50), ("t", 2): (5, 12), ("a", 0): (0, 40), ("n", 0): (3, 18)}
+    monkeypatch.setattr(clients, "admin", lambda _cluster: LogBounds(bounds))
+    cluster = ClusterConfig(alias="src", bootstrap_servers="src.example:9092", profile="kafka")
+    # t[0] saved at 90; t[1] read to 50 but held from 20; t[2] is a partition added since (from its log start);
+    # a[0] adopted from MirrorMaker 2 at 20; n is a topic new to the flow: its log start, or its end under `latest`.
+    resume = owed_from({("t", 0): 90, ("t", 1): 50, ("a", 0): 20}, {"t": {1: 20}})
+    topics = {"t": 3, "a": 1, "n": 1}
+    assert count_backlog(cluster, topics, resume, start_from) == expected
