@@ -280,6 +280,7 @@ def run_adopt(config: MirrorConfig, args: argparse.Namespace) -> int:
 
 def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) -> int:
     from .clients import check_reachable
+    from .progress import FlowProgress, ProgressReport
     from .stream import Mirror, build_session
 
     for flow in config.flows:
@@ -293,7 +294,8 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
     spark = build_session(master)
     mirror = Mirror(spark, config)
     if available_now:
-        mirror.run_available_now()
+        with ProgressReport([FlowProgress.of(flow) for flow in mirror.flows]):
+            mirror.run_available_now()
     else:
         signal.signal(signal.SIGTERM, lambda *_: mirror.stopping.set())
         mirror.run_forever()

@@ -41,6 +41,8 @@ Topics = tuple[tuple[str, int], ...]  # what a query subscribes to: (source topi
 def build_session(master: str | None = None, app_name: str = "mirrorkit") -> SparkSession:
     """The session `run` uses; spark-submit's own settings win inside the image."""
     builder = SparkSession.builder.appName(app_name)
+    # Spark's console progress bar would draw over the mirror's own progress line (spark_app.progress).
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
     session = (
@@ -102,6 +104,7 @@ class FlowMirror:
         plan = self.topic_sync.sync()
         with self._between_batches:
             self.plan = plan
+            self.metrics.topics_selected(self.flow.name, plan.wanted)
             self.quarantine.refused(plan.quarantined)
             self._publish()
         return tuple(sorted(plan.wanted.items()))
@@ -175,6 +178,10 @@ class FlowMirror:
                 self._next_offsets.update({(topic, int(p)): offset for p, offset in offsets.items()})
         return dict(self._next_offsets)
 
+    def lag(self) -> LagSource:
+        """The flow as the lag poller reads it: a held partition's lag counts from its first held offset."""
+        return LagSource(self.flow.name, self.source, self.next_offsets, lambda: self.totals.held)
+
     def catch_up(self) -> None:
         """Catch up quarantined topics whose cause may be gone; safe while the query runs (between its batches)."""
         with self._between_batches:
@@ -247,8 +254,7 @@ class Mirror:
         `UNREACHABLE_GIVE_UP_S`; then the mirror stops with the error. Meanwhile the metrics endpoint listens on
         `metrics_port`, the lag poller runs, and so does each flow's DR loop.
         """
-        lag_sources = [LagSource(f.flow.name, f.source, f.next_offsets) for f in self.flows]
-        with self.metrics.serve(self.config.metrics_port), LagPoller(self.metrics, lag_sources):
+        with self.metrics.serve(self.config.metrics_port), LagPoller(self.metrics, [f.lag() for f in self.flows]):
             self._mirror_until_stopped()
 
     def _mirror_until_stopped(self) -> None:
