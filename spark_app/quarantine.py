@@ -177,7 +177,7 @@ class FlowQuarantine:
     def _hold(self, row: Landing) -> None:
         q = self.state.quarantined.get(row.topic)
         if q is None:
-            reason = refused_reason(self.flow, row.topic, row.partition, row.held_from, row.refused_bytes)
+            reason = refused_reason(self.flow, row)
             reason = reason or f"partition {row.partition} is not on the target yet"
             q = self.state.quarantined[row.topic] = Quarantine(reason, retry_at=self._clock() + RECORD_RETRY_S)
             log.error("flow %s: topic '%s' quarantined: %s", self.flow.name, row.topic, reason)
@@ -206,7 +206,7 @@ class FlowQuarantine:
             if still:
                 p = min(still)
                 row = rows[p]
-                q.reason = refused_reason(self.flow, topic, p, row.held_from, row.refused_bytes) or q.reason
+                q.reason = refused_reason(self.flow, row) or q.reason
                 q.partitions, q.retry_at = still, now + RECORD_RETRY_S
                 log.error("flow %s: topic '%s' still quarantined after copying %d: %s", self.flow.name, topic,
                           copied, q.reason)  # fmt: skip
@@ -236,8 +236,15 @@ class FlowQuarantine:
                 raise MirrorFailed(f"flow {self.flow.name}: records deleted before they were mirrored: {loss}")
 
 
-def refused_reason(flow: FlowConfig, topic: str, partition: int, offset: int, size: int) -> str | None:
-    """Why a record the target refused for size holds its topic, and what to do; None when nothing was refused."""
+def refused_reason(flow: FlowConfig, row: Landing) -> str | None:
+    """Why a record the target refused (for size, or with a topic-scoped error) holds its topic, and what to do;
+    None when nothing was refused."""
+    topic, partition, offset, size, error = row.topic, row.partition, row.held_from, row.refused_bytes, row.held_error
+    if error:
+        return (
+            f"target '{flow.target}' refused topic '{topic}' partition {partition} offset {offset}: {error}; fix it"
+            f" on the target (the topic catches up, in order, within {RECORD_RETRY_S:.0f} s)"
+        )
     if not size:
         return None
     return (

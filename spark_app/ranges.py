@@ -17,8 +17,8 @@ RANGE_SCHEMA = "topic string, partition int, start long, end long, reset_from lo
 LANDED_SCHEMA = (
     "topic string, partition int, first_offset long, end_offset long, last_offset long, last_target_offset long,"
     " records long, bytes long, dropped long, dead_lettered long, latency_counts array<long>, latency_sum_ms double,"
-    " held_from long, held_until long, refused_bytes long, runs array<array<long>>, echoes array<array<long>>,"
-    " reset_from long"
+    " held_from long, held_until long, refused_bytes long, held_error string, runs array<array<long>>,"
+    " echoes array<array<long>>, reset_from long"
 )
 # Upper bounds of the replication-latency buckets: sub-second for a mirror that keeps up, up to an hour for one
 # catching up; anything older lands in +Inf.
@@ -69,6 +69,7 @@ class Landing:
     held_from: int = -1  # first source offset not written (held), -1 when all were
     held_until: int = -1  # the offset after the last held one
     refused_bytes: int = 0  # size of the record refused at `held_from`, 0 when held for another reason
+    held_error: str = ""  # the target's error for the record at `held_from` (a topic-scoped refusal), else ""
     # Where the range landed, as runs [first source offset, its target offset, last source offset] of records
     # copied one after another on both sides (spark_app.dr.syncs); at most MAX_RUNS_PER_RANGE, the newest kept.
     runs: list[list[int]] = field(default_factory=list)
@@ -82,10 +83,10 @@ class Landing:
         self.last_offset, self.last_target_offset = offset, target_offset
         extend_runs(self.runs, offset, target_offset)
 
-    def hold(self, offset: int, size: int = 0) -> None:
+    def hold(self, offset: int, size: int = 0, error: str = "") -> None:
         """Hold the partition from `offset` to the range's end: nothing from there on is written."""
         if self.held_from < 0 or offset < self.held_from:
-            self.held_from, self.refused_bytes = offset, size
+            self.held_from, self.refused_bytes, self.held_error = offset, size, error
         self.held_until = max(self.held_until, self.end_offset)
 
     def echoed(self, offset: int, target_offset: int) -> None:
@@ -158,6 +159,7 @@ def landed_arrow_schema() -> pa.Schema:
             ("held_from", pa.int64()),
             ("held_until", pa.int64()),
             ("refused_bytes", pa.int64()),
+            ("held_error", pa.string()),
             ("runs", pa.list_(pa.list_(pa.int64()))),
             ("echoes", pa.list_(pa.list_(pa.int64()))),
             ("reset_from", pa.int64()),

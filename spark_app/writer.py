@@ -66,6 +66,18 @@ CONSUME_WAIT_S = 0.1
 READ_STALL_S = 300.0  # a range that makes no progress this long fails the batch (the source stopped answering)
 
 METADATA_WAIT_S = 60.0
+# Delivery errors that concern one topic or record, not the target: the partition holds from the refused record and
+# its topic is quarantined (spark_app.quarantine) while the others go on. Any other delivery error fails the batch.
+TOPIC_SCOPED_ERRORS = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.INVALID_RECORD,
+        KafkaError.INVALID_TIMESTAMP,
+        KafkaError.INVALID_MSG,  # CORRUPT_MESSAGE
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+    }
+)
 
 
 Partition = tuple[str, int]  # (topic, partition)
@@ -141,6 +153,7 @@ class RangeCopier:
         consumer.assign(assignment)
         in_flight: dict[Partition, collections.deque[int]] = collections.defaultdict(collections.deque)
         refused: list[Refused] = []
+        blocked: list[tuple[Partition, int, str]] = []  # (source partition, offset, error): refused for its topic
         failures: list[str] = []
         stamp = self.flow.replication_policy == "identity" and self.flow.provenance_header
         alias = self.flow.source
@@ -160,6 +173,8 @@ class RangeCopier:
                     landing.latency_sum_ms += latency_ms
             elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
                 refused.append(Refused.of(source_topic, offset, msg))
+            elif err.code() in TOPIC_SCOPED_ERRORS:
+                blocked.append(((source_topic, partition), offset, f"{err.name()}: {err.str()}"))
             else:
                 failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.str()}")
 
@@ -254,6 +269,8 @@ class RangeCopier:
         remaining = producer.flush(300)
         if remaining or failures:
             raise DeliveryFailed(f"flow {self.flow.name}: {remaining} undelivered; first errors: {failures[:3]}")
+        for key, offset, error in blocked:  # the partition holds from there; the topic is quarantined
+            landings[key].hold(offset, error=error)
         if refused and self.flow.dead_letter_topic:
             self._dead_letter(producer, refused, landings)
         elif refused:  # refused by the broker after later records were sent: held from the first refused one

@@ -1,0 +1,103 @@
+"""A fault that concerns one topic quarantines that topic only: the others flow on, and once it is fixed the topic
+catches up in order, with nothing lost."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from spark_app import quarantine
+from spark_app.config import parse_config
+from spark_app.stream import Mirror
+from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.clients import Record, create_topics, produce, read_all
+from tests.support.kafka_cluster import EVENTHUBS_USER
+from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.running import mirror_running
+
+ROUNDS = 6  # of PER_ROUND records on each topic, a few seconds apart
+PER_ROUND = 20
+
+
+def test_a_topic_whose_write_acl_is_removed_mid_run_is_quarantined_alone_and_catches_up_in_order(
+    spark, plaintext_cluster, target_cluster, tmp_path, unique, monkeypatch
+):
+    monkeypatch.setattr(quarantine, "RECORD_RETRY_S", 2.0)  # try a held topic again every 2 s, not every 60 s
+    ok, denied = f"ok-{unique}", f"denied-{unique}"
+    create_topics(plaintext_cluster.admin, {ok: 2, denied: 2})
+    create_topics(target_cluster.admin, {f"onprem.{ok}": 2, f"onprem.{denied}": 2})
+    config = parse_config(
+        one_flow_config(
+            plaintext_cluster,
+            target_cluster,
+            [ok, denied],
+            tmp_path / "ckpt",
+            emit_heartbeats=False,
+            metrics_port=free_port(),
+        )  # fmt: skip
+    )
+    admin = AdminClient(target_cluster.admin.librdkafka())
+    deny = AclBinding(
+        ResourceType.TOPIC, f"onprem.{denied}", ResourcePatternType.LITERAL, f"User:{EVENTHUBS_USER}", "*",
+        AclOperation.WRITE, AclPermissionType.DENY,
+    )  # fmt: skip
+    sent: dict[str, list[Record]] = {ok: [], denied: []}
+
+    def send_round(r: int) -> None:
+        now = int(time.time() * 1000)
+        for topic in (ok, denied):
+            records = [Record(i % 2, f"{r}-{i}".encode(), f"{topic}-{r}-{i}".encode(), (), now + i) for i in
+                       range(PER_ROUND)]  # fmt: skip
+            produce(plaintext_cluster.client, topic, records)
+            sent[topic] += records
+
+    mirror = Mirror(spark, config)
+    flow = mirror.flows[0]
+    with mirror_running(mirror) as errors:
+        send_round(0)
+        wait_until(lambda: sum(flow.totals.records.values()) >= 2 * PER_ROUND, errors, "the first round to land")
+        for future in admin.create_acls([deny], request_timeout=15).values():
+            future.result()
+        for r in range(1, ROUNDS // 2):
+            send_round(r)
+            time.sleep(2)
+        wait_until(lambda: denied in flow.totals.quarantined, errors, f"'{denied}' to be quarantined")
+        reason = flow.totals.quarantined[denied]
+        assert "TOPIC_AUTHORIZATION_FAILED" in reason and f"topic '{denied}'" in reason, reason
+        # The other topic goes on meanwhile.
+        wait_until(lambda: flow.totals.records.get(ok, 0) >= len(sent[ok]), errors, f"'{ok}' to keep flowing")
+        assert ok not in flow.totals.quarantined
+
+        for future in admin.delete_acls([AclBindingFilter(*deny_fields(deny))], request_timeout=15).values():
+            future.result()
+        for r in range(ROUNDS // 2, ROUNDS):
+            send_round(r)
+            time.sleep(1)
+        wait_until(lambda: denied not in flow.totals.quarantined, errors, f"'{denied}' to catch up")
+        wait_until(lambda: flow.totals.records.get(denied, 0) >= len(sent[denied]), errors, "every record to land")
+
+    for topic in (ok, denied):
+        got = read_all(target_cluster.client, f"onprem.{topic}", expected=len(sent[topic]))
+        assert_each_record_once_in_order(f"onprem.{topic}", got, sent[topic])  # 0 lost, none twice, in order
+
+
+def deny_fields(binding: AclBinding) -> tuple:
+    return (binding.restype, binding.name, binding.resource_pattern_type, binding.principal, binding.host,
+            binding.operation, binding.permission_type)  # fmt: skip
+
+
+def wait_until(condition, errors: list[BaseException], what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert not errors, f"the mirror failed while waiting for {what}: {errors[0]!r}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
