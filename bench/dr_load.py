@@ -68,7 +68,6 @@ import yaml  # noqa: E402
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # noqa: E402
 
-from bench.harness import TreeMonitor  # noqa: E402
 from spark_app import clients  # noqa: E402
 from spark_app.config import MirrorConfig, load_config  # noqa: E402
 from spark_app.dr.formats import Heartbeat  # noqa: E402
@@ -77,6 +76,7 @@ from spark_app.dr.service import DrSync  # noqa: E402
 from spark_app.dr.views import STATUS_SOURCE_TIMEOUT_S, failover_plan, flow_status  # noqa: E402
 from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic  # noqa: E402
 from spark_app.ranges import Landing  # noqa: E402
+from tests.support.proc import TreeMonitor  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SOURCE, TARGET = "src", "tgt"

@@ -42,7 +42,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -60,63 +59,12 @@ from images.fetch_jars import cached_jars  # noqa: E402
 from spark_app.config import MirrorConfig  # noqa: E402
 from tests.support import mm2  # noqa: E402
 from tests.support.mirror_config import free_port  # noqa: E402
+from tests.support.proc import TreeMonitor  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 COPY_LOOP = ROOT / "bench" / "java"
 MM2_TUNED = {"target.producer.linger.ms": "20", "target.producer.batch.size": "1048576"}
 LATENCY_CANDIDATES = ("mirror", "mm2")
-PAGE = os.sysconf("SC_PAGE_SIZE")
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-class TreeMonitor:
-    """Samples a process and all its descendants from /proc: CPU seconds (last value seen per pid) and peak RSS."""
-
-    def __init__(self, pid: int, interval: float = 0.25) -> None:
-        self.pid, self.interval = pid, interval
-        self.cpu: dict[int, float] = {}
-        self.peak_rss = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _tree(self) -> list[int]:
-        children: dict[int, list[int]] = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-                children.setdefault(ppid, []).append(int(entry))
-        out, todo = [], [self.pid]
-        while todo:
-            pid = todo.pop()
-            out.append(pid)
-            todo.extend(children.get(pid, ()))
-        return out
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            rss = 0
-            for pid in self._tree():
-                try:
-                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                    self.cpu[pid] = (int(fields[11]) + int(fields[12])) / TICK
-                    rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-                except (OSError, IndexError, ValueError):
-                    continue
-            self.peak_rss = max(self.peak_rss, rss)
-            self._stop.wait(self.interval)
-
-    def cpu_s(self) -> float:
-        """CPU seconds of the tree so far, as of the last sample; differences give the CPU of a window."""
-        return sum(list(self.cpu.values()))
-
-    def stop(self) -> tuple[float, float]:
-        self._stop.set()
-        self._thread.join()
-        return self.cpu_s(), self.peak_rss / 1e6
 
 
 def end_offsets(admin: AdminClient, topics: list[str], partitions: int) -> dict[tuple[str, int], int]:

@@ -208,6 +208,13 @@ class KafkaCluster:
             return self
         raise AssertionError("unreachable")
 
+    def throttle_producers(self, bytes_per_s: int) -> None:
+        """A broker quota on every client's produce rate (`producer_byte_rate` for the default client id), as a slow
+        or busy target imposes one."""
+        args = ["--bootstrap-server", self.admin.bootstrap, "--alter", "--add-config",
+                f"producer_byte_rate={bytes_per_s}", "--entity-type", "clients", "--entity-default"]  # fmt: skip
+        subprocess.run(self._java("kafka.admin.ConfigCommand", *args), check=True, capture_output=True, timeout=120)
+
     def stop(self, timeout: float = 30.0) -> None:
         """A clean shutdown (SIGTERM), as in a rolling restart."""
         if not self.running:

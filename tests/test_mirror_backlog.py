@@ -1,0 +1,113 @@
+"""A large backlog behind a slow target: bounded batches, none retried, bounded memory, every record byte-exact.
+
+The target is a cluster of its own with a broker quota on produce (`producer_byte_rate`), as a busy or throttled
+target is. Before batches were bounded, the first batch was the whole backlog and its tail timed out in the
+producer's queue, so the batch failed, was planned again, and never committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from spark_app.clients import watermarks
+from spark_app.config import FlowConfig
+from tests.support.clients import create_topics
+from tests.support.kafka_cluster import KafkaCluster, ListenerKind
+from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.proc import TreeMonitor
+
+RECORDS = 2_000_000
+PARTITIONS = 4
+RATE = 8 << 20  # the target's produce quota, bytes/s
+PEAK_RSS_BOUND = 3.5e9  # the mirror's whole process tree (driver JVM, Python driver and workers), bytes
+
+
+def produce_backlog(cluster: KafkaCluster, topic: str) -> dict[int, str]:
+    """RECORDS records with explicit timestamps, spread over the partitions; each partition's digest."""
+    producer = Producer(cluster.client.librdkafka() | {"linger.ms": "20", "batch.size": "1000000"})
+    digests = {p: hashlib.sha256() for p in range(PARTITIONS)}
+    now = int(time.time() * 1000)
+    for i in range(RECORDS):
+        p, key, value = i % PARTITIONS, f"k{i}".encode(), f"value-{i:010d}-{'x' * 24}".encode()
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, partition=p, timestamp=now + i // 1000)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        digests[p].update(record_bytes(key, value, now + i // 1000))
+    assert producer.flush(120) == 0
+    return {p: d.hexdigest() for p, d in digests.items()}
+
+
+def record_bytes(key: bytes | None, value: bytes | None, timestamp: int) -> bytes:
+    return b"%d|%s|%s|%d;" % (len(key or b""), key or b"", value or b"", timestamp)
+
+
+def read_digests(cluster: KafkaCluster, topic: str) -> tuple[dict[int, str], dict[int, int]]:
+    """Each partition's digest and record count, read to its end."""
+    consumer = Consumer(cluster.client.librdkafka() | {"group.id": "backlog-check", "enable.auto.commit": False})
+    ends = {p: watermarks(consumer, topic, p)[1] for p in range(PARTITIONS)}
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    digests, counts = {p: hashlib.sha256() for p in range(PARTITIONS)}, dict.fromkeys(range(PARTITIONS), 0)
+    deadline = time.monotonic() + 300
+    while any(counts[p] < ends[p] for p in counts):
+        assert time.monotonic() < deadline, f"reading back stalled at {counts} of {ends}"
+        for msg in consumer.consume(10_000, 1.0):
+            if msg.error() is None:
+                p = msg.partition()
+                digests[p].update(record_bytes(msg.key(), msg.value(), msg.timestamp()[1]))
+                counts[p] += 1
+    consumer.close()
+    return {p: d.hexdigest() for p, d in digests.items()}, counts
+
+
+def test_a_2m_record_backlog_behind_a_throttled_target_lands_byte_exact_in_bounded_batches_none_retried(
+    testbed, plaintext_cluster, tmp_path, unique
+):
+    target = testbed.start(f"throttled-{unique[-8:]}", ListenerKind.PLAINTEXT)
+    target.throttle_producers(RATE)
+    topic = f"backlog-{unique}"
+    create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
+    create_topics(target.admin, {f"onprem.{topic}": PARTITIONS})
+    sent = produce_backlog(plaintext_cluster, topic)
+    ckpt = tmp_path / "ckpt"
+    config = one_flow_config(plaintext_cluster, target, [topic], ckpt, emit_heartbeats=False,
+                             metrics_port=free_port())  # fmt: skip
+    path = tmp_path / "mirror.yaml"
+    path.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--available-now", "--master",
+               "local[2]"]  # fmt: skip
+    log = (tmp_path / "run.log").open("w")
+    started = time.monotonic()
+    proc = subprocess.Popen(command, env=os.environ | {"PYSPARK_PYTHON": sys.executable}, stdout=log,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+    monitor = TreeMonitor(proc.pid)
+    try:
+        rc = proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, peak_mb = monitor.stop()
+        log.close()
+    took = time.monotonic() - started
+    assert rc == 0, (tmp_path / "run.log").read_text()[-3000:]
+
+    got, counts = read_digests(target, f"onprem.{topic}")
+    assert sum(counts.values()) == RECORDS, counts  # none lost, none written twice (a retried batch would repeat)
+    assert got == sent  # byte-exact, in order, per partition
+    batches = sorted(int(f.name) for f in (ckpt / "offsets").iterdir() if f.name.isdigit())
+    commits = sorted(int(f.name) for f in (ckpt / "commits").iterdir() if f.name.isdigit())
+    assert batches == commits, (batches, commits)  # every planned batch committed once: none failed and replanned
+    bound = FlowConfig.model_fields["max_records_per_trigger"].default
+    assert len(batches) >= RECORDS // bound, batches  # bounded: no batch took the whole backlog
+    assert peak_mb * 1e6 < PEAK_RSS_BOUND, peak_mb
+    print(f"backlog: {RECORDS:,} records in {len(batches)} batches, {took:.0f} s behind a {RATE >> 20} MiB/s quota,"
+          f" peak RSS {peak_mb:,.0f} MB")  # fmt: skip
