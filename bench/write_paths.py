@@ -185,7 +185,7 @@ def run_child(spec: dict) -> dict:
         )
     elif path == "ranges":
         from spark_app.config import ClusterConfig
-        from spark_app.planner import OffsetRangeSource, plan_source_options
+        from spark_app.planner import OffsetRangeSource, plan_source_options, write_record_bytes
         from spark_app.ranges import LANDED_SCHEMA
         from spark_app.writer import RangeCopier
 
@@ -193,9 +193,11 @@ def run_child(spec: dict) -> dict:
         flow, target = writer_parts(spec["writer"])
         source = ClusterConfig(alias=flow.source, bootstrap_servers=spec["source"], profile="kafka")
         copier = RangeCopier(flow, source, target)
+        driver_dir = Path(tempfile.mkdtemp(prefix="bench-ranges-"))
+        write_record_bytes(driver_dir, 1.0)  # no byte bound here: batches take `max_offsets` records, or all
         options = plan_source_options(
             source, dict.fromkeys(spec["topics"], spec["partitions"]), "earliest",
-            spark.sparkContext.defaultParallelism, spec["max_offsets"] or None,
+            spark.sparkContext.defaultParallelism, spec["max_offsets"] or 2**62, 2**62, driver_dir,
         )  # fmt: skip
 
         def each_batch(batch_df, batch_id: int) -> None:

@@ -59,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     back.add_argument("--dry-run", action="store_true", help="print what it would commit, commit nothing")
     take = sub.choices["adopt"]
     take.add_argument("--flow", required=True, help="the flow MM2 ran, as SRC->DST (MM2's cluster aliases)")
-    take.add_argument("--force", action="store_true", help="adopt even while MM2's heartbeats are fresh")
+    take.add_argument("--force", action="store_true",
+                      help="adopt even while MM2's Connect group has members or its heartbeats are fresh")  # fmt: skip
+    take.add_argument("--connect-group", default=None,
+                      help="MM2's Connect group on the target (default: <SRC>-mm2, dedicated mode; Strimzi: the"
+                      " Connect cluster's group.id)")  # fmt: skip
     take.add_argument("--offsets-topic", default=None,
                       help="Connect's offsets topic on the target (default: mm2-offsets.<SRC>.internal, dedicated"
                       " mode; Strimzi: the Connect cluster's offset.storage.topic)")  # fmt: skip
@@ -256,7 +260,7 @@ def run_adopt(config: MirrorConfig, args: argparse.Namespace) -> int:
 
     naming = Mm2Naming(args.mm2_policy, args.mm2_separator)
     quiet_s = HEARTBEAT_QUIET_S if args.heartbeat_quiet_s is None else args.heartbeat_quiet_s
-    options = AdoptOptions(naming, args.offsets_topic, args.connector, quiet_s, args.force)
+    options = AdoptOptions(naming, args.offsets_topic, args.connector, quiet_s, args.force, args.connect_group)
     result = adopt(config, config.flow(args.flow), options)
     for reason in result.refused:
         print(f"refused: {reason}", file=sys.stderr)
@@ -276,6 +280,7 @@ def run_adopt(config: MirrorConfig, args: argparse.Namespace) -> int:
 
 def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) -> int:
     from .clients import check_reachable
+    from .progress import FlowProgress, ProgressReport
     from .stream import Mirror, build_session
 
     for flow in config.flows:
@@ -289,7 +294,8 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
     spark = build_session(master)
     mirror = Mirror(spark, config)
     if available_now:
-        mirror.run_available_now()
+        with ProgressReport([FlowProgress.of(flow) for flow in mirror.flows]):
+            mirror.run_available_now()
     else:
         signal.signal(signal.SIGTERM, lambda *_: mirror.stopping.set())
         mirror.run_forever()

@@ -172,6 +172,13 @@ def log_ranges(
             time.sleep(0.2)
 
 
+def group_members(cluster: ClusterConfig, group: str, timeout_s: float = REQUEST_TIMEOUT_S) -> int:
+    """How many members a group has now, of any protocol (a Connect cluster's group too, which the consumer-group
+    API refuses to describe); 0 when there is no such group."""
+    found = admin(cluster).list_groups(group, timeout=timeout_s)
+    return sum(len(g.members) for g in found if g.id == group)
+
+
 def read_topic(
     cluster: ClusterConfig, topic: str, tail: int | None = None, timeout_s: float = REQUEST_TIMEOUT_S
 ) -> list[Message]:

@@ -10,6 +10,7 @@ This module must not import pulumi or pyspark: infra and the image both import i
 from __future__ import annotations
 
 import enum
+import fnmatch
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -29,12 +30,14 @@ EVENTHUBS_CODECS = ("none", "gzip")
 JAVA_CLIENT_NAMES = {
     "max.request.size": "message.max.bytes",
     "ssl.truststore.location": "ssl.ca.location",
-    "ssl.keystore.location": "ssl.certificate.location and ssl.key.location",
-    "sasl.jaas.config": None,
     "max.poll.records": None,
     "sasl.client.callback.handler.class": None,
     "sasl.login.callback.handler.class": None,
 }
+# client_overrides keys that carry a secret or point at a private key (matched without case; `ssl.key*` takes
+# `ssl.keystore.*` too): overrides are plain config, and infra writes the config into a ConfigMap, so a secret goes
+# through a SecretRef (`password`, `client_key`) instead. Java names among them are refused here too.
+SECRET_KEYS = ("*password*", "*secret*", "*passphrase*", "*private.key*", "sasl.jaas.config", "ssl.key*", "ssl_key")
 
 
 class ConfigError(ValueError):
@@ -112,6 +115,21 @@ class ClusterConfig(_Strict):
             if not sep or not host or not port.isdigit():
                 raise ValueError(f"'{server.strip()}' is not host:port")
         return v
+
+    @field_validator("client_overrides")
+    @classmethod
+    def _no_secret(cls, overrides: dict[str, str]) -> dict[str, str]:
+        secrets = [k for k in overrides if any(fnmatch.fnmatch(k.lower(), p) for p in SECRET_KEYS)]
+        if secrets:
+            raise ValueError(
+                "\n".join(
+                    f"'{k}' carries a secret, and client_overrides are plain config (a ConfigMap when deployed);"
+                    " name where the secret lives instead: 'password: {file: ...}' or '{env: ...}' (eventhubs,"
+                    " msk-scram), 'client_key: {file: ...}' (mtls)"
+                    for k in secrets
+                )
+            )
+        return overrides
 
     @model_validator(mode="after")
     def _profile_needs(self) -> ClusterConfig:
@@ -223,7 +241,10 @@ class FlowConfig(_Strict):
     sync_group_offsets: bool = False
     # MM2-format heartbeats to `heartbeats` on the source while the mirror runs; needs write rights there
     emit_heartbeats: bool = True
-    max_records_per_trigger: Annotated[int, Field(gt=0)] | None = None
+    # The bounds of one batch (spark_app.planner): a stop or a topic-set change waits for, or at worst throws away,
+    # one batch, so its size is what a slow target can take in well under the producer's delivery timeout.
+    max_records_per_trigger: Annotated[int, Field(gt=0)] = 250_000
+    max_bytes_per_trigger: Annotated[int, Field(ge=1_048_576)] = 268_435_456
 
     @property
     def name(self) -> str:

@@ -5,8 +5,8 @@ owns one `MirrorMetrics` with a private registry, so two mirrors in one process 
 from three places:
 - the landing rows the writer hands back per batch (records, bytes, dead letters and a replication-latency
   histogram bucketed per record on the worker, at delivery time);
-- `LagPoller`, a driver thread that compares each source partition's end offset with the next offset the mirror
-  will copy;
+- `LagPoller`, a driver thread that compares each source partition's end offset with the first offset the target
+  still lacks (where the query reads next, or a quarantined partition's first held offset);
 - the DR loop, which reports when it wrote a checkpoint and when a mirrored heartbeat arrived. Ages are computed
   at scrape time, so a loop that stops reporting shows as a growing age rather than a frozen one.
 """
@@ -36,6 +36,7 @@ LAG_POLL_INTERVAL_S = 5.0
 LIST_OFFSETS_TIMEOUT_S = 15.0
 
 Positions = Mapping[tuple[str, int], int]  # (source topic, partition) -> next offset the mirror will copy
+Held = Mapping[str, Mapping[int, int]]  # source topic -> partition -> first offset not written (quarantined)
 
 
 @dataclass
@@ -57,6 +58,11 @@ class FlowTotals:
     data_loss: list[DataLoss] = field(default_factory=list)
     offset_resets: list[OffsetsReset] = field(default_factory=list)
     landed_offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (src, tgt) per partition
+
+    @property
+    def handled(self) -> int:
+        """Source records done with: written, dropped (loop prevention) or dead-lettered; not those held."""
+        return sum(self.records.values()) + self.dropped + self.dead_lettered
 
     def add(self, landed: Iterable[Landing]) -> None:
         """Count one batch (or catch-up) of landings."""
@@ -85,6 +91,8 @@ class MirrorMetrics:
         self._checkpoints: dict[tuple[str, str], float] = {}  # (flow, group) -> unix time written
         self._heartbeats: dict[str, float] = {}  # flow -> newest heartbeat's unix time
         self._quarantined: dict[str, frozenset[str]] = {}
+        self._selected: dict[str, frozenset[str]] = {}  # flow -> the topics it selects now, once topic sync told
+        self._labelled: dict[str, set[tuple[str, str]]] = {}  # flow -> (topic, partition) with a series
         partition = ("flow", "topic", "partition")
         r = self.registry
         self.records = Counter("mirrorkit_records_mirrored", "Records written to the target.", partition, registry=r)
@@ -96,7 +104,7 @@ class MirrorMetrics:
         )
         self.lag = Gauge(
             "mirrorkit_lag_records",
-            "Source end offset minus the next offset the mirror will copy.",
+            "Source end offset minus the first offset the target still lacks.",
             partition,
             registry=r,
         )
@@ -113,9 +121,12 @@ class MirrorMetrics:
         r.register(self)  # `collect` adds the series computed at scrape time
 
     def batch_landed(self, flow: str, rows: Iterable[Landing]) -> None:
-        """Add one batch's landings to the flow's figures."""
+        """Add one batch's landings to the flow's figures (none for a topic that has left the selection)."""
         for row in rows:
-            labels = (flow, row.topic, str(row.partition))
+            with self._lock:
+                labels = self._series(flow, row.topic, row.partition)
+            if labels is None:
+                continue
             self.records.labels(*labels).inc(row.records)
             self.bytes.labels(*labels).inc(row.bytes)
             if row.dead_lettered:
@@ -125,7 +136,36 @@ class MirrorMetrics:
         self.last_batch.labels(flow).set(self._clock())
 
     def set_lag(self, flow: str, topic: str, partition: int, records: int) -> None:
-        self.lag.labels(flow, topic, str(partition)).set(max(0, records))
+        with self._lock:  # the lag poller's thread: never set a series `topics_selected` is removing
+            labels = self._series(flow, topic, partition)
+            if labels is not None:
+                self.lag.labels(*labels).set(max(0, records))
+
+    def topics_selected(self, flow: str, topics: Collection[str]) -> None:
+        """The topics the flow selects now; every series of a topic that left the selection is removed, so a
+        dashboard never shows a frozen figure for a topic the mirror no longer copies."""
+        with self._lock:
+            self._selected[flow] = frozenset(topics)
+            labelled = self._labelled.setdefault(flow, set())
+            gone = {(t, p) for t, p in labelled if t not in topics}
+            labelled -= gone
+            for topic, partition in gone:
+                self._latency.pop((flow, topic), None)
+                for series in (self.records, self.bytes, self.dead_lettered, self.lag):
+                    series.remove(flow, topic, partition)
+
+    def selects(self, flow: str, topic: str) -> bool:
+        """Whether the flow selects the topic, as topic sync last said (every topic before it first did)."""
+        selected = self._selected.get(flow)
+        return selected is None or topic in selected
+
+    def _series(self, flow: str, topic: str, partition: int) -> tuple[str, str, str] | None:
+        """The labels of one partition's series, noted for `topics_selected`; None once its topic left the
+        selection. Called with the lock held."""
+        if not self.selects(flow, topic):
+            return None
+        self._labelled.setdefault(flow, set()).add((topic, str(partition)))
+        return flow, topic, str(partition)
 
     def topics_quarantined(self, flow: str, topics: Collection[str]) -> None:
         """The flow's quarantined topics now; each topic that enters quarantine counts one `quarantined` error."""
@@ -228,17 +268,30 @@ class MetricsServer:
 
 @dataclass(frozen=True)
 class LagSource:
-    """One flow as the lag poller sees it: its source cluster and where the flow will read next."""
+    """One flow as the lag poller sees it: its source cluster, where its query will read next, and its holds."""
 
     flow: str
     cluster: ClusterConfig
     positions: Callable[[], Positions]
+    held: Callable[[], Held] = lambda: {}
+
+
+def owed_from(read: Positions, held: Held) -> dict[tuple[str, int], int]:
+    """Per partition, the first source offset the target still lacks: where the query reads next (`read`), or, for
+    a held (quarantined) partition, its first held offset. The query reads on past held records, so its own
+    position would show their lag as about 0 while they are still owed."""
+    owed = dict(read)
+    for topic, partitions in held.items():
+        for partition, first in partitions.items():
+            owed[(topic, partition)] = min(first, owed.get((topic, partition), first))
+    return owed
 
 
 class LagPoller:
     """A driver thread that sets `mirrorkit_lag_records` from the source's end offsets every `interval_s`.
 
-    Used as a context manager around a continuous run; `poll` does one round.
+    Used as a context manager around a continuous run; `poll` does one round. Topics the flow no longer selects
+    are not asked for (a deleted one would fail every round).
     """
 
     def __init__(
@@ -261,7 +314,8 @@ class LagPoller:
 
     def poll(self) -> None:
         for source in self.sources:
-            positions = source.positions()
+            owed = owed_from(source.positions(), source.held())
+            positions = {tp: offset for tp, offset in owed.items() if self.metrics.selects(source.flow, tp[0])}
             if positions:
                 self._poll_flow(source, positions)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from . import clients
@@ -40,6 +40,12 @@ UNREACHABLE_GIVE_UP_S = 300.0  # a source or target down this long stops the mir
 
 Offsets = dict[str, dict[str, int]]  # {"topic": {"partition": offset}}
 
+PAUSE_FILE = "pause"
+RECORD_BYTES_FILE = "record-bytes"
+# Until the first batch has landed the mean record size is unknown: so small a batch cannot exceed the byte bound
+# by much whatever the records (at most 10,000 records of the target's 1 MB cap).
+FIRST_BATCH_RECORDS = 10_000
+
 
 class RangeGroup(InputPartition):
     """The ranges one Spark task copies, with one consumer and one producer."""
@@ -49,25 +55,40 @@ class RangeGroup(InputPartition):
 
 
 def plan_source_options(source: ClusterConfig, topics: dict[str, int], start_from: str, tasks: int,
-                        max_records: int | None, pause_file: Path | None = None,
+                        max_records: int, max_bytes: int, driver_dir: Path,
                         adopted: Offsets | None = None) -> dict[str, str]:  # fmt: skip
     """The options `spark.readStream.format(OffsetRangeSource.name())` takes (all strings, no secret).
 
-    While `pause_file` exists a continuous query plans no new batch, so the driver can stop it between batches.
-    `adopted` starts partitions the checkpoint does not hold where MirrorMaker 2 stopped.
+    The source is planned in a Python worker, not in the driver's process, so the driver talks to it through two
+    files in `driver_dir`: while PAUSE_FILE exists a continuous query plans no new batch (the driver stops it
+    between batches), and RECORD_BYTES_FILE holds the flow's mean record size so far, which turns `max_bytes`
+    into records. `adopted` starts partitions the checkpoint does not hold where MirrorMaker 2 stopped.
     """
-    options = {
+    return {
         "source": source.model_dump_json(),
         "topics": json.dumps(topics),
         "start_from": start_from,
         "tasks": str(tasks),
         "adopted": json.dumps(adopted or {}),
+        "driver_dir": str(driver_dir),
+        "max_records_per_trigger": str(max_records),
+        "max_bytes_per_trigger": str(max_bytes),
     }
-    if pause_file is not None:
-        options["pause_file"] = str(pause_file)
-    if max_records:
-        options["max_records_per_trigger"] = str(max_records)
-    return options
+
+
+def write_record_bytes(driver_dir: Path, mean_bytes: float) -> None:
+    """Tell the planner the flow's mean record size (key and value bytes), atomically."""
+    tmp = driver_dir / f"{RECORD_BYTES_FILE}.tmp"
+    tmp.write_text(f"{mean_bytes:.1f}")
+    tmp.replace(driver_dir / RECORD_BYTES_FILE)
+
+
+def rows_for(max_rows: int, max_bytes: int, mean_bytes: float | None) -> int:
+    """The records one batch may take: `max_rows`, fewer when `max_bytes` of records of the mean size are fewer;
+    FIRST_BATCH_RECORDS at most until a batch has shown the mean."""
+    if mean_bytes is None:
+        return min(max_rows, FIRST_BATCH_RECORDS)
+    return max(1, min(max_rows, int(max_bytes // max(mean_bytes, 1.0))))
 
 
 def split_ranges(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
@@ -101,8 +122,10 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.topics: dict[str, int] = json.loads(options["topics"])
         self.start_from = options["start_from"]
         self.tasks = int(options["tasks"])
-        self.max_records = int(options.get("max_records_per_trigger") or 0)
-        self.pause_file = Path(options["pause_file"]) if "pause_file" in options else None
+        self.max_records = int(options["max_records_per_trigger"])
+        self.max_bytes = int(options["max_bytes_per_trigger"])
+        self.pause_file = Path(options["driver_dir"]) / PAUSE_FILE
+        self.record_bytes_file = Path(options["driver_dir"]) / RECORD_BYTES_FILE
         self.adopted: Offsets = json.loads(options.get("adopted") or "{}")
         self._admin: AdminClient | None = None
         self._available_now_end: Offsets | None = None
@@ -112,7 +135,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {}  # every partition starts where `_starts` says: the checkpoint holds no position yet
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.max_records) if self.max_records else ReadAllAvailable()
+        return ReadMaxRows(self.max_records)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now_end = self._until_answered(lambda: self._list(OffsetSpec.latest()))
@@ -121,7 +144,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._available_now_end is not None:  # an empty answer would end the run early: wait for a real one
             latest = self._available_now_end
             starts = self._until_answered(lambda: self._starts(start, latest))
-        elif self.pause_file is not None and self.pause_file.exists():
+        elif self.pause_file.exists():
             return start  # the driver is stopping this query: no new batch
         else:
             try:
@@ -131,9 +154,15 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._note_down(err)
                 return start  # no new batch until the source answers
             self._down_since = None
-        if isinstance(limit, ReadMaxRows):
-            latest = limit_offsets(starts, latest, limit.max_rows)
-        return latest
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_records
+        return limit_offsets(starts, latest, rows_for(max_rows, self.max_bytes, self._mean_bytes()))
+
+    def _mean_bytes(self) -> float | None:
+        """The flow's mean record size the driver wrote last; None before its first batch landed."""
+        try:
+            return float(self.record_bytes_file.read_text())
+        except (OSError, ValueError):
+            return None
 
     def _until_answered(self, call: Callable[[], Offsets]) -> Offsets:
         while True:

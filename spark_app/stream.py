@@ -16,7 +16,6 @@ import logging
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from .config import FlowConfig, MirrorConfig
 from .dr.service import DrSync
 from .errors import ClusterUnreachable, MirrorFailed
 from .metrics import FlowTotals, LagPoller, LagSource, MirrorMetrics
-from .planner import UNREACHABLE_GIVE_UP_S, OffsetRangeSource, plan_source_options
+from .planner import PAUSE_FILE, UNREACHABLE_GIVE_UP_S, OffsetRangeSource, plan_source_options, write_record_bytes
 from .quarantine import FlowQuarantine, FlowState, by_topic
 from .ranges import LANDED_SCHEMA, RANGE_SCHEMA, Landing, OffsetRange
 from .storage import checkpoint_files
@@ -43,6 +42,8 @@ Topics = tuple[tuple[str, int], ...]  # what a query subscribes to: (source topi
 def build_session(master: str | None = None, app_name: str = "mirrorkit") -> SparkSession:
     """The session `run` uses; spark-submit's own settings win inside the image."""
     builder = SparkSession.builder.appName(app_name)
+    # Spark's console progress bar would draw over the mirror's own progress line (spark_app.progress).
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
     session = (
@@ -84,15 +85,18 @@ class FlowMirror:
         self.metrics = metrics or MirrorMetrics()
         self._next_offsets: dict[tuple[str, int], int] = {}
         self._between_batches = threading.Lock()
-        # While this file exists the flow's source plans no new batch (spark_app.planner): a stop waits on it.
-        self._pause_file = Path(tempfile.gettempdir()) / f"mirrorkit-pause-{uuid.uuid4().hex}"
+        # Where the driver talks to the flow's source, planned in a Python worker (spark_app.planner): a pause file
+        # that a stop waits on, and the mean record size that bounds a batch's bytes.
+        self._driver_dir = Path(tempfile.mkdtemp(prefix="mirrorkit-flow-"))
+        self._pause_file = self._driver_dir / PAUSE_FILE
         self._publish()
 
     def source_frame(self, topics: Topics) -> DataFrame:
         """The flow's micro-batches as offset ranges over `topics` (name, partition count)."""
         options = plan_source_options(
             self.source, dict(topics), self.flow.start_from, self.spark.sparkContext.defaultParallelism,
-            self.flow.max_records_per_trigger, self._pause_file, by_topic(self.quarantine.state.adopted),
+            self.flow.max_records_per_trigger, self.flow.max_bytes_per_trigger, self._driver_dir,
+            by_topic(self.quarantine.state.adopted),
         )  # fmt: skip
         return self.spark.readStream.format(OffsetRangeSource.name()).options(**options).load()
 
@@ -101,6 +105,7 @@ class FlowMirror:
         plan = self.topic_sync.sync()
         with self._between_batches:
             self.plan = plan
+            self.metrics.topics_selected(self.flow.name, plan.wanted)
             self.quarantine.refused(plan.quarantined)
             self._publish()
         return tuple(sorted(plan.wanted.items()))
@@ -116,7 +121,8 @@ class FlowMirror:
         def write_batch(frame: DataFrame, batch_id: int) -> None:
             with self._between_batches:
                 self._catch_up()
-                copier = RangeCopier(self.flow, self.source, self.target, self.quarantine.ready(self.plan.mirrored))
+                ready = self.quarantine.ready(self.plan.mirrored)
+                copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.max_message_bytes)
                 landed = self._land(frame.mapInArrow(copier, LANDED_SCHEMA))
                 resets = self.quarantine.after_batch(landed)
                 if resets:
@@ -173,6 +179,10 @@ class FlowMirror:
                 self._next_offsets.update({(topic, int(p)): offset for p, offset in offsets.items()})
         return dict(self._next_offsets)
 
+    def lag(self) -> LagSource:
+        """The flow as the lag poller reads it: a held partition's lag counts from its first held offset."""
+        return LagSource(self.flow.name, self.source, self.next_offsets, lambda: self.totals.held)
+
     def catch_up(self) -> None:
         """Catch up quarantined topics whose cause may be gone; safe while the query runs (between its batches)."""
         with self._between_batches:
@@ -186,12 +196,16 @@ class FlowMirror:
         """Copy ranges outside the stream (a quarantine catch-up), one Spark task per range."""
         rows = [(r.topic, r.partition, r.start, r.end, r.reset_from) for r in ranges]
         frame = self.spark.createDataFrame(rows, RANGE_SCHEMA).repartition(len(rows))
-        return self._land(frame.mapInArrow(RangeCopier(self.flow, self.source, self.target, ready), LANDED_SCHEMA))
+        copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.max_message_bytes)
+        return self._land(frame.mapInArrow(copier, LANDED_SCHEMA))
 
     def _land(self, landings: DataFrame) -> list[Landing]:
         """Run the copy, then count what landed and hand it to the metrics and the DR service."""
         landed = [Landing.from_row(row.asDict()) for row in landings.collect()]
         self.totals.add(landed)
+        records = sum(self.totals.records.values())
+        if records:
+            write_record_bytes(self._driver_dir, sum(self.totals.bytes.values()) / records)
         self.metrics.batch_landed(self.flow.name, landed)
         if self._on_landed is not None:
             self._on_landed(landed)
@@ -241,8 +255,7 @@ class Mirror:
         `UNREACHABLE_GIVE_UP_S`; then the mirror stops with the error. Meanwhile the metrics endpoint listens on
         `metrics_port`, the lag poller runs, and so does each flow's DR loop.
         """
-        lag_sources = [LagSource(f.flow.name, f.source, f.next_offsets) for f in self.flows]
-        with self.metrics.serve(self.config.metrics_port), LagPoller(self.metrics, lag_sources):
+        with self.metrics.serve(self.config.metrics_port), LagPoller(self.metrics, [f.lag() for f in self.flows]):
             self._mirror_until_stopped()
 
     def _mirror_until_stopped(self) -> None:

@@ -8,11 +8,12 @@ checks them. A topic whose target cannot take it comes back in `TopicPlan.quaran
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import ConfigResource, NewPartitions, NewTopic, OffsetSpec, ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, OffsetSpec, ResourceType
 
 from . import clients
 from .config import ClusterConfig, FlowConfig
@@ -34,6 +35,9 @@ class TopicPlan:
     mirrored: dict[str, int] = field(default_factory=dict)
     quarantined: dict[str, str] = field(default_factory=dict)
     wanted: dict[str, int] = field(default_factory=dict)
+    # The smallest `max.message.bytes` of the mirrored topics' targets, None where the target does not say (Event
+    # Hubs: the profile's cap holds).
+    max_message_bytes: int | None = None
 
 
 class TopicSync:
@@ -75,11 +79,15 @@ class TopicSync:
                 plan.quarantined[source_name] = reason
         for source_name, reason in plan.quarantined.items():
             log.error("flow %s: topic '%s' quarantined: %s", self.flow.name, source_name, reason)
+        if plan.mirrored and not self.target.is_eventhubs:
+            caps = self._configs(self._target_admin, [target_topic(self.flow, s) for s in plan.mirrored])
+            found = [int(c["max.message.bytes"]) for c in caps.values() if "max.message.bytes" in c]
+            plan = dataclasses.replace(plan, max_message_bytes=min(found) if found else None)
         return plan
 
     def _create(self, names: list[str], partitions: dict[str, int]) -> dict[str, str | None]:
         """Create target topics like their sources; returns a failure reason per topic (None when created)."""
-        configs = self._source_configs(names)
+        configs = self._configs(self._source_admin, names)
         new = [
             NewTopic(target_topic(self.flow, n), num_partitions=partitions[n], config=configs.get(n, {})) for n in names
         ]
@@ -108,10 +116,12 @@ class TopicSync:
         except KafkaException as err:
             return f"cannot add partitions to '{name}' ({have} -> {want}): {err.args[0].str()}"
 
-    def _source_configs(self, names: list[str]) -> dict[str, dict[str, str]]:
+    @staticmethod
+    def _configs(admin: AdminClient, names: list[str]) -> dict[str, dict[str, str]]:
+        """The COPIED_CONFIGS of each topic, in one request."""
         resources = [ConfigResource(ResourceType.TOPIC, n) for n in names]
         configs: dict[str, dict[str, str]] = {}
-        for resource, future in self._source_admin.describe_configs(resources).items():
+        for resource, future in admin.describe_configs(resources, request_timeout=clients.REQUEST_TIMEOUT_S).items():
             entries = future.result()
             configs[resource.name] = {
                 k: entries[k].value for k in COPIED_CONFIGS if k in entries and entries[k].value is not None

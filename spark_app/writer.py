@@ -37,13 +37,17 @@ from .ranges import LATENCY_BOUNDS_MS, Landing, OffsetRange, landed_arrow_schema
 
 DLQ_PREFIX = "mirrorkit.dlq."
 # Throughput settings measured in bench/; acks=all and idempotence keep order and avoid duplicates on retry.
+BATCH_BYTES = 1_000_000  # at most what Event Hubs takes in one request
 PRODUCER_DEFAULTS = {
     "acks": "all",
     "enable.idempotence": True,
     "linger.ms": 20,
-    "batch.size": 1_000_000,
-    "queue.buffering.max.messages": 500_000,
-    "queue.buffering.max.kbytes": 1_048_576,
+    "batch.size": BATCH_BYTES,
+    # A bounded queue is the back-pressure: `produce` waits for room, so a record's delivery timeout (300 s) starts
+    # at most 64 MB of target writes before it is sent, about 20 s even at 3 MB/s, and a slow target slows the copy
+    # instead of failing the batch's tail.
+    "queue.buffering.max.messages": 100_000,
+    "queue.buffering.max.kbytes": 65_536,
 }
 # The copier assigns partitions at Spark's offsets and never joins the group or commits: Spark's checkpoint owns
 # the positions. EOF events tell it where a partition's log ends (a range can end in transaction markers).
@@ -86,16 +90,25 @@ class RangeCopier:
     """A picklable `mapInArrow` function for one flow: its input rows are offset ranges (RANGE_SCHEMA).
 
     `ready` maps each source topic that may be written to its partition count on the target; ranges of other
-    topics or partitions are held, not read. None writes everything.
+    topics or partitions are held, not read. None writes everything. `max_message_bytes` is the smallest record
+    batch the flow's target topics take (their `max.message.bytes`): the producer never builds a larger request, so
+    the broker refuses a record only when it alone is too large, never a batch of records that fit.
     """
 
     def __init__(
-        self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, ready: dict[str, int] | None = None
-    ) -> None:
+        self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, ready: dict[str, int] | None = None,
+        max_message_bytes: int | None = None,
+    ) -> None:  # fmt: skip
         self.flow = flow
         self.source = source
         self.target = target
         self.ready = ready
+        self.producer_settings = dict(PRODUCER_DEFAULTS)
+        if max_message_bytes is not None:
+            self.producer_settings |= {
+                "batch.size": min(BATCH_BYTES, max_message_bytes),
+                "message.max.bytes": max_message_bytes,
+            }
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         ranges = [OffsetRange(**row) for batch in batches for row in batch.to_pylist()]
@@ -104,7 +117,7 @@ class RangeCopier:
 
     def copy(self, ranges: list[OffsetRange]) -> list[Landing]:
         """Copy every range, each partition in order; one landing per range."""
-        producer = clients.shared_producer(self.target, PRODUCER_DEFAULTS)
+        producer = clients.shared_producer(self.target, self.producer_settings)
         landings: dict[tuple[str, int], Landing] = {}
         ends: dict[tuple[str, int], int] = {}
         for r in ranges:

@@ -1,7 +1,8 @@
-"""Session-wide fixtures: the real Kafka clusters every integration test shares, and the `kafka` and `spark` marks
-that say which tests need them.
+"""Session-wide fixtures: the real Kafka clusters every integration test shares, the real Kubernetes API server, and
+the `kafka`, `spark` and `kube` marks that say which tests need them.
 
-Brokers start once per session; each test isolates itself with its own topic names (see `unique`).
+Brokers and the API server start once per session; each test isolates itself with its own topic names (see `unique`)
+or namespaces.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.kafka_cluster import KafkaCluster, ListenerKind
+from tests.support.kube_api import KubeApiServer
 from tests.support.mirror_config import free_port
 from tests.support.s3 import S3Server, moto_server
 from tests.support.testbed import TestBed
 
 CLUSTER_FIXTURES = frozenset({"testbed", "plaintext_cluster", "source_cluster", "target_cluster"})
+KUBE_FIXTURES = frozenset({"kube_api"})
+# The tests that need neither brokers, Spark nor the API server: the pipeline's unit job runs this selection.
+FAST_SELECTION = "not kafka and not spark and not kube"
 # Modules whose cluster tests run the mirror CLI's `run` in a subprocess: Spark, without the `spark` fixture.
 RUNS_THE_MIRROR_CLI = frozenset(
     {
@@ -76,6 +81,16 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def kube_api() -> Iterator[KubeApiServer]:
+    """etcd and kube-apiserver on loopback with the operators' CRDs installed (tests/support/kube_api.py)."""
+    server = KubeApiServer()
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def unique(request: pytest.FixtureRequest) -> str:
     """A short per-test suffix for topic names, aliases and group ids."""
@@ -94,7 +109,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark what each test needs, so `-m "not kafka and not spark"` selects the fast ones.
+    """Mark what each test needs, so `-m "not kafka and not spark and not kube"` selects the fast ones.
 
     - `kafka`: the test's fixture closure holds a cluster fixture (CLUSTER_FIXTURES), or one of its parameters names
       one (a test parametrized over cluster names calls `request.getfixturevalue`).
@@ -103,6 +118,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
       RUNS_THE_MIRROR_CLI, which run the mirror's `run` in a subprocess (a test that runs the mirror needs clusters,
       so the other tests of those modules, such as the image's Dockerfile check, stay unmarked). Add a module there
       when its tests start `run` in a subprocess; tests/test_markers.py checks that each name is a module.
+    - `kube`: it holds a fixture of KUBE_FIXTURES (the real API server, whose binaries `.ci/setup` builds).
     """
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -111,6 +127,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         needs_kafka = bool((fixtures | params) & CLUSTER_FIXTURES)
         if needs_kafka:
             item.add_marker(pytest.mark.kafka)
+        if fixtures & KUBE_FIXTURES:
+            item.add_marker(pytest.mark.kube)
         module = item.module.__name__ if isinstance(item, pytest.Function) else ""
         if fixtures & {"spark", "s3"} or (needs_kafka and module in RUNS_THE_MIRROR_CLI):
             item.add_marker(pytest.mark.spark)

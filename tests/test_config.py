@@ -111,3 +111,25 @@ def test_validate_command_reports_the_file_and_key(tmp_path, capsys):
     assert cli_main(["validate", "--config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}:flows[0].source: unknown cluster 'a'" in err
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["sasl.password", "ssl.key.password", "SSL.Key.Password", "ssl.key.pem", "ssl.key.location",
+     "ssl.keystore.location", "ssl.keystore.password", "sasl.jaas.config", "sasl.oauthbearer.client.secret",
+     "sasl.oauthbearer.assertion.private.key.passphrase"],
+)  # fmt: skip
+def test_a_secret_in_client_overrides_is_refused_by_its_key_pointing_to_a_secret_ref(key):
+    secret_value = "hunter2-do-not-echo"
+    with pytest.raises(ConfigError) as refused:
+        parse_config(variant(clusters__1__client_overrides={"linger.ms": "20", key: secret_value}))
+    message = str(refused.value)
+    assert message.startswith(f"config:clusters[1].client_overrides: '{key}' carries a secret"), message
+    assert "'password: {file: ...}' or '{env: ...}'" in message and "'client_key: {file: ...}'" in message
+    assert secret_value not in message
+    assert "linger.ms" not in message, "only the secret keys are named"
+
+
+def test_settings_that_only_look_near_a_secret_pass():
+    overrides = {"sasl.username": "m", "ssl.ca.location": "/ca.pem", "ssl.certificate.location": "/c.pem"}
+    assert parse_config(variant(clusters__1__client_overrides=overrides)).clusters[1].client_overrides == overrides

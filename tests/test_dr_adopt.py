@@ -24,6 +24,7 @@ from tests.test_dr import mm2_translate, values_from
 TOPICS = {"orders": 2, "payments": 2}
 MM2_SETTINGS = {
     "dr.offset.flush.interval.ms": "2000",  # Connect's worker setting: how often MM2 commits its positions
+    "dr.session.timeout.ms": "6000",  # how long a killed MM2 stays a member of its Connect group (broker minimum)
     "emit.checkpoints.interval.seconds": "1",
     "refresh.groups.interval.seconds": "1",
     "emit.heartbeats.interval.seconds": "1",
@@ -93,9 +94,11 @@ def test_adopt_takes_over_from_mm2_with_no_gap_and_groups_carry_on(spark, testbe
             time.sleep(1)
             mm2_checkpoints = mm2_translate(dst.client, "primary", [group], tmp_path)
 
-        # While MM2 runs (its heartbeats are fresh), adopting is refused.
+        # While MM2 runs (members in its Connect group, fresh heartbeats), adopting is refused.
         assert cli_main(["adopt", "--config", str(config_file), "--flow", "primary->dr"]) == 1
-        assert "MirrorMaker 2 is running" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "its Connect group 'primary-mm2' on 'dr' has 1 member(s)" in err
+        assert "its heartbeat primary->dr reached 'heartbeats'" in err
         time.sleep(1.5)
         os.killpg(mm2.pid, signal.SIGKILL)  # mid-stream, between two of its offset commits
         mm2.wait(30)
@@ -114,7 +117,7 @@ def test_adopt_takes_over_from_mm2_with_no_gap_and_groups_carry_on(spark, testbe
     assert cli_main(["adopt", "--config", str(identity_file), "--flow", "primary->dr"]) == 1
     assert "flows[0].replication_policy is 'identity'" in capsys.readouterr().err
 
-    time.sleep(3)  # MM2's newest heartbeat is now older than the quiet time below
+    time.sleep(7)  # MM2's member has left its group (session timeout), its newest heartbeat is older than 3 s
     assert cli_main(["adopt", "--config", str(config_file), "--flow", "primary->dr", "--heartbeat-quiet-s", "3"]) == 0
     adopted = capsys.readouterr().out
     with capsys.disabled():

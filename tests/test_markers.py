@@ -1,4 +1,5 @@
-"""`pytest -m "not kafka and not spark"` selects the tests that need neither brokers nor Spark, and only those."""
+"""`pytest -m "not kafka and not spark and not kube"` selects the tests that need neither brokers, Spark nor the
+Kubernetes API server, and only those."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import CLUSTER_FIXTURES, RUNS_THE_MIRROR_CLI
+from tests.conftest import CLUSTER_FIXTURES, FAST_SELECTION, KUBE_FIXTURES, RUNS_THE_MIRROR_CLI
 
 ROOT = Path(__file__).resolve().parent.parent
 # Collects as `pytest --collect-only -q -m EXPR` does, and writes each selected test's fixtures and string parameters.
@@ -39,13 +40,15 @@ def collect(expression: str, tmp_path: Path) -> dict[str, list[str]]:
     return json.loads(out.read_text())
 
 
-def test_the_fast_selection_holds_the_unit_tests_and_nothing_that_needs_brokers_or_spark(tmp_path):
-    fast = collect("not kafka and not spark", tmp_path)
+def test_the_fast_selection_holds_the_unit_tests_and_nothing_that_needs_brokers_spark_or_the_api_server(tmp_path):
+    fast = collect(FAST_SELECTION, tmp_path)
     assert any(node.startswith("tests/test_dr_formats.py::") for node in fast)
     assert any(node.startswith("tests/infra/") for node in fast)  # the workflow's unit job relies on it
-    assert {n: f for n, f in fast.items() if set(f) & (CLUSTER_FIXTURES | {"spark"})} == {}
-    slow = collect("kafka or spark", tmp_path)
+    assert {n: f for n, f in fast.items() if set(f) & (CLUSTER_FIXTURES | KUBE_FIXTURES | {"spark"})} == {}
+    slow = collect("kafka or spark or kube", tmp_path)
     assert slow and not set(slow) & set(fast)
+    kube = collect("kube", tmp_path)
+    assert kube and all(set(f) & KUBE_FIXTURES for f in kube.values())
 
 
 def test_spark_marks_the_spark_fixture_users_and_the_tests_that_run_the_mirror_cli(tmp_path):

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from spark_app import clients
 from spark_app.config import ClusterConfig
 from spark_app.metrics import LagPoller, LagSource, MetricsPortError, MirrorMetrics
 from spark_app.ranges import LANDED_SCHEMA, LATENCY_BUCKETS_S
@@ -131,6 +132,53 @@ def test_quarantine_is_a_gauge_per_flow_and_each_topic_entering_it_counts_one_er
     assert got[("mirrorkit_lag_records", labels(flow=FLOW, topic="a", partition="3"))] == 0
 
 
+def test_series_of_a_topic_that_leaves_the_selection_are_removed_and_stay_gone():
+    metrics = MirrorMetrics()
+    counts = [1] + [0] * len(LATENCY_BUCKETS_S)
+    rows = [
+        landing_row(t, p, records=2, bytes=20, dead_lettered=1, latency_counts=counts)
+        for t in ("kept", "left")
+        for p in (0, 1)
+    ]
+    metrics.topics_selected(FLOW, {"kept", "left"})
+    metrics.batch_landed(FLOW, rows)
+    metrics.batch_landed("other->flow", [landing_row("left", 0, records=5, bytes=5)])
+    for t in ("kept", "left"):
+        metrics.set_lag(FLOW, t, 0, 9)
+
+    def topics(flow: str) -> dict[str, set[str]]:
+        """Per series name, the topics it has samples for in `flow`."""
+        out: dict[str, set[str]] = {}
+        for family in text_string_to_metric_families(metrics.text()):
+            for sample in family.samples:
+                if sample.labels.get("flow") == flow and "topic" in sample.labels:
+                    out.setdefault(family.name, set()).add(sample.labels["topic"])
+        return out
+
+    families = ("mirrorkit_records_mirrored", "mirrorkit_bytes_mirrored", "mirrorkit_dead_lettered",
+                "mirrorkit_lag_records", "mirrorkit_replication_latency_seconds")  # fmt: skip
+    assert {f: topics(FLOW).get(f) for f in families} == dict.fromkeys(families, {"kept", "left"})
+
+    metrics.topics_selected(FLOW, {"kept"})
+    assert {f: topics(FLOW).get(f) for f in families} == dict.fromkeys(families, {"kept"})
+    # A batch or a lag poll that was under way when the topic left does not bring its series back.
+    metrics.batch_landed(FLOW, rows)
+    metrics.set_lag(FLOW, "left", 0, 9)
+    assert {f: topics(FLOW).get(f) for f in families} == dict.fromkeys(families, {"kept"})
+    assert (
+        scrape(metrics.text())[("mirrorkit_records_mirrored_total", labels(flow=FLOW, topic="kept", partition="1"))]
+        == 4
+    )
+    assert topics("other->flow")["mirrorkit_records_mirrored"] == {"left"}, "another flow's series stay"
+    # Selected again (say, a re-created topic): it counts from zero.
+    metrics.topics_selected(FLOW, {"kept", "left"})
+    metrics.batch_landed(FLOW, [landing_row("left", 0, records=3, bytes=3)])
+    assert (
+        scrape(metrics.text())[("mirrorkit_records_mirrored_total", labels(flow=FLOW, topic="left", partition="0"))]
+        == 3
+    )
+
+
 def test_two_mirrors_in_one_process_serve_their_own_figures_on_free_ports():
     first, second = MirrorMetrics(), MirrorMetrics()
     first.batch_landed(FLOW, [landing_row("t", 0, records=1, bytes=1)])
@@ -153,6 +201,51 @@ def test_a_taken_metrics_port_fails_naming_the_setting_and_is_free_again_after_c
         port = server.port
     with metrics.serve(port) as again:
         assert again.port == port
+
+
+class EndOffsets:
+    """An admin client that answers ListOffsets(latest) from a dict, as confluent-kafka's futures do."""
+
+    def __init__(self, ends: dict[tuple[str, int], int]) -> None:
+        self.ends = ends
+        self.asked: set[tuple[str, int]] = set()
+
+    def list_offsets(self, wanted, request_timeout):
+        self.asked = {(tp.topic, tp.partition) for tp in wanted}
+        return {tp: SimpleNamespace(result=lambda tp=tp: SimpleNamespace(offset=self.ends[(tp.topic, tp.partition)]))
+                for tp in wanted}  # fmt: skip
+
+
+def test_a_held_partitions_lag_counts_from_its_first_held_offset_and_keeps_growing(monkeypatch):
+    ends = {("t", 0): 110, ("t", 1): 50, ("q", 0): 30}
+    admin = EndOffsets(ends)
+    monkeypatch.setattr(clients, "admin", lambda _cluster: admin)
+    cluster = ClusterConfig(alias="src", bootstrap_servers="src.example:9092", profile="kafka")
+    # The query has read every partition to its end, past the held records of t[0] (from 100) and of q, a topic
+    # quarantined since its first record and not read by the query yet.
+    read = {("t", 0): 110, ("t", 1): 50}
+    held: dict[str, dict[int, int]] = {"t": {0: 100}, "q": {0: 0}}
+    metrics = MirrorMetrics()
+    poller = LagPoller(metrics, [LagSource(FLOW, cluster, lambda: read, lambda: held)])
+
+    def lag(topic: str, partition: int) -> float:
+        return scrape(metrics.text())[
+            ("mirrorkit_lag_records", labels(flow=FLOW, topic=topic, partition=str(partition)))
+        ]
+
+    poller.poll()
+    assert (lag("t", 0), lag("t", 1), lag("q", 0)) == (10, 0, 30)
+    ends |= {("t", 0): 125, ("t", 1): 60, ("q", 0): 31}  # more records while held; the query reads them too
+    read |= {("t", 0): 125, ("t", 1): 60, ("q", 0): 31}
+    poller.poll()
+    assert (lag("t", 0), lag("t", 1), lag("q", 0)) == (25, 0, 31)
+    held.clear()  # caught up: lag is where the query reads again
+    poller.poll()
+    assert (lag("t", 0), lag("t", 1), lag("q", 0)) == (0, 0, 0)
+    metrics.topics_selected(FLOW, {"t"})  # q left the selection: its end offsets are no longer asked for
+    poller.poll()
+    assert admin.asked == {("t", 0), ("t", 1)}
+    assert not any(dict(key[1]).get("topic") == "q" for key in scrape(metrics.text()))
 
 
 def test_lag_is_the_source_end_offset_minus_the_next_offset_to_copy(plaintext_cluster, unique):

@@ -7,8 +7,12 @@ import time
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from prometheus_client.parser import text_string_to_metric_families
 
 from spark_app.config import parse_config
+from spark_app.dr.views import flow_status
+from spark_app.metrics import LagPoller
+from spark_app.policy import offset_syncs_topic
 from spark_app.quarantine import STATE_FILE, STATE_VERSION
 from spark_app.stream import Mirror
 from tests.support.assertions import assert_each_record_once_in_order
@@ -25,6 +29,25 @@ def small(partition: int, tag: str, count: int) -> list[Record]:
         Record(partition, f"{tag}{i}".encode(), f"{tag}-value-{i}".encode(), (("h", tag.encode()),), now + i)
         for i in range(count)
     ]
+
+
+def lag_of(mirror: Mirror, topic: str, partition: int) -> float:
+    """The mirror's `mirrorkit_lag_records` for one partition of its only flow."""
+    flow = mirror.flows[0].flow.name
+    wanted = {"flow": flow, "topic": topic, "partition": str(partition)}
+    return next(
+        sample.value
+        for family in text_string_to_metric_families(mirror.metrics.text())
+        for sample in family.samples
+        if sample.name == "mirrorkit_lag_records" and sample.labels == wanted
+    )
+
+
+def status_lag(raw: dict, topic: str, partition: int) -> int | None:
+    """What `status` says the lag of one partition is."""
+    config = parse_config(raw)
+    rows = flow_status(config, config.flows[0]).partitions
+    return next(p.lag for p in rows if (p.topic, p.partition) == (topic, partition))
 
 
 def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_losses_are_reported(
@@ -52,6 +75,8 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
         target = cluster_entry(target_cluster, "dr") | {"client_overrides": target_overrides}
         return one_flow_config(plaintext_cluster, target, [good, big, late, gone], ckpt)
 
+    # Its offset syncs (what `status` reads) go to a hub of their own, which infra makes too.
+    create_topics(target_cluster.admin, {offset_syncs_topic(parse_config(config({})).flows[0]): 1})
     first = Mirror(spark, parse_config(config({})))
     first.run_available_now()
 
@@ -68,12 +93,21 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
     state = json.loads((ckpt / STATE_FILE).read_text())
     assert state["version"] == STATE_VERSION
     assert state["quarantined"][big]["partitions"]["0"] == {"first": 5, "next": 11}
+    # The query read past the held records, but their lag counts from the first held offset, in the metric and in
+    # `status` (offset syncs end at the last record written).
+    lag = first.flows[0].lag()
+    LagPoller(first.metrics, [lag]).poll()
+    assert lag_of(first, big, 0) == 11 - 5 and lag_of(first, late, 0) == 7 and lag_of(first, good, 0) == 0
+    assert status_lag(config({}), big, 0) == 11 - 5
 
     # More traffic while quarantined, then records of `gone` deleted by retention before they were mirrored.
     more = {big: small(0, "d", 4) + small(1, "e", 3), late: small(0, "m", 3), gone: small(0, "p", 10)}
     for topic, records in more.items():
         produce(plaintext_cluster.client, topic, records)
         sent[topic] += records
+    LagPoller(first.metrics, [lag]).poll()  # the held lag keeps growing
+    assert lag_of(first, big, 0) == 15 - 5 and lag_of(first, late, 0) == 10
+    assert status_lag(config({}), big, 0) == 15 - 5
     source_admin = AdminClient(plaintext_cluster.admin.librdkafka())
     for future in source_admin.delete_records([TopicPartition(gone, 0, 15)], request_timeout=30).values():
         future.result()

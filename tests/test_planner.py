@@ -7,7 +7,15 @@ import random
 from collections import Counter
 
 from spark_app.config import ClusterConfig
-from spark_app.planner import OffsetRangeReader, limit_offsets, plan_source_options, split_ranges
+from spark_app.planner import (
+    FIRST_BATCH_RECORDS,
+    OffsetRangeReader,
+    limit_offsets,
+    plan_source_options,
+    rows_for,
+    split_ranges,
+    write_record_bytes,
+)
 from spark_app.ranges import OffsetRange
 
 SEED = 20261124
@@ -191,10 +199,23 @@ def test_limit_holds_its_bounds_over_random_backlogs():
         assert sum(got.values()) > max_rows - backlogged, context
 
 
-def test_adopted_positions_start_partitions_the_checkpoint_does_not_hold_and_never_override_it():
+def test_a_batch_is_bounded_in_records_and_in_bytes_by_the_mean_record_size_small_until_that_is_known(tmp_path):
+    assert rows_for(250_000, 256 << 20, None) == FIRST_BATCH_RECORDS  # nothing landed yet: a small first batch
+    assert rows_for(250_000, 256 << 20, 100.0) == 250_000  # small records: the record bound holds
+    assert rows_for(250_000, 256 << 20, 1 << 20) == 256  # 1 MB records: 256 MB is 256 of them
+    assert rows_for(250_000, 1 << 20, 10 << 20) == 1  # a record over the bound still moves, alone
+    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
+    reader = OffsetRangeReader(plan_source_options(source, {"t": 1}, "earliest", 2, 250_000, 256 << 20, tmp_path))
+    assert reader._mean_bytes() is None
+    write_record_bytes(tmp_path, 2048.0)  # what the driver writes after each batch
+    assert rows_for(reader.max_records, reader.max_bytes, reader._mean_bytes()) == 131_072
+
+
+def test_adopted_positions_start_partitions_the_checkpoint_does_not_hold_and_never_override_it(tmp_path):
     source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
     adopted = {"t": {"0": 70, "1": 5}}
-    reader = OffsetRangeReader(plan_source_options(source, {"t": 3, "u": 1}, "latest", 2, None, adopted=adopted))
+    options = plan_source_options(source, {"t": 3, "u": 1}, "latest", 2, 1000, 1 << 28, tmp_path, adopted=adopted)
+    reader = OffsetRangeReader(options)
     asked: list = []
 
     def earliest(spec, partitions=None):

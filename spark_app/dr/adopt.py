@@ -7,7 +7,9 @@ offset it copied and committed (it resumes at N + 1). In dedicated mode that top
 cluster's `offset.storage.topic`. Adoption:
 
 - refuses a flow whose naming is not MM2's (the remote topics MM2 made must be the flow's), naming the setting;
-- refuses while MM2 still beats: its heartbeats on the target's `heartbeats` topic are fresh (unless forced);
+- refuses while MM2 still runs: its Connect group on the target has members, or its heartbeats on the target's
+  `heartbeats` topic are fresh (unless forced). A killed MM2 keeps its members until Connect's session timeout
+  (`session.timeout.ms`, 10 s by default) passes;
 - refuses a flow whose Spark checkpoint already holds positions: they are the mirror's own, newer than MM2's;
 - writes N + 1 per partition into the flow's state beside the checkpoint (spark_app.quarantine.FlowState), where
   the planner starts each partition its checkpoint does not hold yet; a partition of an MM2 topic with no committed
@@ -56,6 +58,11 @@ def default_offsets_topic(flow: FlowConfig) -> str:
     return f"mm2-offsets.{flow.source}.internal"
 
 
+def default_connect_group(flow: FlowConfig) -> str:
+    """Dedicated-mode MM2's Connect group on the target; Strimzi's is the Connect cluster's `group.id`."""
+    return f"{flow.source}-mm2"
+
+
 def mm2_offset_syncs_topic(flow: FlowConfig) -> str:
     return f"mm2-offset-syncs.{flow.target}.internal"
 
@@ -77,7 +84,8 @@ class AdoptOptions:
     offsets_topic: str | None = None  # None: dedicated mode's default_offsets_topic
     connector: str | None = None  # None: the one connector named *MirrorSourceConnector with entries for the source
     heartbeat_quiet_s: float = HEARTBEAT_QUIET_S
-    force: bool = False  # adopt even while MM2's heartbeats are fresh
+    force: bool = False  # adopt even while MM2 looks alive
+    connect_group: str | None = None  # None: dedicated mode's default_connect_group
 
 
 @dataclass(frozen=True)
@@ -109,7 +117,8 @@ def adopt(config: MirrorConfig, flow: FlowConfig, options: AdoptOptions) -> Adop
     topics = [t for t in topics if t not in result.skipped]
     result.refused += naming_refusals(config, flow, index, options.naming, topics)
     if not options.force:
-        result.refused += running_refusals(config, flow, options.heartbeat_quiet_s)
+        group = options.connect_group or default_connect_group(flow)
+        result.refused += running_refusals(config, flow, options.heartbeat_quiet_s, group)
     files = checkpoint_files(flow.checkpoint_location)
     result.refused += checkpoint_refusals(files)
     if result.refused:
@@ -213,20 +222,28 @@ def naming_refusals(
     return refused
 
 
-def running_refusals(config: MirrorConfig, flow: FlowConfig, quiet_s: float) -> list[str]:
-    """MM2 still runs while its heartbeats for this flow reach the target's `heartbeats` topic."""
+def running_refusals(config: MirrorConfig, flow: FlowConfig, quiet_s: float, connect_group: str) -> list[str]:
+    """MM2 still runs while its Connect group has members, or its heartbeats for this flow reach the target."""
+    target = config.cluster(flow.target)
+    members = clients.group_members(target, connect_group)
+    refused = []
+    if members:
+        refused.append(
+            f"MirrorMaker 2 is running: its Connect group '{connect_group}' on '{flow.target}' has {members}"
+            " member(s); stop it first (a killed one leaves after Connect's session.timeout.ms), or pass --force"
+        )
     newest = None
     for msg in clients.read_topic(config.cluster(flow.target), HEARTBEATS_TOPIC, tail=50):
         beat = decode_or_none(Heartbeat, msg.key(), msg.value())
         if beat is not None and (beat.source, beat.target) == (flow.source, flow.target):
             newest = max(newest or 0, beat.timestamp_ms)
     age = None if newest is None else time.time() - newest / 1000
-    if age is None or age >= quiet_s:
-        return []
-    return [
-        f"MirrorMaker 2 is running: its heartbeat {flow.source}->{flow.target} reached '{HEARTBEATS_TOPIC}' on"
-        f" '{flow.target}' {age:.1f} s ago (less than {quiet_s:.0f} s); stop it first, or pass --force"
-    ]
+    if age is not None and age < quiet_s:
+        refused.append(
+            f"MirrorMaker 2 is running: its heartbeat {flow.source}->{flow.target} reached '{HEARTBEATS_TOPIC}' on"
+            f" '{flow.target}' {age:.1f} s ago (less than {quiet_s:.0f} s); stop it first, or pass --force"
+        )
+    return refused
 
 
 def checkpoint_refusals(files: CheckpointFiles) -> list[str]:

@@ -341,16 +341,15 @@ class Drill:
         return int(seq) if run == self.run_id and seq.isdigit() else None
 
     def _ends(self, cluster: ClusterConfig, topic: str, partitions: list[int], missing_ok: bool = False) -> Partitions:
-        """End offsets now; 0 for a topic not there yet when `missing_ok` (the mirror makes it on a Kafka target)."""
-        reader = clients.consumer(cluster)
-        try:
-            if missing_ok:
-                metadata = reader.list_topics(topic, timeout=clients.REQUEST_TIMEOUT_S).topics.get(topic)
-                if metadata is None or metadata.error is not None:
-                    return dict.fromkeys(partitions, 0)
-            return {p: clients.watermarks(reader, topic, p)[1] for p in partitions}
-        finally:
-            reader.close()
+        """End offsets now, in one batched request; 0 for a topic not there yet when `missing_ok` (the mirror makes
+        it on a Kafka target)."""
+        client = clients.admin(cluster)
+        if missing_ok:
+            metadata = clients.list_topics(client, cluster, clients.REQUEST_TIMEOUT_S).get(topic)
+            if metadata is None or metadata.error is not None:
+                return dict.fromkeys(partitions, 0)
+        ranges = clients.log_ranges(client, [(topic, p) for p in partitions])
+        return {p: ranges[(topic, p)][1] for p in partitions}
 
     def _read(self, cluster: ClusterConfig, topic: str, start: Partitions, end: Partitions) -> list[int]:
         """The seqs of this drill's records in [start, end) of each partition."""

@@ -133,3 +133,10 @@ def test_premium_capacity_is_a_power_of_two_up_to_sixteen():
         f"{PROJECT}:clusters[1].eventhubs.capacity: Premium takes 1, 2, 4, 8 or 16 processing units, not 3"
         in refused(values)
     )
+
+
+def test_a_secret_in_client_overrides_never_reaches_the_rendered_config():
+    values = edited(DR, clusters=lambda c: c[1].update(client_overrides={"sasl.jaas.config": "x required;"}))
+    message = refused(values)
+    assert f"{PROJECT}:clusters[1].client_overrides: 'sasl.jaas.config' carries a secret" in message
+    assert "x required;" not in message

@@ -1,0 +1,350 @@
+"""What each stack would send to Kubernetes, applied to a real API server: schemas, CRDs, RBAC, a shared cluster.
+
+The Kubernetes objects are the ones the program registers under mocks (tests/infra/harness.py), in the wire's
+camelCase, applied with server-side apply as `pulumi up` applies them. The Spark Operator's Helm release is not an
+object (the engine renders it, and mocks do not), so its test renders the chart with Helm from the values the release
+is given.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+from pulumi.runtime.rpc import UNKNOWN
+
+from infra.k8s.operator import CHART, CHART_VERSION
+from tests.infra.harness import STACKS, Registered, Run
+from tests.support.kube_api import CHARTS, KubeApiError, KubeApiServer, helm_template
+
+HELM_CHART = "kubernetes:helm.sh/v4:Chart"
+NOT_OBJECTS = frozenset({HELM_CHART})  # a component: the engine renders its objects (see the operator's test)
+RBAC_KINDS = frozenset({"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"})
+CLUSTER_WIDE = frozenset({"ClusterRole", "ClusterRoleBinding"})  # Helm's output gives them a namespace anyway
+STACK_NAMES = [p.name.split(".")[1] for p in STACKS]
+DRIVER_RESOURCES = ("pods", "services", "configmaps", "persistentvolumeclaims")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The objects one Kubernetes provider of a stack would apply, and what the API server refused of them."""
+
+    context: str
+    objects: list[dict[str, Any]]
+    refused: dict[str, str]
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+
+def api_version(typ: str) -> str:
+    """`kubernetes:core/v1:Namespace` -> `v1`; `kubernetes:rbac.authorization.k8s.io/v1:Role` -> that group."""
+    group_version = typ.split(":")[1]
+    return group_version.removeprefix("core/")
+
+
+def kubernetes_object(resource: Registered) -> dict[str, Any]:
+    """The object as the provider sends it: the registered inputs, which already use Kubernetes' field names."""
+    obj = resource.plain
+    assert UNKNOWN not in repr(obj), f"{resource.name} has unknown inputs: {obj}"
+    assert (obj.get("apiVersion"), obj.get("kind")) == (api_version(resource.typ), resource.typ.rsplit(":", 1)[1])
+    return obj
+
+
+def cluster_of(run: Run, resource: Registered) -> str:
+    """The kubeconfig context (a site's cluster) of the explicit provider a Kubernetes resource is bound to."""
+    assert resource.provider, f"{resource.name} is not bound to a site's Kubernetes provider"
+    urn = resource.provider.rsplit("::", 1)[0]  # `urn::id`; the urn ends in the provider's name
+    provider = run.named(urn.rsplit("::", 1)[1])
+    return provider.plain.get("context") or provider.name
+
+
+def objects_by_cluster(run: Run) -> dict[str, list[dict[str, Any]]]:
+    """Per cluster (kubeconfig context), the Kubernetes objects the program would apply there, in program order."""
+    clusters: dict[str, list[dict[str, Any]]] = {}
+    for r in run.resources:
+        if r.typ.startswith("kubernetes:") and r.typ not in NOT_OBJECTS:
+            clusters.setdefault(cluster_of(run, r), []).append(kubernetes_object(r))
+    return clusters
+
+
+def ident(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{obj['apiVersion']} {obj['kind']} {meta.get('namespace', '')}/{meta['name']}"
+
+
+def namespace_renaming(objects: list[dict[str, Any]], suffix: str) -> Callable[[str], str]:
+    """Each namespace the program makes, as `<name>-<suffix>` (keep it short: a name holds 63 characters); any other
+    name unchanged."""
+    made = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
+    return lambda name: f"{name}-{suffix}" if name in made else name
+
+
+def in_own_namespaces(objects: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
+    """The same objects with each namespace the program makes renamed `<name>-<suffix>`, so clusters of one test
+    server never meet (namespaces cannot be deleted there: no controller manager finishes them)."""
+    renamed = namespace_renaming(objects, suffix)
+
+    out = []
+    for obj in objects:
+        meta = dict(obj["metadata"])
+        if obj["kind"] == "Namespace":
+            meta["name"] = renamed(meta["name"])
+        if "namespace" in meta:
+            meta["namespace"] = renamed(meta["namespace"])
+        moved = obj | {"metadata": meta}
+        if "subjects" in obj:
+            moved["subjects"] = [
+                s | ({"namespace": renamed(s["namespace"])} if "namespace" in s else {}) for s in obj["subjects"]
+            ]
+        out.append(moved)
+    return out
+
+
+def namespaces_the_cluster_has(api: KubeApiServer, objects: list[dict[str, Any]]) -> None:
+    """Make the namespaces the objects go into that the program does not make: a real cluster has them already (the
+    monitoring stack's, for the Grafana dashboard), and the program's objects are applied into them."""
+    made = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
+    for name in sorted({o["metadata"].get("namespace") for o in objects} - made - {None}):
+        api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}, field_manager="the-cluster")
+
+
+def apply_all(api: KubeApiServer, objects: list[dict[str, Any]], manager: str, force: bool = True) -> dict[str, str]:
+    """Namespaces first, then the rest in the program's order; returns what the server refused, with its message."""
+    namespaces_the_cluster_has(api, objects)
+    refused = {}
+    for obj in sorted(objects, key=lambda o: o["kind"] != "Namespace"):
+        try:
+            api.apply(obj, field_manager=manager, force=force)
+        except KubeApiError as err:
+            refused[ident(obj)] = str(err)
+    return refused
+
+
+def not_kept(api: KubeApiServer, objects: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per object, each field the server does not hold as it was sent."""
+    return {ident(o): diff for o in objects if (diff := sent_but_not_stored(as_stored(o), api.read(o)))}
+
+
+def sent_but_not_stored(sent: Any, stored: Any, at: str = "") -> list[str]:
+    """Every field value sent that the server did not keep as sent (pruned by a schema, or changed). An empty map or
+    list is the same as none: Kubernetes omits empty fields."""
+    if sent in ({}, []) and stored is None:
+        return []
+    if isinstance(sent, dict) and isinstance(stored, dict):
+        return [p for k, v in sent.items() for p in sent_but_not_stored(v, stored.get(k), f"{at}.{k}")]
+    if isinstance(sent, list) and isinstance(stored, list) and len(sent) == len(stored):
+        return [
+            p
+            for i, (a, b) in enumerate(zip(sent, stored, strict=True))
+            for p in sent_but_not_stored(a, b, f"{at}[{i}]")
+        ]
+    return [] if sent == stored else [f"{at}: sent {sent!r}, stored {stored!r}"]
+
+
+def as_stored(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Secret's `stringData` is write-only: the server keeps it base64-encoded in `data`."""
+    if obj["kind"] != "Secret" or "stringData" not in obj:
+        return obj
+    encoded = {k: base64.b64encode(v.encode()).decode() for k, v in obj["stringData"].items()}
+    return {k: v for k, v in obj.items() if k != "stringData"} | {"data": obj.get("data", {}) | encoded}
+
+
+@pytest.fixture(scope="module")
+def applied(kube_api: KubeApiServer, stack_runs: dict[str, Run]) -> dict[str, list[Cluster]]:
+    """Every stack's clusters, each in namespaces of its own, applied once for the module's tests."""
+    out: dict[str, list[Cluster]] = {}
+    for stack in STACK_NAMES:
+        out[stack] = []
+        for i, (context, objects) in enumerate(objects_by_cluster(stack_runs[stack]).items()):
+            moved = in_own_namespaces(objects, f"s{STACK_NAMES.index(stack)}{i}")
+            out[stack].append(Cluster(context, moved, apply_all(kube_api, moved, f"pulumi-{stack}")))
+    return out
+
+
+@pytest.mark.parametrize("stack", STACK_NAMES)
+def test_the_api_server_accepts_and_keeps_every_kubernetes_object_of_the_stack(applied, kube_api, stack):
+    clusters = applied[stack]
+    assert clusters and all(c.of_kind("SparkApplication") for c in clusters)
+    assert {k: v for c in clusters for k, v in c.refused.items()} == {}
+    assert {k: v for c in clusters for k, v in not_kept(kube_api, c.objects).items()} == {}
+
+
+def driver_and_executor_accounts(cluster: Cluster) -> list[tuple[str, str, str]]:
+    """(namespace, driver's service account, executors' service account) per SparkApplication."""
+    return [
+        (
+            app["metadata"]["namespace"],
+            app["spec"]["driver"]["serviceAccount"],
+            app["spec"]["executor"].get("serviceAccount", app["spec"]["driver"]["serviceAccount"]),
+        )
+        for app in cluster.of_kind("SparkApplication")
+    ]
+
+
+@pytest.mark.parametrize("stack", STACK_NAMES)
+def test_the_drivers_service_account_manages_its_pods_in_its_namespace_and_nothing_else(applied, kube_api, stack):
+    for cluster in applied[stack]:
+        accounts = {(a["metadata"]["namespace"], a["metadata"]["name"]) for a in cluster.of_kind("ServiceAccount")}
+        for namespace, driver, _ in driver_and_executor_accounts(cluster):
+            assert (namespace, driver) in accounts, f"the driver runs as {driver}, which the stack does not make"
+
+            may = functools.partial(kube_api.service_account_may, namespace, driver)
+            assert {
+                (v, r) for v in ("create", "delete") for r in DRIVER_RESOURCES if not may(v, r, where=namespace)
+            } == set()
+            elsewhere = [
+                ("create", "pods", "", "default"),
+                ("create", "pods", "", None),  # in every namespace
+                ("list", "pods", "", None),
+                ("get", "secrets", "", namespace),  # secrets reach the pods as volumes, never through the API
+                ("list", "secrets", "", None),
+                ("create", "roles", "rbac.authorization.k8s.io", namespace),
+                ("create", "rolebindings", "rbac.authorization.k8s.io", namespace),
+                ("create", "namespaces", "", None),
+                ("list", "nodes", "", None),
+                ("create", "clusterrolebindings", "rbac.authorization.k8s.io", None),
+                ("update", "sparkapplications", "sparkoperator.k8s.io", namespace),
+            ]
+            assert [e for e in elsewhere if may(e[0], e[1], e[2], e[3])] == []
+
+
+@pytest.mark.parametrize("stack", STACK_NAMES)
+def test_every_service_account_but_the_drivers_may_do_nothing(applied, kube_api, stack):
+    for cluster in applied[stack]:
+        drivers = {(ns, driver) for ns, driver, _ in driver_and_executor_accounts(cluster)}
+        others = {
+            (a["metadata"]["namespace"], a["metadata"]["name"]) for a in cluster.of_kind("ServiceAccount")
+        } - drivers
+        others |= {(ns, executor) for ns, _, executor in driver_and_executor_accounts(cluster)} - drivers
+        rights = [
+            (ns, account, verb, resource)
+            for ns, account in sorted(others)
+            for verb in ("get", "list", "create", "delete")
+            for resource in (*DRIVER_RESOURCES, "secrets")
+            if kube_api.service_account_may(ns, account, verb, resource, where=ns)
+        ]
+        assert rights == []
+
+
+def test_the_chart_set_up_copies_is_the_one_the_program_installs():
+    chart = yaml.safe_load((CHARTS / CHART / "Chart.yaml").read_text())
+    assert (chart["name"], chart["version"]) == (CHART, CHART_VERSION), "bump tests/support/kube/go.mod with the chart"
+
+
+@dataclass(frozen=True)
+class OperatorRelease:
+    """The Spark Operator's chart as Helm renders it for a stack's release: only its service accounts and RBAC (its
+    webhook configurations would send every later SparkApplication to a webhook that is not running)."""
+
+    namespace: str
+    job_namespaces: list[str]
+    rbac: list[dict[str, Any]]
+
+
+def operator_release(chart: Registered, renamed: Callable[[str], str]) -> OperatorRelease:
+    given = chart.plain
+    values = given["values"]
+    jobs = [renamed(n) for n in values["spark"]["jobNamespaces"]]
+    home = renamed(given["namespace"])
+    values = values | {"spark": values["spark"] | {"jobNamespaces": jobs}}
+    rendered = helm_template(CHART, given.get("name", chart.name), home, values)
+    rbac = [
+        o | {"metadata": {k: v for k, v in o["metadata"].items() if k != "namespace"}}
+        if o["kind"] in CLUSTER_WIDE
+        else o
+        for o in rendered
+        if o["kind"] in RBAC_KINDS
+    ]
+    return OperatorRelease(home, jobs, rbac)
+
+
+def cluster_objects(run: Run, context: str, suffix: str) -> list[dict[str, Any]]:
+    """What a stack applies to one cluster, in namespaces of its own: its objects, then its operator's RBAC."""
+    objects = objects_by_cluster(run)[context]
+    renamed = namespace_renaming(objects, suffix)
+    charts = [c for c in run.of_type(HELM_CHART) if cluster_of(run, c) == context]
+    return in_own_namespaces(objects, suffix) + [o for c in charts for o in operator_release(c, renamed).rbac]
+
+
+def test_the_operator_acts_only_in_the_mirrors_namespaces(kube_api, stack_runs):
+    """The Spark Operator's chart rendered by Helm with the values, namespace and release name each stack gives it,
+    its service accounts and RBAC applied, and each of its service accounts asked what it may do."""
+    releases = 0
+    for stack, run in stack_runs.items():
+        clusters = objects_by_cluster(run)
+        for i, chart in enumerate(run.of_type(HELM_CHART)):
+            context = cluster_of(run, chart)
+            suffix = f"o{STACK_NAMES.index(stack)}{i}"
+            renamed = namespace_renaming(clusters[context], suffix)
+            release = operator_release(chart, renamed)
+            mirrors = sorted(
+                {renamed(o["metadata"]["namespace"]) for o in clusters[context] if o["kind"] == "SparkApplication"}
+            )
+            assert release.job_namespaces == mirrors, f"{stack}: the operator watches {release.job_namespaces}"
+            site = [o for o in in_own_namespaces(clusters[context], suffix) if o["kind"] == "Namespace"]
+            assert apply_all(kube_api, site + release.rbac, f"pulumi-{stack}") == {}
+            home = release.namespace
+            accounts = sorted(o["metadata"]["name"] for o in release.rbac if o["kind"] == "ServiceAccount")
+            assert accounts, f"{stack}: the chart makes no service account"
+            for job in release.job_namespaces:
+                for verb in ("create", "delete"):
+                    assert any(kube_api.service_account_may(home, a, verb, "pods", where=job) for a in accounts), job
+            beyond = [
+                (account, verb, resource, where)
+                for account in accounts
+                for verb, resource, where in (
+                    ("create", "pods", "default"),
+                    ("create", "pods", None),
+                    ("get", "secrets", "default"),
+                    ("list", "secrets", None),
+                    ("create", "configmaps", None),
+                    ("delete", "persistentvolumeclaims", None),
+                )
+                if kube_api.service_account_may(home, account, verb, resource, where=where)
+            ]
+            assert beyond == [], stack
+            releases += 1
+    assert releases
+
+
+def test_two_stacks_on_one_cluster_share_no_object_and_leave_each_others_as_they_sent_them(kube_api, stack_runs):
+    """Stacks whose sites name the same kubeconfig context, with their operators' RBAC, applied one after the other
+    with their own field managers and without force, as two `pulumi up`s would. An object both name would be
+    deleted by destroying either stack."""
+    by_context: dict[str, list[str]] = {}
+    for stack in STACK_NAMES:
+        for context in objects_by_cluster(stack_runs[stack]):
+            by_context.setdefault(context, []).append(stack)
+    pairs = {context: stacks for context, stacks in by_context.items() if len(stacks) > 1}
+    assert pairs, "no two stack files share a cluster"
+    for i, (context, (first, second, *_)) in enumerate(sorted(pairs.items())):
+        ours, theirs = (cluster_objects(stack_runs[s], context, f"x{i}") for s in (first, second))
+        assert sorted({ident(o) for o in ours} & {ident(o) for o in theirs}) == [], context
+        refused = apply_all(kube_api, ours, f"pulumi-{first}", force=False)
+        refused |= apply_all(kube_api, theirs, f"pulumi-{second}", force=False)
+        assert refused == {}, context
+        assert not_kept(kube_api, ours + theirs) == {}, context
+
+
+def test_the_api_server_refuses_what_a_schema_does_not_declare(kube_api, stack_runs):
+    """The checks above can fail: a misspelt field, a wrong type and an unknown enum value in a SparkApplication."""
+    objects = in_own_namespaces(objects_by_cluster(stack_runs["onprem-to-msk"])["eks-euw1"], "r")
+    assert apply_all(kube_api, [o for o in objects if o["kind"] == "Namespace"], "tests") == {}
+    (app,) = [o for o in objects if o["kind"] == "SparkApplication"]
+    spec = app["spec"]
+    wrong = {
+        ".spec.driver.serviceAcount: field not declared in schema": spec
+        | {"driver": spec["driver"] | {"serviceAcount": "mirrorkit"}},
+        ".spec.executor.instances: expected numeric": spec | {"executor": spec["executor"] | {"instances": "two"}},
+        'spec.mode: Unsupported value: "clustered"': spec | {"mode": "clustered"},
+    }
+    for message, bad in wrong.items():
+        with pytest.raises(KubeApiError, match=re.escape(message)):
+            kube_api.apply(app | {"spec": bad}, field_manager="tests")
