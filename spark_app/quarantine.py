@@ -15,15 +15,16 @@ Data loss. Per partition the state keeps the next offset the query expects. When
 source's log start is checked: records below it that were never read were deleted by retention. They are reported
 (log, `data_loss`) and mirroring goes on, unless the flow sets `fail_on_data_loss`.
 
-`FlowState` is a small versioned JSON file next to the flow's Spark checkpoint, so `status` can read it without a
-running mirror.
+`FlowState` is a small versioned JSON file in the flow's Spark checkpoint folder, local or in object storage
+(spark_app.storage), so it survives exactly when the checkpoint does. A mirror before object-storage support wrote
+the file for an `s3a://` (or other scheme's) checkpoint to a local path relative to its working directory; when the
+checkpoint holds no state yet and that file exists, it is read and saved where it belongs.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from pathlib import Path
 from .config import FlowConfig
 from .errors import MirrorFailed, StateError
 from .ranges import DataLoss, Landing, OffsetRange, OffsetsReset
+from .storage import CheckpointFiles
 
 log = logging.getLogger(__name__)
 
@@ -64,36 +66,47 @@ class Quarantine:
 
 @dataclass
 class FlowState:
-    """Quarantines and read positions of one flow, persisted in `<checkpoint_location>/mirrorkit-state.json`."""
+    """Quarantines and read positions of one flow, persisted as `mirrorkit-state.json` in its checkpoint folder."""
 
-    path: Path
+    files: CheckpointFiles
     quarantined: dict[str, Quarantine] = field(default_factory=dict)
     positions: dict[tuple[str, int], int] = field(default_factory=dict)  # next source offset to read
     # Where to start a partition the Spark checkpoint does not hold: MirrorMaker 2's next offset (spark_app.dr.adopt).
     adopted: dict[tuple[str, int], int] = field(default_factory=dict)
 
+    @property
+    def where(self) -> str:
+        return self.files.where(STATE_FILE)
+
     @classmethod
-    def load(cls, checkpoint_location: str) -> FlowState:
-        path = Path(checkpoint_location.removeprefix("file:")) / STATE_FILE
-        if not path.exists():
-            return cls(path)
-        raw = json.loads(path.read_text())
+    def load(cls, files: CheckpointFiles) -> FlowState:
+        state = cls(files)
+        data, where = files.read(STATE_FILE), state.where
+        legacy = Path(files.location.removeprefix("file:")) / STATE_FILE  # where an older mirror wrote it
+        if data is None and not files.local and legacy.is_file():
+            data, where = legacy.read_bytes(), str(legacy.resolve())
+        if data is None:
+            return state
+        raw = json.loads(data)
         if raw.get("version") != STATE_VERSION:
             raise StateError(
-                f"{path}: state version {raw.get('version')!r}, this mirror reads version {STATE_VERSION};"
+                f"{where}: state version {raw.get('version')!r}, this mirror reads version {STATE_VERSION};"
                 " run the mirror version that wrote it to drain its quarantines, or move the file away to accept"
                 " that its held offsets are not caught up"
             )
-        state = cls(path)
         for topic, q in raw["quarantined"].items():
             holds = {int(p): Hold(h["first"], h["next"]) for p, h in q["partitions"].items()}
             state.quarantined[topic] = Quarantine(q["reason"], holds)
         state.positions = {(t, int(p)): o for t, parts in raw["positions"].items() for p, o in parts.items()}
         state.adopted = {(t, int(p)): o for t, parts in raw.get("adopted", {}).items() for p, o in parts.items()}
+        if where != state.where:
+            state.save()
+            log.warning("flow state moved from %s to %s, beside the Spark checkpoint; the old file can be deleted",
+                        where, state.where)  # fmt: skip
         return state
 
     def save(self) -> None:
-        """Write atomically: a crash leaves the old file or the new one, never half of one."""
+        """Replace the file whole: a crash leaves the old state or the new one, never half of one."""
         raw = {
             "version": STATE_VERSION,
             "quarantined": {
@@ -103,10 +116,7 @@ class FlowState:
             "positions": by_topic(self.positions),
             "adopted": by_topic(self.adopted),
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(raw, indent=1))
-        os.replace(tmp, self.path)
+        self.files.write(STATE_FILE, json.dumps(raw, indent=1).encode())
 
 
 def by_topic(offsets: dict[tuple[str, int], int]) -> dict[str, dict[str, int]]:

@@ -30,6 +30,7 @@ from .metrics import FlowTotals, LagPoller, LagSource, MirrorMetrics
 from .planner import PAUSE_FILE, UNREACHABLE_GIVE_UP_S, OffsetRangeSource, plan_source_options, write_record_bytes
 from .quarantine import FlowQuarantine, FlowState, by_topic
 from .ranges import LANDED_SCHEMA, RANGE_SCHEMA, Landing, OffsetRange
+from .storage import checkpoint_files
 from .topics import TopicPlan, TopicSync
 from .writer import RangeCopier
 
@@ -74,7 +75,7 @@ class FlowMirror:
         self.target = config.cluster(flow.target)
         self.topic_sync = topic_sync or TopicSync(flow, self.source, self.target)
         self.quarantine = quarantine or FlowQuarantine(
-            flow, FlowState.load(flow.checkpoint_location), self.topic_sync.earliest_offsets
+            flow, FlowState.load(checkpoint_files(flow.checkpoint_location, spark)), self.topic_sync.earliest_offsets
         )
         self.totals = FlowTotals()
         self.plan = TopicPlan()

@@ -16,6 +16,8 @@ import pytest
 
 from tests.support.kafka_cluster import KafkaCluster, ListenerKind
 from tests.support.kube_api import KubeApiServer
+from tests.support.mirror_config import free_port
+from tests.support.s3 import S3Server, moto_server
 from tests.support.testbed import TestBed
 
 CLUSTER_FIXTURES = frozenset({"testbed", "plaintext_cluster", "source_cluster", "target_cluster"})
@@ -24,7 +26,13 @@ KUBE_FIXTURES = frozenset({"kube_api"})
 FAST_SELECTION = "not kafka and not spark and not kube"
 # Modules whose cluster tests run the mirror CLI's `run` in a subprocess: Spark, without the `spark` fixture.
 RUNS_THE_MIRROR_CLI = frozenset(
-    {"tests.test_mirror_cli_run", "tests.test_mirror_cli_errors", "tests.test_image", "tests.test_dr"}
+    {
+        "tests.test_mirror_cli_run",
+        "tests.test_mirror_cli_errors",
+        "tests.test_image",
+        "tests.test_dr",
+        "tests.test_mirror_object_storage",
+    }
 )
 
 
@@ -67,6 +75,13 @@ def spark():
 
 
 @pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 API (moto's server mode) on a loopback port, for checkpoints in object storage."""
+    with moto_server(tmp_path_factory.mktemp("moto"), free_port()) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def kube_api() -> Iterator[KubeApiServer]:
     """etcd and kube-apiserver on loopback with the operators' CRDs installed (tests/support/kube_api.py)."""
     server = KubeApiServer()
@@ -98,7 +113,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     - `kafka`: the test's fixture closure holds a cluster fixture (CLUSTER_FIXTURES), or one of its parameters names
       one (a test parametrized over cluster names calls `request.getfixturevalue`).
-    - `spark`: it holds the `spark` fixture; or it is a `kafka` test in one of the modules named in
+    - `spark`: it holds the `spark` fixture or the `s3` one (object storage is reached through Spark's s3a
+      connector); or it is a `kafka` test in one of the modules named in
       RUNS_THE_MIRROR_CLI, which run the mirror's `run` in a subprocess (a test that runs the mirror needs clusters,
       so the other tests of those modules, such as the image's Dockerfile check, stay unmarked). Add a module there
       when its tests start `run` in a subprocess; tests/test_markers.py checks that each name is a module.
@@ -114,5 +130,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if fixtures & KUBE_FIXTURES:
             item.add_marker(pytest.mark.kube)
         module = item.module.__name__ if isinstance(item, pytest.Function) else ""
-        if "spark" in fixtures or (needs_kafka and module in RUNS_THE_MIRROR_CLI):
+        if fixtures & {"spark", "s3"} or (needs_kafka and module in RUNS_THE_MIRROR_CLI):
             item.add_marker(pytest.mark.spark)

@@ -11,6 +11,7 @@ from spark_app.config import FlowConfig
 from spark_app.errors import MirrorFailed, StateError
 from spark_app.quarantine import RECORD_RETRY_S, STATE_FILE, STATE_VERSION, FlowQuarantine, FlowState, Hold, Quarantine
 from spark_app.ranges import Landing, OffsetRange
+from spark_app.storage import checkpoint_files
 
 TOPIC = "orders"
 
@@ -58,19 +59,19 @@ class Clock:
 
 
 def keeper(tmp_path, fake: FakeSource, clock: Clock | None = None, **flow_overrides: object) -> FlowQuarantine:
-    state = FlowState.load(str(tmp_path))
+    state = FlowState.load(checkpoint_files(str(tmp_path)))
     return FlowQuarantine(flow(**flow_overrides), state, fake.earliest, clock or Clock())
 
 
 def test_the_state_file_round_trips_holds_and_positions_and_is_replaced_whole(tmp_path):
-    state = FlowState.load(f"file:{tmp_path}")
-    assert state.path == tmp_path / STATE_FILE and state.quarantined == {} and state.positions == {}
+    state = FlowState.load(checkpoint_files(f"file:{tmp_path}"))
+    assert state.where == str(tmp_path / STATE_FILE) and state.quarantined == {} and state.positions == {}
     state.quarantined[TOPIC] = Quarantine("too big", {0: Hold(5, 11), 3: Hold(7, 8)})
     state.positions = {(TOPIC, 0): 11, (TOPIC, 3): 8, ("other", 1): 42}
     state.adopted = {(TOPIC, 0): 9, ("other", 1): 40}
     state.save()
     assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE]  # no temporary file left behind
-    again = FlowState.load(str(tmp_path))
+    again = FlowState.load(checkpoint_files(str(tmp_path)))
     assert again.quarantined == {TOPIC: Quarantine("too big", {0: Hold(5, 11), 3: Hold(7, 8)})}
     assert again.positions == state.positions and again.adopted == state.adopted
     assert json.loads((tmp_path / STATE_FILE).read_text())["version"] == STATE_VERSION
@@ -79,7 +80,7 @@ def test_the_state_file_round_trips_holds_and_positions_and_is_replaced_whole(tm
 def test_a_state_file_of_another_version_is_refused_naming_the_file_and_what_to_do(tmp_path):
     (tmp_path / STATE_FILE).write_text(json.dumps({"version": STATE_VERSION + 1}))
     with pytest.raises(StateError) as refused:
-        FlowState.load(str(tmp_path))
+        FlowState.load(checkpoint_files(str(tmp_path)))
     message = str(refused.value)
     assert str(tmp_path / STATE_FILE) in message and f"this mirror reads version {STATE_VERSION}" in message
     assert "move the file away" in message
@@ -101,7 +102,7 @@ def test_a_refused_record_holds_its_partition_and_the_hold_grows_until_a_catch_u
     q.catch_up({TOPIC: 2}, fake.copy)
     assert fake.copied == [OffsetRange(TOPIC, 0, 5, 20), OffsetRange(TOPIC, 1, 10, 15)]
     assert q.reasons() == {} and q.ready({TOPIC: 2}) == {TOPIC: 2}
-    assert FlowState.load(str(tmp_path)).quarantined == {}, "the rejoin is saved"
+    assert FlowState.load(checkpoint_files(str(tmp_path))).quarantined == {}, "the rejoin is saved"
 
 
 def test_a_catch_up_refused_again_keeps_the_rest_held_from_the_refused_offset(tmp_path):

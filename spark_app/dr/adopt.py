@@ -32,7 +32,6 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from confluent_kafka import Message
 from confluent_kafka.admin import OffsetSpec
@@ -42,6 +41,7 @@ from ..config import FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
 from ..policy import HEARTBEATS_TOPIC, offset_syncs_topic, should_mirror, target_topic
 from ..quarantine import FlowState
+from ..storage import CheckpointFiles, checkpoint_files
 from .formats import Heartbeat, OffsetSync, decode_or_none
 from .internal import ensure_topic, offset_syncs_cluster, read_checkpoints, read_offset_syncs
 from .offset_syncs import OffsetSyncWriter
@@ -119,7 +119,8 @@ def adopt(config: MirrorConfig, flow: FlowConfig, options: AdoptOptions) -> Adop
     if not options.force:
         group = options.connect_group or default_connect_group(flow)
         result.refused += running_refusals(config, flow, options.heartbeat_quiet_s, group)
-    result.refused += checkpoint_refusals(flow)
+    files = checkpoint_files(flow.checkpoint_location)
+    result.refused += checkpoint_refusals(files)
     if result.refused:
         return result
     source = config.cluster(flow.source)
@@ -133,7 +134,7 @@ def adopt(config: MirrorConfig, flow: FlowConfig, options: AdoptOptions) -> Adop
         next_offset = positions[tp] + 1 if committed else starts[tp]
         result.partitions.append(AdoptedPartition(*tp, next_offset, committed, tuple(runs.get(tp, ()))))
     write_offset_syncs(config, flow, runs)
-    state = FlowState.load(flow.checkpoint_location)
+    state = FlowState.load(files)
     for p in result.partitions:
         state.adopted[(p.topic, p.partition)] = p.next_offset
         state.positions[(p.topic, p.partition)] = p.next_offset
@@ -245,13 +246,12 @@ def running_refusals(config: MirrorConfig, flow: FlowConfig, quiet_s: float, con
     return refused
 
 
-def checkpoint_refusals(flow: FlowConfig) -> list[str]:
+def checkpoint_refusals(files: CheckpointFiles) -> list[str]:
     """A Spark checkpoint with positions is the mirror's own history: adopting MM2's older one would go back."""
-    offsets = Path(flow.checkpoint_location.removeprefix("file:")) / "offsets"
-    if offsets.is_dir() and any(offsets.iterdir()):
+    if files.has_entries("offsets"):
         return [
-            f"the flow's Spark checkpoint {offsets} already holds positions (the mirror has run on it); point"
-            " checkpoint_location at an empty path to adopt MM2's"
+            f"the flow's Spark checkpoint {files.where('offsets')} already holds positions (the mirror has run on"
+            " it); point checkpoint_location at an empty path to adopt MM2's"
         ]
     return []
 
