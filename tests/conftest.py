@@ -19,7 +19,13 @@ from tests.support.testbed import TestBed
 CLUSTER_FIXTURES = frozenset({"testbed", "plaintext_cluster", "source_cluster", "target_cluster"})
 # Modules whose cluster tests run the mirror CLI's `run` in a subprocess: Spark, without the `spark` fixture.
 RUNS_THE_MIRROR_CLI = frozenset(
-    {"tests.test_mirror_cli_run", "tests.test_mirror_cli_errors", "tests.test_image", "tests.test_dr"}
+    {
+        "tests.test_mirror_cli_run",
+        "tests.test_mirror_cli_errors",
+        "tests.test_image",
+        "tests.test_dr",
+        "tests.test_mirror_sigterm",
+    }
 )
 
 
