@@ -10,13 +10,16 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.support.kafka_cluster import KafkaCluster, ListenerKind
+from tests.support.spark_cluster import SparkStandalone
 from tests.support.testbed import TestBed
 
 CLUSTER_FIXTURES = frozenset({"testbed", "plaintext_cluster", "source_cluster", "target_cluster"})
+SPARK_FIXTURES = frozenset({"spark", "spark_standalone"})
 # Modules whose cluster tests run the mirror CLI's `run` in a subprocess: Spark, without the `spark` fixture.
 RUNS_THE_MIRROR_CLI = frozenset(
     {
@@ -67,6 +70,21 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def spark_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkStandalone]:
+    """A Spark standalone cluster for the whole run: a master and two workers of one core each. Their executors'
+    Python workers import the mirror from this checkout (the application names their interpreter)."""
+    root = Path(__file__).resolve().parent.parent
+    cluster = SparkStandalone(tmp_path_factory.mktemp("spark-standalone"), env={"PYTHONPATH": str(root)})
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.close()
+        raise
+    yield cluster
+    cluster.close()
+
+
 @pytest.fixture
 def unique(request: pytest.FixtureRequest) -> str:
     """A short per-test suffix for topic names, aliases and group ids."""
@@ -89,7 +107,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     - `kafka`: the test's fixture closure holds a cluster fixture (CLUSTER_FIXTURES), or one of its parameters names
       one (a test parametrized over cluster names calls `request.getfixturevalue`).
-    - `spark`: it holds the `spark` fixture; or it is a `kafka` test in one of the modules named in
+    - `spark`: it holds a SPARK_FIXTURES fixture; or it is a `kafka` test in one of the modules named in
       RUNS_THE_MIRROR_CLI, which run the mirror's `run` in a subprocess (a test that runs the mirror needs clusters,
       so the other tests of those modules, such as the image's Dockerfile check, stay unmarked). Add a module there
       when its tests start `run` in a subprocess; tests/test_markers.py checks that each name is a module.
@@ -102,5 +120,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if needs_kafka:
             item.add_marker(pytest.mark.kafka)
         module = item.module.__name__ if isinstance(item, pytest.Function) else ""
-        if "spark" in fixtures or (needs_kafka and module in RUNS_THE_MIRROR_CLI):
+        if fixtures & SPARK_FIXTURES or (needs_kafka and module in RUNS_THE_MIRROR_CLI):
             item.add_marker(pytest.mark.spark)

@@ -6,7 +6,6 @@ the target then holds exactly the records the checkpoint says were copied, and a
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from spark_app.config import STOP_GRACE_S
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.spark_checkpoint import batch_in_flight, checkpoint_logs
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRYPOINT = ROOT / "images" / "mirror" / "entrypoint.sh"
@@ -41,25 +41,6 @@ def backlog(topic: str) -> list[Record]:
         Record(i % PARTITIONS, f"{topic}-k{i}".encode(), os.urandom(200 + i % 600), (("n", str(i).encode()),), now + i)
         for i in range(PARTITIONS * PER_PARTITION)
     ]
-
-
-def checkpoint_logs(checkpoint: Path) -> tuple[dict[int, dict], set[int]]:
-    """The query's offset log (batch id -> the source's end offsets, `{"topic": {"partition": offset}}`) and the
-    ids of the batches it committed."""
-    offsets = {
-        int(f.name): json.loads(f.read_text().splitlines()[-1])
-        for f in (checkpoint / "offsets").glob("[0-9]*")
-    }  # fmt: skip
-    commits = {int(f.name) for f in (checkpoint / "commits").glob("[0-9]*")}
-    return offsets, commits
-
-
-def batch_in_flight(checkpoint: Path) -> int | None:
-    """A batch the query planned (its offsets are logged) and has not committed yet."""
-    if not (checkpoint / "offsets").is_dir():
-        return None
-    offsets, commits = checkpoint_logs(checkpoint)
-    return next((b for b in sorted(offsets) if b not in commits), None)
 
 
 def test_sigterm_to_spark_submit_commits_the_batch_in_flight_exits_0_and_writes_no_batch_twice(

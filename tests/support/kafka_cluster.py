@@ -224,6 +224,16 @@ class KafkaCluster:
             self._process.kill()
             self._process.wait(10)
 
+    def limit_producers(self, bytes_per_s: int) -> None:
+        """A broker quota (`producer_byte_rate`) for every client id: a slow target, each write throttled."""
+        command = self._java(
+            "kafka.admin.ConfigCommand", "--bootstrap-server", f"127.0.0.1:{self.admin_port}", "--alter",
+            "--entity-type", "clients", "--entity-default", "--add-config", f"producer_byte_rate={bytes_per_s}",
+        )  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise AssertionError(f"could not set a producer quota on {self.name}:\n{done.stdout}\n{done.stderr}")
+
     # -- internals ------------------------------------------------------------------------------------------------
 
     def _client_protocol(self) -> str:
