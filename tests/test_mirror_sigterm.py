@@ -18,7 +18,7 @@ import yaml
 
 from spark_app.config import STOP_GRACE_S
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, create_topics, produce, read_all
+from tests.support.clients import Record, create_topics, end_offsets, produce, read_all
 from tests.support.mirror_config import free_port, one_flow_config
 from tests.support.spark_checkpoint import batch_in_flight, checkpoint_logs
 
@@ -48,6 +48,7 @@ def test_sigterm_to_spark_submit_commits_the_batch_in_flight_exits_0_and_writes_
 ):
     topics = [f"sigterm-a-{unique}", f"sigterm-b-{unique}"]
     sent = {t: backlog(t) for t in topics}
+    targets = [(f"onprem.{t}", p) for t in topics for p in range(PARTITIONS)]
     create_topics(plaintext_cluster.admin, dict.fromkeys(topics, PARTITIONS))
     create_topics(target_cluster.admin, {f"onprem.{t}": PARTITIONS for t in topics})  # Event Hubs: made by infra
     for topic, records in sent.items():
@@ -74,11 +75,17 @@ def test_sigterm_to_spark_submit_commits_the_batch_in_flight_exits_0_and_writes_
     with open(tmp_path / "driver.log", "w+") as out:
         driver = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
+            # SIGTERM while a batch after the first is writing: Spark's own shutdown would cancel it half written.
             in_flight = None
             while in_flight is None and driver.poll() is None:
                 time.sleep(0.05)
-                in_flight = batch_in_flight(checkpoint)
-            assert in_flight is not None, f"the mirror exited before its first batch:\n{_tail(out)}"
+                batch = batch_in_flight(checkpoint)
+                if batch:
+                    offsets, _ = checkpoint_logs(checkpoint)
+                    landed = sum(end_offsets(target_cluster.client, targets).values())
+                    if landed > sum(sum(ends.values()) for ends in offsets[batch - 1].values()):
+                        in_flight = batch
+            assert in_flight is not None, f"the mirror exited before a batch could be interrupted:\n{_tail(out)}"
             cmdline = Path(f"/proc/{driver.pid}/cmdline").read_bytes().split(b"\0")
             assert b"org.apache.spark.deploy.SparkSubmit" in cmdline, "the signal must go to spark-submit's JVM"
             driver.send_signal(signal.SIGTERM)
