@@ -59,6 +59,9 @@ class SparkStandalone:
 
     def start_worker(self, index: int) -> None:
         """Start worker `index` (again, after `kill_worker`) and wait until the master counts it alive."""
+        running = self.workers[index]
+        if running is not None and running.poll() is None:
+            raise ValueError(f"worker {index} is running already")
         (ui_port,) = self.worker_ui_ports[index : index + 1] = free_ports(1)
         work = self.folder / f"worker-{index}"
         self.workers[index] = self._launch(
