@@ -152,5 +152,5 @@ def running_tasks(driver_ui_port: int) -> list[str]:
 
 
 def _json(port: int, path: str) -> Any:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as answer:
         return json.load(answer)
