@@ -90,14 +90,15 @@ def test_a_standalone_cluster_copies_a_backlog_byte_exact_and_survives_a_worker_
                 offsets, _ = checkpoint_logs(checkpoint)
                 try:
                     running = running_tasks(ui_port)
-                except OSError:  # the driver's UI did not answer in time (a busy machine): look again
-                    continue
-                landed = end_offsets(target_cluster.client, targets)
-                if len(running) == 1 and partly_written(offsets[batch - 1], offsets[batch], landed):
+                    landed = end_offsets(target_cluster.client, targets)
+                    if len(running) != 1 or not partly_written(offsets[batch - 1], offsets[batch], landed):
+                        continue
                     busy = spark_standalone.cores_used()
                     killed = spark_standalone.worker_of(running[0])
-                    spark_standalone.kill_worker(killed)
-                    killed_in = batch
+                except OSError:  # a web UI did not answer in time (a busy machine): look again
+                    continue
+                spark_standalone.kill_worker(killed)
+                killed_in = batch
             assert killed_in is not None, f"the run ended before a batch could be interrupted:\n{_tail(out)}"
             code = driver.wait(300)
         finally:
