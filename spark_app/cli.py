@@ -12,7 +12,6 @@ import gc
 import json
 import logging
 import re
-import signal
 import sys
 from dataclasses import dataclass
 
@@ -297,7 +296,7 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
         with ProgressReport([FlowProgress.of(flow) for flow in mirror.flows]):
             mirror.run_available_now()
     else:
-        signal.signal(signal.SIGTERM, lambda *_: mirror.stopping.set())
+        mirror.stop_on_sigterm()
         mirror.run_forever()
     for running in mirror.flows:
         t = running.totals

@@ -13,17 +13,21 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import signal
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from pyspark.errors import StreamingQueryException
+from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from .config import FlowConfig, MirrorConfig
+from .config import STOP_BATCH_TIMEOUT_S, FlowConfig, MirrorConfig
 from .dr.service import DrSync
 from .errors import ClusterUnreachable, MirrorFailed
 from .metrics import FlowTotals, LagPoller, LagSource, MirrorMetrics
@@ -46,11 +50,7 @@ def build_session(master: str | None = None, app_name: str = "mirrorkit") -> Spa
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
-    session = (
-        builder.config("spark.task.maxFailures", "4")
-        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
-        .getOrCreate()
-    )
+    session = builder.config("spark.task.maxFailures", "4").getOrCreate()
     session.dataSource.register(OffsetRangeSource)
     return session
 
@@ -145,7 +145,7 @@ class FlowMirror:
         )  # fmt: skip
         return self.query
 
-    def stop_between_batches(self, timeout_s: float = 120.0) -> None:
+    def stop_between_batches(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
         """Stop after the batch in flight, so no batch is cut in half and none is written twice.
 
         Spark's stop cancels whatever runs at that moment, and a batch cancelled after its write but before its
@@ -233,6 +233,26 @@ class Mirror:
             for f in config.flows
         ]
         self.stopping = threading.Event()
+        self._on_jvm_sigterm: _SetOnSignal | None = None
+
+    def stop_on_sigterm(self) -> None:
+        """Set `stopping` on SIGTERM, whether it reaches this Python process or the Spark driver's JVM.
+
+        Under spark-submit (the image: the Spark Operator's driver pod) the JVM is the process the pod's SIGTERM
+        reaches, and the Python driver is its child and gets no signal. The JVM's default answer is to exit (status
+        143) through its shutdown hooks, which stop the SparkContext and so cancel the batch in flight: it would be
+        copied again. So the JVM's SIGTERM handler is replaced, through py4j, by one that calls back into this
+        process and only sets `stopping`. The JVM then stays up, `run_forever` stops every query between batches,
+        this process exits 0 and spark-submit with it. When Python started the JVM itself (`python -m spark_app`),
+        the signal reaches Python, and its own handler does the same. Call it from the main thread.
+        """
+        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        gateway = self.spark.sparkContext._gateway
+        assert gateway is not None  # a live SparkSession has its py4j gateway
+        ensure_callback_server_started(gateway)  # type: ignore[no-untyped-call]  # pyspark leaves it unannotated
+        self._on_jvm_sigterm = _SetOnSignal(self.stopping)
+        jvm_signal = gateway.jvm.sun.misc.Signal
+        jvm_signal.handle(jvm_signal("TERM"), self._on_jvm_sigterm)
 
     def run_available_now(self) -> None:
         """Mirror what is there now, write a final offset sync and checkpoint, then return."""
@@ -283,10 +303,28 @@ class Mirror:
                     flow.start(wanted, available_now=False)
                 else:
                     flow.catch_up()
-        for flow in self.flows:
-            flow.stop_between_batches()
-        for dr in self.dr.values():
-            dr.stop()
+        # Every flow at once, so a stop takes one flow's time (within STOP_GRACE_S), not the sum.
+        with ThreadPoolExecutor(max(1, len(self.flows))) as pool:
+            list(pool.map(self._stop_flow, self.flows))
+
+    def _stop_flow(self, flow: FlowMirror) -> None:
+        """Stop the flow's query between batches, then write its final offset syncs and checkpoints."""
+        flow.stop_between_batches()
+        self.dr[flow.flow.name].stop()
+
+
+class _SetOnSignal:
+    """A `sun.misc.SignalHandler` for the driver's JVM, run in Python through py4j's callback server."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def handle(self, jvm_signal: Any) -> None:
+        log.info("SIG%s: stopping after the batch in flight", jvm_signal.getName())
+        self.event.set()
+
+    class Java:
+        implements = ["sun.misc.SignalHandler"]
 
 
 def _raise_if_failed(flow: FlowMirror) -> None:

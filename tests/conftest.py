@@ -11,6 +11,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,9 +19,12 @@ from tests.support.kafka_cluster import KafkaCluster, ListenerKind
 from tests.support.kube_api import KubeApiServer
 from tests.support.mirror_config import free_port
 from tests.support.s3 import S3Server, moto_server
+from tests.support.spark_cluster import SparkStandalone
 from tests.support.testbed import TestBed
 
 CLUSTER_FIXTURES = frozenset({"testbed", "plaintext_cluster", "source_cluster", "target_cluster"})
+# Object storage is reached through Spark's s3a connector, so the `s3` fixture needs Spark too.
+SPARK_FIXTURES = frozenset({"spark", "spark_standalone", "s3"})
 KUBE_FIXTURES = frozenset({"kube_api"})
 # The tests that need neither brokers, Spark nor the API server: the pipeline's unit job runs this selection.
 FAST_SELECTION = "not kafka and not spark and not kube"
@@ -32,6 +36,7 @@ RUNS_THE_MIRROR_CLI = frozenset(
         "tests.test_image",
         "tests.test_dr",
         "tests.test_mirror_object_storage",
+        "tests.test_mirror_sigterm",
     }
 )
 
@@ -91,6 +96,21 @@ def kube_api() -> Iterator[KubeApiServer]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def spark_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkStandalone]:
+    """A Spark standalone cluster for the whole run: a master and two workers of one core each. Their executors'
+    Python workers import the mirror from this checkout (the application names their interpreter)."""
+    root = Path(__file__).resolve().parent.parent
+    cluster = SparkStandalone(tmp_path_factory.mktemp("spark-standalone"), env={"PYTHONPATH": str(root)})
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.close()
+        raise
+    yield cluster
+    cluster.close()
+
+
 @pytest.fixture
 def unique(request: pytest.FixtureRequest) -> str:
     """A short per-test suffix for topic names, aliases and group ids."""
@@ -113,8 +133,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     - `kafka`: the test's fixture closure holds a cluster fixture (CLUSTER_FIXTURES), or one of its parameters names
       one (a test parametrized over cluster names calls `request.getfixturevalue`).
-    - `spark`: it holds the `spark` fixture or the `s3` one (object storage is reached through Spark's s3a
-      connector); or it is a `kafka` test in one of the modules named in
+    - `spark`: it holds a SPARK_FIXTURES fixture; or it is a `kafka` test in one of the modules named in
       RUNS_THE_MIRROR_CLI, which run the mirror's `run` in a subprocess (a test that runs the mirror needs clusters,
       so the other tests of those modules, such as the image's Dockerfile check, stay unmarked). Add a module there
       when its tests start `run` in a subprocess; tests/test_markers.py checks that each name is a module.
@@ -130,5 +149,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if fixtures & KUBE_FIXTURES:
             item.add_marker(pytest.mark.kube)
         module = item.module.__name__ if isinstance(item, pytest.Function) else ""
-        if fixtures & {"spark", "s3"} or (needs_kafka and module in RUNS_THE_MIRROR_CLI):
+        if fixtures & SPARK_FIXTURES or (needs_kafka and module in RUNS_THE_MIRROR_CLI):
             item.add_marker(pytest.mark.spark)

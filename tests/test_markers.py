@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import CLUSTER_FIXTURES, FAST_SELECTION, KUBE_FIXTURES, RUNS_THE_MIRROR_CLI
+from tests.conftest import CLUSTER_FIXTURES, FAST_SELECTION, KUBE_FIXTURES, RUNS_THE_MIRROR_CLI, SPARK_FIXTURES
 
 ROOT = Path(__file__).resolve().parent.parent
 # Collects as `pytest --collect-only -q -m EXPR` does, and writes each selected test's fixtures and string parameters.
@@ -44,7 +44,7 @@ def test_the_fast_selection_holds_the_unit_tests_and_nothing_that_needs_brokers_
     fast = collect(FAST_SELECTION, tmp_path)
     assert any(node.startswith("tests/test_dr_formats.py::") for node in fast)
     assert any(node.startswith("tests/infra/") for node in fast)  # the workflow's unit job relies on it
-    assert {n: f for n, f in fast.items() if set(f) & (CLUSTER_FIXTURES | KUBE_FIXTURES | {"spark"})} == {}
+    assert {n: f for n, f in fast.items() if set(f) & (CLUSTER_FIXTURES | KUBE_FIXTURES | SPARK_FIXTURES)} == {}
     slow = collect("kafka or spark or kube", tmp_path)
     assert slow and not set(slow) & set(fast)
     kube = collect("kube", tmp_path)

@@ -73,7 +73,7 @@ def test_a_2m_record_backlog_behind_a_throttled_target_lands_byte_exact_in_bound
     testbed, plaintext_cluster, tmp_path, unique
 ):
     target = testbed.start(f"throttled-{unique[-8:]}", ListenerKind.PLAINTEXT)
-    target.throttle_producers(RATE)
+    target.limit_producers(RATE)
     topic = f"backlog-{unique}"
     create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
     create_topics(target.admin, {f"onprem.{topic}": PARTITIONS})

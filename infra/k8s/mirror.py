@@ -27,6 +27,7 @@ from infra.k8s.series import (
     RECORDS_METRIC,
 )
 from infra.settings import CHECKPOINT_DIR, SECRETS_DIR, Alerts, Checkpoint, ExecutorResources, Resources
+from spark_app.config import STOP_GRACE_S
 
 CONFIG_DIR = "/etc/mirrorkit/config"
 CONFIG_FILE = "mirror.yaml"
@@ -119,6 +120,9 @@ def spark_application_spec(name: str, config_map: str, pvc: str | None, args: Mi
             "cores": args.driver.cores,
             "memory": args.driver.memory,
             "volumeMounts": driver_mounts,
+            # On SIGTERM the mirror lets the batch in flight commit, then exits 0 (spark_app.stream,
+            # Mirror.stop_on_sigterm); Kubernetes' default 30 s would SIGKILL it mid-batch.
+            "terminationGracePeriodSeconds": STOP_GRACE_S,
             "ports": [{"name": "metrics", "protocol": "TCP", "containerPort": args.metrics_port}],
             "annotations": {
                 CONFIG_HASH_ANNOTATION: pulumi.Output.from_input(args.config_yaml).apply(config_hash),

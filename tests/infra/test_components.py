@@ -27,7 +27,7 @@ from infra.settings import (
     Pvc,
     Resources,
 )
-from spark_app.config import FlowConfig
+from spark_app.config import STOP_GRACE_S, FlowConfig
 from tests.infra.harness import CONNECTION_STRING, EVENTHUB, SUBSCRIPTION, is_secret, run_pulumi
 
 ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
@@ -397,6 +397,7 @@ def test_mirror_runs_the_cli_with_its_config_and_checkpoint_pvc():
         {"name": "mirrorkit-dr", "path": "/etc/mirrorkit/secrets/dr", "secretType": "Generic"}
     ]
     assert {"name": "checkpoints", "mountPath": "/checkpoints"} in spec["driver"]["volumeMounts"]
+    assert spec["driver"]["terminationGracePeriodSeconds"] == STOP_GRACE_S == 300
     assert run.named("m-checkpoints").plain["spec"]["resources"]["requests"]["storage"] == "5Gi"
     rules = {r["alert"]: r["expr"] for r in run.named("m-rules").plain["spec"]["groups"][0]["rules"]}
     assert set(rules) == {

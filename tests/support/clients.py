@@ -115,6 +115,15 @@ def read_all(
     return records
 
 
+def end_offsets(settings: ClientSettings, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """Each (topic, partition)'s end offset (high watermark) right now."""
+    consumer = Consumer(settings.librdkafka() | {"group.id": "end-offsets"})
+    try:
+        return {(t, p): consumer.get_watermark_offsets(TopicPartition(t, p), timeout=15)[1] for t, p in partitions}
+    finally:
+        consumer.close()
+
+
 def by_partition(records: Sequence[Record]) -> dict[int, list[Record]]:
     grouped: dict[int, list[Record]] = {}
     for r in records:

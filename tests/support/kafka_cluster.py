@@ -208,13 +208,6 @@ class KafkaCluster:
             return self
         raise AssertionError("unreachable")
 
-    def throttle_producers(self, bytes_per_s: int) -> None:
-        """A broker quota on every client's produce rate (`producer_byte_rate` for the default client id), as a slow
-        or busy target imposes one."""
-        args = ["--bootstrap-server", self.admin.bootstrap, "--alter", "--add-config",
-                f"producer_byte_rate={bytes_per_s}", "--entity-type", "clients", "--entity-default"]  # fmt: skip
-        subprocess.run(self._java("kafka.admin.ConfigCommand", *args), check=True, capture_output=True, timeout=120)
-
     def stop(self, timeout: float = 30.0) -> None:
         """A clean shutdown (SIGTERM), as in a rolling restart."""
         if not self.running:
@@ -230,6 +223,16 @@ class KafkaCluster:
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
             self._process.wait(10)
+
+    def limit_producers(self, bytes_per_s: int) -> None:
+        """A broker quota (`producer_byte_rate`) for every client id: a slow target, each write throttled."""
+        command = self._java(
+            "kafka.admin.ConfigCommand", "--bootstrap-server", f"127.0.0.1:{self.admin_port}", "--alter",
+            "--entity-type", "clients", "--entity-default", "--add-config", f"producer_byte_rate={bytes_per_s}",
+        )  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise AssertionError(f"could not set a producer quota on {self.name}:\n{done.stdout}\n{done.stderr}")
 
     # -- internals ------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,25 @@
+"""What a streaming query's checkpoint says: the batches it planned, with their end offsets, and those it committed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+Offsets = dict[str, dict[str, int]]  # the mirror's source offsets: {"topic": {"partition": next offset}}
+
+
+def checkpoint_logs(checkpoint: Path) -> tuple[dict[int, Offsets], set[int]]:
+    """The offset log (batch id -> where the batch ends) and the ids of the committed batches; empty before the
+    query's first batch."""
+    offsets = {
+        int(f.name): json.loads(f.read_text().splitlines()[-1])
+        for f in (checkpoint / "offsets").glob("[0-9]*")
+    }  # fmt: skip
+    commits = {int(f.name) for f in (checkpoint / "commits").glob("[0-9]*")}
+    return offsets, commits
+
+
+def batch_in_flight(checkpoint: Path) -> int | None:
+    """The first batch the query planned (its offsets are logged) and has not committed yet."""
+    offsets, commits = checkpoint_logs(checkpoint)
+    return next((b for b in sorted(offsets) if b not in commits), None)

@@ -1,0 +1,131 @@
+"""SIGTERM as a pod gets it: to spark-submit's JVM, the mirror's Python driver its child, as the image starts it.
+
+The batch in flight commits, the mirror exits 0 within the driver pod's grace period, and no batch is written twice:
+the target then holds exactly the records the checkpoint says were copied, and a resumed run copies the rest once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyspark
+import yaml
+
+from spark_app.config import STOP_GRACE_S
+from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.clients import Record, create_topics, end_offsets, produce, read_all
+from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.spark_checkpoint import batch_in_flight, checkpoint_logs
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRYPOINT = ROOT / "images" / "mirror" / "entrypoint.sh"
+MAIN_FILE = ROOT / "images" / "mirror" / "main.py"
+SPARK_SUBMIT = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+PARTITIONS, PER_PARTITION, BATCH = 3, 20_000, 20_000  # a 120,000-record backlog over two topics, batches of ~20,000
+# Spark's image entrypoint (/opt/entrypoint.sh), reduced to what it does with `driver`: spark-submit in client mode,
+# exec'd. The real one execs it under tini, which hands the pod's SIGTERM to spark-submit's JVM, as here.
+SPARK_ENTRYPOINT = """#!/bin/sh
+shift
+exec "$SPARK_SUBMIT" --deploy-mode client "$@"
+"""
+
+
+def backlog(topic: str) -> list[Record]:
+    now = int(time.time() * 1000)
+    return [
+        Record(i % PARTITIONS, f"{topic}-k{i}".encode(), os.urandom(200 + i % 600), (("n", str(i).encode()),), now + i)
+        for i in range(PARTITIONS * PER_PARTITION)
+    ]
+
+
+def test_sigterm_to_spark_submit_commits_the_batch_in_flight_exits_0_and_writes_no_batch_twice(
+    plaintext_cluster, target_cluster, tmp_path, unique
+):
+    topics = [f"sigterm-a-{unique}", f"sigterm-b-{unique}"]
+    sent = {t: backlog(t) for t in topics}
+    targets = [(f"onprem.{t}", p) for t in topics for p in range(PARTITIONS)]
+    create_topics(plaintext_cluster.admin, dict.fromkeys(topics, PARTITIONS))
+    create_topics(target_cluster.admin, {f"onprem.{t}": PARTITIONS for t in topics})  # Event Hubs: made by infra
+    for topic, records in sent.items():
+        produce(plaintext_cluster.client, topic, records)
+    checkpoint = tmp_path / "ckpt"
+    config = one_flow_config(
+        plaintext_cluster, target_cluster, topics, checkpoint,
+        emit_heartbeats=False, max_records_per_trigger=BATCH, metrics_port=free_port(),
+    )  # fmt: skip
+    path = tmp_path / "mirror.yaml"
+    path.write_text(yaml.safe_dump(config))
+    stand_in = tmp_path / "spark-entrypoint.sh"
+    stand_in.write_text(SPARK_ENTRYPOINT)
+    stand_in.chmod(0o755)
+    env = os.environ | {
+        "SPARK_ENTRYPOINT": str(stand_in),
+        "SPARK_SUBMIT": str(SPARK_SUBMIT),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT),  # the image's PYTHONPATH=/opt/mirrorkit
+    }
+    # What the Spark Operator's driver pod runs: the image's entrypoint with `driver` and spark-submit's arguments.
+    command = [str(ENTRYPOINT), "driver", "--master", "local[2]", "--class", "org.apache.spark.deploy.PythonRunner",
+               str(MAIN_FILE), "run", "--config", str(path)]  # fmt: skip
+    with open(tmp_path / "driver.log", "w+") as out:
+        driver = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            # SIGTERM while a batch after the first is writing: Spark's own shutdown would cancel it half written.
+            in_flight = None
+            while in_flight is None and driver.poll() is None:
+                time.sleep(0.05)
+                batch = batch_in_flight(checkpoint)
+                if batch:
+                    offsets, _ = checkpoint_logs(checkpoint)
+                    landed = sum(end_offsets(target_cluster.client, targets).values())
+                    if landed > sum(sum(ends.values()) for ends in offsets[batch - 1].values()):
+                        in_flight = batch
+            assert in_flight is not None, f"the mirror exited before a batch could be interrupted:\n{_tail(out)}"
+            cmdline = Path(f"/proc/{driver.pid}/cmdline").read_bytes().split(b"\0")
+            assert b"org.apache.spark.deploy.SparkSubmit" in cmdline, "the signal must go to spark-submit's JVM"
+            driver.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            try:
+                code = driver.wait(STOP_GRACE_S)  # then Kubernetes would SIGKILL it
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"not stopped within the {STOP_GRACE_S} s grace period:\n{_tail(out)}") from None
+            took = time.monotonic() - signalled
+        finally:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+        output = _tail(out)
+    assert code == 0, output
+    offsets, commits = checkpoint_logs(checkpoint)
+    print(f"SIGTERM during batch {in_flight}; exit {code} after {took:.1f} s; batches committed: {sorted(commits)}")
+    assert in_flight in commits, f"batch {in_flight}, in flight at SIGTERM, was not committed"
+    assert set(offsets) == commits, "a batch was planned and left uncommitted: the next run would write it again"
+    last = offsets[max(commits)]
+
+    # The target holds exactly what the checkpoint says was copied, each record once: no batch written twice.
+    for topic, records in sent.items():
+        # Produced in order to an empty topic, round robin: record i sits at offset i // PARTITIONS.
+        copied = [r for i, r in enumerate(records) if i // PARTITIONS < last[topic][str(r.partition)]]
+        assert 0 < len(copied) < len(records), "SIGTERM came after the whole backlog was copied"
+        got = read_all(target_cluster.client, f"onprem.{topic}", expected=len(copied), timeout_s=60)
+        assert_each_record_once_in_order(f"onprem.{topic}", got, copied)
+
+    # And a resumed run copies the rest, once.
+    resumed = subprocess.run(
+        [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--available-now", "--master", "local[2]"],
+        env=os.environ | {"PYSPARK_PYTHON": sys.executable}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for topic, records in sent.items():
+        got = read_all(target_cluster.client, f"onprem.{topic}", expected=len(records), timeout_s=60)
+        assert_each_record_once_in_order(f"onprem.{topic}", got, records)
+
+
+def _tail(out) -> str:
+    out.flush()
+    out.seek(0)
+    return out.read()[-4000:]
