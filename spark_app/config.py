@@ -249,8 +249,8 @@ class FlowConfig(_Strict):
     emit_heartbeats: bool = True
     # The bounds of one batch (spark_app.planner): a stop or a topic-set change waits for, or at worst throws away,
     # one batch, so its size is what a slow target can take in well under the producer's delivery timeout.
-    max_records_per_trigger: Annotated[int, Field(gt=0)] = 250_000
-    max_bytes_per_trigger: Annotated[int, Field(ge=1_048_576)] = 268_435_456
+    max_records_per_trigger: Annotated[int, Field(gt=0)] = 1_000_000
+    max_bytes_per_trigger: Annotated[int, Field(ge=1_048_576)] = 536_870_912
 
     @property
     def name(self) -> str:

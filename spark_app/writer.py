@@ -44,10 +44,10 @@ PRODUCER_DEFAULTS = {
     "linger.ms": 20,
     "batch.size": BATCH_BYTES,
     # A bounded queue is the back-pressure: `produce` waits for room, so a record's delivery timeout (300 s) starts
-    # at most 64 MB of target writes before it is sent, about 20 s even at 3 MB/s, and a slow target slows the copy
-    # instead of failing the batch's tail.
-    "queue.buffering.max.messages": 100_000,
-    "queue.buffering.max.kbytes": 65_536,
+    # at most 256 MB of target writes before it is sent, about 85 s even at 3 MB/s, and a slow target slows the copy
+    # instead of failing the batch's tail. (64 MB cost a fifth of the throughput on loopback: bench/harness.py.)
+    "queue.buffering.max.messages": 500_000,
+    "queue.buffering.max.kbytes": 262_144,
 }
 # The copier assigns partitions at Spark's offsets and never joins the group or commits: Spark's checkpoint owns
 # the positions. EOF events tell it where a partition's log ends (a range can end in transaction markers).
