@@ -279,8 +279,9 @@ def run_adopt(config: MirrorConfig, args: argparse.Namespace) -> int:
 
 def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) -> int:
     from .clients import check_reachable
+    from .mirror import Mirror
     from .progress import FlowProgress, ProgressReport
-    from .stream import Mirror, build_session
+    from .stream import build_session
 
     for flow in config.flows:
         src, dst = config.cluster(flow.source), config.cluster(flow.target)

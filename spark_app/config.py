@@ -251,6 +251,10 @@ class FlowConfig(_Strict):
     # one batch, so its size is what a slow target can take in well under the producer's delivery timeout.
     max_records_per_trigger: Annotated[int, Field(gt=0)] = 1_000_000
     max_bytes_per_trigger: Annotated[int, Field(ge=1_048_576)] = 536_870_912
+    # `throughput`: micro-batches (spark_app.stream). `realtime`: long-running copier tasks that write each record as
+    # it comes (spark_app.realtime), for MirrorMaker 2-class latency; each of its `realtime_tasks` holds a core.
+    mode: Literal["throughput", "realtime"] = "throughput"
+    realtime_tasks: Annotated[int, Field(ge=1, le=256)] = 1
 
     @property
     def name(self) -> str:
@@ -268,6 +272,9 @@ class MirrorConfig(_Strict):
     # batch costs about 0.3 s of Spark overhead (bench/), so 0.25 s keeps latency low without hammering the source.
     trigger_interval_s: Annotated[float, Field(ge=0)] = 0.25
     metrics_port: Annotated[int, Field(ge=1, le=65535)] = 9404
+    # How often a real-time flow saves its positions (spark_app.realtime): a SIGKILL copies again at most what landed
+    # since, and each save is one write of the state file beside the checkpoint (object storage too).
+    realtime_commit_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
 
     _some_flow = field_validator("flows")(_non_empty("define at least one flow"))
 

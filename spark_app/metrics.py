@@ -58,6 +58,7 @@ class FlowTotals:
     data_loss: list[DataLoss] = field(default_factory=list)
     offset_resets: list[OffsetsReset] = field(default_factory=list)
     landed_offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (src, tgt) per partition
+    recopied: int = 0  # real-time mode: records that landed after the last saved positions, copied again on restart
 
     @property
     def handled(self) -> int:

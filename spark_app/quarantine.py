@@ -73,6 +73,9 @@ class FlowState:
     positions: dict[tuple[str, int], int] = field(default_factory=dict)  # next source offset to read
     # Where to start a partition the Spark checkpoint does not hold: MirrorMaker 2's next offset (spark_app.dr.adopt).
     adopted: dict[tuple[str, int], int] = field(default_factory=dict)
+    # Per partition, the target offset after the last record written before `positions`: a real-time restart counts
+    # what landed after the save (spark_app.realtime).
+    landed: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
@@ -99,6 +102,7 @@ class FlowState:
             state.quarantined[topic] = Quarantine(q["reason"], holds)
         state.positions = {(t, int(p)): o for t, parts in raw["positions"].items() for p, o in parts.items()}
         state.adopted = {(t, int(p)): o for t, parts in raw.get("adopted", {}).items() for p, o in parts.items()}
+        state.landed = {(t, int(p)): o for t, parts in raw.get("landed", {}).items() for p, o in parts.items()}
         if where != state.where:
             state.save()
             log.warning("flow state moved from %s to %s, beside the Spark checkpoint; the old file can be deleted",
@@ -115,6 +119,7 @@ class FlowState:
             },
             "positions": by_topic(self.positions),
             "adopted": by_topic(self.adopted),
+            "landed": by_topic(self.landed),
         }
         self.files.write(STATE_FILE, json.dumps(raw, indent=1).encode())
 
@@ -177,6 +182,8 @@ class FlowQuarantine:
             if expected is not None and row.first_offset > expected:
                 lost.append((row.topic, row.partition, expected, row.first_offset))
             self.state.positions[key] = max(row.end_offset, expected or 0)
+            if row.last_target_offset >= 0:
+                self.state.landed[key] = row.last_target_offset + 1
             if row.held_from >= 0:
                 self._hold(row)
         self._report_loss(lost)
@@ -201,10 +208,8 @@ class FlowQuarantine:
         """Copy (with `copy`) the holds of each quarantined topic the target can take now (`mirrored`), then let it
         rejoin."""
         now = self._clock()
-        for topic, q in list(self.state.quarantined.items()):
-            partitions = mirrored.get(topic)
-            if partitions is None or now < q.retry_at or any(p >= partitions for p in q.partitions):
-                continue
+        for topic in self.due(mirrored):
+            q, partitions = self.state.quarantined[topic], mirrored[topic]
             owed = {p: h for p, h in q.partitions.items() if h.next > h.first}
             ranges = [OffsetRange(topic, p, h.first, h.next) for p, h in sorted(owed.items())]
             landed = copy(ranges, {topic: partitions}) if ranges else []
@@ -225,6 +230,26 @@ class FlowQuarantine:
                 log.info("flow %s: topic '%s' caught up %d record(s) from %s and rejoins", self.flow.name, topic,
                          copied, {p: h.first for p, h in owed.items()} or "its start")  # fmt: skip
         self.state.save()
+
+    def due(self, mirrored: dict[str, int]) -> list[str]:
+        """The quarantined topics to try again now: the target can take them (`mirrored`: name -> partitions on the
+        target, enough for every held partition) and their retry time has come."""
+        now = self._clock()
+        return [
+            t
+            for t, q in self.state.quarantined.items()
+            if t in mirrored and now >= q.retry_at and all(p < mirrored[t] for p in q.partitions)
+        ]
+
+    def release(self, topic: str) -> None:
+        """Let a quarantined topic be written again from its first held offsets: the real-time copier reads each
+        held partition from there, in order, and a new refusal quarantines it again."""
+        q = self.state.quarantined.pop(topic)
+        for p, h in q.partitions.items():
+            self.state.positions[(topic, p)] = min(h.first, self.state.positions.get((topic, p), h.first))
+        self.state.save()
+        log.info("flow %s: topic '%s' rejoins; copying from its first held offsets %s", self.flow.name, topic,
+                 {p: h.first for p, h in q.partitions.items()} or "(none held)")  # fmt: skip
 
     def _report_loss(self, gaps: list[tuple[str, int, int, int]]) -> None:
         """Gaps (topic, partition, expected, first read) below the source's log start are records lost to retention."""

@@ -13,25 +13,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from pyspark.errors import StreamingQueryException
-from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from .config import STOP_BATCH_TIMEOUT_S, FlowConfig, MirrorConfig
-from .dr.service import DrSync
-from .errors import ClusterUnreachable, MirrorFailed
-from .metrics import FlowTotals, LagPoller, LagSource, MirrorMetrics
-from .planner import PAUSE_FILE, UNREACHABLE_GIVE_UP_S, OffsetRangeSource, plan_source_options, write_record_bytes
+from .metrics import FlowTotals, LagSource, MirrorMetrics
+from .planner import PAUSE_FILE, OffsetRangeSource, plan_source_options, write_record_bytes
 from .quarantine import FlowQuarantine, FlowState, by_topic
 from .ranges import LANDED_SCHEMA, RANGE_SCHEMA, Landing, OffsetRange
 from .storage import checkpoint_files
@@ -123,11 +117,7 @@ class FlowMirror:
                 self._catch_up()
                 ready = self.quarantine.ready(self.plan.mirrored)
                 copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.max_message_bytes)
-                landed = self._land(frame.mapInArrow(copier, LANDED_SCHEMA))
-                resets = self.quarantine.after_batch(landed)
-                if resets:
-                    self.metrics.error(self.flow.name, "offsets_reset", len(resets))
-                self._publish()
+                self._file(self._land(frame.mapInArrow(copier, LANDED_SCHEMA)))
 
         names = tuple(t for t, _ in topics)
         stream = self.source_frame(topics).writeStream.queryName(f"mirror {self.flow.name}")
@@ -145,7 +135,7 @@ class FlowMirror:
         )  # fmt: skip
         return self.query
 
-    def stop_between_batches(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
+    def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
         """Stop after the batch in flight, so no batch is cut in half and none is written twice.
 
         Spark's stop cancels whatever runs at that moment, and a batch cancelled after its write but before its
@@ -167,6 +157,17 @@ class FlowMirror:
             self.query.stop()
         finally:
             self._pause_file.unlink(missing_ok=True)
+
+    def wait(self) -> None:
+        """Until the query ends (`run --available-now`: it has copied what was there); a failure is `failure`'s."""
+        if self.query is not None:
+            with contextlib.suppress(StreamingQueryException):  # reported by `failure`, in the mirror's own words
+                self.query.awaitTermination()
+
+    def failure(self) -> str | None:
+        """Why the flow's query stopped, when it failed; None while it runs or after a clean end."""
+        error = self.query.exception() if self.query is not None and not self.query.isActive else None
+        return None if error is None else first_cause(str(error))
 
     def next_offsets(self) -> dict[tuple[str, int], int]:
         """Per source partition, the next offset the flow will copy: where its query's last batch ended.
@@ -202,6 +203,11 @@ class FlowMirror:
     def _land(self, landings: DataFrame) -> list[Landing]:
         """Run the copy, then count what landed and hand it to the metrics and the DR service."""
         landed = [Landing.from_row(row.asDict()) for row in landings.collect()]
+        self._count(landed)
+        return landed
+
+    def _count(self, landed: list[Landing]) -> None:
+        """Count what landed, and hand it to the metrics and the DR service."""
         self.totals.add(landed)
         records = sum(self.totals.records.values())
         if records:
@@ -209,7 +215,13 @@ class FlowMirror:
         self.metrics.batch_landed(self.flow.name, landed)
         if self._on_landed is not None:
             self._on_landed(landed)
-        return landed
+
+    def _file(self, landed: list[Landing]) -> None:
+        """After a copy (under `_between_batches`): quarantine what was held, save the positions, report."""
+        resets = self.quarantine.after_batch(landed)
+        if resets:
+            self.metrics.error(self.flow.name, "offsets_reset", len(resets))
+        self._publish()
 
     def _publish(self) -> None:
         """Copy the quarantines into the totals as plain data, for `status` and the metrics."""
@@ -220,121 +232,7 @@ class FlowMirror:
         self.metrics.topics_quarantined(self.flow.name, self.totals.quarantined)
 
 
-class Mirror:
-    """All flows of a config in one Spark application."""
-
-    def __init__(self, spark: SparkSession, config: MirrorConfig) -> None:
-        self.spark = spark
-        self.config = config
-        self.metrics = MirrorMetrics()
-        self.dr = {f.name: DrSync(config, f, self.metrics) for f in config.flows}  # offset syncs, checkpoints
-        self.flows = [
-            FlowMirror(spark, config, f, on_landed=self.dr[f.name].on_landed, metrics=self.metrics)
-            for f in config.flows
-        ]
-        self.stopping = threading.Event()
-        self._on_jvm_sigterm: _SetOnSignal | None = None
-
-    def stop_on_sigterm(self) -> None:
-        """Set `stopping` on SIGTERM, whether it reaches this Python process or the Spark driver's JVM.
-
-        Under spark-submit (the image: the Spark Operator's driver pod) the JVM is the process the pod's SIGTERM
-        reaches, and the Python driver is its child and gets no signal. The JVM's default answer is to exit (status
-        143) through its shutdown hooks, which stop the SparkContext and so cancel the batch in flight: it would be
-        copied again. So the JVM's SIGTERM handler is replaced, through py4j, by one that calls back into this
-        process and only sets `stopping`. The JVM then stays up, `run_forever` stops every query between batches,
-        this process exits 0 and spark-submit with it. When Python started the JVM itself (`python -m spark_app`),
-        the signal reaches Python, and its own handler does the same. Call it from the main thread.
-        """
-        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
-        gateway = self.spark.sparkContext._gateway
-        assert gateway is not None  # a live SparkSession has its py4j gateway
-        ensure_callback_server_started(gateway)  # type: ignore[no-untyped-call]  # pyspark leaves it unannotated
-        self._on_jvm_sigterm = _SetOnSignal(self.stopping)
-        jvm_signal = gateway.jvm.sun.misc.Signal
-        jvm_signal.handle(jvm_signal("TERM"), self._on_jvm_sigterm)
-
-    def run_available_now(self) -> None:
-        """Mirror what is there now, write a final offset sync and checkpoint, then return."""
-        for dr in self.dr.values():
-            dr.prepare()
-        for flow in self.flows:
-            flow.start(flow.sync_topics(), available_now=True)
-        for flow in self.flows:
-            if flow.query is not None:
-                with contextlib.suppress(StreamingQueryException):  # reported below, in the mirror's own words
-                    flow.query.awaitTermination()
-                _raise_if_failed(flow)
-        for dr in self.dr.values():
-            dr.stop()
-
-    def run_forever(self) -> None:
-        """Mirror continuously, re-syncing topics every `topic_sync_interval_s`, until `stopping` is set.
-
-        A cluster that stops answering is waited for (the writer's producer retries meanwhile) for up to
-        `UNREACHABLE_GIVE_UP_S`; then the mirror stops with the error. Meanwhile the metrics endpoint listens on
-        `metrics_port`, the lag poller runs, and so does each flow's DR loop.
-        """
-        with self.metrics.serve(self.config.metrics_port), LagPoller(self.metrics, [f.lag() for f in self.flows]):
-            self._mirror_until_stopped()
-
-    def _mirror_until_stopped(self) -> None:
-        for dr in self.dr.values():
-            dr.start()
-        for flow in self.flows:
-            flow.start(flow.sync_topics(), available_now=False)
-        unreachable_since: float | None = None
-        while not self.stopping.wait(self.config.topic_sync_interval_s):
-            for flow in self.flows:
-                if flow.query is not None and not flow.query.isActive:
-                    _raise_if_failed(flow)
-                try:
-                    wanted = flow.sync_topics()
-                except ClusterUnreachable as err:
-                    unreachable_since = unreachable_since or time.monotonic()
-                    if time.monotonic() - unreachable_since > UNREACHABLE_GIVE_UP_S:
-                        raise
-                    log.warning("flow %s: topic sync skipped, retrying: %s", flow.flow.name, err)
-                    continue
-                unreachable_since = None
-                if wanted != flow.topics:
-                    log.info("flow %s: topic set changed; restarting its query on the same checkpoint", flow.flow.name)
-                    flow.stop_between_batches()
-                    flow.start(wanted, available_now=False)
-                else:
-                    flow.catch_up()
-        # Every flow at once, so a stop takes one flow's time (within STOP_GRACE_S), not the sum.
-        with ThreadPoolExecutor(max(1, len(self.flows))) as pool:
-            list(pool.map(self._stop_flow, self.flows))
-
-    def _stop_flow(self, flow: FlowMirror) -> None:
-        """Stop the flow's query between batches, then write its final offset syncs and checkpoints."""
-        flow.stop_between_batches()
-        self.dr[flow.flow.name].stop()
-
-
-class _SetOnSignal:
-    """A `sun.misc.SignalHandler` for the driver's JVM, run in Python through py4j's callback server."""
-
-    def __init__(self, event: threading.Event) -> None:
-        self.event = event
-
-    def handle(self, jvm_signal: Any) -> None:
-        log.info("SIG%s: stopping after the batch in flight", jvm_signal.getName())
-        self.event.set()
-
-    class Java:
-        implements = ["sun.misc.SignalHandler"]
-
-
-def _raise_if_failed(flow: FlowMirror) -> None:
-    error = flow.query.exception() if flow.query is not None else None
-    if error is not None:
-        flow.metrics.error(flow.flow.name, "batch_failed")
-        raise MirrorFailed(f"flow {flow.flow.name} failed: {_first_cause(str(error))}")
-
-
-def _first_cause(message: str) -> str:
+def first_cause(message: str) -> str:
     """The mirror's own error line out of a Py4J/Spark stack, when there is one."""
     for marker in (
         "MirrorFailed: ",

@@ -98,6 +98,14 @@ class Record(Protocol):
     def error(self) -> KafkaError | None: ...
 
 
+def producer_settings(max_message_bytes: int | None) -> dict[str, object]:
+    """The write path's producer settings for targets whose smallest `max.message.bytes` is `max_message_bytes`."""
+    settings: dict[str, object] = dict(PRODUCER_DEFAULTS)
+    if max_message_bytes is not None:
+        settings |= {"batch.size": min(BATCH_BYTES, max_message_bytes), "message.max.bytes": max_message_bytes}
+    return settings
+
+
 class RangeCopier:
     """A picklable `mapInArrow` function for one flow: its input rows are offset ranges (RANGE_SCHEMA).
 
@@ -115,12 +123,7 @@ class RangeCopier:
         self.source = source
         self.target = target
         self.ready = ready
-        self.producer_settings = dict(PRODUCER_DEFAULTS)
-        if max_message_bytes is not None:
-            self.producer_settings |= {
-                "batch.size": min(BATCH_BYTES, max_message_bytes),
-                "message.max.bytes": max_message_bytes,
-            }
+        self.producer_settings = producer_settings(max_message_bytes)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         ranges = [OffsetRange(**row) for batch in batches for row in batch.to_pylist()]
@@ -151,49 +154,19 @@ class RangeCopier:
         consumer = clients.shared_consumer(self.source, CONSUMER_DEFAULTS)
         assignment = [TopicPartition(r.topic, r.partition, r.start) for r in ranges if (r.topic, r.partition) in ends]
         consumer.assign(assignment)
-        in_flight: dict[Partition, collections.deque[int]] = collections.defaultdict(collections.deque)
-        refused: list[Refused] = []
-        blocked: list[tuple[Partition, int, str]] = []  # (source partition, offset, error): refused for its topic
-        failures: list[str] = []
-        stamp = self.flow.replication_policy == "identity" and self.flow.provenance_header
-        alias = self.flow.source
-
-        def delivered(err: KafkaError | None, report: Message) -> None:
-            msg = cast(Record, report)
-            target_key = (msg.topic(), msg.partition())
-            offset = in_flight[target_key].popleft()
-            source_topic, partition = target_to_source[target_key]
-            landing = landings[(source_topic, partition)]
-            if err is None:
-                landing.landed(offset, msg.offset())
-                kind, ts = msg.timestamp()
-                if kind == TIMESTAMP_CREATE_TIME:  # an append-time target has replaced the source's timestamp
-                    latency_ms = max(0.0, time.time() * 1000 - ts)
-                    landing.latency_counts[bisect_left(LATENCY_BOUNDS_MS, latency_ms)] += 1
-                    landing.latency_sum_ms += latency_ms
-            elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                refused.append(Refused.of(source_topic, offset, msg))
-            elif err.code() in TOPIC_SCOPED_ERRORS:
-                blocked.append(((source_topic, partition), offset, f"{err.name()}: {err.str()}"))
-            else:
-                failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.str()}")
+        outbox = Outbox(self.flow, producer, landings.__getitem__)
 
         def close(key: Partition) -> None:
             """A partition's range is done, or held from a refused record on: what the consumer fetched past its end
             is skipped. (Pausing it instead left it paused in librdkafka when a later task assigned it again.)"""
             del open_[key]
 
-        target_to_source: dict[Partition, Partition] = {}
-        # (landing, target topic, offsets in flight, range end) per source partition: one lookup per record
-        open_: dict[Partition, tuple[Landing, str, collections.deque[int], int]] = {}
-        for (topic, partition), end in ends.items():
-            out_topic = target_topic(self.flow, topic)
-            target_to_source[(out_topic, partition)] = (topic, partition)
-            queue = in_flight[(out_topic, partition)]
-            open_[(topic, partition)] = (landings[(topic, partition)], out_topic, queue, end)
+        # (landing, range end) per source partition: one lookup per record
+        open_: dict[Partition, tuple[Landing, int]] = {}
+        for key, end in ends.items():
+            outbox.open(key)
+            open_[key] = (landings[key], end)
         first_seen: set[Partition] = set()
-        identity = self.flow.replication_policy == "identity"
-        produce = producer.produce
         progress_at = time.monotonic()
         # consume() returns once it has as many messages as asked, or at its timeout: ask for no more than the
         # ranges still hold, so a small batch (continuous mode) does not wait out the timeout.
@@ -214,73 +187,145 @@ class RangeCopier:
                 state = open_.get(key)
                 if state is None:  # fetched past its range, or already closed
                     continue
-                landing, out_topic, queue, end = state
+                landing, end = state
                 offset = msg.offset()
                 if key not in first_seen:
                     first_seen.add(key)
                     landing.first_offset = min(offset, end)
-                err = msg.error()
-                if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        raise DeliveryFailed(f"flow {self.flow.name}: reading {key[0]}[{key[1]}]: {err.str()}")
+                if read_error(self.flow, msg) or offset >= end:  # the log's end (EOF), or past the range
                     if offset >= end:
                         close(key)
                     continue
-                if offset >= end:
-                    close(key)
-                    continue
                 left -= 1
-                value, headers = msg.value(), msg.headers()
-                if identity:
-                    came_from = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
-                    if drops_record(self.flow, came_from):
-                        assert came_from is not None  # drops_record says it is a provenance value
-                        landing.dropped += 1
-                        landing.echoed(offset, origin(came_from)[1])
-                        if offset + 1 >= end:
-                            close(key)
-                        continue
-                    if stamp and came_from is None:
-                        stamp_header = (PROVENANCE_HEADER, provenance(alias, offset))
-                        headers = [*headers, stamp_header] if headers else [stamp_header]
-                k, ts = msg.key(), msg.timestamp()[1]
-                try:
-                    produce(
-                        out_topic, value=value, key=k, partition=key[1], timestamp=ts, headers=headers,
-                        on_delivery=delivered,
-                    )  # fmt: skip
-                except (BufferError, KafkaException):  # queue full, or refused for size: the slow path decides
-                    if not self._produce(producer, out_topic, key[1], k, value, headers, ts, delivered):
-                        refused.append(Refused(key[0], key[1], offset, k, value, headers, ts))
-                        if not self.flow.dead_letter_topic:
-                            landing.hold(offset, len(value or b""))
-                            close(key)
-                            continue
-                        if offset + 1 >= end:
-                            close(key)
-                        continue
-                queue.append(offset)
-                landing.records += 1
-                landing.bytes += (len(k) if k else 0) + (len(value) if value else 0)
-                if offset + 1 >= end:
+                if not outbox.send(msg, landing) or offset + 1 >= end:
                     close(key)
             producer.poll(0)  # serve delivery reports as we go, so they do not pile up until the flush
         consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
-        remaining = producer.flush(300)
-        if remaining or failures:
-            raise DeliveryFailed(f"flow {self.flow.name}: {remaining} undelivered; first errors: {failures[:3]}")
-        for key, offset, error in blocked:  # the partition holds from there; the topic is quarantined
-            landings[key].hold(offset, error=error)
+        outbox.flush(300)
+        outbox.settle()
+
+
+def read_error(flow: FlowConfig, msg: Record) -> bool:
+    """True for a consumed event that is no record: the end of a partition's log. Any other read error fails."""
+    err = msg.error()
+    if err is None:
+        return False
+    if err.code() != KafkaError._PARTITION_EOF:
+        raise DeliveryFailed(f"flow {flow.name}: reading {msg.topic()}[{msg.partition()}]: {err.str()}")
+    return True
+
+
+class Outbox:
+    """One producer's records on their way to the target, as the flow's policy writes them, and what their delivery
+    reports say.
+
+    `send` takes a consumed record: it drops an echo (identity loop prevention), stamps the provenance header, and
+    hands the record to the producer with the source's key, value, headers, partition and timestamp. Each delivery
+    report is filed under the landing its source partition has *then* (`landing_of`): the micro-batch copier keeps
+    one landing per range, the real-time copier starts a new one at every report. Reports come in order per
+    partition, so the offsets in flight are a queue per source partition, and its head is the first offset not
+    known to have landed. Refusals are settled by `settle`: a record too large goes to the dead-letter topic, or
+    holds its partition; a topic-scoped error holds its partition; any other error fails the task at `flush`.
+    """
+
+    def __init__(self, flow: FlowConfig, producer: Producer, landing_of: Callable[[Partition], Landing]) -> None:
+        self.flow = flow
+        self.producer = producer
+        self.landing_of = landing_of
+        self.in_flight: dict[Partition, collections.deque[int]] = {}  # per source partition
+        self._targets: dict[Partition, str] = {}  # source partition -> target topic
+        self._sources: dict[Partition, Partition] = {}  # target partition -> source partition
+        self._refused: list[Refused] = []
+        self._blocked: list[tuple[Partition, int, str]] = []  # (source partition, offset, error): refused for its topic
+        self._failures: list[str] = []
+        self._identity = flow.replication_policy == "identity"
+        self._stamp = self._identity and flow.provenance_header
+
+    def open(self, source: Partition) -> None:
+        """Get ready to send records of a source partition."""
+        out_topic = target_topic(self.flow, source[0])
+        self._targets[source] = out_topic
+        self._sources[(out_topic, source[1])] = source
+        self.in_flight.setdefault(source, collections.deque())
+
+    def send(self, msg: Record, landing: Landing) -> bool:
+        """Send one record of an open partition (or drop it as an echo); False when the target's cap refused it and
+        no dead-letter topic takes it, so its partition holds from it and nothing after it may be sent."""
+        source = (msg.topic(), msg.partition())
+        offset, value, headers = msg.offset(), msg.value(), msg.headers()
+        if self._identity:
+            came_from = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
+            if drops_record(self.flow, came_from):
+                assert came_from is not None  # drops_record says it is a provenance value
+                landing.dropped += 1
+                landing.echoed(offset, origin(came_from)[1])
+                return True
+            if self._stamp and came_from is None:
+                stamp_header = (PROVENANCE_HEADER, provenance(self.flow.source, offset))
+                headers = [*headers, stamp_header] if headers else [stamp_header]
+        key, ts = msg.key(), msg.timestamp()[1]
+        out_topic = self._targets[source]
+        try:
+            self.producer.produce(
+                out_topic, value=value, key=key, partition=source[1], timestamp=ts, headers=headers,
+                on_delivery=self.delivered,
+            )  # fmt: skip
+        except (BufferError, KafkaException):  # queue full, or refused for size: the slow path decides
+            if not self._produce(out_topic, source[1], key, value, headers, ts):
+                self._refused.append(Refused(source[0], source[1], offset, key, value, headers, ts))
+                if not self.flow.dead_letter_topic:
+                    landing.hold(offset, len(value or b""))
+                    return False
+                return True
+        self.in_flight[source].append(offset)
+        landing.records += 1
+        landing.bytes += (len(key) if key else 0) + (len(value) if value else 0)
+        return True
+
+    def delivered(self, err: KafkaError | None, report: Message) -> None:
+        msg = cast(Record, report)
+        source = self._sources[(msg.topic(), msg.partition())]
+        offset = self.in_flight[source].popleft()
+        landing = self.landing_of(source)
+        if err is None:
+            landing.landed(offset, msg.offset())
+            kind, ts = msg.timestamp()
+            if kind == TIMESTAMP_CREATE_TIME:  # an append-time target has replaced the source's timestamp
+                latency_ms = max(0.0, time.time() * 1000 - ts)
+                landing.latency_counts[bisect_left(LATENCY_BOUNDS_MS, latency_ms)] += 1
+                landing.latency_sum_ms += latency_ms
+        elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            self._refused.append(Refused.of(source[0], offset, msg))
+        elif err.code() in TOPIC_SCOPED_ERRORS:
+            self._blocked.append((source, offset, f"{err.name()}: {err.str()}"))
+        else:
+            self._failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.str()}")
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait for every record in flight; fail the task if one is not delivered or failed for the target."""
+        remaining = self.producer.flush(timeout_s)
+        if remaining or self._failures:
+            raise DeliveryFailed(f"flow {self.flow.name}: {remaining} undelivered; first errors: {self._failures[:3]}")
+
+    def settle(self) -> set[Partition]:
+        """Act on the refusals reported so far (see the class); returns the source partitions now held."""
+        refused, self._refused = self._refused, []
+        blocked, self._blocked = self._blocked, []
+        held: set[Partition] = set()
+        for source, offset, error in blocked:  # the partition holds from there; the topic is quarantined
+            self.landing_of(source).hold(offset, error=error)
+            held.add(source)
         if refused and self.flow.dead_letter_topic:
-            self._dead_letter(producer, refused, landings)
-        elif refused:  # refused by the broker after later records were sent: held from the first refused one
+            self._dead_letter(refused)
+        else:  # refused by the broker after later records were sent: held from the first refused one
             for r in refused:
-                landings[(r.topic, r.partition)].hold(r.offset, len(r.value or b""))
+                self.landing_of((r.topic, r.partition)).hold(r.offset, len(r.value or b""))
+                held.add((r.topic, r.partition))
+        return held
 
     def _produce(
-        self, producer: Producer, topic: str, partition: int, key: bytes | None, value: bytes | None,
-        headers: Headers | None, ts: int, on_delivery: Callable[[KafkaError | None, Message], None],
-    ) -> bool:  # fmt: skip
+        self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers: Headers | None, ts: int
+    ) -> bool:
         """Hand one record to the producer; False when librdkafka refuses it for size before sending.
 
         A worker's producer outlives tasks, so its metadata can predate partitions added to the target since: on an
@@ -289,28 +334,23 @@ class RangeCopier:
         deadline = time.monotonic() + METADATA_WAIT_S
         while True:
             try:
-                producer.produce(
-                    topic,
-                    value=value,
-                    key=key,
-                    partition=partition,
-                    timestamp=ts,
-                    headers=headers or None,
-                    on_delivery=on_delivery,
-                )
+                self.producer.produce(
+                    topic, value=value, key=key, partition=partition, timestamp=ts, headers=headers or None,
+                    on_delivery=self.delivered,
+                )  # fmt: skip
                 return True
             except BufferError:
-                producer.poll(0.05)
+                self.producer.poll(0.05)
             except KafkaException as err:
                 code = err.args[0].code()
                 if code == KafkaError.MSG_SIZE_TOO_LARGE:
                     return False
                 if code != KafkaError._UNKNOWN_PARTITION or time.monotonic() > deadline:
                     raise
-                producer.list_topics(topic, timeout=10)
+                self.producer.list_topics(topic, timeout=10)
                 time.sleep(0.2)
 
-    def _dead_letter(self, producer: Producer, refused: list[Refused], landings: dict[Partition, Landing]) -> None:
+    def _dead_letter(self, refused: list[Refused]) -> None:
         errors: list[str] = []
 
         def delivered(err: KafkaError | None, _report: Message) -> None:
@@ -328,15 +368,15 @@ class RangeCopier:
                 (f"{DLQ_PREFIX}error", b"MSG_SIZE_TOO_LARGE"),
             ]
             # The value itself did not fit this cluster, so the dead letter carries the coordinates to fetch it.
-            producer.produce(
+            self.producer.produce(
                 self.flow.dead_letter_topic or "",
                 key=r.key,
                 value=None,
                 headers=list(r.headers or []) + coordinates,
                 on_delivery=delivered,
             )
-            landings[(r.topic, r.partition)].dead_lettered += 1
-        if producer.flush(60) or errors:
+            self.landing_of((r.topic, r.partition)).dead_lettered += 1
+        if self.producer.flush(60) or errors:
             raise DeliveryFailed(f"flow {self.flow.name}: dead-letter writes failed: {errors[:3]}")
 
 

@@ -19,8 +19,8 @@ from spark_app.config import ClusterConfig, parse_config
 from spark_app.dr.formats import Checkpoint, OffsetSync
 from spark_app.dr.internal import read_checkpoints
 from spark_app.dr.views import failover_plan
+from spark_app.mirror import Mirror
 from spark_app.policy import checkpoints_topic, event_hubs_topics, offset_syncs_topic
-from spark_app.stream import Mirror
 from tests.support.clients import Record, commit, create_topics, produce
 from tests.support.kafka_cluster import ClientSettings, kafka_classpath, require_java
 from tests.support.mirror_config import free_port, one_flow_config
@@ -244,7 +244,7 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
     for t in threads:
         t.join(300)
     for flow_mirror in mirror.flows:  # the loop may have ended on the unreachable source; stop what is left
-        flow_mirror.stop_between_batches()
+        flow_mirror.stop()
     for dr in mirror.dr.values():
         dr.stop()
 

@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient
 from spark_app.cli import main as cli_main
 from spark_app.clients import watermarks
 from spark_app.config import parse_config
-from spark_app.stream import Mirror
+from spark_app.mirror import Mirror
 from tests.support.assertions import assert_each_record_once_in_order, stamped
 from tests.support.clients import Record, commit, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry, free_port

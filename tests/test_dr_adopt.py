@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from spark_app.cli import main as cli_main
 from spark_app.clients import read_topic
 from spark_app.config import parse_config
-from spark_app.stream import Mirror
+from spark_app.mirror import Mirror
 from tests.support.clients import by_partition, commit, create_topics, read_all
 from tests.support.mirror_config import one_flow_config
 from tests.support.mm2 import mm2_command

@@ -11,8 +11,8 @@ from confluent_kafka.admin import AdminClient
 from spark_app.cli import main as cli_main
 from spark_app.clients import watermarks
 from spark_app.config import parse_config
+from spark_app.mirror import Mirror
 from spark_app.policy import event_hubs_topics
-from spark_app.stream import Mirror
 from tests.support.clients import Record, commit, create_topics, produce
 from tests.support.kafka_cluster import ClientSettings
 from tests.support.mirror_config import free_port, one_flow_config

@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from spark_app.cli import main as cli_main
 from spark_app.config import parse_config
-from spark_app.stream import Mirror
+from spark_app.mirror import Mirror
 from tests.support.clients import Record, commit, create_topics, produce
 from tests.support.kafka_cluster import ClientSettings
 from tests.support.mirror_config import cluster_entry, free_port

@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from spark_app.cli import main as cli_main
 from spark_app.config import parse_config
-from spark_app.stream import Mirror
+from spark_app.mirror import Mirror
 from tests.support.clients import commit, create_topics
 from tests.support.mirror_config import free_port, one_flow_config
 from tests.support.running import mirror_running

@@ -9,7 +9,8 @@ import time
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from spark_app.config import parse_config
-from spark_app.stream import FlowMirror, Mirror
+from spark_app.mirror import Mirror
+from spark_app.stream import FlowMirror
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import free_port, one_flow_config
@@ -131,7 +132,7 @@ def test_query_restarts_under_load_write_each_record_once_in_order(
     while stops < restarts or not done.is_set():
         flow.start(topics, available_now=False)
         time.sleep(0.5 + 0.2 * (stops % 4))
-        flow.stop_between_batches()
+        flow.stop()
         stops += 1
         planned, committed = batch_ids(tmp_path / "ckpt" / "offsets"), batch_ids(tmp_path / "ckpt" / "commits")
         assert planned == committed, f"stop {stops} left batch(es) {planned - committed} planned but not committed"

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from spark_app.config import parse_config
-from spark_app.stream import Mirror
+from spark_app.mirror import Mirror
 from tests.support.assertions import assert_each_record_once_in_order, stamped
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import one_flow_config
@@ -34,8 +34,9 @@ def tricky_records(seed: int, count: int) -> list[Record]:
     return records
 
 
+@pytest.mark.parametrize("mode", ["throughput", "realtime"])
 @pytest.mark.parametrize("policy", ["default", "identity"])
-def test_mirror_preserves_every_record_exactly(policy, spark, source_cluster, target_cluster, tmp_path, unique):
+def test_mirror_preserves_every_record_exactly(policy, mode, spark, source_cluster, target_cluster, tmp_path, unique):
     """MSK-like source (SCRAM) to Event Hubs-like target (PLAIN $ConnectionString), end to end."""
     names = [f"fid{i}-{unique}" for i in range(TOPICS)]
     create_topics(source_cluster.admin, dict.fromkeys(names, PARTITIONS))
@@ -55,6 +56,7 @@ def test_mirror_preserves_every_record_exactly(policy, spark, source_cluster, ta
             source_alias="msk",
             target_alias="eh",
             replication_policy=policy,
+            mode=mode,
         )
     )
     mirror = Mirror(spark, config)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from spark_app.config import parse_config
-from spark_app.stream import Mirror
+from spark_app.mirror import Mirror
 from spark_app.writer import DLQ_PREFIX
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.clients import Record, create_topics, produce, read_all

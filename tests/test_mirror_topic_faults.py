@@ -17,7 +17,7 @@ from confluent_kafka.admin import (
 
 from spark_app import quarantine
 from spark_app.config import parse_config
-from spark_app.stream import Mirror
+from spark_app.mirror import Mirror
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.kafka_cluster import EVENTHUBS_USER

@@ -6,7 +6,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from spark_app.stream import Mirror
+from spark_app.mirror import Mirror
 
 
 @contextlib.contextmanager

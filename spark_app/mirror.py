@@ -1,0 +1,140 @@
+"""The mirror: every flow of a config in one Spark application, its run loop, and how it stops.
+
+Each flow runs in its mode: `throughput` as micro-batches (spark_app.stream), `realtime` as long-running copier
+tasks (spark_app.realtime). Both give the loop here the same face: start, stop, wait, failure, catch-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pyspark.java_gateway import ensure_callback_server_started
+from pyspark.sql import SparkSession
+
+from .config import MirrorConfig
+from .dr.service import DrSync
+from .errors import ClusterUnreachable, MirrorFailed
+from .metrics import LagPoller, MirrorMetrics
+from .planner import UNREACHABLE_GIVE_UP_S
+from .realtime import RealtimeFlowMirror
+from .stream import FlowMirror
+
+log = logging.getLogger(__name__)
+
+
+class Mirror:
+    """All flows of a config in one Spark application."""
+
+    def __init__(self, spark: SparkSession, config: MirrorConfig) -> None:
+        self.spark = spark
+        self.config = config
+        self.metrics = MirrorMetrics()
+        self.dr = {f.name: DrSync(config, f, self.metrics) for f in config.flows}  # offset syncs, checkpoints
+        self.flows = [
+            (RealtimeFlowMirror if f.mode == "realtime" else FlowMirror)(
+                spark, config, f, on_landed=self.dr[f.name].on_landed, metrics=self.metrics
+            )
+            for f in config.flows
+        ]
+        self.stopping = threading.Event()
+        self._on_jvm_sigterm: _SetOnSignal | None = None
+
+    def stop_on_sigterm(self) -> None:
+        """Set `stopping` on SIGTERM, whether it reaches this Python process or the Spark driver's JVM.
+
+        Under spark-submit (the image: the Spark Operator's driver pod) the JVM is the process the pod's SIGTERM
+        reaches, and the Python driver is its child and gets no signal. The JVM's default answer is to exit (status
+        143) through its shutdown hooks, which stop the SparkContext and so cancel the batch in flight: it would be
+        copied again. So the JVM's SIGTERM handler is replaced, through py4j, by one that calls back into this
+        process and only sets `stopping`. The JVM then stays up, `run_forever` stops every query between batches,
+        this process exits 0 and spark-submit with it. When Python started the JVM itself (`python -m spark_app`),
+        the signal reaches Python, and its own handler does the same. Call it from the main thread.
+        """
+        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        gateway = self.spark.sparkContext._gateway
+        assert gateway is not None  # a live SparkSession has its py4j gateway
+        ensure_callback_server_started(gateway)  # type: ignore[no-untyped-call]  # pyspark leaves it unannotated
+        self._on_jvm_sigterm = _SetOnSignal(self.stopping)
+        jvm_signal = gateway.jvm.sun.misc.Signal
+        jvm_signal.handle(jvm_signal("TERM"), self._on_jvm_sigterm)
+
+    def run_available_now(self) -> None:
+        """Mirror what is there now, write a final offset sync and checkpoint, then return."""
+        for dr in self.dr.values():
+            dr.prepare()
+        for flow in self.flows:
+            flow.start(flow.sync_topics(), available_now=True)
+        for flow in self.flows:
+            flow.wait()
+            _raise_if_failed(flow)
+        for dr in self.dr.values():
+            dr.stop()
+
+    def run_forever(self) -> None:
+        """Mirror continuously, re-syncing topics every `topic_sync_interval_s`, until `stopping` is set.
+
+        A cluster that stops answering is waited for (the writer's producer retries meanwhile) for up to
+        `UNREACHABLE_GIVE_UP_S`; then the mirror stops with the error. Meanwhile the metrics endpoint listens on
+        `metrics_port`, the lag poller runs, and so does each flow's DR loop.
+        """
+        with self.metrics.serve(self.config.metrics_port), LagPoller(self.metrics, [f.lag() for f in self.flows]):
+            self._mirror_until_stopped()
+
+    def _mirror_until_stopped(self) -> None:
+        for dr in self.dr.values():
+            dr.start()
+        for flow in self.flows:
+            flow.start(flow.sync_topics(), available_now=False)
+        unreachable_since: float | None = None
+        while not self.stopping.wait(self.config.topic_sync_interval_s):
+            for flow in self.flows:
+                _raise_if_failed(flow)
+                try:
+                    wanted = flow.sync_topics()
+                except ClusterUnreachable as err:
+                    unreachable_since = unreachable_since or time.monotonic()
+                    if time.monotonic() - unreachable_since > UNREACHABLE_GIVE_UP_S:
+                        raise
+                    log.warning("flow %s: topic sync skipped, retrying: %s", flow.flow.name, err)
+                    continue
+                unreachable_since = None
+                if wanted != flow.topics:
+                    log.info("flow %s: topic set changed; restarting its query on the same checkpoint", flow.flow.name)
+                    flow.stop()
+                    flow.start(wanted, available_now=False)
+                else:
+                    flow.catch_up()
+        # Every flow at once, so a stop takes one flow's time (within STOP_GRACE_S), not the sum.
+        with ThreadPoolExecutor(max(1, len(self.flows))) as pool:
+            list(pool.map(self._stop_flow, self.flows))
+
+    def _stop_flow(self, flow: FlowMirror) -> None:
+        """Stop the flow's query between batches, then write its final offset syncs and checkpoints."""
+        flow.stop()
+        self.dr[flow.flow.name].stop()
+
+
+class _SetOnSignal:
+    """A `sun.misc.SignalHandler` for the driver's JVM, run in Python through py4j's callback server."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def handle(self, jvm_signal: Any) -> None:
+        log.info("SIG%s: stopping after the batch in flight", jvm_signal.getName())
+        self.event.set()
+
+    class Java:
+        implements = ["sun.misc.SignalHandler"]
+
+
+def _raise_if_failed(flow: FlowMirror) -> None:
+    error = flow.failure()
+    if error is not None:
+        flow.metrics.error(flow.flow.name, "batch_failed")
+        raise MirrorFailed(f"flow {flow.flow.name} failed: {error}")
