@@ -29,7 +29,8 @@ ratio to MM2) and .png.
 
 Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--topics 4] [--partitions 4]
        [--candidates mirror,mm2,mm2-untuned,limit] [--topics-scale 1,10,100 --scale-records 100000]
-       [--latency-candidates mirror,mm2] [--latency-rate 10000] [--latency-seconds 60] [--latency-warmup 15]
+       [--latency-candidates mirror,mirror-realtime,mm2] [--latency-rates 10000,50000] [--latency-seconds 60]
+       [--latency-warmup 15]
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from tests.support.proc import TreeMonitor  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 COPY_LOOP = ROOT / "bench" / "java"
 MM2_TUNED = {"target.producer.linger.ms": "20", "target.producer.batch.size": "1048576"}
-LATENCY_CANDIDATES = ("mirror", "mm2")
+LATENCY_CANDIDATES = ("mirror", "mirror-realtime", "mm2")
 
 
 def end_offsets(admin: AdminClient, topics: list[str], partitions: int) -> dict[tuple[str, int], int]:
@@ -145,16 +146,22 @@ def run_candidate(
 
 
 def mirror_command(
-    alias: str, source: str, target: str, topics: list[str], work: Path, available_now: bool
+    alias: str, source: str, target: str, topics: list[str], work: Path, available_now: bool, mode: str = "throughput"
 ) -> list[str]:
-    """The mirror's CLI on a config with the shipped defaults; a continuous run gets a free metrics port."""
+    """The mirror's CLI on a config with the shipped defaults in `mode`; a continuous run gets a free metrics port."""
     config: dict = {
         "clusters": [
             {"alias": alias, "bootstrap_servers": source, "profile": "kafka"},
             {"alias": "tgt", "bootstrap_servers": target, "profile": "kafka"},
         ],
         "flows": [
-            {"source": alias, "target": "tgt", "topics": {"include": topics}, "checkpoint_location": str(work / alias)}
+            {
+                "source": alias,
+                "target": "tgt",
+                "topics": {"include": topics},
+                "checkpoint_location": str(work / alias),
+                "mode": mode,
+            }
         ],
     }
     if not available_now:
@@ -192,7 +199,7 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
     env = candidate_env()
     copy_loop = None
     results = []
-    for n, name in enumerate(args.candidates.split(",")):
+    for n, name in enumerate(c for c in args.candidates.split(",") if c):
         alias = f"{tag}c{n}"
         out_topics = [f"{alias}.{t}" for t in topics]
         wp.create_topics(target, out_topics, args.partitions)
@@ -235,23 +242,26 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
     return results
 
 
-def run_latency(args: argparse.Namespace, name: str, n: int, source: str, target: str, work: Path) -> dict:
-    """One candidate in continuous mode on fresh topics, under the probe's steady load (bench/latency.py)."""
+def run_latency(
+    args: argparse.Namespace, name: str, rate: int, n: int, source: str, target: str, work: Path
+) -> dict:  # fmt: skip
+    """One candidate running continuously on fresh topics, under the probe's steady `rate` (bench/latency.py)."""
     alias = f"lat{n}"
     topics = [f"{alias}-{t}" for t in range(args.topics)]
     out_topics = [f"{alias}.{t}" for t in topics]
     wp.create_topics(source, topics, args.partitions)
     wp.create_topics(target, out_topics, args.partitions)
-    if name == "mirror":
-        cmd = mirror_command(alias, source, target, topics, work, available_now=False)
+    if name.startswith("mirror"):
+        mode = "realtime" if name == "mirror-realtime" else "throughput"
+        cmd = mirror_command(alias, source, target, topics, work, available_now=False, mode=mode)
     else:
         cmd = mm2_command(alias, source, target, topics, True, work)
     log = work / f"{alias}.log"
-    result: dict = {"candidate": name, "scenario": f"{args.topics}x{args.partitions}"}
+    result: dict = {"candidate": name, "scenario": f"{args.topics}x{args.partitions}", "rate": rate}
     proc, monitor = launch(cmd, candidate_env(), log)
     try:
         result |= latency.measure(
-            source, target, topics, out_topics, args.partitions, args.latency_rate, args.latency_seconds,
+            source, target, topics, out_topics, args.partitions, rate, args.latency_seconds,
             args.latency_warmup, args.size, monitor.cpu_s, lambda: proc.poll() is None, args.timeout,
         )  # fmt: skip
     except RuntimeError as err:
@@ -270,31 +280,38 @@ def ratio(value: float | None, base: float | None) -> str:
 
 
 def latency_lines(rows: list[dict], meta: dict) -> list[str]:
-    """The Markdown section of the latency runs, with each p99 as a ratio to MM2's."""
+    """The Markdown section of the latency runs: one table per rate, each p99 as a ratio to MM2's at that rate."""
     lat = meta["latency"]
-    mm2 = next((r.get("p99_ms") for r in rows if r["candidate"] == "mm2"), None)
     lines = [
         "",
-        f"## Replication latency at {lat['rate']:,} records/s",
+        "## Replication latency",
         "",
-        f"{lat['rate']:,} records/s x {meta['size']} B over {rows[0]['scenario']} for {lat['seconds']} s; records sent"
-        f" in the first {lat['warmup_s']} s are not counted. Continuous mode: the mirror is `run` without"
-        f" --available-now at the shipped trigger_interval_s ({lat['mirror_trigger_interval_s']} s); MM2 tuned.",
-        "",
-        "| candidate | sent/s | sent | received | duplicates | p50 ms | p99 ms | p99 vs MM2 | p99.9 ms | max ms"
-        " | CPU s in window | window s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"Over {rows[0]['scenario']} for {lat['seconds']} s at each rate, {meta['size']} B records; records sent in the"
+        f" first {lat['warmup_s']} s are not counted. `mirror`: throughput mode (micro-batches) run continuously at the"
+        f" shipped trigger_interval_s ({lat['mirror_trigger_interval_s']} s); `mirror-realtime`: `mode: realtime`;"
+        " MM2 tuned.",
     ]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['candidate']} | failed: {r['error'].splitlines()[0]} |")
-            continue
-        lines.append(
-            f"| {r['candidate']} | {r['send_rate']:,} | {r['sent']:,} | {r['received']:,} | {r['duplicates']:,} |"
-            f" {r['p50_ms']} | {r['p99_ms']} | {ratio(r['p99_ms'], mm2)} | {r['p999_ms']} | {r['max_ms']} |"
-            f" {r['cpu_s']} | {r['window_s']} |"
-        )
-    lines += [f"\n{r['candidate']}: {r['warning']}" for r in rows if r.get("warning")]
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        at_rate = [r for r in rows if r["rate"] == rate]
+        mm2 = next((r.get("p99_ms") for r in at_rate if r["candidate"] == "mm2"), None)
+        lines += [
+            "",
+            f"### {rate:,} records/s",
+            "",
+            "| candidate | sent/s | sent | received | duplicates | p50 ms | p99 ms | p99 vs MM2 | p99.9 ms | max ms"
+            " | CPU s in window | window s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in at_rate:
+            if "error" in r:
+                lines.append(f"| {r['candidate']} | failed: {r['error'].splitlines()[0]} |")
+                continue
+            lines.append(
+                f"| {r['candidate']} | {r['send_rate']:,} | {r['sent']:,} | {r['received']:,} | {r['duplicates']:,} |"
+                f" {r['p50_ms']} | {r['p99_ms']} | {ratio(r['p99_ms'], mm2)} | {r['p999_ms']} | {r['max_ms']} |"
+                f" {r['cpu_s']} | {r['window_s']} |"
+            )
+        lines += [f"\n{r['candidate']}: {r['warning']}" for r in at_rate if r.get("warning")]
     return lines + [
         "",
         "Latency: the probe consumer's receive wall time minus the target record's timestamp (the source CreateTime,",
@@ -357,9 +374,9 @@ def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: P
         ax = axes[3]
         for i, (key, label) in enumerate((("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9"))):
             ax.bar([x + (i - 1) * 0.27 for x in range(len(measured))], [r[key] for r in measured], 0.27, label=label)
-        ax.set_xticks(range(len(measured)), [r["candidate"] for r in measured])
+        ax.set_xticks(range(len(measured)), [f"{r['candidate']}\n{r['rate']:,}/s" for r in measured], fontsize=7)
         ax.set_yscale("log")
-        ax.set_title(f"replication latency ms at {meta['latency']['rate']:,} records/s")
+        ax.set_title("replication latency ms")
         ax.legend()
     fig.suptitle(f"{meta['machine']}, {meta['records']:,} x {meta['size']} B")
     fig.tight_layout()
@@ -373,7 +390,7 @@ def main() -> None:
     parser.add_argument("--topics-scale", default="", help="e.g. 1,10,100: repeat at these topic counts")
     parser.add_argument("--scale-records", type=int, default=100_000)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per candidate")
-    parser.add_argument("--latency-rate", type=int, default=10_000, help="probe records/s over all partitions")
+    parser.add_argument("--latency-rates", default="10000", help="probe records/s over all partitions: 10000,50000")
     parser.add_argument("--latency-seconds", type=float, default=60, help="how long the probe sends")
     parser.add_argument("--latency-warmup", type=float, default=15, help="first seconds of the load not counted")
     parser.add_argument("--latency-candidates", default=",".join(LATENCY_CANDIDATES), help="empty: no latency runs")
@@ -392,7 +409,7 @@ def main() -> None:
     meta = {"stamp": stamp, "machine": f"{os.cpu_count()} cores, {mem_gb:.0f} GB", "records": args.records}
     meta |= {"size": args.size, "argv": sys.argv[1:]}
     meta["latency"] = {
-        "rate": args.latency_rate,
+        "rates": [int(r) for r in args.latency_rates.split(",")],
         "seconds": args.latency_seconds,
         "warmup_s": args.latency_warmup,
         "mirror_trigger_interval_s": MirrorConfig.model_fields["trigger_interval_s"].default,
@@ -408,7 +425,7 @@ def main() -> None:
         base_ts = int(time.time() * 1000) - 86_400_000
         scales = [(args.topics, args.records)]
         scales += [(int(t), args.scale_records) for t in args.topics_scale.split(",") if t]
-        for i, (count, records) in enumerate(scales):
+        for i, (count, records) in enumerate(scales if args.candidates else []):
             topics = [f"b{i}-{t}" for t in range(count)]
             wp.create_topics(source, topics, args.partitions)
             began = time.monotonic()
@@ -418,7 +435,8 @@ def main() -> None:
             results += run_all(args, bed, work, topics, records, f"s{i}")
             wp.delete_topics(source, topics)
         target = bed.clusters["tgt"].client.bootstrap
-        latencies = [run_latency(args, c, n, source, target, work) for n, c in enumerate(latency_candidates)]
+        runs = [(rate, c) for rate in meta["latency"]["rates"] for c in latency_candidates]
+        latencies = [run_latency(args, c, rate, n, source, target, work) for n, (rate, c) in enumerate(runs)]
     finally:
         bed.close()
     out = args.out or RESULTS / stamp

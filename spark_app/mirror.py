@@ -42,6 +42,7 @@ class Mirror:
             for f in config.flows
         ]
         self.stopping = threading.Event()
+        _warn_if_cores_short(spark, config)
         self._on_jvm_sigterm: _SetOnSignal | None = None
 
     def stop_on_sigterm(self) -> None:
@@ -117,6 +118,21 @@ class Mirror:
         """Stop the flow's query between batches, then write its final offset syncs and checkpoints."""
         flow.stop()
         self.dr[flow.flow.name].stop()
+
+
+def _warn_if_cores_short(spark: SparkSession, config: MirrorConfig) -> None:
+    """Real-time tasks each hold a core for good, and micro-batches need one more: with fewer, some tasks (and their
+    partitions) wait. Only a warning: on Kubernetes, executors may still be registering."""
+    needed = sum(f.realtime_tasks for f in config.flows if f.mode == "realtime")
+    needed += any(f.mode == "throughput" for f in config.flows) if needed else 0
+    cores = spark.sparkContext.defaultParallelism
+    if needed > cores:
+        log.warning(
+            "the flows need %d core(s) (one per real-time task, one more for micro-batches) and the"
+            " application has %d now; tasks without a core wait, and so do their partitions",
+            needed,
+            cores,
+        )
 
 
 class _SetOnSignal:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from spark_app.cli import main as cli_main
@@ -71,8 +72,9 @@ def values_from(settings: ClientSettings, topic: str, partition: int, offset: in
     return values
 
 
+@pytest.mark.parametrize("mode", ["throughput", "realtime"])
 def test_checkpoints_read_by_mm2_match_failover_and_group_sync_spares_a_live_group(
-    spark, source_cluster, target_cluster, tmp_path, unique, capsys
+    mode, spark, source_cluster, target_cluster, tmp_path, unique, capsys
 ):
     """MSK-like -> Event Hubs-like. Three groups: one caught up, one lagging far behind, one with a consumer live
     on the target. MM2's RemoteClusterUtils reads the same offsets `failover --dry-run` prints; none of them skips
@@ -90,6 +92,7 @@ def test_checkpoints_read_by_mm2_match_failover_and_group_sync_spares_a_live_gro
             target_alias="eh",
             groups={"include": [f".*-{unique}"]},
             sync_group_offsets=True,
+            mode=mode,
         )
     )
     create_topics(source_cluster.admin, {topic: 2})

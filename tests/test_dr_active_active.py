@@ -49,8 +49,12 @@ def count(cluster, topic: str) -> int:
         consumer.close()
 
 
-@pytest.mark.parametrize("policy", ["default", "identity"])
-def test_both_ways_each_record_lands_once_per_direction_and_names_never_grow(policy, spark, pair, tmp_path, unique):
+@pytest.mark.parametrize(
+    ("policy", "mode"), [("default", "throughput"), ("identity", "throughput"), ("identity", "realtime")]
+)
+def test_both_ways_each_record_lands_once_per_direction_and_names_never_grow(
+    policy, mode, spark, pair, tmp_path, unique
+):
     east, west = pair
     a, b = f"e{unique[-6:]}", f"w{unique[-6:]}"
     topic = f"orders-{unique}"
@@ -61,6 +65,7 @@ def test_both_ways_each_record_lands_once_per_direction_and_names_never_grow(pol
             "topics": {"include": [f"(.*\\.)?{topic}"]},  # would take remote copies too, if the loop rules let it
             "replication_policy": policy,
             "checkpoint_location": str(tmp_path / f"ckpt-{src}"),
+            "mode": mode,
         }
         for src, dst in ((a, b), (b, a))
     ]
@@ -110,8 +115,9 @@ def test_both_ways_each_record_lands_once_per_direction_and_names_never_grow(pol
         assert dr.newest_heartbeat_ms is not None, f"no heartbeat of {dr.flow.name} reached its target"
 
 
+@pytest.mark.parametrize("mode", ["throughput", "realtime"])
 def test_identity_failover_never_skips_a_record_written_locally_between_mirrored_ones(
-    spark, pair, tmp_path, unique, capsys
+    mode, spark, pair, tmp_path, unique, capsys
 ):
     """Identity both ways, local writes on B between A's records copied there. A's group has read A's newest
     records but not yet the copies of B's records that landed below them on B; failing over must resume at B's
@@ -127,6 +133,7 @@ def test_identity_failover_never_skips_a_record_written_locally_between_mirrored
             "groups": {"include": [group]},
             "replication_policy": "identity",
             "checkpoint_location": str(tmp_path / f"ckpt-{src}"),
+            "mode": mode,
         }
         for src, dst in ((a, b), (b, a))
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
 import yaml
 
 from tests.support.assertions import assert_each_record_once_in_order
@@ -19,8 +21,8 @@ from tests.support.mirror_config import free_port, one_flow_config
 RECORDS, WAVE = 6000, 200
 
 
-def run_command(source, target, topic: str, tmp_path) -> tuple[list[str], dict[str, str]]:
-    """`run` (continuous) on a one-flow config `onprem` -> `dr` for `topic`, and the environment it needs."""
+def run_command(source, target, topic: str, tmp_path, mode: str = "throughput") -> tuple[list[str], dict[str, str]]:
+    """`run` (continuous) on a one-flow config `onprem` -> `dr` for `topic` in `mode`, and the environment it needs."""
     config = one_flow_config(
         source,
         target,
@@ -28,6 +30,7 @@ def run_command(source, target, topic: str, tmp_path) -> tuple[list[str], dict[s
         tmp_path / "ckpt",
         emit_heartbeats=False,  # no `heartbeats` topic on the shared source cluster
         metrics_port=free_port(),
+        mode=mode,
     )
     path = tmp_path / "mirror.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -55,16 +58,16 @@ Disrupt = Callable[[subprocess.Popen, Start], subprocess.Popen]
 
 
 def run_under_traffic(
-    source, target, topic: str, tmp_path, disrupt: Disrupt, what: str, read_timeout_s: float
-) -> tuple[int, str]:
-    """`run` on `topic` while traffic keeps coming, disrupted mid-stream by `disrupt(mirror, start)`, which returns
-    the run that goes on (`start()` starts another); then SIGTERM. Checks that every record reached the target at
-    least once, in order; returns the exit code after SIGTERM and the output of every run."""
+    source, target, topic: str, tmp_path, disrupt: Disrupt, what: str, read_timeout_s: float, mode: str = "throughput"
+) -> tuple[int, str, int]:
+    """`run` on `topic` in `mode` while traffic keeps coming, disrupted mid-stream by `disrupt(mirror, start)`, which
+    returns the run that goes on (`start()` starts another); then SIGTERM. Checks that every record reached the target
+    at least once, in order; returns the exit code after SIGTERM, the output of every run and the duplicates."""
     remote = f"onprem.{topic}"
     create_topics(source.admin, {topic: 2})
     create_topics(target.admin, {remote: 2})  # so the reader below can wait on it from the start
     sent, feeder = steady_traffic(source, topic)
-    command, env = run_command(source, target, topic, tmp_path)
+    command, env = run_command(source, target, topic, tmp_path, mode)
     runs: list[subprocess.Popen] = []
     with open(tmp_path / "out.log", "w+") as out:
 
@@ -90,11 +93,12 @@ def run_under_traffic(
         output = out.read()
     print(f"after {what}: {len(got)} records on the target for {len(sent)} sent, {len(got) - len(set(got))} duplicates")
     assert_each_record_once_in_order(remote, got, sent, at_least_once=True)  # a disruption may repeat a batch
-    return code, output
+    return code, output, len(got) - len(set(got))
 
 
+@pytest.mark.parametrize("mode", ["throughput", "realtime"])
 def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_printing_secrets(
-    plaintext_cluster, target_cluster, tmp_path, unique
+    mode, plaintext_cluster, target_cluster, tmp_path, unique
 ):
     topic = f"term-{unique}"
 
@@ -104,12 +108,19 @@ def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_pr
         mirror.wait(30)
         return start()
 
-    code, output = run_under_traffic(
-        plaintext_cluster, target_cluster, topic, tmp_path, kill_and_restart, "SIGKILL", 300
+    code, output, duplicates = run_under_traffic(
+        plaintext_cluster, target_cluster, topic, tmp_path, kill_and_restart, "SIGKILL", 300, mode
     )
     assert code == 0, output[-3000:]
     assert "flow onprem->dr: onprem (kafka) -> dr (eventhubs)" in output
-    assert f"mirroring 1 topic(s): {topic}" in output
+    if mode == "realtime":
+        assert f"mirroring 1 topic(s) in real time with 1 task(s): {topic}" in output
+        # What landed after the last saved positions is copied again, and the restart says how much.
+        reported = [int(n) for n in re.findall(r"(\d+) record\(s\) landed after the last save", output)]
+        print(f"realtime restart reported {sum(reported)} record(s) to copy again; the target has {duplicates}")
+        assert duplicates <= sum(reported)
+    else:
+        assert f"mirroring 1 topic(s): {topic}" in output
     assert target_cluster.client.password not in output, "the Event Hubs connection string was printed"
 
 
@@ -126,5 +137,5 @@ def test_run_rides_out_its_target_broker_stopped_for_30s_mid_stream(plaintext_cl
         return mirror
 
     topic, what = f"outage-{unique}", "30s target outage"
-    code, output = run_under_traffic(plaintext_cluster, target, topic, tmp_path, stop_the_target_for_30s, what, 400)
+    code, output, _ = run_under_traffic(plaintext_cluster, target, topic, tmp_path, stop_the_target_for_30s, what, 400)
     assert code == 0, output[-3000:]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from spark_app.config import parse_config
@@ -37,8 +38,9 @@ def wait_for_partitions(admin: AdminClient, topic: str, count: int, errors: list
     raise AssertionError(f"'{topic}' did not reach {count} partitions on the target within {WAIT_S:.0f}s")
 
 
+@pytest.mark.parametrize("mode", ["throughput", "realtime"])
 def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_increase_follows(
-    spark, plaintext_cluster, source_cluster, tmp_path, unique
+    mode, spark, plaintext_cluster, source_cluster, tmp_path, unique
 ):
     first, later = f"disc-a-{unique}", f"disc-b-{unique}"
     create_topics(plaintext_cluster.admin, {first: 2})
@@ -55,6 +57,7 @@ def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_incre
             emit_heartbeats=False,  # keep the shared source cluster free of a `heartbeats` topic
             topic_sync_interval_s=5,
             metrics_port=free_port(),
+            mode=mode,
         )
     )
     mirror = Mirror(spark, config)
