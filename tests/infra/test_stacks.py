@@ -62,6 +62,10 @@ def test_active_active_runs_one_mirror_per_region_owning_the_flow_into_it(stack_
         "use1": ["eu->us"],
         "euw1": ["us->eu"],
     }
+    assert {site: [(f["mode"], f["realtime_tasks"]) for f in c["flows"]] for site, c in configs.items()} == {
+        "use1": [("throughput", 1)],
+        "euw1": [("realtime", 2)],
+    }
     for config in configs.values():
         assert {c["profile"] for c in config["clusters"]} == {"msk-iam"}
         assert all(c["bootstrap_servers"] == BOOTSTRAPS["bootstrapBrokersSaslIam"] for c in config["clusters"])
