@@ -687,6 +687,7 @@ def _check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
                 f"{PROJECT}:sites[{i}].azure: missing; its mirror keeps checkpoints in abfss:// and signs in with"
                 " Entra ID workload identity: give azure.oidc_issuer_url"
             )
+        errors += _cores(site_name, model.mirror.executor, mirror, site_of_flow)
         if site.context is None and site_name not in model.kubeconfigs:
             errors.append(
                 f"{PROJECT}:sites[{i}].context: missing; give a kubeconfig context, or set"
@@ -695,6 +696,28 @@ def _check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
     if errors:
         raise ConfigError("\n".join(errors))
     return site_of_flow
+
+
+def _cores(site: str, executor: ExecutorResources, mirror: MirrorConfig, site_of_flow: dict[str, str]) -> list[str]:
+    """A real-time task holds an executor core for as long as the mirror runs, and a task with no core never starts,
+    so a site's executors must seat every real-time task, plus one core for its throughput flows' batches. The stack
+    sets no Spark conf, so spark.task.cpus is Spark's 1 and a core is a task slot."""
+    flows = [(i, f) for i, f in enumerate(mirror.flows) if site_of_flow.get(f.name) == site]
+    realtime = [(i, f) for i, f in flows if f.mode == "realtime"]
+    throughput = [f.name for _, f in flows if f.mode == "throughput"]
+    needed = sum(f.realtime_tasks for _, f in realtime) + (1 if throughput else 0)
+    cores = executor.instances * executor.cores
+    if cores >= needed:
+        return []
+    tasks = ", ".join(f"{f.name} ({PROJECT}:flows[{i}].realtime_tasks: {f.realtime_tasks})" for i, f in realtime)
+    batches = f" and 1 for the batches of throughput flow(s) {', '.join(throughput)}" if throughput else ""
+    return [
+        f"{PROJECT}:mirror.executor: site '{site}' gets {cores} executor cores (instances {executor.instances} x cores"
+        f" {executor.cores}) but needs {needed}: one per real-time task of {tasks}{batches}. Each real-time task"
+        f" holds its core for as long as the mirror runs, so the tasks left without one would never copy their"
+        f" partitions; raise {PROJECT}:mirror.executor.instances or {PROJECT}:mirror.executor.cores, or lower the"
+        " flows' realtime_tasks"
+    ]
 
 
 _FIELD_IN_MESSAGE = re.compile(rf"^({PROJECT}:[^:\s]+): ([a-z_]+): ")

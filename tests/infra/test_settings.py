@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -140,3 +141,38 @@ def test_a_secret_in_client_overrides_never_reaches_the_rendered_config():
     message = refused(values)
     assert f"{PROJECT}:clusters[1].client_overrides: 'sasl.jaas.config' carries a secret" in message
     assert "x required;" not in message
+
+
+def realtime(tasks: int, flow: int = 0) -> Callable[[list[dict[str, Any]]], None]:
+    """A flows edit: flow `flow` runs `tasks` real-time tasks."""
+    return lambda flows: flows[flow].update(mode="realtime", realtime_tasks=tasks)
+
+
+def test_a_site_with_fewer_executor_cores_than_its_realtime_tasks_is_refused():
+    # active-active: site euw1 runs us->eu alone, on 2 executors of 2 cores
+    message = refused(edited(ACTIVE_ACTIVE, flows=realtime(5)))
+    assert (
+        f"{PROJECT}:mirror.executor: site 'euw1' gets 4 executor cores (instances 2 x cores 2) but needs 5: one per"
+        f" real-time task of us->eu ({PROJECT}:flows[0].realtime_tasks: 5). Each real-time task holds its core"
+    ) in message
+    assert (
+        f"raise {PROJECT}:mirror.executor.instances or {PROJECT}:mirror.executor.cores, or lower the flows'"
+        " realtime_tasks"
+    ) in message
+    set_config(edited(ACTIVE_ACTIVE, flows=realtime(4)))
+    assert load_settings().mirror_at("euw1").flows[0].realtime_tasks == 4
+
+
+def test_a_site_running_realtime_and_throughput_flows_needs_one_more_core_for_the_batches():
+    def both_on_use1(tasks: int) -> dict[str, Any]:
+        values = edited(ACTIVE_ACTIVE, flows=realtime(tasks))
+        return values | {f"{PROJECT}:placement": {"us->eu": "use1", "eu->us": "use1"}}
+
+    message = refused(both_on_use1(4))
+    assert (
+        f"{PROJECT}:mirror.executor: site 'use1' gets 4 executor cores (instances 2 x cores 2) but needs 5: one per"
+        f" real-time task of us->eu ({PROJECT}:flows[0].realtime_tasks: 4) and 1 for the batches of throughput"
+        " flow(s) eu->us."
+    ) in message
+    set_config(both_on_use1(3))
+    assert [f.mode for f in load_settings().mirror_at("use1").flows] == ["realtime", "throughput"]

@@ -62,6 +62,10 @@ def test_active_active_runs_one_mirror_per_region_owning_the_flow_into_it(stack_
         "use1": ["eu->us"],
         "euw1": ["us->eu"],
     }
+    assert {site: [(f["mode"], f["realtime_tasks"]) for f in c["flows"]] for site, c in configs.items()} == {
+        "use1": [("throughput", 1)],
+        "euw1": [("realtime", 2)],
+    }
     for config in configs.values():
         assert {c["profile"] for c in config["clusters"]} == {"msk-iam"}
         assert all(c["bootstrap_servers"] == BOOTSTRAPS["bootstrapBrokersSaslIam"] for c in config["clusters"])
@@ -121,3 +125,17 @@ def test_active_passive_into_an_entra_only_namespace_uses_workload_identity():
         assert spec[role]["labels"]["azure.workload.identity/use"] == "true"
     egress = run.named("use1-mirror").plain["spec"]["egress"]
     assert {"ports": [{"protocol": "TCP", "port": 443}]} in egress  # Entra ID's token endpoint
+
+
+def test_a_realtime_flow_whose_site_seats_its_tasks_reaches_the_mirrors_config_map():
+    values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.active-active.yaml")))
+    values["mirrorkit:flows"][0] |= {"mode": "realtime", "realtime_tasks": 4}  # euw1's 2 executors x 2 cores
+    values["mirrorkit:mirror"]["runtime"]["realtime_commit_interval_s"] = 2
+    run = run_values(values)
+    configs = {
+        site: yaml.safe_load(run.named(f"mirrorkit-test-{site}-config").plain["data"]["mirror.yaml"])
+        for site in ("euw1", "use1")
+    }
+    assert [(f["mode"], f["realtime_tasks"]) for f in configs["euw1"]["flows"]] == [("realtime", 4)]
+    assert [f["mode"] for f in configs["use1"]["flows"]] == ["throughput"]
+    assert {c["realtime_commit_interval_s"] for c in configs.values()} == {2}
