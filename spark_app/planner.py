@@ -56,13 +56,14 @@ class RangeGroup(InputPartition):
 
 def plan_source_options(source: ClusterConfig, topics: dict[str, int], start_from: str, tasks: int,
                         max_records: int, max_bytes: int, driver_dir: Path,
-                        adopted: Offsets | None = None) -> dict[str, str]:  # fmt: skip
+                        adopted: Offsets | None = None, resume: Offsets | None = None) -> dict[str, str]:  # fmt: skip
     """The options `spark.readStream.format(OffsetRangeSource.name())` takes (all strings, no secret).
 
     The source is planned in a Python worker, not in the driver's process, so the driver talks to it through two
     files in `driver_dir`: while PAUSE_FILE exists a continuous query plans no new batch (the driver stops it
     between batches), and RECORD_BYTES_FILE holds the flow's mean record size so far, which turns `max_bytes`
-    into records. `adopted` starts partitions the checkpoint does not hold where MirrorMaker 2 stopped.
+    into records. `adopted` starts partitions the checkpoint does not hold where MirrorMaker 2 stopped; `resume`
+    starts partitions where a real-time run of the flow got to, past its older checkpoint (spark_app.realtime).
     """
     return {
         "source": source.model_dump_json(),
@@ -70,6 +71,7 @@ def plan_source_options(source: ClusterConfig, topics: dict[str, int], start_fro
         "start_from": start_from,
         "tasks": str(tasks),
         "adopted": json.dumps(adopted or {}),
+        "resume": json.dumps(resume or {}),
         "driver_dir": str(driver_dir),
         "max_records_per_trigger": str(max_records),
         "max_bytes_per_trigger": str(max_bytes),
@@ -127,6 +129,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.pause_file = Path(options["driver_dir"]) / PAUSE_FILE
         self.record_bytes_file = Path(options["driver_dir"]) / RECORD_BYTES_FILE
         self.adopted: Offsets = json.loads(options.get("adopted") or "{}")
+        self.resume: Offsets = json.loads(options.get("resume") or "{}")
         self._admin: AdminClient | None = None
         self._available_now_end: Offsets | None = None
         self._down_since: float | None = None
@@ -203,6 +206,10 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         earliest (new partition, or one whose offsets went backwards, so its new records are copied from the log
         start)."""
         starts: Offsets = {t: self.adopted.get(t, {}) | start.get(t, {}) for t in end}
+        for t, offsets in self.resume.items():  # where a real-time run got to, unless the log is shorter now
+            for p, offset in offsets.items():
+                if p in end.get(t, {}) and starts[t].get(p, -1) < offset <= end[t][p]:
+                    starts[t][p] = offset
         missing = [
             (t, p)
             for t, offsets in end.items()
@@ -211,7 +218,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ]
         earliest = self._list(OffsetSpec.earliest(), missing) if missing else {}
         for t, p in missing:
-            new_topic = t not in start and t not in self.adopted  # an adopted topic is MM2's: copied before
+            new_topic = t not in start and t not in self.adopted and t not in self.resume  # copied before
             starts[t][p] = end[t][p] if new_topic and self.start_from == "latest" else earliest[t][p]
         return starts
 

@@ -76,6 +76,9 @@ class FlowState:
     # Per partition, the target offset after the last record written before `positions`: a real-time restart counts
     # what landed after the save (spark_app.realtime).
     landed: dict[tuple[str, int], int] = field(default_factory=dict)
+    # The mode whose copies saved `positions` last: a throughput run after a real-time one starts past its older Spark
+    # checkpoint, at `positions` (spark_app.planner).
+    mode: str = "throughput"
 
     @property
     def where(self) -> str:
@@ -103,6 +106,7 @@ class FlowState:
         state.positions = {(t, int(p)): o for t, parts in raw["positions"].items() for p, o in parts.items()}
         state.adopted = {(t, int(p)): o for t, parts in raw.get("adopted", {}).items() for p, o in parts.items()}
         state.landed = {(t, int(p)): o for t, parts in raw.get("landed", {}).items() for p, o in parts.items()}
+        state.mode = raw.get("mode", "throughput")
         if where != state.where:
             state.save()
             log.warning("flow state moved from %s to %s, beside the Spark checkpoint; the old file can be deleted",
@@ -120,6 +124,7 @@ class FlowState:
             "positions": by_topic(self.positions),
             "adopted": by_topic(self.adopted),
             "landed": by_topic(self.landed),
+            "mode": self.mode,
         }
         self.files.write(STATE_FILE, json.dumps(raw, indent=1).encode())
 
@@ -188,6 +193,7 @@ class FlowQuarantine:
                 self._hold(row)
         self._report_loss(lost)
         self.resets += resets
+        self.state.mode = self.flow.mode
         self.state.save()
         return resets
 

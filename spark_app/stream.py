@@ -87,10 +87,11 @@ class FlowMirror:
 
     def source_frame(self, topics: Topics) -> DataFrame:
         """The flow's micro-batches as offset ranges over `topics` (name, partition count)."""
+        state = self.quarantine.state
         options = plan_source_options(
             self.source, dict(topics), self.flow.start_from, self.spark.sparkContext.defaultParallelism,
             self.flow.max_records_per_trigger, self.flow.max_bytes_per_trigger, self._driver_dir,
-            by_topic(self.quarantine.state.adopted),
+            by_topic(state.adopted), by_topic(state.positions) if state.mode == "realtime" else None,
         )  # fmt: skip
         return self.spark.readStream.format(OffsetRangeSource.name()).options(**options).load()
 

@@ -229,3 +229,19 @@ def test_adopted_positions_start_partitions_the_checkpoint_does_not_hold_and_nev
     assert reader._starts({}, end) == {"t": {"0": 70, "1": 5, "2": 0}, "u": {"0": 100}}
     # Once the checkpoint holds a partition, its position wins.
     assert reader._starts({"t": {"0": 90, "1": 95, "2": 3}, "u": {"0": 100}}, end)["t"] == {"0": 90, "1": 95, "2": 3}
+
+
+def test_a_throughput_run_after_a_real_time_one_starts_where_that_got_to_unless_the_log_is_shorter_now(tmp_path):
+    """A real-time run keeps its positions in the flow's state, not in the Spark checkpoint, which it leaves behind."""
+    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
+    resume = {"t": {"0": 80, "1": 40, "2": 500}}
+    options = plan_source_options(source, {"t": 3}, "latest", 2, 1000, 1 << 28, tmp_path, resume=resume)
+    reader = OffsetRangeReader(options)
+    reader._list = lambda spec, partitions=None: {"t": {p: 0 for _, p in partitions or []}}  # type: ignore[method-assign]
+    end = {"t": {"0": 100, "1": 100, "2": 100}}
+    # Past the old checkpoint (t[0]) or where it holds nothing (t[1]): the real-time position. t[2]'s log is shorter
+    # than where the real-time run got to (made again since): the checkpoint's position stands, and the planner
+    # reports the offsets going backwards from it as it would without the real-time run.
+    assert reader._starts({"t": {"0": 10, "2": 7}}, end) == {"t": {"0": 80, "1": 40, "2": 7}}
+    # A checkpoint already past the real-time position keeps its own.
+    assert reader._starts({"t": {"0": 90, "1": 95, "2": 3}}, end)["t"] == {"0": 90, "1": 95, "2": 3}
