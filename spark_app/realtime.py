@@ -49,7 +49,7 @@ from .metrics import owed_from
 from .policy import target_topic
 from .ranges import Landing
 from .stream import FlowMirror, Topics, first_cause
-from .writer import CONSUMER_DEFAULTS, Outbox, Partition, Record, producer_settings, read_error
+from .writer import CONSUMER_DEFAULTS, Outbox, Partition, Record, end_of_log, producer_settings
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class LiveCopy:
                 # Read from assigned partitions, so topic, partition and offset are set (the stubs say Optional).
                 for msg in cast(list[Record], consumer.consume(CONSUME_BATCH, CONSUME_WAIT_S)):
                     key = (msg.topic(), msg.partition())
-                    if key in open_ and not self._take(msg, outbox, conn):
+                    if key in open_ and not self._take(msg, key, outbox, conn):
                         open_.discard(key)
                         consumer.pause([TopicPartition(*key)])
                 producer.poll(0)
@@ -149,11 +149,11 @@ class LiveCopy:
         conn.send(("done", self._report(outbox)))
         return self.copied
 
-    def _take(self, msg: Record, outbox: Outbox, conn: Connection) -> bool:
+    def _take(self, msg: Record, key: Partition, outbox: Outbox, conn: Connection) -> bool:
         """One consumed event of an open partition; False when the partition is done: its stop reached, or held."""
-        key = (msg.topic(), msg.partition())
         part, offset = self.parts[key], msg.offset()
-        if read_error(self.flow, msg):  # the log's end: no record, but the position moves past markers
+        if msg.error() is not None:  # the log's end: no record, but the position moves past markers
+            end_of_log(self.flow, msg)
             part.next = max(part.next, offset)
             return part.stop is None or part.next < part.stop
         if part.stop is not None and offset >= part.stop:
@@ -164,7 +164,7 @@ class LiveCopy:
             part.landing.first_offset = offset  # past the start: retention deleted what lay between (reported)
         part.read_any = True
         part.next = offset + 1
-        if not outbox.send(msg, part.landing):
+        if not outbox.send(msg, key, part.landing):
             return False
         self.copied += 1
         return part.stop is None or part.next < part.stop

@@ -167,6 +167,7 @@ class RangeCopier:
             outbox.open(key)
             open_[key] = (landings[key], end)
         first_seen: set[Partition] = set()
+        send = outbox.send
         progress_at = time.monotonic()
         # consume() returns once it has as many messages as asked, or at its timeout: ask for no more than the
         # ranges still hold, so a small batch (continuous mode) does not wait out the timeout.
@@ -192,12 +193,13 @@ class RangeCopier:
                 if key not in first_seen:
                     first_seen.add(key)
                     landing.first_offset = min(offset, end)
-                if read_error(self.flow, msg) or offset >= end:  # the log's end (EOF), or past the range
+                if msg.error() is not None or offset >= end:  # the log's end (EOF), or past the range
+                    end_of_log(self.flow, msg)
                     if offset >= end:
                         close(key)
                     continue
                 left -= 1
-                if not outbox.send(msg, landing) or offset + 1 >= end:
+                if not send(msg, key, landing) or offset + 1 >= end:
                     close(key)
             producer.poll(0)  # serve delivery reports as we go, so they do not pile up until the flush
         consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
@@ -205,14 +207,11 @@ class RangeCopier:
         outbox.settle()
 
 
-def read_error(flow: FlowConfig, msg: Record) -> bool:
-    """True for a consumed event that is no record: the end of a partition's log. Any other read error fails."""
+def end_of_log(flow: FlowConfig, msg: Record) -> None:
+    """Pass a consumed event that is the end of a partition's log (or a record); any other read error fails."""
     err = msg.error()
-    if err is None:
-        return False
-    if err.code() != KafkaError._PARTITION_EOF:
+    if err is not None and err.code() != KafkaError._PARTITION_EOF:
         raise DeliveryFailed(f"flow {flow.name}: reading {msg.topic()}[{msg.partition()}]: {err.str()}")
-    return True
 
 
 class Outbox:
@@ -233,7 +232,7 @@ class Outbox:
         self.producer = producer
         self.landing_of = landing_of
         self.in_flight: dict[Partition, collections.deque[int]] = {}  # per source partition
-        self._targets: dict[Partition, str] = {}  # source partition -> target topic
+        self._targets: dict[Partition, tuple[str, collections.deque[int]]] = {}  # source -> (target topic, in flight)
         self._sources: dict[Partition, Partition] = {}  # target partition -> source partition
         self._refused: list[Refused] = []
         self._blocked: list[tuple[Partition, int, str]] = []  # (source partition, offset, error): refused for its topic
@@ -244,14 +243,13 @@ class Outbox:
     def open(self, source: Partition) -> None:
         """Get ready to send records of a source partition."""
         out_topic = target_topic(self.flow, source[0])
-        self._targets[source] = out_topic
+        queue = self.in_flight.setdefault(source, collections.deque())
+        self._targets[source] = (out_topic, queue)
         self._sources[(out_topic, source[1])] = source
-        self.in_flight.setdefault(source, collections.deque())
 
-    def send(self, msg: Record, landing: Landing) -> bool:
-        """Send one record of an open partition (or drop it as an echo); False when the target's cap refused it and
-        no dead-letter topic takes it, so its partition holds from it and nothing after it may be sent."""
-        source = (msg.topic(), msg.partition())
+    def send(self, msg: Record, source: Partition, landing: Landing) -> bool:
+        """Send one record of an open partition `source` (or drop it as an echo); False when the target's cap refused
+        it and no dead-letter topic takes it, so its partition holds from it and nothing after it may be sent."""
         offset, value, headers = msg.offset(), msg.value(), msg.headers()
         if self._identity:
             came_from = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
@@ -264,7 +262,7 @@ class Outbox:
                 stamp_header = (PROVENANCE_HEADER, provenance(self.flow.source, offset))
                 headers = [*headers, stamp_header] if headers else [stamp_header]
         key, ts = msg.key(), msg.timestamp()[1]
-        out_topic = self._targets[source]
+        out_topic, queue = self._targets[source]
         try:
             self.producer.produce(
                 out_topic, value=value, key=key, partition=source[1], timestamp=ts, headers=headers,
@@ -277,7 +275,7 @@ class Outbox:
                     landing.hold(offset, len(value or b""))
                     return False
                 return True
-        self.in_flight[source].append(offset)
+        queue.append(offset)
         landing.records += 1
         landing.bytes += (len(key) if key else 0) + (len(value) if value else 0)
         return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -28,8 +29,9 @@ ROUNDS = 6  # of PER_ROUND records on each topic, a few seconds apart
 PER_ROUND = 20
 
 
+@pytest.mark.parametrize("mode", ["throughput", "realtime"])
 def test_a_topic_whose_write_acl_is_removed_mid_run_is_quarantined_alone_and_catches_up_in_order(
-    spark, plaintext_cluster, target_cluster, tmp_path, unique, monkeypatch
+    mode, spark, plaintext_cluster, target_cluster, tmp_path, unique, monkeypatch
 ):
     monkeypatch.setattr(quarantine, "RECORD_RETRY_S", 2.0)  # try a held topic again every 2 s, not every 60 s
     ok, denied = f"ok-{unique}", f"denied-{unique}"
@@ -43,6 +45,7 @@ def test_a_topic_whose_write_acl_is_removed_mid_run_is_quarantined_alone_and_cat
             tmp_path / "ckpt",
             emit_heartbeats=False,
             metrics_port=free_port(),
+            mode=mode,
         )  # fmt: skip
     )
     admin = AdminClient(target_cluster.admin.librdkafka())
