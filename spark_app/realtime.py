@@ -81,6 +81,7 @@ class _Part:
     stop: int | None
     read_any: bool = False
     reported: bool = False
+    held_from: int = -1  # the first offset held back: nothing from there on is reported as copied
 
 
 class CopierTask:
@@ -191,7 +192,10 @@ class LiveCopy:
             in_flight = outbox.in_flight.get(key)
             landing.end_offset = in_flight[0] if in_flight else part.next
             if landing.held_from >= 0:  # nothing from there on is read: the hold is its first offset only
-                landing.end_offset = landing.held_until = min(landing.end_offset, landing.held_from)
+                part.held_from = min(landing.held_from, part.held_from if part.held_from >= 0 else landing.held_from)
+                landing.held_until = part.held_from
+            if part.held_from >= 0:
+                landing.end_offset = min(landing.end_offset, part.held_from)
             if not part.reported or _changed(landing):
                 rows.append(landing)
                 part.landing = Landing(key[0], key[1], landing.end_offset, landing.end_offset)
