@@ -58,20 +58,7 @@ def test_sigterm_to_spark_submit_commits_the_batch_in_flight_exits_0_and_writes_
         plaintext_cluster, target_cluster, topics, checkpoint,
         emit_heartbeats=False, max_records_per_trigger=BATCH, metrics_port=free_port(),
     )  # fmt: skip
-    path = tmp_path / "mirror.yaml"
-    path.write_text(yaml.safe_dump(config))
-    stand_in = tmp_path / "spark-entrypoint.sh"
-    stand_in.write_text(SPARK_ENTRYPOINT)
-    stand_in.chmod(0o755)
-    env = os.environ | {
-        "SPARK_ENTRYPOINT": str(stand_in),
-        "SPARK_SUBMIT": str(SPARK_SUBMIT),
-        "PYSPARK_PYTHON": sys.executable,
-        "PYTHONPATH": str(ROOT),  # the image's PYTHONPATH=/opt/mirrorkit
-    }
-    # What the Spark Operator's driver pod runs: the image's entrypoint with `driver` and spark-submit's arguments.
-    command = [str(ENTRYPOINT), "driver", "--master", "local[2]", "--class", "org.apache.spark.deploy.PythonRunner",
-               str(MAIN_FILE), "run", "--config", str(path)]  # fmt: skip
+    path, command, env = driver_pod(config, tmp_path)
     with open(tmp_path / "driver.log", "w+") as out:
         driver = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
@@ -86,15 +73,7 @@ def test_sigterm_to_spark_submit_commits_the_batch_in_flight_exits_0_and_writes_
                     if landed > sum(sum(ends.values()) for ends in offsets[batch - 1].values()):
                         in_flight = batch
             assert in_flight is not None, f"the mirror exited before a batch could be interrupted:\n{_tail(out)}"
-            cmdline = Path(f"/proc/{driver.pid}/cmdline").read_bytes().split(b"\0")
-            assert b"org.apache.spark.deploy.SparkSubmit" in cmdline, "the signal must go to spark-submit's JVM"
-            driver.send_signal(signal.SIGTERM)
-            signalled = time.monotonic()
-            try:
-                code = driver.wait(STOP_GRACE_S)  # then Kubernetes would SIGKILL it
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"not stopped within the {STOP_GRACE_S} s grace period:\n{_tail(out)}") from None
-            took = time.monotonic() - signalled
+            code, took = terminate_within_grace(driver, out)
         finally:
             if driver.poll() is None:
                 os.killpg(driver.pid, signal.SIGKILL)
@@ -114,7 +93,81 @@ def test_sigterm_to_spark_submit_commits_the_batch_in_flight_exits_0_and_writes_
         got = read_all(target_cluster.client, f"onprem.{topic}", expected=len(copied), timeout_s=60)
         assert_each_record_once_in_order(f"onprem.{topic}", got, copied)
 
-    # And a resumed run copies the rest, once.
+    resume_copies_the_rest_once(path, target_cluster, sent)
+
+
+def test_sigterm_to_spark_submit_stops_real_time_tasks_after_they_flush_exits_0_and_copies_nothing_twice(
+    plaintext_cluster, target_cluster, tmp_path, unique
+):
+    """Real-time mode: each task flushes and reports before it ends, so the saved positions are exactly what
+    landed, and a resumed run copies the rest once."""
+    topics = [f"rt-sigterm-a-{unique}", f"rt-sigterm-b-{unique}"]
+    sent = {t: backlog(t) for t in topics}
+    targets = [(f"onprem.{t}", p) for t in topics for p in range(PARTITIONS)]
+    create_topics(plaintext_cluster.admin, dict.fromkeys(topics, PARTITIONS))
+    create_topics(target_cluster.admin, {f"onprem.{t}": PARTITIONS for t in topics})
+    for topic, records in sent.items():
+        produce(plaintext_cluster.client, topic, records)
+    config = one_flow_config(
+        plaintext_cluster, target_cluster, topics, tmp_path / "ckpt",
+        emit_heartbeats=False, metrics_port=free_port(), mode="realtime",
+    )  # fmt: skip
+    path, command, env = driver_pod(config, tmp_path)
+    total = sum(len(r) for r in sent.values())
+    with open(tmp_path / "driver.log", "w+") as out:
+        driver = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            landed = 0
+            while not landed and driver.poll() is None:  # SIGTERM as soon as the tasks are copying
+                time.sleep(0.02)
+                landed = sum(end_offsets(target_cluster.client, targets).values())
+            assert 0 < landed < total, f"SIGTERM could not land mid-copy ({landed} of {total}):\n{_tail(out)}"
+            code, took = terminate_within_grace(driver, out)
+        finally:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+        output = _tail(out)
+    assert code == 0, output
+    copied = sum(end_offsets(target_cluster.client, targets).values())
+    print(f"real time: SIGTERM with {landed} of {total} landed; exit {code} after {took:.1f} s, {copied} on the target")
+    assert copied < total, "SIGTERM came after the whole backlog was copied"
+    resume_copies_the_rest_once(path, target_cluster, sent)
+
+
+def driver_pod(config: dict, tmp_path: Path) -> tuple[Path, list[str], dict[str, str]]:
+    """The config file, command and environment of what the Spark Operator's driver pod runs: the image's entrypoint
+    with `driver` and spark-submit's arguments."""
+    path = tmp_path / "mirror.yaml"
+    path.write_text(yaml.safe_dump(config))
+    stand_in = tmp_path / "spark-entrypoint.sh"
+    stand_in.write_text(SPARK_ENTRYPOINT)
+    stand_in.chmod(0o755)
+    env = os.environ | {
+        "SPARK_ENTRYPOINT": str(stand_in),
+        "SPARK_SUBMIT": str(SPARK_SUBMIT),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT),  # the image's PYTHONPATH=/opt/mirrorkit
+    }
+    command = [str(ENTRYPOINT), "driver", "--master", "local[2]", "--class", "org.apache.spark.deploy.PythonRunner",
+               str(MAIN_FILE), "run", "--config", str(path)]  # fmt: skip
+    return path, command, env
+
+
+def terminate_within_grace(driver: subprocess.Popen, out) -> tuple[int, float]:
+    """SIGTERM to spark-submit's JVM, as Kubernetes sends it; the exit code and the seconds it took."""
+    cmdline = Path(f"/proc/{driver.pid}/cmdline").read_bytes().split(b"\0")
+    assert b"org.apache.spark.deploy.SparkSubmit" in cmdline, "the signal must go to spark-submit's JVM"
+    driver.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    try:
+        code = driver.wait(STOP_GRACE_S)  # then Kubernetes would SIGKILL it
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"not stopped within the {STOP_GRACE_S} s grace period:\n{_tail(out)}") from None
+    return code, time.monotonic() - signalled
+
+
+def resume_copies_the_rest_once(path: Path, target_cluster, sent: dict[str, list[Record]]) -> None:
+    """A resumed run (available-now) copies what the stopped one had not: every record once, in order."""
     resumed = subprocess.run(
         [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--available-now", "--master", "local[2]"],
         env=os.environ | {"PYSPARK_PYTHON": sys.executable}, capture_output=True, text=True, timeout=300,
