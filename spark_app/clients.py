@@ -151,9 +151,11 @@ def list_offsets_each(
     """One offset per partition in one request: the partitions that answered, and why each other one did not.
 
     A partition fails alone when its leader is offline or moving, or its topic is gone; librdkafka then answers
-    with an error, or (a leader it cannot reach) with no offset and no error once `timeout_s` has passed. Only when
-    nothing answered is the cluster's metadata asked: when that fails too, the cluster is down, and its error is
-    raised.
+    with an error, or (a leader it cannot reach) with no offset and no error once `timeout_s` has passed. When one
+    fails, the cluster's metadata is asked too: that refreshes the client's leaders, without which librdkafka keeps
+    asking the leader it last knew (waiting out the timeout while that broker is down, FENCED_LEADER_EPOCH once it
+    is back: seen on Kafka 4.1 with librdkafka 2.16). When nothing answered and the metadata does not answer either,
+    the cluster is down, and its error is raised.
     """
     request = {TopicPartition(t, p): spec for t, p in partitions}
     if not request:
@@ -173,8 +175,12 @@ def list_offsets_each(
             failed[key] = f"its leader did not answer within {timeout_s:.0f} s"
         else:
             found[key] = offset
-    if not found:
-        client.list_topics(timeout=min(timeout_s, METADATA_CHECK_S))  # raises when the cluster does not answer
+    if failed:
+        try:
+            client.list_topics(timeout=min(timeout_s, METADATA_CHECK_S))
+        except KafkaException:
+            if not found:
+                raise
     return found, failed
 
 

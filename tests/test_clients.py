@@ -63,6 +63,7 @@ class FakeAdmin:
 
     def __init__(self, answers: dict[tuple[str, int], int | KafkaError], cluster_down: bool = False) -> None:
         self.answers, self.cluster_down = answers, cluster_down
+        self.metadata_asked = 0
 
     def list_offsets(self, request, **_kwargs):
         futures = {}
@@ -77,6 +78,7 @@ class FakeAdmin:
         return futures
 
     def list_topics(self, timeout: float):
+        self.metadata_asked += 1
         if self.cluster_down:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
         return None
@@ -88,6 +90,12 @@ def test_list_offsets_each_says_which_partitions_did_not_answer_and_why_and_rais
     found, failed = list_offsets_each(admin, [("a", 0), ("a", 1), ("b", 0)], OffsetSpec.latest(), timeout_s=7)
     assert found == {("a", 0): 10}
     assert failed == {("a", 1): "its leader did not answer within 7 s", ("b", 0): "Broker: Leader not available"}
+    assert admin.metadata_asked == 1, "a failure refreshes the client's leaders"
+    assert list_offsets_each(admin, [("a", 0)], OffsetSpec.latest()) == ({("a", 0): 10}, {})
+    assert admin.metadata_asked == 1, "no failure, no metadata request"
+    # Some partitions answered: a metadata request that fails does not make the cluster down.
+    flapping = FakeAdmin({("a", 0): 10, ("b", 0): leaderless}, cluster_down=True)
+    assert list_offsets_each(flapping, [("a", 0), ("b", 0)], OffsetSpec.latest())[0] == {("a", 0): 10}
     # Nothing answered but the cluster's metadata does: the partitions are offline, not the cluster.
     assert list_offsets_each(FakeAdmin({("a", 1): -1001}), [("a", 1)], OffsetSpec.latest())[0] == {}
     with pytest.raises(KafkaException, match="all brokers down"):
