@@ -21,6 +21,7 @@ from .profiles import Role, Settings, librdkafka_settings
 
 REQUEST_TIMEOUT_S = 30.0
 READ_BATCH = 10_000  # records asked of each consume() in whole-topic reads
+METADATA_CHECK_S = 5.0  # how long a check that the cluster answers at all waits for its metadata
 # What a partition answers while its leader is being elected, e.g. just after the topic was created.
 LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
 _AUTH_FAILED = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
@@ -138,6 +139,49 @@ def list_offsets(
     isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
     futures = client.list_offsets(request, isolation_level=isolation, request_timeout=timeout_s)
     return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+
+
+def list_offsets_each(
+    client: AdminClient,
+    partitions: Iterable[tuple[str, int]],
+    spec: OffsetSpec,
+    read_committed: bool = False,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+) -> tuple[Offsets, dict[tuple[str, int], str]]:
+    """One offset per partition in one request: the partitions that answered, and why each other one did not.
+
+    A partition fails alone when its leader is offline or moving, or its topic is gone; librdkafka then answers
+    with an error, or (a leader it cannot reach) with no offset and no error once `timeout_s` has passed. When one
+    fails, the cluster's metadata is asked too: that refreshes the client's leaders, without which librdkafka keeps
+    asking the leader it last knew (waiting out the timeout while that broker is down, FENCED_LEADER_EPOCH once it
+    is back: seen on Kafka 4.1 with librdkafka 2.16). When nothing answered and the metadata does not answer either,
+    the cluster is down, and its error is raised.
+    """
+    request = {TopicPartition(t, p): spec for t, p in partitions}
+    if not request:
+        return {}, {}
+    isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
+    found: Offsets = {}
+    failed: dict[tuple[str, int], str] = {}
+    futures = client.list_offsets(request, isolation_level=isolation, request_timeout=timeout_s)
+    for tp, future in futures.items():
+        key = (tp.topic, tp.partition)
+        try:
+            offset = future.result().offset
+        except KafkaException as err:
+            failed[key] = err.args[0].str()
+            continue
+        if offset < 0:
+            failed[key] = f"its leader did not answer within {timeout_s:.0f} s"
+        else:
+            found[key] = offset
+    if failed:
+        try:
+            client.list_topics(timeout=min(timeout_s, METADATA_CHECK_S))
+        except KafkaException:
+            if not found:
+                raise
+    return found, failed
 
 
 def watermarks(reader: Consumer, topic: str, partition: int, timeout_s: float = REQUEST_TIMEOUT_S) -> tuple[int, int]:

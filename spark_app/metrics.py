@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -331,15 +331,15 @@ class LagPoller:
         admin = self._admins.get(source.cluster.alias)
         if admin is None:
             admin = self._admins[source.cluster.alias] = clients.admin(source.cluster)
-        wanted = {TopicPartition(t, p): OffsetSpec.latest() for t, p in positions}
-        failed: list[str] = []
-        for tp, future in admin.list_offsets(wanted, request_timeout=LIST_OFFSETS_TIMEOUT_S).items():
-            try:
-                end = future.result().offset
-            except KafkaException as err:
-                failed.append(f"{tp.topic}[{tp.partition}]: {err.args[0].str()}")
-                continue
-            self.metrics.set_lag(source.flow, tp.topic, tp.partition, end - positions[(tp.topic, tp.partition)])
+        try:
+            ends, unanswered = clients.list_offsets_each(
+                admin, positions, OffsetSpec.latest(), timeout_s=LIST_OFFSETS_TIMEOUT_S
+            )
+        except KafkaException as err:  # the whole source is down
+            ends, unanswered = {}, dict.fromkeys(positions, err.args[0].str())
+        for (topic, partition), end in ends.items():
+            self.metrics.set_lag(source.flow, topic, partition, end - positions[(topic, partition)])
+        failed = [f"{t}[{p}]: {why}" for (t, p), why in unanswered.items()]
         if failed:
             self.metrics.error(source.flow, "lag_poll")
             log.warning(

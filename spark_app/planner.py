@@ -8,11 +8,13 @@ never pass through the JVM.
 
 Where a partition starts: at the offset adopted from MirrorMaker 2 (spark_app.dr.adopt) when the flow has one for it,
 else at the flow's `start_from` (earliest or latest) for a topic the query meets for the first time, and at its
-earliest offset for a partition added to a topic it already copies. End offsets are the
-last stable offsets (read_committed), so an open transaction is waited for, never half copied. A source that
-stops answering is waited for up to `UNREACHABLE_GIVE_UP_S` (no new batch meanwhile); then the query fails with a
-message naming the cluster. While the driver's pause file exists no new batch is planned either, so the driver can
-stop the query between batches (Spark's own stop cancels a batch in flight).
+earliest offset for a partition added to a topic it already copies. End offsets are the last stable offsets
+(read_committed), so an open transaction is waited for, never half copied. A partition that does not answer (its
+leader offline) gets no range while the others are planned as usual: it keeps its position, and is asked again
+every `OFFLINE_RECHECK_S`. A source that stops answering altogether is waited for up to `UNREACHABLE_GIVE_UP_S` (no
+new batch meanwhile); then the query fails with a message naming the cluster. While the driver's pause file exists
+no new batch is planned either, so the driver can stop the query between batches (Spark's own stop cancels a batch in
+flight).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ from .ranges import RANGE_SCHEMA, OffsetRange
 log = logging.getLogger(__name__)
 
 UNREACHABLE_GIVE_UP_S = 300.0  # a source or target down this long stops the mirror (the producer's delivery timeout)
+# A partition that did not answer is asked again alone, this often and with this short a wait: librdkafka waits its
+# whole request timeout for a leader it cannot reach, and asked with the others it would hold up every batch.
+OFFLINE_RECHECK_S = 10.0
+OFFLINE_ASK_S = 2.0
 
 Offsets = dict[str, dict[str, int]]  # {"topic": {"partition": offset}}
 
@@ -133,6 +139,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._admin: AdminClient | None = None
         self._available_now_end: Offsets | None = None
         self._down_since: float | None = None
+        self._offline: dict[tuple[str, int], float] = {}  # partitions that did not answer -> when to ask again
 
     def initialOffset(self) -> Offsets:
         return {}  # every partition starts where `_starts` says: the checkpoint holds no position yet
@@ -145,13 +152,13 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         if self._available_now_end is not None:  # an empty answer would end the run early: wait for a real one
-            latest = self._available_now_end
+            latest = kept_where_unanswered(self._available_now_end, start, self.topics)
             starts = self._until_answered(lambda: self._starts(start, latest))
         elif self.pause_file.exists():
             return start  # the driver is stopping this query: no new batch
         else:
             try:
-                latest = self._list(OffsetSpec.latest())
+                latest = kept_where_unanswered(self._list(OffsetSpec.latest()), start, self.topics)
                 starts = self._starts(start, latest)
             except KafkaException as err:
                 self._note_down(err)
@@ -186,6 +193,17 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ClusterUnreachable(self.source, waited, err.args[0].str()) from None
         log.warning("cluster '%s' did not answer (retrying): %s", self.source.alias, err.args[0].str())
 
+    def _note_offline(self, found: dict[tuple[str, int], int], failed: dict[tuple[str, int], str], now: float) -> None:
+        """Remember which partitions did not answer, saying so once when one stops and once when it answers again."""
+        for (topic, partition), why in failed.items():
+            if (topic, partition) not in self._offline:
+                log.warning("cluster '%s': topic '%s' partition %d did not answer (%s); it gets no new range until it"
+                            " does, the other partitions go on", self.source.alias, topic, partition, why)  # fmt: skip
+            self._offline[(topic, partition)] = now + OFFLINE_RECHECK_S
+        for topic, partition in found.keys() & self._offline.keys():
+            del self._offline[(topic, partition)]
+            log.info("cluster '%s': topic '%s' partition %d answers again", self.source.alias, topic, partition)
+
     def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
         starts = self._starts(start, end)
         ranges = [
@@ -204,7 +222,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _starts(self, start: Offsets, end: Offsets) -> Offsets:
         """Each end partition's start: the checkpoint's, else the adopted one, else `start_from` (new topic) or
         earliest (new partition, or one whose offsets went backwards, so its new records are copied from the log
-        start)."""
+        start). Where the log start does not answer, 0: the copier's consumer reads such a start from the log start."""
         starts: Offsets = {t: self.adopted.get(t, {}) | start.get(t, {}) for t in end}
         for t, offsets in self.resume.items():  # where a real-time run got to, unless the log is shorter now
             for p, offset in offsets.items():
@@ -219,18 +237,45 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         earliest = self._list(OffsetSpec.earliest(), missing) if missing else {}
         for t, p in missing:
             new_topic = t not in start and t not in self.adopted and t not in self.resume  # copied before
-            starts[t][p] = end[t][p] if new_topic and self.start_from == "latest" else earliest[t][p]
+            starts[t][p] = end[t][p] if new_topic and self.start_from == "latest" else earliest.get(t, {}).get(p, 0)
         return starts
 
     def _list(self, spec: OffsetSpec, partitions: list[tuple[str, str]] | None = None) -> Offsets:
+        """The offsets of `partitions` (by default every partition of the flow's topics) that answer now.
+
+        A partition that does not is left out, with a warning naming it, and is asked again alone every
+        OFFLINE_RECHECK_S with a short wait. Raises KafkaException when the cluster does not answer at all.
+        """
         if self._admin is None:
             self._admin = clients.admin(self.source)
-        wanted = partitions or [(t, str(p)) for t, n in self.topics.items() for p in range(n)]
-        found = clients.list_offsets(self._admin, [(t, int(p)) for t, p in wanted], spec, read_committed=True)
+        every = [(t, p) for t, n in self.topics.items() for p in range(n)]
+        wanted = [(t, int(p)) for t, p in partitions] if partitions is not None else every
+        now = time.monotonic()
+        found, failed = clients.list_offsets_each(
+            self._admin, [tp for tp in wanted if tp not in self._offline], spec, read_committed=True
+        )
+        due = [tp for tp in wanted if tp in self._offline and self._offline[tp] <= now]
+        if due:
+            back, still = clients.list_offsets_each(
+                self._admin, due, spec, read_committed=True, timeout_s=OFFLINE_ASK_S
+            )
+            found, failed = found | back, failed | still
+        self._note_offline(found, failed, now)
         offsets: Offsets = {}
         for (topic, partition), offset in found.items():
             offsets.setdefault(topic, {})[str(partition)] = offset
         return offsets
+
+
+def kept_where_unanswered(latest: Offsets, start: Offsets, topics: dict[str, int]) -> Offsets:
+    """`latest`, plus the checkpoint's position for each partition of `topics` it lacks (that partition did not
+    answer): it gets no range in this batch and keeps its position, so nothing of it is skipped or copied twice."""
+    out = {t: dict(offsets) for t, offsets in latest.items()}
+    for topic, count in topics.items():
+        for p, position in start.get(topic, {}).items():
+            if int(p) < count:
+                out.setdefault(topic, {}).setdefault(p, position)
+    return out
 
 
 def went_back(start: Offsets, end: Offsets, topic: str, partition: str) -> int:

@@ -8,8 +8,9 @@ query has read up to. The query itself goes on, so it keeps advancing past held 
 growing; nothing of the topic is written meanwhile, so order is kept. To rejoin, `catch_up` copies each hold as
 one offset range (through the copy function it is given), then the topic is ready again: the next batch writes its
 records after the hold. A catch-up is tried when topic sync says the target can take the topic, at start (so a
-restart retries at once), and for a refused record every `RECORD_RETRY_S`. The state is saved after every batch,
-before Spark commits it, so a crash replays a batch at most (at least once, never a gap).
+restart retries at once), and for a refused record or a source partition that served nothing (its leader offline)
+every `RECORD_RETRY_S`. The state is saved after every batch, before Spark commits it, so a crash replays a batch at
+most (at least once, never a gap).
 
 Data loss. Per partition the state keeps the next offset the query expects. When a batch starts further on, the
 source's log start is checked: records below it that were never read were deleted by retention. They are reported
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 STATE_FILE = "mirrorkit-state.json"
-RECORD_RETRY_S = 60.0  # how often a topic held by a refused record tries again while `run` goes on
+RECORD_RETRY_S = 60.0  # how often a topic held by the writer (a refused record, an offline partition) tries again
 
 # Copy these ranges with a writer that may write the given topics (name -> partitions on the target).
 CopyRanges = Callable[[list[OffsetRange], dict[str, int]], list[Landing]]
@@ -258,7 +259,11 @@ class FlowQuarantine:
                  {p: h.first for p, h in q.partitions.items()} or "(none held)")  # fmt: skip
 
     def _report_loss(self, gaps: list[tuple[str, int, int, int]]) -> None:
-        """Gaps (topic, partition, expected, first read) below the source's log start are records lost to retention."""
+        """Gaps (topic, partition, expected, first read) below the source's log start are records lost to retention.
+
+        Only real gaps are looked up: a partition held before it read anything (its leader offline) is no gap, and
+        its log start would not answer."""
+        gaps = [gap for gap in gaps if gap[3] > gap[2]]
         if not gaps:
             return
         earliest = self._earliest([(t, p) for t, p, _, _ in gaps])
@@ -278,13 +283,13 @@ class FlowQuarantine:
 
 
 def refused_reason(flow: FlowConfig, row: Landing) -> str | None:
-    """Why a record the target refused (for size, or with a topic-scoped error) holds its topic, and what to do;
-    None when nothing was refused."""
+    """Why the writer held a partition (a record the target refused for size or with a topic-scoped error, or a
+    source partition that served nothing), and what to do; None when it held nothing for such a cause."""
     topic, partition, offset, size, error = row.topic, row.partition, row.held_from, row.refused_bytes, row.held_error
     if error:
         return (
-            f"target '{flow.target}' refused topic '{topic}' partition {partition} offset {offset}: {error}; fix it"
-            f" on the target (the topic catches up, in order, within {RECORD_RETRY_S:.0f} s)"
+            f"topic '{topic}' partition {partition} held from offset {offset}: {error} (the topic catches up, in"
+            f" order, within {RECORD_RETRY_S:.0f} s of that being fixed)"
         )
     if not size:
         return None

@@ -69,7 +69,9 @@ class Landing:
     held_from: int = -1  # first source offset not written (held), -1 when all were
     held_until: int = -1  # the offset after the last held one
     refused_bytes: int = 0  # size of the record refused at `held_from`, 0 when held for another reason
-    held_error: str = ""  # the target's error for the record at `held_from` (a topic-scoped refusal), else ""
+    # Why the partition holds from `held_from` when not for a record's size: the target's topic-scoped refusal, or
+    # the source serving nothing (its leader offline); it names the side and the cause. Else "".
+    held_error: str = ""
     # Where the range landed, as runs [first source offset, its target offset, last source offset] of records
     # copied one after another on both sides (spark_app.dr.syncs); at most MAX_RUNS_PER_RANGE, the newest kept.
     runs: list[list[int]] = field(default_factory=list)

@@ -14,7 +14,8 @@ the delivery callback). A record the target refuses for size goes to the flow's 
 one. Otherwise its partition is held from that record on: nothing after it is written (order), and the row says
 which offsets were held (`held_from`, `held_until`) so the driver quarantines the topic and catches it up later.
 A range of a topic that is not `ready` (quarantined, or not yet that many partitions on the target) is held whole
-the same way, without reading it.
+the same way, without reading it. So is the rest of a range whose source partition serves nothing while the source
+answers (its leader offline): the batch ends, and the topic catches up once the partition is back.
 """
 
 from __future__ import annotations
@@ -22,12 +23,20 @@ from __future__ import annotations
 import collections
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, cast
 
 import pyarrow as pa
-from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_CREATE_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from . import clients
 from .config import ClusterConfig, FlowConfig
@@ -64,6 +73,15 @@ CONSUMER_DEFAULTS = {
 CONSUME_BATCH = 10_000
 CONSUME_WAIT_S = 0.1
 READ_STALL_S = 300.0  # a range that makes no progress this long fails the batch (the source stopped answering)
+
+# A partition with records left that reads nothing this long is looked up in the source's metadata, and held at once
+# when it has no leader (its broker offline). A fetch waits at most 500 ms (librdkafka's fetch.wait.max.ms), so 5 s
+# of silence is well past a normal fetch; the look-up alone holds nothing.
+LEADER_CHECK_S = 5.0
+# A partition whose named leader serves nothing this long is held too (a broker the controller sees but the mirror
+# cannot reach). Well above a slow fetch across a WAN, and far below READ_STALL_S, which still fails the batch when
+# the whole source stops answering (its metadata too): then no partition is held.
+PARTITION_STALL_S = 60.0
 
 METADATA_WAIT_S = 60.0
 # Delivery errors that concern one topic or record, not the target: the partition holds from the refused record and
@@ -167,6 +185,8 @@ class RangeCopier:
             outbox.open(key)
             open_[key] = (landings[key], end)
         first_seen: set[Partition] = set()
+        reached = {(r.topic, r.partition): r.start for r in ranges if (r.topic, r.partition) in ends}  # next to read
+        watch = PartitionWatch(reached, time.monotonic())
         send = outbox.send
         progress_at = time.monotonic()
         # consume() returns once it has as many messages as asked, or at its timeout: ask for no more than the
@@ -175,6 +195,12 @@ class RangeCopier:
         while open_:
             # Read from assigned partitions, so topic, partition and offset are set (the stubs say Optional).
             messages = cast(list[Record], consumer.consume(max(1, min(CONSUME_BATCH, left)), CONSUME_WAIT_S))
+            if time.monotonic() >= watch.look_at:  # a partition the source does not serve holds from where it is
+                idle = watch.idle(open_, time.monotonic())
+                for key, why in unreadable(idle, self._leaders(consumer, idle), self.source.alias).items():
+                    landings[key].first_offset = min(landings[key].first_offset, reached[key])
+                    landings[key].hold(reached[key], error=why)
+                    close(key)
             if not messages:
                 if time.monotonic() - progress_at > READ_STALL_S:
                     raise DeliveryFailed(
@@ -190,6 +216,7 @@ class RangeCopier:
                     continue
                 landing, end = state
                 offset = msg.offset()
+                reached[key] = offset if msg.error() is not None else offset + 1  # an event's offset is the next one
                 if key not in first_seen:
                     first_seen.add(key)
                     landing.first_offset = min(offset, end)
@@ -205,6 +232,19 @@ class RangeCopier:
         consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
         outbox.flush(300)
         outbox.settle()
+
+    @staticmethod
+    def _leaders(consumer: Consumer, idle: Iterable[Partition]) -> dict[Partition, int] | None:
+        """Each partition of the idle partitions' topics with its leader as the source's metadata names it now (-1:
+        none); None when the source does not answer (READ_STALL_S covers that)."""
+        leaders: dict[Partition, int] = {}
+        try:
+            for topic in {t for t, _ in idle}:
+                metadata = consumer.list_topics(topic, timeout=clients.METADATA_CHECK_S).topics[topic]
+                leaders |= {(topic, p): m.leader for p, m in metadata.partitions.items()}
+        except KafkaException:
+            return None
+        return leaders
 
 
 def end_of_log(flow: FlowConfig, msg: Record) -> None:
@@ -295,7 +335,8 @@ class Outbox:
         elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
             self._refused.append(Refused.of(source[0], offset, msg))
         elif err.code() in TOPIC_SCOPED_ERRORS:
-            self._blocked.append((source, offset, f"{err.name()}: {err.str()}"))
+            why = f"target '{self.flow.target}' refused it ({err.name()}: {err.str()}); fix it on the target"
+            self._blocked.append((source, offset, why))
         else:
             self._failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.str()}")
 
@@ -376,6 +417,44 @@ class Outbox:
             self.landing_of((r.topic, r.partition)).dead_lettered += 1
         if self.producer.flush(60) or errors:
             raise DeliveryFailed(f"flow {self.flow.name}: dead-letter writes failed: {errors[:3]}")
+
+
+class PartitionWatch:
+    """How long each partition of a copy has read nothing: `reached` (each partition's next offset to read, which the
+    copy loop keeps) is compared with what it was at the previous look, at most once a second."""
+
+    def __init__(self, reached: dict[Partition, int], now: float) -> None:
+        self.reached = reached
+        self._seen = dict(reached)
+        self._since = dict.fromkeys(reached, now)
+        self.look_at = now + LEADER_CHECK_S
+
+    def idle(self, partitions: Iterable[Partition], now: float) -> dict[Partition, float]:
+        """Those of `partitions` that read nothing for LEADER_CHECK_S or more, with for how many seconds."""
+        self.look_at = now + 1.0
+        out: dict[Partition, float] = {}
+        for key in partitions:
+            if self.reached[key] != self._seen[key]:
+                self._seen[key], self._since[key] = self.reached[key], now
+            elif now - self._since[key] >= LEADER_CHECK_S:
+                out[key] = now - self._since[key]
+        return out
+
+
+def unreadable(idle: dict[Partition, float], leaders: dict[Partition, int] | None, source: str) -> dict[Partition, str]:
+    """Which idle partitions (seconds without a read) to hold, with why: those the source's metadata gives no leader,
+    and those whose named leader served nothing for PARTITION_STALL_S. None of them when the source's metadata did not
+    answer either (`leaders` None): the whole source is down, and the batch waits (READ_STALL_S)."""
+    if leaders is None:
+        return {}
+    out: dict[Partition, str] = {}
+    for key, seconds in idle.items():
+        leader, stalled = leaders.get(key, -1), f"no progress reading partition for {seconds:.0f} s"
+        if leader < 0:
+            out[key] = f"{stalled}: source '{source}' names no leader for it (leader offline?)"
+        elif seconds >= PARTITION_STALL_S:
+            out[key] = f"{stalled} from source '{source}' (leader {leader} unreachable?)"
+    return out
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.kafka_cluster import KafkaCluster, ListenerKind
+from tests.support.kafka_cluster import KafkaCluster, ListenerKind, MultiBrokerCluster
 from tests.support.kube_api import KubeApiServer
 from tests.support.mirror_config import free_port
 from tests.support.s3 import S3Server, moto_server
 from tests.support.spark_cluster import SparkStandalone
 from tests.support.testbed import TestBed
 
-CLUSTER_FIXTURES = frozenset({"testbed", "plaintext_cluster", "source_cluster", "target_cluster"})
+CLUSTER_FIXTURES = frozenset(
+    {"testbed", "plaintext_cluster", "source_cluster", "target_cluster", "multi_broker_cluster"}
+)
 # Object storage is reached through Spark's s3a connector, so the `s3` fixture needs Spark too.
 SPARK_FIXTURES = frozenset({"spark", "spark_standalone", "s3"})
 KUBE_FIXTURES = frozenset({"kube_api"})
@@ -64,6 +66,13 @@ def source_cluster(testbed: TestBed) -> KafkaCluster:
 def target_cluster(testbed: TestBed) -> KafkaCluster:
     """The Event Hubs-like target: SASL_SSL PLAIN with `$ConnectionString`, 1 MB cap, no topic creation."""
     return testbed.start("eventhubs", ListenerKind.EVENTHUBS)
+
+
+@pytest.fixture(scope="session")
+def multi_broker_cluster(testbed: TestBed) -> MultiBrokerCluster:
+    """A plaintext cluster of two brokers, node 1 also its controller, for leader and broker faults: stopping broker 2
+    takes the partitions it leads offline. A test that stops a broker starts it again before it ends."""
+    return testbed.start_multi("multi", brokers=2)
 
 
 @pytest.fixture(scope="session")

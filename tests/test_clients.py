@@ -1,11 +1,15 @@
-"""The Kafka client module: which errors mean the credentials were refused, and whole-topic reads in bulk."""
+"""The Kafka client module: which errors mean the credentials were refused, whole-topic reads in bulk, and offsets
+listed per partition."""
 
 from __future__ import annotations
 
-import pytest
-from confluent_kafka import KafkaError
+from concurrent.futures import Future
 
-from spark_app.clients import auth_error_callback, read_topic
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import ListOffsetsResultInfo, OffsetSpec
+
+from spark_app.clients import auth_error_callback, list_offsets_each, read_topic
 from spark_app.config import ClusterConfig
 from spark_app.errors import AuthenticationFailed
 from tests.support.clients import Record, create_topics, produce
@@ -51,3 +55,48 @@ def test_a_whole_internal_topic_is_read_in_bulk_to_its_end_and_its_tail_alone_on
         (r.partition, r.value) for p in range(3) for r in [r for r in sent if r.partition == p][-5:]
     )
     assert read_topic(cluster, f"absent-{unique}") == []
+
+
+class FakeAdmin:
+    """An AdminClient that answers ListOffsets from a table: an offset, librdkafka's -1001 (a leader it could not
+    reach), or an error; and whose metadata answers unless told the cluster is down."""
+
+    def __init__(self, answers: dict[tuple[str, int], int | KafkaError], cluster_down: bool = False) -> None:
+        self.answers, self.cluster_down = answers, cluster_down
+        self.metadata_asked = 0
+
+    def list_offsets(self, request, **_kwargs):
+        futures = {}
+        for tp in request:
+            future: Future = Future()
+            answer = self.answers[(tp.topic, tp.partition)]
+            if isinstance(answer, KafkaError):
+                future.set_exception(KafkaException(answer))
+            else:
+                future.set_result(ListOffsetsResultInfo(answer, -1, -1))
+            futures[tp] = future
+        return futures
+
+    def list_topics(self, timeout: float):
+        self.metadata_asked += 1
+        if self.cluster_down:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
+        return None
+
+
+def test_list_offsets_each_says_which_partitions_did_not_answer_and_why_and_raises_only_for_a_cluster_down():
+    leaderless = KafkaError(KafkaError.LEADER_NOT_AVAILABLE, "Broker: Leader not available")
+    admin = FakeAdmin({("a", 0): 10, ("a", 1): -1001, ("b", 0): leaderless})
+    found, failed = list_offsets_each(admin, [("a", 0), ("a", 1), ("b", 0)], OffsetSpec.latest(), timeout_s=7)
+    assert found == {("a", 0): 10}
+    assert failed == {("a", 1): "its leader did not answer within 7 s", ("b", 0): "Broker: Leader not available"}
+    assert admin.metadata_asked == 1, "a failure refreshes the client's leaders"
+    assert list_offsets_each(admin, [("a", 0)], OffsetSpec.latest()) == ({("a", 0): 10}, {})
+    assert admin.metadata_asked == 1, "no failure, no metadata request"
+    # Some partitions answered: a metadata request that fails does not make the cluster down.
+    flapping = FakeAdmin({("a", 0): 10, ("b", 0): leaderless}, cluster_down=True)
+    assert list_offsets_each(flapping, [("a", 0), ("b", 0)], OffsetSpec.latest())[0] == {("a", 0): 10}
+    # Nothing answered but the cluster's metadata does: the partitions are offline, not the cluster.
+    assert list_offsets_each(FakeAdmin({("a", 1): -1001}), [("a", 1)], OffsetSpec.latest())[0] == {}
+    with pytest.raises(KafkaException, match="all brokers down"):
+        list_offsets_each(FakeAdmin({("a", 1): leaderless}, cluster_down=True), [("a", 1)], OffsetSpec.latest())

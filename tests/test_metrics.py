@@ -210,7 +210,7 @@ class EndOffsets:
         self.ends = ends
         self.asked: set[tuple[str, int]] = set()
 
-    def list_offsets(self, wanted, request_timeout):
+    def list_offsets(self, wanted, **_options):
         self.asked = {(tp.topic, tp.partition) for tp in wanted}
         return {tp: SimpleNamespace(result=lambda tp=tp: SimpleNamespace(offset=self.ends[(tp.topic, tp.partition)]))
                 for tp in wanted}  # fmt: skip

@@ -1,15 +1,24 @@
-"""The planner's range math on its own: how a batch's ranges are shared among tasks, and how far a read limit lets
-each partition go. Pure functions: no Spark session and no broker."""
+"""The planner's range math on its own: how a batch's ranges are shared among tasks, how far a read limit lets each
+partition go, and what a partition that does not answer gets. No Spark session and no broker (offsets come from a
+table)."""
 
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 
+from confluent_kafka import KafkaError, KafkaException
+from pyspark.sql.streaming.datasource import ReadMaxRows
+
+from spark_app import planner
 from spark_app.config import ClusterConfig
 from spark_app.planner import (
     FIRST_BATCH_RECORDS,
+    OFFLINE_ASK_S,
+    OFFLINE_RECHECK_S,
     OffsetRangeReader,
+    kept_where_unanswered,
     limit_offsets,
     plan_source_options,
     rows_for,
@@ -245,3 +254,69 @@ def test_a_throughput_run_after_a_real_time_one_starts_where_that_got_to_unless_
     assert reader._starts({"t": {"0": 10, "2": 7}}, end) == {"t": {"0": 80, "1": 40, "2": 7}}
     # A checkpoint already past the real-time position keeps its own.
     assert reader._starts({"t": {"0": 90, "1": 95, "2": 3}}, end)["t"] == {"0": 90, "1": 95, "2": 3}
+
+
+class OffsetTable:
+    """`clients.list_offsets_each` over a table of end offsets: a partition missing from it does not answer."""
+
+    def __init__(self, ends: dict[tuple[str, int], int]) -> None:
+        self.ends = ends
+        self.asked: list[tuple[list[tuple[str, int]], float]] = []  # (partitions, timeout) per request
+
+    def __call__(self, _admin, partitions, _spec, read_committed=False, timeout_s=30.0):
+        wanted = list(partitions)
+        self.asked.append((wanted, timeout_s))
+        found = {tp: self.ends[tp] for tp in wanted if tp in self.ends}
+        return found, {tp: "Broker: Leader not available" for tp in wanted if tp not in self.ends}
+
+
+def test_a_partition_that_does_not_answer_gets_no_range_and_keeps_its_position_while_the_others_are_planned(
+    tmp_path, monkeypatch, caplog
+):
+    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
+    reader = OffsetRangeReader(plan_source_options(source, {"a": 2, "b": 1}, "earliest", 2, 1000, 1 << 28, tmp_path))
+    reader._admin = object()  # type: ignore[assignment]  # never used: the table answers
+    table = OffsetTable({("a", 0): 10, ("b", 0): 8})  # a[1]'s leader is offline
+    monkeypatch.setattr(planner.clients, "list_offsets_each", table)
+    start = {"a": {"0": 5, "1": 7}, "b": {"0": 3}}
+
+    end = reader.latestOffset(start, ReadMaxRows(1000))
+    assert end == {"a": {"0": 10, "1": 7}, "b": {"0": 8}}, "a[1] stays where the checkpoint has it"
+    ranges = [r for g in reader.partitions(start, end) for r in g.ranges]  # type: ignore[attr-defined]
+    assert sorted(ranges, key=lambda r: r.topic) == [OffsetRange("a", 0, 5, 10), OffsetRange("b", 0, 3, 8)]
+    assert [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()] == [
+        "cluster 'src': topic 'a' partition 1 did not answer (Broker: Leader not available); it gets no new range"
+        " until it does, the other partitions go on"
+    ]
+
+    table.asked.clear()
+    reader.latestOffset(end, ReadMaxRows(1000))  # before OFFLINE_RECHECK_S: a[1] is not asked, nothing waits on it
+    assert table.asked == [([("a", 0), ("b", 0)], 30.0)]
+
+    assert reader._offline[("a", 1)] > time.monotonic() + OFFLINE_RECHECK_S - 5
+    reader._offline[("a", 1)] = time.monotonic()  # OFFLINE_RECHECK_S later
+    table.ends[("a", 1)] = 12  # its leader is back
+    table.asked.clear()
+    assert reader.latestOffset(end, ReadMaxRows(1000)) == {"a": {"0": 10, "1": 12}, "b": {"0": 8}}
+    assert table.asked == [([("a", 0), ("b", 0)], 30.0), ([("a", 1)], OFFLINE_ASK_S)], "asked again alone, briefly"
+    assert len([r for r in caplog.records if "did not answer" in r.getMessage()]) == 1, "said once, not per batch"
+
+
+def test_a_partition_without_an_answer_keeps_its_checkpoint_position_only_while_its_topic_is_planned():
+    start = {"a": {"0": 5, "1": 7}, "gone": {"0": 4}}
+    assert kept_where_unanswered({"a": {"0": 9}}, start, {"a": 2}) == {"a": {"0": 9, "1": 7}}
+    assert kept_where_unanswered({}, start, {"a": 1}) == {"a": {"0": 5}}, "a partition past the count is not kept"
+    assert kept_where_unanswered({"b": {"0": 1}}, {}, {"a": 1, "b": 1}) == {"b": {"0": 1}}, "no position: nothing"
+
+
+def test_a_source_that_does_not_answer_at_all_plans_no_batch(tmp_path, monkeypatch):
+    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
+    reader = OffsetRangeReader(plan_source_options(source, {"a": 1}, "earliest", 2, 1000, 1 << 28, tmp_path))
+    reader._admin = object()  # type: ignore[assignment]
+
+    def down(*_args, **_kwargs):
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
+
+    monkeypatch.setattr(planner.clients, "list_offsets_each", down)
+    assert reader.latestOffset({"a": {"0": 5}}, ReadMaxRows(1000)) == {"a": {"0": 5}}
+    assert reader._down_since is not None, "the cluster-down clock runs (UNREACHABLE_GIVE_UP_S)"

@@ -10,7 +10,15 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, by_partition, console_consume, create_topics, produce, read_all
+from tests.support.clients import (
+    Record,
+    by_partition,
+    console_consume,
+    create_placed_topics,
+    create_topics,
+    produce,
+    read_all,
+)
 
 CLUSTERS = ["plaintext_cluster", "source_cluster", "target_cluster"]
 SASL_CLUSTERS = ["source_cluster", "target_cluster"]
@@ -97,6 +105,38 @@ def test_eventhubs_like_cluster_rejects_a_record_over_1_mb(target_cluster, uniqu
     assert outcomes["900kB"] is None
     assert outcomes["1.2MB"] is not None and outcomes["1.2MB"].code() == KafkaError.MSG_SIZE_TOO_LARGE
     assert [len(r.value) for r in read_all(target_cluster.client, topic, expected=1)] == [900_000]
+
+
+def test_stopping_one_broker_of_the_multi_broker_cluster_takes_exactly_its_partitions_offline_until_it_starts(
+    multi_broker_cluster, unique
+):
+    cluster, topic = multi_broker_cluster, f"placed-{unique}"
+    create_placed_topics(cluster.admin, {topic: [1, 2, 1]})
+    admin = AdminClient(cluster.admin.librdkafka())
+
+    def leaders() -> dict[int, int]:
+        return {p: m.leader for p, m in admin.list_topics(topic, timeout=10).topics[topic].partitions.items()}
+
+    assert leaders() == {0: 1, 1: 2, 2: 1}
+    sent = [Record(p, None, f"{p}-before".encode()) for p in (0, 1, 2)]
+    produce(cluster.client, topic, sent)
+    cluster.broker(2).stop()
+    try:
+        deadline = time.monotonic() + 30
+        while leaders() != {0: 1, 1: -1, 2: 1}:
+            assert time.monotonic() < deadline, f"partition 1 still led after broker 2 stopped: {leaders()}"
+            time.sleep(0.2)
+        after = [Record(p, None, f"{p}-after".encode()) for p in (0, 2)]
+        produce(cluster.client, topic, after)  # the partitions of broker 1 take writes meanwhile
+        sent += after
+    finally:
+        cluster.broker(2).start()
+    deadline = time.monotonic() + 30
+    while leaders() != {0: 1, 1: 2, 2: 1}:
+        assert time.monotonic() < deadline, f"partition 1 not led again after broker 2 started: {leaders()}"
+        time.sleep(0.2)
+    got = [dataclasses.replace(r, timestamp_ms=None) for r in read_all(cluster.client, topic, expected=len(sent))]
+    assert_each_record_once_in_order(topic, got, sent)
 
 
 def test_missing_jars_fail_at_once_naming_the_fetch_command(tmp_path, monkeypatch):

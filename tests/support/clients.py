@@ -30,8 +30,16 @@ class Record:
 
 
 def create_topics(admin: ClientSettings, topics: dict[str, int], config: dict[str, str] | None = None) -> None:
+    _create(admin, [NewTopic(n, p, replication_factor=1, config=config or {}) for n, p in topics.items()])
+
+
+def create_placed_topics(admin: ClientSettings, topics: dict[str, list[int]]) -> None:
+    """Topics with replication factor 1 whose partition i lives on (is led by) broker `topics[name][i]`."""
+    _create(admin, [NewTopic(n, len(bs), replica_assignment=[[b] for b in bs]) for n, bs in topics.items()])
+
+
+def _create(admin: ClientSettings, new: list[NewTopic]) -> None:
     client = AdminClient(admin.librdkafka())
-    new = [NewTopic(name, num_partitions=p, replication_factor=1, config=config or {}) for name, p in topics.items()]
     for name, future in client.create_topics(new, operation_timeout=30, request_timeout=30).items():
         try:
             future.result()

@@ -1,6 +1,9 @@
-"""Single-node KRaft Kafka clusters on loopback, each a real broker JVM started from the Maven Central jars.
+"""KRaft Kafka clusters on loopback, each broker a real JVM started from the Maven Central jars.
 
-Every cluster has a PLAINTEXT admin listener (the test bed's super user, standing in for ARM or the cluster
+Most clusters are a single node. A multi-broker cluster (`MultiBrokerCluster`, plaintext) serves leader and broker
+faults: stopping one of its brokers takes the partitions it leads offline while the rest of the cluster answers.
+
+Every broker has a PLAINTEXT admin listener (the test bed's super user, standing in for ARM or the cluster
 operator) and one client listener of a chosen kind:
 
 - `plaintext`: PLAINTEXT, like on-prem Kafka or Strimzi without auth;
@@ -127,18 +130,25 @@ class ClientSettings:
 
 @dataclass
 class KafkaCluster:
-    """One broker JVM. `start` formats and launches it; `stop`, `kill` and `start` again serve fault tests."""
+    """One broker JVM. `start` formats and launches it; `stop`, `kill` and `start` again serve fault tests.
+
+    Alone it is a whole cluster, its own controller. Given a `quorum` (the controller node of a multi-broker cluster)
+    it is a broker only, node `node_id` of that node's cluster.
+    """
 
     name: str
     kind: ListenerKind
     folder: Path
     tls: TlsFiles | None = None
+    node_id: int = 1
+    quorum: KafkaCluster | None = None
     password: str = field(default_factory=lambda: secrets.token_hex(16))
     message_max_bytes: int = 1048576
     admin_port: int = 0
     client_port: int = 0
     controller_port: int = 0
     started_in_s: float = 0.0
+    cluster_id: str = ""
     _process: subprocess.Popen | None = None
     _formatted: bool = False
 
@@ -226,13 +236,21 @@ class KafkaCluster:
 
     def limit_producers(self, bytes_per_s: int) -> None:
         """A broker quota (`producer_byte_rate`) for every client id: a slow target, each write throttled."""
+        self._quota(f"producer_byte_rate={bytes_per_s}", "--entity-default")
+
+    def limit_consumer(self, client_id: str, bytes_per_s: int) -> None:
+        """A broker quota (`consumer_byte_rate`) for one client id: a slow source for that client alone, each fetch
+        throttled. Quotas are cluster metadata: set through one broker, every broker of the cluster applies it."""
+        self._quota(f"consumer_byte_rate={bytes_per_s}", "--entity-name", client_id)
+
+    def _quota(self, config: str, *entity: str) -> None:
         command = self._java(
             "kafka.admin.ConfigCommand", "--bootstrap-server", f"127.0.0.1:{self.admin_port}", "--alter",
-            "--entity-type", "clients", "--entity-default", "--add-config", f"producer_byte_rate={bytes_per_s}",
+            "--entity-type", "clients", *entity, "--add-config", config,
         )  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
-            raise AssertionError(f"could not set a producer quota on {self.name}:\n{done.stdout}\n{done.stderr}")
+            raise AssertionError(f"could not set quota {config} on {self.name}:\n{done.stdout}\n{done.stderr}")
 
     # -- internals ------------------------------------------------------------------------------------------------
 
@@ -244,16 +262,15 @@ class KafkaCluster:
         if data.exists():
             shutil.rmtree(data)
         self.folder.mkdir(parents=True, exist_ok=True)
+        listeners = f"ADMIN://127.0.0.1:{self.admin_port},CLIENT://127.0.0.1:{self.client_port}"
+        controller = self.quorum or self
         props = {
-            "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
+            "process.roles": "broker" if self.quorum else "broker,controller",
+            "node.id": str(self.node_id),
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller.controller_port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "ADMIN",
-            "listeners": (
-                f"ADMIN://127.0.0.1:{self.admin_port},CLIENT://127.0.0.1:{self.client_port},"
-                f"CONTROLLER://127.0.0.1:{self.controller_port}"
-            ),
+            "listeners": listeners if self.quorum else f"{listeners},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"ADMIN://127.0.0.1:{self.admin_port},CLIENT://127.0.0.1:{self.client_port}",
             "listener.security.protocol.map": f"ADMIN:PLAINTEXT,CLIENT:{self._client_protocol()},CONTROLLER:PLAINTEXT",
             "log.dirs": str(data),
@@ -302,10 +319,15 @@ class KafkaCluster:
         return [*jvm, "-cp", kafka_classpath(), main_class, *args]
 
     def _format(self) -> None:
-        cluster_id = "-"
-        while cluster_id.startswith("-"):  # the storage tool would read a leading '-' as an option
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        args = ["format", "--standalone", "-t", cluster_id, "-c", str(self.folder / "server.properties")]
+        if self.quorum:  # a broker joining the controller's cluster
+            self.cluster_id = self.quorum.cluster_id
+            args = ["format", "--no-initial-controllers", "-t", self.cluster_id]
+        else:
+            self.cluster_id = "-"
+            while self.cluster_id.startswith("-"):  # the storage tool would read a leading '-' as an option
+                self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            args = ["format", "--standalone", "-t", self.cluster_id]
+        args += ["-c", str(self.folder / "server.properties")]
         if self.kind is ListenerKind.MSK_SCRAM:
             args += ["--add-scram", f"SCRAM-SHA-512=[name={MSK_USER},password={self.password}]"]
         result = subprocess.run(
@@ -337,7 +359,7 @@ class KafkaCluster:
                     probe.settimeout(0.5)
                     if probe.connect_ex(("127.0.0.1", self.admin_port)) == 0:
                         admin = AdminClient(self.admin.librdkafka())
-            elif _has_broker(admin):
+            elif _has_broker(admin, self.node_id):
                 return
             time.sleep(0.1)
         raise BrokerStartError(f"broker {self.name} not ready after {READY_TIMEOUT_S:.0f}s:\n{self.log_tail()}")
@@ -362,11 +384,41 @@ class KafkaCluster:
             future.result()
 
 
-def _has_broker(admin: AdminClient) -> bool:
+def _has_broker(admin: AdminClient, node_id: int) -> bool:
+    """The cluster's metadata, as this broker serves it, lists this broker."""
     try:
-        return bool(admin.list_topics(timeout=2).brokers)
+        return node_id in admin.list_topics(timeout=2).brokers
     except KafkaException:
         return False
+
+
+@dataclass
+class MultiBrokerCluster:
+    """One plaintext KRaft cluster of several broker JVMs: node 1 is the controller and a broker, the others are
+    brokers only. Stopping one of those (`broker(n).stop()`, then `.start()`) takes the partitions it leads offline
+    while the controller and the other brokers keep answering; a topic placed with replication factor 1
+    (tests.support.clients.create_placed_topics) chooses which partitions those are."""
+
+    name: str
+    brokers: list[KafkaCluster]
+    kind: ListenerKind = ListenerKind.PLAINTEXT
+
+    @property
+    def admin(self) -> ClientSettings:
+        return ClientSettings(bootstrap=",".join(b.admin.bootstrap for b in self.brokers))
+
+    @property
+    def client(self) -> ClientSettings:
+        return ClientSettings(bootstrap=",".join(b.client.bootstrap for b in self.brokers))
+
+    def broker(self, node_id: int) -> KafkaCluster:
+        return next(b for b in self.brokers if b.node_id == node_id)
+
+    def start(self) -> MultiBrokerCluster:
+        """Start every broker, the controller first, and wait until each serves metadata."""
+        for broker in self.brokers:
+            broker.start()
+        return self
 
 
 class BrokerStartError(RuntimeError):

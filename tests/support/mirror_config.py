@@ -8,13 +8,15 @@ from pathlib import Path
 
 from spark_app.config import FlowConfig, MirrorConfig
 
-from .kafka_cluster import KafkaCluster, ListenerKind
+from .kafka_cluster import KafkaCluster, ListenerKind, MultiBrokerCluster
+
+Cluster = KafkaCluster | MultiBrokerCluster
 
 FLOW_KEYS = frozenset(FlowConfig.model_fields) - {"source", "target", "topics", "checkpoint_location"}
 MIRROR_KEYS = frozenset(MirrorConfig.model_fields) - {"clusters", "flows"}
 
 
-def cluster_entry(cluster: KafkaCluster, alias: str) -> dict:
+def cluster_entry(cluster: Cluster, alias: str) -> dict:
     """The `clusters[]` entry for a test-bed cluster; the secret goes to a 0600 file next to the broker's."""
     entry: dict = {"alias": alias, "bootstrap_servers": cluster.client.bootstrap}
     if cluster.kind is ListenerKind.PLAINTEXT:
@@ -29,8 +31,8 @@ def cluster_entry(cluster: KafkaCluster, alias: str) -> dict:
 
 
 def one_flow_config(
-    source: KafkaCluster | dict,
-    target: KafkaCluster | dict,
+    source: Cluster | dict,
+    target: Cluster | dict,
     topics: Sequence[str] | dict,
     checkpoint_location: Path | str,
     *,
@@ -59,7 +61,7 @@ def one_flow_config(
     return {"clusters": clusters, "flows": [flow]} | {k: v for k, v in keys.items() if k in MIRROR_KEYS}
 
 
-def _entry(cluster: KafkaCluster | dict, alias: str | None, default: str) -> dict:
+def _entry(cluster: Cluster | dict, alias: str | None, default: str) -> dict:
     if not isinstance(cluster, dict):
         return cluster_entry(cluster, alias or default)
     if alias is not None:

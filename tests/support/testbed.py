@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .kafka_cluster import KafkaCluster, ListenerKind, kafka_classpath, require_java
+from .kafka_cluster import KafkaCluster, ListenerKind, MultiBrokerCluster, kafka_classpath, require_java
 from .tls import TlsFiles, make_loopback_tls
 
 
@@ -40,6 +40,28 @@ class TestBed:
         cluster = KafkaCluster(name=name, kind=kind, folder=self.root / name, tls=tls, **options)
         self.clusters[name] = cluster
         return cluster.start()
+
+    def start_multi(self, name: str, brokers: int = 2) -> MultiBrokerCluster:
+        """A plaintext cluster of `brokers` nodes (node 1 also its controller); each node is listed in `clusters` as
+        `<name>-<node id>`, so it is stopped with the bed and its log tail lands in a failing test's report."""
+        if brokers < 2:
+            raise ValueError("a multi-broker cluster needs at least two brokers; use `start` for one")
+        controller = KafkaCluster(name=f"{name}-1", kind=ListenerKind.PLAINTEXT, folder=self.root / f"{name}-1")
+        nodes = [controller] + [
+            KafkaCluster(
+                name=f"{name}-{n}",
+                kind=ListenerKind.PLAINTEXT,
+                folder=self.root / f"{name}-{n}",
+                node_id=n,
+                quorum=controller,
+            )  # fmt: skip
+            for n in range(2, brokers + 1)
+        ]
+        for node in nodes:
+            if node.name in self.clusters:
+                raise ValueError(f"the test bed already has a cluster named '{node.name}'")
+            self.clusters[node.name] = node
+        return MultiBrokerCluster(name, nodes).start()
 
     def close(self, keep_files: bool = False) -> None:
         for cluster in self.clusters.values():

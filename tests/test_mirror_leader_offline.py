@@ -1,0 +1,109 @@
+"""A source partition whose leader goes offline mid-run holds its own topic only: the planner plans the other
+partitions, the writer holds the range it can no longer read, that topic is quarantined and the others flow on; once
+the broker is back the topic catches up in order, with nothing lost."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import KafkaException
+
+from spark_app import quarantine
+from spark_app.config import parse_config
+from spark_app.mirror import Mirror
+from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.clients import Record, create_placed_topics, end_offsets, produce, read_all
+from tests.support.mirror_config import cluster_entry, free_port, one_flow_config
+from tests.support.running import mirror_running
+from tests.test_mirror_topic_faults import wait_until
+
+PER_ROUND = 20  # records on each partition of the brokers that stay up, a round every second or so
+BACKLOG = 600  # records of RECORD_BYTES on the partition that goes offline, there before the mirror starts
+RECORD_BYTES = 1000
+# The mirror's fetches from the source are throttled, so that after its first fetch the rest of BACKLOG waits many
+# seconds: the broker is stopped then, while that range is being read, which is the case the writer must hold. Small
+# fetches (librdkafka wants message.max.bytes no larger) of small producer batches keep one fetch from taking it all.
+FETCH_BYTES_PER_S = 20_000
+FETCH_BYTES = "16384"
+SMALL_BATCHES = {"batch.size": "4000", "linger.ms": "0"}
+
+
+def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alone_and_it_catches_up_in_order(
+    spark, multi_broker_cluster, plaintext_cluster, tmp_path, unique, monkeypatch
+):
+    monkeypatch.setattr(quarantine, "RECORD_RETRY_S", 2.0)  # try a held topic again every 2 s, not every 60 s
+    source = multi_broker_cluster
+    steady, bad = f"steady-{unique}", f"bad-{unique}"
+    # Every partition on broker 1 (the controller, which stays up) but bad's partition 1, which broker 2 alone holds.
+    create_placed_topics(source.admin, {steady: [1, 1], bad: [1, 2]})
+    client_id = f"mirror-{unique}"
+    source.broker(1).limit_consumer(client_id, FETCH_BYTES_PER_S)
+    overrides = {"client.id": client_id, "message.max.bytes": FETCH_BYTES, "fetch.max.bytes": FETCH_BYTES,
+                 "max.partition.fetch.bytes": FETCH_BYTES}  # fmt: skip
+    config = parse_config(
+        one_flow_config(
+            cluster_entry(source, "multi") | {"client_overrides": overrides},
+            plaintext_cluster,
+            [steady, bad],
+            tmp_path / "ckpt",
+            emit_heartbeats=False,
+            metrics_port=free_port(),
+        )  # fmt: skip
+    )
+    sent: dict[str, list[Record]] = {steady: [], bad: []}
+
+    def send(topic: str, partitions: tuple[int, ...], count: int, size: int = 10, **producer: str) -> None:
+        now = int(time.time() * 1000)
+        for p in partitions:
+            at = sum(1 for r in sent[topic] if r.partition == p)
+            records = [Record(p, f"{p}-{at + i}".encode(), f"{at + i}".encode().ljust(size, b"."), (), now + i)
+                       for i in range(count)]  # fmt: skip
+            produce(source.client, topic, records, **producer)
+            sent[topic] += records
+
+    def landed_on_target(topic: str, partition: int) -> int:
+        try:
+            return end_offsets(plaintext_cluster.client, [(f"multi.{topic}", partition)])[(f"multi.{topic}", partition)]
+        except KafkaException:
+            return 0  # not created on the target yet
+
+    send(bad, (1,), BACKLOG, RECORD_BYTES, **SMALL_BATCHES)
+    send(bad, (0,), PER_ROUND)
+    send(steady, (0, 1), PER_ROUND)
+    mirror = Mirror(spark, config)
+    flow = mirror.flows[0]
+    try:
+        with mirror_running(mirror) as errors:
+            wait_until(lambda: landed_on_target(bad, 1) > 0, errors, f"'{bad}' partition 1 to start landing")
+            source.broker(2).stop()
+            on_target = landed_on_target(bad, 1)
+            assert on_target < BACKLOG, f"the whole backlog ({on_target}) landed before the broker stopped"
+            stopped_at = time.monotonic()
+
+            for _ in range(3):  # the other topic, and bad's partition on the broker that stays up, go on
+                send(steady, (0, 1), PER_ROUND)
+                send(bad, (0,), PER_ROUND)
+                time.sleep(1)
+            wait_until(lambda: bad in flow.totals.quarantined, errors, f"'{bad}' to be quarantined")
+            reason = flow.totals.quarantined[bad]
+            assert f"topic '{bad}' partition 1" in reason and "no progress reading partition" in reason, reason
+            assert flow.totals.held[bad].get(1, -1) >= on_target, flow.totals.held
+            wait_until(
+                lambda: flow.totals.records.get(steady, 0) >= len(sent[steady]), errors, f"'{steady}' to keep flowing"
+            )
+            assert steady not in flow.totals.quarantined
+            print(f"'{steady}' caught up {time.monotonic() - stopped_at:.1f} s after broker 2 stopped")
+
+            source.broker(2).start()
+            send(bad, (0, 1), PER_ROUND)
+            send(steady, (0, 1), PER_ROUND)
+            wait_until(lambda: bad not in flow.totals.quarantined, errors, f"'{bad}' to catch up and rejoin")
+            wait_until(lambda: flow.totals.records.get(bad, 0) >= len(sent[bad]), errors, f"every '{bad}' record")
+            wait_until(lambda: flow.totals.records.get(steady, 0) >= len(sent[steady]), errors, "every steady record")
+    finally:
+        source.broker(2).start()  # the session's cluster stays whole for the tests after this one
+
+    for topic in (steady, bad):
+        got = read_all(plaintext_cluster.client, f"multi.{topic}", expected=len(sent[topic]))
+        assert_each_record_once_in_order(f"multi.{topic}", got, sent[topic])  # 0 lost, none twice, in order
+        print(f"'{topic}': {len(sent[topic])} records sent, {len(got)} on the target, in order")

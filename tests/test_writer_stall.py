@@ -1,0 +1,38 @@
+"""The writer's per-partition stall decision on its own: how long each partition of a copy has read nothing, and
+which idle partitions it holds. No broker: the copy loop's offsets and the source's leaders are given."""
+
+from __future__ import annotations
+
+from spark_app.writer import LEADER_CHECK_S, PARTITION_STALL_S, PartitionWatch, unreadable
+
+A0, A1, B0 = ("a", 0), ("a", 1), ("b", 0)
+
+
+def test_a_partition_is_idle_from_its_last_read_and_looked_at_no_more_than_once_a_second():
+    reached = {A0: 100, A1: 50}
+    watch = PartitionWatch(reached, now=0.0)
+    assert watch.look_at == LEADER_CHECK_S, "nothing is idle before LEADER_CHECK_S"
+    reached[A0] = 180  # a0 reads on, a1 reads nothing
+    assert watch.idle(reached, now=LEADER_CHECK_S) == {A1: LEADER_CHECK_S}
+    assert watch.look_at == LEADER_CHECK_S + 1.0
+    assert watch.idle(reached, now=LEADER_CHECK_S + 3) == {A1: LEADER_CHECK_S + 3}, "a0 read 3 s ago"
+    assert watch.idle(reached, now=2 * LEADER_CHECK_S) == {A0: LEADER_CHECK_S, A1: 2 * LEADER_CHECK_S}
+    reached[A1] = 51
+    assert watch.idle([A1], now=20.0) == {}, "a read restarts its clock; only the partitions asked about count"
+
+
+def test_an_idle_partition_is_held_at_once_without_a_leader_and_after_the_stall_bound_with_one():
+    idle = {A0: LEADER_CHECK_S, A1: LEADER_CHECK_S, B0: PARTITION_STALL_S}
+    held = unreadable(idle, {A0: 1, A1: -1, B0: 2}, "src")
+    assert held == {
+        A1: "no progress reading partition for 5 s: source 'src' names no leader for it (leader offline?)",
+        B0: "no progress reading partition for 60 s from source 'src' (leader 2 unreachable?)",
+    }, "a0 has a leader and has been idle briefly: it waits"
+    assert unreadable({("gone", 0): 9.0}, {}, "src") == {
+        ("gone", 0): "no progress reading partition for 9 s: source 'src' names no leader for it (leader offline?)"
+    }, "a partition the metadata no longer lists has no leader"
+
+
+def test_nothing_is_held_when_the_source_does_not_answer_at_all():
+    """The whole source down is the batch's stall (READ_STALL_S), not a partition's."""
+    assert unreadable({A0: PARTITION_STALL_S * 2}, None, "src") == {}
