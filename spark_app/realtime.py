@@ -36,6 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import cast
 
@@ -144,12 +145,13 @@ class LiveCopy:
                 if time.monotonic() >= report_at:
                     report_at = time.monotonic() + REPORT_S
                     self._hold(outbox.settle(), open_, consumer)
+                    outbox.raise_failures()
                     conn.send(("landed", self._report(outbox)))
                     stopped = conn.poll() and conn.recv() == STOP
+            outbox.flush(300)
+            self._hold(outbox.settle(), open_, consumer)
         finally:
             consumer.close()
-        outbox.flush(300)
-        self._hold(outbox.settle(), open_, consumer)
         conn.send(("done", self._report(outbox)))
         return self.copied
 
@@ -177,6 +179,7 @@ class LiveCopy:
         """The consumer was reset to the log start below where the partition stood (the topic was deleted and made
         again, or truncated): report what landed before, then start a landing that says so (spark_app.quarantine)."""
         outbox.flush(300)
+        outbox.settle()
         conn.send(("landed", self._report(outbox)))
         part = self.parts[key]
         part.landing = Landing(key[0], key[1], offset, offset, reset_from=part.next)
@@ -239,10 +242,14 @@ class CopyJob:
         self._on_landed = on_landed
         self._commit_interval_s = commit_interval_s
         self._inbox: list[Landing] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the fields above that tasks' reports change
+        self._filing = threading.Lock()  # one filing at a time, in the order the reports came
         self._conns: list[Connection] = []
+        self._serving: list[threading.Thread] = []
         self._stopping = threading.Event()
-        self._done = threading.Event()
+        self._ended = threading.Event()  # the Spark job returned
+        self._done = threading.Event()  # and its last reports are filed
+        self._closed = False
         self._group = f"mirrorkit-realtime-{uuid.uuid4().hex[:8]}"
         authkey = os.urandom(32)
         self._listener = Listener(("0.0.0.0", 0), authkey=authkey)
@@ -267,26 +274,23 @@ class CopyJob:
             return bool(self._held)
 
     def wait(self) -> None:
-        """Until every task has stopped (available-now: reached its stops), then file the last reports."""
+        """Until every task has stopped (available-now: reached its stops) and its last reports are filed."""
         self._done.wait()
-        self._close()
 
     def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
         """Tell every task to stop, and wait for them to flush and report; past `timeout_s` cancel the job (what
         was in flight is copied again from the newest reports)."""
+        self._stop_tasks()
+        if not self._ended.wait(timeout_s):
+            log.warning("flow %s: copier tasks did not stop within %.0f s; cancelling them", self.flow.name, timeout_s)
+            self.spark.sparkContext.cancelJobGroup(self._group)
+        self._done.wait()
+
+    def _stop_tasks(self) -> None:
         self._stopping.set()
         with self._lock:
             for conn in self._conns:
                 _send(conn, STOP)
-        if not self._done.wait(timeout_s):
-            log.warning("flow %s: copier tasks did not stop within %.0f s; cancelling them", self.flow.name, timeout_s)
-            self.spark.sparkContext.cancelJobGroup(self._group)
-            self._done.wait(60)
-        self._close()
-
-    def _close(self) -> None:
-        self._listener.close()
-        self._file()
 
     def _run(self) -> None:
         sc = self.spark.sparkContext
@@ -297,15 +301,34 @@ class CopyJob:
             if not self._stopping.is_set():
                 self.error = first_cause(str(err))
         finally:
-            self._done.set()
+            self._ended.set()
+            self._finish()
+
+    def _finish(self) -> None:
+        """After the job: take the tasks' last reports (each connection ends after its task's), file them, close."""
+        with self._lock:
+            serving = list(self._serving)
+        for thread in serving:
+            thread.join(30)
+        self._closed = True
+        self._listener.close()
+        self._file()
+        self._done.set()
 
     def _accept(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 conn = self._listener.accept()
-            except OSError:  # closed: the job is over
-                return
-            threading.Thread(target=self._serve, args=(conn,), name=f"{self._group}-task", daemon=True).start()
+            except (EOFError, AuthenticationError):  # not one of this job's tasks
+                continue
+            except OSError:  # closed (the job is over), or a connection that broke before its handshake
+                if not self._closed:
+                    time.sleep(0.1)
+                continue
+            thread = threading.Thread(target=self._serve, args=(conn,), name=f"{self._group}-task", daemon=True)
+            with self._lock:
+                self._serving.append(thread)
+            thread.start()
 
     def _serve(self, conn: Connection) -> None:
         """One task's connection: its assignment (from the newest reports: a retried task resumes there), then its
@@ -340,10 +363,20 @@ class CopyJob:
             self._file()
 
     def _file(self) -> None:
-        with self._lock:
-            rows, self._inbox = self._inbox, []
-        if rows:
-            self._on_landed(rows)
+        """Hand what the tasks reported to `on_landed`, in order. If that fails (a state file that cannot be saved,
+        records lost at the source under `fail_on_data_loss`), the job stops with the error: its tasks would copy on
+        with nothing saved."""
+        with self._filing:
+            with self._lock:
+                rows, self._inbox = self._inbox, []
+            if not rows:
+                return
+            try:
+                self._on_landed(rows)
+            except Exception as err:  # noqa: BLE001 - reported through `error`, which stops the mirror
+                log.error("flow %s: filing what the copier tasks reported failed: %s", self.flow.name, err)
+                self.error = self.error or f"filing what the copier tasks reported failed: {err}"
+                self._stop_tasks()
 
 
 def _send(conn: Connection, message: object) -> None:
@@ -357,12 +390,14 @@ class RealtimeFlowMirror(FlowMirror):
     streaming query."""
 
     job: CopyJob | None = None
+    _copying: set[str] = set()  # the topics the job copies
 
     def start(self, topics: Topics, available_now: bool) -> None:
         self.topics = topics
         with self._between_batches:
             self._release_due()
             assignment = self._assign(topics, available_now)
+        self._copying = {t for t, _ in assignment.starts}
         if not assignment.starts:
             log.warning("flow %s: no topic to mirror yet", self.flow.name)
             self.job = None
@@ -380,25 +415,28 @@ class RealtimeFlowMirror(FlowMirror):
 
     def _assign(self, topics: Topics, available_now: bool) -> Assignment:
         """Where each partition the target can take starts: its saved position (or first held offset), else an
-        adopted one, else `start_from` for a new topic and the log start for a new partition. A topic with a
-        partition the target does not have yet is held at that partition's start, which quarantines it."""
+        adopted one, else `start_from` for a new topic and the log start for a new partition. A new partition the
+        target cannot take now (its topic quarantined, or the target lacks the partition) is held at that start, so
+        its topic catches up from there; a topic the target lacks a partition of is quarantined whole."""
         ready = self.quarantine.ready(self.plan.mirrored)
         state = self.quarantine.state
         resume = owed_from(state.adopted | state.positions, self.quarantine.held())
-        wanted = [(t, p) for t, n in topics for p in range(n) if t in ready]
+        every = [(t, p) for t, n in topics for p in range(n)]
         admin = clients.admin(self.source)
-        ends = clients.list_offsets(admin, wanted, OffsetSpec.latest(), read_committed=True)
-        fresh = [tp for tp in wanted if tp not in resume]
+        ends = clients.list_offsets(admin, every, OffsetSpec.latest(), read_committed=True)
+        fresh = [tp for tp in every if tp not in resume]
         known = {t for t, _ in resume}
-        starts = {tp: resume[tp] for tp in wanted if tp in resume}
+        starts = {tp: resume[tp] for tp in every if tp in resume}
         starts |= {tp: ends[tp] for tp in fresh if self.flow.start_from == "latest" and tp[0] not in known}
         starts |= clients.list_offsets(admin, [tp for tp in fresh if tp not in starts], OffsetSpec.earliest())
-        missing = [Landing(t, p, starts[(t, p)], starts[(t, p)]) for t, p in wanted if p >= ready[t]]
-        for row in missing:
+        lacking = [(t, p) for t, p in every if t in ready and p >= ready[t]]
+        held = lacking + [(t, p) for t, p in fresh if t not in ready]
+        rows = [Landing(t, p, starts[(t, p)], starts[(t, p)]) for t, p in held]
+        for row in rows:
             row.hold(row.first_offset)
-        self._file(missing)
-        short = {row.topic for row in missing}
-        writable = {tp: offset for tp, offset in starts.items() if tp[0] not in short}
+        self._file(rows)
+        short = {t for t, _ in lacking}
+        writable = {tp: offset for tp, offset in starts.items() if tp[0] in ready and tp[0] not in short}
         self._report_recopies(writable)
         return Assignment(writable, {tp: ends[tp] for tp in writable} if available_now else None)
 
@@ -413,7 +451,8 @@ class RealtimeFlowMirror(FlowMirror):
         if again:
             self.totals.recopied += again
             log.warning("flow %s: resuming at the saved positions; %d record(s) landed after the last save and are"
-                        " copied again", self.flow.name, again)  # fmt: skip
+                        " copied again (counted on the target, where records others wrote count too)", self.flow.name,
+                        again)  # fmt: skip
 
     def _file_landings(self, rows: list[Landing]) -> None:
         with self._between_batches:
@@ -421,7 +460,7 @@ class RealtimeFlowMirror(FlowMirror):
             self._file(rows)
 
     def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
-        if self.job is not None and self.job.running():
+        if self.job is not None:
             self.job.stop(timeout_s)
 
     def wait(self) -> None:
@@ -437,11 +476,12 @@ class RealtimeFlowMirror(FlowMirror):
         return dict(self._next_offsets)
 
     def catch_up(self) -> None:
-        """Restart the job when a quarantined topic may rejoin (read from its first held offsets), or when a task
-        held a partition (its topic's other partitions stop until then)."""
+        """Restart the job when a quarantined topic may rejoin (read from its first held offsets), when a task held
+        a partition (its topic's other partitions stop until then), or when topic sync quarantined a topic."""
         with self._between_batches:
             due = self._release_due()
-        if due or (self.job is not None and self.job.held_any()):
+            stopped = self._copying - set(self.quarantine.ready(self.plan.mirrored))  # quarantined by topic sync
+        if due or stopped or (self.job is not None and self.job.held_any()):
             self.stop()
             self.start(self.topics, available_now=False)
 

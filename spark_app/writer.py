@@ -343,23 +343,32 @@ class Outbox:
     def flush(self, timeout_s: float) -> None:
         """Wait for every record in flight; fail the task if one is not delivered or failed for the target."""
         remaining = self.producer.flush(timeout_s)
-        if remaining or self._failures:
+        if remaining:
             raise DeliveryFailed(f"flow {self.flow.name}: {remaining} undelivered; first errors: {self._failures[:3]}")
+        self.raise_failures()
+
+    def raise_failures(self) -> None:
+        """Fail the task if a delivery failed for the target (not for one topic): nothing past that record may be
+        reported as copied, so the task's retry resumes before it."""
+        if self._failures:
+            raise DeliveryFailed(f"flow {self.flow.name}: delivery failed; first errors: {self._failures[:3]}")
 
     def settle(self) -> set[Partition]:
-        """Act on the refusals reported so far (see the class); returns the source partitions now held."""
-        refused, self._refused = self._refused, []
-        blocked, self._blocked = self._blocked, []
+        """Act on the refusals reported so far (see the class); returns the source partitions now held. Dead letters
+        are flushed, and delivery reports that arrive meanwhile are settled too."""
         held: set[Partition] = set()
-        for source, offset, error in blocked:  # the partition holds from there; the topic is quarantined
-            self.landing_of(source).hold(offset, error=error)
-            held.add(source)
-        if refused and self.flow.dead_letter_topic:
-            self._dead_letter(refused)
-        else:  # refused by the broker after later records were sent: held from the first refused one
-            for r in refused:
-                self.landing_of((r.topic, r.partition)).hold(r.offset, len(r.value or b""))
-                held.add((r.topic, r.partition))
+        while self._refused or self._blocked:
+            refused, self._refused = self._refused, []
+            blocked, self._blocked = self._blocked, []
+            for source, offset, error in blocked:  # the partition holds from there; the topic is quarantined
+                self.landing_of(source).hold(offset, error=error)
+                held.add(source)
+            if refused and self.flow.dead_letter_topic:
+                self._dead_letter(refused)
+            else:  # refused by the broker after later records were sent: held from the first refused one
+                for r in refused:
+                    self.landing_of((r.topic, r.partition)).hold(r.offset, len(r.value or b""))
+                    held.add((r.topic, r.partition))
         return held
 
     def _produce(
