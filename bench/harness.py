@@ -146,9 +146,17 @@ def run_candidate(
 
 
 def mirror_command(
-    alias: str, source: str, target: str, topics: list[str], work: Path, available_now: bool, mode: str = "throughput"
+    alias: str,
+    source: str,
+    target: str,
+    topics: list[str],
+    work: Path,
+    available_now: bool,
+    mode: str = "throughput",
+    realtime_tasks: int = 1,
 ) -> list[str]:
-    """The mirror's CLI on a config with the shipped defaults in `mode`; a continuous run gets a free metrics port."""
+    """The mirror's CLI on a config with the shipped defaults in `mode` (real time: with `realtime_tasks`); a
+    continuous run gets a free metrics port."""
     config: dict = {
         "clusters": [
             {"alias": alias, "bootstrap_servers": source, "profile": "kafka"},
@@ -161,6 +169,7 @@ def mirror_command(
                 "topics": {"include": topics},
                 "checkpoint_location": str(work / alias),
                 "mode": mode,
+                "realtime_tasks": realtime_tasks,
             }
         ],
     }
@@ -253,7 +262,7 @@ def run_latency(
     wp.create_topics(target, out_topics, args.partitions)
     if name.startswith("mirror"):
         mode = "realtime" if name == "mirror-realtime" else "throughput"
-        cmd = mirror_command(alias, source, target, topics, work, available_now=False, mode=mode)
+        cmd = mirror_command(alias, source, target, topics, work, False, mode, args.realtime_tasks)
     else:
         cmd = mm2_command(alias, source, target, topics, True, work)
     log = work / f"{alias}.log"
@@ -288,7 +297,8 @@ def latency_lines(rows: list[dict], meta: dict) -> list[str]:
         "",
         f"Over {rows[0]['scenario']} for {lat['seconds']} s at each rate, {meta['size']} B records; records sent in the"
         f" first {lat['warmup_s']} s are not counted. `mirror`: throughput mode (micro-batches) run continuously at the"
-        f" shipped trigger_interval_s ({lat['mirror_trigger_interval_s']} s); `mirror-realtime`: `mode: realtime`;"
+        f" shipped trigger_interval_s ({lat['mirror_trigger_interval_s']} s); `mirror-realtime`: `mode: realtime` with"
+        f" {lat.get('realtime_tasks', 1)} task(s);"
         " MM2 tuned.",
     ]
     for rate in dict.fromkeys(r["rate"] for r in rows):
@@ -391,6 +401,7 @@ def main() -> None:
     parser.add_argument("--scale-records", type=int, default=100_000)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per candidate")
     parser.add_argument("--latency-rates", default="10000", help="probe records/s over all partitions: 10000,50000")
+    parser.add_argument("--realtime-tasks", type=int, default=1, help="mirror-realtime's realtime_tasks")
     parser.add_argument("--latency-seconds", type=float, default=60, help="how long the probe sends")
     parser.add_argument("--latency-warmup", type=float, default=15, help="first seconds of the load not counted")
     parser.add_argument("--latency-candidates", default=",".join(LATENCY_CANDIDATES), help="empty: no latency runs")
@@ -412,6 +423,7 @@ def main() -> None:
         "rates": [int(r) for r in args.latency_rates.split(",")],
         "seconds": args.latency_seconds,
         "warmup_s": args.latency_warmup,
+        "realtime_tasks": args.realtime_tasks,
         "mirror_trigger_interval_s": MirrorConfig.model_fields["trigger_interval_s"].default,
     }
     bed = TestBed()
