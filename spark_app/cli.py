@@ -293,11 +293,11 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
     check_reachable(config.clusters, PREFLIGHT_TIMEOUT_S)  # before Spark: a wrong address or password fails fast
     spark = build_session(master)
     mirror = Mirror(spark, config)
+    mirror.stop_on_sigterm()
     if available_now:
         with ProgressReport([FlowProgress.of(flow) for flow in mirror.flows]):
             mirror.run_available_now()
     else:
-        mirror.stop_on_sigterm()
         mirror.run_forever()
     for running in mirror.flows:
         t = running.totals

@@ -65,11 +65,18 @@ class Mirror:
         jvm_signal.handle(jvm_signal("TERM"), self._on_jvm_sigterm)
 
     def run_available_now(self) -> None:
-        """Mirror what is there now, write a final offset sync and checkpoint, then return."""
+        """Mirror what is there now, write a final offset sync and checkpoint, then return. When `stopping` is set
+        first (SIGTERM), every flow stops between batches instead, and a later run copies the rest."""
         for dr in self.dr.values():
             dr.prepare()
         for flow in self.flows:
             flow.start(flow.sync_topics(), available_now=True)
+        while any(flow.running() for flow in self.flows) and not self.stopping.wait(0.2):
+            pass
+        if self.stopping.is_set():
+            log.info("stopping before everything present is copied; the next run copies the rest")
+            with ThreadPoolExecutor(max(1, len(self.flows))) as pool:
+                list(pool.map(lambda flow: flow.stop(), self.flows))
         for flow in self.flows:
             flow.wait()
             _raise_if_failed(flow)

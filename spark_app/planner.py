@@ -151,11 +151,11 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_end = self._until_answered(lambda: self._list(OffsetSpec.latest()))
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        if self.pause_file.exists():
+            return start  # the driver is stopping this query: no new batch (an available-now run ends here)
         if self._available_now_end is not None:  # an empty answer would end the run early: wait for a real one
             latest = kept_where_unanswered(self._available_now_end, start, self.topics)
             starts = self._until_answered(lambda: self._starts(start, latest))
-        elif self.pause_file.exists():
-            return start  # the driver is stopping this query: no new batch
         else:
             try:
                 latest = kept_where_unanswered(self._list(OffsetSpec.latest()), start, self.topics)

@@ -170,7 +170,7 @@ class LiveCopy:
             part.landing.first_offset = offset  # past the start: retention deleted what lay between (reported)
         part.read_any = True
         part.next = offset + 1
-        if not outbox.send(msg, key, part.landing):
+        if not outbox.send(msg, key, offset, part.landing):
             return False
         self.copied += 1
         return part.stop is None or part.next < part.stop
@@ -462,6 +462,9 @@ class RealtimeFlowMirror(FlowMirror):
     def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
         if self.job is not None:
             self.job.stop(timeout_s)
+
+    def running(self) -> bool:
+        return self.job is not None and self.job.running()
 
     def wait(self) -> None:
         if self.job is not None:

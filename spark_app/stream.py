@@ -159,6 +159,9 @@ class FlowMirror:
         finally:
             self._pause_file.unlink(missing_ok=True)
 
+    def running(self) -> bool:
+        return self.query is not None and self.query.isActive
+
     def wait(self) -> None:
         """Until the query ends (`run --available-now`: it has copied what was there); a failure is `failure`'s."""
         if self.query is not None:

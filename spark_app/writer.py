@@ -215,18 +215,18 @@ class RangeCopier:
                 if state is None:  # fetched past its range, or already closed
                     continue
                 landing, end = state
-                offset = msg.offset()
-                reached[key] = offset if msg.error() is not None else offset + 1  # an event's offset is the next one
+                offset, err = msg.offset(), msg.error()
+                reached[key] = offset if err is not None else offset + 1  # an event's offset is the next one to read
                 if key not in first_seen:
                     first_seen.add(key)
                     landing.first_offset = min(offset, end)
-                if msg.error() is not None or offset >= end:  # the log's end (EOF), or past the range
+                if err is not None or offset >= end:  # the log's end (EOF), or past the range
                     end_of_log(self.flow, msg)
                     if offset >= end:
                         close(key)
                     continue
                 left -= 1
-                if not send(msg, key, landing) or offset + 1 >= end:
+                if not send(msg, key, offset, landing) or offset + 1 >= end:
                     close(key)
             producer.poll(0)  # serve delivery reports as we go, so they do not pile up until the flush
         consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
@@ -279,6 +279,8 @@ class Outbox:
         self._failures: list[str] = []
         self._identity = flow.replication_policy == "identity"
         self._stamp = self._identity and flow.provenance_header
+        self._produce_now = producer.produce  # looked up once: `send` runs for every record
+        self._on_delivery = self.delivered
 
     def open(self, source: Partition) -> None:
         """Get ready to send records of a source partition."""
@@ -287,10 +289,11 @@ class Outbox:
         self._targets[source] = (out_topic, queue)
         self._sources[(out_topic, source[1])] = source
 
-    def send(self, msg: Record, source: Partition, landing: Landing) -> bool:
-        """Send one record of an open partition `source` (or drop it as an echo); False when the target's cap refused
-        it and no dead-letter topic takes it, so its partition holds from it and nothing after it may be sent."""
-        offset, value, headers = msg.offset(), msg.value(), msg.headers()
+    def send(self, msg: Record, source: Partition, offset: int, landing: Landing) -> bool:
+        """Send one record (at `offset`) of an open partition `source`, or drop it as an echo; False when the target's
+        cap refused it and no dead-letter topic takes it, so its partition holds from it and nothing after it may be
+        sent."""
+        value, headers = msg.value(), msg.headers()
         if self._identity:
             came_from = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
             if drops_record(self.flow, came_from):
@@ -304,9 +307,9 @@ class Outbox:
         key, ts = msg.key(), msg.timestamp()[1]
         out_topic, queue = self._targets[source]
         try:
-            self.producer.produce(
+            self._produce_now(
                 out_topic, value=value, key=key, partition=source[1], timestamp=ts, headers=headers,
-                on_delivery=self.delivered,
+                on_delivery=self._on_delivery,
             )  # fmt: skip
         except (BufferError, KafkaException):  # queue full, or refused for size: the slow path decides
             if not self._produce(out_topic, source[1], key, value, headers, ts):
