@@ -43,6 +43,8 @@ UNREACHABLE_GIVE_UP_S = 300.0  # a source or target down this long stops the mir
 # whole request timeout for a leader it cannot reach, and asked with the others it would hold up every batch.
 OFFLINE_RECHECK_S = 10.0
 OFFLINE_ASK_S = 2.0
+# How long `run --available-now` waits for every partition to answer before it fixes where it ends.
+AVAILABLE_NOW_WAIT_S = 60.0
 
 Offsets = dict[str, dict[str, int]]  # {"topic": {"partition": offset}}
 
@@ -148,7 +150,18 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.max_records)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_end = self._until_answered(lambda: self._list(OffsetSpec.latest()))
+        """Fix the end offsets this run copies to. A partition that does not answer (a new topic whose leader is not
+        known yet, or one offline) is asked again for up to AVAILABLE_NOW_WAIT_S, so a run does not end without it
+        by chance; one still silent then is left for the next run, with the warning that names it."""
+        deadline = time.monotonic() + AVAILABLE_NOW_WAIT_S
+        while True:
+            ends = self._until_answered(lambda: self._list(OffsetSpec.latest()))
+            silent = [tp for tp in self._offline if str(tp[1]) not in ends.get(tp[0], {})]
+            if not silent or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+            self._offline.update(dict.fromkeys(silent, 0.0))  # due again now
+        self._available_now_end = ends
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         if self.pause_file.exists():

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, OffsetSpec, ResourceType
 
 from . import clients
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 # The configs MirrorMaker 2 users rely on to make a DR copy behave like its source.
 COPIED_CONFIGS = ("cleanup.policy", "retention.ms", "retention.bytes", "max.message.bytes", "min.compaction.lag.ms")
+CONFIGS_SETTLE_S = 10.0  # how long a topic may be listed but not yet described (just made) before it is an error
 
 
 @dataclass(frozen=True)
@@ -118,14 +120,28 @@ class TopicSync:
 
     @staticmethod
     def _configs(admin: AdminClient, names: list[str]) -> dict[str, dict[str, str]]:
-        """The COPIED_CONFIGS of each topic, in one request."""
-        resources = [ConfigResource(ResourceType.TOPIC, n) for n in names]
+        """The COPIED_CONFIGS of each topic, in one request. A topic made a moment ago can be listed before its
+        configs can be described: such topics are asked again, for up to CONFIGS_SETTLE_S."""
         configs: dict[str, dict[str, str]] = {}
-        for resource, future in admin.describe_configs(resources, request_timeout=clients.REQUEST_TIMEOUT_S).items():
-            entries = future.result()
-            configs[resource.name] = {
-                k: entries[k].value for k in COPIED_CONFIGS if k in entries and entries[k].value is not None
-            }
+        deadline = time.monotonic() + CONFIGS_SETTLE_S
+        while names:
+            resources = [ConfigResource(ResourceType.TOPIC, n) for n in names]
+            answers = admin.describe_configs(resources, request_timeout=clients.REQUEST_TIMEOUT_S)
+            unknown = []
+            for resource, future in answers.items():
+                try:
+                    entries = future.result()
+                except KafkaException as err:
+                    if err.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                        raise
+                    unknown.append(resource.name)
+                    continue
+                configs[resource.name] = {
+                    k: entries[k].value for k in COPIED_CONFIGS if k in entries and entries[k].value is not None
+                }
+            names = unknown
+            if names:
+                time.sleep(0.5)
         return configs
 
     def earliest_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:

@@ -93,7 +93,12 @@ def test_both_ways_each_record_lands_once_per_direction_and_names_never_grow(
         for cluster, alias in ((east, a), (west, b)):
             produce(cluster.client, topic, sent[alias][PER_SIDE:])  # while it runs
         deadline = time.monotonic() + 300
-        while any(count(c, t) < want for c, t in copies) and time.monotonic() < deadline and not errors:
+
+        def done() -> bool:  # every record copied, and each flow's heartbeats seen on its target
+            heartbeats = all(dr.newest_heartbeat_ms is not None for dr in mirror.dr.values())
+            return heartbeats and all(count(c, t) >= want for c, t in copies)
+
+        while not done() and time.monotonic() < deadline and not errors:
             time.sleep(2)
         if not errors:
             time.sleep(10)  # keep mirroring both ways a while longer: nothing more may arrive
