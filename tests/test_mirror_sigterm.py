@@ -6,11 +6,13 @@ the target then holds exactly the records the checkpoint says were copied, and a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyspark
@@ -59,24 +61,19 @@ def test_sigterm_to_spark_submit_commits_the_batch_in_flight_exits_0_and_writes_
         emit_heartbeats=False, max_records_per_trigger=BATCH, metrics_port=free_port(),
     )  # fmt: skip
     path, command, env = driver_pod(config, tmp_path)
-    with open(tmp_path / "driver.log", "w+") as out:
-        driver = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            # SIGTERM while a batch after the first is writing: Spark's own shutdown would cancel it half written.
-            in_flight = None
-            while in_flight is None and driver.poll() is None:
-                time.sleep(0.05)
-                batch = batch_in_flight(checkpoint)
-                if batch:
-                    offsets, _ = checkpoint_logs(checkpoint)
-                    landed = sum(end_offsets(target_cluster.client, targets).values())
-                    if landed > sum(sum(ends.values()) for ends in offsets[batch - 1].values()):
-                        in_flight = batch
-            assert in_flight is not None, f"the mirror exited before a batch could be interrupted:\n{_tail(out)}"
-            code, took = terminate_within_grace(driver, out)
-        finally:
-            if driver.poll() is None:
-                os.killpg(driver.pid, signal.SIGKILL)
+    with open(tmp_path / "driver.log", "w+") as out, driver_running(command, env, out) as driver:
+        # SIGTERM while a batch after the first is writing: Spark's own shutdown would cancel it half written.
+        in_flight = None
+        while in_flight is None and driver.poll() is None:
+            time.sleep(0.05)
+            batch = batch_in_flight(checkpoint)
+            if batch:
+                offsets, _ = checkpoint_logs(checkpoint)
+                landed = sum(end_offsets(target_cluster.client, targets).values())
+                if landed > sum(sum(ends.values()) for ends in offsets[batch - 1].values()):
+                    in_flight = batch
+        assert in_flight is not None, f"the mirror exited before a batch could be interrupted:\n{_tail(out)}"
+        code, took = terminate_within_grace(driver, out)
         output = _tail(out)
     assert code == 0, output
     offsets, commits = checkpoint_logs(checkpoint)
@@ -114,24 +111,30 @@ def test_sigterm_to_spark_submit_stops_real_time_tasks_after_they_flush_exits_0_
     )  # fmt: skip
     path, command, env = driver_pod(config, tmp_path)
     total = sum(len(r) for r in sent.values())
-    with open(tmp_path / "driver.log", "w+") as out:
-        driver = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            landed = 0
-            while not landed and driver.poll() is None:  # SIGTERM as soon as the tasks are copying
-                time.sleep(0.02)
-                landed = sum(end_offsets(target_cluster.client, targets).values())
-            assert 0 < landed < total, f"SIGTERM could not land mid-copy ({landed} of {total}):\n{_tail(out)}"
-            code, took = terminate_within_grace(driver, out)
-        finally:
-            if driver.poll() is None:
-                os.killpg(driver.pid, signal.SIGKILL)
+    with open(tmp_path / "driver.log", "w+") as out, driver_running(command, env, out) as driver:
+        landed = 0
+        while not landed and driver.poll() is None:  # SIGTERM as soon as the tasks are copying
+            time.sleep(0.02)
+            landed = sum(end_offsets(target_cluster.client, targets).values())
+        assert 0 < landed < total, f"SIGTERM could not land mid-copy ({landed} of {total}):\n{_tail(out)}"
+        code, took = terminate_within_grace(driver, out)
         output = _tail(out)
     assert code == 0, output
     copied = sum(end_offsets(target_cluster.client, targets).values())
     print(f"real time: SIGTERM with {landed} of {total} landed; exit {code} after {took:.1f} s, {copied} on the target")
     assert copied < total, "SIGTERM came after the whole backlog was copied"
     resume_copies_the_rest_once(path, target_cluster, sent)
+
+
+@contextlib.contextmanager
+def driver_running(command: list[str], env: dict[str, str], out) -> Iterator[subprocess.Popen]:
+    """The driver pod's process, writing to `out`; killed with its children if it outlives the block."""
+    driver = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        yield driver
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
 
 
 def driver_pod(config: dict, tmp_path: Path) -> tuple[Path, list[str], dict[str, str]]:
