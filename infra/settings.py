@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import pulumi
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
 from infra.versions import pinned
-from spark_app.config import ALIAS_PATTERN, ConfigError, FlowConfig, MirrorConfig
+from spark_app.config import ALIAS_PATTERN, ConfigError, FlowConfig, FlowMode, MirrorConfig, StrictModel, cores_needed
 from spark_app.policy import HEARTBEATS_TOPIC, event_hubs_topics, target_topic
 
 PROJECT = "mirrorkit"
@@ -30,10 +30,6 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 APP_NAME_MAX = 50  # Spark derives pod and service names from it, within Kubernetes' 63
 # Looked up from the MSK cluster at deploy time; stands in while the stack is validated.
 PENDING_BOOTSTRAP = "bootstrap.pending.invalid"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Tier(enum.StrEnum):
@@ -70,19 +66,19 @@ def _cidr(v: str) -> str:
 Cidr = Annotated[str, Field(min_length=9)]
 
 
-class SourceTopic(_Strict):
+class SourceTopic(StrictModel):
     """What infra must know of a source topic to size its copy on a cluster it provisions."""
 
     partitions: Annotated[int, Field(gt=0)]
     compacted: bool = False
 
 
-class GeoDr(_Strict):
+class GeoDr(StrictModel):
     alias: Annotated[str, Field(min_length=1)]
     partner_namespace_id: Annotated[str, Field(min_length=1)]
 
 
-class EventHubsSpec(_Strict):
+class EventHubsSpec(StrictModel):
     namespace: Annotated[str, Field(pattern=r"^[a-zA-Z][a-zA-Z0-9-]{4,48}[a-zA-Z0-9]$")]
     resource_group: Annotated[str, Field(min_length=1)]
     existing_resource_group: bool = False
@@ -139,7 +135,7 @@ MSK_ARN = re.compile(
 )
 
 
-class MskSpec(_Strict):
+class MskSpec(StrictModel):
     cluster_arn: Annotated[str, Field(pattern=MSK_ARN.pattern)]
     auth: Literal["scram", "iam", "tls"]
     vpc_id: Annotated[str, Field(pattern=r"^vpc-[0-9a-f]+$")]
@@ -177,7 +173,7 @@ class MskSpec(_Strict):
 ADMIN_PREFIX = "admin_"  # credentials.<alias>.admin_*: the program's own, to set ACLs; never mounted in a pod
 
 
-class KafkaAcls(_Strict):
+class KafkaAcls(StrictModel):
     """The mirror's ACLs on a self-managed cluster, set by the program with an admin credential
     (`credentials.<alias>.admin_password`, or `admin_client_cert` and `admin_client_key` for mTLS)."""
 
@@ -185,7 +181,7 @@ class KafkaAcls(_Strict):
     admin_username: str | None = None  # SCRAM: the user that may alter ACLs
 
 
-class KafkaSpec(_Strict):
+class KafkaSpec(StrictModel):
     """Self-managed Kafka (on-prem, Strimzi): reached over an existing network path."""
 
     bootstrap_servers: Annotated[str, Field(min_length=3)]
@@ -218,7 +214,7 @@ class KafkaSpec(_Strict):
         return {int(s.rsplit(":", 1)[1]) for s in self.bootstrap_servers.split(",") if s.rsplit(":", 1)[-1].isdigit()}
 
 
-class ClusterSpec(_Strict):
+class ClusterSpec(StrictModel):
     alias: Annotated[str, Field(pattern=ALIAS_PATTERN)]
     region: Annotated[str, Field(min_length=1)]
     eventhubs: EventHubsSpec | None = None
@@ -267,7 +263,7 @@ class ClusterSpec(_Strict):
         return keys
 
 
-class AwsSite(_Strict):
+class AwsSite(StrictModel):
     """The site's own VPC, to peer with MSK VPCs, and how its pods get an AWS identity."""
 
     vpc_id: Annotated[str, Field(pattern=r"^vpc-[0-9a-f]+$")]
@@ -287,14 +283,14 @@ class AwsSite(_Strict):
         return self
 
 
-class AzureSite(_Strict):
+class AzureSite(StrictModel):
     """Azure workload identity for the site's pods: the issuer of its service-account tokens (AKS: the cluster's
     `oidcIssuerProfile.issuerUrl`); the workload identity webhook must run on the cluster."""
 
     oidc_issuer_url: Annotated[str, Field(pattern=r"^https://\S+$")]
 
 
-class SiteSpec(_Strict):
+class SiteSpec(StrictModel):
     """A Kubernetes cluster that runs mirrors."""
 
     name: Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")]
@@ -311,7 +307,7 @@ class SiteSpec(_Strict):
         return [_cidr(c) for c in v]
 
 
-class Resources(_Strict):
+class Resources(StrictModel):
     cores: Annotated[int, Field(ge=1)] = 1
     memory: Annotated[str, Field(pattern=r"^\d+[kmgt]$")] = "2g"
 
@@ -320,7 +316,7 @@ class ExecutorResources(Resources):
     instances: Annotated[int, Field(ge=1)] = 1
 
 
-class Pvc(_Strict):
+class Pvc(StrictModel):
     size: Annotated[str, Field(pattern=r"^\d+(Mi|Gi|Ti)$")] = "10Gi"
     storage_class: str | None = None
 
@@ -331,7 +327,7 @@ ABFSS_URL = re.compile(
 S3A_URL = re.compile(r"^s3a://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/?")
 
 
-class Checkpoint(_Strict):
+class Checkpoint(StrictModel):
     """Where Spark keeps its checkpoints: a PVC on the driver, or object storage (s3a://, abfss://, gs://).
 
     For s3a:// and abfss://, infra makes the bucket or container (or takes an existing one), lets each mirror's
@@ -384,14 +380,14 @@ class Checkpoint(_Strict):
         return f"{self.url.rstrip('/')}/{stack}/{source}-{target}"
 
 
-class Alerts(_Strict):
+class Alerts(StrictModel):
     lag_records: Annotated[int, Field(ge=1)] = 100_000
     stalled_minutes: Annotated[int, Field(ge=1)] = 10
     checkpoint_age_s: Annotated[int, Field(ge=1)] = 300
     heartbeat_age_s: Annotated[int, Field(ge=1)] = 300
 
 
-class MirrorSpec(_Strict):
+class MirrorSpec(StrictModel):
     # The SparkApplication's sparkVersion: the pyspark pin, which the image's Spark is built from too
     # (images/mirror/Dockerfile). Set it only for an image built some other way.
     spark_version: str = pinned("pyspark")
@@ -407,7 +403,7 @@ class MirrorSpec(_Strict):
     runtime: dict[str, Any] = Field(default_factory=dict)
 
 
-class StackModel(_Strict):
+class StackModel(StrictModel):
     """The stack file's structured keys, as one model so errors carry their paths."""
 
     sites: Annotated[list[SiteSpec], Field(min_length=1)]
@@ -703,9 +699,9 @@ def _cores(site: str, executor: ExecutorResources, mirror: MirrorConfig, site_of
     so a site's executors must seat every real-time task, plus one core for its throughput flows' batches. The stack
     sets no Spark conf, so spark.task.cpus is Spark's 1 and a core is a task slot."""
     flows = [(i, f) for i, f in enumerate(mirror.flows) if site_of_flow.get(f.name) == site]
-    realtime = [(i, f) for i, f in flows if f.mode == "realtime"]
-    throughput = [f.name for _, f in flows if f.mode == "throughput"]
-    needed = sum(f.realtime_tasks for _, f in realtime) + (1 if throughput else 0)
+    realtime = [(i, f) for i, f in flows if f.mode is FlowMode.REALTIME]
+    throughput = [f.name for _, f in flows if f.mode is FlowMode.THROUGHPUT]
+    needed = cores_needed([f for _, f in flows])
     cores = executor.instances * executor.cores
     if cores >= needed:
         return []

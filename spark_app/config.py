@@ -67,8 +67,17 @@ def _key_path(loc: Sequence[str | int]) -> str:
     return out
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """The base of every config model here and in infra's stack schema: unknown keys refused, values frozen."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class FlowMode(enum.StrEnum):
+    """How a flow copies: micro-batches of offset ranges, or long-running copier tasks (one core each)."""
+
+    THROUGHPUT = "throughput"
+    REALTIME = "realtime"
 
 
 class Profile(enum.StrEnum):
@@ -84,7 +93,7 @@ class Profile(enum.StrEnum):
     MTLS = "mtls"  # TLS with a client certificate
 
 
-class SecretRef(_Strict):
+class SecretRef(StrictModel):
     """Where a secret lives at run time: an env var, or a file mounted from a Kubernetes Secret."""
 
     env: str | None = None
@@ -100,7 +109,7 @@ class SecretRef(_Strict):
         return f"env {self.env}" if self.env else f"file {self.file}"
 
 
-class ClusterConfig(_Strict):
+class ClusterConfig(StrictModel):
     alias: Annotated[str, Field(pattern=ALIAS_PATTERN)]
     bootstrap_servers: Annotated[str, Field(min_length=3)]
     profile: Profile
@@ -201,7 +210,7 @@ def _selected(name: str, include: list[str], exclude: list[str]) -> bool:
     return any(re.fullmatch(p, name) for p in include) and not any(re.fullmatch(p, name) for p in exclude)
 
 
-class TopicSelection(_Strict):
+class TopicSelection(StrictModel):
     """Include and exclude regexes, each matched against the whole topic name. Exclude wins."""
 
     include: list[str]
@@ -220,7 +229,7 @@ class TopicSelection(_Strict):
         return None
 
 
-class GroupSelection(_Strict):
+class GroupSelection(StrictModel):
     include: list[str] = Field(default_factory=lambda: [".*"])
     exclude: list[str] = Field(default_factory=list)
 
@@ -230,7 +239,7 @@ class GroupSelection(_Strict):
         return _selected(group, self.include, self.exclude)
 
 
-class FlowConfig(_Strict):
+class FlowConfig(StrictModel):
     source: str
     target: str
     topics: TopicSelection
@@ -253,7 +262,7 @@ class FlowConfig(_Strict):
     max_bytes_per_trigger: Annotated[int, Field(ge=1_048_576)] = 536_870_912
     # `throughput`: micro-batches (spark_app.stream). `realtime`: long-running copier tasks that write each record as
     # it comes (spark_app.realtime), for MirrorMaker 2-class latency; each of its `realtime_tasks` holds a core.
-    mode: Literal["throughput", "realtime"] = "throughput"
+    mode: FlowMode = FlowMode.THROUGHPUT
     realtime_tasks: Annotated[int, Field(ge=1, le=256)] = 1
 
     @property
@@ -261,7 +270,7 @@ class FlowConfig(_Strict):
         return f"{self.source}->{self.target}"
 
 
-class MirrorConfig(_Strict):
+class MirrorConfig(StrictModel):
     version: Literal[1] = CONFIG_VERSION
     clusters: list[ClusterConfig]
     flows: list[FlowConfig]
@@ -332,6 +341,13 @@ class MirrorConfig(_Strict):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", exclude_defaults=False), sort_keys=False)
+
+
+def cores_needed(flows: Sequence[FlowConfig]) -> int:
+    """The task slots (executor cores, as spark.task.cpus is 1) a mirror of these flows needs: each real-time task
+    holds one for as long as the mirror runs, and throughput flows' micro-batches need one more beside them."""
+    realtime = sum(f.realtime_tasks for f in flows if f.mode is FlowMode.REALTIME)
+    return realtime + (1 if any(f.mode is FlowMode.THROUGHPUT for f in flows) else 0)
 
 
 def parse_config(raw: Any, source: str = "config") -> MirrorConfig:

@@ -16,7 +16,7 @@ from typing import Any
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
 
-from .config import MirrorConfig
+from .config import FlowMode, MirrorConfig, cores_needed
 from .dr.service import DrSync
 from .errors import ClusterUnreachable, MirrorFailed
 from .metrics import LagPoller, MirrorMetrics
@@ -36,7 +36,7 @@ class Mirror:
         self.metrics = MirrorMetrics()
         self.dr = {f.name: DrSync(config, f, self.metrics) for f in config.flows}  # offset syncs, checkpoints
         self.flows = [
-            (RealtimeFlowMirror if f.mode == "realtime" else FlowMirror)(
+            (RealtimeFlowMirror if f.mode is FlowMode.REALTIME else FlowMirror)(
                 spark, config, f, on_landed=self.dr[f.name].on_landed, metrics=self.metrics
             )
             for f in config.flows
@@ -128,11 +128,9 @@ class Mirror:
 
 
 def _warn_if_cores_short(spark: SparkSession, config: MirrorConfig) -> None:
-    """Real-time tasks each hold a core for good, and micro-batches need one more: with fewer, some tasks (and their
-    partitions) wait. Only a warning: on Kubernetes, executors may still be registering."""
-    needed = sum(f.realtime_tasks for f in config.flows if f.mode == "realtime")
-    needed += any(f.mode == "throughput" for f in config.flows) if needed else 0
-    cores = spark.sparkContext.defaultParallelism
+    """Tasks without a core wait, and so do their partitions (spark_app.config.cores_needed). Only a warning: on
+    Kubernetes, executors may still be registering; infra refuses a site too small at preview."""
+    needed, cores = cores_needed(config.flows), spark.sparkContext.defaultParallelism
     if needed > cores:
         log.warning(
             "the flows need %d core(s) (one per real-time task, one more for micro-batches) and the"
