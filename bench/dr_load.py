@@ -68,6 +68,7 @@ import yaml  # noqa: E402
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # noqa: E402
 
+from bench.testbed.proc import TreeMonitor  # noqa: E402
 from spark_app import clients  # noqa: E402
 from spark_app.config import MirrorConfig, load_config  # noqa: E402
 from spark_app.dr.formats import Heartbeat  # noqa: E402
@@ -76,7 +77,6 @@ from spark_app.dr.service import DrSync  # noqa: E402
 from spark_app.dr.views import STATUS_SOURCE_TIMEOUT_S, failover_plan, flow_status  # noqa: E402
 from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic  # noqa: E402
 from spark_app.ranges import Landing  # noqa: E402
-from tests.support.proc import TreeMonitor  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SOURCE, TARGET = "src", "tgt"
@@ -631,7 +631,7 @@ def main() -> None:
     if min(args.topics, args.partitions, args.groups, args.batch_records) < 1 or args.batch_rate <= 0:
         parser.error("sizes must be at least 1 and --batch-rate positive")
 
-    from tests.support.testbed import TestBed
+    from bench.testbed.testbed import TestBed
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30

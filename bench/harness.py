@@ -56,11 +56,11 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # noqa: E402
 
 from bench import latency  # noqa: E402
 from bench import write_paths as wp  # noqa: E402
+from bench.testbed import mm2  # noqa: E402
+from bench.testbed.ports import free_port  # noqa: E402
+from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
 from spark_app.config import MirrorConfig  # noqa: E402
-from tests.support import mm2  # noqa: E402
-from tests.support.mirror_config import free_port  # noqa: E402
-from tests.support.proc import TreeMonitor  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 COPY_LOOP = ROOT / "bench" / "java"
@@ -413,7 +413,7 @@ def main() -> None:
     if latency_candidates and not 0 <= args.latency_warmup < args.latency_seconds:
         parser.error("--latency-warmup must be shorter than --latency-seconds")
 
-    from tests.support.testbed import TestBed
+    from bench.testbed.testbed import TestBed
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30

@@ -39,7 +39,7 @@ def main() -> None:
 
     bed = None
     if args.bootstrap is None:
-        from tests.support.testbed import TestBed
+        from bench.testbed.testbed import TestBed
 
         bed = TestBed()
         args.bootstrap = bed.start("profile", "plaintext").client.bootstrap

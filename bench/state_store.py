@@ -37,13 +37,13 @@ if str(ROOT) not in sys.path:
 
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
+from bench.testbed.clients import create_topics  # noqa: E402
+from bench.testbed.kafka_cluster import ListenerKind  # noqa: E402
+from bench.testbed.ports import free_port  # noqa: E402
+from bench.testbed.s3 import CREDENTIALS, moto_server  # noqa: E402
+from bench.testbed.testbed import TestBed  # noqa: E402
 from spark_app.quarantine import STATE_FILE  # noqa: E402
 from spark_app.storage import checkpoint_files  # noqa: E402
-from tests.support.clients import create_topics  # noqa: E402
-from tests.support.kafka_cluster import ListenerKind  # noqa: E402
-from tests.support.mirror_config import free_port  # noqa: E402
-from tests.support.s3 import CREDENTIALS, moto_server  # noqa: E402
-from tests.support.testbed import TestBed  # noqa: E402
 
 
 def state(topics: int, partitions: int, batch: int) -> bytes:

@@ -506,7 +506,7 @@ def main() -> None:
         Path(args.child_out).write_text(json.dumps(run_child(json.loads(args.child))))
         return
 
-    from tests.support.testbed import TestBed
+    from bench.testbed.testbed import TestBed
 
     paths = [p for p in args.paths.split(",") if p]
     unknown = set(paths) - set(PATHS)

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.kafka_cluster import KafkaCluster, ListenerKind, MultiBrokerCluster
+from bench.testbed.kafka_cluster import KafkaCluster, ListenerKind, MultiBrokerCluster
+from bench.testbed.ports import free_port
+from bench.testbed.s3 import S3Server, moto_server
+from bench.testbed.testbed import TestBed
 from tests.support.kube_api import KubeApiServer
-from tests.support.mirror_config import free_port
-from tests.support.s3 import S3Server, moto_server
 from tests.support.spark_cluster import SparkStandalone
-from tests.support.testbed import TestBed
 
 CLUSTER_FIXTURES = frozenset(
     {"testbed", "plaintext_cluster", "source_cluster", "target_cluster", "multi_broker_cluster"}

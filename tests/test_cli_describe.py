@@ -6,8 +6,8 @@ import json
 
 import yaml
 
+from bench.testbed.clients import create_topics
 from spark_app.cli import main as cli_main
-from tests.support.clients import create_topics
 from tests.support.mirror_config import cluster_entry
 
 

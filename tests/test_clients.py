@@ -9,10 +9,10 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ListOffsetsResultInfo, OffsetSpec
 
+from bench.testbed.clients import Record, create_topics, produce
 from spark_app.clients import auth_error_callback, list_offsets_each, read_topic
 from spark_app.config import ClusterConfig
 from spark_app.errors import AuthenticationFailed
-from tests.support.clients import Record, create_topics, produce
 from tests.support.mirror_config import cluster_entry
 
 CLUSTER = ClusterConfig(alias="dr", bootstrap_servers="127.0.0.1:9093", profile="kafka")

@@ -14,6 +14,9 @@ from typing import TypeVar
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from bench.testbed.clients import Record, commit, create_topics, produce
+from bench.testbed.kafka_cluster import ClientSettings, kafka_classpath, require_java
+from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
 from spark_app.clients import read_topic, watermarks
 from spark_app.config import ClusterConfig, parse_config
@@ -22,9 +25,7 @@ from spark_app.dr.internal import read_checkpoints
 from spark_app.dr.views import failover_plan
 from spark_app.mirror import Mirror
 from spark_app.policy import checkpoints_topic, event_hubs_topics, offset_syncs_topic
-from tests.support.clients import Record, commit, create_topics, produce
-from tests.support.kafka_cluster import ClientSettings, kafka_classpath, require_java
-from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.mirror_config import one_flow_config
 
 TRANSLATE_OFFSETS = Path(__file__).parent / "support" / "TranslateOffsets.java"
 

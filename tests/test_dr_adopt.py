@@ -12,13 +12,13 @@ import time
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from bench.testbed.clients import by_partition, commit, create_topics, read_all
+from bench.testbed.mm2 import mm2_command
 from spark_app.cli import main as cli_main
 from spark_app.clients import read_topic
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
-from tests.support.clients import by_partition, commit, create_topics, read_all
 from tests.support.mirror_config import one_flow_config
-from tests.support.mm2 import mm2_command
 from tests.test_dr import mm2_translate, values_from
 
 TOPICS = {"orders": 2, "payments": 2}

@@ -8,14 +8,15 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from bench.testbed.clients import Record, commit, create_topics, produce
+from bench.testbed.kafka_cluster import ClientSettings
+from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
 from spark_app.clients import watermarks
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from spark_app.policy import event_hubs_topics
-from tests.support.clients import Record, commit, create_topics, produce
-from tests.support.kafka_cluster import ClientSettings
-from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.mirror_config import one_flow_config
 from tests.support.running import mirror_running
 
 

@@ -9,12 +9,13 @@ import time
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from bench.testbed.clients import Record, commit, create_topics, produce
+from bench.testbed.kafka_cluster import ClientSettings
+from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
-from tests.support.clients import Record, commit, create_topics, produce
-from tests.support.kafka_cluster import ClientSettings
-from tests.support.mirror_config import cluster_entry, free_port
+from tests.support.mirror_config import cluster_entry
 
 
 @pytest.fixture(scope="module")

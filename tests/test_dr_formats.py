@@ -6,8 +6,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from bench.testbed.kafka_cluster import kafka_classpath
 from spark_app.dr.formats import Checkpoint, Heartbeat, OffsetSync
-from tests.support.kafka_cluster import kafka_classpath
 
 DECODE = """
 import org.apache.kafka.connect.mirror.*;

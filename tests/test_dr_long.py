@@ -9,11 +9,12 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from bench.testbed.clients import commit, create_topics
+from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
-from tests.support.clients import commit, create_topics
-from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.mirror_config import one_flow_config
 from tests.support.running import mirror_running
 
 BATCHES = 2_000  # at least this many micro-batches over the two runs of the mirror

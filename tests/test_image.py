@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from bench.testbed.clients import Record, create_topics, produce, read_all
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import one_flow_config
 
 ROOT = Path(__file__).resolve().parent.parent

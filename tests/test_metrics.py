@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.testbed.clients import Record, create_topics, produce
 from spark_app import clients
 from spark_app.config import ClusterConfig
 from spark_app.metrics import LagPoller, LagSource, MetricsPortError, MirrorMetrics
 from spark_app.ranges import LANDED_SCHEMA, LATENCY_BUCKETS_S
-from tests.support.clients import Record, create_topics, produce
 from tests.support.mirror_config import cluster_entry
 
 FLOW = "msk->eh"

@@ -18,12 +18,13 @@ import time
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from bench.testbed.clients import create_topics
+from bench.testbed.kafka_cluster import KafkaCluster, ListenerKind
+from bench.testbed.ports import free_port
+from bench.testbed.proc import TreeMonitor
 from spark_app.clients import watermarks
 from spark_app.config import STOP_GRACE_S, FlowConfig
-from tests.support.clients import create_topics
-from tests.support.kafka_cluster import KafkaCluster, ListenerKind
-from tests.support.mirror_config import free_port, one_flow_config
-from tests.support.proc import TreeMonitor
+from tests.support.mirror_config import one_flow_config
 from tests.support.spark_checkpoint import batch_in_flight
 
 RECORDS = 2_000_000

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.kafka_cluster import free_ports
+from bench.testbed.ports import free_ports
 from tests.support.mirror_config import cluster_entry, one_flow_config
 
 # The console script set-up installs next to this interpreter, as `mirrorkit` is on PATH in the image.

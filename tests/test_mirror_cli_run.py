@@ -14,9 +14,10 @@ from collections.abc import Callable
 import pytest
 import yaml
 
+from bench.testbed.clients import Record, create_topics, produce, read_all
+from bench.testbed.ports import free_port
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, create_topics, produce, read_all
-from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.mirror_config import one_flow_config
 
 RECORDS, WAVE = 6000, 200
 

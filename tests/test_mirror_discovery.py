@@ -9,12 +9,13 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
+from bench.testbed.clients import Record, create_topics, produce, read_all
+from bench.testbed.ports import free_port
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from spark_app.stream import FlowMirror
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, create_topics, produce, read_all
-from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.mirror_config import one_flow_config
 from tests.support.running import mirror_running
 
 DISCOVERY_BOUND_S = 30.0  # MirrorMaker 2's default is 600 s

@@ -8,10 +8,10 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
+from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, create_topics, end_offsets, produce, read_all
 from tests.support.mirror_config import one_flow_config
 
 PER_TOPIC = 40

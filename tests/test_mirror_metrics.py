@@ -14,11 +14,12 @@ from collections.abc import Callable
 
 import pytest
 
+from bench.testbed.clients import Record, commit, create_topics, produce, read_all
+from bench.testbed.ports import free_port
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
-from tests.support.clients import Record, commit, create_topics, produce, read_all
-from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.mirror_config import one_flow_config
 from tests.support.running import mirror_running
 from tests.test_metrics import scrape
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
+from bench.testbed.clients import Record, create_topics, produce, read_all
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import one_flow_config
 
 ROUND = 500

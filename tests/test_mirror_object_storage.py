@@ -13,10 +13,11 @@ import time
 
 import yaml
 
+from bench.testbed.clients import Record, create_topics, produce, read_all
+from bench.testbed.ports import free_port
 from spark_app.quarantine import STATE_FILE
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, create_topics, produce, read_all
-from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.mirror_config import one_flow_config
 
 PER_WAVE = 50  # records per topic and partition in each wave
 # What `adopt` does with a checkpoint location, run where Spark has the s3a connector: no session is passed, so

@@ -9,6 +9,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.testbed.clients import Record, create_topics, produce, read_all
 from spark_app.config import parse_config
 from spark_app.dr.views import flow_status
 from spark_app.metrics import LagPoller
@@ -16,7 +17,6 @@ from spark_app.mirror import Mirror
 from spark_app.policy import offset_syncs_topic
 from spark_app.quarantine import STATE_FILE, STATE_VERSION
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry, one_flow_config
 
 BIG = 1_200_000  # over the Event Hubs-like target's 1 MB cap

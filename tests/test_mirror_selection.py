@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
+from bench.testbed.clients import Record, create_topics, produce, read_all
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from spark_app.writer import DLQ_PREFIX
-from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import one_flow_config
 
 

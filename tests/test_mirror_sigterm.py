@@ -18,10 +18,11 @@ from pathlib import Path
 import pyspark
 import yaml
 
+from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
+from bench.testbed.ports import free_port
 from spark_app.config import STOP_GRACE_S
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, create_topics, end_offsets, produce, read_all
-from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.mirror_config import one_flow_config
 from tests.support.spark_checkpoint import batch_in_flight, checkpoint_logs
 
 ROOT = Path(__file__).resolve().parent.parent

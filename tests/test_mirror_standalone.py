@@ -14,9 +14,10 @@ import time
 
 import yaml
 
+from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
+from bench.testbed.ports import free_port
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, create_topics, end_offsets, produce, read_all
-from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.mirror_config import one_flow_config
 from tests.support.spark_checkpoint import Offsets, batch_in_flight, checkpoint_logs
 from tests.support.spark_cluster import running_tasks
 

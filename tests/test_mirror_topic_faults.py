@@ -16,13 +16,14 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from bench.testbed.clients import Record, create_topics, produce, read_all
+from bench.testbed.kafka_cluster import EVENTHUBS_USER
+from bench.testbed.ports import free_port
 from spark_app import quarantine
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, create_topics, produce, read_all
-from tests.support.kafka_cluster import EVENTHUBS_USER
-from tests.support.mirror_config import free_port, one_flow_config
+from tests.support.mirror_config import one_flow_config
 from tests.support.running import mirror_running
 
 ROUNDS = 6  # of PER_ROUND records on each topic, a few seconds apart

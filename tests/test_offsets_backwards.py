@@ -7,12 +7,12 @@ import time
 
 from confluent_kafka.admin import AdminClient
 
+from bench.testbed.clients import Record, commit, create_topics, produce, read_all
 from spark_app.config import parse_config
 from spark_app.dr.internal import read_checkpoints
 from spark_app.mirror import Mirror
 from spark_app.ranges import OffsetsReset
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record, commit, create_topics, produce, read_all
 from tests.support.mirror_config import one_flow_config
 
 

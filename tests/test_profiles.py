@@ -9,10 +9,10 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
+from bench.testbed.tls import make_loopback_tls
 from spark_app import profiles
 from spark_app.config import ClusterConfig
 from spark_app.profiles import SecretError, librdkafka_settings, redacted
-from tests.support.tls import make_loopback_tls
 
 SECRET = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0"
 

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from bench.testbed.clients import Record
+from bench.testbed.kafka_cluster import ListenerKind
 from spark_app.config import parse_config
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import Record
-from tests.support.kafka_cluster import ListenerKind
 from tests.support.mirror_config import one_flow_config
 
 SENT = [Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (("h", b"1"),), 1_000 + i) for i in range(8)]

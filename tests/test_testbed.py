@@ -9,8 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.clients import (
+from bench.testbed.clients import (
     Record,
     by_partition,
     console_consume,
@@ -19,6 +18,7 @@ from tests.support.clients import (
     produce,
     read_all,
 )
+from tests.support.assertions import assert_each_record_once_in_order
 
 CLUSTERS = ["plaintext_cluster", "source_cluster", "target_cluster"]
 SASL_CLUSTERS = ["source_cluster", "target_cluster"]

@@ -1,1 +1,2 @@
-"""The real-broker test bed: Kafka clusters on loopback, their TLS material and client settings."""
+"""What only the tests need beside the shared test bed (bench.testbed): record assertions, mirror configs for test-bed
+clusters, the Kubernetes API server, Spark standalone and the local demo."""

@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from bench.testbed.clients import Record, by_partition
 from spark_app.policy import PROVENANCE_HEADER, provenance
-
-from .clients import Record, by_partition
 
 
 def stamped(sent: Sequence[Record], alias: str) -> list[Record]:

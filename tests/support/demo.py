@@ -16,10 +16,11 @@ from pathlib import Path
 
 import yaml
 
-from .clients import Record, by_partition, create_topics, produce, read_all
-from .kafka_cluster import ListenerKind
+from bench.testbed.clients import Record, by_partition, create_topics, produce, read_all
+from bench.testbed.kafka_cluster import ListenerKind
+from bench.testbed.testbed import TestBed
+
 from .mirror_config import one_flow_config
-from .testbed import TestBed
 
 TOPICS = {"orders": 4, "payments": 2, "audit": 1}
 PER_TOPIC = 5_000

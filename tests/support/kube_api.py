@@ -23,8 +23,8 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from .kafka_cluster import free_ports
-from .tls import make_loopback_tls
+from bench.testbed.ports import free_ports
+from bench.testbed.tls import make_loopback_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".cache" / "bin"

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.testbed.kafka_cluster import KafkaCluster, ListenerKind, MultiBrokerCluster
 from spark_app.config import FlowConfig, MirrorConfig
-
-from .kafka_cluster import KafkaCluster, ListenerKind, MultiBrokerCluster
 
 Cluster = KafkaCluster | MultiBrokerCluster
 
@@ -67,10 +65,3 @@ def _entry(cluster: Cluster | dict, alias: str | None, default: str) -> dict:
     if alias is not None:
         raise TypeError(f"one_flow_config: the entry '{cluster['alias']}' keeps its alias; '{alias}' is not used")
     return cluster
-
-
-def free_port() -> int:
-    """A loopback port free right now, for a mirror's `metrics_port` (the config asks for a real port number)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -18,7 +18,8 @@ from typing import Any
 
 import pyspark
 
-from .kafka_cluster import free_ports, require_java
+from bench.testbed.kafka_cluster import require_java
+from bench.testbed.ports import free_ports
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 READY_TIMEOUT_S = 90.0

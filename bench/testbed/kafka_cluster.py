@@ -39,6 +39,7 @@ from confluent_kafka.admin import (
 
 from images.fetch_jars import cached_jars
 
+from .ports import free_ports
 from .tls import TlsFiles
 
 LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
@@ -63,20 +64,6 @@ def require_java() -> str:
 def kafka_classpath() -> str:
     """The broker, tools and MirrorMaker 2 classpath; fails with the fetch command if the jars are missing."""
     return os.pathsep.join(str(j) for j in cached_jars("kafka"))
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel just handed out; a start that still collides is retried with new ones."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @dataclass(frozen=True)
@@ -397,7 +384,7 @@ class MultiBrokerCluster:
     """One plaintext KRaft cluster of several broker JVMs: node 1 is the controller and a broker, the others are
     brokers only. Stopping one of those (`broker(n).stop()`, then `.start()`) takes the partitions it leads offline
     while the controller and the other brokers keep answering; a topic placed with replication factor 1
-    (tests.support.clients.create_placed_topics) chooses which partitions those are."""
+    (bench.testbed.clients.create_placed_topics) chooses which partitions those are."""
 
     name: str
     brokers: list[KafkaCluster]
