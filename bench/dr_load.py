@@ -65,9 +65,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # noqa: E402
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, OffsetSpec  # noqa: E402
 
+from bench.testbed import clients as kafka_clients  # noqa: E402
+from bench.testbed.clients import plaintext  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from spark_app import clients  # noqa: E402
 from spark_app.config import MirrorConfig, load_config  # noqa: E402
@@ -135,17 +137,17 @@ def group_name(g: int) -> str:
 
 
 def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    new = [NewTopic(n, num_partitions=partitions, replication_factor=1, config={"retention.ms": "-1"}) for n in names]
-    for future in admin.create_topics(new, operation_timeout=60, request_timeout=60).values():
-        future.result()
+    """Topics that keep every record (no retention), so old timestamps are not deleted in the middle of a run."""
+    topics = dict.fromkeys(names, partitions)
+    kafka_clients.create_topics(plaintext(bootstrap), topics, {"retention.ms": "-1"}, timeout_s=60)
 
 
 def preload(bootstrap: str, topics: list[str], layout: Layout, size: int) -> None:
     """`records_per_partition` records of `size` B into every partition, in batch order across partitions."""
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_048_576, "acks": "all"}
-        | {"queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576}
+    producer = kafka_clients.producer(
+        plaintext(bootstrap),
+        {"linger.ms": 50, "batch.size": 1_048_576, "acks": "all"}
+        | {"queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576},
     )
     value = b"x" * size
     per_partition = len(topics) * layout.partitions
@@ -197,7 +199,7 @@ def commit_groups(
 
     `stats` gets [rounds, seconds of the last round, failed commits]; the first round runs at once.
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = kafka_clients.admin(plaintext(bootstrap))
     while True:
         began = time.monotonic()
         at = mirrored.value
@@ -271,7 +273,7 @@ class Driver:
 
     def __init__(self, dr: DrSync, layout: Layout, rate: float, mirrored: Any, target: str) -> None:
         self.dr, self.layout, self.rate, self.mirrored = dr, layout, rate, mirrored
-        self.heartbeats = Producer({"bootstrap.servers": target, "linger.ms": 5})
+        self.heartbeats = kafka_clients.producer(plaintext(target), {"linger.ms": 5})
         self.remote_heartbeats = target_topic(dr.flow, HEARTBEATS_TOPIC)
         self.batch = 0
         self.on_landed_s: list[tuple[float, float]] = []  # (monotonic start, seconds) per batch
@@ -321,7 +323,7 @@ class Sampler:
     """End offsets of both internal topics every SAMPLE_S, for the time series (the window uses exact reads)."""
 
     def __init__(self, target: str, topics: list[str]) -> None:
-        self.admin = AdminClient({"bootstrap.servers": target})
+        self.admin = kafka_clients.admin(plaintext(target))
         self.topics = topics
         self.began = time.monotonic()
         self.samples: list[list[float]] = []
@@ -363,8 +365,8 @@ def instrument_rounds(dr: DrSync) -> list[dict]:
 
 
 def measure(args: argparse.Namespace, work: Path, bed: Any) -> dict:
-    source = bed.clusters[SOURCE].client.bootstrap
-    target = bed.clusters[TARGET].client.bootstrap
+    source = bed.clusters[SOURCE].client.bootstrap_servers
+    target = bed.clusters[TARGET].client.bootstrap_servers
     interval_s = MirrorConfig.model_fields["checkpoint_interval_s"].default
     batches = int((args.warmup_s + args.window_s) * args.batch_rate) + int(4 * args.batch_rate) + 1
     layout = Layout(args.topics, args.partitions, args.batch_records, batches)
@@ -474,7 +476,7 @@ def measure(args: argparse.Namespace, work: Path, bed: Any) -> dict:
     print(json.dumps(out["window"]), flush=True)
 
     # -- read-backs, with the load stopped ---------------------------------------------------------------------------
-    admin = AdminClient({"bootstrap.servers": target})
+    admin = kafka_clients.admin(plaintext(target))
     out["topic_records"] = {t: end_offset(admin, t) for t in internal}
     out["total_batches"] = driver.batch
     reads: list[dict] = []

@@ -56,7 +56,9 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # noqa: E402
 
 from bench import latency  # noqa: E402
 from bench import write_paths as wp  # noqa: E402
+from bench.testbed import clients as kafka_clients  # noqa: E402
 from bench.testbed import mm2  # noqa: E402
+from bench.testbed.clients import plaintext  # noqa: E402
 from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
@@ -108,7 +110,7 @@ def run_candidate(
     expected: int, exits_by_itself: bool, log: Path, timeout: float,
 ) -> dict:  # fmt: skip
     """Launch, watch the target fill up, stop; timings, CPU and memory of the whole process tree."""
-    admin = AdminClient({"bootstrap.servers": target})
+    admin = kafka_clients.admin(plaintext(target))
     began = time.monotonic()
     proc, monitor = launch(cmd, env, log)
     first = done = None
@@ -202,8 +204,8 @@ def candidate_env() -> dict[str, str]:
 
 def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], records: int, tag: str) -> list[dict]:
     """Every candidate over one loaded topic set; each into its own fresh target topics."""
-    source = bed.clusters["src"].client.bootstrap
-    target = bed.clusters["tgt"].client.bootstrap
+    source = bed.clusters["src"].client.bootstrap_servers
+    target = bed.clusters["tgt"].client.bootstrap_servers
     source_hw = {t: wp.watermarks(source, t, args.partitions) for t in topics}
     env = candidate_env()
     copy_loop = None
@@ -240,7 +242,7 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
             spec = {"topics": topics, "prefix": alias + ".", "target": target, "source": source}
             if len(topics) <= 10:  # sampling both ends of hundreds of partitions would dominate the run
                 wp.verify(check, spec, source_hw, args.partitions)
-            ends = end_offsets(AdminClient({"bootstrap.servers": target}), out_topics, args.partitions)
+            ends = end_offsets(kafka_clients.admin(plaintext(target)), out_topics, args.partitions)
             pairs = [(t, p) for t in topics for p in range(args.partitions)]
             result["counts_ok"] = all(ends[(alias + "." + t, p)] == source_hw[t][p] for t, p in pairs)
             if len(topics) <= 10:
@@ -433,7 +435,7 @@ def main() -> None:
     try:
         bed.start("src", "plaintext")
         bed.start("tgt", "plaintext")
-        source = bed.clusters["src"].client.bootstrap
+        source = bed.clusters["src"].client.bootstrap_servers
         base_ts = int(time.time() * 1000) - 86_400_000
         scales = [(args.topics, args.records)]
         scales += [(int(t), args.scale_records) for t in args.topics_scale.split(",") if t]
@@ -446,7 +448,7 @@ def main() -> None:
             print(f"loaded {records} x {args.size} B into {count} x {args.partitions} in {took:.0f}s", flush=True)
             results += run_all(args, bed, work, topics, records, f"s{i}")
             wp.delete_topics(source, topics)
-        target = bed.clusters["tgt"].client.bootstrap
+        target = bed.clusters["tgt"].client.bootstrap_servers
         runs = [(rate, c) for rate in meta["latency"]["rates"] for c in latency_candidates]
         latencies = [run_latency(args, c, rate, n, source, target, work) for n, (rate, c) in enumerate(runs)]
     finally:

@@ -28,7 +28,10 @@ from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
 import numpy as np
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_CREATE_TIME, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_CREATE_TIME, TopicPartition
+
+from bench.testbed import clients as kafka_clients
+from bench.testbed.clients import plaintext
 
 WARMUP_KEY = b"warm-up"
 SPAWN = multiprocessing.get_context("spawn")
@@ -47,9 +50,10 @@ def _produce(bootstrap: str, topics: list[str], partitions: int, rate: float, to
         nonlocal failed
         failed += err is not None
 
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 1, "enable.idempotence": True}
-        | {"queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576}
+    producer = kafka_clients.producer(
+        plaintext(bootstrap),
+        {"linger.ms": 1, "enable.idempotence": True}
+        | {"queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576},
     )
     slots = _slots(topics, partitions)
     pad = os.urandom(max(size - 8, 0))  # incompressible, like most payloads
@@ -80,8 +84,8 @@ def _consume(bootstrap: str, topics: list[str], partitions: int, total: int, war
 
     Stops when told how many records were delivered and all have arrived, or after `quiet_s` with no new record.
     """
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"latency-probe-{os.getpid()}", "enable.auto.commit": False}
+    consumer = kafka_clients.consumer(
+        plaintext(bootstrap), f"latency-probe-{os.getpid()}", {"enable.auto.commit": False}
     )
     consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in _slots(topics, partitions)])
     conn.send("assigned")
@@ -165,7 +169,7 @@ def measure(source: str, target: str, source_topics: list[str], target_topics: l
     producer: BaseProcess | None = None
     try:
         _receive(to_consumer, consumer, 60, "consumer")
-        warmup = Producer({"bootstrap.servers": source})
+        warmup = kafka_clients.producer(plaintext(source))
         for topic, partition in _slots(source_topics, partitions):
             warmup.produce(topic, key=WARMUP_KEY, value=b"", partition=partition)
         if warmup.flush(30):

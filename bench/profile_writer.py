@@ -42,7 +42,7 @@ def main() -> None:
         from bench.testbed.testbed import TestBed
 
         bed = TestBed()
-        args.bootstrap = bed.start("profile", "plaintext").client.bootstrap
+        args.bootstrap = bed.start("profile", "plaintext").client.bootstrap_servers
     try:
         per_partition = args.records // args.partitions
         total = per_partition * args.partitions

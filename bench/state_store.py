@@ -35,9 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import TopicPartition  # noqa: E402
 
-from bench.testbed.clients import create_topics  # noqa: E402
+from bench.testbed import clients as kafka_clients  # noqa: E402
+from bench.testbed.clients import create_topics, plaintext  # noqa: E402
 from bench.testbed.kafka_cluster import ListenerKind  # noqa: E402
 from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.s3 import CREDENTIALS, moto_server  # noqa: E402
@@ -102,15 +103,17 @@ def files_candidate(location: str, spark=None):
 
 
 def kafka_candidate(bootstrap: str, topic: str):
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 0})
+    cluster = plaintext(bootstrap)
+    producer = kafka_clients.producer(cluster, {"acks": "all", "enable.idempotence": True, "linger.ms": 0})
 
     def save(data: bytes) -> None:
         producer.produce(topic, key=b"onprem->dr", value=data)
         producer.flush(30)
 
     def load() -> bytes | None:
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"load-{time.monotonic_ns()}",
-                             "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
+        consumer = kafka_clients.consumer(
+            cluster, f"load-{time.monotonic_ns()}", {"enable.auto.commit": False, "enable.partition.eof": True}
+        )
         consumer.assign([TopicPartition(topic, 0, 0)])
         last = None
         while True:
@@ -141,7 +144,7 @@ def main() -> int:
         try:
             cluster = bed.start("state", ListenerKind.PLAINTEXT)
             create_topics(cluster.admin, {"flow-state": 1}, {"cleanup.policy": "compact"})
-            results["kafka"] = timed(*kafka_candidate(cluster.client.bootstrap, "flow-state"), args)
+            results["kafka"] = timed(*kafka_candidate(cluster.client.bootstrap_servers, "flow-state"), args)
         finally:
             bed.close()
     if "s3a" not in candidates:

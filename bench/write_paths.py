@@ -45,9 +45,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient  # noqa: E402
+from confluent_kafka import KafkaError, TopicPartition  # noqa: E402
 
+from bench.testbed import clients as kafka_clients  # noqa: E402
+from bench.testbed.clients import plaintext  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
 
 INTERCEPTOR_SOURCE = ROOT / "bench" / "interceptor"
@@ -151,9 +152,9 @@ def run_child(spec: dict) -> dict:
         writer = df.select(*columns).writeStream.format("kafka").options(**options)
         query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     elif path == "batch+interceptor":
-        from confluent_kafka.admin import AdminClient, OffsetSpec
+        from confluent_kafka.admin import OffsetSpec
 
-        admin = AdminClient({"bootstrap.servers": spec["target"]})
+        admin = kafka_clients.admin(plaintext(spec["target"]))
 
         def write_then_sync(batch_df, batch_id: int) -> None:
             """JVM sink per batch, then landing offsets from the batch's end offsets and the target's end offsets.
@@ -286,9 +287,10 @@ def load_source(bootstrap: str, topics: list[str], partitions: int, records: int
     Headers repeat a key (order and duplicates must survive), carry a null value, and every 10th record has none
     at all; every 7th key is null.
     """
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_048_576, "enable.idempotence": True}
-        | {"queue.buffering.max.messages": 500_000, "queue.buffering.max.kbytes": 1_048_576}
+    producer = kafka_clients.producer(
+        plaintext(bootstrap),
+        {"linger.ms": 50, "batch.size": 1_048_576, "enable.idempotence": True}
+        | {"queue.buffering.max.messages": 500_000, "queue.buffering.max.kbytes": 1_048_576},
     )
     slots = [(t, p) for t in topics for p in range(partitions)]
     for i in range(records):
@@ -307,23 +309,18 @@ def load_source(bootstrap: str, topics: list[str], partitions: int, records: int
 
 
 def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
-    from confluent_kafka.admin import NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    # Old timestamps would otherwise be deleted by retention in the middle of a run.
-    new = [NewTopic(n, num_partitions=partitions, replication_factor=1, config={"retention.ms": "-1"}) for n in names]
-    for future in admin.create_topics(new, operation_timeout=30).values():
-        future.result()
+    """Topics that keep every record (no retention), so old timestamps are not deleted in the middle of a run."""
+    kafka_clients.create_topics(plaintext(bootstrap), dict.fromkeys(names, partitions), {"retention.ms": "-1"})
 
 
 def delete_topics(bootstrap: str, names: list[str]) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = kafka_clients.admin(plaintext(bootstrap))
     for future in admin.delete_topics(names, operation_timeout=30).values():
         future.result()
 
 
 def watermarks(bootstrap: str, topic: str, partitions: int) -> list[int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-watermarks"})
+    consumer = kafka_clients.consumer(plaintext(bootstrap), "bench-watermarks")
     try:
         return [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1] for p in range(partitions)]
     finally:
@@ -332,9 +329,8 @@ def watermarks(bootstrap: str, topic: str, partitions: int) -> list[int]:
 
 def read_range(bootstrap: str, topic: str, partition: int, start: int, count: int) -> list[tuple]:
     """Records [start, start+count) of one partition as (key, value, headers, timestamp type, timestamp)."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "bench-reader", "enable.auto.commit": False}
-        | {"fetch.max.bytes": 8_388_608}
+    consumer = kafka_clients.consumer(
+        plaintext(bootstrap), "bench-reader", {"enable.auto.commit": False, "fetch.max.bytes": 8_388_608}
     )
     consumer.assign([TopicPartition(topic, partition, start)])
     out: list[tuple] = []
@@ -516,7 +512,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="write-paths-"))
     try:
         src, tgt = bed.start("src", "plaintext"), bed.start("tgt", "plaintext")
-        source, target = src.client.bootstrap, tgt.client.bootstrap
+        source, target = src.client.bootstrap_servers, tgt.client.bootstrap_servers
         topics = [f"bench-{i}" for i in range(args.topics)]
         create_topics(source, topics, args.partitions)
         base_ts = int(time.time() * 1000) - 86_400_000

@@ -36,5 +36,5 @@ def test_describe_lists_each_flows_topics_as_named_on_the_target_with_secrets_re
     assert described["clusters"]["msk"]["profile"] == "msk-scram"
     assert described["clusters"]["msk"]["settings"]["sasl.password"] == "***"
     assert described["clusters"]["eh"]["settings"]["sasl.username"] == "$ConnectionString"
-    for secret in (source_cluster.client.password, target_cluster.client.password):
+    for secret in (source_cluster.secret, target_cluster.secret):
         assert secret not in printed

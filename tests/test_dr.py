@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import TopicPartition
 
-from bench.testbed.clients import Record, commit, create_topics, produce
-from bench.testbed.kafka_cluster import ClientSettings, kafka_classpath, require_java
+from bench.testbed import clients
+from bench.testbed.clients import Record, commit, committed, create_topics, java_settings, produce
+from bench.testbed.kafka_cluster import kafka_classpath, require_java
 from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
 from spark_app.clients import read_topic, watermarks
@@ -30,10 +31,10 @@ from tests.support.mirror_config import one_flow_config
 TRANSLATE_OFFSETS = Path(__file__).parent / "support" / "TranslateOffsets.java"
 
 
-def mm2_translate(target: ClientSettings, source_alias: str, groups: list[str], folder: Path) -> dict:
+def mm2_translate(target: ClusterConfig, source_alias: str, groups: list[str], folder: Path) -> dict:
     """{(group, topic, partition): offset} as MM2's RemoteClusterUtils.translateOffsets reads them on the target."""
     props = folder / "target.properties"
-    props.write_text("".join(f"{k}={v}\n" for k, v in target.java().items()))
+    props.write_text("".join(f"{k}={v}\n" for k, v in java_settings(target).items()))
     cmd = [require_java(), "-cp", kafka_classpath(), str(TRANSLATE_OFFSETS), str(props), source_alias, *groups]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -44,13 +45,6 @@ def mm2_translate(target: ClientSettings, source_alias: str, groups: list[str], 
     return out
 
 
-def committed(settings: ClientSettings, group: str, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer(settings.librdkafka() | {"group.id": group, "enable.auto.commit": False})
-    got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
-    consumer.close()
-    return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
-
-
 Decoded = TypeVar("Decoded")
 
 
@@ -59,8 +53,8 @@ def written(cluster: ClusterConfig, topic: str, decode: Callable[[bytes, bytes],
     return [(decode(m.key(), m.value()), m.timestamp()[1]) for m in read_topic(cluster, topic)]
 
 
-def values_from(settings: ClientSettings, topic: str, partition: int, offset: int) -> list[bytes]:
-    consumer = Consumer(settings.librdkafka() | {"group.id": "dr-test-reader", "enable.auto.commit": False})
+def values_from(settings: ClusterConfig, topic: str, partition: int, offset: int) -> list[bytes]:
+    consumer = clients.consumer(settings, "dr-test-reader", {"enable.auto.commit": False})
     low, high = watermarks(consumer, topic, partition)
     consumer.assign([TopicPartition(topic, partition, offset)])
     values = []
@@ -103,7 +97,7 @@ def test_checkpoints_read_by_mm2_match_failover_and_group_sync_spares_a_live_gro
     commit(source_cluster.client, groups["lagging"], topic, {0: 7, 1: 150})
     commit(source_cluster.client, groups["live"], topic, {0: 100, 1: 100})
     # A consumer of the live group is a member on the target, where it committed its own position.
-    live = Consumer(target_cluster.client.librdkafka() | {"group.id": groups["live"], "enable.auto.commit": False})
+    live = clients.consumer(target_cluster.client, groups["live"], {"enable.auto.commit": False})
     live.subscribe([remote])
     deadline = time.monotonic() + 60
     while not live.assignment() and time.monotonic() < deadline:
@@ -194,7 +188,7 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
     processed: list[tuple[int, int, bytes]] = []  # (partition, offset, value) the application handled on primary
 
     def producer_loop() -> None:
-        producer = Producer(primary.client.librdkafka() | {"linger.ms": 5, "message.timeout.ms": 5000})
+        producer = clients.producer(primary.client, {"linger.ms": 5, "message.timeout.ms": 5000})
         i = 0
         while not stop.is_set():
             value = str(i).encode()
@@ -206,9 +200,8 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
         producer.flush(5)
 
     def consumer_loop() -> None:
-        consumer = Consumer(
-            primary.client.librdkafka()
-            | {"group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest"}
+        consumer = clients.consumer(
+            primary.client, group, {"enable.auto.commit": False, "auto.offset.reset": "earliest"}
         )
         consumer.subscribe([topic])
         while not stop.is_set():
@@ -261,10 +254,9 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
     printed_reread = {r.partition: r.reread for r in failover_plan(config, flow) if r.group == group}
     began = time.time()
     assert cli_main(["failover", "--config", str(config_file), "--flow", "primary->dr"]) == 0
-    resumed = Consumer(
-        target_cluster.client.librdkafka() | {"group.id": group, "enable.auto.commit": False,
-                                               "auto.offset.reset": "earliest"}
-    )  # fmt: skip
+    resumed = clients.consumer(
+        target_cluster.client, group, {"enable.auto.commit": False, "auto.offset.reset": "earliest"}
+    )
     resumed.subscribe([remote])
     consumed: list[bytes] = []
     first_at = None

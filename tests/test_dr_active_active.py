@@ -7,8 +7,8 @@ import json
 import time
 
 import pytest
-from confluent_kafka.admin import AdminClient
 
+from bench.testbed import clients
 from bench.testbed.clients import Record, commit, create_topics, produce, read_all
 from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
@@ -29,7 +29,7 @@ def pair(testbed):
 
 
 def topics_on(cluster) -> set[str]:
-    return set(AdminClient(cluster.admin.librdkafka()).list_topics(timeout=30).topics)
+    return set(clients.admin(cluster.admin).list_topics(timeout=30).topics)
 
 
 def without_timestamps(records: list[Record]) -> list[Record]:
@@ -38,9 +38,8 @@ def without_timestamps(records: list[Record]) -> list[Record]:
 
 
 def count(cluster, topic: str) -> int:
-    from confluent_kafka import Consumer
 
-    consumer = Consumer(cluster.client.librdkafka() | {"group.id": "aa-count"})
+    consumer = clients.consumer(cluster.client, "aa-count")
     try:
         metadata = consumer.list_topics(topic, timeout=10).topics[topic]
         if metadata.error is not None:

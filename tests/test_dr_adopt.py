@@ -9,9 +9,10 @@ import subprocess
 import threading
 import time
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import OffsetSpec
 
+from bench.testbed import clients
 from bench.testbed.clients import by_partition, commit, create_topics, read_all
 from bench.testbed.mm2 import mm2_command
 from spark_app.cli import main as cli_main
@@ -67,7 +68,7 @@ def test_adopt_takes_over_from_mm2_with_no_gap_and_groups_carry_on(spark, testbe
     produced = {tp: 0 for tp in ((t, p) for t, n in TOPICS.items() for p in range(n))}
 
     def producer_loop() -> None:
-        producer = Producer(src.client.librdkafka() | {"linger.ms": 5, "enable.idempotence": True})
+        producer = clients.producer(src.client, {"linger.ms": 5, "enable.idempotence": True})
         while not stop.is_set():
             for topic, partition in produced:
                 i = produced[(topic, partition)]
@@ -79,7 +80,8 @@ def test_adopt_takes_over_from_mm2_with_no_gap_and_groups_carry_on(spark, testbe
 
     log = (tmp_path / "mm2.log").open("wb")
     mm2 = subprocess.Popen(
-        mm2_command("primary", src.client.bootstrap, "dr", dst.client.bootstrap, list(TOPICS), tmp_path, MM2_SETTINGS),
+        mm2_command("primary", src.client.bootstrap_servers, "dr", dst.client.bootstrap_servers, list(TOPICS), tmp_path,
+                    MM2_SETTINGS),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     producer = threading.Thread(target=producer_loop, daemon=True)
@@ -161,13 +163,11 @@ def test_adopt_takes_over_from_mm2_with_no_gap_and_groups_carry_on(spark, testbe
         with capsys.disabled():
             print(f"orders[{p}]: resumes at {target_offset}, re-reads {resumed.index(next_unread)} (plan: {reread})")
         assert resumed.index(next_unread) <= reread <= 100  # MM2's offset.lag.max: its syncs' spacing at most
-    got = Consumer(dst.client.librdkafka() | {"group.id": group}).committed(
-        [TopicPartition("primary.orders", p) for p in plan], timeout=30
-    )
+    got = clients.consumer(dst.client, group).committed([TopicPartition("primary.orders", p) for p in plan], timeout=30)
     assert {tp.partition: tp.offset for tp in got} == {p: plan[p][1] for p in plan}
 
 
 def _ends(cluster, prefix: str) -> dict[tuple[str, int], int]:
-    admin = AdminClient(cluster.admin.librdkafka())
+    admin = clients.admin(cluster.admin)
     wanted = {TopicPartition(f"{prefix}{t}", p): OffsetSpec.latest() for t, n in TOPICS.items() for p in range(n)}
     return {(tp.topic, tp.partition): f.result().offset for tp, f in admin.list_offsets(wanted).items()}

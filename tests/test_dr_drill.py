@@ -5,38 +5,29 @@ from __future__ import annotations
 import json
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
-from bench.testbed.clients import Record, commit, create_topics, produce
-from bench.testbed.kafka_cluster import ClientSettings
+from bench.testbed import clients
+from bench.testbed.clients import Record, commit, committed, create_topics, produce
 from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
 from spark_app.clients import watermarks
-from spark_app.config import parse_config
+from spark_app.config import ClusterConfig, parse_config
 from spark_app.mirror import Mirror
 from spark_app.policy import event_hubs_topics
 from tests.support.mirror_config import one_flow_config
 from tests.support.running import mirror_running
 
 
-def committed(settings: ClientSettings, group: str, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer(settings.librdkafka() | {"group.id": group, "enable.auto.commit": False})
-    got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
-    consumer.close()
-    return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
-
-
-def ends(settings: ClientSettings, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer(settings.librdkafka() | {"group.id": "drill-test-ends"})
+def ends(settings: ClusterConfig, topic: str, partitions: int) -> dict[int, int]:
+    consumer = clients.consumer(settings, "drill-test-ends")
     try:
         return {p: watermarks(consumer, topic, p)[1] for p in range(partitions)}
     finally:
         consumer.close()
 
 
-def groups_on(settings: ClientSettings) -> set[str]:
-    listing = AdminClient(settings.librdkafka()).list_consumer_groups(request_timeout=30).result()
+def groups_on(settings: ClusterConfig) -> set[str]:
+    listing = clients.admin(settings).list_consumer_groups(request_timeout=30).result()
     return {g.group_id for g in listing.valid}
 
 

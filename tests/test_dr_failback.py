@@ -7,13 +7,13 @@ import json
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import KafkaError
 
-from bench.testbed.clients import Record, commit, create_topics, produce
-from bench.testbed.kafka_cluster import ClientSettings
+from bench.testbed import clients
+from bench.testbed.clients import Record, commit, committed, create_topics, produce
 from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
-from spark_app.config import parse_config
+from spark_app.config import ClusterConfig, parse_config
 from spark_app.mirror import Mirror
 from tests.support.mirror_config import cluster_entry
 
@@ -24,20 +24,11 @@ def pair(testbed):
     return testbed.start("fb-primary", "plaintext"), testbed.start("fb-dr", "plaintext")
 
 
-def committed(settings: ClientSettings, group: str, topic: str, partitions: int = 2) -> dict[int, int]:
-    consumer = Consumer(settings.librdkafka() | {"group.id": group, "enable.auto.commit": False})
-    got = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
-    consumer.close()
-    return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
-
-
-def resume(settings: ClientSettings, group: str, topics: list[str]) -> dict[str, list[bytes]]:
+def resume(cluster: ClusterConfig, group: str, topics: list[str]) -> dict[str, list[bytes]]:
     """What the group reads, per topic, from where it stands until every partition is at its end."""
-    consumer = Consumer(
-        settings.librdkafka()
-        | {"group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
-           "enable.partition.eof": True}
-    )  # fmt: skip
+    consumer = clients.consumer(
+        cluster, group, {"enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True}
+    )
     consumer.subscribe(topics)
     read: dict[str, list[bytes]] = {t: [] for t in topics}
     at_end: set[tuple[str, int]] = set()
@@ -95,7 +86,7 @@ def test_failback_moves_groups_to_the_primary_and_refuses_live_consumers_and_lag
     Mirror(spark, forward_only).run_available_now()
     # Failover; on DR the group reads the rest of the primary's copy, and part of what producers write on DR.
     assert cli_main(["failover", "--config", str(config_file), "--flow", f"{p}->{d}"]) == 0
-    assert committed(dr.client, group, f"{p}.{topic}") == {0: 30, 1: 30}
+    assert committed(dr.client, group, f"{p}.{topic}", 2) == {0: 30, 1: 30}
     produce(dr.client, topic, [Record(i % 2, None, f"d-{i}".encode()) for i in range(40)])
     commit(dr.client, group, f"{p}.{topic}", {0: 50, 1: 50})
     commit(dr.client, group, topic, {0: 15, 1: 12})
@@ -107,7 +98,7 @@ def test_failback_moves_groups_to_the_primary_and_refuses_live_consumers_and_lag
     assert f"flow {d}->{p}: {topic}[0] has 20 record(s), none mirrored yet" in err, err
 
     # A consumer still runs on DR.
-    live = Consumer(dr.client.librdkafka() | {"group.id": live_group, "enable.auto.commit": False})
+    live = clients.consumer(dr.client, live_group, {"enable.auto.commit": False})
     live.subscribe([topic])
     deadline = time.monotonic() + 60
     while not live.assignment() and time.monotonic() < deadline:
@@ -142,15 +133,15 @@ def test_failback_moves_groups_to_the_primary_and_refuses_live_consumers_and_lag
         ("at-end", group, topic, 0, 50, "would commit"),
         ("at-end", group, topic, 1, 50, "would commit"),
     }
-    assert committed(primary.client, group, f"{d}.{topic}") == {}
-    assert committed(primary.client, group, topic) == {0: 30, 1: 30}
+    assert committed(primary.client, group, f"{d}.{topic}", 2) == {}
+    assert committed(primary.client, group, topic, 2) == {0: 30, 1: 30}
 
     assert cli_main(failback) == 0
     assert actions(capsys.readouterr().out) == {(*a[:5], "commit") for a in planned}
     # On the primary's copy of what was written on DR, where the group stopped on DR; at the end of
     # the original topic, which it consumed through DR.
-    assert committed(primary.client, group, f"{d}.{topic}") == {0: 15, 1: 12}
-    assert committed(primary.client, group, topic) == {0: 50, 1: 50}
+    assert committed(primary.client, group, f"{d}.{topic}", 2) == {0: 15, 1: 12}
+    assert committed(primary.client, group, topic, 2) == {0: 50, 1: 50}
     # Every record in its place: the group reads on the primary exactly what it had not read on DR, and nothing of
     # the original topic again.
     read = resume(primary.client, group, [topic, f"{d}.{topic}"])
@@ -159,7 +150,7 @@ def test_failback_moves_groups_to_the_primary_and_refuses_live_consumers_and_lag
     unread += [f"d-late-{i}".encode() for i in range(4)]
     assert sorted(read[f"{d}.{topic}"]) == sorted(unread)
     # The live group was never touched on the primary, and running it again moves nothing back.
-    assert committed(primary.client, live_group, topic) == {}
+    assert committed(primary.client, live_group, topic, 2) == {}
     assert cli_main(failback) == 0
     assert actions(capsys.readouterr().out) == {(*a[:5], "keep") for a in planned}
 
@@ -186,7 +177,7 @@ def test_failback_under_identity_puts_groups_at_the_end_of_the_one_topic(spark, 
     commit(primary.client, group, topic, {0: 30, 1: 30})
     Mirror(spark, parse_config(raw | {"flows": flows[:1]})).run_available_now()
     assert cli_main(["failover", "--config", str(config_file), "--flow", f"{p}->{d}"]) == 0
-    assert committed(dr.client, group, topic) == {0: 30, 1: 30}
+    assert committed(dr.client, group, topic, 2) == {0: 30, 1: 30}
     produce(dr.client, topic, [Record(i % 2, None, f"d-{i}".encode()) for i in range(40)])
     commit(dr.client, group, topic, {0: 70, 1: 70})  # it read everything on DR
     Mirror(spark, both).run_available_now()
@@ -194,5 +185,5 @@ def test_failback_under_identity_puts_groups_at_the_end_of_the_one_topic(spark, 
 
     assert cli_main(["failback", "--config", str(config_file), "--flow", f"{d}->{p}"]) == 0
     assert actions(capsys.readouterr().out) == {("at-end", group, topic, q, 70, "commit") for q in (0, 1)}
-    assert committed(primary.client, group, topic) == {0: 70, 1: 70}
+    assert committed(primary.client, group, topic, 2) == {0: 70, 1: 70}
     assert resume(primary.client, group, [topic]) == {topic: []}

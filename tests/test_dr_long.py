@@ -7,8 +7,9 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import TopicPartition
 
+from bench.testbed import clients
 from bench.testbed.clients import commit, create_topics
 from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
@@ -25,7 +26,7 @@ PARKED_AT = {0: 37, 1: 41}  # where the group stopped reading, per partition
 def produce_steadily(cluster, topic: str, stop: threading.Event, sent: list[bytes]) -> None:
     """Records across two partitions, about ten a second (fewer than the mirror copies), until `stop`; each
     value says its order."""
-    producer = Producer(cluster.client.librdkafka() | {"linger.ms": 1})
+    producer = clients.producer(cluster.client, {"linger.ms": 1})
     while not stop.is_set():
         value = str(len(sent)).encode()
         producer.produce(topic, value=value, partition=len(sent) % 2)
@@ -89,7 +90,7 @@ def test_a_group_parked_through_2000_batches_and_a_restart_fails_over_exactly(
 
     # The group resumes on DR: it reads every record it had not read, in order, and nothing it had read before
     # beyond the re-read the plan announced.
-    consumer = Consumer(source_cluster.client.librdkafka() | {"group.id": group, "enable.auto.commit": False})
+    consumer = clients.consumer(source_cluster.client, group, {"enable.auto.commit": False})
     consumer.assign([TopicPartition(f"primary.{topic}", p, plan[p][1]) for p in PARKED_AT])
     unread = {p: [v for i, v in enumerate(sent) if i % 2 == p][PARKED_AT[p] :] for p in PARKED_AT}
     got: dict[int, list[bytes]] = {p: [] for p in PARKED_AT}
@@ -107,7 +108,7 @@ def test_a_group_parked_through_2000_batches_and_a_restart_fails_over_exactly(
 
 def caught_up(mirror: Mirror, target, remote: str, expected: int, errors: list[BaseException]) -> None:
     """Wait until the target holds every record sent, then for one more checkpoint round."""
-    admin_consumer = Consumer(target.client.librdkafka() | {"group.id": "caught-up-check"})
+    admin_consumer = clients.consumer(target.client, "caught-up-check")
     deadline = time.monotonic() + 300
     while not errors:
         on_target = sum(admin_consumer.get_watermark_offsets(TopicPartition(remote, p), timeout=10)[1] for p in (0, 1))

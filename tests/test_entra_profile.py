@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from confluent_kafka import Producer
 
+from bench.testbed import clients
 from spark_app.config import ClusterConfig, parse_config
 from spark_app.profiles import SecretError, librdkafka_settings
 from tests.support.mirror_config import one_flow_config
@@ -64,7 +64,8 @@ def workload_identity(tmp_path, monkeypatch) -> Iterator[str]:
 
 
 def test_producer_settings_speak_oauthbearer_with_event_hubs_limits_in_names_librdkafka_accepts(workload_identity):
-    conf = librdkafka_settings(ClusterConfig(**ENTRA, client_overrides={"linger.ms": "20"}), "producer")
+    cluster = ClusterConfig(**ENTRA, client_overrides={"linger.ms": "20"})
+    conf = librdkafka_settings(cluster, "producer")
     assert (conf["security.protocol"], conf["sasl.mechanism"]) == ("SASL_SSL", "OAUTHBEARER")
     assert (conf["connections.max.idle.ms"], conf["metadata.max.age.ms"], conf["message.max.bytes"]) == (
         "180000",
@@ -74,7 +75,7 @@ def test_producer_settings_speak_oauthbearer_with_event_hubs_limits_in_names_lib
     assert conf["linger.ms"] == "20"  # an override wins
     assert not any("jaas" in k or "password" in k for k in conf)
     # librdkafka refuses an unknown property at construction: every name here is one of its own.
-    Producer(conf).flush(0)
+    clients.producer(cluster).flush(0)
 
 
 def test_librdkafka_trades_the_federated_token_for_an_entra_token_for_the_namespace(workload_identity):

@@ -74,6 +74,6 @@ def test_entrypoint_validates_and_runs_the_mirror_in_local_mode(plaintext_cluste
     assert run.returncode == 0, run.stderr[-3000:]
     assert "flow onprem->cloud: 500 records" in run.stderr
     assert "flow onprem->cloud: 500 of 500 records (100.0%)" in run.stderr, "the progress line's final figures"
-    assert source_cluster.client.password not in run.stderr + run.stdout
+    assert source_cluster.secret not in run.stderr + run.stdout
     got = read_all(source_cluster.client, f"onprem.{topic}", expected=500)
     assert_each_record_once_in_order(f"onprem.{topic}", got, records)

@@ -16,8 +16,9 @@ import sys
 import time
 
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import TopicPartition
 
+from bench.testbed import clients
 from bench.testbed.clients import create_topics
 from bench.testbed.kafka_cluster import KafkaCluster, ListenerKind
 from bench.testbed.ports import free_port
@@ -35,7 +36,7 @@ PEAK_RSS_BOUND = 3.5e9  # the mirror's whole process tree (driver JVM, Python dr
 
 def produce_backlog(cluster: KafkaCluster, topic: str) -> dict[int, str]:
     """RECORDS records with explicit timestamps, spread over the partitions; each partition's digest."""
-    producer = Producer(cluster.client.librdkafka() | {"linger.ms": "20", "batch.size": "1000000"})
+    producer = clients.producer(cluster.client, {"linger.ms": "20", "batch.size": "1000000"})
     digests = {p: hashlib.sha256() for p in range(PARTITIONS)}
     now = int(time.time() * 1000)
     for i in range(RECORDS):
@@ -57,7 +58,7 @@ def record_bytes(key: bytes | None, value: bytes | None, timestamp: int) -> byte
 
 def read_digests(cluster: KafkaCluster, topic: str) -> tuple[dict[int, str], dict[int, int]]:
     """Each partition's digest and record count, read to its end."""
-    consumer = Consumer(cluster.client.librdkafka() | {"group.id": "backlog-check", "enable.auto.commit": False})
+    consumer = clients.consumer(cluster.client, "backlog-check", {"enable.auto.commit": False})
     ends = {p: watermarks(consumer, topic, p)[1] for p in range(PARTITIONS)}
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     digests, counts = {p: hashlib.sha256() for p in range(PARTITIONS)}, dict.fromkeys(range(PARTITIONS), 0)

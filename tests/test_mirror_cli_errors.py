@@ -43,6 +43,6 @@ def test_unreachable_cluster_and_wrong_password_fail_fast_naming_the_cluster(sou
     result, took = run_cli(one_flow_config(bad_source, target, ["t"], tmp_path / "c"), tmp_path)
     print(f"wrong password: exit {result.returncode} after {took:.1f}s")
     assert result.returncode == 1, result.stderr[-2000:]
-    assert f"authentication failed for cluster 'msk' ({source_cluster.client.bootstrap})" in result.stderr
+    assert f"authentication failed for cluster 'msk' ({source_cluster.client.bootstrap_servers})" in result.stderr
     assert took < 60, f"a wrong password took {took:.0f}s to report; it must not wait for timeouts"
-    assert source_cluster.client.password not in result.stdout + result.stderr
+    assert source_cluster.secret not in result.stdout + result.stderr

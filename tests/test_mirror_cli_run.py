@@ -122,7 +122,7 @@ def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_pr
         assert duplicates <= sum(reported)
     else:
         assert f"mirroring 1 topic(s): {topic}" in output
-    assert target_cluster.client.password not in output, "the Event Hubs connection string was printed"
+    assert target_cluster.secret not in output, "the Event Hubs connection string was printed"
 
 
 def test_run_rides_out_its_target_broker_stopped_for_30s_mid_stream(plaintext_cluster, testbed, tmp_path, unique):

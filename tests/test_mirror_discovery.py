@@ -9,6 +9,7 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
+from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from bench.testbed.ports import free_port
 from spark_app.config import parse_config
@@ -62,7 +63,7 @@ def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_incre
         )
     )
     mirror = Mirror(spark, config)
-    target_admin = AdminClient(source_cluster.admin.librdkafka())
+    target_admin = clients.admin(source_cluster.admin)
     with mirror_running(mirror, stop_timeout_s=120) as errors:
         wait_for_partitions(target_admin, f"dc.{first}", 2, errors)
         read_all(source_cluster.client, f"dc.{first}", expected=200, timeout_s=WAIT_S)
@@ -80,7 +81,7 @@ def test_a_topic_created_during_run_is_mirrored_within_30s_and_a_partition_incre
         assert discovered_in <= DISCOVERY_BOUND_S, f"the new topic took {discovered_in:.1f}s, over 30s"
 
         # The source grows from 2 to 4 partitions; the target follows and the new partitions' records arrive.
-        source_admin = AdminClient(plaintext_cluster.admin.librdkafka())  # kept alive until the result arrives
+        source_admin = clients.admin(plaintext_cluster.admin)  # kept alive until the result arrives
         source_admin.create_partitions([NewPartitions(first, 4)])[first].result()
         grown = [
             Record(p, f"g{p}-{i}".encode(), b"grown", (), int(time.time() * 1000)) for p in (2, 3) for i in range(50)

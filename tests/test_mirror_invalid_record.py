@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
+from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
@@ -59,7 +60,7 @@ def test_a_record_the_target_refuses_as_invalid_quarantines_its_topic_alone_and_
         ResourceType.TOPIC, f"onprem.{bad}",
         incremental_configs=[ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.SET)],
     )  # fmt: skip
-    admin = AdminClient(target_cluster.admin.librdkafka())  # kept alive until the answer arrives
+    admin = clients.admin(target_cluster.admin)  # kept alive until the answer arrives
     for future in admin.incremental_alter_configs([allow]).values():
         future.result()
     second = Mirror(spark, config)

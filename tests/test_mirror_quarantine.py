@@ -6,9 +6,10 @@ import json
 import time
 
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from spark_app.config import parse_config
 from spark_app.dr.views import flow_status
@@ -108,12 +109,12 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
     LagPoller(first.metrics, [lag]).poll()  # the held lag keeps growing
     assert lag_of(first, big, 0) == 15 - 5 and lag_of(first, late, 0) == 10
     assert status_lag(config({}), big, 0) == 15 - 5
-    source_admin = AdminClient(plaintext_cluster.admin.librdkafka())
+    source_admin = clients.admin(plaintext_cluster.admin)
     for future in source_admin.delete_records([TopicPartition(gone, 0, 15)], request_timeout=30).values():
         future.result()
     # The causes are fixed: the hub is created, the target's cap raised for `big`.
     create_topics(target_cluster.admin, {f"onprem.{late}": 1})
-    target_admin = AdminClient(target_cluster.admin.librdkafka())
+    target_admin = clients.admin(target_cluster.admin)
     raise_cap = ConfigResource(
         ResourceType.TOPIC, f"onprem.{big}",
         incremental_configs=[ConfigEntry("max.message.bytes", "3000000", incremental_operation=AlterConfigOpType.SET)],

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from confluent_kafka.admin import ConfigResource, ResourceType
 
+from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
@@ -31,7 +32,7 @@ def test_exclusions_internal_topics_and_remote_copies_stay_home_and_configs_trav
     mirror.run_available_now()
 
     assert sorted(mirror.flows[0].totals.records) == sorted([keep, compact])
-    target_admin = AdminClient(source_cluster.admin.librdkafka())
+    target_admin = clients.admin(source_cluster.admin)
     on_target = target_admin.list_topics(timeout=10).topics
     assert f"onprem.{keep}" in on_target and len(on_target[f"onprem.{keep}"].partitions) == 3
     for never in (f"onprem.{secret}", f"onprem.{remote}", "onprem.__consumer_offsets"):

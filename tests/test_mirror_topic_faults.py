@@ -11,11 +11,11 @@ from confluent_kafka.admin import (
     AclBindingFilter,
     AclOperation,
     AclPermissionType,
-    AdminClient,
     ResourcePatternType,
     ResourceType,
 )
 
+from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from bench.testbed.kafka_cluster import EVENTHUBS_USER
 from bench.testbed.ports import free_port
@@ -49,7 +49,7 @@ def test_a_topic_whose_write_acl_is_removed_mid_run_is_quarantined_alone_and_cat
             mode=mode,
         )  # fmt: skip
     )
-    admin = AdminClient(target_cluster.admin.librdkafka())
+    admin = clients.admin(target_cluster.admin)
     deny = AclBinding(
         ResourceType.TOPIC, f"onprem.{denied}", ResourcePatternType.LITERAL, f"User:{EVENTHUBS_USER}", "*",
         AclOperation.WRITE, AclPermissionType.DENY,

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka.admin import AdminClient
-
+from bench.testbed import clients
 from bench.testbed.clients import Record, commit, create_topics, produce, read_all
 from spark_app.config import parse_config
 from spark_app.dr.internal import read_checkpoints
@@ -18,7 +17,7 @@ from tests.support.mirror_config import one_flow_config
 
 def recreate(cluster, topic: str) -> None:
     """Delete the topic and make it again, empty, once the broker has let go of the old one."""
-    admin = AdminClient(cluster.admin.librdkafka())
+    admin = clients.admin(cluster.admin)
     admin.delete_topics([topic], operation_timeout=30)[topic].result()
     deadline = time.monotonic() + 60
     while True:

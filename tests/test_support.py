@@ -1,5 +1,5 @@
 """The shared test helpers: the record assertion fails on every way a copy can go wrong and says where; the one-flow
-config is what the mirror parses. No broker needed."""
+config is what the mirror parses; a cluster's Java settings say what its profile says. No broker needed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.testbed.clients import Record
-from bench.testbed.kafka_cluster import ListenerKind
-from spark_app.config import parse_config
+from bench.testbed.clients import Record, java_settings
+from spark_app import profiles
+from spark_app.config import ClusterConfig, parse_config
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
 
@@ -90,7 +90,7 @@ def test_at_least_once_refuses_sent_records_that_repeat():
 
 
 def test_one_flow_config_places_each_key_where_the_schema_has_it_and_parses():
-    onprem = SimpleNamespace(kind=ListenerKind.PLAINTEXT, client=SimpleNamespace(bootstrap="127.0.0.1:19092"))
+    onprem = SimpleNamespace(client=ClusterConfig(alias="bed", bootstrap_servers="127.0.0.1:19092", profile="kafka"))
     target = {"alias": "eh", "bootstrap_servers": "ns.servicebus.windows.net:9093", "profile": "kafka"}
     raw = one_flow_config(onprem, target, ["orders"], "/ckpt", emit_heartbeats=False, metrics_port=9500)
     assert raw == {
@@ -114,3 +114,35 @@ def test_one_flow_config_refuses_an_unknown_key_and_an_alias_for_a_ready_entry()
         one_flow_config(entry, entry | {"alias": "j"}, ["t"], "/c", metrics_prot=1)
     with pytest.raises(TypeError, match="the entry 'k' keeps its alias"):
         one_flow_config(entry, entry | {"alias": "j"}, ["t"], "/c", source_alias="other")
+
+
+def test_java_settings_name_the_cluster_as_the_mirrors_profile_does_in_the_java_clients_words(tmp_path, monkeypatch):
+    (tmp_path / "pw").write_text("s3cret\n")
+    secret = {"file": str(tmp_path / "pw")}
+    plain = ClusterConfig(alias="p", bootstrap_servers="h:9092", profile="kafka")
+    assert java_settings(plain) == {"bootstrap.servers": "h:9092", "security.protocol": "PLAINTEXT"}
+    scram = ClusterConfig.model_validate(
+        {"alias": "m", "bootstrap_servers": "h:9096", "profile": "msk-scram", "username": "mirror", "password": secret,
+         "ca_file": "/ca.pem"}
+    )  # fmt: skip
+    assert java_settings(scram) == {
+        "bootstrap.servers": "h:9096",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required username="mirror"'
+        ' password="s3cret";',
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": "/ca.pem",
+    }
+    hubs = ClusterConfig.model_validate(
+        {"alias": "e", "bootstrap_servers": "h:9093", "profile": "eventhubs", "password": secret}
+    )
+    assert java_settings(hubs)["sasl.jaas.config"] == (
+        'org.apache.kafka.common.security.plain.PlainLoginModule required username="$ConnectionString"'
+        ' password="s3cret";'
+    )
+    assert "ssl.truststore.location" not in java_settings(hubs)  # the system store, as librdkafka's default
+    monkeypatch.setattr(profiles, "_msk_iam_token", lambda region: lambda _cfg: ("iam-token", 0.0))
+    iam = ClusterConfig(alias="i", bootstrap_servers="h:9098", profile="msk-iam", region="eu-west-1")
+    with pytest.raises(ValueError, match="no Java settings for SASL mechanism OAUTHBEARER"):
+        java_settings(iam)

@@ -6,9 +6,10 @@ import dataclasses
 import time
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import NewTopic
 
+from bench.testbed import clients
 from bench.testbed.clients import (
     Record,
     by_partition,
@@ -18,6 +19,7 @@ from bench.testbed.clients import (
     produce,
     read_all,
 )
+from spark_app.config import SecretRef
 from tests.support.assertions import assert_each_record_once_in_order
 
 CLUSTERS = ["plaintext_cluster", "source_cluster", "target_cluster"]
@@ -62,15 +64,15 @@ def test_each_listener_kind_round_trips_1000_records_through_python_and_java(clu
 
 
 @pytest.mark.parametrize("cluster_name", SASL_CLUSTERS)
-def test_wrong_credentials_are_refused_with_an_authentication_error(cluster_name, request, unique):
+def test_wrong_credentials_are_refused_with_an_authentication_error(cluster_name, request, unique, tmp_path):
     cluster = request.getfixturevalue(cluster_name)
     topic = f"auth-{unique}"
     create_topics(cluster.admin, {topic: 1})
     errors: list[KafkaError] = []
-    producer = Producer(
-        cluster.client.with_password("not-the-password").librdkafka()
-        | {"error_cb": errors.append, "message.timeout.ms": "5000"}
-    )
+    wrong = tmp_path / "wrong-password"
+    wrong.write_text("not-the-password")
+    signed_in_wrongly = cluster.client.model_copy(update={"password": SecretRef(file=str(wrong))})
+    producer = clients.producer(signed_in_wrongly, {"error_cb": errors.append, "message.timeout.ms": "5000"})
     producer.produce(topic, value=b"must not land")
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not any(e.code() == KafkaError._AUTHENTICATION for e in errors):
@@ -84,7 +86,7 @@ def test_wrong_credentials_are_refused_with_an_authentication_error(cluster_name
 
 
 def test_eventhubs_like_cluster_refuses_topic_creation_from_the_client(target_cluster, unique):
-    client = AdminClient(target_cluster.client.librdkafka())
+    client = clients.admin(target_cluster.client)
     future = client.create_topics([NewTopic(f"denied-{unique}", num_partitions=1, replication_factor=1)])
     with pytest.raises(KafkaException) as refused:
         next(iter(future.values())).result(timeout=30)
@@ -95,7 +97,7 @@ def test_eventhubs_like_cluster_rejects_a_record_over_1_mb(target_cluster, uniqu
     topic = f"big-{unique}"
     create_topics(target_cluster.admin, {topic: 1})
     # Raise the client's own cap so the broker, not librdkafka, is the one that refuses.
-    producer = Producer(target_cluster.client.librdkafka() | {"message.max.bytes": "3000000"})
+    producer = clients.producer(target_cluster.client, {"message.max.bytes": "3000000"})
     outcomes: dict[str, KafkaError | None] = {}
     producer.produce(topic, value=b"a" * 900_000, on_delivery=lambda err, _: outcomes.__setitem__("900kB", err))
     producer.flush(30)
@@ -112,7 +114,7 @@ def test_stopping_one_broker_of_the_multi_broker_cluster_takes_exactly_its_parti
 ):
     cluster, topic = multi_broker_cluster, f"placed-{unique}"
     create_placed_topics(cluster.admin, {topic: [1, 2, 1]})
-    admin = AdminClient(cluster.admin.librdkafka())
+    admin = clients.admin(cluster.admin)
 
     def leaders() -> dict[int, int]:
         return {p: m.leader for p, m in admin.list_topics(topic, timeout=10).topics[topic].partitions.items()}

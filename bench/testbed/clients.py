@@ -1,18 +1,29 @@
-"""Small, strict Kafka client helpers for tests: create topics, produce, read back exactly, run Kafka's own tools."""
+"""The one place tests and benchmarks make Kafka clients, from the mirror's own cluster model (spark_app.config's
+`ClusterConfig`) and profiles; and small, strict helpers on them: create topics, produce, read back exactly, run
+Kafka's own tools.
+
+Settings come from `spark_app.profiles.librdkafka_settings`, as the mirror's do; a caller's settings win over the
+profile's, so a test can step outside it on purpose (a raised record cap, its own error callback). Java clients (Kafka's
+console consumer, MirrorMaker 2's tools) get the same cluster in Java names through `java_settings`.
+"""
 
 from __future__ import annotations
 
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from .kafka_cluster import ClientSettings, kafka_classpath, require_java
+from spark_app import clients
+from spark_app.config import ClusterConfig, Profile
+from spark_app.profiles import librdkafka_settings
+
+from .kafka_cluster import kafka_classpath, require_java
 
 Headers = tuple[tuple[str, bytes | None], ...]
 
@@ -29,27 +40,70 @@ class Record:
     offset: int | None = field(default=None, compare=False)  # set by `read_all`
 
 
-def create_topics(admin: ClientSettings, topics: dict[str, int], config: dict[str, str] | None = None) -> None:
-    _create(admin, [NewTopic(n, p, replication_factor=1, config=config or {}) for n, p in topics.items()])
+def plaintext(bootstrap: str, alias: str = "bench") -> ClusterConfig:
+    """A cluster reached in PLAINTEXT at `bootstrap`, as a benchmark that has only the address names it."""
+    return ClusterConfig(alias=alias, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
 
 
-def create_placed_topics(admin: ClientSettings, topics: dict[str, list[int]]) -> None:
+def admin(cluster: ClusterConfig) -> AdminClient:
+    """An AdminClient as the mirror makes it (spark_app.clients)."""
+    return clients.admin(cluster)
+
+
+def producer(cluster: ClusterConfig, settings: Mapping[str, object] | None = None) -> Producer:
+    """A producer with the cluster's profile settings; `settings` win over the profile's."""
+    return Producer(librdkafka_settings(cluster, "producer") | dict(settings or {}))
+
+
+def consumer(cluster: ClusterConfig, group: str, settings: Mapping[str, object] | None = None) -> Consumer:
+    """A consumer in `group` with the cluster's profile settings; `settings` win over the profile's."""
+    return Consumer(librdkafka_settings(cluster, "consumer") | {"group.id": group} | dict(settings or {}))
+
+
+def java_settings(cluster: ClusterConfig) -> dict[str, str]:
+    """The cluster's client settings in the Java client's names, as in a .properties file."""
+    rd = librdkafka_settings(cluster, "admin")
+    conf = {"bootstrap.servers": rd["bootstrap.servers"], "security.protocol": rd["security.protocol"]}
+    mechanism = rd.get("sasl.mechanism")
+    if mechanism in ("PLAIN", "SCRAM-SHA-512"):
+        module = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule"
+            if mechanism == "PLAIN"
+            else "org.apache.kafka.common.security.scram.ScramLoginModule"
+        )
+        user, password = rd["sasl.username"], rd["sasl.password"]
+        conf["sasl.mechanism"] = mechanism
+        conf["sasl.jaas.config"] = f'{module} required username="{user}" password="{password}";'
+    elif mechanism is not None:
+        raise ValueError(f"cluster '{cluster.alias}': no Java settings for SASL mechanism {mechanism} in the test bed")
+    if "ssl.ca.location" in rd:
+        conf |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": rd["ssl.ca.location"]}
+    return conf
+
+
+def create_topics(
+    cluster: ClusterConfig, topics: dict[str, int], config: dict[str, str] | None = None, timeout_s: float = 30
+) -> None:
+    _create(cluster, [NewTopic(n, p, replication_factor=1, config=config or {}) for n, p in topics.items()], timeout_s)
+
+
+def create_placed_topics(cluster: ClusterConfig, topics: dict[str, list[int]]) -> None:
     """Topics with replication factor 1 whose partition i lives on (is led by) broker `topics[name][i]`."""
-    _create(admin, [NewTopic(n, len(bs), replica_assignment=[[b] for b in bs]) for n, bs in topics.items()])
+    _create(cluster, [NewTopic(n, len(bs), replica_assignment=[[b] for b in bs]) for n, bs in topics.items()], 30)
 
 
-def _create(admin: ClientSettings, new: list[NewTopic]) -> None:
-    client = AdminClient(admin.librdkafka())
-    for name, future in client.create_topics(new, operation_timeout=30, request_timeout=30).items():
+def _create(cluster: ClusterConfig, new: list[NewTopic], timeout_s: float) -> None:
+    client = admin(cluster)
+    for name, future in client.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s).items():
         try:
             future.result()
         except KafkaException as err:
             raise AssertionError(f"could not create topic '{name}': {err}") from err
 
 
-def produce(settings: ClientSettings, topic: str, records: Iterable[Record], **overrides: str) -> int:
+def produce(cluster: ClusterConfig, topic: str, records: Iterable[Record], **overrides: str) -> int:
     """Produce in order and wait for every delivery; any failed delivery fails the caller."""
-    producer = Producer(settings.librdkafka() | {"linger.ms": "5", "enable.idempotence": "true"} | overrides)
+    client = producer(cluster, {"linger.ms": "5", "enable.idempotence": "true"} | overrides)
     failures: list[str] = []
 
     def on_delivery(err, msg):
@@ -65,45 +119,55 @@ def produce(settings: ClientSettings, topic: str, records: Iterable[Record], **o
             kwargs["timestamp"] = r.timestamp_ms
         while True:
             try:
-                producer.produce(topic, **kwargs)
+                client.produce(topic, **kwargs)
                 break
             except BufferError:
-                producer.poll(0.1)
+                client.poll(0.1)
         count += 1
-    remaining = producer.flush(60)
+    remaining = client.flush(60)
     if remaining or failures:
         raise AssertionError(f"{remaining} record(s) undelivered, failures: {failures[:5]}")
     return count
 
 
-def commit(settings: ClientSettings, group: str, topic: str, offsets: dict[int, int]) -> None:
+def commit(cluster: ClusterConfig, group: str, topic: str, offsets: dict[int, int]) -> None:
     """Commit a group's offsets (partition -> next offset to read) as its consumer would, without joining it."""
-    consumer = Consumer(settings.librdkafka() | {"group.id": group, "enable.auto.commit": False})
-    consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
-    consumer.close()
+    member = consumer(cluster, group, {"enable.auto.commit": False})
+    member.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+    member.close()
+
+
+def committed(cluster: ClusterConfig, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """The offsets `group` has committed on partitions 0 .. `partitions` - 1 of `topic`; those it has none for are
+    left out."""
+    member = consumer(cluster, group, {"enable.auto.commit": False})
+    try:
+        got = member.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+    finally:
+        member.close()
+    return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
 
 
 def read_all(
-    settings: ClientSettings, topic: str, expected: int, timeout_s: float = 60.0, exact: bool = True
+    cluster: ClusterConfig, topic: str, expected: int, timeout_s: float = 60.0, exact: bool = True
 ) -> list[Record]:
     """Read a topic from the beginning until `expected` records arrived; fail on timeout, or on excess if `exact`."""
-    consumer = Consumer(
-        settings.librdkafka()
-        | {"group.id": f"reader-{topic}-{time.monotonic_ns()}", "enable.auto.commit": "false",
-           "auto.offset.reset": "earliest", "enable.partition.eof": "true"}
+    reader = consumer(
+        cluster, f"reader-{topic}-{time.monotonic_ns()}",
+        {"enable.auto.commit": "false", "auto.offset.reset": "earliest", "enable.partition.eof": "true"},
     )  # fmt: skip
-    metadata = consumer.list_topics(topic, timeout=15).topics[topic]
+    metadata = reader.list_topics(topic, timeout=15).topics[topic]
     if metadata.error is not None:
-        consumer.close()
+        reader.close()
         raise AssertionError(f"topic '{topic}': {metadata.error}")
     partitions = sorted(metadata.partitions)
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    reader.assign([TopicPartition(topic, p, 0) for p in partitions])
     records: list[Record] = []
     at_eof: set[int] = set()
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
+            msg = reader.poll(0.5)
             if msg is None:
                 continue
             if msg.error():
@@ -117,19 +181,19 @@ def read_all(
             headers = tuple(msg.headers() or ())
             records.append(Record(msg.partition(), msg.key(), msg.value(), headers, msg.timestamp()[1], msg.offset()))
     finally:
-        consumer.close()
+        reader.close()
     if len(records) < expected or (exact and len(records) != expected):
         raise AssertionError(f"'{topic}': expected {expected} records, read {len(records)} in {timeout_s}s")
     return records
 
 
-def end_offsets(settings: ClientSettings, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+def end_offsets(cluster: ClusterConfig, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
     """Each (topic, partition)'s end offset (high watermark) right now."""
-    consumer = Consumer(settings.librdkafka() | {"group.id": "end-offsets"})
+    reader = consumer(cluster, "end-offsets")
     try:
-        return {(t, p): consumer.get_watermark_offsets(TopicPartition(t, p), timeout=15)[1] for t, p in partitions}
+        return {(t, p): reader.get_watermark_offsets(TopicPartition(t, p), timeout=15)[1] for t, p in partitions}
     finally:
-        consumer.close()
+        reader.close()
 
 
 def by_partition(records: Sequence[Record]) -> dict[int, list[Record]]:
@@ -139,15 +203,15 @@ def by_partition(records: Sequence[Record]) -> dict[int, list[Record]]:
     return grouped
 
 
-def console_consume(settings: ClientSettings, topic: str, max_messages: int, timeout_s: int = 60) -> list[str]:
+def console_consume(cluster: ClusterConfig, topic: str, max_messages: int, timeout_s: int = 60) -> list[str]:
     """Read with Kafka's own Java console consumer; lines are `Partition:<p>\\t<headers>\\t<key>\\t<value>`."""
     with tempfile.NamedTemporaryFile("w", suffix=".properties", delete=False) as props:
-        props.write("".join(f"{k}={v}\n" for k, v in settings.java().items()))
+        props.write("".join(f"{k}={v}\n" for k, v in java_settings(cluster).items()))
     try:
         cmd = [
             require_java(), "-Xmx256m", "-cp", kafka_classpath(),
             "org.apache.kafka.tools.consumer.ConsoleConsumer",
-            "--bootstrap-server", settings.bootstrap, "--topic", topic, "--from-beginning",
+            "--bootstrap-server", cluster.bootstrap_servers, "--topic", topic, "--from-beginning",
             "--max-messages", str(max_messages), "--timeout-ms", str(timeout_s * 1000),
             "--consumer.config", props.name,
             "--property", "print.partition=true",

@@ -38,6 +38,8 @@ from confluent_kafka.admin import (
 )
 
 from images.fetch_jars import cached_jars
+from spark_app import clients
+from spark_app.config import ClusterConfig, Profile, SecretRef
 
 from .ports import free_ports
 from .tls import TlsFiles
@@ -66,55 +68,6 @@ def kafka_classpath() -> str:
     return os.pathsep.join(str(j) for j in cached_jars("kafka"))
 
 
-@dataclass(frozen=True)
-class ClientSettings:
-    """How a client reaches one listener, in the three dialects the kit needs."""
-
-    bootstrap: str
-    security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str | None = None
-    username: str | None = None
-    password: str | None = None
-    ca_file: Path | None = None
-
-    def librdkafka(self) -> dict[str, str]:
-        """confluent-kafka names."""
-        conf = {"bootstrap.servers": self.bootstrap, "security.protocol": self.security_protocol}
-        if self.sasl_mechanism:
-            conf |= {
-                "sasl.mechanism": self.sasl_mechanism,
-                "sasl.username": self.username,
-                "sasl.password": self.password,
-            }
-        if self.ca_file:
-            conf["ssl.ca.location"] = str(self.ca_file)
-        return conf
-
-    def java(self) -> dict[str, str]:
-        """Java client names, as in a .properties file."""
-        conf = {"bootstrap.servers": self.bootstrap, "security.protocol": self.security_protocol}
-        if self.sasl_mechanism:
-            module = (
-                "org.apache.kafka.common.security.plain.PlainLoginModule"
-                if self.sasl_mechanism == "PLAIN"
-                else "org.apache.kafka.common.security.scram.ScramLoginModule"
-            )
-            conf["sasl.mechanism"] = self.sasl_mechanism
-            conf["sasl.jaas.config"] = f'{module} required username="{self.username}" password="{self.password}";'
-        if self.ca_file:
-            conf |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ca_file)}
-        return conf
-
-    def spark(self) -> dict[str, str]:
-        """Options for Spark's Kafka source and sink: the Java names, prefixed with `kafka.`."""
-        return {f"kafka.{k}": v for k, v in self.java().items()}
-
-    def with_password(self, password: str) -> ClientSettings:
-        return ClientSettings(
-            self.bootstrap, self.security_protocol, self.sasl_mechanism, self.username, password, self.ca_file
-        )
-
-
 @dataclass
 class KafkaCluster:
     """One broker JVM. `start` formats and launches it; `stop`, `kill` and `start` again serve fault tests.
@@ -129,7 +82,7 @@ class KafkaCluster:
     tls: TlsFiles | None = None
     node_id: int = 1
     quorum: KafkaCluster | None = None
-    password: str = field(default_factory=lambda: secrets.token_hex(16))
+    password: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     message_max_bytes: int = 1048576
     admin_port: int = 0
     client_port: int = 0
@@ -142,21 +95,30 @@ class KafkaCluster:
     # -- what tests use -------------------------------------------------------------------------------------------
 
     @property
-    def admin(self) -> ClientSettings:
+    def admin(self) -> ClusterConfig:
         """The test bed's own super-user access, for setup a real platform does out of band (ARM, operators)."""
-        return ClientSettings(bootstrap=f"127.0.0.1:{self.admin_port}")
+        return ClusterConfig(alias=self.name, bootstrap_servers=f"127.0.0.1:{self.admin_port}", profile=Profile.KAFKA)
 
     @property
-    def client(self) -> ClientSettings:
-        """What the mirror and the applications under test use."""
+    def client(self) -> ClusterConfig:
+        """What the mirror and the applications under test use, as the mirror's config describes a cluster: the secret
+        stays in a 0600 file next to the broker's, as a Kubernetes Secret mount gives it."""
         bootstrap = f"127.0.0.1:{self.client_port}"
         if self.kind is ListenerKind.PLAINTEXT:
-            return ClientSettings(bootstrap)
+            return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+        signed_in = {"password": SecretRef(file=str(self.folder / "client-secret")), "ca_file": str(self.tls.ca_pem)}
         if self.kind is ListenerKind.EVENTHUBS:
-            return ClientSettings(
-                bootstrap, "SASL_SSL", "PLAIN", EVENTHUBS_USER, self.connection_string, self.tls.ca_pem
-            )
-        return ClientSettings(bootstrap, "SASL_SSL", "SCRAM-SHA-512", MSK_USER, self.password, self.tls.ca_pem)
+            return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.EVENTHUBS, **signed_in)
+        return ClusterConfig(
+            alias=self.name, bootstrap_servers=bootstrap, profile=Profile.MSK_SCRAM, username=MSK_USER, **signed_in
+        )
+
+    @property
+    def secret(self) -> str | None:
+        """What the client signs in with: the connection string (Event Hubs-like) or the password (MSK-like)."""
+        if self.kind is ListenerKind.PLAINTEXT:
+            return None
+        return self.connection_string if self.kind is ListenerKind.EVENTHUBS else self.password
 
     @property
     def connection_string(self) -> str:
@@ -183,6 +145,7 @@ class KafkaCluster:
         """Start (or restart after `stop`/`kill`) and wait until the broker answers on its admin listener."""
         if self.running:
             return self
+        self._write_secret()
         for attempt in range(1, attempts + 1):
             if not self._formatted:
                 self.admin_port, self.client_port, self.controller_port = free_ports(3)
@@ -240,6 +203,14 @@ class KafkaCluster:
             raise AssertionError(f"could not set quota {config} on {self.name}:\n{done.stdout}\n{done.stderr}")
 
     # -- internals ------------------------------------------------------------------------------------------------
+
+    def _write_secret(self) -> None:
+        if self.secret is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / "client-secret"
+        path.write_text(self.secret)
+        path.chmod(0o600)
 
     def _client_protocol(self) -> str:
         return "PLAINTEXT" if self.kind is ListenerKind.PLAINTEXT else "SASL_SSL"
@@ -345,7 +316,7 @@ class KafkaCluster:
                 with socket.socket() as probe:
                     probe.settimeout(0.5)
                     if probe.connect_ex(("127.0.0.1", self.admin_port)) == 0:
-                        admin = AdminClient(self.admin.librdkafka())
+                        admin = clients.admin(self.admin)
             elif _has_broker(admin, self.node_id):
                 return
             time.sleep(0.1)
@@ -366,7 +337,7 @@ class KafkaCluster:
             acl(ResourceType.TOPIC, "*", AclOperation.CREATE, deny),
             acl(ResourceType.BROKER, "kafka-cluster", AclOperation.CREATE, deny),
         ]
-        admin = AdminClient(self.admin.librdkafka())
+        admin = clients.admin(self.admin)
         for future in admin.create_acls(bindings, request_timeout=15).values():
             future.result()
 
@@ -391,12 +362,14 @@ class MultiBrokerCluster:
     kind: ListenerKind = ListenerKind.PLAINTEXT
 
     @property
-    def admin(self) -> ClientSettings:
-        return ClientSettings(bootstrap=",".join(b.admin.bootstrap for b in self.brokers))
+    def admin(self) -> ClusterConfig:
+        bootstrap = ",".join(b.admin.bootstrap_servers for b in self.brokers)
+        return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
 
     @property
-    def client(self) -> ClientSettings:
-        return ClientSettings(bootstrap=",".join(b.client.bootstrap for b in self.brokers))
+    def client(self) -> ClusterConfig:
+        bootstrap = ",".join(b.client.bootstrap_servers for b in self.brokers)
+        return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
 
     def broker(self, node_id: int) -> KafkaCluster:
         return next(b for b in self.brokers if b.node_id == node_id)

@@ -47,8 +47,9 @@ def main() -> int:
         source = bed.start("msk-demo", ListenerKind.MSK_SCRAM)
         target = bed.start("eventhubs-demo", ListenerKind.EVENTHUBS)
         for cluster in (source, target):
-            s = cluster.client
-            print(f"{cluster.kind.value:10} {s.bootstrap:22} {s.security_protocol} {s.sasl_mechanism}")
+            print(
+                f"{cluster.kind.value:10} {cluster.client.bootstrap_servers:22} profile {cluster.client.profile.value}"
+            )
 
         create_topics(source.admin, TOPICS)
         sent = {t: sample(t, p) for t, p in TOPICS.items()}

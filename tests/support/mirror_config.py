@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.testbed.kafka_cluster import KafkaCluster, ListenerKind, MultiBrokerCluster
+from bench.testbed.kafka_cluster import KafkaCluster, MultiBrokerCluster
 from spark_app.config import FlowConfig, MirrorConfig
 
 Cluster = KafkaCluster | MultiBrokerCluster
@@ -15,17 +15,9 @@ MIRROR_KEYS = frozenset(MirrorConfig.model_fields) - {"clusters", "flows"}
 
 
 def cluster_entry(cluster: Cluster, alias: str) -> dict:
-    """The `clusters[]` entry for a test-bed cluster; the secret goes to a 0600 file next to the broker's."""
-    entry: dict = {"alias": alias, "bootstrap_servers": cluster.client.bootstrap}
-    if cluster.kind is ListenerKind.PLAINTEXT:
-        return entry | {"profile": "kafka"}
-    secret = Path(cluster.folder) / f"secret-{alias}"
-    secret.write_text(cluster.client.password)
-    secret.chmod(0o600)
-    entry |= {"password": {"file": str(secret)}, "ca_file": str(cluster.tls.ca_pem)}
-    if cluster.kind is ListenerKind.EVENTHUBS:
-        return entry | {"profile": "eventhubs"}
-    return entry | {"profile": "msk-scram", "username": cluster.client.username}
+    """The `clusters[]` entry for a test-bed cluster under `alias`: its client `ClusterConfig` as a config file gives
+    it, the secret still in the 0600 file next to the broker's."""
+    return cluster.client.model_copy(update={"alias": alias}).model_dump(mode="json", exclude_defaults=True)
 
 
 def one_flow_config(
