@@ -20,27 +20,18 @@ from bench.testbed.ports import free_port
 from bench.testbed.s3 import S3Server, moto_server
 from bench.testbed.testbed import TestBed
 from tests.support.kube_api import KubeApiServer
+from tests.support.mirror_cli import MirrorCli
 from tests.support.spark_cluster import SparkStandalone
 
 CLUSTER_FIXTURES = frozenset(
     {"testbed", "plaintext_cluster", "source_cluster", "target_cluster", "multi_broker_cluster"}
 )
-# Object storage is reached through Spark's s3a connector, so the `s3` fixture needs Spark too.
-SPARK_FIXTURES = frozenset({"spark", "spark_standalone", "s3"})
+# Object storage is reached through Spark's s3a connector, so the `s3` fixture needs Spark too; `mirror_cli` starts the
+# mirror's `run`, and with it Spark, in a subprocess.
+SPARK_FIXTURES = frozenset({"spark", "spark_standalone", "s3", "mirror_cli"})
 KUBE_FIXTURES = frozenset({"kube_api"})
 # The tests that need neither brokers, Spark nor the API server: the pipeline's unit job runs this selection.
 FAST_SELECTION = "not kafka and not spark and not kube"
-# Modules whose cluster tests run the mirror CLI's `run` in a subprocess: Spark, without the `spark` fixture.
-RUNS_THE_MIRROR_CLI = frozenset(
-    {
-        "tests.test_mirror_cli_run",
-        "tests.test_mirror_cli_errors",
-        "tests.test_image",
-        "tests.test_dr",
-        "tests.test_mirror_object_storage",
-        "tests.test_mirror_sigterm",
-    }
-)
 
 
 @pytest.fixture(scope="session")
@@ -121,6 +112,13 @@ def spark_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spark
 
 
 @pytest.fixture
+def mirror_cli(tmp_path: Path) -> MirrorCli:
+    """The mirror's `run` in a subprocess (tests/support/mirror_cli.py): a test that starts it asks for this fixture,
+    which marks it `spark`."""
+    return MirrorCli(tmp_path)
+
+
+@pytest.fixture
 def unique(request: pytest.FixtureRequest) -> str:
     """A short per-test suffix for topic names, aliases and group ids."""
     return f"{request.node.name[:24].strip('_[]')}-{uuid.uuid4().hex[:8]}".replace("[", "-").replace("]", "")
@@ -142,10 +140,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     - `kafka`: the test's fixture closure holds a cluster fixture (CLUSTER_FIXTURES), or one of its parameters names
       one (a test parametrized over cluster names calls `request.getfixturevalue`).
-    - `spark`: it holds a SPARK_FIXTURES fixture; or it is a `kafka` test in one of the modules named in
-      RUNS_THE_MIRROR_CLI, which run the mirror's `run` in a subprocess (a test that runs the mirror needs clusters,
-      so the other tests of those modules, such as the image's Dockerfile check, stay unmarked). Add a module there
-      when its tests start `run` in a subprocess; tests/test_markers.py checks that each name is a module.
+    - `spark`: it holds a SPARK_FIXTURES fixture; `mirror_cli` among them, through which every test that starts the
+      mirror's `run` in a subprocess builds its command (tests/test_markers.py checks that no test builds it alone).
     - `kube`: it holds a fixture of KUBE_FIXTURES (the real API server, whose binaries `.ci/setup` builds).
     """
     for item in items:
@@ -157,6 +153,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.kafka)
         if fixtures & KUBE_FIXTURES:
             item.add_marker(pytest.mark.kube)
-        module = item.module.__name__ if isinstance(item, pytest.Function) else ""
-        if fixtures & SPARK_FIXTURES or (needs_kafka and module in RUNS_THE_MIRROR_CLI):
+        if fixtures & SPARK_FIXTURES:
             item.add_marker(pytest.mark.spark)

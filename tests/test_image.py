@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
@@ -48,24 +46,22 @@ def test_entrypoint_hands_spark_driver_and_executor_commands_to_spark(tmp_path):
         assert out.stdout.strip() == f"spark got: {role} --properties-file /x"
 
 
-def test_entrypoint_validates_and_runs_the_mirror_in_local_mode(plaintext_cluster, source_cluster, tmp_path, unique):
+def test_entrypoint_validates_and_runs_the_mirror_in_local_mode(
+    plaintext_cluster, source_cluster, mirror_cli, tmp_path, unique
+):
     topic = f"img-{unique}"
     create_topics(plaintext_cluster.admin, {topic: 2})
     now = int(time.time() * 1000)  # an old timestamp would let the broker's retention delete the records mid-test
     records = [Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (("h", b"1"),), now + i) for i in range(500)]
     produce(plaintext_cluster.client, topic, records)
-    config = tmp_path / "mirror.yaml"
     raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", target_alias="cloud")
-    config.write_text(yaml.safe_dump(raw))
-    env = os.environ | {
-        "MIRRORKIT_PYTHON": sys.executable,
-        "PYSPARK_PYTHON": sys.executable,
-    }
+    config = mirror_cli.config_file(raw)
+    env = mirror_cli.env | {"MIRRORKIT_PYTHON": sys.executable}
     checked = subprocess.run([str(ENTRYPOINT), "validate", "--config", str(config)], env=env, capture_output=True)
     assert checked.returncode == 0, checked.stderr
 
     run = subprocess.run(
-        [str(ENTRYPOINT), "run", "--config", str(config), "--available-now", "--master", "local[2]"],
+        mirror_cli.command(config, "--available-now", "--master", "local[2]", launcher=[str(ENTRYPOINT)]),
         env=env,
         capture_output=True,
         text=True,

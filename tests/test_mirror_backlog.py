@@ -9,13 +9,10 @@ producer's queue, so the batch failed, was planned again, and never committed.
 from __future__ import annotations
 
 import hashlib
-import os
 import signal
 import subprocess
-import sys
 import time
 
-import yaml
 from confluent_kafka import TopicPartition
 
 from bench.testbed import clients
@@ -75,7 +72,7 @@ def read_digests(cluster: KafkaCluster, topic: str) -> tuple[dict[int, str], dic
 
 
 def test_a_2m_record_backlog_behind_a_throttled_target_lands_byte_exact_in_bounded_batches_none_retried(
-    testbed, plaintext_cluster, tmp_path, unique
+    testbed, plaintext_cluster, mirror_cli, tmp_path, unique
 ):
     target = testbed.start(f"throttled-{unique[-8:]}", ListenerKind.PLAINTEXT)
     target.limit_producers(RATE)
@@ -86,16 +83,12 @@ def test_a_2m_record_backlog_behind_a_throttled_target_lands_byte_exact_in_bound
     ckpt = tmp_path / "ckpt"
     config = one_flow_config(plaintext_cluster, target, [topic], ckpt, emit_heartbeats=False,
                              metrics_port=free_port())  # fmt: skip
-    path = tmp_path / "mirror.yaml"
-    path.write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--available-now", "--master",
-               "local[2]"]  # fmt: skip
+    command = mirror_cli.command(mirror_cli.config_file(config), "--available-now", "--master", "local[2]")
     log = (tmp_path / "run.log").open("w")
     started = time.monotonic()
     peaks, stopped_in = [], 0.0
     for run in ("until SIGTERM", "the rest"):
-        proc = subprocess.Popen(command, env=os.environ | {"PYSPARK_PYTHON": sys.executable}, stdout=log,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(command, env=mirror_cli.env, stdout=log, stderr=subprocess.STDOUT)
         monitor = TreeMonitor(proc.pid)
         try:
             if run == "until SIGTERM":  # in the middle of a batch after the first (bounded by the mean record size)

@@ -3,35 +3,26 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
-from pathlib import Path
-
-import yaml
 
 from bench.testbed.ports import free_ports
+from tests.support.mirror_cli import CONSOLE_SCRIPT, MirrorCli
 from tests.support.mirror_config import cluster_entry, one_flow_config
 
-# The console script set-up installs next to this interpreter, as `mirrorkit` is on PATH in the image.
-MIRRORKIT = str(Path(sys.executable).parent / "mirrorkit")
 
-
-def run_cli(config: dict, tmp_path) -> tuple[subprocess.CompletedProcess, float]:
-    path = tmp_path / "mirror.yaml"
-    path.write_text(yaml.safe_dump(config))
+def run_cli(cli: MirrorCli, config: dict) -> tuple[subprocess.CompletedProcess, float]:
+    """`run` through the console script, as `mirrorkit` is on PATH in the image."""
+    command = cli.command(cli.config_file(config), "--master", "local[2]", launcher=CONSOLE_SCRIPT)
     began = time.monotonic()
-    result = subprocess.run(
-        [MIRRORKIT, "run", "--config", str(path), "--master", "local[2]"],
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
     return result, time.monotonic() - began
 
 
-def test_unreachable_cluster_and_wrong_password_fail_fast_naming_the_cluster(source_cluster, tmp_path):
+def test_unreachable_cluster_and_wrong_password_fail_fast_naming_the_cluster(source_cluster, mirror_cli, tmp_path):
     (closed,) = free_ports(1)
     good_source = cluster_entry(source_cluster, "msk")
     unreachable = {"alias": "gone", "bootstrap_servers": f"127.0.0.1:{closed}", "profile": "kafka"}
-    result, took = run_cli(one_flow_config(good_source, unreachable, ["t"], tmp_path / "c"), tmp_path)
+    result, took = run_cli(mirror_cli, one_flow_config(good_source, unreachable, ["t"], tmp_path / "c"))
     print(f"unreachable cluster: exit {result.returncode} after {took:.1f}s")
     assert result.returncode == 1, result.stderr[-2000:]
     assert f"cluster 'gone' (127.0.0.1:{closed}) is unreachable" in result.stderr
@@ -40,7 +31,7 @@ def test_unreachable_cluster_and_wrong_password_fail_fast_naming_the_cluster(sou
     wrong.write_text("not-the-password")
     bad_source = good_source | {"password": {"file": str(wrong)}}
     target = {"alias": "other", "bootstrap_servers": f"127.0.0.1:{closed}", "profile": "kafka"}
-    result, took = run_cli(one_flow_config(bad_source, target, ["t"], tmp_path / "c"), tmp_path)
+    result, took = run_cli(mirror_cli, one_flow_config(bad_source, target, ["t"], tmp_path / "c"))
     print(f"wrong password: exit {result.returncode} after {took:.1f}s")
     assert result.returncode == 1, result.stderr[-2000:]
     assert f"authentication failed for cluster 'msk' ({source_cluster.client.bootstrap_servers})" in result.stderr

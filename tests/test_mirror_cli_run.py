@@ -6,37 +6,33 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 
 import pytest
-import yaml
 
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from bench.testbed.ports import free_port
 from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.mirror_cli import MirrorCli
 from tests.support.mirror_config import one_flow_config
 
 RECORDS, WAVE = 6000, 200
 
 
-def run_command(source, target, topic: str, tmp_path, mode: str = "throughput") -> tuple[list[str], dict[str, str]]:
-    """`run` (continuous) on a one-flow config `onprem` -> `dr` for `topic` in `mode`, and the environment it needs."""
+def run_command(cli: MirrorCli, source, target, topic: str, mode: str = "throughput") -> list[str]:
+    """`run` (continuous) on a one-flow config `onprem` -> `dr` for `topic` in `mode`."""
     config = one_flow_config(
         source,
         target,
         [topic],
-        tmp_path / "ckpt",
+        cli.folder / "ckpt",
         emit_heartbeats=False,  # no `heartbeats` topic on the shared source cluster
         metrics_port=free_port(),
         mode=mode,
     )
-    path = tmp_path / "mirror.yaml"
-    path.write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"]
-    return command, os.environ | {"PYSPARK_PYTHON": sys.executable}
+    return cli.command(cli.config_file(config), "--master", "local[2]")
 
 
 def steady_traffic(source, topic: str) -> tuple[list[Record], threading.Thread]:
@@ -59,7 +55,14 @@ Disrupt = Callable[[subprocess.Popen, Start], subprocess.Popen]
 
 
 def run_under_traffic(
-    source, target, topic: str, tmp_path, disrupt: Disrupt, what: str, read_timeout_s: float, mode: str = "throughput"
+    cli: MirrorCli,
+    source,
+    target,
+    topic: str,
+    disrupt: Disrupt,
+    what: str,
+    read_timeout_s: float,
+    mode: str = "throughput",
 ) -> tuple[int, str, int]:
     """`run` on `topic` in `mode` while traffic keeps coming, disrupted mid-stream by `disrupt(mirror, start)`, which
     returns the run that goes on (`start()` starts another); then SIGTERM. Checks that every record reached the target
@@ -68,12 +71,12 @@ def run_under_traffic(
     create_topics(source.admin, {topic: 2})
     create_topics(target.admin, {remote: 2})  # so the reader below can wait on it from the start
     sent, feeder = steady_traffic(source, topic)
-    command, env = run_command(source, target, topic, tmp_path, mode)
+    command = run_command(cli, source, target, topic, mode)
     runs: list[subprocess.Popen] = []
-    with open(tmp_path / "out.log", "w+") as out:
+    with open(cli.folder / "out.log", "w+") as out:
 
         def start() -> subprocess.Popen:
-            run = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            run = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=cli.env, start_new_session=True)
             runs.append(run)
             return run
 
@@ -99,7 +102,7 @@ def run_under_traffic(
 
 @pytest.mark.parametrize("mode", ["throughput", "realtime"])
 def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_printing_secrets(
-    mode, plaintext_cluster, target_cluster, tmp_path, unique
+    mode, plaintext_cluster, target_cluster, mirror_cli, unique
 ):
     topic = f"term-{unique}"
 
@@ -110,7 +113,7 @@ def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_pr
         return start()
 
     code, output, duplicates = run_under_traffic(
-        plaintext_cluster, target_cluster, topic, tmp_path, kill_and_restart, "SIGKILL", 300, mode
+        mirror_cli, plaintext_cluster, target_cluster, topic, kill_and_restart, "SIGKILL", 300, mode
     )
     assert code == 0, output[-3000:]
     assert "flow onprem->dr: onprem (kafka) -> dr (eventhubs)" in output
@@ -125,7 +128,7 @@ def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_pr
     assert target_cluster.secret not in output, "the Event Hubs connection string was printed"
 
 
-def test_run_rides_out_its_target_broker_stopped_for_30s_mid_stream(plaintext_cluster, testbed, tmp_path, unique):
+def test_run_rides_out_its_target_broker_stopped_for_30s_mid_stream(plaintext_cluster, testbed, mirror_cli, unique):
     """A dedicated target, so the shared clusters are not disturbed."""
     target = testbed.start(f"outage-{unique[-8:]}", "plaintext")
 
@@ -138,5 +141,7 @@ def test_run_rides_out_its_target_broker_stopped_for_30s_mid_stream(plaintext_cl
         return mirror
 
     topic, what = f"outage-{unique}", "30s target outage"
-    code, output, _ = run_under_traffic(plaintext_cluster, target, topic, tmp_path, stop_the_target_for_30s, what, 400)
+    code, output, _ = run_under_traffic(
+        mirror_cli, plaintext_cluster, target, topic, stop_the_target_for_30s, what, 400
+    )
     assert code == 0, output[-3000:]

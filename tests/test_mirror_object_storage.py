@@ -11,8 +11,6 @@ import subprocess
 import sys
 import time
 
-import yaml
-
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from bench.testbed.ports import free_port
 from spark_app.quarantine import STATE_FILE
@@ -47,7 +45,7 @@ def wave(tag: str) -> list[Record]:
 
 
 def test_a_hold_in_an_s3a_checkpoint_survives_a_sigkill_and_the_held_topic_catches_up_none_lost(
-    plaintext_cluster, target_cluster, s3, tmp_path, unique
+    plaintext_cluster, target_cluster, s3, mirror_cli, tmp_path, unique
 ):
     good, held = f"good-{unique}", f"held-{unique}"
     create_topics(plaintext_cluster.admin, {good: 2, held: 2})
@@ -58,10 +56,8 @@ def test_a_hold_in_an_s3a_checkpoint_survives_a_sigkill_and_the_held_topic_catch
         plaintext_cluster, target_cluster, [good, held], f"s3a://{bucket}/flows/onprem-dr",
         emit_heartbeats=False, metrics_port=free_port(), topic_sync_interval_s=1.0,
     )  # fmt: skip
-    path = tmp_path / "mirror.yaml"
-    path.write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"]
-    env = os.environ | {"PYSPARK_PYTHON": sys.executable} | s3.spark_env()
+    command = mirror_cli.command(mirror_cli.config_file(config), "--master", "local[2]")
+    env = mirror_cli.env | s3.spark_env()
 
     def hold() -> dict:
         """The hold of `held` in the state in the bucket, as {partition: {"first", "next"}}."""

@@ -10,18 +10,17 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyspark
-import yaml
 
 from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
 from bench.testbed.ports import free_port
 from spark_app.config import STOP_GRACE_S
 from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.mirror_cli import MirrorCli
 from tests.support.mirror_config import one_flow_config
 from tests.support.spark_checkpoint import batch_in_flight, checkpoint_logs
 
@@ -47,7 +46,7 @@ def backlog(topic: str) -> list[Record]:
 
 
 def test_sigterm_to_spark_submit_commits_the_batch_in_flight_exits_0_and_writes_no_batch_twice(
-    plaintext_cluster, target_cluster, tmp_path, unique
+    plaintext_cluster, target_cluster, mirror_cli, tmp_path, unique
 ):
     topics = [f"sigterm-a-{unique}", f"sigterm-b-{unique}"]
     sent = {t: backlog(t) for t in topics}
@@ -61,7 +60,7 @@ def test_sigterm_to_spark_submit_commits_the_batch_in_flight_exits_0_and_writes_
         plaintext_cluster, target_cluster, topics, checkpoint,
         emit_heartbeats=False, max_records_per_trigger=BATCH, metrics_port=free_port(),
     )  # fmt: skip
-    path, command, env = driver_pod(config, tmp_path)
+    path, command, env = driver_pod(mirror_cli, config)
     with open(tmp_path / "driver.log", "w+") as out, driver_running(command, env, out) as driver:
         # SIGTERM while a batch after the first is writing: Spark's own shutdown would cancel it half written.
         in_flight = None
@@ -91,11 +90,11 @@ def test_sigterm_to_spark_submit_commits_the_batch_in_flight_exits_0_and_writes_
         got = read_all(target_cluster.client, f"onprem.{topic}", expected=len(copied), timeout_s=60)
         assert_each_record_once_in_order(f"onprem.{topic}", got, copied)
 
-    resume_copies_the_rest_once(path, target_cluster, sent)
+    resume_copies_the_rest_once(mirror_cli, path, target_cluster, sent)
 
 
 def test_sigterm_to_spark_submit_stops_real_time_tasks_after_they_flush_exits_0_and_copies_nothing_twice(
-    plaintext_cluster, target_cluster, tmp_path, unique
+    plaintext_cluster, target_cluster, mirror_cli, tmp_path, unique
 ):
     """Real-time mode: each task flushes and reports before it ends, so the saved positions are exactly what
     landed, and a resumed run copies the rest once."""
@@ -110,7 +109,7 @@ def test_sigterm_to_spark_submit_stops_real_time_tasks_after_they_flush_exits_0_
         plaintext_cluster, target_cluster, topics, tmp_path / "ckpt",
         emit_heartbeats=False, metrics_port=free_port(), mode="realtime",
     )  # fmt: skip
-    path, command, env = driver_pod(config, tmp_path)
+    path, command, env = driver_pod(mirror_cli, config)
     total = sum(len(r) for r in sent.values())
     with open(tmp_path / "driver.log", "w+") as out, driver_running(command, env, out) as driver:
         landed = 0
@@ -124,7 +123,7 @@ def test_sigterm_to_spark_submit_stops_real_time_tasks_after_they_flush_exits_0_
     copied = sum(end_offsets(target_cluster.client, targets).values())
     print(f"real time: SIGTERM with {landed} of {total} landed; exit {code} after {took:.1f} s, {copied} on the target")
     assert copied < total, "SIGTERM came after the whole backlog was copied"
-    resume_copies_the_rest_once(path, target_cluster, sent)
+    resume_copies_the_rest_once(mirror_cli, path, target_cluster, sent)
 
 
 @contextlib.contextmanager
@@ -138,23 +137,20 @@ def driver_running(command: list[str], env: dict[str, str], out) -> Iterator[sub
             os.killpg(driver.pid, signal.SIGKILL)
 
 
-def driver_pod(config: dict, tmp_path: Path) -> tuple[Path, list[str], dict[str, str]]:
+def driver_pod(cli: MirrorCli, config: dict) -> tuple[Path, list[str], dict[str, str]]:
     """The config file, command and environment of what the Spark Operator's driver pod runs: the image's entrypoint
     with `driver` and spark-submit's arguments."""
-    path = tmp_path / "mirror.yaml"
-    path.write_text(yaml.safe_dump(config))
-    stand_in = tmp_path / "spark-entrypoint.sh"
+    path = cli.config_file(config)
+    stand_in = cli.folder / "spark-entrypoint.sh"
     stand_in.write_text(SPARK_ENTRYPOINT)
     stand_in.chmod(0o755)
-    env = os.environ | {
+    env = cli.env | {
         "SPARK_ENTRYPOINT": str(stand_in),
         "SPARK_SUBMIT": str(SPARK_SUBMIT),
-        "PYSPARK_PYTHON": sys.executable,
         "PYTHONPATH": str(ROOT),  # the image's PYTHONPATH=/opt/mirrorkit
     }
-    command = [str(ENTRYPOINT), "driver", "--master", "local[2]", "--class", "org.apache.spark.deploy.PythonRunner",
-               str(MAIN_FILE), "run", "--config", str(path)]  # fmt: skip
-    return path, command, env
+    submit = [str(ENTRYPOINT), "driver", "--master", "local[2]", "--class", "org.apache.spark.deploy.PythonRunner"]
+    return path, cli.command(path, launcher=[*submit, str(MAIN_FILE)]), env
 
 
 def terminate_within_grace(driver: subprocess.Popen, out) -> tuple[int, float]:
@@ -170,11 +166,11 @@ def terminate_within_grace(driver: subprocess.Popen, out) -> tuple[int, float]:
     return code, time.monotonic() - signalled
 
 
-def resume_copies_the_rest_once(path: Path, target_cluster, sent: dict[str, list[Record]]) -> None:
+def resume_copies_the_rest_once(cli: MirrorCli, path: Path, target_cluster, sent: dict[str, list[Record]]) -> None:
     """A resumed run (available-now) copies what the stopped one had not: every record once, in order."""
     resumed = subprocess.run(
-        [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--available-now", "--master", "local[2]"],
-        env=os.environ | {"PYSPARK_PYTHON": sys.executable}, capture_output=True, text=True, timeout=300,
+        cli.command(path, "--available-now", "--master", "local[2]"),
+        env=cli.env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for topic, records in sent.items():

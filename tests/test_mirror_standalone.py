@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
-
-import yaml
 
 from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
 from bench.testbed.ports import free_port
@@ -54,7 +51,7 @@ def partly_written(start: Offsets, end: Offsets, landed: dict[tuple[str, int], i
 
 
 def test_a_standalone_cluster_copies_a_backlog_byte_exact_and_survives_a_worker_killed_mid_batch(
-    spark_standalone, plaintext_cluster, testbed, tmp_path, unique
+    spark_standalone, plaintext_cluster, testbed, mirror_cli, tmp_path, unique
 ):
     target_cluster = testbed.start(f"standalone-{unique[-8:]}", "plaintext")  # its own: it is throttled
     target_cluster.limit_producers(TARGET_BYTES_PER_S)
@@ -70,13 +67,11 @@ def test_a_standalone_cluster_copies_a_backlog_byte_exact_and_survives_a_worker_
     config = one_flow_config(
         plaintext_cluster, target_cluster, topics, checkpoint, emit_heartbeats=False, max_records_per_trigger=BATCH
     )
-    path = tmp_path / "mirror.yaml"
-    path.write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--available-now",
-               "--master", spark_standalone.master_url]  # fmt: skip
+    command = mirror_cli.command(
+        mirror_cli.config_file(config), "--available-now", "--master", spark_standalone.master_url
+    )
     ui_port = free_port()  # the driver's, for its REST API: which executor runs which task
-    env = os.environ | {
-        "PYSPARK_PYTHON": sys.executable,
+    env = mirror_cli.env | {
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYSPARK_SUBMIT_ARGS": f"--conf spark.ui.port={ui_port} pyspark-shell",
     }
