@@ -25,6 +25,10 @@ from spark_app.profiles import librdkafka_settings
 
 from .kafka_cluster import kafka_classpath, require_java
 
+# What a group's coordinator answers while it loads the group's offsets or moves, e.g. on a broker just started.
+_COORDINATOR_MOVING = frozenset(
+    {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
+)
 Headers = tuple[tuple[str, bytes | None], ...]
 
 
@@ -133,8 +137,19 @@ def produce(cluster: ClusterConfig, topic: str, records: Iterable[Record], **ove
 def commit(cluster: ClusterConfig, group: str, topic: str, offsets: dict[int, int]) -> None:
     """Commit a group's offsets (partition -> next offset to read) as its consumer would, without joining it."""
     member = consumer(cluster, group, {"enable.auto.commit": False})
-    member.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
-    member.close()
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            try:
+                member.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+                return
+            except KafkaException as err:
+                error = err.args[0]
+                if not (error.retriable() or error.code() in _COORDINATOR_MOVING) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        member.close()
 
 
 def committed(cluster: ClusterConfig, group: str, topic: str, partitions: int) -> dict[int, int]:
