@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
-from spark_app.quarantine import STATE_FILE  # noqa: E402
+from spark_app.ledger import STATE_FILE  # noqa: E402
 from spark_app.storage import checkpoint_files  # noqa: E402
 from tests.support.clients import create_topics  # noqa: E402
 from tests.support.kafka_cluster import ListenerKind  # noqa: E402

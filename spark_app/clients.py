@@ -29,7 +29,8 @@ _TRANSPORT_FAILURE = "Broker transport failure"
 # A reader of internal topics: it assigns partitions itself, never joins a group and never commits.
 _READER = {"group.id": "mirrorkit-reader", "enable.auto.commit": False, "enable.partition.eof": True}
 
-Offsets = dict[tuple[str, int], int]  # (topic, partition) -> offset
+Partition = tuple[str, int]  # (topic, partition), the one name every module uses for it
+PartitionOffsets = dict[Partition, int]  # (topic, partition) -> offset
 
 
 def auth_error_callback(cluster: ClusterConfig) -> Callable[[KafkaError], None]:
@@ -131,7 +132,7 @@ def list_offsets(
     spec: OffsetSpec,
     read_committed: bool = False,
     timeout_s: float = REQUEST_TIMEOUT_S,
-) -> Offsets:
+) -> PartitionOffsets:
     """One offset per partition (earliest, latest...) in one request; raises the first partition's error."""
     request = {TopicPartition(t, p): spec for t, p in partitions}
     if not request:
@@ -147,7 +148,7 @@ def list_offsets_each(
     spec: OffsetSpec,
     read_committed: bool = False,
     timeout_s: float = REQUEST_TIMEOUT_S,
-) -> tuple[Offsets, dict[tuple[str, int], str]]:
+) -> tuple[PartitionOffsets, dict[Partition, str]]:
     """One offset per partition in one request: the partitions that answered, and why each other one did not.
 
     A partition fails alone when its leader is offline or moving, or its topic is gone; librdkafka then answers
@@ -161,7 +162,7 @@ def list_offsets_each(
     if not request:
         return {}, {}
     isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
-    found: Offsets = {}
+    found: PartitionOffsets = {}
     failed: dict[tuple[str, int], str] = {}
     futures = client.list_offsets(request, isolation_level=isolation, request_timeout=timeout_s)
     for tp, future in futures.items():

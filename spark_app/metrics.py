@@ -28,7 +28,7 @@ from prometheus_client.utils import floatToGoString
 
 from . import clients
 from .config import ClusterConfig, ConfigError
-from .ranges import LATENCY_BUCKETS_S, DataLoss, Landing, OffsetsReset
+from .ranges import LATENCY_BUCKETS_S, Landing
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +41,13 @@ Held = Mapping[str, Mapping[int, int]]  # source topic -> partition -> first off
 
 @dataclass
 class FlowTotals:
-    """What a flow has done since start, per source topic.
-
-    `quarantined` maps each stopped topic to its reason; `held` maps it to {partition: first offset not written};
-    `data_loss` lists the ranges deleted at the source before they were read; `offset_resets` the partitions whose
-    offsets went backwards.
-    """
+    """What a flow has copied since start, per source topic (its holds and losses are its ledger's)."""
 
     records: dict[str, int] = field(default_factory=dict)
     bytes: dict[str, int] = field(default_factory=dict)
     dropped: int = 0
     dead_lettered: int = 0
     batches: int = 0
-    quarantined: dict[str, str] = field(default_factory=dict)
-    held: dict[str, dict[int, int]] = field(default_factory=dict)
-    data_loss: list[DataLoss] = field(default_factory=list)
-    offset_resets: list[OffsetsReset] = field(default_factory=list)
     landed_offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (src, tgt) per partition
     recopied: int = 0  # real-time mode: records that landed after the last saved positions, copied again on restart
 

@@ -10,8 +10,9 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from spark_app.config import parse_config
+from spark_app.metrics import MirrorMetrics
 from spark_app.mirror import Mirror
-from spark_app.stream import FlowMirror
+from spark_app.throughput import ThroughputRunner
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import free_port, one_flow_config
@@ -118,7 +119,7 @@ def test_query_restarts_under_load_write_each_record_once_in_order(
             trigger_interval_s=0.1,
         )
     )
-    flow = FlowMirror(spark, config, config.flows[0])
+    flow = ThroughputRunner(spark, config, config.flows[0], MirrorMetrics())
     sent = records("r", 2, 100 * waves)
     done = threading.Event()
 

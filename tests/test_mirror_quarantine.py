@@ -11,10 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spark_app.config import parse_config
 from spark_app.dr.views import flow_status
+from spark_app.ledger import STATE_FILE, STATE_VERSION
 from spark_app.metrics import LagPoller
 from spark_app.mirror import Mirror
 from spark_app.policy import offset_syncs_topic
-from spark_app.quarantine import STATE_FILE, STATE_VERSION
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import cluster_entry, one_flow_config
@@ -80,7 +80,7 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
     first = Mirror(spark, parse_config(config({})))
     first.run_available_now()
 
-    totals = first.flows[0].totals
+    totals = first.flows[0].ledger
     assert sorted(totals.quarantined) == sorted([big, late])
     assert f"topic '{big}' partition 0 offset 5 (1200000 bytes)" in totals.quarantined[big]
     assert f"event hub 'onprem.{late}' does not exist" in totals.quarantined[late]
@@ -124,7 +124,7 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
     second = Mirror(spark, parse_config(config({"message.max.bytes": "3000000"})))
     second.run_available_now()
 
-    totals = second.flows[0].totals
+    totals = second.flows[0].ledger
     assert totals.quarantined == {} and totals.held == {}
     for topic in (big, late):
         got = read_all(target_cluster.client, f"onprem.{topic}", expected=len(sent[topic]))

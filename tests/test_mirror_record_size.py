@@ -9,7 +9,7 @@ import pytest
 
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
-from spark_app.writer import DLQ_PREFIX
+from spark_app.outbox import DLQ_PREFIX
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.clients import Record, create_topics, produce, read_all
 from tests.support.mirror_config import one_flow_config

@@ -27,10 +27,11 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from .. import clients
+from ..clients import Partition
 from ..config import ClusterConfig, ConfigError, FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
 from ..policy import HEARTBEATS_TOPIC, PROVENANCE_HEADER, drops_record, should_mirror, target_topic
-from .groups import ClusterGroups, GroupCommit, Partition
+from .groups import ClusterGroups, GroupCommit
 from .views import failover_plan, flow_status
 
 
