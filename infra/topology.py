@@ -29,8 +29,9 @@ from infra.k8s.mirror import Mirror, MirrorArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
 from infra.kafka.acls import MirrorAcls, MirrorAclsArgs
-from infra.settings import ADMIN_PREFIX, MskSpec, SiteSpec, StackSettings
-from spark_app.config import MirrorConfig, parse_config
+from infra.render import with_bootstraps
+from infra.schema import ADMIN_PREFIX, MskSpec, SiteSpec
+from infra.settings import StackSettings
 
 SERVICE_ACCOUNT = "mirrorkit"  # the driver's
 EXECUTOR_SERVICE_ACCOUNT = "mirrorkit-executor"
@@ -54,16 +55,6 @@ class Topology:
     checkpoint_bucket: CheckpointBucket | None = None
     checkpoint_container: CheckpointContainer | None = None
     credentials: dict[str, dict[str, pulumi.Output[str]]] = field(default_factory=dict)
-
-
-def render(mirror: MirrorConfig, bootstraps: dict[str, str]) -> str:
-    """The site's MirrorConfig with looked-up bootstraps filled in, validated again by spark_app."""
-    clusters = [
-        c.model_copy(update={"bootstrap_servers": bootstraps.get(c.alias, c.bootstrap_servers)})
-        for c in mirror.clusters
-    ]
-    raw = mirror.model_copy(update={"clusters": clusters}).model_dump(mode="json")
-    return parse_config(raw, source="rendered mirror config").to_yaml()
 
 
 class _AwsProviders:
@@ -346,9 +337,9 @@ def build(settings: StackSettings) -> Topology:
             ready.append(operator.chart)
         site_bootstraps = {a: bootstraps[a] for a in msk}
         config_yaml = (
-            pulumi.Output.all(**site_bootstraps).apply(functools.partial(render, site_config))
+            pulumi.Output.all(**site_bootstraps).apply(functools.partial(with_bootstraps, site_config))
             if site_bootstraps
-            else pulumi.Output.from_input(render(site_config, {}))
+            else pulumi.Output.from_input(with_bootstraps(site_config, {}))
         )
         out.mirror_configs[site.name] = config_yaml
         out.mirrors[site.name] = Mirror(

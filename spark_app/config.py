@@ -50,10 +50,11 @@ class ConfigError(ValueError):
     """A config the mirror refuses; the message names the offending key."""
 
     @classmethod
-    def from_validation(cls, source: str, err: ValidationError) -> ConfigError:
+    def from_validation(cls, source: str, err: ValidationError, at: Sequence[str | int] = ()) -> ConfigError:
+        """One line per error, `source:key.path: message`; `at` is where the validated value sits in its source."""
         lines = []
         for e in err.errors():
-            path = _key_path(e["loc"])
+            path = _key_path([*at, *e["loc"]])
             for msg in e["msg"].removeprefix("Value error, ").splitlines():
                 # Whole-config checks put the key path at the start of each line themselves.
                 lines.append(f"{source}:{path}: {msg}" if path else f"{source}:{msg}")

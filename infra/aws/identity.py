@@ -13,7 +13,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.aws.checkpoints import checkpoint_policy
-from infra.settings import AwsSite, MskSpec
+from infra.schema import AwsSite, MskSpec
 from spark_app.config import FlowConfig
 from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
 

@@ -26,7 +26,8 @@ from infra.k8s.series import (
     LAST_BATCH_METRIC,
     RECORDS_METRIC,
 )
-from infra.settings import CHECKPOINT_DIR, SECRETS_DIR, Alerts, Checkpoint, ExecutorResources, Resources
+from infra.naming import CHECKPOINT_DIR, SECRETS_DIR
+from infra.schema import Alerts, Checkpoint, ExecutorResources, Resources
 from spark_app.config import STOP_GRACE_S
 
 CONFIG_DIR = "/etc/mirrorkit/config"

@@ -12,7 +12,7 @@ import pulumi
 import pulumi_kafka as kafka
 
 from infra.aws.identity import regex_to_glob
-from infra.settings import ADMIN_PREFIX, KafkaSpec
+from infra.schema import ADMIN_PREFIX, KafkaSpec
 from spark_app.config import FlowConfig
 from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
 

@@ -13,16 +13,16 @@ from infra.aws.network import MskReach, MskReachArgs
 from infra.aws.scram import MskScramUser, MskScramUserArgs
 from infra.azure.eventhubs import EventHubs, EventHubsArgs
 from infra.azure.identity import DATA_ROLES, MirrorEntraIdentity, MirrorEntraIdentityArgs
+from infra.hubs import HubSpec
 from infra.k8s.mirror import ALERT_METRICS, Mirror, MirrorArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import CHART_VERSION, SparkOperator, SparkOperatorArgs
-from infra.settings import (
+from infra.schema import (
     Alerts,
     AwsSite,
     Checkpoint,
     EventHubsSpec,
     ExecutorResources,
-    HubSpec,
     MskSpec,
     Pvc,
     Resources,

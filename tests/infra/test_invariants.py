@@ -9,7 +9,7 @@ import pytest
 import yaml
 from kubeflow_spark_api.models import SparkV1beta2SparkApplication
 
-from infra.settings import MSK_PORTS
+from infra.schema import MSK_PORTS
 from policies.rules import RULES, spark_application_is_complete
 from tests.infra.harness import CONNECTION_STRING, EVENTHUB, STACKS, Run, is_secret, sentinel
 
