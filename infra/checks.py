@@ -103,7 +103,7 @@ def missing_source_sizes(model: StackModel, mirror: MirrorConfig) -> list[str]:
             f"{PROJECT}:clusters[{src_i}].topics.{t}: missing; the event hub for it is sized from the source"
             f" topic's partitions (flows[{j}] mirrors it into Event Hubs cluster '{flow.target}')"
             for t in flow.topics.literal_names() or []
-            if t not in src.topics and t != HEARTBEATS_TOPIC
+            if t not in src.source_topic_sizes and t != HEARTBEATS_TOPIC
         ]
     return errors
 

@@ -24,7 +24,7 @@ def plan_hubs(mirror: MirrorConfig, clusters: list[ClusterSpec], alias: str) -> 
     """The hubs of Event Hubs cluster `alias`: a copy is sized like its source topic (the stack's `topics` key of
     the source cluster), the mirror's own topics get one partition."""
     copied_from: dict[str, SourceTopic | None] = {}  # hub name -> the size of the source topic it copies
-    sizes = {c.alias: c.topics for c in clusters}
+    sizes = {c.alias: c.source_topic_sizes for c in clusters}
     for flow in mirror.flows:
         if flow.target == alias:
             for topic in flow.topics.literal_names() or []:

@@ -218,7 +218,8 @@ class ClusterSpec(StrictModel):
     eventhubs: EventHubsSpec | None = None
     msk: MskSpec | None = None
     kafka: KafkaSpec | None = None
-    topics: dict[str, SourceTopic] = Field(default_factory=dict)  # source topics flows read from this cluster
+    # Stack key `topics`: the sizes of the source topics flows read from this cluster, to size their copies.
+    source_topic_sizes: dict[str, SourceTopic] = Field(default_factory=dict, alias="topics")
     client_overrides: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -331,7 +332,7 @@ ABFSS_URL = re.compile(
 S3A_URL = re.compile(r"^s3a://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/?")
 
 
-class Checkpoint(StrictModel):
+class CheckpointStore(StrictModel):
     """Where Spark keeps its checkpoints: a PVC on the driver, or object storage (s3a://, abfss://, gs://).
 
     For s3a:// and abfss://, infra makes the bucket or container (or takes an existing one), lets each mirror's
@@ -345,7 +346,7 @@ class Checkpoint(StrictModel):
     resource_group: str | None = None  # abfss: the storage account's resource group (the account must exist)
 
     @model_validator(mode="after")
-    def _one(self) -> Checkpoint:
+    def _one(self) -> CheckpointStore:
         if (self.pvc is None) == (self.url is None):
             raise ValueError("give exactly one of 'pvc' or 'url'")
         if self.url is not None and self.url.startswith("abfss://"):
@@ -397,7 +398,7 @@ class MirrorSpec(StrictModel):
     spark_version: str = pinned("pyspark")
     driver: Resources = Field(default_factory=Resources)
     executor: ExecutorResources = Field(default_factory=ExecutorResources)
-    checkpoint: Checkpoint = Field(default_factory=lambda: Checkpoint(pvc=Pvc()))
+    checkpoint: CheckpointStore = Field(default_factory=lambda: CheckpointStore(pvc=Pvc()))
     alerts: Alerts = Field(default_factory=Alerts)
     # On the PodMonitor and PrometheusRule: kube-prometheus-stack selects them by `release: <its Helm release>`.
     monitoring_labels: dict[str, str] = Field(default_factory=lambda: {"release": "kube-prometheus-stack"})

@@ -25,7 +25,7 @@ from infra.azure.checkpoints import (
 )
 from infra.azure.eventhubs import EventHubs, EventHubsArgs
 from infra.azure.identity import MirrorEntraIdentity, MirrorEntraIdentityArgs, RoleGrant
-from infra.k8s.mirror import Mirror, MirrorArgs
+from infra.k8s.mirror_app import MirrorApplication, MirrorApplicationArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
 from infra.kafka.acls import MirrorAcls, MirrorAclsArgs
@@ -49,7 +49,7 @@ class Topology:
     roles: dict[str, MirrorRole] = field(default_factory=dict)
     entra_identities: dict[str, MirrorEntraIdentity] = field(default_factory=dict)
     namespaces: dict[str, MirrorNamespace] = field(default_factory=dict)
-    mirrors: dict[str, Mirror] = field(default_factory=dict)
+    mirrors: dict[str, MirrorApplication] = field(default_factory=dict)
     mirror_configs: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # site -> rendered YAML
     acls: dict[str, MirrorAcls] = field(default_factory=dict)
     checkpoint_bucket: CheckpointBucket | None = None
@@ -342,9 +342,9 @@ def build(settings: StackSettings) -> Topology:
             else pulumi.Output.from_input(with_bootstraps(site_config, {}))
         )
         out.mirror_configs[site.name] = config_yaml
-        out.mirrors[site.name] = Mirror(
+        out.mirrors[site.name] = MirrorApplication(
             settings.app_name(site.name),
-            MirrorArgs(
+            MirrorApplicationArgs(
                 namespace=namespace.namespace,
                 service_account=namespace.service_account,
                 executor_service_account=namespace.executor_service_account,

@@ -28,7 +28,7 @@ EVENTHUBS_CODECS = ("none", "gzip")
 # Stopping (SIGTERM, or a topic-set change): the longest a stop waits for the batch in flight to commit before it
 # cancels it (spark_app.stream), and the longest a SIGTERM'd mirror takes to exit in all: that wait, then the DR
 # service's last round and final checkpoint (three 30 s request timeouts), then Spark's own stop. The deployed driver
-# pod's terminationGracePeriodSeconds is STOP_GRACE_S (infra/k8s/mirror.py), so Kubernetes does not kill it sooner.
+# pod's terminationGracePeriodSeconds is STOP_GRACE_S (infra/k8s/mirror_app.py), so Kubernetes does not kill it sooner.
 STOP_BATCH_TIMEOUT_S = 120
 STOP_GRACE_S = 300
 # Kafka Java client names users carry over from MirrorMaker 2 configs, with what librdkafka (every client the mirror
