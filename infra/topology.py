@@ -78,11 +78,13 @@ def _bootstrap(msk: MskSpec, provider: aws.Provider) -> pulumi.Output[str]:
     brokers = aws.msk.get_bootstrap_brokers_output(
         cluster_arn=msk.cluster_arn, opts=pulumi.InvokeOutputOptions(provider=provider)
     )
-    return {
+    # pulumi_aws is not followed by mypy (pyproject.toml), so `brokers` is Any: say what its outputs are.
+    by_auth: dict[str, pulumi.Output[str]] = {
         "scram": brokers.bootstrap_brokers_sasl_scram,
         "iam": brokers.bootstrap_brokers_sasl_iam,
         "tls": brokers.bootstrap_brokers_tls,
-    }[msk.auth]
+    }
+    return by_auth[msk.auth]
 
 
 @dataclass
