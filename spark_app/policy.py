@@ -180,6 +180,8 @@ _REGEX_META = set(".^$*+?{}[]\\|()")
 
 def literal_prefix(pattern: str) -> tuple[str, bool]:
     """The literal text that every name a full-match regex takes starts with, and whether it is the whole name."""
+    if _alternates(pattern):
+        return "", False
     out, i = "", 0
     while i < len(pattern):
         ch = pattern[i]
@@ -187,9 +189,32 @@ def literal_prefix(pattern: str) -> tuple[str, bool]:
             out, i = out + pattern[i + 1], i + 2
             continue
         if ch in _REGEX_META:
-            return out, False
+            # `?`, `*` and `{m,n}` may take the character before them zero times: it is not in every name.
+            return (out[:-1] if ch in "?*{" else out), False
         out, i = out + ch, i + 1
     return out, True
+
+
+def _alternates(pattern: str) -> bool:
+    """Whether a regex has a `|` outside every group and character class: then no prefix is common to its names."""
+    depth, i, in_class = 0, 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        i += 1
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+            i += pattern[i : i + 1] == "^"
+            i += pattern[i : i + 1] == "]"  # a `]` first in a class is literal
+        elif ch in "()":
+            depth += 1 if ch == "(" else -1
+        elif ch == "|" and depth == 0:
+            return True
+    return False
 
 
 def event_hubs_topics(config: MirrorConfig) -> dict[str, list[str]]:

@@ -69,3 +69,22 @@ def test_active_active_flows_add_up_on_each_cluster():
     grant = access(both, "src")
     assert grant.read == {r"orders\..*", "payments"} and names(grant.written) == {"dst.orders.*", "dst.payments"}
     assert {"heartbeats", "dst.heartbeats", "dst.checkpoints.internal"} <= names(grant.owned)
+
+
+PATTERNS = [
+    "payments", r"orders\..*", "events[0-9]+", ".*", "orders|payments", r"orders\.(eu|us)", "orders?", r"a\.b*",
+    "x{0,2}y", "[|]z", "[]|]z", r"a\|b", "(a|b)c", "ab+",
+]  # fmt: skip
+NAMES = ["payments", "orders.eu", "orders.us", "order", "orders", "events1", "a.", "a.bb", "y", "xy", "|z", "]z",
+         "a|b", "ac", "bc", "ab", "abbb", "x"]  # fmt: skip
+
+
+def test_every_name_a_pattern_takes_starts_with_its_literal_prefix_and_is_it_when_whole():
+    for pattern in PATTERNS:
+        prefix, whole = literal_prefix(pattern)
+        for name in NAMES:
+            if re.fullmatch(pattern, name):
+                assert name == prefix if whole else name.startswith(prefix), (pattern, name, prefix)
+    assert literal_prefix(r"orders\.(eu|us)") == ("orders.", False)
+    assert literal_prefix("orders|payments") == ("", False)
+    assert literal_prefix(r"mirrorkit\-offset\-syncs\.a\.internal") == ("mirrorkit-offset-syncs.a.internal", True)
