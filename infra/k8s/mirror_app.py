@@ -122,8 +122,8 @@ def spark_application_spec(name: str, config_map: str, pvc: str | None, args: Mi
             "cores": args.driver.cores,
             "memory": args.driver.memory,
             "volumeMounts": driver_mounts,
-            # On SIGTERM the mirror lets the batch in flight commit, then exits 0 (spark_app.stream,
-            # spark_app.mirror's stop_on_sigterm); Kubernetes' default 30 s would SIGKILL it mid-batch.
+            # On SIGTERM the mirror stops each flow between copies, then exits 0 (Mirror.stop_on_sigterm); within
+            # STOP_GRACE_S, where Kubernetes' default 30 s would SIGKILL it mid-batch.
             "terminationGracePeriodSeconds": STOP_GRACE_S,
             "ports": [{"name": "metrics", "protocol": "TCP", "containerPort": args.metrics_port}],
             "annotations": {
