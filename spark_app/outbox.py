@@ -207,13 +207,14 @@ class Outbox:
         sent."""
         value, headers = msg.value(), msg.headers()
         if self._identity:
-            came_from = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
+            stamp = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
+            came_from = origin(stamp) if stamp is not None else None
             if drops_record(self.flow, came_from):
                 assert came_from is not None  # drops_record says it is a provenance value
                 landing.dropped += 1
-                landing.echoed(offset, origin(came_from)[1])
+                landing.echoed(offset, came_from[1])
                 return True
-            if self._stamp and came_from is None:
+            if self._stamp and stamp is None:
                 stamp_header = (PROVENANCE_HEADER, provenance(self.flow.source, offset))
                 headers = [*headers, stamp_header] if headers else [stamp_header]
         key, ts = msg.key(), msg.timestamp()[1]

@@ -63,19 +63,20 @@ def provenance(alias: str, offset: int) -> bytes:
     return f"{alias}:{offset}".encode()
 
 
-def origin(value: str | bytes) -> tuple[bytes, int]:
-    """A provenance value's alias and source offset; -1 for a value without one (an older mirror's bare alias)."""
-    alias, _, offset = (value.encode() if isinstance(value, str) else value).partition(b":")
-    return alias, int(offset) if offset.isdigit() else -1
+def origin(value: str | bytes) -> tuple[bytes, int] | None:
+    """A provenance value's alias and source offset; None for a value `provenance` did not make."""
+    alias, sep, offset = (value.encode() if isinstance(value, str) else value).partition(b":")
+    return (alias, int(offset)) if sep and offset.isdigit() else None
 
 
-def drops_record(flow: FlowConfig, value: str | bytes | None) -> bool:
-    """Identity loop prevention: a record that came from the flow's target must not go back there."""
+def drops_record(flow: FlowConfig, came_from: tuple[bytes, int] | None) -> bool:
+    """Identity loop prevention: a record that came from the flow's target (its provenance `origin`) must not go
+    back there."""
     return (
         flow.replication_policy == "identity"
         and flow.provenance_header
-        and value is not None
-        and origin(value)[0] == flow.target.encode()
+        and came_from is not None
+        and came_from[0] == flow.target.encode()
     )
 
 
