@@ -128,7 +128,7 @@ def check_reachable(clusters: Iterable[ClusterConfig], timeout_s: float) -> None
 
 def list_offsets(
     client: AdminClient,
-    partitions: Iterable[tuple[str, int]],
+    partitions: Iterable[Partition],
     spec: OffsetSpec,
     read_committed: bool = False,
     timeout_s: float = REQUEST_TIMEOUT_S,
@@ -144,7 +144,7 @@ def list_offsets(
 
 def list_offsets_each(
     client: AdminClient,
-    partitions: Iterable[tuple[str, int]],
+    partitions: Iterable[Partition],
     spec: OffsetSpec,
     read_committed: bool = False,
     timeout_s: float = REQUEST_TIMEOUT_S,
@@ -163,7 +163,7 @@ def list_offsets_each(
         return {}, {}
     isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
     found: PartitionOffsets = {}
-    failed: dict[tuple[str, int], str] = {}
+    failed: dict[Partition, str] = {}
     futures = client.list_offsets(request, isolation_level=isolation, request_timeout=timeout_s)
     for tp, future in futures.items():
         key = (tp.topic, tp.partition)
@@ -200,8 +200,8 @@ def watermarks(reader: Consumer, topic: str, partition: int, timeout_s: float = 
 
 
 def log_ranges(
-    client: AdminClient, partitions: Iterable[tuple[str, int]], timeout_s: float = REQUEST_TIMEOUT_S
-) -> dict[tuple[str, int], tuple[int, int]]:
+    client: AdminClient, partitions: Iterable[Partition], timeout_s: float = REQUEST_TIMEOUT_S
+) -> dict[Partition, tuple[int, int]]:
     """Each partition's (log start, end) in two batched requests, waiting out leaders still moving up to
     `timeout_s`."""
     wanted = list(partitions)
@@ -267,11 +267,11 @@ def read_topic(
 
 
 def read_at(
-    cluster: ClusterConfig, wanted: Mapping[tuple[str, int], int], timeout_s: float = REQUEST_TIMEOUT_S
-) -> dict[tuple[str, int], Message | None]:
+    cluster: ClusterConfig, wanted: Mapping[Partition, int], timeout_s: float = REQUEST_TIMEOUT_S
+) -> dict[Partition, Message | None]:
     """The record at one offset per partition, read together; None where that offset holds no record (outside the
     log, compacted away, a transaction marker)."""
-    found: dict[tuple[str, int], Message | None] = dict.fromkeys(wanted)
+    found: dict[Partition, Message | None] = dict.fromkeys(wanted)
     if not wanted:
         return found
     ranges = log_ranges(admin(cluster), wanted, timeout_s)

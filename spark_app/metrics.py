@@ -27,6 +27,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.utils import floatToGoString
 
 from . import clients
+from .clients import Partition, PartitionOffsets
 from .config import ClusterConfig, ConfigError
 from .ranges import LATENCY_BUCKETS_S, Landing
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 LAG_POLL_INTERVAL_S = 5.0
 LIST_OFFSETS_TIMEOUT_S = 15.0
 
-Positions = Mapping[tuple[str, int], int]  # (source topic, partition) -> next offset the mirror will copy
+Positions = Mapping[Partition, int]  # (source topic, partition) -> next offset the mirror will copy
 Held = Mapping[str, Mapping[int, int]]  # source topic -> partition -> first offset not written (quarantined)
 
 
@@ -48,7 +49,7 @@ class FlowTotals:
     dropped: int = 0
     dead_lettered: int = 0
     batches: int = 0
-    landed_offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (src, tgt) per partition
+    landed_offsets: dict[Partition, tuple[int, int]] = field(default_factory=dict)  # (src, tgt) per partition
     recopied: int = 0  # real-time mode: records that landed after the last saved positions, copied again on restart
 
     @property
@@ -268,7 +269,7 @@ class LagSource:
     held: Callable[[], Held] = lambda: {}
 
 
-def owed_from(read: Positions, held: Held) -> dict[tuple[str, int], int]:
+def owed_from(read: Positions, held: Held) -> PartitionOffsets:
     """Per partition, the first source offset the target still lacks: where the query reads next (`read`), or, for
     a held (quarantined) partition, its first held offset. The query reads on past held records, so its own
     position would show their lag as about 0 while they are still owed."""

@@ -32,6 +32,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTri
 from pyspark.sql.types import StructType
 
 from . import clients
+from .clients import Partition, PartitionOffsets
 from .config import ClusterConfig
 from .errors import ClusterUnreachable
 from .ranges import RANGE_SCHEMA, OffsetRange
@@ -142,7 +143,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._admin: AdminClient | None = None
         self._available_now_end: SparkOffsets | None = None
         self._down_since: float | None = None
-        self._offline: dict[tuple[str, int], float] = {}  # partitions that did not answer -> when to ask again
+        self._offline: dict[Partition, float] = {}  # partitions that did not answer -> when to ask again
 
     def initialOffset(self) -> SparkOffsets:
         return {}  # every partition starts where `_starts` says: the checkpoint holds no position yet
@@ -207,7 +208,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ClusterUnreachable(self.source, waited, err.args[0].str()) from None
         log.warning("cluster '%s' did not answer (retrying): %s", self.source.alias, err.args[0].str())
 
-    def _note_offline(self, found: dict[tuple[str, int], int], failed: dict[tuple[str, int], str], now: float) -> None:
+    def _note_offline(self, found: PartitionOffsets, failed: dict[Partition, str], now: float) -> None:
         """Remember which partitions did not answer, saying so once when one stops and once when it answers again."""
         for (topic, partition), why in failed.items():
             if (topic, partition) not in self._offline:
