@@ -24,8 +24,8 @@ if str(ROOT) not in sys.path:
 
 from bench.write_paths import create_topics, load_source, watermarks  # noqa: E402
 from spark_app.config import ClusterConfig, FlowConfig  # noqa: E402
+from spark_app.range_copy import RangeCopier  # noqa: E402
 from spark_app.ranges import OffsetRange  # noqa: E402
-from spark_app.writer import RangeCopier  # noqa: E402
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Where a flow's state should live: beside the Spark checkpoint (spark_app.storage) or in a compacted Kafka topic.
 
-The mirror saves its `FlowState` after every batch, before Spark commits it, and loads it once at start. This
+The mirror saves its ledger state (`spark_app.ledger.LedgerState`) after every batch, before Spark commits it, and loads it once at start. This
 measures both costs for both candidates, with a state the size of a busy flow's (`--topics` × `--partitions` read
 positions, two quarantined topics):
 
@@ -43,7 +43,7 @@ from bench.testbed.kafka_cluster import ListenerKind  # noqa: E402
 from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.s3 import CREDENTIALS, moto_server  # noqa: E402
 from bench.testbed.testbed import TestBed  # noqa: E402
-from spark_app.quarantine import STATE_FILE  # noqa: E402
+from spark_app.ledger import STATE_FILE  # noqa: E402
 from spark_app.storage import checkpoint_files  # noqa: E402
 
 

@@ -10,13 +10,13 @@ no timestamp column, so this script measures it against ways around that:
 - `batch+interceptor`: the same, as a batch write inside foreachBatch, followed by reading the target's end
   offsets, which give the landing offset of each batch's last record;
 - `ranges`: the mirror's own path as it ships: Spark plans offset ranges (spark_app.planner) and
-  foreachBatch + mapInArrow hands them to spark_app.writer.RangeCopier, which reads each range with librdkafka and
+  foreachBatch + mapInArrow hands them to spark_app.range_copy.RangeCopier, which reads each range with librdkafka and
   writes it with an idempotent producer, so records never pass through the JVM.
 
 Earlier rounds also measured Python writers fed by Spark's Kafka source (Arrow batches through mapInArrow, pickled
 Rows, a Python data source sink): at 18k-55k records/s they were all slower than `ranges` and are gone.
 
-`ranges` takes the mirror's producer settings (spark_app.writer.PRODUCER_DEFAULTS); `--py-producer K=V` passes an
+`ranges` takes the mirror's producer settings (spark_app.outbox.PRODUCER_DEFAULTS); `--py-producer K=V` passes an
 override the way a config's `client_overrides` would.
 
 Every path runs in its own child process with a fresh SparkSession (local[2], Trigger.AvailableNow), copying the
@@ -187,8 +187,8 @@ def run_child(spec: dict) -> dict:
     elif path == "ranges":
         from spark_app.config import ClusterConfig
         from spark_app.planner import OffsetRangeSource, plan_source_options, write_record_bytes
+        from spark_app.range_copy import RangeCopier
         from spark_app.ranges import LANDED_SCHEMA
-        from spark_app.writer import RangeCopier
 
         spark.dataSource.register(OffsetRangeSource)
         flow, target = writer_parts(spec["writer"])

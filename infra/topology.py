@@ -25,12 +25,13 @@ from infra.azure.checkpoints import (
 )
 from infra.azure.eventhubs import EventHubs, EventHubsArgs
 from infra.azure.identity import MirrorEntraIdentity, MirrorEntraIdentityArgs, RoleGrant
-from infra.k8s.mirror import Mirror, MirrorArgs
+from infra.k8s.mirror_app import MirrorApplication, MirrorApplicationArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
 from infra.kafka.acls import MirrorAcls, MirrorAclsArgs
-from infra.settings import ADMIN_PREFIX, MskSpec, SiteSpec, StackSettings
-from spark_app.config import MirrorConfig, parse_config
+from infra.render import with_bootstraps
+from infra.schema import ADMIN_PREFIX, MskSpec, SiteSpec
+from infra.settings import StackSettings
 
 SERVICE_ACCOUNT = "mirrorkit"  # the driver's
 EXECUTOR_SERVICE_ACCOUNT = "mirrorkit-executor"
@@ -48,22 +49,12 @@ class Topology:
     roles: dict[str, MirrorRole] = field(default_factory=dict)
     entra_identities: dict[str, MirrorEntraIdentity] = field(default_factory=dict)
     namespaces: dict[str, MirrorNamespace] = field(default_factory=dict)
-    mirrors: dict[str, Mirror] = field(default_factory=dict)
+    mirrors: dict[str, MirrorApplication] = field(default_factory=dict)
     mirror_configs: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # site -> rendered YAML
     acls: dict[str, MirrorAcls] = field(default_factory=dict)
     checkpoint_bucket: CheckpointBucket | None = None
     checkpoint_container: CheckpointContainer | None = None
     credentials: dict[str, dict[str, pulumi.Output[str]]] = field(default_factory=dict)
-
-
-def render(mirror: MirrorConfig, bootstraps: dict[str, str]) -> str:
-    """The site's MirrorConfig with looked-up bootstraps filled in, validated again by spark_app."""
-    clusters = [
-        c.model_copy(update={"bootstrap_servers": bootstraps.get(c.alias, c.bootstrap_servers)})
-        for c in mirror.clusters
-    ]
-    raw = mirror.model_copy(update={"clusters": clusters}).model_dump(mode="json")
-    return parse_config(raw, source="rendered mirror config").to_yaml()
 
 
 class _AwsProviders:
@@ -87,11 +78,13 @@ def _bootstrap(msk: MskSpec, provider: aws.Provider) -> pulumi.Output[str]:
     brokers = aws.msk.get_bootstrap_brokers_output(
         cluster_arn=msk.cluster_arn, opts=pulumi.InvokeOutputOptions(provider=provider)
     )
-    return {
+    # pulumi_aws is not followed by mypy (pyproject.toml), so `brokers` is Any: say what its outputs are.
+    by_auth: dict[str, pulumi.Output[str]] = {
         "scram": brokers.bootstrap_brokers_sasl_scram,
         "iam": brokers.bootstrap_brokers_sasl_iam,
         "tls": brokers.bootstrap_brokers_tls,
-    }[msk.auth]
+    }
+    return by_auth[msk.auth]
 
 
 @dataclass
@@ -346,14 +339,14 @@ def build(settings: StackSettings) -> Topology:
             ready.append(operator.chart)
         site_bootstraps = {a: bootstraps[a] for a in msk}
         config_yaml = (
-            pulumi.Output.all(**site_bootstraps).apply(functools.partial(render, site_config))
+            pulumi.Output.all(**site_bootstraps).apply(functools.partial(with_bootstraps, site_config))
             if site_bootstraps
-            else pulumi.Output.from_input(render(site_config, {}))
+            else pulumi.Output.from_input(with_bootstraps(site_config, {}))
         )
         out.mirror_configs[site.name] = config_yaml
-        out.mirrors[site.name] = Mirror(
+        out.mirrors[site.name] = MirrorApplication(
             settings.app_name(site.name),
-            MirrorArgs(
+            MirrorApplicationArgs(
                 namespace=namespace.namespace,
                 service_account=namespace.service_account,
                 executor_service_account=namespace.executor_service_account,

@@ -279,9 +279,8 @@ def run_adopt(config: MirrorConfig, args: argparse.Namespace) -> int:
 
 def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) -> int:
     from .clients import check_reachable
-    from .mirror import Mirror
+    from .mirror import Mirror, build_session
     from .progress import FlowProgress, ProgressReport
-    from .stream import build_session
 
     for flow in config.flows:
         src, dst = config.cluster(flow.source), config.cluster(flow.target)
@@ -300,11 +299,11 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
     else:
         mirror.run_forever()
     for running in mirror.flows:
-        t = running.totals
+        t, ledger = running.totals, running.ledger
         log.info(
             "flow %s: %d records, %d bytes in %d batches; dropped %d, dead-lettered %d, lost at source %d,"
             " quarantined %s", running.flow.name, sum(t.records.values()), sum(t.bytes.values()), t.batches, t.dropped,
-            t.dead_lettered, sum(loss.count for loss in t.data_loss), t.quarantined or "none",
+            t.dead_lettered, sum(loss.count for loss in ledger.data_loss), ledger.quarantined or "none",
         )  # fmt: skip
     spark.stop()
     return 0

@@ -29,7 +29,8 @@ _TRANSPORT_FAILURE = "Broker transport failure"
 # A reader of internal topics: it assigns partitions itself, never joins a group and never commits.
 _READER = {"group.id": "mirrorkit-reader", "enable.auto.commit": False, "enable.partition.eof": True}
 
-Offsets = dict[tuple[str, int], int]  # (topic, partition) -> offset
+Partition = tuple[str, int]  # (topic, partition), the one name every module uses for it
+PartitionOffsets = dict[Partition, int]  # (topic, partition) -> offset
 
 
 def auth_error_callback(cluster: ClusterConfig) -> Callable[[KafkaError], None]:
@@ -127,11 +128,11 @@ def check_reachable(clusters: Iterable[ClusterConfig], timeout_s: float) -> None
 
 def list_offsets(
     client: AdminClient,
-    partitions: Iterable[tuple[str, int]],
+    partitions: Iterable[Partition],
     spec: OffsetSpec,
     read_committed: bool = False,
     timeout_s: float = REQUEST_TIMEOUT_S,
-) -> Offsets:
+) -> PartitionOffsets:
     """One offset per partition (earliest, latest...) in one request; raises the first partition's error."""
     request = {TopicPartition(t, p): spec for t, p in partitions}
     if not request:
@@ -143,11 +144,11 @@ def list_offsets(
 
 def list_offsets_each(
     client: AdminClient,
-    partitions: Iterable[tuple[str, int]],
+    partitions: Iterable[Partition],
     spec: OffsetSpec,
     read_committed: bool = False,
     timeout_s: float = REQUEST_TIMEOUT_S,
-) -> tuple[Offsets, dict[tuple[str, int], str]]:
+) -> tuple[PartitionOffsets, dict[Partition, str]]:
     """One offset per partition in one request: the partitions that answered, and why each other one did not.
 
     A partition fails alone when its leader is offline or moving, or its topic is gone; librdkafka then answers
@@ -161,8 +162,8 @@ def list_offsets_each(
     if not request:
         return {}, {}
     isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
-    found: Offsets = {}
-    failed: dict[tuple[str, int], str] = {}
+    found: PartitionOffsets = {}
+    failed: dict[Partition, str] = {}
     futures = client.list_offsets(request, isolation_level=isolation, request_timeout=timeout_s)
     for tp, future in futures.items():
         key = (tp.topic, tp.partition)
@@ -199,8 +200,8 @@ def watermarks(reader: Consumer, topic: str, partition: int, timeout_s: float = 
 
 
 def log_ranges(
-    client: AdminClient, partitions: Iterable[tuple[str, int]], timeout_s: float = REQUEST_TIMEOUT_S
-) -> dict[tuple[str, int], tuple[int, int]]:
+    client: AdminClient, partitions: Iterable[Partition], timeout_s: float = REQUEST_TIMEOUT_S
+) -> dict[Partition, tuple[int, int]]:
     """Each partition's (log start, end) in two batched requests, waiting out leaders still moving up to
     `timeout_s`."""
     wanted = list(partitions)
@@ -266,11 +267,11 @@ def read_topic(
 
 
 def read_at(
-    cluster: ClusterConfig, wanted: Mapping[tuple[str, int], int], timeout_s: float = REQUEST_TIMEOUT_S
-) -> dict[tuple[str, int], Message | None]:
+    cluster: ClusterConfig, wanted: Mapping[Partition, int], timeout_s: float = REQUEST_TIMEOUT_S
+) -> dict[Partition, Message | None]:
     """The record at one offset per partition, read together; None where that offset holds no record (outside the
     log, compacted away, a transaction marker)."""
-    found: dict[tuple[str, int], Message | None] = dict.fromkeys(wanted)
+    found: dict[Partition, Message | None] = dict.fromkeys(wanted)
     if not wanted:
         return found
     ranges = log_ranges(admin(cluster), wanted, timeout_s)

@@ -26,9 +26,9 @@ ALIAS_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 EVENTHUBS_CODECS = ("none", "gzip")
 # Stopping (SIGTERM, or a topic-set change): the longest a stop waits for the batch in flight to commit before it
-# cancels it (spark_app.stream), and the longest a SIGTERM'd mirror takes to exit in all: that wait, then the DR
+# cancels it (spark_app.throughput), and the longest a SIGTERM'd mirror takes to exit in all: that wait, then the DR
 # service's last round and final checkpoint (three 30 s request timeouts), then Spark's own stop. The deployed driver
-# pod's terminationGracePeriodSeconds is STOP_GRACE_S (infra/k8s/mirror.py), so Kubernetes does not kill it sooner.
+# pod's terminationGracePeriodSeconds is STOP_GRACE_S (infra/k8s/mirror_app.py), so Kubernetes does not kill it sooner.
 STOP_BATCH_TIMEOUT_S = 120
 STOP_GRACE_S = 300
 # Kafka Java client names users carry over from MirrorMaker 2 configs, with what librdkafka (every client the mirror
@@ -50,10 +50,11 @@ class ConfigError(ValueError):
     """A config the mirror refuses; the message names the offending key."""
 
     @classmethod
-    def from_validation(cls, source: str, err: ValidationError) -> ConfigError:
+    def from_validation(cls, source: str, err: ValidationError, at: Sequence[str | int] = ()) -> ConfigError:
+        """One line per error, `source:key.path: message`; `at` is where the validated value sits in its source."""
         lines = []
         for e in err.errors():
-            path = _key_path(e["loc"])
+            path = _key_path([*at, *e["loc"]])
             for msg in e["msg"].removeprefix("Value error, ").splitlines():
                 # Whole-config checks put the key path at the start of each line themselves.
                 lines.append(f"{source}:{path}: {msg}" if path else f"{source}:{msg}")
@@ -260,8 +261,8 @@ class FlowConfig(StrictModel):
     # one batch, so its size is what a slow target can take in well under the producer's delivery timeout.
     max_records_per_trigger: Annotated[int, Field(gt=0)] = 1_000_000
     max_bytes_per_trigger: Annotated[int, Field(ge=1_048_576)] = 536_870_912
-    # `throughput`: micro-batches (spark_app.stream). `realtime`: long-running copier tasks that write each record as
-    # it comes (spark_app.realtime), for MirrorMaker 2-class latency; each of its `realtime_tasks` holds a core.
+    # `throughput`: micro-batches (spark_app.throughput). `realtime`: long-running copier tasks that write each record
+    # as it comes (spark_app.realtime), for MirrorMaker 2-class latency; each of its `realtime_tasks` holds a core.
     mode: FlowMode = FlowMode.THROUGHPUT
     realtime_tasks: Annotated[int, Field(ge=1, le=256)] = 1
 

@@ -33,3 +33,17 @@ class StateError(MirrorFailed):
 
 class DeliveryFailed(MirrorFailed):
     """A batch could not be copied: the target refused records, or the source stopped answering."""
+
+
+def first_cause(message: str) -> str:
+    """The mirror's own error line out of a Py4J/Spark stack, when there is one."""
+    for marker in (
+        "MirrorFailed: ",
+        "DeliveryFailed: ",
+        "AuthenticationFailed: ",
+        "SecretError: ",
+        "OffsetOutOfRangeException: ",
+    ):
+        if marker in message:
+            return marker + message.split(marker, 1)[1].splitlines()[0]
+    return message.splitlines()[0] if message else "unknown error"

@@ -27,37 +27,29 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.utils import floatToGoString
 
 from . import clients
+from .clients import Partition, PartitionOffsets
 from .config import ClusterConfig, ConfigError
-from .ranges import LATENCY_BUCKETS_S, DataLoss, Landing, OffsetsReset
+from .ranges import LATENCY_BUCKETS_S, Landing
 
 log = logging.getLogger(__name__)
 
 LAG_POLL_INTERVAL_S = 5.0
 LIST_OFFSETS_TIMEOUT_S = 15.0
 
-Positions = Mapping[tuple[str, int], int]  # (source topic, partition) -> next offset the mirror will copy
+Positions = Mapping[Partition, int]  # (source topic, partition) -> next offset the mirror will copy
 Held = Mapping[str, Mapping[int, int]]  # source topic -> partition -> first offset not written (quarantined)
 
 
 @dataclass
 class FlowTotals:
-    """What a flow has done since start, per source topic.
-
-    `quarantined` maps each stopped topic to its reason; `held` maps it to {partition: first offset not written};
-    `data_loss` lists the ranges deleted at the source before they were read; `offset_resets` the partitions whose
-    offsets went backwards.
-    """
+    """What a flow has copied since start, per source topic (its holds and losses are its ledger's)."""
 
     records: dict[str, int] = field(default_factory=dict)
     bytes: dict[str, int] = field(default_factory=dict)
     dropped: int = 0
     dead_lettered: int = 0
     batches: int = 0
-    quarantined: dict[str, str] = field(default_factory=dict)
-    held: dict[str, dict[int, int]] = field(default_factory=dict)
-    data_loss: list[DataLoss] = field(default_factory=list)
-    offset_resets: list[OffsetsReset] = field(default_factory=list)
-    landed_offsets: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (src, tgt) per partition
+    landed_offsets: dict[Partition, tuple[int, int]] = field(default_factory=dict)  # (src, tgt) per partition
     recopied: int = 0  # real-time mode: records that landed after the last saved positions, copied again on restart
 
     @property
@@ -277,7 +269,7 @@ class LagSource:
     held: Callable[[], Held] = lambda: {}
 
 
-def owed_from(read: Positions, held: Held) -> dict[tuple[str, int], int]:
+def owed_from(read: Positions, held: Held) -> PartitionOffsets:
     """Per partition, the first source offset the target still lacks: where the query reads next (`read`), or, for
     a held (quarantined) partition, its first held offset. The query reads on past held records, so its own
     position would show their lag as about 0 while they are still owed."""

@@ -1,7 +1,8 @@
 """The mirror: every flow of a config in one Spark application, its run loop, and how it stops.
 
-Each flow runs in its mode: `throughput` as micro-batches (spark_app.stream), `realtime` as long-running copier
-tasks (spark_app.realtime). Both give the loop here the same face: start, stop, wait, failure, catch-up.
+Each flow runs in its mode: `throughput` as micro-batches (spark_app.throughput), `realtime` as long-running copier
+tasks (spark_app.realtime). Both are runners (spark_app.runner) with the same face: start, stop, wait, failure,
+catch-up.
 """
 
 from __future__ import annotations
@@ -20,11 +21,24 @@ from .config import FlowMode, MirrorConfig, cores_needed
 from .dr.service import DrSync
 from .errors import ClusterUnreachable, MirrorFailed
 from .metrics import LagPoller, MirrorMetrics
-from .planner import UNREACHABLE_GIVE_UP_S
-from .realtime import RealtimeFlowMirror
-from .stream import FlowMirror
+from .planner import UNREACHABLE_GIVE_UP_S, OffsetRangeSource
+from .realtime.flow import RealtimeRunner
+from .runner import FlowRunner
+from .throughput import ThroughputRunner
 
 log = logging.getLogger(__name__)
+
+
+def build_session(master: str | None = None, app_name: str = "mirrorkit") -> SparkSession:
+    """The session `run` uses; spark-submit's own settings win inside the image."""
+    builder = SparkSession.builder.appName(app_name)
+    # Spark's console progress bar would draw over the mirror's own progress line (spark_app.progress).
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    if master:
+        builder = builder.master(master)
+    session = builder.config("spark.task.maxFailures", "4").getOrCreate()
+    session.dataSource.register(OffsetRangeSource)
+    return session
 
 
 class Mirror:
@@ -35,9 +49,9 @@ class Mirror:
         self.config = config
         self.metrics = MirrorMetrics()
         self.dr = {f.name: DrSync(config, f, self.metrics) for f in config.flows}  # offset syncs, checkpoints
-        self.flows = [
-            (RealtimeFlowMirror if f.mode is FlowMode.REALTIME else FlowMirror)(
-                spark, config, f, on_landed=self.dr[f.name].on_landed, metrics=self.metrics
+        self.flows: list[FlowRunner] = [
+            (RealtimeRunner if f.mode is FlowMode.REALTIME else ThroughputRunner)(
+                spark, config, f, self.metrics, on_landed=self.dr[f.name].on_landed
             )
             for f in config.flows
         ]
@@ -111,8 +125,8 @@ class Mirror:
                     log.warning("flow %s: topic sync skipped, retrying: %s", flow.flow.name, err)
                     continue
                 unreachable_since = None
-                if wanted != flow.topics:
-                    log.info("flow %s: topic set changed; restarting its query on the same checkpoint", flow.flow.name)
+                if wanted != flow.subscription:
+                    log.info("flow %s: topic set changed; restarting its copy where it stands", flow.flow.name)
                     flow.stop()
                     flow.start(wanted, available_now=False)
                 else:
@@ -121,7 +135,7 @@ class Mirror:
         with ThreadPoolExecutor(max(1, len(self.flows))) as pool:
             list(pool.map(self._stop_flow, self.flows))
 
-    def _stop_flow(self, flow: FlowMirror) -> None:
+    def _stop_flow(self, flow: FlowRunner) -> None:
         """Stop the flow's query between batches, then write its final offset syncs and checkpoints."""
         flow.stop()
         self.dr[flow.flow.name].stop()
@@ -154,7 +168,7 @@ class _SetOnSignal:
         implements = ["sun.misc.SignalHandler"]
 
 
-def _raise_if_failed(flow: FlowMirror) -> None:
+def _raise_if_failed(flow: FlowRunner) -> None:
     error = flow.failure()
     if error is not None:
         flow.metrics.error(flow.flow.name, "batch_failed")

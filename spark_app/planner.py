@@ -3,7 +3,7 @@
 Spark Structured Streaming keeps the mirror's positions: each batch's end offsets go to the query's offset log
 before the batch runs, and a restart resumes from the last committed batch. The offsets are the Kafka source's
 own shape, `{"topic": {"partition": next offset}}`. The source yields one row per range (RANGE_SCHEMA) and reads
-no records: the copy happens in the writer (spark_app.writer), which reads each range with librdkafka, so records
+no records: the copy happens in the tasks (spark_app.range_copy), which reads each range with librdkafka, so records
 never pass through the JVM.
 
 Where a partition starts: at the offset adopted from MirrorMaker 2 (spark_app.dr.adopt) when the flow has one for it,
@@ -32,6 +32,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTri
 from pyspark.sql.types import StructType
 
 from . import clients
+from .clients import Partition, PartitionOffsets
 from .config import ClusterConfig
 from .errors import ClusterUnreachable
 from .ranges import RANGE_SCHEMA, OffsetRange
@@ -46,7 +47,7 @@ OFFLINE_ASK_S = 2.0
 # How long `run --available-now` waits for every partition to answer before it fixes where it ends.
 AVAILABLE_NOW_WAIT_S = 60.0
 
-Offsets = dict[str, dict[str, int]]  # {"topic": {"partition": offset}}
+SparkOffsets = dict[str, dict[str, int]]  # {"topic": {"partition": offset}}: the shape of Spark's offset log
 
 PAUSE_FILE = "pause"
 RECORD_BYTES_FILE = "record-bytes"
@@ -62,9 +63,10 @@ class RangeGroup(InputPartition):
         self.ranges = ranges
 
 
-def plan_source_options(source: ClusterConfig, topics: dict[str, int], start_from: str, tasks: int,
-                        max_records: int, max_bytes: int, driver_dir: Path,
-                        adopted: Offsets | None = None, resume: Offsets | None = None) -> dict[str, str]:  # fmt: skip
+def plan_source_options(
+    source: ClusterConfig, subscription: dict[str, int], start_from: str, tasks: int, max_records: int, max_bytes: int,
+    driver_dir: Path, adopted: SparkOffsets | None = None, resume: SparkOffsets | None = None,
+) -> dict[str, str]:  # fmt: skip
     """The options `spark.readStream.format(OffsetRangeSource.name())` takes (all strings, no secret).
 
     The source is planned in a Python worker, not in the driver's process, so the driver talks to it through two
@@ -75,7 +77,7 @@ def plan_source_options(source: ClusterConfig, topics: dict[str, int], start_fro
     """
     return {
         "source": source.model_dump_json(),
-        "topics": json.dumps(topics),
+        "subscription": json.dumps(subscription),
         "start_from": start_from,
         "tasks": str(tasks),
         "adopted": json.dumps(adopted or {}),
@@ -129,21 +131,21 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: dict[str, str]) -> None:
         self.source = ClusterConfig.model_validate_json(options["source"])
-        self.topics: dict[str, int] = json.loads(options["topics"])
+        self.subscription: dict[str, int] = json.loads(options["subscription"])
         self.start_from = options["start_from"]
         self.tasks = int(options["tasks"])
         self.max_records = int(options["max_records_per_trigger"])
         self.max_bytes = int(options["max_bytes_per_trigger"])
         self.pause_file = Path(options["driver_dir"]) / PAUSE_FILE
         self.record_bytes_file = Path(options["driver_dir"]) / RECORD_BYTES_FILE
-        self.adopted: Offsets = json.loads(options.get("adopted") or "{}")
-        self.resume: Offsets = json.loads(options.get("resume") or "{}")
+        self.adopted: SparkOffsets = json.loads(options.get("adopted") or "{}")
+        self.resume: SparkOffsets = json.loads(options.get("resume") or "{}")
         self._admin: AdminClient | None = None
-        self._available_now_end: Offsets | None = None
+        self._available_now_end: SparkOffsets | None = None
         self._down_since: float | None = None
-        self._offline: dict[tuple[str, int], float] = {}  # partitions that did not answer -> when to ask again
+        self._offline: dict[Partition, float] = {}  # partitions that did not answer -> when to ask again
 
-    def initialOffset(self) -> Offsets:
+    def initialOffset(self) -> SparkOffsets:
         return {}  # every partition starts where `_starts` says: the checkpoint holds no position yet
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -163,15 +165,15 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._offline.update(dict.fromkeys(silent, 0.0))  # due again now
         self._available_now_end = ends
 
-    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+    def latestOffset(self, start: SparkOffsets, limit: ReadLimit) -> SparkOffsets:
         if self.pause_file.exists():
             return start  # the driver is stopping this query: no new batch (an available-now run ends here)
         if self._available_now_end is not None:  # an empty answer would end the run early: wait for a real one
-            latest = kept_where_unanswered(self._available_now_end, start, self.topics)
+            latest = kept_where_unanswered(self._available_now_end, start, self.subscription)
             starts = self._until_answered(lambda: self._starts(start, latest))
         else:
             try:
-                latest = kept_where_unanswered(self._list(OffsetSpec.latest()), start, self.topics)
+                latest = kept_where_unanswered(self._list(OffsetSpec.latest()), start, self.subscription)
                 starts = self._starts(start, latest)
             except KafkaException as err:
                 self._note_down(err)
@@ -187,7 +189,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         except (OSError, ValueError):
             return None
 
-    def _until_answered(self, call: Callable[[], Offsets]) -> Offsets:
+    def _until_answered(self, call: Callable[[], SparkOffsets]) -> SparkOffsets:
         while True:
             try:
                 answer = call()
@@ -206,7 +208,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ClusterUnreachable(self.source, waited, err.args[0].str()) from None
         log.warning("cluster '%s' did not answer (retrying): %s", self.source.alias, err.args[0].str())
 
-    def _note_offline(self, found: dict[tuple[str, int], int], failed: dict[tuple[str, int], str], now: float) -> None:
+    def _note_offline(self, found: PartitionOffsets, failed: dict[Partition, str], now: float) -> None:
         """Remember which partitions did not answer, saying so once when one stops and once when it answers again."""
         for (topic, partition), why in failed.items():
             if (topic, partition) not in self._offline:
@@ -217,7 +219,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             del self._offline[(topic, partition)]
             log.info("cluster '%s': topic '%s' partition %d answers again", self.source.alias, topic, partition)
 
-    def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
+    def partitions(self, start: SparkOffsets, end: SparkOffsets) -> list[InputPartition]:
         starts = self._starts(start, end)
         ranges = [
             OffsetRange(topic, int(p), min(starts[topic][p], offset), offset, went_back(start, end, topic, p))
@@ -232,11 +234,11 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for r in partition.ranges:
             yield r.topic, r.partition, r.start, r.end, r.reset_from
 
-    def _starts(self, start: Offsets, end: Offsets) -> Offsets:
+    def _starts(self, start: SparkOffsets, end: SparkOffsets) -> SparkOffsets:
         """Each end partition's start: the checkpoint's, else the adopted one, else `start_from` (new topic) or
         earliest (new partition, or one whose offsets went backwards, so its new records are copied from the log
         start). Where the log start does not answer, 0: the copier's consumer reads such a start from the log start."""
-        starts: Offsets = {t: self.adopted.get(t, {}) | start.get(t, {}) for t in end}
+        starts: SparkOffsets = {t: self.adopted.get(t, {}) | start.get(t, {}) for t in end}
         for t, offsets in self.resume.items():  # where a real-time run got to, unless the log is shorter now
             for p, offset in offsets.items():
                 if p in end.get(t, {}) and starts[t].get(p, -1) < offset <= end[t][p]:
@@ -253,7 +255,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             starts[t][p] = end[t][p] if new_topic and self.start_from == "latest" else earliest.get(t, {}).get(p, 0)
         return starts
 
-    def _list(self, spec: OffsetSpec, partitions: list[tuple[str, str]] | None = None) -> Offsets:
+    def _list(self, spec: OffsetSpec, partitions: list[tuple[str, str]] | None = None) -> SparkOffsets:
         """The offsets of `partitions` (by default every partition of the flow's topics) that answer now.
 
         A partition that does not is left out, with a warning naming it, and is asked again alone every
@@ -261,7 +263,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         if self._admin is None:
             self._admin = clients.admin(self.source)
-        every = [(t, p) for t, n in self.topics.items() for p in range(n)]
+        every = [(t, p) for t, n in self.subscription.items() for p in range(n)]
         wanted = [(t, int(p)) for t, p in partitions] if partitions is not None else every
         now = time.monotonic()
         found, failed = clients.list_offsets_each(
@@ -274,13 +276,13 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
             found, failed = found | back, failed | still
         self._note_offline(found, failed, now)
-        offsets: Offsets = {}
+        offsets: SparkOffsets = {}
         for (topic, partition), offset in found.items():
             offsets.setdefault(topic, {})[str(partition)] = offset
         return offsets
 
 
-def kept_where_unanswered(latest: Offsets, start: Offsets, topics: dict[str, int]) -> Offsets:
+def kept_where_unanswered(latest: SparkOffsets, start: SparkOffsets, topics: dict[str, int]) -> SparkOffsets:
     """`latest`, plus the checkpoint's position for each partition of `topics` it lacks (that partition did not
     answer): it gets no range in this batch and keeps its position, so nothing of it is skipped or copied twice."""
     out = {t: dict(offsets) for t, offsets in latest.items()}
@@ -291,7 +293,7 @@ def kept_where_unanswered(latest: Offsets, start: Offsets, topics: dict[str, int
     return out
 
 
-def went_back(start: Offsets, end: Offsets, topic: str, partition: str) -> int:
+def went_back(start: SparkOffsets, end: SparkOffsets, topic: str, partition: str) -> int:
     """The checkpoint's position when it lies past the partition's end now (offsets went backwards), else -1.
 
     This is the one place that notices it; the range carries it to the driver, which reports it.
@@ -300,7 +302,7 @@ def went_back(start: Offsets, end: Offsets, topic: str, partition: str) -> int:
     return position if position is not None and position > end[topic][partition] else -1
 
 
-def limit_offsets(starts: Offsets, latest: Offsets, max_rows: int) -> Offsets:
+def limit_offsets(starts: SparkOffsets, latest: SparkOffsets, max_rows: int) -> SparkOffsets:
     """End offsets that take about `max_rows` records, shared across partitions in proportion to their backlog.
 
     Each partition with a backlog moves at least one record, so the total is at most `max_rows` plus one per
@@ -310,7 +312,7 @@ def limit_offsets(starts: Offsets, latest: Offsets, max_rows: int) -> Offsets:
     total = sum(backlog.values())
     if total <= max_rows:
         return latest
-    out: Offsets = {t: {} for t in latest}
+    out: SparkOffsets = {t: {} for t in latest}
     for (t, p), behind in backlog.items():
         out[t][p] = starts[t][p] + min(behind, max(1, behind * max_rows // total) if behind else 0)
     return out

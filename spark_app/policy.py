@@ -1,13 +1,20 @@
-"""Topic naming and loop rules, shared by the mirror and by infra (which pre-creates Event Hubs hubs).
+"""Topic naming and loop rules, shared by the mirror and by infra, and the access set infra grants from them.
 
 - `default` (MirrorMaker 2's DefaultReplicationPolicy): `orders` from alias `A` becomes `A.orders`; a topic that is
   already a remote copy from the flow's target is never mirrored back, so active/active cannot cycle.
 - `identity`: names are kept; each record carries a provenance header, `<source alias>:<source offset>`, and a flow
   drops records whose provenance is its own target. The offset lets the flow that drops such an echo of a
   target-local record tell which of them a source group has read (spark_app.dr.syncs).
+
+What the mirror reads, writes and creates on each cluster (`access`) follows from these rules, in one place: infra
+renders the IAM policy, the Kafka ACLs and the event hubs to create from it.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from .config import FlowConfig, MirrorConfig
 
@@ -56,19 +63,20 @@ def provenance(alias: str, offset: int) -> bytes:
     return f"{alias}:{offset}".encode()
 
 
-def origin(value: str | bytes) -> tuple[bytes, int]:
-    """A provenance value's alias and source offset; -1 for a value without one (an older mirror's bare alias)."""
-    alias, _, offset = (value.encode() if isinstance(value, str) else value).partition(b":")
-    return alias, int(offset) if offset.isdigit() else -1
+def origin(value: str | bytes) -> tuple[bytes, int] | None:
+    """A provenance value's alias and source offset; None for a value `provenance` did not make."""
+    alias, sep, offset = (value.encode() if isinstance(value, str) else value).partition(b":")
+    return (alias, int(offset)) if sep and offset.isdigit() else None
 
 
-def drops_record(flow: FlowConfig, value: str | bytes | None) -> bool:
-    """Identity loop prevention: a record that came from the flow's target must not go back there."""
+def drops_record(flow: FlowConfig, came_from: tuple[bytes, int] | None) -> bool:
+    """Identity loop prevention: a record that came from the flow's target (its provenance `origin`) must not go
+    back there."""
     return (
         flow.replication_policy == "identity"
         and flow.provenance_header
-        and value is not None
-        and origin(value)[0] == flow.target.encode()
+        and came_from is not None
+        and came_from[0] == flow.target.encode()
     )
 
 
@@ -93,26 +101,136 @@ def offset_syncs_topic(flow: FlowConfig) -> str:
     return f"mirrorkit-offset-syncs.{other}.internal"
 
 
-def event_hubs_topics(config: MirrorConfig) -> dict[str, list[str]]:
-    """Every topic the mirror writes to on each Event Hubs cluster, which infra must therefore create.
+@dataclass(frozen=True)
+class Access:
+    """What the mirror of some flows does on one cluster. Topics and groups are full-match regexes, as flows select
+    them; a single name is escaped (`re.escape`), so `literal_prefix` gives it back whole. A new kind of right (a
+    transactional id, say) is one more field here, filled in by `access`."""
 
-    Derived from the same flows and naming policy the mirror uses, so the two cannot disagree.
+    read: frozenset[str] = frozenset()  # source topics: read
+    written: frozenset[str] = frozenset()  # copies on a target: created, configured and written
+    owned: frozenset[str] = frozenset()  # the mirror's own topics: created, written and read back
+    dead_letters: frozenset[str] = frozenset()  # created and written, never read
+    groups_described: frozenset[str] = frozenset()  # source groups whose committed offsets it reads
+    groups_altered: frozenset[str] = frozenset()  # target groups whose offsets it sets (sync_group_offsets)
+
+    @property
+    def created(self) -> frozenset[str]:
+        """Every topic it writes, and so may have to create."""
+        return self.written | self.owned | self.dead_letters
+
+
+def access(flows: Iterable[FlowConfig], alias: str) -> Access:
+    """Everything the mirror of these flows does on cluster `alias`, and nothing more.
+
+    On a source: read the selected topics, describe the selected groups; own `heartbeats` when the flow emits them
+    (written there, then read back to be mirrored like any topic), and the offset syncs when they live there. On a
+    target: write the copies under the flow's naming policy; own the checkpoints, the heartbeats' copy and the offset
+    syncs; write dead letters; set the selected groups' offsets when the flow syncs them.
     """
-    needed: dict[str, set[str]] = {c.alias: set() for c in config.clusters if c.is_eventhubs}
-    for flow in config.flows:
-        names = flow.topics.literal_names() or []
-        if flow.target in needed:
-            target = needed[flow.target]
-            target.update(target_topic(flow, t) for t in names if should_mirror(flow, t))
-            target.add(target_topic(flow, HEARTBEATS_TOPIC))
-            target.add(checkpoints_topic(flow))
-            if flow.dead_letter_topic:
-                target.add(flow.dead_letter_topic)
-            if flow.offset_syncs_location == "target":
-                target.add(offset_syncs_topic(flow))
-        if flow.source in needed:
+    read: set[str] = set()
+    written: set[str] = set()
+    owned: set[str] = set()
+    dead_letters: set[str] = set()
+    described: set[str] = set()
+    altered: set[str] = set()
+    for flow in flows:
+        if flow.source == alias:
+            read |= _source_topics(flow)
+            described |= set(flow.groups.include)
             if flow.emit_heartbeats:
-                needed[flow.source].add(HEARTBEATS_TOPIC)
+                owned.add(re.escape(HEARTBEATS_TOPIC))
             if flow.offset_syncs_location == "source":
-                needed[flow.source].add(offset_syncs_topic(flow))
-    return {alias: sorted(topics) for alias, topics in needed.items()}
+                owned.add(re.escape(offset_syncs_topic(flow)))
+        if flow.target == alias:
+            written |= {_copies(flow, pattern) for pattern in _source_topics(flow)}
+            owned |= {re.escape(checkpoints_topic(flow)), re.escape(target_topic(flow, HEARTBEATS_TOPIC))}
+            if flow.offset_syncs_location == "target":
+                owned.add(re.escape(offset_syncs_topic(flow)))
+            if flow.dead_letter_topic:
+                dead_letters.add(re.escape(flow.dead_letter_topic))
+            if flow.sync_group_offsets:
+                altered |= set(flow.groups.include)
+    return Access(
+        read=frozenset(read),
+        written=frozenset(written),
+        owned=frozenset(owned),
+        dead_letters=frozenset(dead_letters),
+        groups_described=frozenset(described),
+        groups_altered=frozenset(altered),
+    )
+
+
+def _source_topics(flow: FlowConfig) -> set[str]:
+    """A flow that lists plain names reads exactly those it mirrors; a flow with patterns, what they match."""
+    names = flow.topics.literal_names()
+    if names is None:
+        return set(flow.topics.include)
+    return {re.escape(t) for t in names if should_mirror(flow, t)}
+
+
+def _copies(flow: FlowConfig, pattern: str) -> str:
+    """The regex of the copies of the source topics `pattern` matches."""
+    if flow.replication_policy == "identity":
+        return pattern
+    return re.escape(f"{flow.source}{flow.separator}") + (f"(?:{pattern})" if "|" in pattern else pattern)
+
+
+_REGEX_META = set(".^$*+?{}[]\\|()")
+
+
+def literal_prefix(pattern: str) -> tuple[str, bool]:
+    """The literal text that every name a full-match regex takes starts with, and whether it is the whole name."""
+    if _alternates(pattern):
+        return "", False
+    out, i = "", 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern) and not pattern[i + 1].isalnum():
+            out, i = out + pattern[i + 1], i + 2
+            continue
+        if ch in _REGEX_META:
+            # `?`, `*` and `{m,n}` may take the character before them zero times: it is not in every name.
+            return (out[:-1] if ch in "?*{" else out), False
+        out, i = out + ch, i + 1
+    return out, True
+
+
+def _alternates(pattern: str) -> bool:
+    """Whether a regex has a `|` outside every group and character class: then no prefix is common to its names."""
+    depth, i, in_class = 0, 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        i += 1
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+            i += pattern[i : i + 1] == "^"
+            i += pattern[i : i + 1] == "]"  # a `]` first in a class is literal
+        elif ch in "()":
+            depth += 1 if ch == "(" else -1
+        elif ch == "|" and depth == 0:
+            return True
+    return False
+
+
+def event_hubs_topics(config: MirrorConfig) -> dict[str, list[str]]:
+    """Every topic the mirror writes to on each Event Hubs cluster, which infra must therefore create: what its
+    access set there says it creates. Flows into Event Hubs list plain names (MirrorConfig refuses patterns), so each
+    is one topic."""
+    return {
+        c.alias: sorted(_one_topic(p) for p in access(config.flows, c.alias).created)
+        for c in config.clusters
+        if c.is_eventhubs
+    }
+
+
+def _one_topic(pattern: str) -> str:
+    name, whole = literal_prefix(pattern)
+    if not whole:
+        raise ValueError(f"'{pattern}' is a pattern, not one topic")
+    return name

@@ -25,8 +25,8 @@ from confluent_kafka.admin import OffsetSpec
 
 from . import clients
 from .config import ClusterConfig
-from .metrics import Positions, owed_from
-from .stream import FlowMirror
+from .metrics import Positions
+from .runner import FlowRunner
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +71,13 @@ class FlowProgress:
         self._samples: deque[tuple[float, int]] = deque()  # (time, done), spanning about RATE_WINDOW_S
 
     @classmethod
-    def of(cls, flow: FlowMirror) -> FlowProgress:
+    def of(cls, flow: FlowRunner) -> FlowProgress:
         """Take where `flow` resumes now, before its run; its end offsets are read once its query has topics."""
-        state = flow.quarantine.state
-        resume = owed_from(state.adopted | state.positions, flow.quarantine.held())
+        resume = flow.ledger.resume_points()
 
         def count() -> int | None:
-            topics = dict(flow.topics)
-            return count_backlog(flow.source, topics, resume, flow.flow.start_from) if topics else None
+            subscribed = dict(flow.subscription)
+            return count_backlog(flow.source, subscribed, resume, flow.flow.start_from) if subscribed else None
 
         return cls(flow.flow.name, lambda: flow.totals.handled, count)
 

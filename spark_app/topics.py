@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, OffsetSpec, ResourceType
 
 from . import clients
+from .clients import Partition, PartitionOffsets
 from .config import ClusterConfig, FlowConfig
 from .policy import should_mirror, target_topic
 
@@ -144,6 +145,6 @@ class TopicSync:
                 time.sleep(0.5)
         return configs
 
-    def earliest_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    def earliest_offsets(self, partitions: list[Partition]) -> PartitionOffsets:
         """The source's first available offset per partition (its log start, moved on by retention)."""
         return clients.list_offsets(self._source_admin, partitions, OffsetSpec.earliest())

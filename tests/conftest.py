@@ -71,7 +71,7 @@ def spark():
     """One local Spark session for the whole run, with the mirror's offset-range source registered."""
     # Python workers must run this interpreter, or they cannot import pyarrow and confluent-kafka.
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    from spark_app.stream import build_session
+    from spark_app.mirror import build_session
 
     session = build_session("local[2]", app_name="mirrorkit-tests")
     session.sparkContext.setLogLevel("WARN")

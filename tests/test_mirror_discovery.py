@@ -13,8 +13,9 @@ from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from bench.testbed.ports import free_port
 from spark_app.config import parse_config
+from spark_app.metrics import MirrorMetrics
 from spark_app.mirror import Mirror
-from spark_app.stream import FlowMirror
+from spark_app.throughput import ThroughputRunner
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
 from tests.support.running import mirror_running
@@ -120,7 +121,7 @@ def test_query_restarts_under_load_write_each_record_once_in_order(
             trigger_interval_s=0.1,
         )
     )
-    flow = FlowMirror(spark, config, config.flows[0])
+    flow = ThroughputRunner(spark, config, config.flows[0], MirrorMetrics())
     sent = records("r", 2, 100 * waves)
     done = threading.Event()
 

@@ -62,9 +62,9 @@ def test_mirror_preserves_every_record_exactly(policy, mode, spark, source_clust
     mirror = Mirror(spark, config)
     mirror.run_available_now()
 
-    totals = mirror.flows[0].totals
-    assert totals.quarantined == {}
-    assert sum(totals.records.values()) == TOPICS * PER_TOPIC
+    ledger = mirror.flows[0].ledger
+    assert ledger.quarantined == {}
+    assert sum(ledger.totals.records.values()) == TOPICS * PER_TOPIC
     for name in names:
         expected = sent[name]
         if policy == "identity":

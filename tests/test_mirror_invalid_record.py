@@ -46,9 +46,9 @@ def test_a_record_the_target_refuses_as_invalid_quarantines_its_topic_alone_and_
 
     first = Mirror(spark, config)
     first.run_available_now()
-    reason = first.flows[0].totals.quarantined.get(bad, "")
-    assert "INVALID_RECORD" in reason and f"topic '{bad}'" in reason, first.flows[0].totals.quarantined
-    assert good not in first.flows[0].totals.quarantined
+    reason = first.flows[0].ledger.quarantined.get(bad, "")
+    assert "INVALID_RECORD" in reason and f"topic '{bad}'" in reason, first.flows[0].ledger.quarantined
+    assert good not in first.flows[0].ledger.quarantined
     got = read_all(target_cluster.client, f"onprem.{good}", expected=PER_TOPIC)
     assert_each_record_once_in_order(f"onprem.{good}", got, sent[good])  # the other topic went on
     landed = end_offsets(target_cluster.client, [(f"onprem.{bad}", 0)])[(f"onprem.{bad}", 0)]
@@ -65,6 +65,6 @@ def test_a_record_the_target_refuses_as_invalid_quarantines_its_topic_alone_and_
         future.result()
     second = Mirror(spark, config)
     second.run_available_now()
-    assert second.flows[0].totals.quarantined == {}
+    assert second.flows[0].ledger.quarantined == {}
     got = read_all(target_cluster.client, f"onprem.{bad}", expected=PER_TOPIC)
     assert_each_record_once_in_order(f"onprem.{bad}", got, sent[bad])  # 0 lost, none twice, in order

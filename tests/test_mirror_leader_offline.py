@@ -85,20 +85,20 @@ def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alo
                 send(steady, (0, 1), PER_ROUND)
                 send(bad, (0,), PER_ROUND)
                 time.sleep(1)
-            wait_until(lambda: bad in flow.totals.quarantined, errors, f"'{bad}' to be quarantined")
-            reason = flow.totals.quarantined[bad]
+            wait_until(lambda: bad in flow.ledger.quarantined, errors, f"'{bad}' to be quarantined")
+            reason = flow.ledger.quarantined[bad]
             assert f"topic '{bad}' partition 1" in reason and "no progress reading partition" in reason, reason
-            assert flow.totals.held[bad].get(1, -1) >= on_target, flow.totals.held
+            assert flow.ledger.held[bad].get(1, -1) >= on_target, flow.ledger.held
             wait_until(
                 lambda: flow.totals.records.get(steady, 0) >= len(sent[steady]), errors, f"'{steady}' to keep flowing"
             )
-            assert steady not in flow.totals.quarantined
+            assert steady not in flow.ledger.quarantined
             print(f"'{steady}' caught up {time.monotonic() - stopped_at:.1f} s after broker 2 stopped")
 
             source.broker(2).start()
             send(bad, (0, 1), PER_ROUND)
             send(steady, (0, 1), PER_ROUND)
-            wait_until(lambda: bad not in flow.totals.quarantined, errors, f"'{bad}' to catch up and rejoin")
+            wait_until(lambda: bad not in flow.ledger.quarantined, errors, f"'{bad}' to catch up and rejoin")
             wait_until(lambda: flow.totals.records.get(bad, 0) >= len(sent[bad]), errors, f"every '{bad}' record")
             wait_until(lambda: flow.totals.records.get(steady, 0) >= len(sent[steady]), errors, "every steady record")
     finally:

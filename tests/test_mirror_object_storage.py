@@ -13,7 +13,7 @@ import time
 
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from bench.testbed.ports import free_port
-from spark_app.quarantine import STATE_FILE
+from spark_app.ledger import STATE_FILE
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
 
@@ -23,16 +23,17 @@ PER_WAVE = 50  # records per topic and partition in each wave
 ADOPT_STEPS = """
 import json, sys
 from spark_app.dr.adopt import checkpoint_refusals
-from spark_app.quarantine import FlowState, Hold, Quarantine
+from spark_app.ledger import LedgerState
+from spark_app.quarantine import Hold, Quarantine
 from spark_app.storage import checkpoint_files
 
 used, empty = (checkpoint_files(location) for location in sys.argv[1:3])
-state = FlowState.load(empty)
+state = LedgerState.load(empty)
 found = repr((state.quarantined, state.positions))
 state.adopted[("orders", 0)] = state.positions[("orders", 0)] = 42
 state.quarantined["orders"] = Quarantine("why", {1: Hold(3, 4)})
 state.save()
-again = FlowState.load(empty)
+again = LedgerState.load(empty)
 print(json.dumps({"used": checkpoint_refusals(used), "empty": checkpoint_refusals(empty), "found": found,
                   "again": repr((again.quarantined, again.adopted)), "class": type(empty).__name__}))
 """

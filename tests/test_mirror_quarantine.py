@@ -13,10 +13,10 @@ from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from spark_app.config import parse_config
 from spark_app.dr.views import flow_status
+from spark_app.ledger import STATE_FILE, STATE_VERSION
 from spark_app.metrics import LagPoller
 from spark_app.mirror import Mirror
 from spark_app.policy import offset_syncs_topic
-from spark_app.quarantine import STATE_FILE, STATE_VERSION
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import cluster_entry, one_flow_config
 
@@ -81,11 +81,11 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
     first = Mirror(spark, parse_config(config({})))
     first.run_available_now()
 
-    totals = first.flows[0].totals
-    assert sorted(totals.quarantined) == sorted([big, late])
-    assert f"topic '{big}' partition 0 offset 5 (1200000 bytes)" in totals.quarantined[big]
-    assert f"event hub 'onprem.{late}' does not exist" in totals.quarantined[late]
-    assert totals.held[big] == {0: 5}
+    ledger = first.flows[0].ledger
+    assert sorted(ledger.quarantined) == sorted([big, late])
+    assert f"topic '{big}' partition 0 offset 5 (1200000 bytes)" in ledger.quarantined[big]
+    assert f"event hub 'onprem.{late}' does not exist" in ledger.quarantined[late]
+    assert ledger.held[big] == {0: 5}
     got = read_all(target_cluster.client, f"onprem.{good}", expected=40)
     assert_each_record_once_in_order(f"onprem.{good}", got, sent[good])
     got = read_all(target_cluster.client, f"onprem.{big}", expected=5 + 8)
@@ -125,13 +125,13 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
     second = Mirror(spark, parse_config(config({"message.max.bytes": "3000000"})))
     second.run_available_now()
 
-    totals = second.flows[0].totals
-    assert totals.quarantined == {} and totals.held == {}
+    ledger = second.flows[0].ledger
+    assert ledger.quarantined == {} and ledger.held == {}
     for topic in (big, late):
         got = read_all(target_cluster.client, f"onprem.{topic}", expected=len(sent[topic]))
         assert_each_record_once_in_order(f"onprem.{topic}", got, sent[topic])
     got = read_all(target_cluster.client, f"onprem.{gone}", expected=15)
     assert_each_record_once_in_order(f"onprem.{gone}", got, sent[gone][:10] + sent[gone][15:])  # 10-14 deleted
-    assert [(x.topic, x.partition, x.first_offset, x.last_offset, x.count) for x in totals.data_loss] == [
+    assert [(x.topic, x.partition, x.first_offset, x.last_offset, x.count) for x in ledger.data_loss] == [
         (gone, 0, 10, 14, 5)
     ]

@@ -10,7 +10,7 @@ import pytest
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
-from spark_app.writer import DLQ_PREFIX
+from spark_app.outbox import DLQ_PREFIX
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
 
@@ -45,17 +45,17 @@ def test_a_256_kb_cap_target_takes_every_record_that_fits_under_backlog_and_a_2_
     mirror = Mirror(spark, config)
     mirror.run_available_now()
 
-    totals = mirror.flows[0].totals
+    ledger = mirror.flows[0].ledger
     if dead_letters:
         # Every record that fits landed, in order; only the huge one is a dead letter, with its coordinates.
         got = read_all(source_cluster.client, remote, expected=len(sent) - 1)
         assert_each_record_once_in_order(remote, got, [r for r in sent if r is not huge])
         (letter,) = read_all(source_cluster.client, dlq, expected=1)
         assert dict(letter.headers)[f"{DLQ_PREFIX}offset"] == str(SMALL).encode() and letter.value is None
-        assert totals.quarantined == {}
+        assert ledger.quarantined == {}
     else:
         # Partition 0 holds from the huge record: all before it landed, none after it, no duplicate; 1 goes on.
         got = read_all(source_cluster.client, remote, expected=2 * SMALL)
         assert_each_record_once_in_order(remote, got, sent[:SMALL] + sent[2 * SMALL + 1 :])
-        assert totals.held[topic] == {0: SMALL}
-        assert f"offset {SMALL} ({HUGE} bytes)" in totals.quarantined[topic]
+        assert ledger.held[topic] == {0: SMALL}
+        assert f"offset {SMALL} ({HUGE} bytes)" in ledger.quarantined[topic]

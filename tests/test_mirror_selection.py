@@ -9,7 +9,7 @@ from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
-from spark_app.writer import DLQ_PREFIX
+from spark_app.outbox import DLQ_PREFIX
 from tests.support.mirror_config import one_flow_config
 
 
@@ -63,8 +63,8 @@ def test_a_record_over_the_targets_cap_quarantines_its_topic_with_its_coordinate
 
     mirror.run_available_now()
     if not dead_letters:  # the topic is quarantined with the record's coordinates; nothing after it is written
-        assert f"topic '{topic}' partition 0 offset 1 (1200000 bytes)" in mirror.flows[0].totals.quarantined[topic]
-        assert mirror.flows[0].totals.held == {topic: {0: 1}}
+        assert f"topic '{topic}' partition 0 offset 1 (1200000 bytes)" in mirror.flows[0].ledger.quarantined[topic]
+        assert mirror.flows[0].ledger.held == {topic: {0: 1}}
         assert [r.value for r in read_all(target_cluster.client, f"onprem.{topic}", expected=1)] == [b"small"]
         return
     assert [r.value for r in read_all(target_cluster.client, f"onprem.{topic}", expected=2)] == [b"small", b"after"]

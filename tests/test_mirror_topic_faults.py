@@ -74,19 +74,19 @@ def test_a_topic_whose_write_acl_is_removed_mid_run_is_quarantined_alone_and_cat
         for r in range(1, ROUNDS // 2):
             send_round(r)
             time.sleep(2)
-        wait_until(lambda: denied in flow.totals.quarantined, errors, f"'{denied}' to be quarantined")
-        reason = flow.totals.quarantined[denied]
+        wait_until(lambda: denied in flow.ledger.quarantined, errors, f"'{denied}' to be quarantined")
+        reason = flow.ledger.quarantined[denied]
         assert "TOPIC_AUTHORIZATION_FAILED" in reason and f"topic '{denied}'" in reason, reason
         # The other topic goes on meanwhile.
         wait_until(lambda: flow.totals.records.get(ok, 0) >= len(sent[ok]), errors, f"'{ok}' to keep flowing")
-        assert ok not in flow.totals.quarantined
+        assert ok not in flow.ledger.quarantined
 
         for future in admin.delete_acls([AclBindingFilter(*deny_fields(deny))], request_timeout=15).values():
             future.result()
         for r in range(ROUNDS // 2, ROUNDS):
             send_round(r)
             time.sleep(1)
-        wait_until(lambda: denied not in flow.totals.quarantined, errors, f"'{denied}' to catch up")
+        wait_until(lambda: denied not in flow.ledger.quarantined, errors, f"'{denied}' to catch up")
         wait_until(lambda: flow.totals.records.get(denied, 0) >= len(sent[denied]), errors, "every record to land")
 
     for topic in (ok, denied):

@@ -51,7 +51,7 @@ def test_a_topic_made_again_is_copied_from_its_new_start_reported_and_translated
 
     remote = f"primary.{topic}"
     assert_each_record_once_in_order(remote, read_all(source_cluster.client, remote, expected=130), old + new)
-    assert mirror.flows[0].totals.offset_resets == [OffsetsReset(topic, 0, 100, 0)]
+    assert mirror.flows[0].ledger.resets == [OffsetsReset(topic, 0, 100, 0)]
     assert 'mirrorkit_errors_total{flow="primary->dr",kind="offsets_reset"} 1.0' in mirror.metrics.text()
     checkpoints = {cp.partition: cp for cp, _ in read_checkpoints(config, config.flows[0]).values()}
     assert (checkpoints[0].upstream_offset, checkpoints[0].downstream_offset) == (10, 110)  # new-10 is at 110

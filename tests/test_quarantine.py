@@ -1,5 +1,5 @@
-"""The quarantine module on its own: the state file, holds, catch-up and data-loss detection, with no Spark and no
-broker (the copy path and the source's log starts are fakes)."""
+"""The flow's ledger and its quarantines on their own: the state file, holds, catch-up and data-loss detection, with
+no Spark and no broker (the copy path and the source's log starts are fakes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from spark_app.config import FlowConfig
 from spark_app.errors import MirrorFailed, StateError
-from spark_app.quarantine import RECORD_RETRY_S, STATE_FILE, STATE_VERSION, FlowQuarantine, FlowState, Hold, Quarantine
+from spark_app.ledger import STATE_FILE, STATE_VERSION, FlowLedger, LedgerState
+from spark_app.quarantine import RECORD_RETRY_S, Hold, Quarantine
 from spark_app.ranges import Landing, OffsetRange
 from spark_app.storage import checkpoint_files
 
@@ -58,20 +59,20 @@ class Clock:
         return self.now
 
 
-def keeper(tmp_path, fake: FakeSource, clock: Clock | None = None, **flow_overrides: object) -> FlowQuarantine:
-    state = FlowState.load(checkpoint_files(str(tmp_path)))
-    return FlowQuarantine(flow(**flow_overrides), state, fake.earliest, clock or Clock())
+def keeper(tmp_path, fake: FakeSource, clock: Clock | None = None, **flow_overrides: object) -> FlowLedger:
+    state = LedgerState.load(checkpoint_files(str(tmp_path)))
+    return FlowLedger(flow(**flow_overrides), state, fake.earliest, clock=clock or Clock())
 
 
 def test_the_state_file_round_trips_holds_and_positions_and_is_replaced_whole(tmp_path):
-    state = FlowState.load(checkpoint_files(f"file:{tmp_path}"))
+    state = LedgerState.load(checkpoint_files(f"file:{tmp_path}"))
     assert state.where == str(tmp_path / STATE_FILE) and state.quarantined == {} and state.positions == {}
     state.quarantined[TOPIC] = Quarantine("too big", {0: Hold(5, 11), 3: Hold(7, 8)})
     state.positions = {(TOPIC, 0): 11, (TOPIC, 3): 8, ("other", 1): 42}
     state.adopted = {(TOPIC, 0): 9, ("other", 1): 40}
     state.save()
     assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE]  # no temporary file left behind
-    again = FlowState.load(checkpoint_files(str(tmp_path)))
+    again = LedgerState.load(checkpoint_files(str(tmp_path)))
     assert again.quarantined == {TOPIC: Quarantine("too big", {0: Hold(5, 11), 3: Hold(7, 8)})}
     assert again.positions == state.positions and again.adopted == state.adopted
     assert json.loads((tmp_path / STATE_FILE).read_text())["version"] == STATE_VERSION
@@ -80,7 +81,7 @@ def test_the_state_file_round_trips_holds_and_positions_and_is_replaced_whole(tm
 def test_a_state_file_of_another_version_is_refused_naming_the_file_and_what_to_do(tmp_path):
     (tmp_path / STATE_FILE).write_text(json.dumps({"version": STATE_VERSION + 1}))
     with pytest.raises(StateError) as refused:
-        FlowState.load(checkpoint_files(str(tmp_path)))
+        LedgerState.load(checkpoint_files(str(tmp_path)))
     message = str(refused.value)
     assert str(tmp_path / STATE_FILE) in message and f"this mirror reads version {STATE_VERSION}" in message
     assert "move the file away" in message
@@ -89,31 +90,31 @@ def test_a_state_file_of_another_version_is_refused_naming_the_file_and_what_to_
 def test_a_refused_record_holds_its_partition_and_the_hold_grows_until_a_catch_up_writes_exactly_it(tmp_path):
     fake, clock = FakeSource(), Clock()
     q = keeper(tmp_path, fake, clock)
-    q.after_batch([landing(0, 0, 10, held_from=5, refused=1_200_000), landing(1, 0, 10)])
-    assert q.held() == {TOPIC: {0: 5}}
-    assert "partition 0 offset 5 (1200000 bytes)" in q.reasons()[TOPIC]
-    assert q.ready({TOPIC: 2, "other": 1}) == {"other": 1}
+    q.file([landing(0, 0, 10, held_from=5, refused=1_200_000), landing(1, 0, 10)])
+    assert q.held == {TOPIC: {0: 5}}
+    assert "partition 0 offset 5 (1200000 bytes)" in q.quarantined[TOPIC]
+    assert q.quarantines.ready({TOPIC: 2, "other": 1}) == {"other": 1}
     # The query goes on: the next batch holds the whole topic (not ready), and the hold grows to its end.
-    q.after_batch([landing(0, 10, 20, held_from=10), landing(1, 10, 15, held_from=10)])
+    q.file([landing(0, 10, 20, held_from=10), landing(1, 10, 15, held_from=10)])
     assert q.state.quarantined[TOPIC].partitions == {0: Hold(5, 20), 1: Hold(10, 15)}
     q.catch_up({TOPIC: 2}, fake.copy)
     assert fake.copied == [], "a record hold waits RECORD_RETRY_S before it tries again"
     clock.now += RECORD_RETRY_S
     q.catch_up({TOPIC: 2}, fake.copy)
     assert fake.copied == [OffsetRange(TOPIC, 0, 5, 20), OffsetRange(TOPIC, 1, 10, 15)]
-    assert q.reasons() == {} and q.ready({TOPIC: 2}) == {TOPIC: 2}
-    assert FlowState.load(checkpoint_files(str(tmp_path))).quarantined == {}, "the rejoin is saved"
+    assert q.quarantined == {} and q.quarantines.ready({TOPIC: 2}) == {TOPIC: 2}
+    assert LedgerState.load(checkpoint_files(str(tmp_path))).quarantined == {}, "the rejoin is saved"
 
 
 def test_a_catch_up_refused_again_keeps_the_rest_held_from_the_refused_offset(tmp_path):
     fake, clock = FakeSource(), Clock()
     q = keeper(tmp_path, fake, clock)
-    q.after_batch([landing(0, 0, 10, held_from=5, refused=2_000_000)])
+    q.file([landing(0, 0, 10, held_from=5, refused=2_000_000)])
     clock.now += RECORD_RETRY_S
     fake.refuse_at = {0: 8}
     q.catch_up({TOPIC: 1}, fake.copy)
     assert q.state.quarantined[TOPIC].partitions == {0: Hold(8, 10)}
-    assert "offset 8 (9 bytes)" in q.reasons()[TOPIC]
+    assert "offset 8 (9 bytes)" in q.quarantined[TOPIC]
     assert q.state.quarantined[TOPIC].retry_at == clock.now + RECORD_RETRY_S
 
 
@@ -121,22 +122,22 @@ def test_a_topic_the_target_cannot_take_is_held_whole_and_waits_until_it_has_the
     fake = FakeSource()
     q = keeper(tmp_path, fake)
     q.refused({TOPIC: "event hub 'a.orders' does not exist on 'b'; infra must create it"})
-    q.after_batch([landing(0, 0, 7, held_from=0), landing(1, 0, 3, held_from=0)])
+    q.file([landing(0, 0, 7, held_from=0), landing(1, 0, 3, held_from=0)])
     q.catch_up({}, fake.copy)  # still not on the target
     q.catch_up({TOPIC: 1}, fake.copy)  # too few partitions there
     assert fake.copied == []
     q.catch_up({TOPIC: 2}, fake.copy)
     assert fake.copied == [OffsetRange(TOPIC, 0, 0, 7), OffsetRange(TOPIC, 1, 0, 3)]
-    assert q.reasons() == {}
+    assert q.quarantined == {}
 
 
 def test_records_deleted_at_the_source_before_they_were_read_are_reported_once_with_their_range(tmp_path):
     fake = FakeSource()
     q = keeper(tmp_path, fake)
-    q.after_batch([landing(0, 0, 10)])
+    q.file([landing(0, 0, 10)])
     fake.log_start[(TOPIC, 0)] = 15
-    q.after_batch([landing(0, 15, 20)])  # 10..14 were never read: retention took them
-    q.after_batch([landing(0, 22, 30)])  # 20, 21 were never records (compaction, markers): the log starts lower
+    q.file([landing(0, 15, 20)])  # 10..14 were never read: retention took them
+    q.file([landing(0, 22, 30)])  # 20, 21 were never records (compaction, markers): the log starts lower
     assert [(x.topic, x.partition, x.first_offset, x.last_offset, x.count) for x in q.data_loss] == [
         (TOPIC, 0, 10, 14, 5)
     ]
@@ -145,12 +146,12 @@ def test_records_deleted_at_the_source_before_they_were_read_are_reported_once_w
 def test_fail_on_data_loss_stops_the_flow_naming_the_lost_range(tmp_path):
     fake = FakeSource()
     q = keeper(tmp_path, fake, fail_on_data_loss=True)
-    q.after_batch([landing(0, 0, 10)])
+    q.file([landing(0, 0, 10)])
     fake.log_start[(TOPIC, 0)] = 12
     with pytest.raises(
         MirrorFailed, match="records deleted before they were mirrored.*first_offset=10, last_offset=11"
     ):
-        q.after_batch([landing(0, 12, 20)])
+        q.file([landing(0, 12, 20)])
 
 
 def test_state_stays_one_entry_per_partition_over_thousands_of_batches_with_holds_coming_and_going(tmp_path):
@@ -164,16 +165,16 @@ def test_state_stays_one_entry_per_partition_over_thousands_of_batches_with_hold
         refused = batch % 500 == 7
         rows = [
             landing(
-                p, start, end, held_from=start + 3 if refused and p == 2 else (start if TOPIC in q.reasons() else -1)
+                p, start, end, held_from=start + 3 if refused and p == 2 else (start if TOPIC in q.quarantined else -1)
             )
             for p in range(8)
         ]
-        q.after_batch(rows)
+        q.file(rows)
         if batch % 500 == 100:
             clock.now += RECORD_RETRY_S
             q.catch_up({TOPIC: 8}, fake.copy)
         sizes.append(len((tmp_path / STATE_FILE).read_text()))
-    assert q.reasons() == {} and len(q.state.positions) == 8
+    assert q.quarantined == {} and len(q.state.positions) == 8
     assert max(sizes) < 2_000, max(sizes)
     assert all(r.end - r.start <= 940 for r in fake.copied)  # each catch-up owed only what piled up since the hold
     assert len(fake.copied) == 8 * 10  # ten holds, all eight partitions held by the topic's quarantine

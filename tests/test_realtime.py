@@ -6,7 +6,7 @@ import collections
 from types import SimpleNamespace
 
 from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
-from spark_app.realtime import Assignment, CopierTask, LiveCopy
+from spark_app.realtime.task import Assignment, CopierTask, LiveCopy
 
 SOURCE = ClusterConfig(alias="a", bootstrap_servers="127.0.0.1:9", profile="kafka")
 TARGET = ClusterConfig(alias="b", bootstrap_servers="127.0.0.1:9", profile="kafka")
@@ -24,8 +24,8 @@ def outbox(in_flight: dict[tuple[str, int], list[int]]) -> SimpleNamespace:
 
 def test_a_report_ends_each_partition_at_its_first_record_not_yet_delivered_and_then_only_what_changed():
     copy = live_copy({("t", 0): 10, ("t", 1): 20, ("t", 2): 30})
-    copy.parts[("t", 0)].next = 15  # read 10..14, 12..14 still in flight
-    copy.parts[("t", 1)].next = 25  # read and delivered 20..24
+    copy.cursors[("t", 0)].next = 15  # read 10..14, 12..14 still in flight
+    copy.cursors[("t", 1)].next = 25  # read and delivered 20..24
     first = {
         (r.topic, r.partition): (r.first_offset, r.end_offset) for r in copy._report(outbox({("t", 0): [12, 13, 14]}))
     }
@@ -39,7 +39,7 @@ def test_a_report_ends_each_partition_at_its_first_record_not_yet_delivered_and_
 
 def test_a_held_partition_reports_its_hold_once_and_its_end_never_passes_the_held_record():
     copy = live_copy({("t", 0): 0})
-    part = copy.parts[("t", 0)]
+    part = copy.cursors[("t", 0)]
     part.next = 8
     part.landing.hold(5, size=2_000_000)  # refused for size at 5 while 6 and 7 were read
     (row,) = copy._report(outbox({("t", 0): [5, 6, 7]}))
@@ -53,7 +53,7 @@ def test_a_report_over_thousands_of_rounds_never_goes_back_and_covers_every_offs
 
     rng = random.Random(7)
     copy = live_copy({("t", 0): 0})
-    part = copy.parts[("t", 0)]
+    part = copy.cursors[("t", 0)]
     delivered = 0
     covered_to = 0
     for _ in range(5_000):

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 from images.fetch_jars import load_manifest
-from infra.settings import MirrorSpec
+from infra.schema import MirrorSpec
 from infra.versions import pinned
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.settings import AwsSite
+from infra.schema import AwsSite
 
 # AWS SDK v2 providers, which hadoop-aws 3.5 takes as they are: EKS Pod Identity serves credentials from the
 # node's agent (the container credentials endpoint), IRSA from the projected web identity token.

@@ -13,9 +13,9 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.aws.checkpoints import checkpoint_policy
-from infra.settings import AwsSite, MskSpec
+from infra.schema import AwsSite, MskSpec
 from spark_app.config import FlowConfig
-from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
+from spark_app.policy import access, literal_prefix
 
 # Consumer group ids the mirror's own clients carry (the copier, the readers of internal topics; spark_app.clients);
 # they never join or commit, but MSK IAM checks the group id all the same.
@@ -25,21 +25,12 @@ WRITE = [*READ, "kafka-cluster:CreateTopic", "kafka-cluster:AlterTopic", "kafka-
 WRITE_CONFIGS = [*WRITE, "kafka-cluster:AlterTopicDynamicConfiguration"]
 GROUP_READ = ["kafka-cluster:DescribeGroup"]
 GROUP_USE = ["kafka-cluster:DescribeGroup", "kafka-cluster:AlterGroup"]
-_META = set(".^$*+?{}[]\\|()")
 
 
 def regex_to_glob(pattern: str) -> str:
-    """The narrowest IAM wildcard covering a topic regex: its literal prefix, then `*` unless it is all literal."""
-    out, i = "", 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\" and i + 1 < len(pattern) and not pattern[i + 1].isalnum():
-            out, i = out + pattern[i + 1], i + 2
-            continue
-        if ch in _META:
-            return out + "*"
-        out, i = out + ch, i + 1
-    return out
+    """The narrowest IAM wildcard covering a topic or group regex: its literal prefix, then `*` unless that is all."""
+    prefix, whole = literal_prefix(pattern)
+    return prefix if whole else f"{prefix}*"
 
 
 def _statement(actions: list[str], resources: list[str]) -> dict[str, Any]:
@@ -50,27 +41,11 @@ def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> d
     """Least privilege on the IAM-auth MSK clusters among `clusters` (alias -> spec) for these flows."""
     statements = []
     for alias, msk in clusters.items():
-        reads: set[str] = set()
-        writes: set[str] = set()
-        groups_read: set[str] = set()
-        groups_use = {*OWN_GROUPS}
-        for flow in flows:
-            selected = [regex_to_glob(p) for p in flow.topics.include]
-            if flow.source == alias:
-                reads.update(selected)
-                writes.add(HEARTBEATS_TOPIC)  # the mirror emits heartbeats on the source
-                if flow.offset_syncs_location == "source":
-                    writes.add(offset_syncs_topic(flow))
-                groups_read.update(regex_to_glob(p) for p in flow.groups.include)
-            if flow.target == alias:
-                writes.update(target_topic(flow, t) for t in [*selected, HEARTBEATS_TOPIC])
-                writes.add(checkpoints_topic(flow))
-                if flow.offset_syncs_location == "target":
-                    writes.add(offset_syncs_topic(flow))
-                if flow.dead_letter_topic:
-                    writes.add(flow.dead_letter_topic)
-                if flow.sync_group_offsets:
-                    groups_use.update(regex_to_glob(p) for p in flow.groups.include)
+        grant = access(flows, alias)
+        reads = {regex_to_glob(t) for t in grant.read}
+        writes = {regex_to_glob(t) for t in grant.created}
+        groups_read = {regex_to_glob(g) for g in grant.groups_described}
+        groups_use = {*OWN_GROUPS, *(regex_to_glob(g) for g in grant.groups_altered)}
         if not (reads or writes):
             continue
         on_cluster = [

@@ -12,7 +12,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.settings import AwsSite, MskSpec
+from infra.schema import AwsSite, MskSpec
 
 STACK_TAG = "mirrorkit.io/stack"
 

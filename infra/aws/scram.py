@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.settings import MskSpec
+from infra.schema import MskSpec
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ import pulumi
 from pulumi_azure_native import resources
 from pulumi_azure_native.eventhub import v20240501preview as eventhub
 
-from infra.settings import EventHubsSpec, HubSpec, Tier
+from infra.hubs import HubSpec
+from infra.schema import EventHubsSpec, Tier
 
 RULE_NAME = "mirrorkit"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -136,11 +137,11 @@ class MirrorNamespace(pulumi.ComponentResource):
         )
 
 
-def _tcp(port: int) -> dict:
+def _tcp(port: int) -> dict[str, Any]:
     return {"protocol": "TCP", "port": port}
 
 
-def network_policy_spec(args: MirrorNamespaceArgs) -> dict:
+def network_policy_spec(args: MirrorNamespaceArgs) -> dict[str, Any]:
     """Allow only what Spark and the mirror use: its own pods, DNS, the API server, Kafka, the metrics scrape."""
     same_app = {"podSelector": {"matchLabels": APP_LABELS}}
     egress = [

@@ -1,6 +1,7 @@
-"""The mirror's ACLs on a self-managed Kafka cluster, least privilege, derived from the flows and spark_app's naming
-policy: read the source topics and describe their groups; write the target copies; its own internal topics; and
-heartbeats on the source when the flow emits them. The program sets them with an admin credential of its own."""
+"""The mirror's ACLs on a self-managed Kafka cluster, least privilege, rendered from its access set there
+(spark_app.policy.access): read the source topics and describe their groups; write the target copies; its own
+internal topics; and heartbeats on the source when the flow emits them. The program sets them with an admin
+credential of its own."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kafka as kafka
 
-from infra.aws.identity import regex_to_glob
-from infra.settings import ADMIN_PREFIX, KafkaSpec
+from infra.schema import ADMIN_PREFIX, KafkaSpec
 from spark_app.config import FlowConfig
-from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
+from spark_app.policy import access, literal_prefix
 
 READ = ("Read", "Describe", "DescribeConfigs")
 WRITE = ("Write", "Describe", "Create", "DescribeConfigs", "AlterConfigs")  # topic sync creates and configures
@@ -30,47 +30,26 @@ class AclSpec:
     operation: str
 
 
-def _selected(pattern: str) -> tuple[str, str]:
-    """(pattern type, name) of the narrowest ACL covering a regex: its literal prefix, or the whole literal name."""
-    glob = regex_to_glob(pattern)
-    if glob == "*":
-        return "Literal", "*"
-    return ("Prefixed", glob[:-1]) if glob.endswith("*") else ("Literal", glob)
+def _pattern(regex: str) -> tuple[str, str]:
+    """(pattern type, name) of the narrowest ACL covering a regex: the whole literal name, or its literal prefix."""
+    prefix, whole = literal_prefix(regex)
+    if whole or not prefix:
+        return "Literal", prefix or "*"
+    return "Prefixed", prefix
 
 
 def mirror_acls(alias: str, flows: Sequence[FlowConfig]) -> list[AclSpec]:
-    """Every ACL the mirror needs on cluster `alias` for these flows, and nothing more."""
-    out: set[AclSpec] = set()
-
-    def allow(kind: str, pattern: str, name: str, operations: Sequence[str]) -> None:
-        out.update(AclSpec(kind, pattern, name, op) for op in operations)
-
-    for flow in flows:
-        topics = [_selected(p) for p in flow.topics.include]
-        groups = [_selected(p) for p in flow.groups.include]
-        if flow.source == alias:
-            for pattern, name in topics:
-                allow("Topic", pattern, name, READ)
-            for pattern, name in groups:  # committed offsets, to translate them
-                allow("Group", pattern, name, ("Describe",))
-            if flow.emit_heartbeats:
-                allow("Topic", "Literal", HEARTBEATS_TOPIC, EMIT)
-            if flow.offset_syncs_location == "source":
-                allow("Topic", "Literal", offset_syncs_topic(flow), OWN)
-        if flow.target == alias:
-            for pattern, name in topics:
-                allow("Topic", pattern, target_topic(flow, name) if name != "*" else name, WRITE)
-            own = [checkpoints_topic(flow), target_topic(flow, HEARTBEATS_TOPIC)]
-            if flow.offset_syncs_location == "target":
-                own.append(offset_syncs_topic(flow))
-            for name in own:
-                allow("Topic", "Literal", name, OWN)
-            if flow.dead_letter_topic:
-                allow("Topic", "Literal", flow.dead_letter_topic, EMIT)
-            if flow.sync_group_offsets:  # altering a group's offsets needs Read on it
-                for pattern, name in groups:
-                    allow("Group", pattern, name, ("Read", "Describe"))
-    return sorted(out)
+    """Every ACL the mirror needs on cluster `alias` for these flows (spark_app.policy.access), and nothing more."""
+    grant = access(flows, alias)
+    rights = (
+        ("Topic", grant.read, READ),
+        ("Topic", grant.written, WRITE),
+        ("Topic", grant.owned, OWN),
+        ("Topic", grant.dead_letters, EMIT),
+        ("Group", grant.groups_described, ("Describe",)),  # committed offsets, to translate them
+        ("Group", grant.groups_altered, ("Read", "Describe")),  # altering a group's offsets needs Read on it
+    )
+    return sorted({AclSpec(kind, *_pattern(p), op) for kind, patterns, ops in rights for p in patterns for op in ops})
 
 
 @dataclass(frozen=True)

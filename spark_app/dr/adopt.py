@@ -11,7 +11,7 @@ cluster's `offset.storage.topic`. Adoption:
   `heartbeats` topic are fresh (unless forced). A killed MM2 keeps its members until Connect's session timeout
   (`session.timeout.ms`, 10 s by default) passes;
 - refuses a flow whose Spark checkpoint already holds positions: they are the mirror's own, newer than MM2's;
-- writes N + 1 per partition into the flow's state beside the checkpoint (spark_app.quarantine.FlowState), where
+- writes N + 1 per partition into the flow's state beside the checkpoint (spark_app.ledger.LedgerState), where
   the planner starts each partition its checkpoint does not hold yet; a partition of an MM2 topic with no committed
   position starts at its log start (MM2 may have copied some of it: duplicates, never a gap);
 - seeds the flow's offset syncs with MM2's history: each of MM2's offset syncs (`mm2-offset-syncs.<target>.internal`,
@@ -37,10 +37,11 @@ from confluent_kafka import Message
 from confluent_kafka.admin import OffsetSpec
 
 from .. import clients
+from ..clients import Partition
 from ..config import FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
+from ..ledger import LedgerState
 from ..policy import HEARTBEATS_TOPIC, offset_syncs_topic, should_mirror, target_topic
-from ..quarantine import FlowState
 from ..storage import CheckpointFiles, checkpoint_files
 from .formats import Heartbeat, OffsetSync, decode_or_none
 from .internal import ensure_topic, offset_syncs_cluster, read_checkpoints, read_offset_syncs
@@ -49,8 +50,6 @@ from .syncs import Run
 
 CONNECTOR_SUFFIX = "MirrorSourceConnector"  # dedicated mode's name; Strimzi's is `<source>-><target>.` + this
 HEARTBEAT_QUIET_S = 30.0  # MM2 counts as running while its newest heartbeat on the target is younger
-
-Partition = tuple[str, int]
 
 
 def default_offsets_topic(flow: FlowConfig) -> str:
@@ -134,7 +133,7 @@ def adopt(config: MirrorConfig, flow: FlowConfig, options: AdoptOptions) -> Adop
         next_offset = positions[tp] + 1 if committed else starts[tp]
         result.partitions.append(AdoptedPartition(*tp, next_offset, committed, tuple(runs.get(tp, ()))))
     write_offset_syncs(config, flow, runs)
-    state = FlowState.load(files)
+    state = LedgerState.load(files)
     for p in result.partitions:
         state.adopted[(p.topic, p.partition)] = p.next_offset
         state.positions[(p.topic, p.partition)] = p.next_offset

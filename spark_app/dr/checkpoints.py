@@ -16,10 +16,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ..clients import Partition
 from ..config import FlowConfig, GroupSelection
 from ..policy import should_mirror, target_topic
 from .formats import Checkpoint
-from .groups import Committed, GroupCommit, Partition
+from .groups import Committed, GroupCommit
 from .syncs import SyncStore, Translation
 
 CheckpointKey = tuple[str, str, int]  # (group, target topic, partition)

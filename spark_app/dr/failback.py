@@ -27,10 +27,11 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from .. import clients
+from ..clients import Partition
 from ..config import ClusterConfig, ConfigError, FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
-from ..policy import HEARTBEATS_TOPIC, PROVENANCE_HEADER, drops_record, should_mirror, target_topic
-from .groups import ClusterGroups, GroupCommit, Partition
+from ..policy import HEARTBEATS_TOPIC, PROVENANCE_HEADER, drops_record, origin, should_mirror, target_topic
+from .groups import ClusterGroups, GroupCommit
 from .views import failover_plan, flow_status
 
 
@@ -122,8 +123,8 @@ def dropped_tail(cluster: ClusterConfig, flow: FlowConfig, topic: str, partition
                 continue
             headers = msg.headers() or []  # a consumed record's headers come as a list of (key, value)
             pairs = headers.items() if isinstance(headers, dict) else headers
-            origin = next((v for k, v in pairs if k == PROVENANCE_HEADER), None)
-            if not drops_record(flow, origin):
+            stamp = next((v for k, v in pairs if k == PROVENANCE_HEADER), None)
+            if not drops_record(flow, origin(stamp) if stamp is not None else None):
                 return False
             if (msg.offset() or 0) + 1 >= end:
                 return True

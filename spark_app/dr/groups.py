@@ -8,9 +8,8 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .. import clients
+from ..clients import Partition
 from ..config import ClusterConfig, GroupSelection
-
-Partition = tuple[str, int]  # (topic, partition)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from .. import clients
+from ..clients import Partition, PartitionOffsets
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
 from ..policy import HEARTBEATS_TOPIC, checkpoints_topic, echoes_back, offset_syncs_topic, target_topic
 from .formats import Checkpoint, Heartbeat, OffsetSync, decode_or_none
@@ -82,8 +83,6 @@ def target_start(target: AdminClient, topic: str, partition: int) -> int:
     return clients.log_ranges(target, [(topic, partition)])[(topic, partition)][0]
 
 
-def source_ends(
-    source: ClusterConfig, partitions: list[tuple[str, int]], timeout_s: float
-) -> dict[tuple[str, int], int]:
+def source_ends(source: ClusterConfig, partitions: list[Partition], timeout_s: float) -> PartitionOffsets:
     """End offsets of source partitions, in one batched request answered within `timeout_s`."""
     return clients.list_offsets(clients.admin(source), partitions, OffsetSpec.latest(), timeout_s=timeout_s)

@@ -16,13 +16,14 @@ from collections.abc import Callable, Iterable
 from confluent_kafka import KafkaException, Producer
 
 from .. import clients
+from ..clients import Partition
 from ..config import FlowConfig, MirrorConfig
 from ..metrics import MirrorMetrics
 from ..policy import HEARTBEATS_TOPIC, checkpoints_topic, echoes_back, offset_syncs_topic
 from ..ranges import Landing
 from .checkpoints import CheckpointTask
 from .formats import Checkpoint, Heartbeat, OffsetSync
-from .groups import ClusterGroups, GroupCommit, Partition
+from .groups import ClusterGroups, GroupCommit
 from .heartbeats import HeartbeatTask
 from .internal import (
     ensure_topic,

@@ -41,6 +41,8 @@ import bisect
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from ..clients import Partition
+
 # Recent runs kept per partition, beside the ones groups need. A topic with few gaps needs one; a transactional
 # topic breaks a run at every commit marker, so this is about MAX_RUNS transactions of exact history.
 MAX_RUNS = 256
@@ -48,8 +50,6 @@ MAX_RUNS = 256
 MAX_LOCAL_SPANS = 256
 # What a synced record holds: a mirrored run, an echo run, or a local span (written as a run onto itself).
 MIRRORED, ECHO, LOCAL = 0, 1, 2
-
-Partition = tuple[str, int]  # (source topic, partition)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
 
+from ..clients import Partition
 from ..config import FlowConfig, MirrorConfig
 from ..policy import target_topic
-from .groups import ClusterGroups, GroupCommit, Partition
+from .groups import ClusterGroups, GroupCommit
 from .internal import newest_heartbeat_ms, read_checkpoints, read_offset_syncs, source_ends
 from .syncs import SyncStore
 

@@ -17,7 +17,7 @@ import yaml
 from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor
 
-from infra.settings import PROJECT
+from infra.naming import PROJECT
 
 EVENTHUB = "azure-native:eventhub/v20240501preview"  # the API version infra/azure/eventhubs.py uses
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
@@ -132,7 +132,7 @@ def stack_values(path: Path) -> dict[str, Any]:
 
 def credentials_for(values: dict[str, Any]) -> dict[str, dict[str, str]]:
     """What `pulumi config set --secret` would hold for a stack: a sentinel per credential it needs."""
-    from infra.settings import ClusterSpec
+    from infra.schema import ClusterSpec
 
     creds: dict[str, dict[str, str]] = {}
     for raw in values.get(f"{PROJECT}:clusters", []):

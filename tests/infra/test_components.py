@@ -13,16 +13,16 @@ from infra.aws.network import MskReach, MskReachArgs
 from infra.aws.scram import MskScramUser, MskScramUserArgs
 from infra.azure.eventhubs import EventHubs, EventHubsArgs
 from infra.azure.identity import DATA_ROLES, MirrorEntraIdentity, MirrorEntraIdentityArgs
-from infra.k8s.mirror import ALERT_METRICS, Mirror, MirrorArgs
+from infra.hubs import HubSpec
+from infra.k8s.mirror_app import ALERT_METRICS, MirrorApplication, MirrorApplicationArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import CHART_VERSION, SparkOperator, SparkOperatorArgs
-from infra.settings import (
+from infra.schema import (
     Alerts,
     AwsSite,
-    Checkpoint,
+    CheckpointStore,
     EventHubsSpec,
     ExecutorResources,
-    HubSpec,
     MskSpec,
     Pvc,
     Resources,
@@ -362,7 +362,7 @@ def test_spark_operator_chart_is_pinned_and_watches_only_the_mirror_namespace():
     assert chart.plain["values"]["spark"]["rbac"] == {"create": False}
 
 
-def mirror_args(**changes) -> MirrorArgs:
+def mirror_args(**changes) -> MirrorApplicationArgs:
     defaults = dict(
         namespace="mk",
         service_account="mirrorkit",
@@ -373,17 +373,17 @@ def mirror_args(**changes) -> MirrorArgs:
         secret_names={"dr": "mirrorkit-dr"},
         driver=Resources(cores=1, memory="2g"),
         executor=ExecutorResources(instances=3, cores=2, memory="4g"),
-        checkpoint=Checkpoint(pvc=Pvc(size="5Gi")),
+        checkpoint=CheckpointStore(pvc=Pvc(size="5Gi")),
         metrics_port=9404,
         monitoring=True,
         alerts=Alerts(),
     )
-    return MirrorArgs(**(defaults | changes))
+    return MirrorApplicationArgs(**(defaults | changes))
 
 
 def test_mirror_runs_the_cli_with_its_config_and_checkpoint_pvc():
     async def body():
-        Mirror("m", mirror_args())
+        MirrorApplication("m", mirror_args())
         return {}
 
     run = run_pulumi(body, {})
@@ -430,7 +430,7 @@ def test_mirror_runs_the_cli_with_its_config_and_checkpoint_pvc():
 
 def test_mirror_with_object_storage_and_no_monitoring_has_no_pvc_or_monitors():
     async def body():
-        Mirror("m", mirror_args(checkpoint=Checkpoint(url="s3a://bucket/x"), monitoring=False))
+        MirrorApplication("m", mirror_args(checkpoint=CheckpointStore(url="s3a://bucket/x"), monitoring=False))
         return {}
 
     run = run_pulumi(body, {})

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from kubeflow_spark_api.models import SparkV1beta2SparkApplication
 
-from infra.settings import MSK_PORTS
+from infra.schema import MSK_PORTS
 from policies.rules import RULES, spark_application_is_complete
 from tests.infra.harness import CONNECTION_STRING, EVENTHUB, STACKS, Run, is_secret, sentinel
 
@@ -76,7 +76,7 @@ def test_each_event_hub_has_at_least_its_source_topics_partitions(stack, stack_r
     settings_sources = {
         (f"{c.alias}{'.'}{t}"): spec.partitions
         for c in run.result["settings"].model.clusters
-        for t, spec in c.topics.items()
+        for t, spec in c.source_topic_sizes.items()
     }
     hubs = run.of_type(f"{EVENTHUB}:EventHub")
     assert bool(hubs) == bool(run.result["topology"].event_hubs)

@@ -12,7 +12,7 @@ import pulumi
 import pytest
 import yaml
 
-from infra.k8s.mirror import Mirror
+from infra.k8s.mirror_app import MirrorApplication
 from infra.settings import load_settings
 from spark_app.config import ConfigError
 from tests.infra.harness import (
@@ -80,9 +80,9 @@ def test_executors_get_the_cloud_identity_too():
 
 def test_a_config_change_changes_the_spark_application_spec():
     async def body():
-        Mirror("a", mirror_args(config_yaml="version: 1\n"))
-        Mirror("b", mirror_args(config_yaml="version: 1\n"))
-        Mirror("c", mirror_args(config_yaml="version: 1\nflows: []\n"))
+        MirrorApplication("a", mirror_args(config_yaml="version: 1\n"))
+        MirrorApplication("b", mirror_args(config_yaml="version: 1\n"))
+        MirrorApplication("c", mirror_args(config_yaml="version: 1\nflows: []\n"))
         return {}
 
     run = run_pulumi(body, {})

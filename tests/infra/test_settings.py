@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
-from infra.settings import PROJECT, load_settings
+from infra.naming import PROJECT
+from infra.settings import load_settings
 from spark_app.config import ConfigError
 from tests.infra.harness import ROOT, STACKS, set_config, stack_values, with_secrets
 
 DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
 ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
+ONPREM = ROOT / "stacks" / "Pulumi.onprem-to-msk.yaml"
 
 
 def refused(values: dict[str, Any]) -> str:
@@ -86,6 +88,19 @@ def test_an_identity_loop_is_refused():
 def test_a_flow_into_event_hubs_needs_the_source_topic_sizes():
     values = edited(DR, clusters=lambda c: c[0]["topics"].pop("payments"))
     assert f"{PROJECT}:clusters[0].topics.payments: missing; the event hub for it is sized" in refused(values)
+
+
+def test_a_self_managed_scram_cluster_without_its_user_is_named_at_the_kafka_key():
+    values = edited(ONPREM, clusters=lambda c: c[0]["kafka"].update(auth="scram", acls=None))
+    assert f"{PROJECT}:clusters[0].kafka.username: give the mirror's SCRAM user" in refused(values)
+
+
+def test_a_java_client_name_in_client_overrides_is_named_at_the_cluster():
+    values = edited(DR, clusters=lambda c: c[1].update(client_overrides={"max.request.size": "1048576"}))
+    assert (
+        f"{PROJECT}:clusters[1]: client_overrides.max.request.size: a Kafka Java client name; the mirror's clients"
+        " are librdkafka, which calls it 'message.max.bytes'"
+    ) in refused(values)
 
 
 def test_a_runtime_setting_is_named_under_mirror_runtime():

@@ -1,21 +1,11 @@
-"""The copy path: copy planned source offset ranges to the target and say where each record landed.
+"""The per-record path: each source record written to the target as the flow's policy says, and where it landed.
 
-Spark plans every micro-batch as offset ranges, one per source topic-partition (spark_app.planner), and hands
-them to `RangeCopier` through `mapInArrow`, so a batch's ranges are copied in parallel, each in source order.
-Each Python task reads its ranges with one librdkafka consumer and writes them with one idempotent producer:
-records never cross from the JVM to Python and back, which is what made this path about twice as fast as reading
-with Spark's Kafka source and writing from Arrow batches (bench/). Each record keeps its key, value, headers
-(order and duplicates), partition and original timestamp. Secrets are resolved on the worker from the same env
-vars and files as on the driver, so they never travel in a task.
-
-For every range it hands back one landing row: the last source offset written and the target offset it landed at
-(an offset sync), with counts and a replication-latency histogram (bucket counts and sum, measured per record in
-the delivery callback). A record the target refuses for size goes to the flow's dead-letter topic when there is
-one. Otherwise its partition is held from that record on: nothing after it is written (order), and the row says
-which offsets were held (`held_from`, `held_until`) so the driver quarantines the topic and catches it up later.
-A range of a topic that is not `ready` (quarantined, or not yet that many partitions on the target) is held whole
-the same way, without reading it. So is the rest of a range whose source partition serves nothing while the source
-answers (its leader offline): the batch ends, and the topic catches up once the partition is back.
+Both modes drive it (spark_app.range_copy for micro-batches, spark_app.realtime for long-running tasks) through one
+narrow function, `copy_some`: take what the consumer has, pass each record through the `Outbox`, and account every
+delivery into its partition's `Landing`. A compiled core would replace `copy_some` and the `Outbox` under it and keep
+their contract: per source partition a `Cursor` (its landing, its next offset, where it stops); records written in
+source order with the source's key, value, headers (order and duplicates), partition and timestamp, and the identity
+policy's provenance header; echoes dropped; a record the target refuses held, or dead-lettered.
 """
 
 from __future__ import annotations
@@ -23,26 +13,17 @@ from __future__ import annotations
 import collections
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol, cast
 
-import pyarrow as pa
-from confluent_kafka import (
-    TIMESTAMP_CREATE_TIME,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, KafkaError, KafkaException, Message, Producer
 
-from . import clients
-from .config import ClusterConfig, FlowConfig
+from .clients import Partition
+from .config import FlowConfig
 from .errors import DeliveryFailed
 from .policy import PROVENANCE_HEADER, drops_record, origin, provenance, target_topic
-from .ranges import LATENCY_BOUNDS_MS, Landing, OffsetRange, landed_arrow_schema
+from .ranges import LATENCY_BOUNDS_MS, Landing
 
 DLQ_PREFIX = "mirrorkit.dlq."
 # Throughput settings measured in bench/; acks=all and idempotence keep order and avoid duplicates on retry.
@@ -70,19 +51,6 @@ CONSUMER_DEFAULTS = {
     "fetch.max.bytes": 52_428_800,
     "max.partition.fetch.bytes": 10_485_760,
 }
-CONSUME_BATCH = 10_000
-CONSUME_WAIT_S = 0.1
-READ_STALL_S = 300.0  # a range that makes no progress this long fails the batch (the source stopped answering)
-
-# A partition with records left that reads nothing this long is looked up in the source's metadata, and held at once
-# when it has no leader (its broker offline). A fetch waits at most 500 ms (librdkafka's fetch.wait.max.ms), so 5 s
-# of silence is well past a normal fetch; the look-up alone holds nothing.
-LEADER_CHECK_S = 5.0
-# A partition whose named leader serves nothing this long is held too (a broker the controller sees but the mirror
-# cannot reach). Well above a slow fetch across a WAN, and far below READ_STALL_S, which still fails the batch when
-# the whole source stops answering (its metadata too): then no partition is held.
-PARTITION_STALL_S = 60.0
-
 METADATA_WAIT_S = 60.0
 # Delivery errors that concern one topic or record, not the target: the partition holds from the refused record and
 # its topic is quarantined (spark_app.quarantine) while the others go on. Any other delivery error fails the batch.
@@ -97,8 +65,6 @@ TOPIC_SCOPED_ERRORS = frozenset(
     }
 )
 
-
-Partition = tuple[str, int]  # (topic, partition)
 Headers = list[tuple[str, str | bytes | None]]  # as confluent-kafka types them; consumed values are bytes or None
 
 
@@ -124,127 +90,73 @@ def producer_settings(max_message_bytes: int | None) -> dict[str, object]:
     return settings
 
 
-class RangeCopier:
-    """A picklable `mapInArrow` function for one flow: its input rows are offset ranges (RANGE_SCHEMA).
+@dataclass
+class Cursor:
+    """One source partition a copy reads: the landing its records go to now, the offset after the last one read
+    (or the log end an end-of-log event gave), and where it stops (None: it never does)."""
 
-    `ready` maps each source topic that may be written to its partition count on the target; ranges of other
-    topics or partitions are held, not read. None writes everything. `max_message_bytes` is the smallest record
-    batch the flow's target topics take (their `max.message.bytes`): the producer never builds a larger request, so
-    the broker refuses a record only when it alone is too large, never a batch of records that fit.
+    landing: Landing
+    next: int
+    stop: int | None = None
+    seen: bool = False  # an event of it was read: the first one fixes where its landing starts
+    done: bool = False  # its stop reached, or held from a refused record: what the consumer fetched past is skipped
+    # Landings ended early because the partition's offsets went backwards, to be filed before the current one.
+    retired: list[Landing] = field(default_factory=list)
+
+
+def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: Outbox, most: int, wait_s: float) -> int:
+    """Read what the consumer has (at most `most` events, waiting at most `wait_s`), write each record of a partition
+    not done through `outbox`, and move the cursors; returns how many records it passed on (written, dropped as
+    echoes, or held).
+
+    A partition is done once it reaches its stop or a record of it is refused (its cursor's `done`); the caller stops
+    fetching it. An offset below where a partition stood means its offsets went backwards (the topic deleted and made
+    again, or truncated): what was sent is delivered first, its landing is retired, and a new one says where it
+    started over.
     """
+    taken = 0
+    # Read from assigned partitions, so topic, partition and offset are set (the stubs say Optional).
+    for msg in cast(list[Record], consumer.consume(max(1, most), wait_s)):
+        key = (msg.topic(), msg.partition())
+        cursor = cursors.get(key)
+        if cursor is None or cursor.done:  # fetched past its stop, or already held
+            continue
+        offset, stop = msg.offset(), cursor.stop
+        if msg.error() is not None:  # the log's end: no record, but the position moves past markers
+            end_of_log(outbox.flow, msg)
+            _first_event(cursor, offset)
+            cursor.next = max(cursor.next, offset)
+            cursor.done = stop is not None and cursor.next >= stop
+            continue
+        if stop is not None and offset >= stop:
+            cursor.done = True
+            continue
+        if cursor.seen and offset < cursor.next:
+            _went_back(cursor, key, offset, outbox)
+        _first_event(cursor, offset)
+        cursor.next = offset + 1
+        taken += 1
+        if not outbox.send(msg, key, offset, cursor.landing) or (stop is not None and cursor.next >= stop):
+            cursor.done = True
+    outbox.producer.poll(0)  # serve delivery reports as we go, so they do not pile up until the flush
+    return taken
 
-    def __init__(
-        self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, ready: dict[str, int] | None = None,
-        max_message_bytes: int | None = None,
-    ) -> None:  # fmt: skip
-        self.flow = flow
-        self.source = source
-        self.target = target
-        self.ready = ready
-        self.producer_settings = producer_settings(max_message_bytes)
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        ranges = [OffsetRange(**row) for batch in batches for row in batch.to_pylist()]
-        landings = self.copy(ranges)
-        yield pa.RecordBatch.from_pylist([vars(x) for x in landings], schema=landed_arrow_schema())
+def _first_event(cursor: Cursor, offset: int) -> None:
+    """The first event read fixes where the landing starts: past its start, retention deleted what lay between (the
+    ledger reports it)."""
+    if not cursor.seen:
+        cursor.seen = True
+        cursor.landing.first_offset = offset if cursor.stop is None else min(offset, cursor.stop)
 
-    def copy(self, ranges: list[OffsetRange]) -> list[Landing]:
-        """Copy every range, each partition in order; one landing per range."""
-        producer = clients.shared_producer(self.target, self.producer_settings)
-        landings: dict[tuple[str, int], Landing] = {}
-        ends: dict[tuple[str, int], int] = {}
-        for r in ranges:
-            landing = Landing(r.topic, r.partition, r.end, r.end, reset_from=r.reset_from)
-            landings[(r.topic, r.partition)] = landing
-            if self.ready is not None and r.partition >= self.ready.get(r.topic, 0):
-                landing.first_offset = r.start
-                landing.hold(r.start)
-            elif r.end > r.start:
-                ends[(r.topic, r.partition)] = r.end
-        if ends:
-            self._copy_open(ranges, ends, landings, producer)
-        return list(landings.values())
 
-    def _copy_open(
-        self, ranges: list[OffsetRange], ends: dict[Partition, int], landings: dict[Partition, Landing],
-        producer: Producer,
-    ) -> None:  # fmt: skip
-        consumer = clients.shared_consumer(self.source, CONSUMER_DEFAULTS)
-        assignment = [TopicPartition(r.topic, r.partition, r.start) for r in ranges if (r.topic, r.partition) in ends]
-        consumer.assign(assignment)
-        outbox = Outbox(self.flow, producer, landings.__getitem__)
-
-        def close(key: Partition) -> None:
-            """A partition's range is done, or held from a refused record on: what the consumer fetched past its end
-            is skipped. (Pausing it instead left it paused in librdkafka when a later task assigned it again.)"""
-            del open_[key]
-
-        # (landing, range end) per source partition: one lookup per record
-        open_: dict[Partition, tuple[Landing, int]] = {}
-        for key, end in ends.items():
-            outbox.open(key)
-            open_[key] = (landings[key], end)
-        first_seen: set[Partition] = set()
-        reached = {(r.topic, r.partition): r.start for r in ranges if (r.topic, r.partition) in ends}  # next to read
-        watch = PartitionWatch(reached, time.monotonic())
-        send = outbox.send
-        progress_at = time.monotonic()
-        # consume() returns once it has as many messages as asked, or at its timeout: ask for no more than the
-        # ranges still hold, so a small batch (continuous mode) does not wait out the timeout.
-        left = sum(r.end - r.start for r in ranges if (r.topic, r.partition) in ends)
-        while open_:
-            # Read from assigned partitions, so topic, partition and offset are set (the stubs say Optional).
-            messages = cast(list[Record], consumer.consume(max(1, min(CONSUME_BATCH, left)), CONSUME_WAIT_S))
-            if time.monotonic() >= watch.look_at:  # a partition the source does not serve holds from where it is
-                idle = watch.idle(open_, time.monotonic())
-                for key, why in unreadable(idle, self._leaders(consumer, idle), self.source.alias).items():
-                    landings[key].first_offset = min(landings[key].first_offset, reached[key])
-                    landings[key].hold(reached[key], error=why)
-                    close(key)
-            if not messages:
-                if time.monotonic() - progress_at > READ_STALL_S:
-                    raise DeliveryFailed(
-                        f"flow {self.flow.name}: no progress reading cluster '{self.source.alias}'"
-                        f" ({self.source.bootstrap_servers}) for {READ_STALL_S:.0f}s; still open: {sorted(open_)[:3]}"
-                    )
-                continue
-            progress_at = time.monotonic()
-            for msg in messages:
-                key = (msg.topic(), msg.partition())
-                state = open_.get(key)
-                if state is None:  # fetched past its range, or already closed
-                    continue
-                landing, end = state
-                offset, err = msg.offset(), msg.error()
-                reached[key] = offset if err is not None else offset + 1  # an event's offset is the next one to read
-                if key not in first_seen:
-                    first_seen.add(key)
-                    landing.first_offset = min(offset, end)
-                if err is not None or offset >= end:  # the log's end (EOF), or past the range
-                    end_of_log(self.flow, msg)
-                    if offset >= end:
-                        close(key)
-                    continue
-                left -= 1
-                if not send(msg, key, offset, landing) or offset + 1 >= end:
-                    close(key)
-            producer.poll(0)  # serve delivery reports as we go, so they do not pile up until the flush
-        consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
-        outbox.flush(300)
-        outbox.settle()
-
-    @staticmethod
-    def _leaders(consumer: Consumer, idle: Iterable[Partition]) -> dict[Partition, int] | None:
-        """Each partition of the idle partitions' topics with its leader as the source's metadata names it now (-1:
-        none); None when the source does not answer (READ_STALL_S covers that)."""
-        leaders: dict[Partition, int] = {}
-        try:
-            for topic in {t for t, _ in idle}:
-                metadata = consumer.list_topics(topic, timeout=clients.METADATA_CHECK_S).topics[topic]
-                leaders |= {(topic, p): m.leader for p, m in metadata.partitions.items()}
-        except KafkaException:
-            return None
-        return leaders
+def _went_back(cursor: Cursor, key: Partition, offset: int, outbox: Outbox) -> None:
+    """Deliver what was sent, retire the partition's landing where it stood, and start one that says it went back."""
+    outbox.flush(300)
+    outbox.settle()
+    cursor.landing.end_offset = cursor.next
+    cursor.retired.append(cursor.landing)
+    cursor.landing = Landing(key[0], key[1], offset, offset, reset_from=cursor.next)
 
 
 def end_of_log(flow: FlowConfig, msg: Record) -> None:
@@ -295,13 +207,14 @@ class Outbox:
         sent."""
         value, headers = msg.value(), msg.headers()
         if self._identity:
-            came_from = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
+            stamp = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
+            came_from = origin(stamp) if stamp is not None else None
             if drops_record(self.flow, came_from):
                 assert came_from is not None  # drops_record says it is a provenance value
                 landing.dropped += 1
-                landing.echoed(offset, origin(came_from)[1])
+                landing.echoed(offset, came_from[1])
                 return True
-            if self._stamp and came_from is None:
+            if self._stamp and stamp is None:
                 stamp_header = (PROVENANCE_HEADER, provenance(self.flow.source, offset))
                 headers = [*headers, stamp_header] if headers else [stamp_header]
         key, ts = msg.key(), msg.timestamp()[1]
@@ -429,44 +342,6 @@ class Outbox:
             self.landing_of((r.topic, r.partition)).dead_lettered += 1
         if self.producer.flush(60) or errors:
             raise DeliveryFailed(f"flow {self.flow.name}: dead-letter writes failed: {errors[:3]}")
-
-
-class PartitionWatch:
-    """How long each partition of a copy has read nothing: `reached` (each partition's next offset to read, which the
-    copy loop keeps) is compared with what it was at the previous look, at most once a second."""
-
-    def __init__(self, reached: dict[Partition, int], now: float) -> None:
-        self.reached = reached
-        self._seen = dict(reached)
-        self._since = dict.fromkeys(reached, now)
-        self.look_at = now + LEADER_CHECK_S
-
-    def idle(self, partitions: Iterable[Partition], now: float) -> dict[Partition, float]:
-        """Those of `partitions` that read nothing for LEADER_CHECK_S or more, with for how many seconds."""
-        self.look_at = now + 1.0
-        out: dict[Partition, float] = {}
-        for key in partitions:
-            if self.reached[key] != self._seen[key]:
-                self._seen[key], self._since[key] = self.reached[key], now
-            elif now - self._since[key] >= LEADER_CHECK_S:
-                out[key] = now - self._since[key]
-        return out
-
-
-def unreadable(idle: dict[Partition, float], leaders: dict[Partition, int] | None, source: str) -> dict[Partition, str]:
-    """Which idle partitions (seconds without a read) to hold, with why: those the source's metadata gives no leader,
-    and those whose named leader served nothing for PARTITION_STALL_S. None of them when the source's metadata did not
-    answer either (`leaders` None): the whole source is down, and the batch waits (READ_STALL_S)."""
-    if leaders is None:
-        return {}
-    out: dict[Partition, str] = {}
-    for key, seconds in idle.items():
-        leader, stalled = leaders.get(key, -1), f"no progress reading partition for {seconds:.0f} s"
-        if leader < 0:
-            out[key] = f"{stalled}: source '{source}' names no leader for it (leader offline?)"
-        elif seconds >= PARTITION_STALL_S:
-            out[key] = f"{stalled} from source '{source}' (leader {leader} unreachable?)"
-    return out
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The mirror itself: its rendered config, the SparkApplication running the image, and its alerting rules.
+"""The mirror as a Kubernetes application: its rendered config, the SparkApplication running the image, and its
+alerting rules.
 
 Objects are spelt in Kubernetes' own camelCase field names, as the API reference and the policy pack read them.
 pulumi-kubernetes sends such dicts unchanged, but its type hints describe only its snake_case keys; each call that
@@ -26,7 +27,8 @@ from infra.k8s.series import (
     LAST_BATCH_METRIC,
     RECORDS_METRIC,
 )
-from infra.settings import CHECKPOINT_DIR, SECRETS_DIR, Alerts, Checkpoint, ExecutorResources, Resources
+from infra.naming import CHECKPOINT_DIR, SECRETS_DIR
+from infra.schema import Alerts, CheckpointStore, ExecutorResources, Resources
 from spark_app.config import STOP_GRACE_S
 
 CONFIG_DIR = "/etc/mirrorkit/config"
@@ -49,7 +51,7 @@ CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop"
 
 
 @dataclass(frozen=True)
-class MirrorArgs:
+class MirrorApplicationArgs:
     namespace: pulumi.Input[str]
     service_account: pulumi.Input[str]  # the driver's: it makes the executor pods
     executor_service_account: pulumi.Input[str]  # the executors': no Kubernetes rights at all
@@ -59,7 +61,7 @@ class MirrorArgs:
     secret_names: Mapping[str, str]  # alias -> Kubernetes Secret, mounted at SECRETS_DIR/<alias>
     driver: Resources
     executor: ExecutorResources
-    checkpoint: Checkpoint
+    checkpoint: CheckpointStore
     metrics_port: int
     monitoring: bool
     alerts: Alerts
@@ -79,7 +81,7 @@ def config_hash(config_yaml: str) -> str:
     return hashlib.sha256(config_yaml.encode()).hexdigest()
 
 
-def spark_application_spec(name: str, config_map: str, pvc: str | None, args: MirrorArgs) -> dict[str, Any]:
+def spark_application_spec(name: str, config_map: str, pvc: str | None, args: MirrorApplicationArgs) -> dict[str, Any]:
     """The v1beta2 spec: restarted forever with backoff, checkpoint on the driver's PVC or in object storage."""
     labels = {**args.pod_labels, **APP_LABELS, "app.kubernetes.io/instance": name}
     secrets = [
@@ -120,8 +122,8 @@ def spark_application_spec(name: str, config_map: str, pvc: str | None, args: Mi
             "cores": args.driver.cores,
             "memory": args.driver.memory,
             "volumeMounts": driver_mounts,
-            # On SIGTERM the mirror lets the batch in flight commit, then exits 0 (spark_app.stream,
-            # Mirror.stop_on_sigterm); Kubernetes' default 30 s would SIGKILL it mid-batch.
+            # On SIGTERM the mirror stops each flow between copies, then exits 0 (Mirror.stop_on_sigterm); within
+            # STOP_GRACE_S, where Kubernetes' default 30 s would SIGKILL it mid-batch.
             "terminationGracePeriodSeconds": STOP_GRACE_S,
             "ports": [{"name": "metrics", "protocol": "TCP", "containerPort": args.metrics_port}],
             "annotations": {
@@ -202,7 +204,7 @@ def alert_rules(name: str, alerts: Alerts) -> list[dict[str, Any]]:
     ]
 
 
-class Mirror(pulumi.ComponentResource):
+class MirrorApplication(pulumi.ComponentResource):
     """One SparkApplication running the packaged mirror with its rendered config.
 
     Disruption: no PodDisruptionBudget. The driver is owned by its SparkApplication and the executors by the driver,
@@ -211,7 +213,8 @@ class Mirror(pulumi.ComponentResource):
     operator's restart policy and resumes from its checkpoint, which outlives the pod.
     """
 
-    def __init__(self, name: str, args: MirrorArgs, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, args: MirrorApplicationArgs, opts: pulumi.ResourceOptions | None = None):
+        # The type token keeps the class's old name: a changed token would replace every deployed mirror on `pulumi up`.
         super().__init__("mirrorkit:k8s:Mirror", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         config_map = k8s.core.v1.ConfigMap(

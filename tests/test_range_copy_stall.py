@@ -3,7 +3,7 @@ which idle partitions it holds. No broker: the copy loop's offsets and the sourc
 
 from __future__ import annotations
 
-from spark_app.writer import LEADER_CHECK_S, PARTITION_STALL_S, PartitionWatch, unreadable
+from spark_app.range_copy import LEADER_CHECK_S, PARTITION_STALL_S, PartitionWatch, unreadable
 
 A0, A1, B0 = ("a", 0), ("a", 1), ("b", 0)
 
@@ -18,7 +18,9 @@ def test_a_partition_is_idle_from_its_last_read_and_looked_at_no_more_than_once_
     assert watch.idle(reached, now=LEADER_CHECK_S + 3) == {A1: LEADER_CHECK_S + 3}, "a0 read 3 s ago"
     assert watch.idle(reached, now=2 * LEADER_CHECK_S) == {A0: LEADER_CHECK_S, A1: 2 * LEADER_CHECK_S}
     reached[A1] = 51
-    assert watch.idle([A1], now=20.0) == {}, "a read restarts its clock; only the partitions asked about count"
+    assert watch.idle({A1: reached[A1]}, now=20.0) == {}, (
+        "a read restarts its clock; only the partitions asked about count"
+    )
 
 
 def test_an_idle_partition_is_held_at_once_without_a_leader_and_after_the_stall_bound_with_one():

@@ -1,0 +1,188 @@
+"""Cross-key checks: the rules no one stack key can check alone (where each flow runs, the credentials its clusters
+need, what each site must have to reach them, the hubs a namespace must hold), each error at the key to change."""
+
+from __future__ import annotations
+
+from infra.hubs import plan_hubs
+from infra.naming import PROJECT, credential_key
+from infra.schema import HUBS_PER_CAPACITY, TIER_LIMITS, ClusterSpec, ExecutorResources, SiteSpec, StackModel
+from spark_app.config import ConfigError, FlowConfig, FlowMode, MirrorConfig, cores_needed
+from spark_app.policy import HEARTBEATS_TOPIC
+
+
+def check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
+    """Every cross-key rule; raises ConfigError listing all that fail. Returns flow name -> the site that runs it."""
+    site_of_flow, errors = place_flows(model, mirror)
+    errors += missing_credentials(model)
+    errors += hubs_over_tier(model, mirror)
+    errors += missing_source_sizes(model, mirror)
+    for i, site in enumerate(model.sites):
+        flows = [f for f in mirror.flows if site_of_flow.get(f.name) == site.name]
+        aliases = {a for f in flows for a in (f.source, f.target)}
+        touched = [(j, c) for j, c in enumerate(model.clusters) if c.alias in aliases]
+        errors += site_reaches_msk(i, site, touched)
+        errors += site_signs_in_to_entra(i, site, touched)
+        if touched:
+            errors += site_reaches_checkpoints(i, site, model)
+        errors += site_seats_realtime_tasks(site.name, model.mirror.executor, mirror, site_of_flow)
+        errors += site_has_a_kubeconfig(i, site, model)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return site_of_flow
+
+
+def place_flows(model: StackModel, mirror: MirrorConfig) -> tuple[dict[str, str], list[str]]:
+    """Each flow runs at the site `placement` names, else at the one site in its target's region."""
+    errors: list[str] = []
+    sites = [s.name for s in model.sites]
+    for name, placed in model.placement.items():
+        if placed not in sites:
+            errors.append(f"{PROJECT}:placement.{name}: unknown site '{placed}' (sites: {', '.join(sites)})")
+        if name not in {f.name for f in mirror.flows}:
+            errors.append(f"{PROJECT}:placement.{name}: no such flow")
+    region_of = {c.alias: c.region for c in model.clusters}
+    site_of_flow: dict[str, str] = {}
+    for i, flow in enumerate(mirror.flows):
+        region = region_of[flow.target]
+        in_region = [s.name for s in model.sites if s.region == region]
+        chosen = model.placement.get(flow.name) or (in_region[0] if len(in_region) == 1 else None)
+        if chosen is None:
+            errors.append(
+                f"{PROJECT}:flows[{i}]: {len(in_region)} sites in region '{region}' (the target's) to run {flow.name};"
+                f" name one in {PROJECT}:placement"
+            )
+        else:
+            site_of_flow[flow.name] = chosen
+    return site_of_flow, errors
+
+
+def missing_credentials(model: StackModel) -> list[str]:
+    """Each credential a cluster's sign-in takes is set, as a secret."""
+    return [
+        f"{credential_key(c.alias, key)}: missing; set it with"
+        f" `pulumi config set --secret --path '{credential_key(c.alias, key)}' ...`"
+        for c in model.clusters
+        for key in c.credential_keys()
+        if key not in model.credentials.get(c.alias, {})
+    ]
+
+
+def hubs_over_tier(model: StackModel, mirror: MirrorConfig) -> list[str]:
+    """An Event Hubs namespace's tier takes all its hubs, and each hub's partitions."""
+    errors = []
+    for i, c in enumerate(model.clusters):
+        if c.eventhubs is None:
+            continue
+        tier, limit = c.eventhubs.tier, TIER_LIMITS[c.eventhubs.tier].partitions
+        hubs = plan_hubs(mirror, model.clusters, c.alias)
+        if len(hubs) > c.eventhubs.hub_limit:
+            errors.append(
+                f"{PROJECT}:clusters[{i}].eventhubs.tier: namespace '{c.eventhubs.namespace}' needs {len(hubs)}"
+                f" event hubs ({sum(h.own for h in hubs)} of them the mirror's own) but tier"
+                f" {tier.value} allows {c.eventhubs.hub_limit}"
+                + (f" at capacity {c.eventhubs.capacity}" if tier in HUBS_PER_CAPACITY else "")
+            )
+        errors += [
+            f"{PROJECT}:clusters[{i}].eventhubs.tier: hub '{h.name}' needs {h.partitions} partitions (its source"
+            f" topic's) but tier {tier.value} allows {limit}"
+            for h in hubs
+            if h.partitions > limit
+        ]
+    return errors
+
+
+def missing_source_sizes(model: StackModel, mirror: MirrorConfig) -> list[str]:
+    """A flow into Event Hubs names the size of each topic it copies, at the source cluster's `topics` key."""
+    clusters = {c.alias: (i, c) for i, c in enumerate(model.clusters)}
+    errors = []
+    for j, flow in enumerate(mirror.flows):
+        if clusters[flow.target][1].eventhubs is None:
+            continue
+        src_i, src = clusters[flow.source]
+        errors += [
+            f"{PROJECT}:clusters[{src_i}].topics.{t}: missing; the event hub for it is sized from the source"
+            f" topic's partitions (flows[{j}] mirrors it into Event Hubs cluster '{flow.target}')"
+            for t in flow.topics.literal_names() or []
+            if t not in src.source_topic_sizes and t != HEARTBEATS_TOPIC
+        ]
+    return errors
+
+
+def site_reaches_msk(i: int, site: SiteSpec, touched: list[tuple[int, ClusterSpec]]) -> list[str]:
+    """A site whose mirror reaches MSK has an AWS identity, and one MSK lets in from another account."""
+    msk = [(j, c.alias, c.msk) for j, c in touched if c.msk is not None]
+    if not msk:
+        return []
+    if site.aws is None:
+        aliases = ", ".join(alias for _, alias, _ in msk)
+        return [f"{PROJECT}:sites[{i}].aws: missing; its mirror reaches MSK cluster(s) {aliases}"]
+    return [
+        f"{PROJECT}:clusters[{j}].msk.role_arn: missing; the mirror's role for site '{site.name}' lives in"
+        f" account {site.aws.account_id} and cluster '{alias}' in {spec.account_id}, so MSK lets it in"
+        f" only through the cluster's resource policy (aws.msk.ClusterPolicy). Give a role the program"
+        f" assumes in {spec.account_id} to set that policy"
+        for j, alias, spec in msk
+        if spec.auth == "iam" and spec.account_id != site.aws.account_id and spec.role_arn is None
+    ]
+
+
+def site_signs_in_to_entra(i: int, site: SiteSpec, touched: list[tuple[int, ClusterSpec]]) -> list[str]:
+    """A site whose mirror reaches an Event Hubs namespace with local auth off has a workload identity issuer."""
+    entra = [c.alias for _, c in touched if c.entra]
+    if not entra or site.azure is not None:
+        return []
+    return [
+        f"{PROJECT}:sites[{i}].azure: missing; its mirror reaches Event Hubs cluster(s) {', '.join(entra)}"
+        " with local auth disabled, so it signs in with Entra ID workload identity: give"
+        " azure.oidc_issuer_url, the issuer of the site's service-account tokens"
+    ]
+
+
+def site_reaches_checkpoints(i: int, site: SiteSpec, model: StackModel) -> list[str]:
+    """A site that runs a mirror signs in to the object storage its checkpoints are in with the pod's identity."""
+    scheme = model.mirror.checkpoint.scheme
+    if scheme == "s3a" and site.aws is None:
+        return [
+            f"{PROJECT}:sites[{i}].aws: missing; its mirror keeps checkpoints in s3a:// and signs in with the"
+            " pod's AWS identity (EKS Pod Identity or IRSA), which the site's aws settings give"
+        ]
+    if scheme == "abfss" and site.azure is None:
+        return [
+            f"{PROJECT}:sites[{i}].azure: missing; its mirror keeps checkpoints in abfss:// and signs in with"
+            " Entra ID workload identity: give azure.oidc_issuer_url"
+        ]
+    return []
+
+
+def site_seats_realtime_tasks(
+    site: str, executor: ExecutorResources, mirror: MirrorConfig, site_of_flow: dict[str, str]
+) -> list[str]:
+    """A real-time task holds an executor core for as long as the mirror runs, and a task with no core never starts,
+    so a site's executors must seat every real-time task, plus one core for its throughput flows' batches. The stack
+    sets no Spark conf, so spark.task.cpus is Spark's 1 and a core is a task slot."""
+    flows = [(i, f) for i, f in enumerate(mirror.flows) if site_of_flow.get(f.name) == site]
+    needed = cores_needed([f for _, f in flows])
+    cores = executor.instances * executor.cores
+    if cores >= needed:
+        return []
+    realtime: list[tuple[int, FlowConfig]] = [(i, f) for i, f in flows if f.mode is FlowMode.REALTIME]
+    throughput = [f.name for _, f in flows if f.mode is FlowMode.THROUGHPUT]
+    tasks = ", ".join(f"{f.name} ({PROJECT}:flows[{i}].realtime_tasks: {f.realtime_tasks})" for i, f in realtime)
+    batches = f" and 1 for the batches of throughput flow(s) {', '.join(throughput)}" if throughput else ""
+    return [
+        f"{PROJECT}:mirror.executor: site '{site}' gets {cores} executor cores (instances {executor.instances} x cores"
+        f" {executor.cores}) but needs {needed}: one per real-time task of {tasks}{batches}. Each real-time task"
+        f" holds its core for as long as the mirror runs, so the tasks left without one would never copy their"
+        f" partitions; raise {PROJECT}:mirror.executor.instances or {PROJECT}:mirror.executor.cores, or lower the"
+        " flows' realtime_tasks"
+    ]
+
+
+def site_has_a_kubeconfig(i: int, site: SiteSpec, model: StackModel) -> list[str]:
+    """The program reaches each site's Kubernetes API through a kubeconfig context or a secret kubeconfig."""
+    if site.context is not None or site.name in model.kubeconfigs:
+        return []
+    return [
+        f"{PROJECT}:sites[{i}].context: missing; give a kubeconfig context, or set"
+        f" `pulumi config set --secret --path '{PROJECT}:kubeconfigs.{site.name}' \"$(cat kubeconfig)\"`"
+    ]

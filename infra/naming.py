@@ -1,0 +1,48 @@
+"""Names and paths a stack derives: the Spark Operator's release, the mirror's application, where a pod finds its
+secrets and checkpoints, and the stack key of a credential.
+
+Kubernetes names derive from the stack, so stacks sharing a cluster never take each other's objects.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+PROJECT = "mirrorkit"  # the stack config's namespace, and the first part of every name below
+SECRETS_DIR = "/etc/mirrorkit/secrets"  # a cluster's Kubernetes Secret is mounted at SECRETS_DIR/<alias>
+CHECKPOINT_DIR = "/checkpoints"  # the checkpoint PVC's mount on the driver
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+APP_NAME_MAX = 50  # Spark derives pod and service names from it, within Kubernetes' 63
+
+
+def operator_name(stack: str) -> str:
+    """The Spark Operator's Helm release and namespace: its cluster-wide objects are named after the release."""
+    return f"spark-operator-{stack}"
+
+
+def app_name(stack: str, site: str) -> str:
+    """The SparkApplication of a site: unique across stacks, as alerts and dashboards select on it."""
+    return f"{PROJECT}-{stack}-{site}"
+
+
+def credential_key(alias: str, key: str) -> str:
+    """The stack key a cluster's credential file is set at, with `pulumi config set --secret --path`."""
+    return f"{PROJECT}:credentials.{alias}.{key}"
+
+
+def name_errors(stack: str, namespace: str, sites: Sequence[str]) -> list[str]:
+    """What is wrong with the Kubernetes names the stack, its namespace and its sites (in stack order) make."""
+    errors = []
+    if not DNS_LABEL.match(namespace):
+        errors.append(f"{PROJECT}:namespace: '{namespace}' is not a Kubernetes namespace name (a DNS label)")
+    for i, site in enumerate(sites):
+        name = app_name(stack, site)
+        if len(name) > APP_NAME_MAX or not DNS_LABEL.match(name):
+            errors.append(
+                f"{PROJECT}:sites[{i}].name: the mirror's name '{name}' (project, stack, site) is longer than"
+                f" {APP_NAME_MAX} characters or not a DNS label; shorten the stack or site name"
+            )
+    if not DNS_LABEL.match(operator_name(stack)):
+        errors.append(f"{PROJECT}: stack '{stack}' makes no valid Helm release name '{operator_name(stack)}'")
+    return errors

@@ -1,0 +1,245 @@
+"""The flow's ledger: positions, holds, landings, totals, resets and data loss, filed the same for both modes.
+
+Whatever copied records (a micro-batch, a quarantine catch-up, a real-time task's report) hands its landings to
+`FlowLedger.file`, which counts them (totals, metrics, the DR service's offset syncs), quarantines what was held
+(spark_app.quarantine), notes partitions whose offsets went backwards, reports records deleted at the source before
+they were read, moves the positions, and saves the state beside the Spark checkpoint before the copy is committed,
+so a crash replays at most what was filed after the last save (at least once, never a gap).
+
+Data loss. Per partition the state keeps the next offset the flow expects. When a landing starts further on, the
+source's log start is checked: records below it that were never read were deleted by retention. They are reported
+(log, `data_loss`) and mirroring goes on, unless the flow sets `fail_on_data_loss`.
+
+`LedgerState` is a small versioned JSON file in the flow's Spark checkpoint folder, local or in object storage
+(spark_app.storage), so it survives exactly when the checkpoint does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .clients import Partition, PartitionOffsets
+from .config import FlowConfig, FlowMode
+from .errors import MirrorFailed, StateError
+from .metrics import FlowTotals, MirrorMetrics, owed_from
+from .quarantine import Hold, Quarantine, Quarantines
+from .ranges import DataLoss, Landing, OffsetRange, OffsetsReset
+from .storage import CheckpointFiles
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+STATE_FILE = "mirrorkit-state.json"
+
+# The source's log start per partition.
+EarliestOffsets = Callable[[list[Partition]], PartitionOffsets]
+# Copy these ranges with a copy that may write the given topics (name -> partitions on the target).
+CopyRanges = Callable[[list[OffsetRange], dict[str, int]], list[Landing]]
+
+
+@dataclass
+class LedgerState:
+    """What a flow remembers across restarts, saved as `mirrorkit-state.json` in its checkpoint folder."""
+
+    files: CheckpointFiles
+    quarantined: dict[str, Quarantine] = field(default_factory=dict)
+    positions: PartitionOffsets = field(default_factory=dict)  # next source offset to read
+    # Where to start a partition the Spark checkpoint does not hold: MirrorMaker 2's next offset (spark_app.dr.adopt).
+    adopted: PartitionOffsets = field(default_factory=dict)
+    # Per partition, the target offset after the last record written before `positions`: a real-time restart counts
+    # what landed after the save (spark_app.realtime).
+    landed: PartitionOffsets = field(default_factory=dict)
+    # The mode whose copies saved `positions` last: a throughput run after a real-time one starts past its older Spark
+    # checkpoint, at `positions` (spark_app.planner).
+    mode: FlowMode = FlowMode.THROUGHPUT
+
+    @property
+    def where(self) -> str:
+        return self.files.where(STATE_FILE)
+
+    @classmethod
+    def load(cls, files: CheckpointFiles) -> LedgerState:
+        state = cls(files)
+        data = files.read(STATE_FILE)
+        if data is None:
+            return state
+        raw = json.loads(data)
+        if raw.get("version") != STATE_VERSION:
+            raise StateError(
+                f"{state.where}: state version {raw.get('version')!r}, this mirror reads version {STATE_VERSION};"
+                " run the mirror version that wrote it to drain its quarantines, or move the file away to accept"
+                " that its held offsets are not caught up"
+            )
+        for topic, q in raw["quarantined"].items():
+            holds = {int(p): Hold(h["first"], h["next"]) for p, h in q["partitions"].items()}
+            state.quarantined[topic] = Quarantine(q["reason"], holds)
+        state.positions = _by_partition(raw["positions"])
+        state.adopted = _by_partition(raw["adopted"])
+        # Written since the release before: a state without them is that release's.
+        state.landed = _by_partition(raw.get("landed", {}))
+        state.mode = FlowMode(raw.get("mode", FlowMode.THROUGHPUT))
+        return state
+
+    def save(self) -> None:
+        """Replace the file whole: a crash leaves the old state or the new one, never half of one."""
+        raw = {
+            "version": STATE_VERSION,
+            "quarantined": {
+                t: {"reason": q.reason, "partitions": {str(p): vars(h) for p, h in sorted(q.partitions.items())}}
+                for t, q in sorted(self.quarantined.items())
+            },
+            "positions": by_topic(self.positions),
+            "adopted": by_topic(self.adopted),
+            "landed": by_topic(self.landed),
+            "mode": self.mode.value,
+        }
+        self.files.write(STATE_FILE, json.dumps(raw, indent=1).encode())
+
+
+def by_topic(offsets: PartitionOffsets) -> dict[str, dict[str, int]]:
+    """{(topic, partition): offset} as `{"topic": {"partition": offset}}`, the shape of the file and of Spark's."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = offset
+    return out
+
+
+def _by_partition(offsets: dict[str, dict[str, int]]) -> PartitionOffsets:
+    return {(t, int(p)): o for t, parts in offsets.items() for p, o in parts.items()}
+
+
+class FlowLedger:
+    """One flow's book over its `LedgerState`; the source's log starts, the metrics and the DR hook are injected."""
+
+    def __init__(
+        self, flow: FlowConfig, state: LedgerState, earliest: EarliestOffsets, metrics: MirrorMetrics | None = None,
+        on_landed: Callable[[list[Landing]], None] | None = None, clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self.flow = flow
+        self.state = state
+        self.quarantines = Quarantines(flow, state.quarantined, clock)
+        self.totals = FlowTotals()
+        self.metrics = metrics or MirrorMetrics()
+        self.data_loss: list[DataLoss] = []
+        self.resets: list[OffsetsReset] = []
+        self._earliest = earliest
+        self._on_landed = on_landed
+
+    @property
+    def quarantined(self) -> dict[str, str]:
+        """Each quarantined topic with why it stopped."""
+        return self.quarantines.reasons()
+
+    @property
+    def held(self) -> dict[str, dict[int, int]]:
+        """Per quarantined topic, per partition, the first source offset not written."""
+        return self.quarantines.held()
+
+    def resume_points(self) -> PartitionOffsets:
+        """Per partition the ledger knows, the first source offset the target still lacks."""
+        return owed_from(self.state.adopted | self.state.positions, self.held)
+
+    def mean_record_bytes(self) -> float | None:
+        """The flow's mean record size (key and value) so far; None before a record landed."""
+        records = sum(self.totals.records.values())
+        return sum(self.totals.bytes.values()) / records if records else None
+
+    def file(self, landed: list[Landing]) -> None:
+        """After a batch or a report: count what landed, quarantine what was held, note resets and records deleted
+        before they were read, move the positions, save."""
+        self._count(landed)
+        lost, resets = [], []
+        for row in landed:
+            key = (row.topic, row.partition)
+            if row.reset_from >= 0:
+                reset = OffsetsReset(row.topic, row.partition, row.reset_from, min(row.first_offset, row.end_offset))
+                resets.append(reset)
+                log.error(
+                    "flow %s: offsets of '%s' partition %d went backwards (deleted and made again, or truncated): the"
+                    " mirror had copied up to offset %d, the partition now starts over at %d; it is copied again from"
+                    " there and its offset translation restarts", self.flow.name, row.topic, row.partition,
+                    reset.previous, reset.restart,
+                )  # fmt: skip
+                self.state.positions.pop(key, None)
+            expected = self.state.positions.get(key)
+            if expected is not None and row.first_offset > expected:
+                lost.append((row.topic, row.partition, expected, row.first_offset))
+            self.state.positions[key] = max(row.end_offset, expected or 0)
+            if row.last_target_offset >= 0:
+                self.state.landed[key] = row.last_target_offset + 1
+            if row.held_from >= 0:
+                self.quarantines.hold(row)
+        self._report_loss(lost)
+        self.resets += resets
+        if resets:
+            self.metrics.error(self.flow.name, "offsets_reset", len(resets))
+        self.state.mode = self.flow.mode
+        self._save()
+
+    def catch_up(self, mirrored: dict[str, int], copy: CopyRanges) -> None:
+        """Copy (with `copy`) what each quarantined topic that may rejoin owes (`mirrored`: the topics the target can
+        take, with their partition counts there), and file it."""
+        for topic in self.quarantines.due(mirrored):
+            owed = self.quarantines.owed(topic)
+            self._file_catch_up(topic, owed, copy(owed, {topic: mirrored[topic]}) if owed else [])
+
+    def _file_catch_up(self, topic: str, owed: list[OffsetRange], landed: list[Landing]) -> None:
+        """After copying what a quarantined topic owed: count it, report records deleted meanwhile, and let the topic
+        rejoin or stay held from where the copy held it again."""
+        self._count(landed)
+        rows = {row.partition: row for row in landed}
+        self._report_loss([(topic, r.partition, r.start, rows[r.partition].first_offset if r.partition in rows
+                            else r.end) for r in owed])  # fmt: skip
+        self.quarantines.caught_up(topic, owed, landed)
+        self._save()
+
+    def refused(self, reasons: dict[str, str]) -> None:
+        """Topic sync found targets that cannot take these topics: quarantine them whole."""
+        self.quarantines.refused(reasons)
+        self._publish()
+
+    def release(self, topic: str) -> None:
+        """Let a quarantined topic be written again from its first held offsets (real-time mode reads them again)."""
+        for p, first in self.quarantines.release(topic).items():
+            self.state.positions[(topic, p)] = min(first, self.state.positions.get((topic, p), first))
+        self._save()
+
+    def _count(self, landed: list[Landing]) -> None:
+        self.totals.add(landed)
+        self.metrics.batch_landed(self.flow.name, landed)
+        if self._on_landed is not None:
+            self._on_landed(landed)
+
+    def _save(self) -> None:
+        self.state.save()
+        self._publish()
+
+    def _publish(self) -> None:
+        self.metrics.topics_quarantined(self.flow.name, self.quarantined)
+
+    def _report_loss(self, gaps: list[tuple[str, int, int, int]]) -> None:
+        """Gaps (topic, partition, expected, first read) below the source's log start are records lost to retention.
+
+        Only real gaps are looked up: a partition held before it read anything (its leader offline) is no gap, and
+        its log start would not answer."""
+        gaps = [gap for gap in gaps if gap[3] > gap[2]]
+        if not gaps:
+            return
+        earliest = self._earliest([(t, p) for t, p, _, _ in gaps])
+        for topic, partition, expected, first_read in gaps:
+            end = min(earliest[(topic, partition)], first_read)
+            if end <= expected:
+                continue  # offsets that never held a record (compaction, transaction markers)
+            loss = DataLoss(topic, partition, expected, end - 1)
+            self.data_loss.append(loss)
+            log.error(
+                "flow %s: %d record(s) of '%s' partition %d, offsets %d..%d, were deleted at the source before they"
+                " were mirrored%s", self.flow.name, loss.count, topic, partition, loss.first_offset, loss.last_offset,
+                "" if self.flow.fail_on_data_loss else "; mirroring goes on",
+            )  # fmt: skip
+            if self.flow.fail_on_data_loss:
+                raise MirrorFailed(f"flow {self.flow.name}: records deleted before they were mirrored: {loss}")

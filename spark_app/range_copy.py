@@ -1,0 +1,170 @@
+"""Throughput mode's copy: the planned source offset ranges of one micro-batch, each in source order.
+
+Spark plans every micro-batch as offset ranges, one per source topic-partition (spark_app.planner), and hands
+them to `RangeCopier` through `mapInArrow`, so a batch's ranges are copied in parallel. Each Python task reads its
+ranges with one librdkafka consumer and writes them through the per-record path (spark_app.outbox) with one
+idempotent producer: records never cross from the JVM to Python and back, which is what made this path about twice
+as fast as reading with Spark's Kafka source and writing from Arrow batches (bench/). Secrets are resolved on the
+worker from the same env vars and files as on the driver, so they never travel in a task.
+
+For every range it hands back one landing row (spark_app.ranges): where its records landed, with counts and a
+replication-latency histogram. A partition the target refuses a record of is held from that record on, and the row
+says which offsets were held (`held_from`, `held_until`), so the driver quarantines the topic and catches it up
+later. A range of a topic that is not `ready` (quarantined, or not yet that many partitions on the target) is held
+whole the same way, without reading it. So is the rest of a range whose source partition serves nothing while the
+source answers (its leader offline): the batch ends, and the topic catches up once the partition is back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from . import clients
+from .clients import Partition
+from .config import ClusterConfig, FlowConfig
+from .errors import DeliveryFailed
+from .outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
+from .ranges import Landing, OffsetRange, landed_arrow_schema
+
+CONSUME_BATCH = 10_000
+CONSUME_WAIT_S = 0.1
+READ_STALL_S = 300.0  # a range that makes no progress this long fails the batch (the source stopped answering)
+
+# A partition with records left that reads nothing this long is looked up in the source's metadata, and held at once
+# when it has no leader (its broker offline). A fetch waits at most 500 ms (librdkafka's fetch.wait.max.ms), so 5 s
+# of silence is well past a normal fetch; the look-up alone holds nothing.
+LEADER_CHECK_S = 5.0
+# A partition whose named leader serves nothing this long is held too (a broker the controller sees but the mirror
+# cannot reach). Well above a slow fetch across a WAN, and far below READ_STALL_S, which still fails the batch when
+# the whole source stops answering (its metadata too): then no partition is held.
+PARTITION_STALL_S = 60.0
+
+
+class RangeCopier:
+    """A picklable `mapInArrow` function for one flow: its input rows are offset ranges (RANGE_SCHEMA).
+
+    `ready` maps each source topic that may be written to its partition count on the target; ranges of other
+    topics or partitions are held, not read. None writes everything. `max_message_bytes` is the smallest record
+    batch the flow's target topics take (their `max.message.bytes`): the producer never builds a larger request, so
+    the broker refuses a record only when it alone is too large, never a batch of records that fit.
+    """
+
+    def __init__(
+        self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, ready: dict[str, int] | None = None,
+        max_message_bytes: int | None = None,
+    ) -> None:  # fmt: skip
+        self.flow = flow
+        self.source = source
+        self.target = target
+        self.ready = ready
+        self.producer_settings = producer_settings(max_message_bytes)
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ranges = [OffsetRange(**row) for batch in batches for row in batch.to_pylist()]
+        landings = self.copy(ranges)
+        yield pa.RecordBatch.from_pylist([vars(x) for x in landings], schema=landed_arrow_schema())
+
+    def copy(self, ranges: list[OffsetRange]) -> list[Landing]:
+        """Copy every range, each partition in order; one landing per range."""
+        cursors: dict[Partition, Cursor] = {}
+        for r in ranges:
+            landing = Landing(r.topic, r.partition, r.end, r.end, reset_from=r.reset_from)
+            cursors[(r.topic, r.partition)] = Cursor(landing, r.start, r.end, done=r.end <= r.start)
+            if self.ready is not None and r.partition >= self.ready.get(r.topic, 0):
+                landing.first_offset = r.start
+                landing.hold(r.start)
+                cursors[(r.topic, r.partition)].done = True
+        if any(not c.done for c in cursors.values()):
+            self._copy_open(cursors)
+        return [landing for c in cursors.values() for landing in (*c.retired, c.landing)]
+
+    def _copy_open(self, cursors: dict[Partition, Cursor]) -> None:
+        producer = clients.shared_producer(self.target, self.producer_settings)
+        consumer = clients.shared_consumer(self.source, CONSUMER_DEFAULTS)
+        open_ = {key: c for key, c in cursors.items() if not c.done}
+        consumer.assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
+        outbox = Outbox(self.flow, producer, lambda key: cursors[key].landing)
+        for key in open_:
+            outbox.open(key)
+        watch = PartitionWatch({key: c.next for key, c in open_.items()}, time.monotonic())
+        progress_at = time.monotonic()
+        # consume() returns once it has as many messages as asked, or at its timeout: ask for no more than the
+        # ranges still hold, so a small batch (continuous mode) does not wait out the timeout.
+        left = sum((c.stop or c.next) - c.next for c in open_.values())
+        while open_:
+            if time.monotonic() >= watch.look_at:  # a partition the source does not serve holds from where it is
+                idle = watch.idle({key: c.next for key, c in open_.items()}, time.monotonic())
+                for key, why in unreadable(idle, self._leaders(consumer, idle), self.source.alias).items():
+                    cursor = open_[key]
+                    cursor.landing.first_offset = min(cursor.landing.first_offset, cursor.next)
+                    cursor.landing.hold(cursor.next, error=why)
+                    cursor.done = True
+            reached = sum(c.next for c in open_.values())
+            taken = copy_some(consumer, open_, outbox, min(CONSUME_BATCH, left), CONSUME_WAIT_S)
+            left -= taken
+            if taken or sum(c.next for c in open_.values()) != reached:
+                progress_at = time.monotonic()
+            elif time.monotonic() - progress_at > READ_STALL_S:
+                raise DeliveryFailed(
+                    f"flow {self.flow.name}: no progress reading cluster '{self.source.alias}'"
+                    f" ({self.source.bootstrap_servers}) for {READ_STALL_S:.0f}s; still open: {sorted(open_)[:3]}"
+                )
+            open_ = {key: c for key, c in open_.items() if not c.done}
+        consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
+        outbox.flush(300)
+        outbox.settle()
+
+    @staticmethod
+    def _leaders(consumer: Consumer, idle: Iterable[Partition]) -> dict[Partition, int] | None:
+        """Each partition of the idle partitions' topics with its leader as the source's metadata names it now (-1:
+        none); None when the source does not answer (READ_STALL_S covers that)."""
+        leaders: dict[Partition, int] = {}
+        try:
+            for topic in {t for t, _ in idle}:
+                metadata = consumer.list_topics(topic, timeout=clients.METADATA_CHECK_S).topics[topic]
+                leaders |= {(topic, p): m.leader for p, m in metadata.partitions.items()}
+        except KafkaException:
+            return None
+        return leaders
+
+
+class PartitionWatch:
+    """How long each partition of a copy has read nothing: its next offset to read is compared with what it was at
+    the previous look, at most once a second."""
+
+    def __init__(self, reached: dict[Partition, int], now: float) -> None:
+        self._seen = dict(reached)
+        self._since = dict.fromkeys(reached, now)
+        self.look_at = now + LEADER_CHECK_S
+
+    def idle(self, reached: dict[Partition, int], now: float) -> dict[Partition, float]:
+        """Those of the partitions in `reached` (each with its next offset to read) that read nothing for
+        LEADER_CHECK_S or more, with for how many seconds."""
+        self.look_at = now + 1.0
+        out: dict[Partition, float] = {}
+        for key, offset in reached.items():
+            if offset != self._seen[key]:
+                self._seen[key], self._since[key] = offset, now
+            elif now - self._since[key] >= LEADER_CHECK_S:
+                out[key] = now - self._since[key]
+        return out
+
+
+def unreadable(idle: dict[Partition, float], leaders: dict[Partition, int] | None, source: str) -> dict[Partition, str]:
+    """Which idle partitions (seconds without a read) to hold, with why: those the source's metadata gives no leader,
+    and those whose named leader served nothing for PARTITION_STALL_S. None of them when the source's metadata did not
+    answer either (`leaders` None): the whole source is down, and the batch waits (READ_STALL_S)."""
+    if leaders is None:
+        return {}
+    out: dict[Partition, str] = {}
+    for key, seconds in idle.items():
+        leader, stalled = leaders.get(key, -1), f"no progress reading partition for {seconds:.0f} s"
+        if leader < 0:
+            out[key] = f"{stalled}: source '{source}' names no leader for it (leader offline?)"
+        elif seconds >= PARTITION_STALL_S:
+            out[key] = f"{stalled} from source '{source}' (leader {leader} unreachable?)"
+    return out

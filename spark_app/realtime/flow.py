@@ -1,0 +1,136 @@
+"""Real-time mode: a flow as long-running copier tasks that write each record as it comes.
+
+A micro-batch costs about 0.3 s of Spark's own work, and a record waits for the next batch and then for its batch
+(bench/: p99 near a second). Spark's own real-time mode reads only through its Kafka source into the JVM and gives
+no landing offsets back, which the DR bookkeeping needs. So a real-time flow keeps the mirror's per-record path and
+uses Spark as the scheduler of long-running copier tasks instead of a streaming query (spark_app.realtime.job).
+
+Positions live in the flow's ledger, not in a Spark checkpoint: the tasks' reports are filed as a batch's landings
+are, every `realtime_commit_interval_s`. A restart resumes at the saved positions: what a SIGKILL copies again is
+what landed after the last save, and the start counts it on the target and logs it. The job is stopped (each task
+flushes and reports) and started again on the same positions when the flow's subscription changes or a quarantined
+topic rejoins; a refused record holds only its own partition at once. `run --available-now` gives each task its
+partitions' end offsets at the start; it stops there.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka.admin import OffsetSpec
+
+from .. import clients
+from ..clients import PartitionOffsets
+from ..config import STOP_BATCH_TIMEOUT_S
+from ..policy import target_topic
+from ..ranges import Landing
+from ..runner import FlowRunner, Subscription
+from .job import CopyJob
+from .task import Assignment
+
+log = logging.getLogger(__name__)
+
+
+class RealtimeRunner(FlowRunner):
+    """A flow in real-time mode: a `CopyJob` of copier tasks, filing into the flow's ledger."""
+
+    job: CopyJob | None = None
+
+    def start(self, subscription: Subscription, available_now: bool) -> None:
+        self.subscription = subscription
+        with self.lock:
+            self._release_due()
+            assignment = self._assign(subscription, available_now)
+        if not assignment.starts:
+            log.warning("flow %s: no topic to mirror yet", self.flow.name)
+            self.job = None
+            return
+        self.job = CopyJob(
+            self.spark, self.flow, self.source, self.target, assignment, self.flow.realtime_tasks,
+            self.plan.max_message_bytes, self.config.realtime_commit_interval_s, self._file,
+        ).start()  # fmt: skip
+        copied = sorted({t for t, _ in assignment.starts})
+        held = sorted({t for t, _ in subscription} - set(copied))
+        log.info(
+            "flow %s: mirroring %d topic(s) in real time with %d task(s): %s%s", self.flow.name, len(copied),
+            self.job.tasks, ", ".join(copied), f"; quarantined: {', '.join(held)}" if held else "",
+        )  # fmt: skip
+
+    def _assign(self, subscription: Subscription, available_now: bool) -> Assignment:
+        """Where each partition the target can take starts: its saved position (or first held offset), else an
+        adopted one, else `start_from` for a new topic and the log start for a new partition. A new partition the
+        target cannot take now (its topic quarantined, or the target lacks the partition) is held at that start, so
+        its topic catches up from there; a topic the target lacks a partition of is quarantined whole."""
+        ready = self.ledger.quarantines.ready(self.plan.mirrored)
+        resume = self.ledger.resume_points()
+        every = [(t, p) for t, n in subscription for p in range(n)]
+        admin = clients.admin(self.source)
+        ends = clients.list_offsets(admin, every, OffsetSpec.latest(), read_committed=True)
+        fresh = [tp for tp in every if tp not in resume]
+        known = {t for t, _ in resume}
+        starts = {tp: resume[tp] for tp in every if tp in resume}
+        starts |= {tp: ends[tp] for tp in fresh if self.flow.start_from == "latest" and tp[0] not in known}
+        starts |= clients.list_offsets(admin, [tp for tp in fresh if tp not in starts], OffsetSpec.earliest())
+        lacking = [(t, p) for t, p in every if t in ready and p >= ready[t]]
+        held = lacking + [(t, p) for t, p in fresh if t not in ready]
+        rows = [Landing(t, p, starts[(t, p)], starts[(t, p)]) for t, p in held]
+        for row in rows:
+            row.hold(row.first_offset)
+        self.ledger.file(rows)
+        short = {t for t, _ in lacking}
+        writable = {tp: offset for tp, offset in starts.items() if tp[0] in ready and tp[0] not in short}
+        self._report_recopies(writable)
+        return Assignment(writable, {tp: ends[tp] for tp in writable} if available_now else None)
+
+    def _report_recopies(self, starts: PartitionOffsets) -> None:
+        """Log how many records landed after the positions were saved: a crash copies them again."""
+        landed = self.ledger.state.landed
+        saved = {(target_topic(self.flow, t), p): landed[(t, p)] for t, p in starts if (t, p) in landed}
+        if not saved:
+            return
+        ends = clients.list_offsets(clients.admin(self.target), list(saved), OffsetSpec.latest())
+        again = sum(max(0, ends[tp] - offset) for tp, offset in saved.items())
+        if again:
+            self.totals.recopied += again
+            log.warning("flow %s: resuming at the saved positions; %d record(s) landed after the last save and are"
+                        " copied again (counted on the target, where records others wrote count too)", self.flow.name,
+                        again)  # fmt: skip
+
+    def _file(self, rows: list[Landing]) -> None:
+        with self.lock:
+            self.ledger.file(rows)
+
+    def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
+        if self.job is not None:
+            self.job.stop(timeout_s)
+
+    def running(self) -> bool:
+        return self.job is not None and self.job.running()
+
+    def wait(self) -> None:
+        if self.job is not None:
+            self.job.wait()
+
+    def failure(self) -> str | None:
+        return self.job.error if self.job is not None else None
+
+    def _positions(self) -> PartitionOffsets:
+        return dict(self.job.reached) if self.job is not None else {}
+
+    def catch_up(self) -> None:
+        """Restart the job when a quarantined topic may rejoin (read from its first held offsets), when a task held
+        a partition (its topic's other partitions stop until then), or when topic sync quarantined a topic the job
+        copies."""
+        with self.lock:
+            due = self._release_due()
+            copying = {t for t, _ in self.job.reached} if self.job is not None else set()
+            stopped = copying - set(self.ledger.quarantines.ready(self.plan.mirrored))
+        if due or stopped or (self.job is not None and self.job.held_any()):
+            self.stop()
+            self.start(self.subscription, available_now=False)
+
+    def _release_due(self) -> list[str]:
+        due = self.ledger.quarantines.due(self.plan.mirrored)
+        for topic in due:
+            self.ledger.release(topic)
+        return due

@@ -1,0 +1,195 @@
+"""A real-time flow's job: the Spark job of its copier tasks, the driver's side of their report channel, and the
+filing of what they report.
+
+The driver runs one Spark job of `realtime_tasks` tasks for the flow, each holding a core for as long as the flow
+runs. Each task connects back (spark_app.realtime.task), gets its partitions from the newest reports (a task Spark
+retries resumes where its partitions' reports ended), and reports; every `realtime_commit_interval_s` the job hands
+what it heard to `on_landed` (the flow's ledger) and once more when the job ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, Listener
+
+from pyspark.sql import SparkSession
+
+from ..clients import Partition
+from ..config import STOP_BATCH_TIMEOUT_S, ClusterConfig, FlowConfig
+from ..errors import first_cause
+from ..ranges import Landing
+from .task import STOP, Assignment, CopierTask
+
+log = logging.getLogger(__name__)
+
+
+class CopyJob:
+    """One run of a real-time flow's tasks: the Spark job, the socket they report on, and the filing of reports.
+
+    `on_landed` gets what the tasks reported, every `commit_interval_s` and once more when the job ends.
+    """
+
+    def __init__(
+        self, spark: SparkSession, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig,
+        assignment: Assignment, tasks: int, max_message_bytes: int | None, commit_interval_s: float,
+        on_landed: Callable[[list[Landing]], None],
+    ) -> None:  # fmt: skip
+        self.spark = spark
+        self.flow = flow
+        self.reached = dict(assignment.starts)  # per partition, where its newest report ended
+        self.error: str | None = None
+        self._stops = assignment.stops
+        keys = sorted(assignment.starts)
+        self._slots = [keys[i :: max(1, tasks)] for i in range(min(max(1, tasks), len(keys)))]
+        self._held: set[Partition] = set()
+        self._on_landed = on_landed
+        self._commit_interval_s = commit_interval_s
+        self._inbox: list[Landing] = []
+        self._lock = threading.Lock()  # the fields above that tasks' reports change
+        self._filing = threading.Lock()  # one filing at a time, in the order the reports came
+        self._conns: list[Connection] = []
+        self._serving: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._ended = threading.Event()  # the Spark job returned
+        self._done = threading.Event()  # and its last reports are filed
+        self._closed = False
+        self._group = f"mirrorkit-realtime-{uuid.uuid4().hex[:8]}"
+        authkey = os.urandom(32)
+        self._listener = Listener(("0.0.0.0", 0), authkey=authkey)
+        address = (spark.conf.get("spark.driver.host") or "127.0.0.1", self._listener.address[1])
+        self._task = CopierTask(flow, source, target, address, authkey, max_message_bytes)
+
+    def start(self) -> CopyJob:
+        for target in (self._accept, self._run, self._file_every):
+            threading.Thread(target=target, name=f"{self._group}-{target.__name__}", daemon=True).start()
+        return self
+
+    @property
+    def tasks(self) -> int:
+        return len(self._slots)
+
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    def held_any(self) -> bool:
+        """Whether a task held a partition: its topic is quarantined, and its other partitions stop at a restart."""
+        with self._lock:
+            return bool(self._held)
+
+    def wait(self) -> None:
+        """Until every task has stopped (available-now: reached its stops) and its last reports are filed."""
+        self._done.wait()
+
+    def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
+        """Tell every task to stop, and wait for them to flush and report; past `timeout_s` cancel the job (what
+        was in flight is copied again from the newest reports)."""
+        self._stop_tasks()
+        if not self._ended.wait(timeout_s):
+            log.warning("flow %s: copier tasks did not stop within %.0f s; cancelling them", self.flow.name, timeout_s)
+            self.spark.sparkContext.cancelJobGroup(self._group)
+        self._done.wait()
+
+    def _stop_tasks(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            for conn in self._conns:
+                _send(conn, STOP)
+
+    def _run(self) -> None:
+        sc = self.spark.sparkContext
+        sc.setJobGroup(self._group, f"mirror {self.flow.name} (real time)", interruptOnCancel=True)
+        try:
+            sc.parallelize(range(len(self._slots)), len(self._slots)).mapPartitionsWithIndex(self._task).collect()
+        except Exception as err:  # noqa: BLE001 - a failed job is reported through `error`, in the mirror's words
+            if not self._stopping.is_set():
+                self.error = first_cause(str(err))
+        finally:
+            self._ended.set()
+            self._finish()
+
+    def _finish(self) -> None:
+        """After the job: take the tasks' last reports (each connection ends after its task's), file them, close."""
+        with self._lock:
+            serving = list(self._serving)
+        for thread in serving:
+            thread.join(30)
+        self._closed = True
+        self._listener.close()
+        self._file()
+        self._done.set()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn = self._listener.accept()
+            except (EOFError, AuthenticationError):  # not one of this job's tasks
+                continue
+            except OSError:  # closed (the job is over), or a connection that broke before its handshake
+                if not self._closed:
+                    time.sleep(0.1)
+                continue
+            thread = threading.Thread(target=self._serve, args=(conn,), name=f"{self._group}-task", daemon=True)
+            with self._lock:
+                self._serving.append(thread)
+            thread.start()
+
+    def _serve(self, conn: Connection) -> None:
+        """One task's connection: its assignment (from the newest reports: a retried task resumes there), then its
+        reports until it ends."""
+        with conn:
+            try:
+                _hello, slot = conn.recv()
+                with self._lock:
+                    keys = [k for k in self._slots[slot] if k not in self._held]
+                    stops = {k: self._stops[k] for k in keys} if self._stops is not None else None
+                    _send(conn, Assignment({k: self.reached[k] for k in keys}, stops))
+                    self._conns.append(conn)
+                    if self._stopping.is_set():
+                        _send(conn, STOP)
+                while True:
+                    _kind, rows = conn.recv()
+                    with self._lock:
+                        for row in rows:
+                            self.reached[(row.topic, row.partition)] = row.end_offset
+                            if row.held_from >= 0:
+                                self._held.add((row.topic, row.partition))
+                        self._inbox.extend(rows)
+            except (EOFError, OSError):  # the task ended, or died (Spark retries it)
+                pass
+            finally:
+                with self._lock:
+                    if conn in self._conns:
+                        self._conns.remove(conn)
+
+    def _file_every(self) -> None:
+        while not self._done.wait(self._commit_interval_s):
+            self._file()
+
+    def _file(self) -> None:
+        """Hand what the tasks reported to `on_landed`, in order. If that fails (a state file that cannot be saved,
+        records lost at the source under `fail_on_data_loss`), the job stops with the error: its tasks would copy on
+        with nothing saved."""
+        with self._filing:
+            with self._lock:
+                rows, self._inbox = self._inbox, []
+            if not rows:
+                return
+            try:
+                self._on_landed(rows)
+            except Exception as err:  # noqa: BLE001 - reported through `error`, which stops the mirror
+                log.error("flow %s: filing what the copier tasks reported failed: %s", self.flow.name, err)
+                self.error = self.error or f"filing what the copier tasks reported failed: {err}"
+                self._stop_tasks()
+
+
+def _send(conn: Connection, message: object) -> None:
+    """Send to a task that may have just ended: then there is no one left to tell."""
+    with contextlib.suppress(OSError):
+        conn.send(message)

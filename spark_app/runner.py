@@ -1,0 +1,100 @@
+"""What runs one flow, in either mode: its topic sync, its ledger, and the face the mirror's loop drives.
+
+`ThroughputRunner` (spark_app.throughput) runs a flow as micro-batches, `RealtimeRunner` (spark_app.realtime) as
+long-running copier tasks. Both stand on what is here: topic sync says what the flow subscribes to and what the target
+can take, and the flow's ledger (spark_app.ledger) files what either copied. A lock keeps copies apart from
+quarantine catch-ups and topic-sync updates.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Callable
+
+from pyspark.sql import SparkSession
+
+from .clients import PartitionOffsets
+from .config import STOP_BATCH_TIMEOUT_S, FlowConfig, MirrorConfig
+from .ledger import FlowLedger, LedgerState
+from .metrics import FlowTotals, LagSource, MirrorMetrics
+from .ranges import Landing
+from .storage import checkpoint_files
+from .topics import TopicPlan, TopicSync
+
+# What a flow's copy subscribes to: (source topic, partition count), sorted. A change restarts the copy.
+Subscription = tuple[tuple[str, int], ...]
+
+
+class FlowRunner(abc.ABC):
+    """One flow: sync its topics, start its copy on a subscription, stop it, and tell where it stands."""
+
+    def __init__(
+        self, spark: SparkSession, config: MirrorConfig, flow: FlowConfig, metrics: MirrorMetrics,
+        on_landed: Callable[[list[Landing]], None] | None = None, topic_sync: TopicSync | None = None,
+    ) -> None:  # fmt: skip
+        self.spark = spark
+        self.config = config
+        self.flow = flow
+        self.source = config.cluster(flow.source)
+        self.target = config.cluster(flow.target)
+        self.metrics = metrics
+        self.topic_sync = topic_sync or TopicSync(flow, self.source, self.target)
+        self.ledger = FlowLedger(
+            flow, LedgerState.load(checkpoint_files(flow.checkpoint_location, spark)), self.topic_sync.earliest_offsets,
+            metrics, on_landed,
+        )  # fmt: skip
+        self.plan = TopicPlan()
+        self.subscription: Subscription = ()
+        self.lock = threading.Lock()  # between copies: a batch, a report's filing, a catch-up, a topic-sync update
+        self._reached: PartitionOffsets = {}
+
+    @property
+    def totals(self) -> FlowTotals:
+        return self.ledger.totals
+
+    def sync_topics(self) -> Subscription:
+        """Run topic sync; quarantine what the target cannot take. Returns what the copy should subscribe to."""
+        plan = self.topic_sync.sync()
+        with self.lock:
+            self.plan = plan
+            self.metrics.topics_selected(self.flow.name, plan.wanted)
+            self.ledger.refused(plan.quarantined)
+        return tuple(sorted(plan.wanted.items()))
+
+    def next_offsets(self) -> PartitionOffsets:
+        """Per source partition, the next offset the flow will copy. Kept across restarts of the copy, so a topic
+        that leaves it (quarantined) still shows its lag."""
+        self._reached.update(self._positions())
+        return dict(self._reached)
+
+    def lag(self) -> LagSource:
+        """The flow as the lag poller reads it: a held partition's lag counts from its first held offset."""
+        return LagSource(self.flow.name, self.source, self.next_offsets, lambda: self.ledger.held)
+
+    @abc.abstractmethod
+    def start(self, subscription: Subscription, available_now: bool) -> None:
+        """Start copying `subscription`; `available_now` copies what is there now, then ends."""
+
+    @abc.abstractmethod
+    def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
+        """Stop between copies, so nothing is cut in half; past `timeout_s` cancel (copied again: at least once)."""
+
+    @abc.abstractmethod
+    def running(self) -> bool: ...
+
+    @abc.abstractmethod
+    def wait(self) -> None:
+        """Until the copy ends (`run --available-now`: it has copied what was there); a failure is `failure`'s."""
+
+    @abc.abstractmethod
+    def failure(self) -> str | None:
+        """Why the copy stopped, when it failed; None while it runs or after a clean end."""
+
+    @abc.abstractmethod
+    def catch_up(self) -> None:
+        """Let quarantined topics whose cause may be gone rejoin; safe while the copy runs."""
+
+    @abc.abstractmethod
+    def _positions(self) -> PartitionOffsets:
+        """The newest positions the running copy reports."""

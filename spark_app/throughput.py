@@ -1,0 +1,162 @@
+"""Throughput mode: a flow as one Structured Streaming query whose micro-batches copy planned offset ranges.
+
+The query plans batches over every source topic the flow subscribes to, quarantined ones included
+(spark_app.planner), and copies them with `RangeCopier` (spark_app.range_copy). When the subscription changes (a new
+topic, a partition added) the query is stopped between batches and started again on the same checkpoint; the planner
+starts the new partitions at their earliest offset, so records produced before the mirror noticed a topic are copied
+too. After each batch, and after each quarantine catch-up (copied outside the stream), the landings go to the flow's
+ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame
+from pyspark.sql.streaming import StreamingQuery
+
+from .clients import PartitionOffsets
+from .config import STOP_BATCH_TIMEOUT_S, FlowMode
+from .errors import first_cause
+from .ledger import by_topic
+from .planner import PAUSE_FILE, OffsetRangeSource, plan_source_options, write_record_bytes
+from .range_copy import RangeCopier
+from .ranges import LANDED_SCHEMA, RANGE_SCHEMA, Landing, OffsetRange
+from .runner import FlowRunner, Subscription
+
+log = logging.getLogger(__name__)
+
+
+class ThroughputRunner(FlowRunner):
+    """A flow's streaming query: start, stop between batches, and its catch-ups between them."""
+
+    query: StreamingQuery | None = None
+    # Where the driver talks to the query's planner, which runs in a Python worker (spark_app.planner): a pause file
+    # that a stop waits on, and the mean record size that bounds a batch's bytes. One per query run.
+    _driver_dir: Path | None = None
+
+    def start(self, subscription: Subscription, available_now: bool) -> None:
+        self.subscription = subscription
+        self.catch_up()
+        if not subscription:
+            log.warning("flow %s: no topic to mirror yet", self.flow.name)
+            self.query = None
+            return
+        self._driver_dir = Path(tempfile.mkdtemp(prefix="mirrorkit-flow-"))
+        self._note_record_bytes()
+
+        def write_batch(frame: DataFrame, batch_id: int) -> None:
+            with self.lock:
+                self._catch_up()
+                self.ledger.file(self._copy(frame))
+                self._note_record_bytes()
+
+        names = tuple(t for t, _ in subscription)
+        stream = self._batches(subscription).writeStream.queryName(f"mirror {self.flow.name}")
+        stream = stream.foreachBatch(write_batch).option("checkpointLocation", self.flow.checkpoint_location)
+        if available_now:
+            stream = stream.trigger(availableNow=True)
+        else:
+            stream = stream.trigger(processingTime=f"{self.config.trigger_interval_s} seconds")
+        self.query = stream.start()
+        held = sorted(set(names) & set(self.ledger.quarantined))
+        active = [t for t in names if t not in held]
+        log.info(
+            "flow %s: mirroring %d topic(s): %s%s", self.flow.name, len(active), ", ".join(active),
+            f"; quarantined: {', '.join(held)}" if held else "",
+        )  # fmt: skip
+
+    def _batches(self, subscription: Subscription) -> DataFrame:
+        """The flow's micro-batches as offset ranges over `subscription`."""
+        assert self._driver_dir is not None  # made by `start`
+        state = self.ledger.state
+        options = plan_source_options(
+            self.source, dict(subscription), self.flow.start_from, self.spark.sparkContext.defaultParallelism,
+            self.flow.max_records_per_trigger, self.flow.max_bytes_per_trigger, self._driver_dir,
+            by_topic(state.adopted), by_topic(state.positions) if state.mode is FlowMode.REALTIME else None,
+        )  # fmt: skip
+        return self.spark.readStream.format(OffsetRangeSource.name()).options(**options).load()
+
+    def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
+        """Stop after the batch in flight, so no batch is cut in half and none is written twice.
+
+        Spark's stop cancels whatever runs at that moment, and a batch cancelled after its write but before its
+        commit is written again by the next query. So the source is paused first: a trigger that starts now plans
+        no batch, and the one in flight (if any) runs to its commit before the query stops. A batch stuck past
+        `timeout_s` is cancelled anyway, and runs again (at least once).
+        """
+        if self.query is None or not self.query.isActive:
+            self._drop_driver_dir()
+            return
+        assert self._driver_dir is not None  # a running query has its folder
+        pause = self._driver_dir / PAUSE_FILE
+        pause.touch()
+        deadline = time.monotonic() + timeout_s
+        while self.query.status.get("isTriggerActive"):
+            if time.monotonic() > deadline:
+                log.warning("flow %s: the batch in flight did not end within %.0f s; cancelling it, it runs"
+                            " again when the query restarts", self.flow.name, timeout_s)  # fmt: skip
+                break
+            time.sleep(0.05)
+        self.query.stop()
+        self._drop_driver_dir()
+
+    def running(self) -> bool:
+        return self.query is not None and self.query.isActive
+
+    def wait(self) -> None:
+        if self.query is not None:
+            with contextlib.suppress(StreamingQueryException):  # reported by `failure`, in the mirror's own words
+                self.query.awaitTermination()
+        self._drop_driver_dir()
+
+    def failure(self) -> str | None:
+        error = self.query.exception() if self.query is not None and not self.query.isActive else None
+        return None if error is None else first_cause(str(error))
+
+    def catch_up(self) -> None:
+        with self.lock:
+            self._catch_up()
+
+    def _positions(self) -> PartitionOffsets:
+        """Where the query's last batch ended."""
+        progress = self.query.lastProgress if self.query is not None else None
+        reached: PartitionOffsets = {}
+        for source in progress.sources if progress is not None else ():
+            for topic, offsets in (json.loads(source.endOffset) or {}).items():
+                reached.update({(topic, int(p)): offset for p, offset in offsets.items()})
+        return reached
+
+    def _catch_up(self) -> None:
+        """Copy what each quarantined topic that may rejoin owes, outside the stream (under `lock`)."""
+        self.ledger.catch_up(self.plan.mirrored, self._copy_outside)
+        self._note_record_bytes()
+
+    def _copy_outside(self, ranges: list[OffsetRange], ready: dict[str, int]) -> list[Landing]:
+        """Copy ranges outside the stream, one Spark task each."""
+        rows = [(r.topic, r.partition, r.start, r.end, r.reset_from) for r in ranges]
+        return self._copy(self.spark.createDataFrame(rows, RANGE_SCHEMA).repartition(len(rows)), ready)
+
+    def _copy(self, ranges: DataFrame, ready: dict[str, int] | None = None) -> list[Landing]:
+        """Copy the ranges (writing only the topics `ready`, by default those not quarantined); their landings."""
+        ready = self.ledger.quarantines.ready(self.plan.mirrored) if ready is None else ready
+        copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.max_message_bytes)
+        return [Landing.from_row(row.asDict()) for row in ranges.mapInArrow(copier, LANDED_SCHEMA).collect()]
+
+    def _note_record_bytes(self) -> None:
+        """Tell the planner the flow's mean record size, which turns max_bytes_per_trigger into records."""
+        mean = self.ledger.mean_record_bytes()
+        if self._driver_dir is not None and mean is not None:
+            write_record_bytes(self._driver_dir, mean)
+
+    def _drop_driver_dir(self) -> None:
+        if self._driver_dir is not None:
+            shutil.rmtree(self._driver_dir, ignore_errors=True)
+            self._driver_dir = None

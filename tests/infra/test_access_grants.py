@@ -1,0 +1,67 @@
+"""The IAM policy and the Kafka ACLs render from one access set (spark_app.policy.access), so they agree."""
+
+from __future__ import annotations
+
+from infra.aws.identity import kafka_policy
+from infra.kafka.acls import mirror_acls
+from infra.schema import MskSpec
+from spark_app.config import FlowConfig
+
+MSK = MskSpec(
+    cluster_arn="arn:aws:kafka:eu-west-1:222222222222:cluster/src/abc-1",
+    auth="iam",
+    vpc_id="vpc-0b",
+    cidr="10.20.0.0/16",
+    route_table_ids=["rtb-0b1"],
+    security_group_id="sg-0b",
+)
+
+
+def flows(emit_heartbeats: bool) -> list[FlowConfig]:
+    return [
+        FlowConfig(
+            source="src",
+            target="dst",
+            topics={"include": ["orders"]},
+            checkpoint_location="/c",
+            emit_heartbeats=emit_heartbeats,
+        )
+    ]
+
+
+def iam_writes(emit_heartbeats: bool) -> set[str]:
+    policy = kafka_policy(flows(emit_heartbeats), {"src": MSK})
+    return {
+        r.rsplit("/", 1)[1]
+        for s in policy["Statement"]
+        if "kafka-cluster:WriteData" in s["Action"]
+        for r in s["Resource"]
+        if ":topic/" in r
+    }
+
+
+def acl_writes(emit_heartbeats: bool) -> set[str]:
+    return {a.name for a in mirror_acls("src", flows(emit_heartbeats)) if a.operation == "Write"}
+
+
+def test_a_flow_that_emits_no_heartbeats_gets_no_heartbeat_write_from_either():
+    assert "heartbeats" not in iam_writes(False)
+    assert "heartbeats" not in acl_writes(False)
+
+
+def test_a_flow_that_emits_heartbeats_may_write_them_on_its_source_in_both():
+    assert "heartbeats" in iam_writes(True)
+    assert "heartbeats" in acl_writes(True)
+
+
+def test_iam_and_acls_grant_the_same_topics_on_a_source():
+    for emit in (True, False):
+        assert iam_writes(emit) == acl_writes(emit)
+        iam_reads = {
+            r.rsplit("/", 1)[1]
+            for s in kafka_policy(flows(emit), {"src": MSK})["Statement"]
+            if "kafka-cluster:ReadData" in s["Action"]
+            for r in s["Resource"]
+            if ":topic/" in r
+        }
+        assert iam_reads == {a.name for a in mirror_acls("src", flows(emit)) if a.operation == "Read"}

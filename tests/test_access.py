@@ -1,0 +1,90 @@
+"""The access set: what the mirror of some flows reads, writes and creates on each cluster, which infra grants and
+creates from, derived from the same naming policy the mirror runs with."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from spark_app.config import FlowConfig
+from spark_app.policy import Access, access, literal_prefix
+
+SELECTED = {"include": [r"orders\..*", "payments"]}
+BASE = {"source": "src", "target": "dst", "topics": SELECTED, "checkpoint_location": "/c"}
+
+
+def flow(**changes: Any) -> FlowConfig:
+    return FlowConfig.model_validate(BASE | changes)
+
+
+def names(patterns: frozenset[str]) -> set[str]:
+    """Each pattern's literal text, with `*` where a pattern goes on."""
+    return {prefix + ("" if whole else "*") for prefix, whole in map(literal_prefix, patterns)}
+
+
+def test_on_the_source_the_mirror_reads_the_selection_describes_groups_and_owns_heartbeats_and_syncs_there():
+    grant = access([flow(offset_syncs_location="source", groups={"include": ["app-.*"]})], "src")
+    assert grant.read == {r"orders\..*", "payments"}
+    assert names(grant.owned) == {"heartbeats", "mirrorkit-offset-syncs.dst.internal"}
+    assert grant.groups_described == {"app-.*"}
+    assert grant.written == grant.dead_letters == grant.groups_altered == frozenset()
+
+
+def test_on_the_target_the_mirror_writes_the_copies_owns_its_topics_writes_dead_letters_and_moves_synced_groups():
+    grant = access([flow(dead_letter_topic="mirror.dlq", sync_group_offsets=True)], "dst")
+    assert names(grant.written) == {"src.orders.*", "src.payments"}
+    assert all(re.fullmatch(p, "src.orders.eu") for p in grant.written if p.endswith("*"))
+    assert names(grant.owned) == {"src.checkpoints.internal", "src.heartbeats", "mirrorkit-offset-syncs.src.internal"}
+    assert names(grant.dead_letters) == {"mirror.dlq"}
+    assert grant.groups_altered == {".*"} and grant.read == grant.groups_described == frozenset()
+    assert grant.created == grant.written | grant.owned | grant.dead_letters
+
+
+def test_no_heartbeat_write_on_the_source_unless_the_flow_emits_them():
+    assert "heartbeats" not in names(access([flow(emit_heartbeats=False)], "src").created)
+    assert "heartbeats" in names(access([flow()], "src").owned)
+    assert "src.heartbeats" in names(access([flow(emit_heartbeats=False)], "dst").owned)  # the copy still travels
+
+
+def test_identity_copies_keep_their_names_and_a_cluster_in_no_flow_gets_nothing():
+    identity = flow(replication_policy="identity")
+    assert access([identity], "dst").written == access([identity], "src").read
+    assert access([identity], "elsewhere") == Access()
+
+
+def test_a_flow_of_plain_names_reads_and_writes_exactly_those_it_mirrors():
+    listed = flow(topics={"include": ["orders", "payments", "__consumer_offsets"], "exclude": ["payments"]})
+    assert names(access([listed], "src").read) == {"orders"}
+    assert names(access([listed], "dst").written) == {"src.orders"}
+
+
+def test_a_copy_of_an_alternation_covers_every_branch():
+    (copies,) = access([flow(topics={"include": ["orders|payments"]})], "dst").written
+    assert re.fullmatch(copies, "src.orders") and re.fullmatch(copies, "src.payments")
+    assert not re.fullmatch(copies, "payments")
+
+
+def test_active_active_flows_add_up_on_each_cluster():
+    both = [flow(), flow(source="dst", target="src")]
+    grant = access(both, "src")
+    assert grant.read == {r"orders\..*", "payments"} and names(grant.written) == {"dst.orders.*", "dst.payments"}
+    assert {"heartbeats", "dst.heartbeats", "dst.checkpoints.internal"} <= names(grant.owned)
+
+
+PATTERNS = [
+    "payments", r"orders\..*", "events[0-9]+", ".*", "orders|payments", r"orders\.(eu|us)", "orders?", r"a\.b*",
+    "x{0,2}y", "[|]z", "[]|]z", r"a\|b", "(a|b)c", "ab+",
+]  # fmt: skip
+NAMES = ["payments", "orders.eu", "orders.us", "order", "orders", "events1", "a.", "a.bb", "y", "xy", "|z", "]z",
+         "a|b", "ac", "bc", "ab", "abbb", "x"]  # fmt: skip
+
+
+def test_every_name_a_pattern_takes_starts_with_its_literal_prefix_and_is_it_when_whole():
+    for pattern in PATTERNS:
+        prefix, whole = literal_prefix(pattern)
+        for name in NAMES:
+            if re.fullmatch(pattern, name):
+                assert name == prefix if whole else name.startswith(prefix), (pattern, name, prefix)
+    assert literal_prefix(r"orders\.(eu|us)") == ("orders.", False)
+    assert literal_prefix("orders|payments") == ("", False)
+    assert literal_prefix(r"mirrorkit\-offset\-syncs\.a\.internal") == ("mirrorkit-offset-syncs.a.internal", True)
