@@ -1,8 +1,8 @@
 """Where a flow's state should live: beside the Spark checkpoint (spark_app.storage) or in a compacted Kafka topic.
 
 The mirror saves its ledger state (`spark_app.ledger.LedgerState`) after every batch, before Spark commits it, and
-loads it once at start. This measures both costs for both candidates, with a state the size of a busy flow's (`--topics` × `--partitions` read
-positions, two quarantined topics):
+loads it once at start. This measures both costs for both candidates, with a state the size of a busy flow's
+(`--topics` × `--partitions` read positions, two quarantined topics):
 
 - `local`: spark_app.storage on a local folder (a PVC is one);
 - `s3a`: spark_app.storage on s3a:// through Hadoop's connector (the jar manifest's `cloud` group), against moto's
