@@ -90,7 +90,7 @@ def shared_producer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> P
     return _producers[key]
 
 
-def produce(client: Producer, topic: str, key: bytes, value: bytes) -> None:
+def produce(client: Producer, topic: str, key: bytes, value: bytes | None) -> None:
     """Hand a record to the producer, waiting for room when its queue is full (a round of a few hundred thousand
     checkpoints is more than librdkafka queues at once) instead of failing."""
     while True:

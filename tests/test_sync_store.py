@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
-from spark_app.dr.syncs import MAX_RUNS, Run, SlottedRun, SyncStore, Translation
+from spark_app.dr.syncs import Run, SlottedRun, SyncStore, Translation, run_bound
 from spark_app.ranges import MAX_RUNS_PER_RANGE, Landing
 
 BATCH = 100
@@ -102,7 +102,7 @@ def test_100000_batches_keep_every_lagging_group_exact_in_bounded_memory_and_a_r
     store, topic = SyncStore(), CompactedTopic()
     run_batches(store, topic, 100_000, gap_every=1, groups=lags)  # every batch its own run: the hardest case
     runs = store.runs("t", 0)
-    bound = MAX_RUNS + len(lags)
+    bound = run_bound(len(lags))  # the dense tail or the trail above the slowest group, exponential points, held
     assert len(runs) <= bound, len(runs)
     needed = committed_offsets(store, lags, 100_000, 100_000)
     for committed in needed:
@@ -148,7 +148,7 @@ def test_a_restart_replays_slots_in_write_order_so_a_run_written_again_replaces_
 
 
 def test_a_group_that_jumps_past_what_was_kept_for_it_resumes_safely_rereading_at_most_the_jump():
-    store = SyncStore(max_runs=8)
+    store = SyncStore(max_runs=8, max_trail=8)
     store.record("t", 0, Run(0, 0, 99))
     store.keep_for({("t", 0): {101 * 10}})  # a group that will be parked at batch 10 for a while
     for b in range(1, 1000):  # every batch its own run (a marker after each)
@@ -159,7 +159,9 @@ def test_a_group_that_jumps_past_what_was_kept_for_it_resumes_safely_rereading_a
     translation = store.translate("t", 0, jumped)
     assert translation is not None
     assert translation.downstream_offset <= 100 * 500 + 30  # never past a record it has not read
-    assert translation.reread == jumped - 1 - (101 * 9 + 99)  # and the re-read says how far back it lands
+    below = [r for r in store.runs("t", 0) if r.start <= jumped - 1][-1]  # the newest run kept below it
+    assert translation == Translation(below.target_end, jumped - 1 - below.last)  # the re-read says how far back
+    assert translation.reread <= jumped - 1 - (101 * 9 + 99)  # and an exponential point is nearer than the parked run
 
 
 class ActiveActive:

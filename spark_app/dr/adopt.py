@@ -296,6 +296,8 @@ def write_offset_syncs(config: MirrorConfig, flow: FlowConfig, runs: dict[Partit
         for run in partition_runs:
             store.record(t, p, run)
     producer = clients.producer(cluster, {"acks": "all"})
-    OffsetSyncWriter(store, threading.Lock(), lambda s: clients.produce(producer, topic, s.key(), s.value())).flush()
+    OffsetSyncWriter(
+        store, threading.Lock(), lambda s: clients.produce(producer, topic, s.key(), s.record_value())
+    ).flush()
     if producer.flush(clients.REQUEST_TIMEOUT_S):
         raise MirrorFailed(f"flow {flow.name}: offset syncs not acknowledged by '{cluster.alias}'")

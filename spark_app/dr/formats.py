@@ -81,6 +81,7 @@ class OffsetSync:
     slot: int = -1
     last_offset: int | None = None  # None: the same as upstream_offset
     kind: int = 0  # spark_app.dr.syncs: 0 a mirrored run, 1 an echo run, 2 a local span
+    deleted: bool = False  # a tombstone: the slot holds nothing any more (its value is null on the topic)
 
     def key(self) -> bytes:
         return _string(self.topic) + struct.pack(">iib", self.partition, self.slot, self.kind)
@@ -89,12 +90,27 @@ class OffsetSync:
         last = self.upstream_offset if self.last_offset is None else self.last_offset
         return struct.pack(">qqq", self.upstream_offset, self.downstream_offset, last)
 
+    def record_value(self) -> bytes | None:
+        """What the topic holds for this sync: its value, or null for a tombstone."""
+        return None if self.deleted else self.value()
+
     @classmethod
-    def decode(cls, key: bytes, value: bytes) -> OffsetSync:
-        k, v = _Reader(key), _Reader(value)
+    def tombstone(cls, topic: str, partition: int, slot: int, kind: int) -> OffsetSync:
+        return cls(topic, partition, -1, -1, slot, None, kind, deleted=True)
+
+    @classmethod
+    def decode_key(cls, key: bytes) -> tuple[str, int, int, int]:
+        """(topic, partition, slot, kind) from a key; slot -1 and kind 0 in MM2's own layout."""
+        k = _Reader(key)
         topic, partition = k.string(), k.take(">i")
         slot = k.take(">i") if k.left() >= 4 else -1
         kind = k.take(">b") if k.left() >= 1 else 0
+        return topic, partition, slot, kind
+
+    @classmethod
+    def decode(cls, key: bytes, value: bytes) -> OffsetSync:
+        topic, partition, slot, kind = cls.decode_key(key)
+        v = _Reader(value)
         upstream, downstream = v.take(">q"), v.take(">q")
         return cls(topic, partition, upstream, downstream, slot, v.take(">q") if v.left() >= 8 else None, kind)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
@@ -58,7 +60,15 @@ def read_offset_syncs(config: MirrorConfig, flow: FlowConfig) -> SyncStore:
     store = SyncStore(local_writes=echoes_back(config, flow))
     synced = []
     for msg in clients.read_topic(config.cluster(offset_syncs_cluster(flow)), offset_syncs_topic(flow)):
-        sync = decode_or_none(OffsetSync, msg.key(), msg.value())
+        key = msg.key()
+        if key is not None and msg.value() is None:  # a tombstone: the slot holds nothing any more
+            try:
+                topic, partition, slot, kind = OffsetSync.decode_key(key)
+            except (ValueError, struct.error):
+                continue
+            synced.append(SlottedRun(topic, partition, slot, None, kind))
+            continue
+        sync = decode_or_none(OffsetSync, key, msg.value())
         if sync is not None:
             last = sync.upstream_offset if sync.last_offset is None else sync.last_offset
             run = Run(sync.upstream_offset, sync.downstream_offset, last)

@@ -37,10 +37,13 @@ class OffsetSyncWriter:
                     self.syncs.echo(row.topic, row.partition, Run(start, target, last))
 
     def flush(self) -> list[OffsetSync]:
-        """Write one sync per run changed since the last flush; returns them."""
+        """Write one sync per run changed since the last flush (after the tombstones of a reset partition's
+        slots); returns them."""
         with self._lock:
             changed = [
-                OffsetSync(s.topic, s.partition, s.run.start, s.run.target, s.slot, s.run.last, s.kind)
+                OffsetSync.tombstone(s.topic, s.partition, s.slot, s.kind)
+                if s.run is None
+                else OffsetSync(s.topic, s.partition, s.run.start, s.run.target, s.slot, s.run.last, s.kind)
                 for s in self.syncs.take_changed()
             ]
         for sync in changed:

@@ -122,7 +122,7 @@ class DrSync:
         topic = offset_syncs_topic(self.flow)
         if topic not in self.disabled:
             producer = self.producers.get(offset_syncs_cluster(self.flow))
-            clients.produce(producer, topic, sync.key(), sync.value())
+            clients.produce(producer, topic, sync.key(), sync.record_value())
 
     def _emit_heartbeat(self, beat: Heartbeat) -> None:
         if self.emit_heartbeats and HEARTBEATS_TOPIC not in self.disabled:

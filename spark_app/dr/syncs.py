@@ -46,6 +46,11 @@ from ..clients import Partition
 # Recent runs kept per partition, beside the ones groups need. A topic with few gaps needs one; a transactional
 # topic breaks a run at every commit marker, so this is about MAX_RUNS transactions of exact history.
 MAX_RUNS = 256
+# Runs kept above the slowest group's position, newest first, so a group that keeps consuming behind the dense tail
+# still finds the run it moves into: about MAX_TRAIL transactions of lag translate exactly.
+MAX_TRAIL = 2048
+# Exponentially spaced history: the newest run at or below head - 2**k, for every k.
+EXPONENTIAL_POINTS = 64
 # Local spans kept per partition: identity active/active adds about one per batch with local writes.
 MAX_LOCAL_SPANS = 256
 # What a synced record holds: a mirrored run, an echo run, or a local span (written as a run onto itself).
@@ -77,12 +82,26 @@ class Translation:
     guarded: bool = False  # moved back to a target-local record the group may not have read (identity)
 
 
+def run_bound(committed_offsets: int, max_runs: int = MAX_RUNS, max_trail: int = MAX_TRAIL) -> int:
+    """The most runs one partition keeps (of one kind), given how many distinct committed offsets groups hold on
+    it: the dense tail or the trail above the slowest group, the exponential points, one run per committed offset,
+    and the slack eviction waits for."""
+    return max(max_runs, max_trail) + EXPONENTIAL_POINTS + committed_offsets + _slack(max_runs)
+
+
+def _slack(max_runs: int) -> int:
+    """Runs recorded past the last eviction before the next one, so eviction costs O(1) per run amortized."""
+    return max(1, max_runs // 4)
+
+
 @dataclass
 class _PartitionRuns:
     runs: list[Run] = field(default_factory=list)  # sorted by start, not overlapping
     slots: dict[int, int] = field(default_factory=dict)  # run start -> slot
     needed: frozenset[int] = frozenset()  # committed offsets of the groups the checkpoint task saw last
     dirty: set[int] = field(default_factory=set)  # starts of runs changed since the last `take_changed`
+    pinned: bool = False  # read back at start: nothing is evicted until `keep_for` says what groups need
+    evict_at: int = 0  # evict once this many runs are held
 
     def starts(self) -> list[int]:
         return [r.start for r in self.runs]
@@ -90,23 +109,24 @@ class _PartitionRuns:
 
 @dataclass(frozen=True)
 class SlottedRun:
-    """A run as the offset-syncs topic holds it."""
+    """A run as the offset-syncs topic holds it; `run` None is a tombstone: the slot holds nothing any more."""
 
     topic: str
     partition: int
     slot: int
-    run: Run
+    run: Run | None
     kind: int = MIRRORED
 
 
 class RunHistory:
-    """Runs of one kind per source partition, with translation; at most `max_runs` plus one per committed offset
-    groups hold."""
+    """Runs of one kind per source partition, with translation; at most `run_bound` runs per partition."""
 
-    def __init__(self, kind: int, max_runs: int = MAX_RUNS) -> None:
+    def __init__(self, kind: int, max_runs: int = MAX_RUNS, max_trail: int = MAX_TRAIL) -> None:
         self.kind = kind
         self.max_runs = max_runs
+        self.max_trail = max_trail
         self._parts: dict[Partition, _PartitionRuns] = {}
+        self._tombstones: dict[Partition, set[int]] = {}  # slots of reset partitions, to delete on the topic
 
     def record(self, topic: str, partition: int, run: Run) -> None:
         """A run the writer reports. A run starting at or before kept history means a batch copied again: what
@@ -114,9 +134,10 @@ class RunHistory:
         self._record(topic, partition, run, slot=None)
 
     def _record(self, topic: str, partition: int, run: Run, slot: int | None) -> None:
-        part = self._parts.setdefault((topic, partition), _PartitionRuns())
+        # A partition new to the store is pinned until `keep_for` says which of its runs groups need.
+        part = self._parts.setdefault((topic, partition), _PartitionRuns(pinned=True))
         runs = part.runs
-        cut = bisect.bisect_left(part.starts(), run.start)
+        cut = len(runs) if not runs or runs[-1].start < run.start else bisect.bisect_left(part.starts(), run.start)
         for old in runs[cut:]:
             self._free(part, old)
         del runs[cut:]
@@ -132,30 +153,37 @@ class RunHistory:
             runs.append(run)
             part.slots[run.start] = self._free_slot(part) if slot is None else slot
             part.dirty.add(run.start)
-        if slot is None:
+        if slot is None and len(runs) > max(self.max_runs, part.evict_at):
             self._evict(part)
 
     def load(self, synced: Iterable[SlottedRun]) -> None:
         """Rebuild from the offset-syncs topic, replaying its records in the order it holds them (compacted or
-        not). Nothing is evicted until `keep_for` says which runs groups need."""
+        not; a tombstone empties its slot). Nothing is evicted until `keep_for` says which runs groups need."""
         for s in synced:
             part = self._parts.setdefault((s.topic, s.partition), _PartitionRuns())
+            part.pinned = True
             stale = next((start for start, slot in part.slots.items() if slot == s.slot), None)
             if stale is not None:  # the slot was written again: the newer run replaces the one it held
                 part.runs = [r for r in part.runs if r.start != stale]
                 del part.slots[stale]
-            self._record(s.topic, s.partition, s.run, slot=s.slot)
+            if s.run is not None:
+                self._record(s.topic, s.partition, s.run, slot=s.slot)
             part.dirty.clear()
 
     def reset(self, topic: str, partition: int) -> None:
-        """Forget a partition whose offsets went backwards; its runs start over with the next batch (which reuse
-        the freed slots, so a restart does not bring the old ones back for long: the first new run replaces them)."""
-        self._parts.pop((topic, partition), None)
+        """Forget a partition whose offsets went backwards; its runs start over with the next batch. Every slot it
+        held gets a tombstone at the next `take_changed`, so a restart never brings the old runs back."""
+        part = self._parts.pop((topic, partition), None)
+        if part is not None and part.slots:
+            self._tombstones.setdefault((topic, partition), set()).update(part.slots.values())
+        self._parts[(topic, partition)] = _PartitionRuns(pinned=True)  # groups start over too: wait for keep_for
 
     def keep_for(self, needed: Mapping[Partition, Iterable[int]]) -> None:
-        """The committed offsets groups have now, per partition: the runs holding them outlive MAX_RUNS."""
+        """The committed offsets groups have now, per partition: the runs holding them, and the runs above the
+        slowest of them (up to `max_trail`), outlive the dense tail."""
         for key, part in self._parts.items():
             part.needed = frozenset(needed.get(key, ()))
+            part.pinned = False
             self._evict(part)
 
     def translate(
@@ -183,7 +211,12 @@ class RunHistory:
         return list(part.runs) if part else []
 
     def take_changed(self) -> Iterator[SlottedRun]:
-        """The runs changed since the last call (new or extended), each with its slot, to write to the topic."""
+        """The tombstones of reset partitions' slots, then the runs changed since the last call (new or
+        extended), each with its slot, to write to the topic in this order."""
+        for (topic, partition), slots in sorted(self._tombstones.items()):
+            for slot in sorted(slots):
+                yield SlottedRun(topic, partition, slot, None, self.kind)
+        self._tombstones.clear()
         for (topic, partition), part in sorted(self._parts.items()):
             for run in part.runs:
                 if run.start in part.dirty:
@@ -191,13 +224,23 @@ class RunHistory:
             part.dirty.clear()
 
     def rebase(self, older: RunHistory) -> None:
-        """Put `older` history (read back at start) under this history's runs, in place."""
-        merged = RunHistory(self.kind, self.max_runs)
-        for source in (older, self):
-            for (topic, partition), part in source._parts.items():
-                for run in part.runs:
-                    merged.record(topic, partition, run)
-        self._parts = merged._parts
+        """Put `older` history (read back at start) under this history's runs, in place. The older runs keep
+        their slots; nothing is evicted until `keep_for` says what groups need (a parked group's run is there)."""
+        merged = RunHistory(self.kind, self.max_runs, self.max_trail)
+        for (topic, partition), part in older._parts.items():
+            for run in part.runs:
+                merged._record(topic, partition, run, slot=part.slots[run.start])
+            merged._parts.setdefault((topic, partition), _PartitionRuns()).dirty.clear()
+        for key, part in self._parts.items():
+            merged._parts.setdefault(key, _PartitionRuns()).pinned = True
+            for run in part.runs:
+                merged._record(key[0], key[1], run, slot=None)
+            merged._parts[key].needed = part.needed
+        for part in merged._parts.values():
+            part.pinned = True
+        for key, slots in (*older._tombstones.items(), *self._tombstones.items()):
+            merged._tombstones.setdefault(key, set()).update(slots)
+        self._parts, self._tombstones = merged._parts, merged._tombstones
 
     # -- bookkeeping ------------------------------------------------------------------------------------------
 
@@ -219,23 +262,31 @@ class RunHistory:
         part.dirty.discard(run.start)
 
     def _evict(self, part: _PartitionRuns) -> None:
-        """Drop the oldest runs past `max_runs`, except those kept for a needed committed offset."""
-        excess = len(part.runs) - self.max_runs
-        if excess <= 0:
+        """Keep the runs translation needs and drop the rest: the dense tail (`max_runs` newest), or down to the
+        slowest group's run if that is lower (at most `max_trail` newest); the run under each committed offset;
+        and the newest run at or below head - 2**k for every k (exponentially spaced history)."""
+        if part.pinned or not part.runs:
             return
-        starts = part.starts()
-        held: set[int] = set()
-        for offset in part.needed:
-            i = bisect.bisect_right(starts, offset - 1)
-            held.add(starts[max(0, i - 1)])
+        runs, starts = part.runs, part.starts()
+        under = [bisect.bisect_right(starts, c - 1) - 1 for c in part.needed]  # -1: below every run
+        held = {i for i in under if i >= 0}
+        dense_from = len(runs) - self.max_runs
+        if under:  # a group below every run anchors the trail at the oldest
+            dense_from = min(dense_from, max(max(0, min(under)), len(runs) - self.max_trail))
+        keep = held | set(range(max(0, dense_from), len(runs)))
+        head = runs[-1].last + 1
+        for k in range(EXPONENTIAL_POINTS):  # the last point is the oldest run: history reaches back that far
+            keep.add(max(0, bisect.bisect_right(starts, head - (1 << k)) - 1))
+            if head - (1 << k) < runs[0].start:
+                break
         kept = []
-        for run in part.runs:
-            if excess > 0 and run.start not in held:
-                self._free(part, run)
-                excess -= 1
-            else:
+        for i, run in enumerate(runs):
+            if i in keep:
                 kept.append(run)
+            else:
+                self._free(part, run)
         part.runs = kept
+        part.evict_at = len(kept) + _slack(self.max_runs)
 
 
 def lowest_free(slots: Iterable[int]) -> int:
@@ -252,6 +303,8 @@ class _Spans:
     first: int | None = None  # where this store's first write landed, when it knew no history before it
     needed: frozenset[int] = frozenset()  # starts of spans a group's translation rests on
     dirty: set[int] = field(default_factory=set)  # slots changed since the last `take_changed`
+    prehistory: int | None = None  # slot of the span below this store's first write, when it knew no history
+    tombstones: set[int] = field(default_factory=set)  # slots to delete on the topic
 
 
 class LocalSpans:
@@ -266,6 +319,9 @@ class LocalSpans:
         part = self._parts.setdefault(key, _Spans())
         if part.high is None:
             part.first = run.target
+            if run.target > 0:  # the target held records before the flow's first write: someone else's
+                self._add(part, 0, run.target, None)
+                part.prehistory = part.slots[0]
         elif run.target > part.high:
             self._add(part, part.high, run.target, None)
         part.high = max(part.high or 0, run.target_end)
@@ -288,13 +344,15 @@ class LocalSpans:
         part.needed = frozenset(needed)
         self._bound(part)
 
-    def load(self, key: Partition, slot: int, start: int, end: int) -> None:
-        """A span read back from the topic; a slot written again replaces what it held."""
+    def load(self, key: Partition, slot: int, span: tuple[int, int] | None) -> None:
+        """A span [start, end) read back from the topic; a slot written again replaces what it held, and a
+        tombstone (None) empties it."""
         part = self._parts.setdefault(key, _Spans())
         if slot in part.slots:
             i = part.slots.index(slot)
             del part.spans[i], part.slots[i]
-        self._add(part, start, end, slot)
+        if span is not None:
+            self._add(part, span[0], span[1], slot)
         part.dirty.clear()
 
     def set_high(self, key: Partition, high: int) -> None:
@@ -304,6 +362,9 @@ class LocalSpans:
 
     def take_changed(self) -> Iterator[SlottedRun]:
         for (topic, partition), part in sorted(self._parts.items()):
+            for slot in sorted(part.tombstones - set(part.slots)):
+                yield SlottedRun(topic, partition, slot, None, LOCAL)
+            part.tombstones.clear()
             for (start, end), slot in zip(part.spans, part.slots, strict=True):
                 if slot in part.dirty:
                     yield SlottedRun(topic, partition, slot, Run(start, start, end - 1), LOCAL)
@@ -314,6 +375,12 @@ class LocalSpans:
         write and this store's first one is someone else's too."""
         for key, old in older._parts.items():
             part = self._parts.setdefault(key, _Spans())
+            if old.high is not None and part.prehistory is not None:  # the history below the first write is known
+                i = part.slots.index(part.prehistory)
+                del part.spans[i], part.slots[i]
+                part.dirty.discard(part.prehistory)
+                part.tombstones.add(part.prehistory)
+            part.prehistory = None
             if old.high is not None and part.first is not None and part.first > old.high:
                 self._add(part, old.high, part.first, None)
             for (start, end), slot in zip(old.spans, old.slots, strict=True):
@@ -345,7 +412,10 @@ class LocalSpans:
     def _join(part: _Spans, i: int) -> None:
         """Merge span i with the next one: the mirrored records between count as local, which only re-reads."""
         part.spans[i][1] = max(part.spans[i][1], part.spans[i + 1][1])
+        if part.prehistory == part.slots[i + 1]:
+            part.prehistory = part.slots[i]
         part.dirty.discard(part.slots[i + 1])
+        part.tombstones.add(part.slots[i + 1])
         del part.spans[i + 1], part.slots[i + 1]
         part.dirty.add(part.slots[i])
 
@@ -367,10 +437,10 @@ class SyncStore:
     of them a group has read.
     """
 
-    def __init__(self, max_runs: int = MAX_RUNS, local_writes: bool = False) -> None:
+    def __init__(self, max_runs: int = MAX_RUNS, local_writes: bool = False, max_trail: int = MAX_TRAIL) -> None:
         self.local_writes = local_writes
-        self._mirrored = RunHistory(MIRRORED, max_runs)
-        self._echoes = RunHistory(ECHO, max_runs)
+        self._mirrored = RunHistory(MIRRORED, max_runs, max_trail)
+        self._echoes = RunHistory(ECHO, max_runs, max_trail)
         self._local = LocalSpans()
 
     def record(self, topic: str, partition: int, run: Run) -> None:
@@ -392,7 +462,8 @@ class SyncStore:
         self._echoes.load(s for s in synced if s.kind == ECHO)
         for s in synced:
             if s.kind == LOCAL:
-                self._local.load((s.topic, s.partition), s.slot, s.run.start, s.run.last + 1)
+                span = None if s.run is None else (s.run.start, s.run.last + 1)
+                self._local.load((s.topic, s.partition), s.slot, span)
         for key in self._mirrored.partitions():
             latest = self._mirrored.latest(*key)
             assert latest is not None  # a listed partition has a run
