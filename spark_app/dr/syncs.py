@@ -13,13 +13,23 @@ When C - 1 falls after a run's end (a gap, or a record the mirror has not copied
 run: safe, with at most C - 1 - last source records read again. A group whose C - 1 is older than every kept run
 gets the caller's fallback.
 
-Memory is bounded per partition: at most `MAX_RUNS` recent runs, plus the run holding each committed offset the
-checkpoint task saw last (`keep_for`). So a group within MAX_RUNS runs of the head, or parked anywhere, translates
-exactly, and a partition without gaps is one run, exact at any lag. A group that consumes through history older
-than what is kept (possible only on a partition with more than MAX_RUNS gaps behind the head) resumes safely after
-the newest run kept below it, and the re-read it gets is reported.
+Memory is bounded per partition (per kind of run): at most `run_bound(G)` = max(MAX_RUNS, MAX_TRAIL) + 64 +
+G + MAX_RUNS / 4 runs, G the distinct committed offsets groups hold there (2,048 + 64 + 64 + G with the defaults).
+Eviction keeps: the dense tail (the MAX_RUNS newest); the trail, every run above the slowest group's position up
+to the MAX_TRAIL newest; the run under each committed offset the checkpoint task saw last (`keep_for`); and
+exponentially spaced history, the newest run at or below head - 2**k for every k, down to the oldest run (after
+Kafka's KAFKA-14666). So a parked group is exact at any lag; a group that keeps consuming is exact while it stays
+within MAX_TRAIL runs of the head, as the runs it moves into were kept since they were written; and a group beyond
+that (or one never seen) resumes safely after the nearest exponential point below it, re-reading at most about its
+own lag, which the translation reports. No bounded store does better for a moving group at any lag: the run it
+moves into next is one of the runs between it and the head, and any of them may be the one. A partition without
+gaps is one run, exact at any lag. History read back at start, and a partition new to the store or reset, is not
+evicted until the next `keep_for` says what groups need, so a restart keeps what a parked group's translation rests on.
+A reset writes tombstones for the old slots, so its old runs never come back after a restart.
 
-Under `identity` the target topic also holds records written there locally, and a group resuming after the last
+Under `identity` the target topic also holds records written there locally (including any it held before the
+flow's first write, which count as a local span from offset 0 unless history read back says otherwise), and a
+group resuming after the last
 mirrored record it read could skip a local one below that it never read. The flow the other way copies those
 local records to the source, stamped with their target offset, and this flow drops them there as echoes; it keeps
 them as *echo runs* (source offset -> the target offset the record came from), and it notes the *local spans*,
