@@ -1,4 +1,4 @@
-"""Run the sync store's model-based test (tests/translation_model.py) on a long budget.
+"""Run the sync store's model-based test (bench/testbed/translation_model.py) on a long budget.
 
     python -m bench.translation_model --examples 2000 --steps 120
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.translation_model import IdentityTranslation, Translation
+from bench.testbed.translation_model import IdentityTranslation, Translation
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

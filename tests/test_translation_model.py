@@ -1,12 +1,12 @@
-"""The sync store against a brute-force model of where every record landed (tests/translation_model.py), on a fixed
-budget that runs in the fast selection: plain flows, and identity active/active with a target that held data first.
-bench/translation_model.py runs the same machines longer."""
+"""The sync store against a brute-force model of where every record landed (bench/testbed/translation_model.py), on
+a fixed budget that runs in the fast selection: plain flows, and identity active/active with a target that held data
+first. bench/translation_model.py runs the same machines longer."""
 
 from __future__ import annotations
 
 from hypothesis import settings
 
-from tests.translation_model import IdentityTranslation, Translation
+from bench.testbed.translation_model import IdentityTranslation, Translation
 
 FAST = settings(max_examples=150, stateful_step_count=60, deadline=None, derandomize=True, database=None)
 
