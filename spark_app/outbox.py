@@ -39,8 +39,9 @@ PRODUCER_DEFAULTS = {
     "queue.buffering.max.messages": 500_000,
     "queue.buffering.max.kbytes": 262_144,
 }
-# The copier assigns partitions at Spark's offsets and never joins the group or commits: Spark's checkpoint owns
-# the positions. EOF events tell it where a partition's log ends (a range can end in transaction markers).
+# A copy assigns partitions at the positions the flow's runner gives it and never joins the group or commits: Spark's
+# checkpoint or the flow's ledger owns the positions. EOF events tell it where a partition's log ends (a range can
+# end in transaction markers).
 CONSUMER_DEFAULTS = {
     "group.id": "mirrorkit-copier",
     "enable.auto.commit": False,
@@ -51,6 +52,7 @@ CONSUMER_DEFAULTS = {
     "fetch.max.bytes": 52_428_800,
     "max.partition.fetch.bytes": 10_485_760,
 }
+# How long a produce to a partition the producer's metadata does not know yet waits for the partition to appear.
 METADATA_WAIT_S = 60.0
 # Delivery errors that concern one topic or record, not the target: the partition holds from the refused record and
 # its topic is quarantined (spark_app.quarantine) while the others go on. Any other delivery error fails the batch.
@@ -64,7 +66,6 @@ TOPIC_SCOPED_ERRORS = frozenset(
         KafkaError._UNKNOWN_TOPIC,
     }
 )
-
 Headers = list[tuple[str, str | bytes | None]]  # as confluent-kafka types them; consumed values are bytes or None
 
 
