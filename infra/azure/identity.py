@@ -56,18 +56,22 @@ class MirrorEntraIdentity(pulumi.ComponentResource):
             f"{name}-identity", resource_group_name=args.resource_group_name, location=args.location, opts=child
         )
         # What a pod needs before it can sign in; the mirror's SparkApplication waits for these.
-        self.ready: list[pulumi.Resource] = [
-            managedidentity.FederatedIdentityCredential(
+        self.ready: list[pulumi.Resource] = []
+        # Azure refuses concurrent writes of federated credentials on one identity (409
+        # ConcurrentFederatedIdentityCredentialsWritesForSingleManagedIdentity): each waits for the one before.
+        previous: list[pulumi.Resource] = []
+        for account in args.service_accounts:
+            credential = managedidentity.FederatedIdentityCredential(
                 f"{name}-federation-{account}",
                 resource_group_name=args.resource_group_name,
                 resource_name_=identity.name,
                 issuer=args.oidc_issuer_url,
                 subject=f"system:serviceaccount:{args.namespace}:{account}",
                 audiences=[TOKEN_AUDIENCE],
-                opts=child,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=previous),
             )
-            for account in args.service_accounts
-        ]
+            self.ready.append(credential)
+            previous = [credential]
         client = authorization.get_client_config_output(opts=pulumi.InvokeOutputOptions(parent=self))
         subscription = client.subscription_id
         data_roles = [

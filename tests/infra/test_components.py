@@ -141,6 +141,32 @@ def test_entra_identity_federates_the_service_account_and_may_only_send_and_rece
     }
 
 
+def test_federated_credentials_on_one_identity_are_written_one_after_another():
+    # Azure refuses concurrent federated credential writes on one managed identity (409
+    # ConcurrentFederatedIdentityCredentialsWritesForSingleManagedIdentity): each waits for the one before.
+    accounts = ["mirrorkit", "mirrorkit-executor", "third"]
+
+    async def body():
+        MirrorEntraIdentity(
+            "site-entra",
+            MirrorEntraIdentityArgs(
+                resource_group_name="rg",
+                location="westeurope",
+                oidc_issuer_url="https://oidc.example/issuer/",
+                namespace="mk",
+                service_accounts=accounts,
+                namespace_ids={},
+            ),
+        )
+        return {}
+
+    run = run_pulumi(body, {})
+    credentials = [run.named(f"site-entra-federation-{a}") for a in accounts]
+    for before, after in zip(credentials, credentials[1:], strict=False):
+        assert before.urn in after.dependencies, f"{after.name} does not wait for {before.name}"
+    assert not any(c.urn in credentials[0].dependencies for c in credentials[1:])
+
+
 def test_event_hubs_can_use_an_existing_resource_group_and_auto_inflate():
     spec = EventHubsSpec(
         namespace="mirrorkit-test",
