@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
-from infra.naming import CHECKPOINT_DIR
+from infra.naming import CHECKPOINT_DIR, DNS_LABEL
 from infra.versions import pinned
 from spark_app.config import ALIAS_PATTERN, StrictModel
 
@@ -392,6 +392,15 @@ class Alerts(StrictModel):
     heartbeat_age_s: Annotated[int, Field(ge=1)] = 300
 
 
+def _secret_name(v: str) -> str:
+    if DNS_LABEL.match(v) is None:
+        raise ValueError(f"'{v}' is not a Kubernetes Secret name (a DNS label: a-z, 0-9 and '-', at most 63)")
+    return v
+
+
+SecretName = Annotated[str, AfterValidator(_secret_name)]
+
+
 class MirrorSpec(StrictModel):
     # The SparkApplication's sparkVersion: the pyspark pin, which the image's Spark is built from too
     # (images/mirror/Dockerfile). Set it only for an image built some other way.
@@ -404,6 +413,9 @@ class MirrorSpec(StrictModel):
     monitoring_labels: dict[str, str] = Field(default_factory=lambda: {"release": "kube-prometheus-stack"})
     # On the dashboard's ConfigMap, in the site's monitoring namespace: Grafana's sidecar loads what carries these.
     dashboard_labels: dict[str, str] = Field(default_factory=lambda: {"grafana_dashboard": "1"})
+    # Secrets (kubernetes.io/dockerconfigjson, in the mirror's namespace) the kubelet pulls the image with, on the
+    # driver's and the executors' pods; none by default.
+    image_pull_secrets: list[SecretName] = Field(default_factory=list)
     # Top-level MirrorConfig settings (intervals, metrics_port), passed through and checked by spark_app.
     runtime: dict[str, Any] = Field(default_factory=dict)
 

@@ -366,6 +366,7 @@ def build(settings: StackSettings) -> Topology:
                 pod_labels=pod_labels,
                 depends_on=ready,
                 spark_conf=identity.spark_conf,
+                image_pull_secrets=model.mirror.image_pull_secrets,
                 protect=settings.protect_data,
             ),
             on_site,

@@ -74,6 +74,7 @@ class MirrorApplicationArgs:
     # role assignments and policies; without them the first driver starts unable to sign in.
     depends_on: Sequence[pulumi.Resource] = ()
     spark_conf: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # e.g. object storage sign-in
+    image_pull_secrets: Sequence[str] = ()  # Secrets in the namespace the image is pulled with, on every pod
     protect: bool = True  # the checkpoint PVC holds the mirror's positions: `pulumi destroy` must not lose it
 
 
@@ -100,12 +101,16 @@ def spark_application_spec(name: str, config_map: str, pvc: str | None, args: Mi
         "podSecurityContext": POD_SECURITY,
         "securityContext": CONTAINER_SECURITY,
     }
+    # The operator hands these to spark-submit as spark.kubernetes.container.image.pullSecrets, which Spark puts on
+    # the driver's pod and on each executor pod it makes; v1beta2 has no per-pod field for them.
+    pull_secrets = {"imagePullSecrets": list(args.image_pull_secrets)} if args.image_pull_secrets else {}
     return {
         "type": "Python",
         "pythonVersion": "3",
         "mode": "cluster",
         "image": args.image,
         "imagePullPolicy": "IfNotPresent",
+        **pull_secrets,
         "mainApplicationFile": MAIN_FILE,
         "arguments": ["run", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
         "sparkVersion": args.spark_version,

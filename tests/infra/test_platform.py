@@ -11,6 +11,7 @@ import runpy
 import pulumi
 import pytest
 import yaml
+from kubeflow_spark_api.models import SparkV1beta2SparkApplication
 
 from infra.k8s.mirror_app import MirrorApplication
 from infra.settings import load_settings
@@ -76,6 +77,21 @@ def test_executors_get_the_cloud_identity_too():
         "system:serviceaccount:mirrorkit-dr-msk-to-eventhubs:mirrorkit",
         "system:serviceaccount:mirrorkit-dr-msk-to-eventhubs:mirrorkit-executor",
     }
+
+
+def test_image_pull_secrets_reach_the_driver_and_executor_pods_only_when_the_stack_names_them(stack_runs):
+    for stack in NAMES:  # none by default
+        for app in stack_runs[stack].of_type(SPARK_APP):
+            assert "imagePullSecrets" not in app.plain["spec"]
+    values = copy.deepcopy(with_secrets(stack_values(DR)))
+    values["mirrorkit:mirror"]["image_pull_secrets"] = ["regcred", "mirror-pull"]
+    run = run_values(values, stack="dr-msk-to-eventhubs")
+    (app,) = run.of_type(SPARK_APP)
+    # The operator passes the spec's list to spark-submit as spark.kubernetes.container.image.pullSecrets, which
+    # Spark puts on the driver's pod and on every executor pod it makes (v1beta2 has no per-pod field for it).
+    assert app.plain["spec"]["imagePullSecrets"] == ["regcred", "mirror-pull"]
+    rendered = {k: v for k, v in app.plain.items() if v is not None}
+    assert SparkV1beta2SparkApplication.from_dict(rendered).to_dict() == rendered
 
 
 def test_a_config_change_changes_the_spark_application_spec():

@@ -191,3 +191,10 @@ def test_a_site_running_realtime_and_throughput_flows_needs_one_more_core_for_th
     ) in message
     set_config(both_on_use1(3))
     assert [f.mode for f in load_settings().mirror_at("use1").flows] == ["realtime", "throughput"]
+
+
+def test_an_image_pull_secret_that_is_no_kubernetes_name_is_named_at_its_key():
+    values = edited(DR, mirror=lambda m: m.update(image_pull_secrets=["regcred", "Reg_Cred"]))
+    message = refused(values)
+    assert f"{PROJECT}:mirror.image_pull_secrets[1]: 'Reg_Cred' is not a Kubernetes Secret name" in message
+    assert "image_pull_secrets[0]" not in message
