@@ -95,6 +95,9 @@ class _SiteIdentity:
     pod_labels: dict[str, str] = field(default_factory=dict)
     spark_conf: dict[str, pulumi.Input[str]] = field(default_factory=dict)  # object storage sign-in
     ready: list[pulumi.Resource] = field(default_factory=list)  # the SparkApplication waits for these
+    # The pods sign in to AWS (IAM-auth MSK, s3a:// checkpoints) as the site's role: through the node's EKS Pod
+    # Identity agent, or with IRSA through STS.
+    aws_credentials: bool = False
 
 
 def _checkpoint_store(settings: StackSettings, providers: _AwsProviders, out: Topology) -> None:
@@ -168,6 +171,7 @@ def _site_identity(settings: StackSettings, site: SiteSpec, providers: _AwsProvi
                 pulumi.ResourceOptions(provider=site_provider),
             )
             out.roles[site.name] = role
+            found.aws_credentials = True
             found.annotations.update(role.service_account_annotations)
             found.ready += role.ready
     entra = [c for c in clusters if c.entra]
@@ -291,7 +295,6 @@ def build(settings: StackSettings) -> Topology:
         if not clusters:
             continue
         msk = {c.alias: c.msk for c in clusters if c.msk is not None}
-        iam_at_site = [a for a, spec in msk.items() if spec.auth == "iam"]
         entra = [c for c in clusters if c.entra]
         identity = identities[site.name]
         annotations, ready, pod_labels = identity.annotations, identity.ready, identity.pod_labels
@@ -324,8 +327,11 @@ def build(settings: StackSettings) -> Topology:
                 # HTTPS out of the cluster: object storage, Entra ID's token endpoint, STS for IRSA.
                 https_egress=model.mirror.checkpoint.url is not None
                 or bool(entra)
-                or (site.aws is not None and site.aws.oidc_provider_arn is not None and bool(iam_at_site)),
-                pod_identity_agent=site.aws is not None and site.aws.eks_cluster is not None and bool(iam_at_site),
+                or (identity.aws_credentials and site.aws is not None and site.aws.oidc_provider_arn is not None),
+                # EKS Pod Identity: every AWS sign-in of the pods (Kafka's IAM auth and s3a alike) asks the agent.
+                pod_identity_agent=identity.aws_credentials
+                and site.aws is not None
+                and site.aws.eks_cluster is not None,
             ),
             on_site,
         )

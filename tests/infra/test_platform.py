@@ -133,6 +133,35 @@ def test_the_spark_application_waits_for_its_role_assignments():
     assert assignments and assignments <= set(app.dependencies)
 
 
+ONPREM = ROOT / "stacks" / "Pulumi.onprem-to-msk.yaml"
+POD_IDENTITY_AGENT = [{"ipBlock": {"cidr": "169.254.170.23/32"}}, {"ipBlock": {"cidr": "fd00:ec2::23/128"}}]
+
+
+def opens_the_pod_identity_agent(run: Run) -> dict[str, bool]:
+    """Site -> whether its mirror's NetworkPolicy lets pods reach the node's EKS Pod Identity agent on port 80."""
+    found = {}
+    for policy in run.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy"):
+        if policy.name.endswith("-mirror"):
+            found[policy.name.removesuffix("-mirror")] = any(
+                rule.get("to") == POD_IDENTITY_AGENT and rule.get("ports") == [{"protocol": "TCP", "port": 80}]
+                for rule in policy.plain["spec"]["egress"]
+            )
+    return found
+
+
+def test_the_pod_identity_agent_is_open_wherever_pods_get_aws_credentials_from_it(stack_runs):
+    # IAM-auth MSK at use1 (Pod Identity); euw1 signs in through IRSA (STS over HTTPS) and never asks the agent.
+    assert opens_the_pod_identity_agent(stack_runs["active-active"]) == {"use1": True, "euw1": False}
+    # SCRAM to MSK and checkpoints on a PVC: no AWS credentials at all.
+    assert opens_the_pod_identity_agent(stack_runs["onprem-to-msk"]) == {"euw1": False}
+    # The same site with s3a:// checkpoints: Hadoop's s3a asks the agent for the role's credentials.
+    values = copy.deepcopy(with_secrets(stack_values(ONPREM)))
+    values["mirrorkit:mirror"]["checkpoint"] = {"url": "s3a://mirrorkit-checkpoints-example/onprem"}
+    run = run_values(values, stack="onprem-to-msk")
+    assert opens_the_pod_identity_agent(run) == {"euw1": True}
+    assert run.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+
+
 def test_dr_data_is_protected(stack_runs):
     run = stack_runs["dr-msk-to-eventhubs"]
     for typ in (f"{EVENTHUB}:EventHub", f"{EVENTHUB}:Namespace", "kubernetes:core/v1:PersistentVolumeClaim"):
