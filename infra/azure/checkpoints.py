@@ -16,6 +16,8 @@ BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 TOKEN_FILE = "/var/run/secrets/azure/tokens/azure-identity-token"
 TOKEN_PROVIDER = "org.apache.hadoop.fs.azurebfs.oauth2.WorkloadIdentityTokenProvider"
 _BLOBS = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs"
+# A prefix itself, or anything below it; never a sibling that merely starts with the same characters.
+_AT_OR_UNDER = (("StringEquals", ""), ("StringStartsWith", "/"))
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,18 @@ class CheckpointContainer(pulumi.ComponentResource):
 
 
 def prefix_condition(prefixes: Sequence[str]) -> str:
-    """An ABAC condition: blob reads, writes and deletes only under these prefixes."""
-    data = ("read", "write", "delete", "add/action", "move/action")
-    other_actions = " AND ".join(f"!(ActionMatches{{'{_BLOBS}/{a}'}})" for a in data)
-    under = " OR ".join(f"@Resource[{_BLOBS}:path] StringStartsWith '{p}/'" for p in sorted(prefixes))
-    return f"(({other_actions}) OR ({under}))"
+    """An ABAC condition: blob reads, writes and deletes only on each prefix (the checkpoint root itself, a directory
+    on a hierarchical namespace) and under it, and listings only of those. A listing is a read with the `Blob.List`
+    suboperation and carries the listed prefix instead of a blob path, so it takes a clause of its own; a listing
+    of the whole container (no prefix) is refused."""
+    data = ("write", "delete", "add/action", "move/action")
+    roots = sorted(prefixes)
+    reads = f"!(ActionMatches{{'{_BLOBS}/read'}} AND NOT SubOperationMatches{{'Blob.List'}})"
+    on_blobs = " AND ".join([reads, *(f"!(ActionMatches{{'{_BLOBS}/{a}'}})" for a in data)])
+    at_path = " OR ".join(f"@Resource[{_BLOBS}:path] {op} '{p}{tail}'" for p in roots for op, tail in _AT_OR_UNDER)
+    listing = f"!(ActionMatches{{'{_BLOBS}/read'}} AND SubOperationMatches{{'Blob.List'}})"
+    listed = " OR ".join(f"@Request[{_BLOBS}:prefix] {op} '{p}{tail}'" for p in roots for op, tail in _AT_OR_UNDER)
+    return f"(({on_blobs}) OR ({at_path})) AND (({listing}) OR ({listed}))"
 
 
 def abfss_conf(

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 
+from infra.azure.checkpoints import prefix_condition
 from infra.settings import load_settings
 from spark_app.config import ConfigError
 from tests.infra.harness import ROOT, Run, run_values, set_config, stack_values, with_secrets
@@ -122,3 +124,54 @@ def test_object_storage_without_the_sites_cloud_identity_is_refused(scheme):
     set_config(values)
     with pytest.raises(ConfigError, match=expected):
         load_settings()
+
+
+BLOBS = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs"
+
+
+def allows(condition: str, action: str, path: str | None = None, prefix: str | None = None) -> bool:
+    """Evaluates the subset of Azure's ABAC condition language prefix_condition writes, for one request: an action
+    (`read`, `list`, `write`, ...), the blob's path, or the listing's prefix. An attribute the request lacks compares
+    false, as Azure's does."""
+    sub = "Blob.List" if action == "list" else None
+    action = "read" if action == "list" else action
+    python = condition
+    for old, new in (
+        (rf"ActionMatches\{{'{BLOBS}/([a-z/]+)'\}}", r"(action == '\1')"),
+        (r"SubOperationMatches\{'([A-Za-z.]+)'\}", r"(sub == '\1')"),
+        (rf"@Resource\[{BLOBS}:path\] StringEquals ('[^']*')", r"eq(path, \1)"),
+        (rf"@Resource\[{BLOBS}:path\] StringStartsWith ('[^']*')", r"starts(path, \1)"),
+        (rf"@Request\[{BLOBS}:prefix\] StringEquals ('[^']*')", r"eq(prefix, \1)"),
+        (rf"@Request\[{BLOBS}:prefix\] StringStartsWith ('[^']*')", r"starts(prefix, \1)"),
+        (r"!\(", "not ("),
+        (r"\bAND NOT\b", "and not"),
+        (r"\bAND\b", "and"),
+        (r"\bOR\b", "or"),
+    ):
+        python = re.sub(old, new, python)
+    assert "@" not in python and "{" not in python, f"an unknown term is left: {python}"
+    names = {
+        "action": action,
+        "sub": sub,
+        "path": path,
+        "prefix": prefix,
+        "eq": lambda a, b: a is not None and a == b,
+        "starts": lambda a, b: a is not None and a.startswith(b),
+    }
+    return bool(eval(python, {"__builtins__": {}}, names))  # noqa: S307  # the program's own condition text
+
+
+def test_the_abfss_grant_reaches_the_checkpoint_root_and_its_listing_and_nothing_beside_it():
+    condition = prefix_condition(["dr/dr/primary-dr", "dr/dr/other-dr"])
+    root = "dr/dr/primary-dr"
+    for action in ("read", "write", "delete", "add/action", "move/action"):
+        assert allows(condition, action, path=root), f"{action} of the checkpoint root itself"
+        assert allows(condition, action, path=f"{root}/offsets/0")
+        assert not allows(condition, action, path="dr/dr/primary-dr2/offsets/0"), f"{action} beside the root"
+        assert not allows(condition, action, path="dr/dr"), f"{action} above the root"
+    assert allows(condition, "list", prefix=root) and allows(condition, "list", prefix=f"{root}/")
+    assert allows(condition, "list", prefix=f"{root}/offsets/")
+    assert not allows(condition, "list", prefix="dr/dr/primary-dr2")
+    assert not allows(condition, "list", prefix="dr/")
+    assert not allows(condition, "list")  # the whole container
+    assert allows(condition, "write", path="dr/dr/other-dr/commits/1")
