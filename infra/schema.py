@@ -288,11 +288,22 @@ class AwsSite(StrictModel):
         return self
 
 
+AKS_ISSUER = re.compile(r"^https://[a-z0-9-]+\.oic\.prod-aks\.azure\.com/")
+
+
 class AzureSite(StrictModel):
     """Azure workload identity for the site's pods: the issuer of its service-account tokens (AKS: the cluster's
-    `oidcIssuerProfile.issuerUrl`); the workload identity webhook must run on the cluster."""
+    `oidcIssuerProfile.issuerUrl`; EKS: the cluster's OIDC issuer)."""
 
     oidc_issuer_url: Annotated[str, Field(pattern=r"^https://\S+$")]
+    # Azure workload identity's mutating webhook runs on AKS and hands the pods their token and AZURE_* variables;
+    # elsewhere the program mounts the token and sets them itself. Default: AKS when the issuer is AKS's.
+    aks: bool | None = None
+
+    @property
+    def webhook(self) -> bool:
+        """Whether the workload identity webhook injects the token and variables into the site's pods."""
+        return self.aks if self.aks is not None else AKS_ISSUER.match(self.oidc_issuer_url) is not None
 
 
 class SiteSpec(StrictModel):

@@ -24,7 +24,7 @@ from infra.azure.checkpoints import (
     prefix_condition,
 )
 from infra.azure.eventhubs import EventHubs, EventHubsArgs
-from infra.azure.identity import MirrorEntraIdentity, MirrorEntraIdentityArgs, RoleGrant
+from infra.azure.identity import MirrorEntraIdentity, MirrorEntraIdentityArgs, RoleGrant, TokenByHand, token_by_hand
 from infra.k8s.mirror_app import MirrorApplication, MirrorApplicationArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
@@ -98,6 +98,7 @@ class _SiteIdentity:
     # The pods sign in to AWS (IAM-auth MSK, s3a:// checkpoints) as the site's role: through the node's EKS Pod
     # Identity agent, or with IRSA through STS.
     aws_credentials: bool = False
+    token_by_hand: TokenByHand | None = None  # Entra ID off AKS: what the workload identity webhook would add
 
 
 def _checkpoint_store(settings: StackSettings, providers: _AwsProviders, out: Topology) -> None:
@@ -212,6 +213,8 @@ def _site_identity(settings: StackSettings, site: SiteSpec, providers: _AwsProvi
         found.annotations.update(identity.service_account_annotations)
         found.pod_labels = identity.pod_labels
         found.ready += identity.ready
+        if not site.azure.webhook:
+            found.token_by_hand = token_by_hand(identity.client_id, identity.tenant_id)
         if container is not None:
             found.spark_conf.update(abfss_conf(checkpoint.store()[1], identity.client_id, identity.tenant_id))
     return found
@@ -373,6 +376,7 @@ def build(settings: StackSettings) -> Topology:
                 depends_on=ready,
                 spark_conf=identity.spark_conf,
                 image_pull_secrets=model.mirror.image_pull_secrets,
+                token_by_hand=identity.token_by_hand,
                 protect=settings.protect_data,
             ),
             on_site,

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_azure_native import authorization, storage
 
+from infra.azure.identity import TOKEN_FILE
+
 # Built-in role: Storage Blob Data Contributor, narrowed by an ABAC condition to the mirror's prefixes.
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
-# Where Azure workload identity's webhook projects the service-account token in the pod.
-TOKEN_FILE = "/var/run/secrets/azure/tokens/azure-identity-token"
 TOKEN_PROVIDER = "org.apache.hadoop.fs.azurebfs.oauth2.WorkloadIdentityTokenProvider"
 _BLOBS = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs"
 # A prefix itself, or anything below it; never a sibling that merely starts with the same characters.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 from pulumi_azure_native import authorization, managedidentity
@@ -19,6 +20,36 @@ DATA_ROLES = {"sender": "2b629674-e913-4c01-ae53-ef4638d8f975", "receiver": "a63
 TOKEN_AUDIENCE = "api://AzureADTokenExchange"
 CLIENT_ID_ANNOTATION = "azure.workload.identity/client-id"
 POD_LABELS = {"azure.workload.identity/use": "true"}
+# Where the webhook projects the service-account token, and what else it sets; off AKS the program does the same.
+TOKEN_DIR = "/var/run/secrets/azure/tokens"
+TOKEN_PATH = "azure-identity-token"
+TOKEN_FILE = f"{TOKEN_DIR}/{TOKEN_PATH}"
+TOKEN_SECONDS = 3600
+AUTHORITY_HOST = "https://login.microsoftonline.com/"
+
+
+@dataclass(frozen=True)
+class TokenByHand:
+    """What Azure workload identity's webhook adds to a pod, for clusters where it does not run: a service-account
+    token for Entra ID's audience, mounted where the webhook would put it, and the AZURE_* variables that name it."""
+
+    volume: dict[str, Any]
+    mount: dict[str, Any]
+    env: dict[str, pulumi.Input[str]]
+
+
+def token_by_hand(client_id: pulumi.Input[str], tenant_id: pulumi.Input[str]) -> TokenByHand:
+    token = {"audience": TOKEN_AUDIENCE, "expirationSeconds": TOKEN_SECONDS, "path": TOKEN_PATH}
+    return TokenByHand(
+        volume={"name": TOKEN_PATH, "projected": {"sources": [{"serviceAccountToken": token}]}},
+        mount={"name": TOKEN_PATH, "mountPath": TOKEN_DIR, "readOnly": True},
+        env={
+            "AZURE_CLIENT_ID": client_id,
+            "AZURE_TENANT_ID": tenant_id,
+            "AZURE_FEDERATED_TOKEN_FILE": TOKEN_FILE,
+            "AZURE_AUTHORITY_HOST": AUTHORITY_HOST,
+        },
+    )
 
 
 @dataclass(frozen=True)

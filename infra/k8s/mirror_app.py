@@ -17,6 +17,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.azure.identity import TokenByHand
 from infra.k8s.dashboard import dashboard
 from infra.k8s.labels import APP_LABELS
 from infra.k8s.series import (
@@ -75,6 +76,8 @@ class MirrorApplicationArgs:
     depends_on: Sequence[pulumi.Resource] = ()
     spark_conf: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # e.g. object storage sign-in
     image_pull_secrets: Sequence[str] = ()  # Secrets in the namespace the image is pulled with, on every pod
+    # Entra ID sign-in where Azure workload identity's webhook does not run: the token and AZURE_* on every pod.
+    token_by_hand: TokenByHand | None = None
     protect: bool = True  # the checkpoint PVC holds the mirror's positions: `pulumi destroy` must not lose it
 
 
@@ -92,15 +95,22 @@ def spark_application_spec(name: str, config_map: str, pvc: str | None, args: Mi
     config_mount = {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_map}}]
     driver_mounts = [config_mount]
+    executor_mounts = [config_mount]
     if pvc is not None:
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": pvc}})
         driver_mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_DIR})
-    pod = {
+    pod: dict[str, Any] = {
         "labels": labels,
         "secrets": secrets,
         "podSecurityContext": POD_SECURITY,
         "securityContext": CONTAINER_SECURITY,
     }
+    token = args.token_by_hand
+    if token is not None:  # both pods sign in: the driver's and the executors' Kafka clients, and abfss
+        volumes.append(token.volume)
+        driver_mounts.append(token.mount)
+        executor_mounts.append(token.mount)
+        pod["env"] = [{"name": k, "value": v} for k, v in token.env.items()]
     # The operator hands these to spark-submit as spark.kubernetes.container.image.pullSecrets, which Spark puts on
     # the driver's pod and on each executor pod it makes; v1beta2 has no per-pod field for them.
     pull_secrets = {"imagePullSecrets": list(args.image_pull_secrets)} if args.image_pull_secrets else {}
@@ -144,7 +154,7 @@ def spark_application_spec(name: str, config_map: str, pvc: str | None, args: Mi
             "instances": args.executor.instances,
             "cores": args.executor.cores,
             "memory": args.executor.memory,
-            "volumeMounts": [config_mount],
+            "volumeMounts": executor_mounts,
         },
     }
 

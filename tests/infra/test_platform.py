@@ -34,11 +34,11 @@ SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
 DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
 
 
-def entra_variant() -> Run:
+def entra_variant(issuer: str = "https://oidc.eks.us-east-1.amazonaws.com/id/X", **azure: object) -> Run:
     """The active/passive stack into an Event Hubs namespace with local auth off (Entra ID workload identity)."""
     values = copy.deepcopy(with_secrets(stack_values(DR)))
     values["mirrorkit:clusters"][1]["eventhubs"]["disable_local_auth"] = True
-    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.us-east-1.amazonaws.com/id/X"}
+    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": issuer, **azure}
     return run_values(values, stack="dr-msk-to-eventhubs")
 
 
@@ -92,6 +92,47 @@ def test_image_pull_secrets_reach_the_driver_and_executor_pods_only_when_the_sta
     assert app.plain["spec"]["imagePullSecrets"] == ["regcred", "mirror-pull"]
     rendered = {k: v for k, v in app.plain.items() if v is not None}
     assert SparkV1beta2SparkApplication.from_dict(rendered).to_dict() == rendered
+
+
+TOKEN_DIR = "/var/run/secrets/azure/tokens"
+TOKEN_VOLUME = {
+    "name": "azure-identity-token",
+    "projected": {
+        "sources": [
+            {
+                "serviceAccountToken": {
+                    "audience": "api://AzureADTokenExchange",
+                    "expirationSeconds": 3600,
+                    "path": "azure-identity-token",
+                }
+            }
+        ]
+    },
+}
+
+
+def test_off_aks_the_pods_get_the_token_and_variables_the_workload_identity_webhook_would_give():
+    # An EKS site: Azure's webhook does not run there, so the program mounts the token and sets AZURE_* itself.
+    (app,) = entra_variant().of_type(SPARK_APP)
+    spec = app.plain["spec"]
+    assert TOKEN_VOLUME in spec["volumes"]
+    for role in ("driver", "executor"):
+        pod = spec[role]
+        assert {"name": "azure-identity-token", "mountPath": TOKEN_DIR, "readOnly": True} in pod["volumeMounts"]
+        assert {e["name"]: e["value"] for e in pod["env"]} == {
+            "AZURE_CLIENT_ID": "client-use1-entra-identity",
+            "AZURE_TENANT_ID": "t",
+            "AZURE_FEDERATED_TOKEN_FILE": f"{TOKEN_DIR}/azure-identity-token",
+            "AZURE_AUTHORITY_HOST": "https://login.microsoftonline.com/",
+        }
+    rendered = {k: v for k, v in app.plain.items() if v is not None}
+    assert SparkV1beta2SparkApplication.from_dict(rendered).to_dict() == rendered
+    # On AKS (its issuer, or `aks: true`) the webhook injects them, so the program leaves the pods alone.
+    for run in (entra_variant("https://westeurope.oic.prod-aks.azure.com/tenant/0000/"), entra_variant(aks=True)):
+        (app,) = run.of_type(SPARK_APP)
+        spec = app.plain["spec"]
+        assert [v["name"] for v in spec["volumes"]] == ["config", "checkpoints"]
+        assert "env" not in spec["driver"] and "env" not in spec["executor"]
 
 
 def test_a_config_change_changes_the_spark_application_spec():
