@@ -2,25 +2,98 @@
 
 The pack in __main__.py wraps them for `pulumi preview --policy-pack policies`; the tests run them over what the
 program registers under mocks.
+
+A value not known yet (at preview, an output of a resource still to be made; None here, as `plain` turns
+CrossGuard's unknowns into) never passes a rule silently: the rule reports it as `<path> is not known ...`
+(`is_unknown`). The pack files those under an advisory policy of their own, since at `pulumi up` the value is known
+and the rule's own check runs on it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import yaml
+from pulumi_policy import proxy
 
 KAFKA_AUTH_PORTS = {9094, 9096, 9098}  # MSK in-VPC: TLS, SASL/SCRAM, IAM
 OPEN_CIDRS = {"0.0.0.0/0", "::/0"}
 CREDENTIAL_MARKERS = ("SharedAccessKey=", "-----BEGIN", "sasl.jaas.config")
 SECRET_KEYS = {"password", "client_key", "connection_string"}
 OPERATOR_CHART = "kubernetes:helm.sh/v4:Chart"
+OPERATOR_COMPONENT = "mirrorkit:k8s:SparkOperator"  # infra/k8s/operator.py: the chart's parent
 
 DRIVER_RESOURCES = {"pods", "services", "configmaps", "persistentvolumeclaims"}
 
 Rule = Callable[[str, dict[str, Any], str], list[str]]
+
+_UNKNOWN = " is not known yet (an output still to be resolved): checked when it is, at `pulumi up`"
+_ABSENT = object()
+# How CrossGuard's SDK spells a value not known yet, by type.
+UNKNOWN_SENTINELS = frozenset(
+    getattr(proxy, name) for name in dir(proxy) if name.startswith("UNKNOWN_") and name.endswith("_VALUE")
+)
+
+
+def unknown(path: str) -> str:
+    return f"{path}{_UNKNOWN}"
+
+
+def is_unknown(message: str) -> bool:
+    """A finding about a value not known yet, rather than a violation."""
+    return message.endswith(_UNKNOWN)
+
+
+def plain(value: Any) -> Any:
+    """CrossGuard's props (mappings and sequences that raise on an unknown value) as plain dicts and lists, each
+    unknown (the SDK's UNKNOWN_* sentinels) as None."""
+    if type(value).__module__ == "pulumi_policy.proxy":  # a proxy hands back its raw target, unknowns not raised
+        value = value["__target"]
+    if isinstance(value, str):
+        return None if value in UNKNOWN_SENTINELS else value
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence):
+        return [plain(v) for v in value]
+    return value
+
+
+def _at(props: Any, path: str) -> Any:
+    """The value at a dotted path: None where it or a parent is not known yet, _ABSENT where it is not given."""
+    node = props
+    for part in path.split("."):
+        if node is None:
+            return None
+        if not isinstance(node, dict) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
+
+
+def _unknowns(props: dict[str, Any], *paths: str) -> list[str]:
+    return [unknown(p) for p in paths if _at(props, p) is None]
+
+
+def _unknown_items(props: dict[str, Any], path: str) -> list[str]:
+    """The list at `path` unknown, or any element of it."""
+    found = _at(props, path)
+    if found is None:
+        return [unknown(path)]
+    if not isinstance(found, list):
+        return []
+    return [unknown(f"{path}[{i}]") for i, v in enumerate(found) if v is None]
+
+
+def _in_operator_chart(typ: str, urn: str) -> bool:
+    """Whether the URN is the Spark Operator chart's own object: a direct child of the chart, which is a direct child
+    of the program's SparkOperator component, the type chain matched exactly, never by substring."""
+    parts = urn.split("::")
+    if len(parts) < 4 or not parts[0].startswith("urn:pulumi:"):
+        return False
+    chain = parts[2].split("$")
+    return chain[-3:] == [OPERATOR_COMPONENT, OPERATOR_CHART, typ]
 
 
 def _eventhub(typ: str, kind: str) -> bool:
@@ -31,6 +104,8 @@ def _eventhub(typ: str, kind: str) -> bool:
 def eventhubs_namespace_speaks_kafka(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
     if not _eventhub(typ, "Namespace"):
         return []
+    if found := _unknowns(props, "sku", "sku.name", "minimumTlsVersion", "kafkaEnabled"):
+        return found
     out = []
     if props.get("sku", {}).get("name") not in ("Standard", "Premium"):
         out.append(f"sku {props.get('sku', {}).get('name')!r} has no Kafka endpoint")
@@ -44,6 +119,8 @@ def eventhubs_namespace_speaks_kafka(typ: str, props: dict[str, Any], urn: str =
 def mirror_rule_sends_and_listens_only(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
     if not _eventhub(typ, "NamespaceAuthorizationRule"):
         return []
+    if found := _unknown_items(props, "rights"):
+        return found
     extra = set(props.get("rights", [])) - {"Send", "Listen"}
     return [f"rights {sorted(extra)} beyond Send and Listen"] if extra else []
 
@@ -52,11 +129,15 @@ def event_hub_keeps_producer_timestamps(typ: str, props: dict[str, Any], urn: st
     """A hub that stamps append time loses the source's timestamps: the DR copy must keep them (Create)."""
     if not _eventhub(typ, "EventHub"):
         return []
+    if found := _unknowns(props, "messageTimestampDescription", "messageTimestampDescription.timestampType"):
+        return found
     stamped = (props.get("messageTimestampDescription") or {}).get("timestampType")
     return [] if stamped == "Create" else [f"messageTimestampDescription.timestampType is {stamped!r}, not 'Create'"]
 
 
 def security_group_opens_only_kafka_auth_port(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    if typ == "aws:ec2/securityGroupRule:SecurityGroupRule" and (found := _unknowns(props, "type")):
+        return found
     if typ == "aws:ec2/securityGroupRule:SecurityGroupRule" and props.get("type") != "ingress":
         return []
     if typ not in (
@@ -64,6 +145,9 @@ def security_group_opens_only_kafka_auth_port(typ: str, props: dict[str, Any], u
         "aws:ec2/securityGroupRule:SecurityGroupRule",
     ):
         return []
+    found = _unknowns(props, "fromPort", "toPort", "ipProtocol", "protocol", "cidrIpv4", "cidrIpv6")
+    if found := found + _unknown_items(props, "cidrBlocks"):
+        return found
     out = []
     ports = (props.get("fromPort"), props.get("toPort"))
     if ports[0] != ports[1] or ports[0] not in KAFKA_AUTH_PORTS:
@@ -78,8 +162,14 @@ def security_group_opens_only_kafka_auth_port(typ: str, props: dict[str, Any], u
 
 
 def msk_scram_secret_uses_customer_key(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
-    if typ != "aws:secretsmanager/secret:Secret" or not str(props.get("name", "")).startswith("AmazonMSK_"):
+    if typ != "aws:secretsmanager/secret:Secret":
         return []
+    if found := _unknowns(props, "name"):  # it may yet be an AmazonMSK_ secret
+        return found
+    if not str(props.get("name", "")).startswith("AmazonMSK_"):
+        return []
+    if found := _unknowns(props, "kmsKeyId"):
+        return found
     return [] if props.get("kmsKeyId") else ["an AmazonMSK_ secret needs a customer KMS key; MSK rejects the default"]
 
 
@@ -90,16 +180,26 @@ def nothing_cluster_wide(typ: str, props: dict[str, Any], urn: str = "") -> list
         "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding",
     ):
         return []
-    return [] if OPERATOR_CHART in urn else [f"{typ.rsplit(':', 1)[1]} grants cluster-wide rights"]
+    return [] if _in_operator_chart(typ, urn) else [f"{typ.rsplit(':', 1)[1]} grants cluster-wide rights"]
 
 
 def roles_grant_only_what_the_driver_needs(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
     """The driver's Role: core pods, services, configmaps and PVCs; a RoleBinding binds a Role, never a ClusterRole."""
     if typ == "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding":
+        if _in_operator_chart(typ, urn):
+            return []
+        if found := _unknowns(props, "roleRef", "roleRef.kind"):
+            return found
         kind = (props.get("roleRef") or {}).get("kind")
-        return [] if kind == "Role" or OPERATOR_CHART in urn else [f"roleRef binds a {kind}, not a namespaced Role"]
-    if typ != "kubernetes:rbac.authorization.k8s.io/v1:Role" or OPERATOR_CHART in urn:
+        return [] if kind == "Role" else [f"roleRef binds a {kind}, not a namespaced Role"]
+    if typ != "kubernetes:rbac.authorization.k8s.io/v1:Role" or _in_operator_chart(typ, urn):
         return []
+    found = _unknown_items(props, "rules")
+    for i, rule in enumerate(props.get("rules") or []):
+        if rule is not None:
+            found += [unknown(f"rules[{i}].{key}") for key in ("apiGroups", "resources") if rule.get(key, ()) is None]
+    if found:
+        return found
     out = []
     for i, rule in enumerate(props.get("rules") or []):
         if set(rule.get("apiGroups") or []) != {""}:
@@ -126,8 +226,13 @@ def _inline_secrets(node: Any, path: str = "") -> list[str]:
 def config_map_holds_no_credentials(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
     if typ != "kubernetes:core/v1:ConfigMap":
         return []
+    if found := _unknowns(props, "data"):
+        return found
     out = []
     for name, text in (props.get("data") or {}).items():
+        if text is None:
+            out.append(unknown(f"data.{name}"))
+            continue
         if any(marker in str(text) for marker in CREDENTIAL_MARKERS):
             out.append(f"data.{name} holds a credential")
             continue
@@ -147,6 +252,10 @@ SPARK_APP_REQUIRED = ("type", "mode", "image", "mainApplicationFile", "sparkVers
 def spark_application_is_complete(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
     if typ != "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication":
         return []
+    required = [f"spec.{k}" for k in SPARK_APP_REQUIRED]
+    known = ["spec", *required, "spec.restartPolicy", "spec.restartPolicy.type", "spec.driver.serviceAccount"]
+    if found := _unknowns(props, *known, "spec.executor.instances"):
+        return found
     spec = props.get("spec") or {}
     out = [f"spec.{k} is missing" for k in SPARK_APP_REQUIRED if not spec.get(k)]
     if (spec.get("restartPolicy") or {}).get("type") != "Always":
@@ -161,7 +270,11 @@ def spark_application_is_complete(typ: str, props: dict[str, Any], urn: str = ""
 def namespace_enforces_pod_security(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
     if typ != "kubernetes:core/v1:Namespace":
         return []
+    if found := _unknowns(props, "metadata", "metadata.labels"):
+        return found
     labels = (props.get("metadata") or {}).get("labels") or {}
+    if "pod-security.kubernetes.io/enforce" in labels and labels["pod-security.kubernetes.io/enforce"] is None:
+        return [unknown("metadata.labels.pod-security.kubernetes.io/enforce")]
     return [] if "pod-security.kubernetes.io/enforce" in labels else ["no Pod Security Admission enforce label"]
 
 

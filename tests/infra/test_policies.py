@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy
+
 from policies.rules import (
+    RULES,
     config_map_holds_no_credentials,
     event_hub_keeps_producer_timestamps,
     eventhubs_namespace_speaks_kafka,
+    is_unknown,
     msk_scram_secret_uses_customer_key,
     nothing_cluster_wide,
+    plain,
     roles_grant_only_what_the_driver_needs,
     security_group_opens_only_kafka_auth_port,
     spark_application_is_complete,
@@ -65,3 +70,55 @@ def test_a_role_beyond_the_drivers_needs_or_a_binding_to_a_cluster_role_is_refus
     assert roles_grant_only_what_the_driver_needs(role, {"rules": [ok["rules"][0] | {"apiGroups": ["*"]}]})
     binding = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"
     assert roles_grant_only_what_the_driver_needs(binding, {"roleRef": {"kind": "ClusterRole", "name": "admin"}})
+
+
+def test_only_the_spark_operator_charts_own_objects_may_be_cluster_wide():
+    typ = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"
+    chart = "kubernetes:helm.sh/v4:Chart"
+    own = f"urn:pulumi:s::mirrorkit::mirrorkit:k8s:SparkOperator${chart}${typ}::op:spark-operator/op-controller"
+    assert nothing_cluster_wide(typ, {}, own) == []
+    for urn in (
+        f"urn:pulumi:s::mirrorkit::{chart}${typ}::other-chart:ns/admin",  # some other chart
+        f"urn:pulumi:s::mirrorkit::mirrorkit:k8s:Other${chart}${typ}::x",  # a chart under another component
+        f"urn:pulumi:s::mirrorkit::mirrorkit:k8s:SparkOperator${chart}$mirrorkit:x:Wrapper${typ}::x",  # deeper
+        f"urn:pulumi:s::mirrorkit::{typ}::{chart}",  # the chart's token in the name
+        f"urn:pulumi:s::mirrorkit::mirrorkit:k8s:Mirror${typ}::mirrorkit:k8s:SparkOperator${chart}",
+    ):
+        assert nothing_cluster_wide(typ, {}, urn), urn
+    binding = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"
+    to_cluster_role = {"roleRef": {"kind": "ClusterRole", "name": "admin"}}
+    assert roles_grant_only_what_the_driver_needs(binding, to_cluster_role, own.replace(typ, binding)) == []
+    assert roles_grant_only_what_the_driver_needs(binding, to_cluster_role, f"urn:pulumi:s::m::{chart}${binding}::x")
+
+
+def test_a_value_not_known_at_preview_is_reported_never_passed():
+    cases = [
+        ("kubernetes:core/v1:ConfigMap", {"data": {"mirror.yaml": None}}, "data.mirror.yaml"),
+        ("aws:secretsmanager/secret:Secret", {"name": None}, "name"),
+        ("aws:secretsmanager/secret:Secret", {"name": "AmazonMSK_mirrorkit_dr", "kmsKeyId": None}, "kmsKeyId"),
+        ("aws:ec2/securityGroupRule:SecurityGroupRule", {"type": None}, "type"),
+        (SG_RULE, {"fromPort": 9096, "toPort": 9096, "ipProtocol": "tcp", "cidrIpv4": None}, "cidrIpv4"),
+        ("azure-native:eventhub:NamespaceAuthorizationRule", {"rights": None}, "rights"),
+        ("azure-native:eventhub:EventHub", {"messageTimestampDescription": None}, "messageTimestampDescription"),
+        ("kubernetes:core/v1:Namespace", {"metadata": {"labels": None}}, "metadata.labels"),
+        ("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", {"roleRef": None}, "roleRef"),
+        ("kubernetes:rbac.authorization.k8s.io/v1:Role", {"rules": [{"apiGroups": None}]}, "rules[0].apiGroups"),
+        (
+            "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication",
+            {"spec": {"driver": {"serviceAccount": None}}},
+            "spec.driver.serviceAccount",
+        ),
+    ]
+    for typ, props, path in cases:
+        found = [m for _, (rule, _) in RULES.items() for m in rule(typ, props, "")]
+        unknown = [m for m in found if is_unknown(m)]
+        assert any(m.startswith(f"{path} ") for m in unknown), (typ, path, found)
+
+
+def test_the_pack_sees_crossguards_unknown_values_as_none():
+    raw = {"data": {"mirror.yaml": UNKNOWN_STRING_VALUE}, "metadata": {"labels": {"a": "b"}}, "n": [1, {"x": True}]}
+    props = plain(unknown_checking_proxy(raw))
+    assert props == {"data": {"mirror.yaml": None}, "metadata": {"labels": {"a": "b"}}, "n": [1, {"x": True}]}
+    assert type(props["metadata"]) is dict and type(props["n"]) is list
+    (finding,) = config_map_holds_no_credentials("kubernetes:core/v1:ConfigMap", props)
+    assert is_unknown(finding)
