@@ -101,19 +101,24 @@ def test_event_hubs_with_local_auth_disabled_has_no_sas_rule_or_connection_strin
     assert not [token for token, _ in run.mocks.calls if token.endswith(":listNamespaceKeys")]
 
 
+def entra_identity(service_accounts: list[str], namespace_ids: dict[str, str]) -> MirrorEntraIdentity:
+    """A site's Entra identity for these service accounts, granted on these Event Hubs namespaces."""
+    return MirrorEntraIdentity(
+        "site-entra",
+        MirrorEntraIdentityArgs(
+            resource_group_name="rg",
+            location="westeurope",
+            oidc_issuer_url="https://oidc.example/issuer/",
+            namespace="mk",
+            service_accounts=service_accounts,
+            namespace_ids=namespace_ids,
+        ),
+    )
+
+
 def test_entra_identity_federates_the_service_account_and_may_only_send_and_receive():
     async def body():
-        identity = MirrorEntraIdentity(
-            "site-entra",
-            MirrorEntraIdentityArgs(
-                resource_group_name="rg",
-                location="westeurope",
-                oidc_issuer_url="https://oidc.example/issuer/",
-                namespace="mk",
-                service_accounts=["mirrorkit"],
-                namespace_ids={"dr": "/subscriptions/s/ns/dr", "dr2": "/subscriptions/s/ns/dr2"},
-            ),
-        )
+        identity = entra_identity(["mirrorkit"], {"dr": "/subscriptions/s/ns/dr", "dr2": "/subscriptions/s/ns/dr2"})
         annotations = {
             k: await pulumi.Output.from_input(v).future() for k, v in identity.service_account_annotations.items()
         }
@@ -147,17 +152,7 @@ def test_federated_credentials_on_one_identity_are_written_one_after_another():
     accounts = ["mirrorkit", "mirrorkit-executor", "third"]
 
     async def body():
-        MirrorEntraIdentity(
-            "site-entra",
-            MirrorEntraIdentityArgs(
-                resource_group_name="rg",
-                location="westeurope",
-                oidc_issuer_url="https://oidc.example/issuer/",
-                namespace="mk",
-                service_accounts=accounts,
-                namespace_ids={},
-            ),
-        )
+        entra_identity(accounts, {})
         return {}
 
     run = run_pulumi(body, {})
