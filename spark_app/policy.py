@@ -113,6 +113,9 @@ class Access:
     dead_letters: frozenset[str] = frozenset()  # created and written, never read
     groups_described: frozenset[str] = frozenset()  # source groups whose committed offsets it reads
     groups_altered: frozenset[str] = frozenset()  # target groups whose offsets it sets (sync_group_offsets)
+    # Copies on a target that those groups' offsets are committed on: an OffsetCommit needs Read on each topic it
+    # names as well as on the group.
+    offsets_committed: frozenset[str] = frozenset()
 
     @property
     def created(self) -> frozenset[str]:
@@ -126,7 +129,7 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
     On a source: read the selected topics, describe the selected groups; own `heartbeats` when the flow emits them
     (written there, then read back to be mirrored like any topic), and the offset syncs when they live there. On a
     target: write the copies under the flow's naming policy; own the checkpoints, the heartbeats' copy and the offset
-    syncs; write dead letters; set the selected groups' offsets when the flow syncs them.
+    syncs; write dead letters; set the selected groups' offsets when the flow syncs them, which reads the copies.
     """
     read: set[str] = set()
     written: set[str] = set()
@@ -134,6 +137,7 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
     dead_letters: set[str] = set()
     described: set[str] = set()
     altered: set[str] = set()
+    committed: set[str] = set()
     for flow in flows:
         if flow.source == alias:
             read |= _source_topics(flow)
@@ -143,7 +147,8 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
             if flow.offset_syncs_location == "source":
                 owned.add(re.escape(offset_syncs_topic(flow)))
         if flow.target == alias:
-            written |= {_copies(flow, pattern) for pattern in _source_topics(flow)}
+            copies = {_copies(flow, pattern) for pattern in _source_topics(flow)}
+            written |= copies
             owned |= {re.escape(checkpoints_topic(flow)), re.escape(target_topic(flow, HEARTBEATS_TOPIC))}
             if flow.offset_syncs_location == "target":
                 owned.add(re.escape(offset_syncs_topic(flow)))
@@ -151,6 +156,7 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
                 dead_letters.add(re.escape(flow.dead_letter_topic))
             if flow.sync_group_offsets:
                 altered |= set(flow.groups.include)
+                committed |= copies
     return Access(
         read=frozenset(read),
         written=frozenset(written),
@@ -158,6 +164,7 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
         dead_letters=frozenset(dead_letters),
         groups_described=frozenset(described),
         groups_altered=frozenset(altered),
+        offsets_committed=frozenset(committed),
     )
 
 

@@ -42,7 +42,8 @@ def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> d
     statements = []
     for alias, msk in clusters.items():
         grant = access(flows, alias)
-        reads = {regex_to_glob(t) for t in grant.read}
+        # Committing a group's offsets on a topic takes DescribeTopic and ReadData on it besides AlterGroup.
+        reads = {regex_to_glob(t) for t in grant.read | grant.offsets_committed}
         writes = {regex_to_glob(t) for t in grant.created}
         groups_read = {regex_to_glob(g) for g in grant.groups_described}
         groups_use = {*OWN_GROUPS, *(regex_to_glob(g) for g in grant.groups_altered)}

@@ -1,7 +1,7 @@
 """The mirror's ACLs on a self-managed Kafka cluster, least privilege, rendered from its access set there
 (spark_app.policy.access): read the source topics and describe their groups; write the target copies; its own
-internal topics; and heartbeats on the source when the flow emits them. The program sets them with an admin
-credential of its own."""
+internal topics; heartbeats on the source when the flow emits them; and read the copies whose group offsets it
+commits. The program sets them with an admin credential of its own."""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def mirror_acls(alias: str, flows: Sequence[FlowConfig]) -> list[AclSpec]:
         ("Topic", grant.written, WRITE),
         ("Topic", grant.owned, OWN),
         ("Topic", grant.dead_letters, EMIT),
+        ("Topic", grant.offsets_committed, ("Read", "Describe")),  # an OffsetCommit needs Read on its topics
         ("Group", grant.groups_described, ("Describe",)),  # committed offsets, to translate them
         ("Group", grant.groups_altered, ("Read", "Describe")),  # altering a group's offsets needs Read on it
     )

@@ -65,3 +65,26 @@ def test_iam_and_acls_grant_the_same_topics_on_a_source():
             if ":topic/" in r
         }
         assert iam_reads == {a.name for a in mirror_acls("src", flows(emit)) if a.operation == "Read"}
+
+
+def test_iam_and_acls_both_let_a_target_that_syncs_group_offsets_read_the_copies():
+    synced = [
+        FlowConfig(
+            source="src",
+            target="dst",
+            topics={"include": ["orders"]},
+            checkpoint_location="/c",
+            groups={"include": ["billing"]},
+            sync_group_offsets=True,
+        )
+    ]
+    iam_reads = {
+        r.rsplit("/", 1)[1]
+        for s in kafka_policy(synced, {"dst": MSK})["Statement"]
+        if "kafka-cluster:ReadData" in s["Action"]
+        for r in s["Resource"]
+        if ":topic/" in r
+    }
+    acl_reads = {a.name for a in mirror_acls("dst", synced) if a.resource_type == "Topic" and a.operation == "Read"}
+    assert "src.orders" in iam_reads and "src.orders" in acl_reads
+    assert acl_reads <= iam_reads

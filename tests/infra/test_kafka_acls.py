@@ -64,3 +64,36 @@ def test_on_a_target_the_mirror_writes_its_copies_and_own_topics_and_moves_only_
         assert ("Topic", "Literal", own, "Write") in got and ("Topic", "Literal", own, "Read") in got
     assert ("Group", "Literal", "billing", "Read") in got and ("Group", "Literal", "*", "Read") not in got
     assert not [a for a in got if a[2] == "heartbeats"]  # heartbeats are written on the source, which is MSK here
+
+
+def test_a_target_that_syncs_group_offsets_may_read_the_copies_the_groups_commit_on():
+    # OffsetCommit for group G on topic T needs Read on T as well as on G.
+    got = acls(run_values(onprem(reverse=True)))
+    for pattern, name in (("Prefixed", "aws.orders"), ("Literal", "aws.payments")):
+        assert ("Topic", pattern, name, "Read") in got
+
+
+def test_a_target_that_does_not_sync_group_offsets_gets_no_read_on_the_copies():
+    values = onprem(reverse=True)
+    values["mirrorkit:flows"][0]["sync_group_offsets"] = False
+    got = acls(run_values(values))
+    assert not [a for a in got if a[2] in ("aws.orders", "aws.payments") and a[3] == "Read"]
+
+
+def test_a_self_managed_scram_cluster_gets_the_mirrors_acls_under_its_scram_user():
+    values = copy.deepcopy(stack_values(ONPREM))
+    values["mirrorkit:clusters"][0]["kafka"] = {
+        "bootstrap_servers": "kafka-0.dc1.example:9096",
+        "auth": "scram",
+        "username": "mirror",
+        "acls": {"admin_username": "acl-admin"},
+    }
+    run = run_values(with_secrets(values))
+    got = {(a.plain["aclPrincipal"], a.plain["aclResourceName"], a.plain["aclOperation"]) for a in run.of_type(ACL)}
+    assert ("User:mirror", "orders", "Read") in got and ("User:mirror", "payments", "Read") in got
+    assert {principal for principal, _, _ in got} == {"User:mirror"}
+    (provider,) = run.of_type("pulumi:providers:kafka")
+    assert (provider.plain["saslMechanism"], provider.plain["saslUsername"]) == ("scram-sha512", "acl-admin")
+    assert is_secret(provider.inputs["saslPassword"])
+    (secret,) = [s for s in run.of_type("kubernetes:core/v1:Secret") if s.plain["metadata"]["name"] == "mirrorkit-dc1"]
+    assert set(secret.plain["stringData"]) == {"password"}  # the admin password reaches no pod
