@@ -13,6 +13,8 @@ PROJECT = "mirrorkit"  # the stack config's namespace, and the first part of eve
 SECRETS_DIR = "/etc/mirrorkit/secrets"  # a cluster's Kubernetes Secret is mounted at SECRETS_DIR/<alias>
 CHECKPOINT_DIR = "/checkpoints"  # the checkpoint PVC's mount on the driver
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A DNS subdomain (RFC 1123): dot-separated labels, at most 253 characters; StorageClass names are these.
+DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 APP_NAME_MAX = 50  # Spark derives pod and service names from it, within Kubernetes' 63
 
 

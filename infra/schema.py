@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
-from infra.naming import CHECKPOINT_DIR, DNS_LABEL
+from infra.naming import CHECKPOINT_DIR, DNS_LABEL, DNS_SUBDOMAIN
 from infra.versions import pinned
 from spark_app.config import ALIAS_PATTERN, StrictModel
 
@@ -332,9 +332,16 @@ class ExecutorResources(Resources):
     instances: Annotated[int, Field(ge=1)] = 1
 
 
+def _storage_class(v: str) -> str:
+    if DNS_SUBDOMAIN.match(v) is None:
+        raise ValueError(f"'{v}' is not a Kubernetes StorageClass name (a DNS subdomain: a-z, 0-9, '-' and '.')")
+    return v
+
+
 class Pvc(StrictModel):
     size: Annotated[str, Field(pattern=r"^\d+(Mi|Gi|Ti)$")] = "10Gi"
-    storage_class: str | None = None
+    # None: the cluster's default class. EKS ships gp2 as its default; gp3 exists only where someone made it.
+    storage_class: Annotated[str, AfterValidator(_storage_class)] | None = None
 
 
 ABFSS_URL = re.compile(

@@ -245,8 +245,9 @@ class MirrorApplication(pulumi.ComponentResource):
                 metadata={"name": f"{name}-checkpoints", "namespace": args.namespace, "labels": APP_LABELS},
                 spec={
                     "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": args.checkpoint.pvc.storage_class,
                     "resources": {"requests": {"storage": args.checkpoint.pvc.size}},
+                    # Named only when the stack names one: otherwise the cluster's default class.
+                    **({"storageClassName": sc} if (sc := args.checkpoint.pvc.storage_class) else {}),
                 },
                 opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
             )

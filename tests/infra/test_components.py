@@ -459,3 +459,15 @@ def test_mirror_with_object_storage_and_no_monitoring_has_no_pvc_or_monitors():
     assert "kubernetes:core/v1:PersistentVolumeClaim" not in types
     assert not any("monitoring.coreos.com" in t for t in types)
     assert [v["name"] for v in run.named("m-app").plain["spec"]["volumes"]] == ["config"]
+
+
+def test_the_checkpoint_pvc_takes_the_clusters_default_storage_class_unless_the_stack_names_one():
+    # EKS ships gp2 as its default class, and gp3 only where someone made it: naming none lets the cluster choose.
+    async def body():
+        MirrorApplication("plain", mirror_args())
+        MirrorApplication("named", mirror_args(checkpoint=CheckpointStore(pvc=Pvc(size="5Gi", storage_class="gp3"))))
+        return {}
+
+    run = run_pulumi(body, {})
+    assert "storageClassName" not in run.named("plain-checkpoints").plain["spec"]
+    assert run.named("named-checkpoints").plain["spec"]["storageClassName"] == "gp3"

@@ -198,3 +198,15 @@ def test_an_image_pull_secret_that_is_no_kubernetes_name_is_named_at_its_key():
     message = refused(values)
     assert f"{PROJECT}:mirror.image_pull_secrets[1]: 'Reg_Cred' is not a Kubernetes Secret name" in message
     assert "image_pull_secrets[0]" not in message
+
+
+def test_the_checkpoint_pvc_names_no_storage_class_unless_the_stack_does():
+    values = edited(DR, mirror=lambda m: m.update(checkpoint={"pvc": {"size": "20Gi"}}))
+    set_config(values)
+    assert load_settings().model.mirror.checkpoint.pvc.storage_class is None
+
+
+def test_a_storage_class_that_is_no_kubernetes_name_is_named_at_its_key():
+    values = edited(DR, mirror=lambda m: m.update(checkpoint={"pvc": {"storage_class": "GP3_fast"}}))
+    message = refused(values)
+    assert f"{PROJECT}:mirror.checkpoint.pvc.storage_class: 'GP3_fast' is not a Kubernetes StorageClass name" in message
