@@ -28,6 +28,12 @@ def app_name(stack: str, site: str) -> str:
     return f"{PROJECT}-{stack}-{site}"
 
 
+def msk_scram_secret_name(stack: str, alias: str) -> str:
+    """The Secrets Manager secret of the mirror's SCRAM user on MSK cluster `alias`: MSK reads only `AmazonMSK_`
+    names, and one per stack keeps stacks sharing an account apart. Aliases hold no '.', so the last one splits."""
+    return f"AmazonMSK_{PROJECT}_{stack}.{alias}"
+
+
 def credential_key(alias: str, key: str) -> str:
     """The stack key a cluster's credential file is set at, with `pulumi config set --secret --path`."""
     return f"{PROJECT}:credentials.{alias}.{key}"

@@ -282,7 +282,7 @@ def build(settings: StackSettings) -> Topology:
             if c.msk.auth == "scram":
                 out.scram_users[c.alias] = MskScramUser(
                     f"scram-{c.alias}",
-                    MskScramUserArgs(c.msk, c.alias, out.credentials[c.alias]["password"]),
+                    MskScramUserArgs(c.msk, c.alias, out.credentials[c.alias]["password"], settings.stack),
                     pulumi.ResourceOptions(provider=provider),
                 )
     _checkpoint_store(settings, providers, out)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from infra.naming import msk_scram_secret_name
 from infra.schema import MskSpec
 
 
@@ -16,12 +17,16 @@ class MskScramUserArgs:
     cluster: MskSpec
     alias: str
     password: pulumi.Output[str]  # secret
+    stack: str  # the secret's name carries it, so stacks in one account do not collide
 
 
 class MskScramUser(pulumi.ComponentResource):
     """MSK reads SCRAM users only from secrets named `AmazonMSK_...` and encrypted with a customer KMS key.
 
     SingleScramSecretAssociation adds this one secret; ScramSecretAssociation would replace every other user's.
+
+    The secret is deleted at once, without a recovery window: a name in its window is still taken, so a destroy
+    then up of the stack would fail to make it again, and nothing is lost (the password is in stack config).
     """
 
     def __init__(self, name: str, args: MskScramUserArgs, opts: pulumi.ResourceOptions | None = None):
@@ -35,8 +40,9 @@ class MskScramUser(pulumi.ComponentResource):
         )
         secret = aws.secretsmanager.Secret(
             f"{name}-secret",
-            name=f"AmazonMSK_mirrorkit_{args.alias}",
+            name=msk_scram_secret_name(args.stack, args.alias),
             kms_key_id=key.arn,
+            recovery_window_in_days=0,
             opts=child,
         )
         # Typed here: mypy cannot pick Output.secret's type parameter out of an Output argument on its own.

@@ -28,7 +28,17 @@ from infra.schema import (
     Resources,
 )
 from spark_app.config import STOP_GRACE_S, FlowConfig
-from tests.infra.harness import CONNECTION_STRING, EVENTHUB, SUBSCRIPTION, is_secret, run_pulumi
+from tests.infra.harness import (
+    CONNECTION_STRING,
+    EVENTHUB,
+    ROOT,
+    SUBSCRIPTION,
+    is_secret,
+    run_pulumi,
+    run_values,
+    stack_values,
+    with_secrets,
+)
 
 ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
 
@@ -231,12 +241,12 @@ def test_scram_user_is_an_amazonmsk_secret_on_a_customer_key():
     scram = MSK.model_copy(update={"auth": "scram"})
 
     async def body():
-        MskScramUser("s", MskScramUserArgs(scram, "dr", pulumi.Output.secret("test-sentinel")))
+        MskScramUser("s", MskScramUserArgs(scram, "dr", pulumi.Output.secret("test-sentinel"), "test"))
         return {}
 
     run = run_pulumi(body, {})
     secret = run.named("s-secret").plain
-    assert secret["name"] == "AmazonMSK_mirrorkit_dr" and secret["kmsKeyId"] == "arn:aws:test:::s-key"
+    assert secret["name"] == "AmazonMSK_mirrorkit_test.dr" and secret["kmsKeyId"] == "arn:aws:test:::s-key"
     value = run.named("s-value").inputs["secretString"]
     assert is_secret(value) and json.loads(value["value"]) == {"username": "mirror", "password": "test-sentinel"}
     assocation = run.named("s-association").plain
@@ -471,3 +481,15 @@ def test_the_checkpoint_pvc_takes_the_clusters_default_storage_class_unless_the_
     run = run_pulumi(body, {})
     assert "storageClassName" not in run.named("plain-checkpoints").plain["spec"]
     assert run.named("named-checkpoints").plain["spec"]["storageClassName"] == "gp3"
+
+
+def test_the_msk_scram_secret_is_named_per_stack_and_deleted_at_once_so_destroy_then_up_reuses_the_name():
+    values = with_secrets(stack_values(ROOT / "stacks" / "Pulumi.onprem-to-msk.yaml"))
+    names = []
+    for stack in ("dr-a", "dr-b"):
+        (secret,) = run_values(values, stack=stack).of_type("aws:secretsmanager/secret:Secret")
+        names.append(secret.plain["name"])
+        # A deleted secret's name stays taken for its recovery window; the password lives in stack config anyway.
+        assert secret.plain["recoveryWindowInDays"] == 0
+    assert names == ["AmazonMSK_mirrorkit_dr-a.aws", "AmazonMSK_mirrorkit_dr-b.aws"]
+    assert all(n.startswith("AmazonMSK_") for n in names) and len(set(names)) == 2

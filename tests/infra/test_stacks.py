@@ -43,7 +43,7 @@ def test_active_passive_msk_to_event_hubs(stack_runs):
         != run.named("use1-vpc-0f1e2d3c4b5a60001-accepter").provider
     )
     assert len(run.of_type("aws:ec2/route:Route")) == 3
-    assert run.named("scram-primary-secret").plain["name"] == "AmazonMSK_mirrorkit_primary"
+    assert run.named("scram-primary-secret").plain["name"] == "AmazonMSK_mirrorkit_dr-msk-to-eventhubs.primary"
     assert types(run)["kubernetes:helm.sh/v4:Chart"] == 1
     assert types(run)["kubernetes:monitoring.coreos.com/v1:PrometheusRule"] == 1
     config = yaml.safe_load(run.result["configs"]["use1"])
