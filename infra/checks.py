@@ -3,6 +3,8 @@ need, what each site must have to reach them, the hubs a namespace must hold), e
 
 from __future__ import annotations
 
+import ipaddress
+
 from infra.hubs import plan_hubs
 from infra.naming import PROJECT, credential_key
 from infra.schema import HUBS_PER_CAPACITY, TIER_LIMITS, ClusterSpec, ExecutorResources, SiteSpec, StackModel
@@ -21,6 +23,7 @@ def check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
         aliases = {a for f in flows for a in (f.source, f.target)}
         touched = [(j, c) for j, c in enumerate(model.clusters) if c.alias in aliases]
         errors += site_reaches_msk(i, site, touched)
+        errors += peer_cidrs_overlap(i, site, touched)
         errors += site_signs_in_to_entra(i, site, touched)
         if touched:
             errors += site_reaches_checkpoints(i, site, model)
@@ -123,6 +126,23 @@ def site_reaches_msk(i: int, site: SiteSpec, touched: list[tuple[int, ClusterSpe
         f" assumes in {spec.account_id} to set that policy"
         for j, alias, spec in msk
         if spec.auth == "iam" and spec.account_id != site.aws.account_id and spec.role_arn is None
+    ]
+
+
+def peer_cidrs_overlap(i: int, site: SiteSpec, touched: list[tuple[int, ClusterSpec]]) -> list[str]:
+    """The VPCs a site peers with (its MSK clusters' outside its own VPC) overlap neither its VPC nor each other:
+    AWS refuses to peer overlapping CIDRs, and a route table holds one route per destination."""
+    if site.aws is None:
+        return []
+    keyed = [(f"{PROJECT}:sites[{i}].aws.cidr", site.aws.vpc_id, site.aws.cidr)]
+    for j, c in touched:
+        if c.msk is not None and c.msk.vpc_id not in {vpc for _, vpc, _ in keyed}:
+            keyed.append((f"{PROJECT}:clusters[{j}].msk.cidr", c.msk.vpc_id, c.msk.cidr))
+    return [
+        f"{key}: {cidr} overlaps {other_key} {other_cidr}; peered VPCs need CIDRs apart"
+        for n, (key, _, cidr) in enumerate(keyed)
+        for other_key, _, other_cidr in keyed[:n]
+        if ipaddress.ip_network(cidr).overlaps(ipaddress.ip_network(other_cidr))
     ]
 
 

@@ -210,3 +210,18 @@ def test_a_storage_class_that_is_no_kubernetes_name_is_named_at_its_key():
     values = edited(DR, mirror=lambda m: m.update(checkpoint={"pvc": {"storage_class": "GP3_fast"}}))
     message = refused(values)
     assert f"{PROJECT}:mirror.checkpoint.pvc.storage_class: 'GP3_fast' is not a Kubernetes StorageClass name" in message
+
+
+def test_a_peer_cidr_overlapping_the_sites_own_vpc_is_refused_naming_both_keys():
+    values = edited(DR, clusters=lambda cs: cs[0]["msk"].update(cidr="10.10.128.0/17"))
+    message = refused(values)
+    assert (
+        f"{PROJECT}:clusters[0].msk.cidr: 10.10.128.0/17 overlaps {PROJECT}:sites[0].aws.cidr 10.10.0.0/16"
+    ) in message
+
+
+def test_two_peer_cidrs_of_one_site_that_overlap_are_refused_naming_both_keys():
+    values = edited(ACTIVE_ACTIVE, clusters=lambda cs: cs[1]["msk"].update(cidr="10.20.16.0/20"))
+    message = refused(values)
+    overlap = f"{PROJECT}:clusters[1].msk.cidr: 10.20.16.0/20 overlaps {PROJECT}:clusters[0].msk.cidr 10.20.0.0/16"
+    assert overlap in message
