@@ -86,7 +86,7 @@ class Mirror:
         for flow in self.flows:
             flow.start(flow.sync_topics(), available_now=True)
         while any(flow.running() for flow in self.flows) and not self.stopping.wait(0.2):
-            pass
+            self._raise_if_fenced()
         if self.stopping.is_set():
             log.info("stopping before everything present is copied; the next run copies the rest")
             with ThreadPoolExecutor(max(1, len(self.flows))) as pool:
@@ -114,6 +114,7 @@ class Mirror:
             flow.start(flow.sync_topics(), available_now=False)
         unreachable_since: float | None = None
         while not self.stopping.wait(self.config.topic_sync_interval_s):
+            self._raise_if_fenced()
             for flow in self.flows:
                 _raise_if_failed(flow)
                 try:
@@ -134,6 +135,14 @@ class Mirror:
         # Every flow at once, so a stop takes one flow's time (within STOP_GRACE_S), not the sum.
         with ThreadPoolExecutor(max(1, len(self.flows))) as pool:
             list(pool.map(self._stop_flow, self.flows))
+
+    def _raise_if_fenced(self) -> None:
+        """Stop the whole mirror when another mirror of one of its flows took that flow over (spark_app.dr.lease):
+        two copies of a flow would only copy everything twice."""
+        for name, dr in self.dr.items():
+            if dr.fenced is not None:
+                self.metrics.error(name, "fenced")
+                raise MirrorFailed(f"flow {name}: {dr.fenced}; this mirror stops")
 
     def _stop_flow(self, flow: FlowRunner) -> None:
         """Stop the flow's query between batches, then write its final offset syncs and checkpoints."""

@@ -101,6 +101,11 @@ def offset_syncs_topic(flow: FlowConfig) -> str:
     return f"mirrorkit-offset-syncs.{other}.internal"
 
 
+def lease_group(flow: FlowConfig) -> str:
+    """The consumer group on the target whose static member holds the flow's DR lease (spark_app.dr.lease)."""
+    return f"mirrorkit-lease.{flow.source}.{flow.target}"
+
+
 @dataclass(frozen=True)
 class Access:
     """What the mirror of some flows does on one cluster. Topics and groups are full-match regexes, as flows select
@@ -113,6 +118,7 @@ class Access:
     dead_letters: frozenset[str] = frozenset()  # created and written, never read
     groups_described: frozenset[str] = frozenset()  # source groups whose committed offsets it reads
     groups_altered: frozenset[str] = frozenset()  # target groups whose offsets it sets (sync_group_offsets)
+    groups_joined: frozenset[str] = frozenset()  # its own groups on a target: the DR lease, joined and committed
     # Copies on a target that those groups' offsets are committed on: an OffsetCommit needs Read on each topic it
     # names as well as on the group.
     offsets_committed: frozenset[str] = frozenset()
@@ -129,7 +135,8 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
     On a source: read the selected topics, describe the selected groups; own `heartbeats` when the flow emits them
     (written there, then read back to be mirrored like any topic), and the offset syncs when they live there. On a
     target: write the copies under the flow's naming policy; own the checkpoints, the heartbeats' copy and the offset
-    syncs; write dead letters; set the selected groups' offsets when the flow syncs them, which reads the copies.
+    syncs; join the flow's DR lease group; write dead letters; set the selected groups' offsets when the flow syncs
+    them, which reads the copies.
     """
     read: set[str] = set()
     written: set[str] = set()
@@ -138,6 +145,7 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
     described: set[str] = set()
     altered: set[str] = set()
     committed: set[str] = set()
+    joined: set[str] = set()
     for flow in flows:
         if flow.source == alias:
             read |= _source_topics(flow)
@@ -150,6 +158,7 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
             copies = {_copies(flow, pattern) for pattern in _source_topics(flow)}
             written |= copies
             owned |= {re.escape(checkpoints_topic(flow)), re.escape(target_topic(flow, HEARTBEATS_TOPIC))}
+            joined.add(re.escape(lease_group(flow)))
             if flow.offset_syncs_location == "target":
                 owned.add(re.escape(offset_syncs_topic(flow)))
             if flow.dead_letter_topic:
@@ -165,6 +174,7 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
         groups_described=frozenset(described),
         groups_altered=frozenset(altered),
         offsets_committed=frozenset(committed),
+        groups_joined=frozenset(joined),
     )
 
 

@@ -30,13 +30,15 @@ def test_on_the_source_the_mirror_reads_the_selection_describes_groups_and_owns_
     assert grant.written == grant.dead_letters == grant.groups_altered == frozenset()
 
 
-def test_on_the_target_the_mirror_writes_the_copies_owns_its_topics_writes_dead_letters_and_moves_synced_groups():
+def test_on_the_target_the_mirror_writes_copies_owns_its_topics_and_lease_writes_dead_letters_moves_synced_groups():
     grant = access([flow(dead_letter_topic="mirror.dlq", sync_group_offsets=True)], "dst")
     assert names(grant.written) == {"src.orders.*", "src.payments"}
     assert all(re.fullmatch(p, "src.orders.eu") for p in grant.written if p.endswith("*"))
     assert names(grant.owned) == {"src.checkpoints.internal", "src.heartbeats", "mirrorkit-offset-syncs.src.internal"}
     assert names(grant.dead_letters) == {"mirror.dlq"}
     assert grant.groups_altered == {".*"} and grant.read == grant.groups_described == frozenset()
+    assert names(grant.groups_joined) == {"mirrorkit-lease.src.dst"}, "the flow's DR lease is held on its target"
+    assert access([flow()], "src").groups_joined == frozenset()
     assert grant.created == grant.written | grant.owned | grant.dead_letters
 
 

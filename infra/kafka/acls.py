@@ -1,7 +1,7 @@
 """The mirror's ACLs on a self-managed Kafka cluster, least privilege, rendered from its access set there
 (spark_app.policy.access): read the source topics and describe their groups; write the target copies; its own
-internal topics; heartbeats on the source when the flow emits them; and read the copies whose group offsets it
-commits. The program sets them with an admin credential of its own."""
+internal topics and DR lease group; heartbeats on the source when the flow emits them; and read the copies whose
+group offsets it commits. The program sets them with an admin credential of its own."""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ def mirror_acls(alias: str, flows: Sequence[FlowConfig]) -> list[AclSpec]:
         ("Topic", grant.offsets_committed, ("Read", "Describe")),  # an OffsetCommit needs Read on its topics
         ("Group", grant.groups_described, ("Describe",)),  # committed offsets, to translate them
         ("Group", grant.groups_altered, ("Read", "Describe")),  # altering a group's offsets needs Read on it
+        ("Group", grant.groups_joined, ("Read", "Describe")),  # the DR lease: join, commit who holds it
     )
     return sorted({AclSpec(kind, *_pattern(p), op) for kind, patterns, ops in rights for p in patterns for op in ops})
 

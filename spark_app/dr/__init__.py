@@ -4,6 +4,7 @@ One job per module, each testable without a cluster (the Kafka side is injected)
 - `formats`: MirrorMaker 2's wire formats (Checkpoint, OffsetSync, Heartbeat);
 - `syncs`: the offset-sync store and translation;
 - `internal`: the flow's internal topics on the clusters: where each lives, making them, reading them back;
+- `lease`: one writer per flow's DR state (a newer mirror of the flow fences the older);
 - `groups`: consumer groups' committed offsets, and commits that never overwrite a group in use;
 - `offset_syncs`: recording where each batch landed, in the store and on the offset-syncs topic;
 - `checkpoints`: the checkpoint task (translate selected groups, write checkpoints, sync groups);

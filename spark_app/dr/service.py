@@ -4,6 +4,10 @@ The stream hands every batch's landings to `on_landed` (offset syncs). A daemon 
 every `checkpoint_interval_s` and the heartbeat task every `heartbeat_interval_s`; a failed round is logged and
 tried again at the next interval, as a DR hiccup must not stop the data plane. `stop` ends with a final offset sync
 flush and checkpoint, so a finished run is exact. The Kafka side of each task is wired here.
+
+Nothing is written before the flow's DR lease is held (spark_app.dr.lease), and each round looks at it first: a
+service whose lease another mirror of the flow took over writes nothing more, and `fenced` says why, so the mirror
+stops.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from .internal import (
     read_offset_syncs,
     target_start,
 )
+from .lease import DrLease
 from .offset_syncs import OffsetSyncWriter
 from .syncs import SyncStore
 
@@ -64,9 +69,15 @@ class DrSync:
             flow, self._emit_heartbeat, lambda: newest_heartbeat_ms(config, flow),
             on_seen=None if metrics is None else lambda at: metrics.heartbeat_seen(flow.name, at),
         )  # fmt: skip
+        self.lease = DrLease(self.target, flow)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._prepared = False
+
+    @property
+    def fenced(self) -> str | None:
+        """Why this service writes no more DR state (another mirror of the flow took its lease), or None."""
+        return self.lease.fenced
 
     @property
     def newest_heartbeat_ms(self) -> int | None:
@@ -96,6 +107,7 @@ class DrSync:
             if offset_syncs_topic(self.flow) not in self.disabled:
                 stored = read_offset_syncs(self.config, self.flow)
             if checkpoints_topic(self.flow) not in self.disabled:
+                self.lease.acquire()  # before reading back: a mirror it fences writes no more after this
                 read = read_checkpoints(self.config, self.flow)
                 self.checkpoints.checkpoints = {k: cp for k, (cp, _) in read.items()}
         except (KafkaException, TimeoutError) as err:
@@ -112,11 +124,18 @@ class DrSync:
     def checkpoint_once(self) -> list[Checkpoint]:
         """Write the offset syncs that changed, then the checkpoints that changed (after the syncs they rest on)."""
         self.prepare(self.emit_heartbeats)
+        if not self._may_write():
+            return []
         self.offset_syncs.flush()
         return self.checkpoints.run_once()
 
     def heartbeat_once(self) -> None:
-        self.heartbeats.run_once()
+        if self._may_write():
+            self.heartbeats.run_once()
+
+    def _may_write(self) -> bool:
+        """Whether this service holds the flow's DR lease (or has no checkpoints topic to hold it on)."""
+        return checkpoints_topic(self.flow) in self.disabled or self.lease.held()
 
     def _emit_sync(self, sync: OffsetSync) -> None:
         topic = offset_syncs_topic(self.flow)
@@ -170,6 +189,7 @@ class DrSync:
             self.heartbeats.observe()
         except (KafkaException, RuntimeError, TimeoutError) as err:
             log.warning("flow %s: final checkpoint failed: %s", self.flow.name, err)
+        self.lease.release()
 
 
 class _Producers:

@@ -1,0 +1,123 @@
+"""One writer per flow's DR state: a lease on the target, held as the static member of the flow's lease group.
+
+Two mirrors of one flow (a zombie driver pod beside its replacement, or a run started twice) would overwrite each
+other's offset-sync slots and checkpoints. So a mirror's DR service joins the flow's lease group
+(`spark_app.policy.lease_group`) on the target before it writes anything, with the group's name as its
+`group.instance.id` (Kafka's static membership, KIP-345): the broker lets one member hold an instance id, and a
+newer join with it fences the older member. The newest mirror wins, as a replacement should, and the older one
+learns it at its next look (`held`), which the service takes before every round of writes; a round already under
+way finishes, so a fenced mirror writes at most one more round. The lease rides on the flow's checkpoints topic
+(paused: nothing is read), which the target always has while DR runs, and needs Read on the group there.
+
+While a mirror holds the lease, the group has a member: `holder` says who, from the metadata of the commit the
+holder made when it joined, so `failover` can refuse to move groups a running mirror would move again. A stopped
+mirror's static membership lapses `SESSION_S` after it stops; a crashed one's too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Message, TopicPartition
+
+from .. import clients
+from ..config import ClusterConfig, FlowConfig, MirrorConfig
+from ..policy import checkpoints_topic, lease_group
+
+log = logging.getLogger(__name__)
+
+SESSION_S = 10  # how long a lease outlives a mirror that stopped or crashed
+JOIN_TIMEOUT_S = clients.REQUEST_TIMEOUT_S
+
+
+class DrLease:
+    """The flow's DR lease, as one mirror holds it. `fenced` says why it was lost, once it was."""
+
+    def __init__(self, cluster: ClusterConfig, flow: FlowConfig) -> None:
+        self.cluster = cluster
+        self.flow = flow
+        self.group = lease_group(flow)
+        self.topic = checkpoints_topic(flow)
+        self.fenced: str | None = None
+        self._consumer: Consumer | None = None
+        self._mark = TopicPartition(self.topic, 0, 0)  # committed with who holds the lease, by `acquire`
+
+    def acquire(self, timeout_s: float = JOIN_TIMEOUT_S) -> None:
+        """Join the lease group, fencing any other mirror of the flow, and say who holds it now."""
+        consumer = clients.consumer(
+            self.cluster,
+            {
+                "group.id": self.group,
+                "group.instance.id": self.group,
+                "session.timeout.ms": SESSION_S * 1000,
+                "enable.auto.commit": False,
+                "client.id": f"mirrorkit-lease-{socket.gethostname()}",
+            },
+        )
+        consumer.subscribe([self.topic], on_assign=lambda c, parts: c.pause(parts))
+        deadline = time.monotonic() + timeout_s
+        while not consumer.assignment():
+            if time.monotonic() >= deadline:
+                consumer.close()
+                raise TimeoutError(f"flow {self.flow.name}: no answer from '{self.cluster.alias}' to join {self.group}")
+            error = _error_of(consumer.poll(0.2))
+            if error is not None and error.fatal():
+                consumer.close()
+                raise KafkaException(error)
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._mark = TopicPartition(
+            self.topic, 0, 0, metadata=f"{socket.gethostname()} pid {os.getpid()} since {since}"
+        )
+        consumer.commit(offsets=[self._mark], asynchronous=False)
+        self._consumer = consumer
+
+    def held(self) -> bool:
+        """Whether this mirror still holds the lease, asked of the broker: the holder's mark is committed again, which
+        the group coordinator refuses to a member another mirror of the flow has fenced. A transient refusal
+        (the coordinator moving) raises, so the round is tried again at the next interval."""
+        if self.fenced is not None or self._consumer is None:
+            return False
+        err = _error_of(self._consumer.poll(0))
+        if err is None:
+            try:
+                self._consumer.commit(offsets=[self._mark], asynchronous=False)
+            except KafkaException as failed:
+                err = failed.args[0]
+                if not _fenced(err):
+                    raise
+        if err is not None and _fenced(err):
+            self.fenced = f"another mirror of flow {self.flow.name} took over its DR state ({err.str()})"
+            log.error("flow %s: fenced: %s; this mirror stops writing its DR state", self.flow.name, self.fenced)
+            self._consumer = None  # a fenced consumer is unusable; closing it would only report the error again
+            return False
+        return True
+
+    def release(self) -> None:
+        """Leave the lease to lapse (static members do not leave the group; the session ends `SESSION_S` on)."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def _fenced(err: KafkaError) -> bool:
+    return err.fatal() or err.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID, KafkaError.UNKNOWN_MEMBER_ID)
+
+
+def _error_of(msg: Message | None) -> KafkaError | None:
+    return None if msg is None else msg.error()
+
+
+def holder(config: MirrorConfig, flow: FlowConfig) -> str | None:
+    """Who holds the flow's DR lease (host, pid, since when), or None when no mirror of the flow runs."""
+    admin = clients.admin(config.cluster(flow.target))
+    group = lease_group(flow)
+    described = admin.describe_consumer_groups([group], request_timeout=clients.REQUEST_TIMEOUT_S)[group].result()
+    if not described.members:
+        return None
+    request = [ConsumerGroupTopicPartitions(group, [TopicPartition(checkpoints_topic(flow), 0)])]
+    listed = admin.list_consumer_group_offsets(request, request_timeout=clients.REQUEST_TIMEOUT_S)[group].result()
+    marks = [tp.metadata for tp in listed.topic_partitions or [] if tp.metadata]
+    return marks[0] if marks else f"a member at {described.members[0].host}"

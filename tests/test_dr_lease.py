@@ -1,0 +1,124 @@
+"""One writer per flow's DR state: a second mirror of a flow fences the first, which writes no more and stops."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import pytest
+
+from bench.testbed.clients import commit, create_topics
+from bench.testbed.ports import free_port
+from spark_app.clients import read_topic
+from spark_app.config import parse_config
+from spark_app.dr.formats import Checkpoint, OffsetSync
+from spark_app.dr.internal import offset_syncs_cluster
+from spark_app.dr.lease import holder
+from spark_app.dr.service import DrSync
+from spark_app.errors import MirrorFailed
+from spark_app.mirror import Mirror
+from spark_app.policy import checkpoints_topic, offset_syncs_topic
+from spark_app.ranges import Landing
+from tests.support.mirror_config import one_flow_config
+
+
+def landed(topic: str, first: int, end: int) -> Landing:
+    """A batch that copied source offsets first..end - 1 of partition 0 onto the same target offsets."""
+    return Landing(
+        topic, 0, first, end, last_offset=end - 1, last_target_offset=end - 1, records=end - first,
+        runs=[(first, first, end - 1)],
+    )  # fmt: skip
+
+
+def test_a_second_mirror_of_a_flow_fences_the_first_which_writes_no_more_dr_state(
+    plaintext_cluster, source_cluster, tmp_path, unique, caplog
+):
+    topic, group = f"orders-{unique}", f"app-{unique}"
+    create_topics(plaintext_cluster.admin, {topic: 1})
+    create_topics(source_cluster.admin, {f"primary.{topic}": 1})
+    config = parse_config(
+        one_flow_config(
+            plaintext_cluster,
+            source_cluster,
+            [topic],
+            tmp_path / "ckpt",
+            source_alias="primary",
+            target_alias=f"dr{unique[-8:]}",
+            groups={"include": [group]},
+            emit_heartbeats=False,
+        )  # fmt: skip
+    )
+    flow = config.flows[0]
+    syncs_cluster = config.cluster(offset_syncs_cluster(flow))
+    first, second = DrSync(config, flow), DrSync(config, flow)
+    first.prepare()
+    assert str(os.getpid()) in (holder(config, flow) or ""), "a running mirror's lease names its process"
+    first.on_landed([landed(topic, 0, 10)])
+    commit(plaintext_cluster.client, group, topic, {0: 5})
+    assert [cp.downstream_offset for cp in first.checkpoint_once()] == [5]
+
+    second.prepare()  # the replacement starts: the first is fenced at the broker
+    first.on_landed([landed(topic, 10, 20)])
+    commit(plaintext_cluster.client, group, topic, {0: 15})
+    with caplog.at_level(logging.ERROR, logger="spark_app.dr.lease"):
+        assert first.checkpoint_once() == [], "a fenced mirror writes no checkpoint"
+    assert first.fenced is not None and "took over its DR state" in first.fenced
+    assert any("fenced" in r.getMessage() and flow.name in r.getMessage() for r in caplog.records)
+    syncs = [OffsetSync.decode(m.key(), m.value()) for m in read_topic(syncs_cluster, offset_syncs_topic(flow))]
+    assert max(s.last_offset or s.upstream_offset for s in syncs if s.topic == topic) == 9, "no sync past the fence"
+    first.heartbeat_once()
+    first.stop()  # its final round writes nothing either
+
+    second.on_landed([landed(topic, 10, 20)])
+    assert [cp.downstream_offset for cp in second.checkpoint_once()] == [15]
+    on_target = read_topic(source_cluster.client, checkpoints_topic(flow))
+    written = [Checkpoint.decode(m.key(), m.value()) for m in on_target]
+    assert [cp.downstream_offset for cp in written if cp.group == group] == [5, 15], "only the holder's checkpoints"
+    second.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_running_mirror_whose_flow_another_mirror_takes_over_stops_and_says_why(
+    spark, plaintext_cluster, source_cluster, tmp_path, unique
+):
+    topic = f"orders-{unique}"
+    create_topics(plaintext_cluster.admin, {topic: 1})
+    config = parse_config(
+        one_flow_config(
+            plaintext_cluster,
+            source_cluster,
+            [topic],
+            tmp_path / "ckpt",
+            source_alias="primary",
+            target_alias=f"dr{unique[-8:]}",
+            emit_heartbeats=False,
+            checkpoint_interval_s=0.5,
+            topic_sync_interval_s=0.5,
+            metrics_port=free_port(),
+        )  # fmt: skip
+    )
+    mirror = Mirror(spark, config)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            mirror.run_forever()
+        except BaseException as err:  # noqa: BLE001 - handed to the test thread
+            failed.append(err)
+
+    running = threading.Thread(target=run, daemon=True)
+    running.start()
+    deadline = time.monotonic() + 120
+    while holder(config, config.flows[0]) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert holder(config, config.flows[0]) is not None, "the running mirror holds its flow's lease"
+
+    replacement = DrSync(config, config.flows[0])
+    replacement.prepare()
+    running.join(120)
+    replacement.stop()
+    assert not running.is_alive(), "the fenced mirror stopped"
+    assert len(failed) == 1 and isinstance(failed[0], MirrorFailed), failed
+    assert "took over its DR state" in str(failed[0]) and "this mirror stops" in str(failed[0])
