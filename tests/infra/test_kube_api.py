@@ -405,7 +405,7 @@ def submitted(kube_api: KubeApiServer, stack_runs: dict[str, Run]) -> Submitted:
     moved = in_own_namespaces(objects, "op")
     home = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": release.namespace}}
     assert apply_all(kube_api, [home, *release.rbac], "helm") == {}
-    operator = start_operator(kube_api, release.manifests)
+    operator = start_operator(kube_api, release.manifests, release.namespace)
     assert apply_all(kube_api, moved, f"pulumi-{context}") == {}
     (app,) = [o for o in moved if o["kind"] == "SparkApplication"]
     where = app["metadata"]["namespace"]

@@ -2,8 +2,9 @@
 
 `.ci/setup` builds etcd, kube-apiserver and Helm from the Go module proxy (tests/support/kube/go.mod), generates the
 Spark Operator's and the Prometheus Operator's CRDs from their Go API types, and copies the Spark Operator's chart from
-its Go module. There is no controller manager: nothing runs the objects, deleted namespaces never finish terminating,
-and no `default` service account appears.
+its Go module. There is no controller manager: nothing runs the built-in objects (the Spark Operator runs beside the
+server where a test starts it: tests/support/spark_operator.py), deleted namespaces never finish terminating, and no
+`default` service account appears.
 """
 
 from __future__ import annotations
@@ -217,16 +218,22 @@ class KubeApiServer:
         self._processes.append(process)
         return process
 
-    def kubeconfig(self) -> Path:
-        """The admin's kubeconfig (its token is in system:masters), 0600 in the server's folder, for a process that
-        signs in as a cluster's controllers would."""
-        path = self.folder / "admin.kubeconfig"
+    def kubeconfig(self, account: tuple[str, str] | None = None) -> Path:
+        """A kubeconfig, 0600 in the server's folder, signed in as the admin (its token is in system:masters) or as
+        the service account `(namespace, name)`, with a token the server issues for it as for a pod of that account."""
+        user, token = ADMIN, self._token
+        if account is not None:
+            namespace, name = account
+            request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+            issued = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", request)
+            user, token = f"{namespace}.{name}", issued["status"]["token"]
+        path = self.folder / f"{user}.kubeconfig"
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "test", "cluster": {"server": self.url, "certificate-authority": str(self._ca)}}],
-            "users": [{"name": ADMIN, "user": {"token": self._token}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": ADMIN}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": user}}],
             "current-context": "test",
         }
         path.touch(mode=0o600)

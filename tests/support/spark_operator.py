@@ -5,9 +5,10 @@ with the arguments the chart's Deployments give them, so they act in the namespa
 chart's webhook configurations are applied as rendered. What a pod would provide is replaced for loopback: no leader
 election (one replica each), no probe or metrics listeners, the webhook configurations point at
 `https://localhost:<port>` instead of a Service (the webhook's own certificate names localhost, and it writes its CA
-into them as in a cluster), and both sign in with the test server's admin kubeconfig. The controller runs
-spark-submit from the pyspark install (`SPARK_HOME`), which reaches the API server as from the operator's pod:
-through KUBERNETES_SERVICE_HOST and _PORT, signed in with the same kubeconfig.
+into them as in a cluster). Each signs in as the service account its Deployment names, with a token the API server
+issues for it, so the chart's RBAC is what lets it act. The controller runs spark-submit from the pyspark install
+(`SPARK_HOME`), which reaches the API server as from the operator's pod: through KUBERNETES_SERVICE_HOST and _PORT,
+signed in as the controller's account.
 """
 
 from __future__ import annotations
@@ -46,13 +47,16 @@ class OperatorProcesses:
         return "\n".join(f"--- {name} ---\n{self.api.log_tail(name, lines)}" for name in PROCESSES)
 
 
-def container_args(manifests: list[dict[str, Any]], command: str) -> list[str]:
-    """The arguments of the chart's Deployment whose container runs `spark-operator <command> ...`."""
+def as_deployed(manifests: list[dict[str, Any]], namespace: str, command: str) -> tuple[list[str], tuple[str, str]]:
+    """The arguments and the service account `(namespace, name)` of the chart's Deployment whose container runs
+    `spark-operator <command> ...`, in the release's `namespace` unless it names its own."""
     for obj in manifests:
         if obj["kind"] == "Deployment":
-            (container,) = obj["spec"]["template"]["spec"]["containers"]
+            pod = obj["spec"]["template"]["spec"]
+            (container,) = pod["containers"]
             if container.get("args", [])[:1] == [command]:
-                return list(container["args"])
+                where = obj["metadata"].get("namespace", namespace)
+                return list(container["args"]), (where, pod["serviceAccountName"])
     raise AssertionError(f"the chart renders no Deployment running `{command}`")
 
 
@@ -65,41 +69,48 @@ def served_at(configuration: dict[str, Any], port: int) -> dict[str, Any]:
     return configuration | {"webhooks": hooks}
 
 
-def start_operator(api: KubeApiServer, manifests: list[dict[str, Any]]) -> OperatorProcesses:
-    """Run the webhook and the controller the chart's `manifests` describe (its namespace must exist), and return
-    once the webhook serves and the API server trusts it."""
+def start_operator(api: KubeApiServer, manifests: list[dict[str, Any]], namespace: str) -> OperatorProcesses:
+    """Run the webhook and the controller the chart's `manifests` describe for a release in `namespace`, each as its
+    service account (the release's namespace, accounts and RBAC must be applied), and return once the webhook serves
+    and the API server trusts it."""
     missing = [str(p) for p in (OPERATOR, *OPERATOR_CRDS) if not p.is_file()]
     if missing:
         raise RuntimeError(f"missing {', '.join(missing)}: {SETUP_HINT}")
     api.install_crds(OPERATOR_CRDS)
     folder = api.folder / "spark-operator"
     folder.mkdir(exist_ok=True)
-    kubeconfig = str(api.kubeconfig())
     port = free_port()
     configurations = [served_at(o, port) for o in manifests if o["kind"] in WEBHOOK_KINDS]
     assert {c["kind"] for c in configurations} == set(WEBHOOK_KINDS), "the chart renders no webhook configurations"
     for configuration in configurations:
         api.apply(configuration, field_manager="helm")
-    here = ["--leader-election=false", "--metrics-bind-address=0", "--health-probe-bind-address=0"]
     server = urlsplit(api.url)
     env = os.environ | {
         "SPARK_HOME": str(Path(pyspark.__file__).parent),
         "KUBERNETES_SERVICE_HOST": str(server.hostname),
         "KUBERNETES_SERVICE_PORT": str(server.port),
-        "KUBECONFIG": kubeconfig,  # spark-submit's Kubernetes client reads it
     }
+    here = ["--leader-election=false", "--metrics-bind-address=0", "--health-probe-bind-address=0"]
+    webhook_args, webhook_account = as_deployed(manifests, namespace, "webhook")
+    controller_args, controller_account = as_deployed(manifests, namespace, "controller")
+    webhook_kubeconfig, controller_kubeconfig = api.kubeconfig(webhook_account), api.kubeconfig(controller_account)
     webhook = api.launch(
         PROCESSES[0],
         OPERATOR,
-        *container_args(manifests, "webhook"),
+        *webhook_args,
         *here,
-        f"--kubeconfig={kubeconfig}",
+        f"--kubeconfig={webhook_kubeconfig}",
         f"--webhook-port={port}",
         f"--webhook-cert-dir={folder / 'certs'}",
         env=env,
     )
     controller = api.launch(
-        PROCESSES[1], OPERATOR, *container_args(manifests, "controller"), *here, f"--kubeconfig={kubeconfig}", env=env
+        PROCESSES[1],
+        OPERATOR,
+        *controller_args,
+        *here,
+        f"--kubeconfig={controller_kubeconfig}",
+        env=env | {"KUBECONFIG": str(controller_kubeconfig)},  # spark-submit's Kubernetes client reads it
     )
     processes = OperatorProcesses(api)
     deadline = time.monotonic() + READY_TIMEOUT_S
