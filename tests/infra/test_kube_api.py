@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import functools
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +20,11 @@ import pytest
 import yaml
 from pulumi.runtime.rpc import UNKNOWN
 
+from infra.k8s.mirror_app import CONFIG_HASH_ANNOTATION
 from infra.k8s.operator import CHART, CHART_VERSION
 from tests.infra.harness import STACKS, Registered, Run
 from tests.support.kube_api import CHARTS, KubeApiError, KubeApiServer, helm_template
+from tests.support.spark_operator import start_operator
 
 HELM_CHART = "kubernetes:helm.sh/v4:Chart"
 NOT_OBJECTS = frozenset({HELM_CHART})  # a component: the engine renders its objects (see the operator's test)
@@ -29,6 +32,7 @@ RBAC_KINDS = frozenset({"ServiceAccount", "Role", "RoleBinding", "ClusterRole", 
 CLUSTER_WIDE = frozenset({"ClusterRole", "ClusterRoleBinding"})  # Helm's output gives them a namespace anyway
 STACK_NAMES = [p.name.split(".")[1] for p in STACKS]
 DRIVER_RESOURCES = ("pods", "services", "configmaps", "persistentvolumeclaims")
+DRIVER_TIMEOUT_S = 90.0  # the controller's spark-submit starts a JVM: seconds, on a busy machine tens
 
 
 @dataclass(frozen=True)
@@ -240,12 +244,14 @@ def test_the_chart_set_up_copies_is_the_one_the_program_installs():
 
 @dataclass(frozen=True)
 class OperatorRelease:
-    """The Spark Operator's chart as Helm renders it for a stack's release: only its service accounts and RBAC (its
-    webhook configurations would send every later SparkApplication to a webhook that is not running)."""
+    """The Spark Operator's chart as Helm renders it for a stack's release: every manifest, and its service accounts
+    and RBAC, which alone are applied where no operator runs (its webhook configurations would send every later
+    SparkApplication to a webhook that is not served)."""
 
     namespace: str
     job_namespaces: list[str]
     rbac: list[dict[str, Any]]
+    manifests: list[dict[str, Any]]
 
 
 def operator_release(chart: Registered, renamed: Callable[[str], str]) -> OperatorRelease:
@@ -262,7 +268,7 @@ def operator_release(chart: Registered, renamed: Callable[[str], str]) -> Operat
         for o in rendered
         if o["kind"] in RBAC_KINDS
     ]
-    return OperatorRelease(home, jobs, rbac)
+    return OperatorRelease(home, jobs, rbac, rendered)
 
 
 def cluster_objects(run: Run, context: str, suffix: str) -> list[dict[str, Any]]:
@@ -348,3 +354,105 @@ def test_the_api_server_refuses_what_a_schema_does_not_declare(kube_api, stack_r
     for message, bad in wrong.items():
         with pytest.raises(KubeApiError, match=re.escape(message)):
             kube_api.apply(app | {"spec": bad}, field_manager="tests")
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A stack's SparkApplication as it renders it, applied with its cluster's objects where the Spark Operator runs,
+    and the driver pod the API server admitted for it."""
+
+    app: dict[str, Any]
+    namespace: dict[str, Any]
+    pod: dict[str, Any]
+
+
+def most_mounted_application(stack_runs: dict[str, Run]) -> tuple[Run, str, dict[str, Any]]:
+    """Of every stack's SparkApplications, the one whose driver mounts the most volumes and secrets: the one that
+    asks the most of what the operator passes on to the pod."""
+
+    def mounts(app: dict[str, Any]) -> int:
+        return len(app["spec"]["driver"].get("volumeMounts", [])) + len(app["spec"]["driver"].get("secrets", []))
+
+    found = [
+        (run, context, app)
+        for _, run in sorted(stack_runs.items())
+        for context, objects in objects_by_cluster(run).items()
+        for app in objects
+        if app["kind"] == "SparkApplication"
+    ]
+    return max(found, key=lambda f: mounts(f[2]))
+
+
+def watching_chart(stack_runs: dict[str, Run], context: str, namespace: str) -> Registered:
+    """The Spark Operator release, of whichever stack installs it on the cluster, whose operator acts in `namespace`."""
+    (chart,) = [
+        c
+        for run in stack_runs.values()
+        for c in run.of_type(HELM_CHART)
+        if cluster_of(run, c) == context and namespace in c.plain["values"]["spark"]["jobNamespaces"]
+    ]
+    return chart
+
+
+@pytest.fixture(scope="session")
+def submitted(kube_api: KubeApiServer, stack_runs: dict[str, Run]) -> Submitted:
+    """One operator (webhook and controller, as the stack's chart release runs them) for the session, and one of the
+    stacks' SparkApplications applied with its cluster's objects for it to submit."""
+    run, context, app = most_mounted_application(stack_runs)
+    objects = objects_by_cluster(run)[context]
+    renamed = namespace_renaming(objects, "op")
+    release = operator_release(watching_chart(stack_runs, context, app["metadata"]["namespace"]), renamed)
+    moved = in_own_namespaces(objects, "op")
+    home = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": release.namespace}}
+    assert apply_all(kube_api, [home, *release.rbac], "helm") == {}
+    operator = start_operator(kube_api, release.manifests, release.namespace)
+    assert apply_all(kube_api, moved, f"pulumi-{context}") == {}
+    (app,) = [o for o in moved if o["kind"] == "SparkApplication"]
+    where = app["metadata"]["namespace"]
+    (namespace,) = [o for o in moved if o["kind"] == "Namespace" and o["metadata"]["name"] == where]
+    pod_path = f"/api/v1/namespaces/{where}/pods/{app['metadata']['name']}-driver"
+    deadline = time.monotonic() + DRIVER_TIMEOUT_S
+    while True:
+        try:
+            return Submitted(app, namespace, kube_api.request("GET", pod_path))
+        except KubeApiError as err:
+            if err.status != 404:
+                raise
+        state = (kube_api.read(app).get("status") or {}).get("applicationState", {})
+        if state.get("state") == "SUBMISSION_FAILED" or time.monotonic() > deadline:
+            # spark-submit's output, of which the exception names what the API server refused
+            refused = [line for line in state.get("errorMessage", "").splitlines() if line.startswith("Exception")]
+            pytest.fail(f"no driver pod; the application is {state.get('state')}: {refused}\n{operator.log_tail(10)}")
+        time.sleep(0.5)
+
+
+def test_the_operator_makes_the_driver_pod_as_the_stack_renders_it_and_pod_security_admits_it(submitted):
+    """The operator's webhook and controller (spark-submit from the pyspark install) turn the rendered spec into the
+    driver pod; the API server admitted that pod under the namespace's enforced Pod Security level, so no field the
+    restricted level needs was lost on the way."""
+    labels = submitted.namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    spec, pod = submitted.app["spec"], submitted.pod
+    driver = spec["driver"]
+    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "spark-kubernetes-driver"]
+    assert container["image"] == spec["image"]
+    assert pod["spec"]["serviceAccountName"] == driver["serviceAccount"]
+    assert sent_but_not_stored(driver["podSecurityContext"], pod["spec"]["securityContext"]) == []
+    assert sent_but_not_stored(driver["securityContext"], container["securityContext"]) == []
+    assert pod["spec"]["terminationGracePeriodSeconds"] == driver["terminationGracePeriodSeconds"]
+    assert sent_but_not_stored(driver["annotations"], pod["metadata"]["annotations"]) == []
+    assert pod["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] == driver["annotations"][CONFIG_HASH_ANNOTATION]
+    assert sent_but_not_stored(driver["labels"], pod["metadata"]["labels"]) == []
+    assert [p for p in container["ports"] if p["name"] == "metrics"] == driver["ports"]
+    assert [s["name"] for s in pod["spec"].get("imagePullSecrets", [])] == spec.get("imagePullSecrets", [])
+
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounted = {m["mountPath"]: m for m in container["volumeMounts"]}
+    rendered = {v["name"]: v for v in spec["volumes"]}
+    for mount in driver["volumeMounts"]:
+        assert sent_but_not_stored(mount, mounted.get(mount["mountPath"])) == [], mount
+        assert sent_but_not_stored(rendered[mount["name"]], volumes.get(mount["name"])) == [], mount["name"]
+    for secret in driver["secrets"]:
+        at = mounted.get(secret["path"])
+        assert at is not None, f"secret {secret['name']} is not mounted at {secret['path']}"
+        assert volumes[at["name"]]["secret"]["secretName"] == secret["name"]

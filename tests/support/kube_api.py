@@ -2,8 +2,9 @@
 
 `.ci/setup` builds etcd, kube-apiserver and Helm from the Go module proxy (tests/support/kube/go.mod), generates the
 Spark Operator's and the Prometheus Operator's CRDs from their Go API types, and copies the Spark Operator's chart from
-its Go module. There is no controller manager: nothing runs the objects, deleted namespaces never finish terminating,
-and no `default` service account appears.
+its Go module. There is no controller manager: nothing runs the built-in objects (the Spark Operator runs beside the
+server where a test starts it: tests/support/spark_operator.py), deleted namespaces never finish terminating, and no
+`default` service account appears.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,7 @@ class KubeApiServer:
     url: str = ""
     started_in_s: float = 0.0
     _token: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
+    _ca: Path = field(default=Path(), repr=False)
     _processes: list[subprocess.Popen] = field(default_factory=list, repr=False)
     _session: requests.Session = field(default_factory=requests.Session, repr=False)
     _types: dict[tuple[str, str], ResourceType] = field(default_factory=dict, repr=False)
@@ -114,6 +117,7 @@ class KubeApiServer:
         binaries = require_binaries()
         began = time.monotonic()
         tls = make_loopback_tls(self.folder / "tls")
+        self._ca = tls.ca_pem
         self._write_credentials()
         self._session.headers["Authorization"] = f"Bearer {self._token}"
         self._session.verify = str(tls.ca_pem)
@@ -122,7 +126,7 @@ class KubeApiServer:
             etcd_client, etcd_peer, secure_port = free_ports(3)
             self.url = f"https://127.0.0.1:{secure_port}"
             self._launch_etcd(binaries["etcd"], etcd_client, etcd_peer, attempt)
-            self._launch(
+            self.launch(
                 "kube-apiserver",
                 binaries["kube-apiserver"],
                 f"--etcd-servers=http://127.0.0.1:{etcd_client}",
@@ -186,7 +190,7 @@ class KubeApiServer:
 
     def _launch_etcd(self, binary: Path, client_port: int, peer_port: int, attempt: int) -> None:
         client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
-        self._launch(
+        self.launch(
             "etcd",
             binary,
             "--name=test",
@@ -204,11 +208,37 @@ class KubeApiServer:
         log = self.folder / f"{name}.log"
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
 
-    def _launch(self, name: str, binary: Path, *args: str) -> None:
+    def launch(self, name: str, binary: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+        """Start a process that runs against the server (etcd and the server itself, or a controller), its output in
+        `<name>.log` here; it is stopped with the server, before those started earlier."""
         with (self.folder / f"{name}.log").open("ab") as log:
-            self._processes.append(
-                subprocess.Popen([str(binary), *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            process = subprocess.Popen(
+                [str(binary), *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
             )
+        self._processes.append(process)
+        return process
+
+    def kubeconfig(self, account: tuple[str, str] | None = None) -> Path:
+        """A kubeconfig, 0600 in the server's folder, signed in as the admin (its token is in system:masters) or as
+        the service account `(namespace, name)`, with a token the server issues for it as for a pod of that account."""
+        user, token = ADMIN, self._token
+        if account is not None:
+            namespace, name = account
+            request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+            issued = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", request)
+            user, token = f"{namespace}.{name}", issued["status"]["token"]
+        path = self.folder / f"{user}.kubeconfig"
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "test", "cluster": {"server": self.url, "certificate-authority": str(self._ca)}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": user}}],
+            "current-context": "test",
+        }
+        path.touch(mode=0o600)
+        path.write_text(yaml.safe_dump(config))
+        return path
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -226,9 +256,10 @@ class KubeApiServer:
             f"kube-apiserver not ready after {READY_TIMEOUT_S:.0f}s:\n{self.log_tail('kube-apiserver')}"
         )
 
-    def install_crds(self) -> None:
-        """Apply every generated CRD and wait until each is established and served."""
-        crds = [yaml.safe_load((CRDS / f"{name}.yaml").read_text()) for name in INSTALLED_CRDS]
+    def install_crds(self, files: Sequence[Path] = tuple(CRDS / f"{name}.yaml" for name in INSTALLED_CRDS)) -> None:
+        """Apply these generated CRDs (by default the kinds the program makes) and wait until each is established and
+        served."""
+        crds = [yaml.safe_load(path.read_text()) for path in files]
         for crd in crds:
             self.apply(crd, field_manager="mirrorkit-tests")
         deadline = time.monotonic() + READY_TIMEOUT_S
