@@ -90,12 +90,18 @@ def shared_producer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> P
     return _producers[key]
 
 
-def produce(client: Producer, topic: str, key: bytes, value: bytes | None) -> None:
+Delivered = Callable[[KafkaError | None, Message], None]  # a delivery callback: the error, None when written
+
+
+def produce(
+    client: Producer, topic: str, key: bytes, value: bytes | None, on_delivery: Delivered | None = None
+) -> None:
     """Hand a record to the producer, waiting for room when its queue is full (a round of a few hundred thousand
-    checkpoints is more than librdkafka queues at once) instead of failing."""
+    checkpoints is more than librdkafka queues at once) instead of failing; `on_delivery` hears whether the cluster
+    took it."""
     while True:
         try:
-            client.produce(topic, key=key, value=value)
+            client.produce(topic, key=key, value=value, on_delivery=on_delivery)
             client.poll(0)
             return
         except BufferError:

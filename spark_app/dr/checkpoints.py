@@ -41,8 +41,9 @@ class CheckpointTarget(Protocol):
         """The first offset of a target partition."""
         ...
 
-    def write(self, checkpoints: list[Checkpoint]) -> bool:
-        """Write checkpoints, acknowledged; False when the checkpoints topic cannot be used."""
+    def write(self, checkpoints: list[Checkpoint]) -> list[Checkpoint]:
+        """Write checkpoints (and tombstones); those the cluster acknowledged, [] when the checkpoints topic cannot
+        be used."""
         ...
 
     def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
@@ -76,7 +77,8 @@ class CheckpointTask:
 
     def run_once(self) -> list[Checkpoint]:
         """Translate every selected group's committed offsets; write the checkpoints that changed, and sync the
-        groups whose translation changed (or whose last commit was refused) if asked. Returns what was written."""
+        groups whose translation changed (or whose last commit was refused) if asked. Returns what the target
+        acknowledged: a checkpoint it did not take stays changed, so the next round writes it again."""
         current: list[Checkpoint] = []
         needed: dict[Partition, set[int]] = {}
         for group in self.source.groups(self.flow.groups):
@@ -89,16 +91,16 @@ class CheckpointTask:
         changed = [cp for cp in current if self.checkpoints.get((cp.group, cp.topic, cp.partition)) != cp]
         if self.flow.sync_group_offsets:
             self._sync_groups(current, {cp.group for cp in changed})
-        if changed and not self.target.write(changed):
-            return []
+        written = self.target.write(changed) if changed else []
         now = self._clock()
-        for cp in changed:
+        for cp in written:
             self.checkpoints[(cp.group, cp.topic, cp.partition)] = cp
-        for group in sorted({cp.group for cp in current}):
+        pending = {cp.group for cp in set(changed) - set(written)}  # not taken: still changed at the next round
+        for group in sorted({cp.group for cp in current} - pending):
             self.written_at[group] = now
             if self._on_written is not None:
                 self._on_written(group, now)
-        return changed
+        return written
 
     def _sync_groups(self, current: list[Checkpoint], changed_groups: set[str]) -> None:
         refused = {g for g, commit in self.group_commits.items() if commit.refused}

@@ -122,7 +122,8 @@ class DrSync:
         topic = offset_syncs_topic(self.flow)
         if topic not in self.disabled:
             producer = self.producers.get(offset_syncs_cluster(self.flow))
-            clients.produce(producer, topic, sync.key(), sync.record_value())
+            delivered = self.offset_syncs.delivered
+            clients.produce(producer, topic, sync.key(), sync.record_value(), lambda err, _: delivered(sync, err))
 
     def _emit_heartbeat(self, beat: Heartbeat) -> None:
         if self.emit_heartbeats and HEARTBEATS_TOPIC not in self.disabled:
@@ -206,17 +207,25 @@ class _Target:
     def start_offset(self, topic: str, partition: int) -> int:
         return target_start(self.groups.admin, topic, partition)
 
-    def write(self, checkpoints: list[Checkpoint]) -> bool:
+    def write(self, checkpoints: list[Checkpoint]) -> list[Checkpoint]:
         topic = checkpoints_topic(self.flow)
         if topic in self.disabled:
-            return False
+            return []
         self.producers.flush(offset_syncs_cluster(self.flow))
         producer = self.producers.get(self.flow.target)
-        for cp in checkpoints:
-            clients.produce(producer, topic, cp.key(), cp.value())
+        refused: dict[int, str] = {}  # index in `checkpoints` -> why the cluster did not take it
+
+        def report(i: int) -> clients.Delivered:
+            return lambda err, _: None if err is None else refused.__setitem__(i, err.str())
+
+        for i, cp in enumerate(checkpoints):
+            clients.produce(producer, topic, cp.key(), cp.value(), report(i))
         if producer.flush(clients.REQUEST_TIMEOUT_S):
             raise RuntimeError(f"flow {self.flow.name}: checkpoints not acknowledged by '{self.flow.target}'")
-        return True
+        if refused:
+            log.warning("flow %s: %d checkpoint(s) not taken by '%s' (%s); written again at the next round",
+                        self.flow.name, len(refused), self.flow.target, next(iter(refused.values())))  # fmt: skip
+        return [cp for i, cp in enumerate(checkpoints) if i not in refused]
 
     def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
         return self.groups.commit(group, offsets)
