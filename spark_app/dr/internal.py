@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import struct
 
 from confluent_kafka import KafkaException
@@ -49,7 +50,12 @@ def read_checkpoints(config: MirrorConfig, flow: FlowConfig) -> CheckpointsRead:
     """The newest checkpoint per (group, target topic, partition), with when it was written (unix s)."""
     out: CheckpointsRead = {}
     for msg in clients.read_topic(config.cluster(flow.target), checkpoints_topic(flow)):
-        cp = decode_or_none(Checkpoint, msg.key(), msg.value())
+        key, value = msg.key(), msg.value()
+        if key is not None and value is None:  # a tombstone: the group is gone
+            with contextlib.suppress(ValueError, struct.error):
+                out.pop(Checkpoint.decode_key(key), None)
+            continue
+        cp = decode_or_none(Checkpoint, key, value)
         if cp is not None:
             out[(cp.group, cp.topic, cp.partition)] = (cp, msg.timestamp()[1] / 1000)
     return out

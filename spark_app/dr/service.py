@@ -219,7 +219,7 @@ class _Target:
             return lambda err, _: None if err is None else refused.__setitem__(i, err.str())
 
         for i, cp in enumerate(checkpoints):
-            clients.produce(producer, topic, cp.key(), cp.value(), report(i))
+            clients.produce(producer, topic, cp.key(), cp.record_value(), report(i))
         if producer.flush(clients.REQUEST_TIMEOUT_S):
             raise RuntimeError(f"flow {self.flow.name}: checkpoints not acknowledged by '{self.flow.target}'")
         if refused:
