@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec, TopicMetadata
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType, TopicMetadata
 
 from .config import ClusterConfig
 from .errors import AuthenticationFailed, ClusterUnreachable
@@ -124,6 +124,13 @@ def list_topics(
         client.poll(0)  # serves error_cb, which raises on an authentication failure
         if time.monotonic() >= deadline:
             raise ClusterUnreachable(cluster, timeout_s, detail)
+
+
+def topic_configs(client: AdminClient, topic: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, str]:
+    """A topic's configuration as the cluster reports it, name -> value."""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    entries = client.describe_configs([resource], request_timeout=timeout_s)[resource].result()
+    return {name: entry.value for name, entry in entries.items() if entry.value is not None}
 
 
 def check_reachable(clusters: Iterable[ClusterConfig], timeout_s: float) -> None:

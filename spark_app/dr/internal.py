@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import struct
 
 from confluent_kafka import KafkaException
@@ -21,6 +22,8 @@ from .syncs import Run, SlottedRun, SyncStore
 INTERNAL_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"}
 HEARTBEATS_TAIL = 50  # records read back per partition of the target's heartbeats copy
 
+log = logging.getLogger(__name__)
+
 CheckpointsRead = dict[tuple[str, str, int], tuple[Checkpoint, float]]  # (group, topic, partition) -> (cp, unix s)
 
 
@@ -29,11 +32,22 @@ def offset_syncs_cluster(flow: FlowConfig) -> str:
     return flow.target if flow.offset_syncs_location == "target" else flow.source
 
 
-def ensure_topic(cluster: ClusterConfig, topic: str) -> str | None:
-    """Make an internal topic where the mirror may; the reason it cannot be used, or None when it is there."""
+def compacted_topics(config: MirrorConfig) -> dict[str, set[str]]:
+    """Per cluster alias, the internal topics read back by key, which must be compacted: each flow's offset syncs
+    where they live and its checkpoints on its target. Infra makes the Event Hubs ones so (infra/hubs.py)."""
+    out: dict[str, set[str]] = {c.alias: set() for c in config.clusters}
+    for flow in config.flows:
+        out[offset_syncs_cluster(flow)].add(offset_syncs_topic(flow))
+        out[flow.target].add(checkpoints_topic(flow))
+    return out
+
+
+def ensure_topic(cluster: ClusterConfig, topic: str, compacted: bool = True) -> str | None:
+    """Make an internal topic where the mirror may; the reason it cannot be used, or None when it is there. One
+    read back by key (`compacted`) that someone else made is checked to be compacted."""
     admin = clients.admin(cluster)
     if topic in admin.list_topics(timeout=clients.REQUEST_TIMEOUT_S).topics:
-        return None
+        return not_compacted(admin, cluster, topic) if compacted else None
     if cluster.is_eventhubs:
         return f"event hub '{topic}' does not exist on '{cluster.alias}'; infra must create it"
     new = NewTopic(topic, 1, config=INTERNAL_TOPIC_CONFIG)
@@ -44,6 +58,35 @@ def ensure_topic(cluster: ClusterConfig, topic: str) -> str | None:
         if err.args[0].name() != "TOPIC_ALREADY_EXISTS":
             return f"cannot create '{topic}' on '{cluster.alias}': {err.args[0].str()}"
     return None
+
+
+def not_compacted(admin: AdminClient, cluster: ClusterConfig, topic: str) -> str | None:
+    """Why an internal topic read back by key cannot be used: a cleanup policy that deletes old records loses the
+    checkpoints of idle groups and the runs parked groups rest on. None when it is compacted, or when the cluster
+    does not say (that is logged)."""
+    try:
+        policy = clients.topic_configs(admin, topic).get("cleanup.policy")
+    except KafkaException as err:
+        policy, why = None, err.args[0].str()
+    else:
+        why = "no cleanup.policy reported"
+    if policy is None:
+        log.warning("cannot check that '%s' on '%s' is compacted (%s); using it", topic, cluster.alias, why)
+        return None
+    if {p.strip() for p in policy.split(",")} == {"compact"}:
+        return None
+    if cluster.is_eventhubs:
+        fix = (
+            "an event hub's cleanup policy cannot be changed: delete the hub and run `pulumi up`, which makes it"
+            " with cleanupPolicy Compact"
+        )
+    else:
+        fix = (
+            f"set cleanup.policy=compact on it (kafka-configs --alter --entity-type topics --entity-name {topic}"
+            " --add-config cleanup.policy=compact)"
+        )
+    deletes = f"has cleanup.policy={policy}, which deletes records the mirror reads back"
+    return f"'{topic}' on '{cluster.alias}' {deletes}; {fix}"
 
 
 def read_checkpoints(config: MirrorConfig, flow: FlowConfig) -> CheckpointsRead:

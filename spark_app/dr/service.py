@@ -83,12 +83,15 @@ class DrSync:
             return
         self.emit_heartbeats = emit_heartbeats and self.flow.emit_heartbeats
         syncs_cluster = self.config.cluster(offset_syncs_cluster(self.flow))
-        wanted = [(syncs_cluster, offset_syncs_topic(self.flow)), (self.target, checkpoints_topic(self.flow))]
+        wanted = [
+            (syncs_cluster, offset_syncs_topic(self.flow), True),
+            (self.target, checkpoints_topic(self.flow), True),
+        ]
         if self.emit_heartbeats:
-            wanted.append((self.source, HEARTBEATS_TOPIC))
+            wanted.append((self.source, HEARTBEATS_TOPIC, False))  # read by its tail: any cleanup policy does
         try:
-            for cluster, topic in wanted:
-                reason = ensure_topic(cluster, topic)
+            for cluster, topic, compacted in wanted:
+                reason = ensure_topic(cluster, topic, compacted)
                 if reason:
                     self.disabled[topic] = reason
                     log.warning("flow %s: %s", self.flow.name, reason)
