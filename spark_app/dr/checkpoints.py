@@ -63,7 +63,7 @@ class CheckpointTask:
         lock: threading.Lock,
         source: SourceGroups,
         target: CheckpointTarget,
-        on_written: Callable[[str, float], None] | None = None,
+        on_written: Callable[[str, float | None], None] | None = None,  # None: the group is gone
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.flow = flow
@@ -102,7 +102,8 @@ class CheckpointTask:
             key = (cp.group, cp.topic, cp.partition)
             if cp.deleted:
                 del self.checkpoints[key]
-                self.written_at.pop(cp.group, None)
+                if self.written_at.pop(cp.group, None) is not None and self._on_written is not None:
+                    self._on_written(cp.group, None)
             else:
                 self.checkpoints[key] = cp
         pending = {cp.group for cp in set(changed) - set(written)}  # not taken: still changed at the next round
