@@ -18,11 +18,12 @@ from bench.testbed import clients
 from bench.testbed.clients import Record, commit, committed, create_topics, java_settings, produce
 from bench.testbed.kafka_cluster import kafka_classpath, require_java
 from bench.testbed.ports import free_port
+from spark_app import clients as spark_clients
 from spark_app.cli import main as cli_main
-from spark_app.clients import read_topic, watermarks
+from spark_app.clients import read_topic, topic_configs, watermarks
 from spark_app.config import ClusterConfig, parse_config
 from spark_app.dr.formats import Checkpoint, OffsetSync
-from spark_app.dr.internal import ensure_topic, read_checkpoints
+from spark_app.dr.internal import INTERNAL_TOPIC_CONFIG, ensure_topic, read_checkpoints
 from spark_app.dr.views import failover_plan
 from spark_app.mirror import Mirror
 from spark_app.policy import checkpoints_topic, offset_syncs_topic
@@ -83,6 +84,10 @@ def test_an_internal_topic_someone_made_with_cleanup_policy_delete_is_refused_na
     reason = ensure_topic(ClusterConfig.model_validate(cluster_entry(hubs, "eh")), deleting)
     assert reason is not None and f"'{deleting}' on 'eh' has cleanup.policy=compact,delete" in reason
     assert "cleanupPolicy Compact" in reason
+    made = f"mirrorkit-made.{unique}.internal"  # made by the mirror: compacted, in segments the broker compacts soon
+    assert ensure_topic(kafka, made) is None
+    configs = topic_configs(spark_clients.admin(kafka), made)
+    assert {k: configs[k] for k in INTERNAL_TOPIC_CONFIG} == INTERNAL_TOPIC_CONFIG
 
 
 @pytest.mark.parametrize("mode", ["throughput", "realtime"])

@@ -167,6 +167,7 @@ def test_a_group_gone_from_the_source_or_the_selection_gets_tombstones_taken_onc
     assert dr.checkpoint_once() == tombstones[:1]
     assert dr.checkpoint_once() == []  # forgotten: nothing more to write
     assert sorted(dr.checkpoints.checkpoints) == [("app-c", "primary.orders", 0), ("app-c", "primary.orders", 1)]
+    assert sorted(dr.checkpoints.written_at) == ["app-c"]
     nulls = [Checkpoint.decode_key(k) for t, k, v in producer.log if t == "primary.checkpoints.internal" and v is None]
     assert sorted(nulls) == sorted((cp.group, cp.topic, cp.partition) for cp in tombstones)
 
@@ -186,9 +187,9 @@ def test_a_group_listing_a_broker_did_not_answer_is_refused_rather_than_taken_as
 
 def test_checkpoints_read_back_leave_out_keys_a_tombstone_deleted(monkeypatch: pytest.MonkeyPatch):
     kept, deleted = Checkpoint("app-c", "primary.orders", 0, 40, 40), Checkpoint("app-a", "primary.orders", 0, 9, 9)
-    records = [(deleted.key(), deleted.value()), (kept.key(), kept.value()), (deleted.key(), None)]
+    records = [(deleted.key(), deleted.value()), (kept.key(), kept.value()), (None, b"x"), (deleted.key(), None)]
     log = [SimpleNamespace(key=lambda k=k: k, value=lambda v=v: v, timestamp=lambda: (1, 5000)) for k, v in records]
-    monkeypatch.setattr("spark_app.dr.internal.clients.read_topic", lambda cluster, topic: log)
+    monkeypatch.setattr("spark_app.clients.records", lambda cluster, topic, tail, timeout_s: iter(log))
     dr = service_writing_to(FlakyProducer(failures=0), {})
     assert read_checkpoints(dr.config, dr.flow) == {("app-c", "primary.orders", 0): (kept, 5.0)}
 

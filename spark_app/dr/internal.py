@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import struct
 
@@ -17,9 +16,17 @@ from .formats import Checkpoint, Heartbeat, OffsetSync, decode_or_none
 from .syncs import Run, SlottedRun, SyncStore
 
 # Internal topics, when the mirror may create them (not on Event Hubs, where infra does): one partition, as MM2
-# reads checkpoints from partition 0 only; compacted, as only the newest record per key matters.
-# A short segment lets compaction reach the offset syncs soon, so a restart reads back about one record per live run.
-INTERNAL_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"}
+# reads checkpoints from partition 0 only; compacted, as only the newest record per key matters. A broker compacts
+# only closed segments, so a segment closes after SEGMENT_BYTES or a minute, whichever comes first, and is cleaned as
+# soon as a tenth of the log is dirty: what a restart, `status` and `failover` read back is about one record per live
+# key plus what was written since the broker's cleaner last ran (`log.cleaner.backoff.ms`, 15 s by default).
+SEGMENT_BYTES = 4 * 1024 * 1024  # about 55,000 checkpoints
+INTERNAL_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": "60000",
+    "segment.bytes": str(SEGMENT_BYTES),
+    "min.cleanable.dirty.ratio": "0.1",
+}
 HEARTBEATS_TAIL = 50  # records read back per partition of the target's heartbeats copy
 
 log = logging.getLogger(__name__)
@@ -90,15 +97,11 @@ def not_compacted(admin: AdminClient, cluster: ClusterConfig, topic: str) -> str
 
 
 def read_checkpoints(config: MirrorConfig, flow: FlowConfig) -> CheckpointsRead:
-    """The newest checkpoint per (group, target topic, partition), with when it was written (unix s)."""
+    """The newest checkpoint per (group, target topic, partition), with when it was written (unix s). Only the
+    newest record per key is decoded, and a group's tombstones leave it out."""
     out: CheckpointsRead = {}
-    for msg in clients.read_topic(config.cluster(flow.target), checkpoints_topic(flow)):
-        key, value = msg.key(), msg.value()
-        if key is not None and value is None:  # a tombstone: the group is gone
-            with contextlib.suppress(ValueError, struct.error):
-                out.pop(Checkpoint.decode_key(key), None)
-            continue
-        cp = decode_or_none(Checkpoint, key, value)
+    for msg in clients.read_latest(config.cluster(flow.target), checkpoints_topic(flow)).values():
+        cp = decode_or_none(Checkpoint, msg.key(), msg.value())
         if cp is not None:
             out[(cp.group, cp.topic, cp.partition)] = (cp, msg.timestamp()[1] / 1000)
     return out
