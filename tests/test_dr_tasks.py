@@ -3,6 +3,7 @@ heartbeats, so their rules are checked without a broker."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -192,6 +193,7 @@ def test_checkpoints_read_back_leave_out_keys_a_tombstone_deleted(monkeypatch: p
     monkeypatch.setattr("spark_app.clients.records", lambda cluster, topic, tail, timeout_s: iter(log))
     dr = service_writing_to(FlakyProducer(failures=0), {})
     assert read_checkpoints(dr.config, dr.flow) == {("app-c", "primary.orders", 0): (kept, 5.0)}
+    assert gc.isenabled()  # paused for the decode only
 
 
 def test_a_reset_partition_writes_tombstones_for_its_old_slots():
