@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from infra.schema import ClusterSpec, SourceTopic
 from spark_app.config import MirrorConfig
+from spark_app.dr.internal import compacted_topics
 from spark_app.policy import event_hubs_topics, target_topic
 
 
@@ -29,6 +30,7 @@ def plan_hubs(mirror: MirrorConfig, clusters: list[ClusterSpec], alias: str) -> 
         if flow.target == alias:
             for topic in flow.topics.literal_names() or []:
                 copied_from[target_topic(flow, topic)] = sizes[flow.source].get(topic)
+    compacted = compacted_topics(mirror)[alias]
     hubs = []
     for name in event_hubs_topics(mirror)[alias]:
         size = copied_from.get(name)
@@ -36,6 +38,7 @@ def plan_hubs(mirror: MirrorConfig, clusters: list[ClusterSpec], alias: str) -> 
             hubs.append(HubSpec(name, size.partitions, size.compacted))
         else:
             # The mirror's own topics (heartbeats, checkpoints, offset syncs, dead letters): one partition, like
-            # MM2's; checkpoints and offset syncs are read back by key, so they are compacted.
-            hubs.append(HubSpec(name, 1, name.endswith(".internal"), own=True))
+            # MM2's; checkpoints and offset syncs are read back by key, so they are compacted (the mirror refuses
+            # them otherwise).
+            hubs.append(HubSpec(name, 1, name in compacted, own=True))
     return hubs

@@ -10,10 +10,10 @@ process, as Spark reuses its Python workers.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec, TopicMetadata
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType, TopicMetadata
 
 from .config import ClusterConfig
 from .errors import AuthenticationFailed, ClusterUnreachable
@@ -90,12 +90,18 @@ def shared_producer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> P
     return _producers[key]
 
 
-def produce(client: Producer, topic: str, key: bytes, value: bytes | None) -> None:
+Delivered = Callable[[KafkaError | None, Message], None]  # a delivery callback: the error, None when written
+
+
+def produce(
+    client: Producer, topic: str, key: bytes, value: bytes | None, on_delivery: Delivered | None = None
+) -> None:
     """Hand a record to the producer, waiting for room when its queue is full (a round of a few hundred thousand
-    checkpoints is more than librdkafka queues at once) instead of failing."""
+    checkpoints is more than librdkafka queues at once) instead of failing; `on_delivery` hears whether the cluster
+    took it."""
     while True:
         try:
-            client.produce(topic, key=key, value=value)
+            client.produce(topic, key=key, value=value, on_delivery=on_delivery)
             client.poll(0)
             return
         except BufferError:
@@ -118,6 +124,13 @@ def list_topics(
         client.poll(0)  # serves error_cb, which raises on an authentication failure
         if time.monotonic() >= deadline:
             raise ClusterUnreachable(cluster, timeout_s, detail)
+
+
+def topic_configs(client: AdminClient, topic: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, str]:
+    """A topic's configuration as the cluster reports it, name -> value."""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    entries = client.describe_configs([resource], request_timeout=timeout_s)[resource].result()
+    return {name: entry.value for name, entry in entries.items() if entry.value is not None}
 
 
 def check_reachable(clusters: Iterable[ClusterConfig], timeout_s: float) -> None:
@@ -227,7 +240,31 @@ def group_members(cluster: ClusterConfig, group: str, timeout_s: float = REQUEST
 def read_topic(
     cluster: ClusterConfig, topic: str, tail: int | None = None, timeout_s: float = REQUEST_TIMEOUT_S
 ) -> list[Message]:
-    """Every record of a topic (or the last `tail` of each partition) up to its end now; [] if it does not exist.
+    """Every record of a topic (or the last `tail` of each partition) up to its end now; [] if it does not exist."""
+    return list(records(cluster, topic, tail, timeout_s))
+
+
+def read_latest(cluster: ClusterConfig, topic: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[bytes, Message]:
+    """The newest record per key of a compacted topic up to its end now, as compaction leaves it: a tombstone (a
+    null value) removes its key, a record without a key is left out. It holds one record per live key, however
+    much history the topic has not compacted yet."""
+    latest: dict[bytes, Message] = {}
+    for msg in records(cluster, topic, None, timeout_s):
+        key = msg.key()
+        if key is None:
+            continue
+        if msg.value() is None:
+            latest.pop(key, None)
+        else:
+            latest[key] = msg
+    return latest
+
+
+def records(
+    cluster: ClusterConfig, topic: str, tail: int | None = None, timeout_s: float = REQUEST_TIMEOUT_S
+) -> Iterator[Message]:
+    """The records of a topic (or the last `tail` of each partition) up to its end now, in order per partition;
+    none if it does not exist.
 
     Partitions are read to their ends in bulk; the read fails only when it makes no progress for `timeout_s`, so a
     large internal topic is read whole however long that takes.
@@ -235,33 +272,35 @@ def read_topic(
     client = admin(cluster)
     metadata = list_topics(client, cluster, timeout_s).get(topic)
     if metadata is None or metadata.error is not None:
-        return []
+        return
     ranges = log_ranges(client, [(topic, p) for p in metadata.partitions], timeout_s)
     ends = {p: high for (_, p), (low, high) in ranges.items() if high > low}
     if not ends:
-        return []
+        return
     reader = consumer(cluster)
     try:
         starts = {
             p: max(ranges[(topic, p)][0], high - tail) if tail else ranges[(topic, p)][0] for p, high in ends.items()
         }
         reader.assign([TopicPartition(topic, p, start) for p, start in starts.items()])
-        records: list[Message] = []
         progress_at = time.monotonic()
         while ends:
             batch = reader.consume(READ_BATCH, 0.5)
-            if not batch and time.monotonic() - progress_at > timeout_s:
+            if batch:
+                progress_at = time.monotonic()
+            elif time.monotonic() - progress_at > timeout_s:
                 raise TimeoutError(f"reading '{topic}' on '{cluster.alias}' made no progress for {timeout_s:.0f}s")
             for msg in batch:
-                err, offset, partition = msg.error(), msg.offset(), msg.partition()
-                if err is None and offset is not None and partition is not None:
-                    progress_at = time.monotonic()
-                    records.append(msg)
-                    if offset + 1 >= ends.get(partition, 0):
-                        ends.pop(partition, None)
-                elif err is not None and err.code() != KafkaError._PARTITION_EOF:
+                err = msg.error()
+                if err is None:
+                    yield msg
+                elif err.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(err)
-        return records
+                # A partition is done at its end offset, or at its end of log: the records before its end may have
+                # been compacted away.
+                offset, partition = msg.offset(), msg.partition()
+                if offset is not None and partition is not None and offset + (err is None) >= ends.get(partition, 0):
+                    ends.pop(partition, None)
     finally:
         reader.close()
 

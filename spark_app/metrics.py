@@ -172,11 +172,15 @@ class MirrorMetrics:
     def error(self, flow: str, kind: str, count: int = 1) -> None:
         self.errors.labels(flow, kind).inc(count)
 
-    def checkpoint_written(self, flow: str, group: str, unix_time: float) -> None:
-        """The DR loop wrote a checkpoint for `group` at `unix_time`; its age grows from then until the next."""
+    def checkpoint_written(self, flow: str, group: str, unix_time: float | None) -> None:
+        """The DR loop wrote a checkpoint for `group` at `unix_time`; its age grows from then until the next. None:
+        the group is gone (its checkpoints got tombstones), and so is its series."""
         with self._lock:
             key = (flow, group)
-            self._checkpoints[key] = max(unix_time, self._checkpoints.get(key, unix_time))
+            if unix_time is None:
+                self._checkpoints.pop(key, None)
+            else:
+                self._checkpoints[key] = max(unix_time, self._checkpoints.get(key, unix_time))
 
     def heartbeat_seen(self, flow: str, heartbeat_unix_time: float) -> None:
         """A heartbeat emitted on the source at `heartbeat_unix_time` reached the target through the flow."""

@@ -18,15 +18,16 @@ from bench.testbed import clients
 from bench.testbed.clients import Record, commit, committed, create_topics, java_settings, produce
 from bench.testbed.kafka_cluster import kafka_classpath, require_java
 from bench.testbed.ports import free_port
+from spark_app import clients as spark_clients
 from spark_app.cli import main as cli_main
-from spark_app.clients import read_topic, watermarks
+from spark_app.clients import read_topic, topic_configs, watermarks
 from spark_app.config import ClusterConfig, parse_config
 from spark_app.dr.formats import Checkpoint, OffsetSync
-from spark_app.dr.internal import read_checkpoints
+from spark_app.dr.internal import INTERNAL_TOPIC_CONFIG, ensure_topic, read_checkpoints
 from spark_app.dr.views import failover_plan
 from spark_app.mirror import Mirror
-from spark_app.policy import checkpoints_topic, event_hubs_topics, offset_syncs_topic
-from tests.support.mirror_config import one_flow_config
+from spark_app.policy import checkpoints_topic, offset_syncs_topic
+from tests.support.mirror_config import cluster_entry, create_event_hubs, one_flow_config
 
 TRANSLATE_OFFSETS = Path(__file__).parent / "support" / "TranslateOffsets.java"
 
@@ -67,6 +68,28 @@ def values_from(settings: ClusterConfig, topic: str, partition: int, offset: int
     return values
 
 
+def test_an_internal_topic_someone_made_with_cleanup_policy_delete_is_refused_naming_topic_cluster_and_key(
+    plaintext_cluster, target_cluster, unique
+):
+    kafka, hubs = ClusterConfig.model_validate(cluster_entry(plaintext_cluster, "onprem")), target_cluster
+    deleting, compacted = f"{unique}.checkpoints.internal", f"mirrorkit-offset-syncs.{unique}.internal"
+    create_topics(plaintext_cluster.admin, {deleting: 1}, {"cleanup.policy": "delete"})
+    create_topics(plaintext_cluster.admin, {compacted: 1}, {"cleanup.policy": "compact"})
+    reason = ensure_topic(kafka, deleting)
+    assert reason is not None and f"'{deleting}' on 'onprem' has cleanup.policy=delete" in reason
+    assert "--add-config cleanup.policy=compact" in reason
+    assert ensure_topic(kafka, compacted) is None
+    assert ensure_topic(kafka, deleting, compacted=False) is None  # heartbeats: read by their tail, any policy does
+    create_topics(hubs.admin, {deleting: 1}, {"cleanup.policy": "compact,delete"})
+    reason = ensure_topic(ClusterConfig.model_validate(cluster_entry(hubs, "eh")), deleting)
+    assert reason is not None and f"'{deleting}' on 'eh' has cleanup.policy=compact,delete" in reason
+    assert "cleanupPolicy Compact" in reason
+    made = f"mirrorkit-made.{unique}.internal"  # made by the mirror: compacted, in segments the broker compacts soon
+    assert ensure_topic(kafka, made) is None
+    configs = topic_configs(spark_clients.admin(kafka), made)
+    assert {k: configs[k] for k in INTERNAL_TOPIC_CONFIG} == INTERNAL_TOPIC_CONFIG
+
+
 @pytest.mark.parametrize("mode", ["throughput", "realtime"])
 def test_checkpoints_read_by_mm2_match_failover_and_group_sync_spares_a_live_group(
     mode, spark, source_cluster, target_cluster, tmp_path, unique, capsys
@@ -91,7 +114,7 @@ def test_checkpoints_read_by_mm2_match_failover_and_group_sync_spares_a_live_gro
         )
     )
     create_topics(source_cluster.admin, {topic: 2})
-    create_topics(target_cluster.admin, dict.fromkeys(event_hubs_topics(config)["eh"], 1) | {remote: 2})
+    create_event_hubs(target_cluster.admin, config, "eh", {remote: 2})
     produce(source_cluster.client, topic, [Record(i % 2, str(i).encode(), str(i).encode()) for i in range(400)])
     commit(source_cluster.client, groups["caught-up"], topic, {0: 200, 1: 200})
     commit(source_cluster.client, groups["lagging"], topic, {0: 7, 1: 150})
@@ -179,7 +202,7 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
     )
     flow, dr_cluster = config.flows[0], config.cluster("dr")
     create_topics(primary.admin, {topic: 2})
-    create_topics(target_cluster.admin, dict.fromkeys(event_hubs_topics(config)["dr"], 1) | {remote: 2})
+    create_event_hubs(target_cluster.admin, config, "dr", {remote: 2})
     config_file = tmp_path / "mirror.json"
     config_file.write_text(json.dumps(config.model_dump(mode="json")))
 

@@ -13,8 +13,7 @@ from spark_app.cli import main as cli_main
 from spark_app.clients import watermarks
 from spark_app.config import ClusterConfig, parse_config
 from spark_app.mirror import Mirror
-from spark_app.policy import event_hubs_topics
-from tests.support.mirror_config import one_flow_config
+from tests.support.mirror_config import create_event_hubs, one_flow_config
 from tests.support.running import mirror_running
 
 
@@ -57,8 +56,7 @@ def test_drill_measures_rpo_rto_and_reread_and_touches_no_user_topic_or_group(
     )
     remotes = {f"{alias}.{user_topic}", f"{alias}.{probe}"}
     create_topics(source_cluster.admin, {user_topic: 2})
-    hubs = set(event_hubs_topics(config)["eh"])
-    create_topics(target_cluster.admin, dict.fromkeys(hubs - remotes, 1) | dict.fromkeys(remotes, 2))
+    create_event_hubs(target_cluster.admin, config, "eh", dict.fromkeys(remotes, 2))
     produce(source_cluster.client, user_topic, [Record(i % 2, None, str(i).encode()) for i in range(100)])
     commit(source_cluster.client, user_group, user_topic, {0: 20, 1: 30})
     config_file = tmp_path / "mirror.json"

@@ -3,14 +3,23 @@ heartbeats, so their rules are checked without a broker."""
 
 from __future__ import annotations
 
+import gc
 import threading
+from collections.abc import Callable
+from types import SimpleNamespace
 
-from spark_app.config import FlowConfig, GroupSelection
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import ConsumerGroupListing, ListConsumerGroupsResult
+
+from spark_app.config import FlowConfig, GroupSelection, parse_config
 from spark_app.dr.checkpoints import CheckpointTask
 from spark_app.dr.formats import Checkpoint, Heartbeat, OffsetSync
-from spark_app.dr.groups import Committed, GroupCommit, Partition, split_commit
+from spark_app.dr.groups import ClusterGroups, Committed, GroupCommit, Partition, split_commit
 from spark_app.dr.heartbeats import HeartbeatTask
+from spark_app.dr.internal import read_checkpoints
 from spark_app.dr.offset_syncs import OffsetSyncWriter
+from spark_app.dr.service import DrSync
 from spark_app.dr.syncs import Run, SyncStore
 from spark_app.ranges import Landing
 
@@ -18,6 +27,10 @@ FLOW = FlowConfig.model_validate(
     {"source": "primary", "target": "dr", "topics": {"include": ["orders"]}, "checkpoint_location": "/c",
      "groups": {"include": ["app-.*"]}, "sync_group_offsets": True}
 )  # fmt: skip
+
+
+CLUSTERS = [{"alias": a, "bootstrap_servers": "127.0.0.1:1", "profile": "kafka"} for a in ("primary", "dr")]
+CONFIG = {"clusters": CLUSTERS, "flows": [FLOW.model_dump(mode="json") | {"sync_group_offsets": False}]}
 
 
 class FakeSource:
@@ -40,10 +53,11 @@ class FakeTarget:
     def start_offset(self, topic: str, partition: int) -> int:
         return 1000 + partition
 
-    def write(self, checkpoints: list[Checkpoint]) -> bool:
-        if self.usable:
-            self.written += checkpoints
-        return self.usable
+    def write(self, checkpoints: list[Checkpoint]) -> list[Checkpoint]:
+        if not self.usable:
+            return []
+        self.written += checkpoints
+        return checkpoints
 
     def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
         self.commits[group] = offsets
@@ -58,6 +72,146 @@ def landing(partition: int, start: int, end: int, target: int) -> Landing:
     return row
 
 
+class FlakyProducer:
+    """A producer that reports the first `failures` records it is handed as not delivered, and keeps the rest as the
+    topic's log: (topic, key, value)."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.log: list[tuple[str, bytes, bytes | None]] = []
+        self._queued: list[tuple[str, bytes, bytes | None, Callable | None]] = []
+
+    def produce(self, topic: str, key: bytes, value: bytes | None, on_delivery: Callable | None = None) -> None:
+        self._queued.append((topic, key, value, on_delivery))
+
+    def poll(self, timeout: float = 0) -> int:
+        queued, self._queued = self._queued, []
+        for topic, key, value, on_delivery in queued:
+            error = None
+            if self.failures:
+                self.failures -= 1
+                error = KafkaError(KafkaError._MSG_TIMED_OUT)
+            else:
+                self.log.append((topic, key, value))
+            if on_delivery is not None:
+                on_delivery(error, None)
+        return len(queued)
+
+    def flush(self, timeout: float = 0) -> int:
+        self.poll()
+        return 0
+
+
+def service_writing_to(producer: FlakyProducer, groups: dict[str, dict[Partition, Committed]]) -> DrSync:
+    """A flow's DR service whose internal topics are there and whose producers are `producer`, with no cluster."""
+    config = parse_config(CONFIG)
+    dr = DrSync(config, config.flows[0])
+    dr._prepared = True  # nothing to read back
+    dr.producers._by_alias = {"primary": producer, "dr": producer}  # type: ignore[dict-item]
+    dr.checkpoints.source = FakeSource(groups)
+    return dr
+
+
+def test_an_offset_sync_the_cluster_did_not_take_is_written_again_at_the_next_round():
+    producer = FlakyProducer(failures=1)
+    dr = service_writing_to(producer, {})
+    dr.on_landed([landing(0, 0, 50, 0)])
+    dr.checkpoint_once()
+    assert producer.log == []  # refused once
+    dr.checkpoint_once()  # nothing new landed: the refused sync is written again
+    assert [OffsetSync.decode(k, v) for _, k, v in producer.log if v] == [OffsetSync("orders", 0, 0, 0, 0, 49)]
+    dr.on_landed([landing(0, 50, 60, 50)])  # the run grows: one newer sync of the same slot, the refused one is gone
+    dr.checkpoint_once()
+    dr.checkpoint_once()
+    assert [OffsetSync.decode(k, v) for _, k, v in producer.log if v] == [
+        OffsetSync("orders", 0, 0, 0, 0, 49), OffsetSync("orders", 0, 0, 0, 0, 59)
+    ]  # fmt: skip
+
+
+def test_a_refused_sync_is_not_written_again_over_a_newer_one_of_its_slot():
+    store, lock = SyncStore(), threading.Lock()
+    handed: list[OffsetSync] = []
+    writer = OffsetSyncWriter(store, lock, handed.append)
+    store.record("orders", 0, Run(0, 0, 9))
+    (old,) = writer.flush()
+    store.record("orders", 0, Run(10, 10, 19))
+    (new,) = writer.flush()
+    writer.delivered(old, KafkaError(KafkaError._MSG_TIMED_OUT))  # the older write's report comes late
+    writer.delivered(new, None)
+    assert writer.flush() == [] and handed == [old, new]
+
+
+def test_a_checkpoint_the_cluster_did_not_take_is_written_again_at_the_next_round():
+    producer = FlakyProducer(failures=0)
+    dr = service_writing_to(producer, {"app-a": {("orders", 0): Committed(40)}})
+    dr.on_landed([landing(0, 0, 100, 0)])
+    dr.offset_syncs.flush()
+    producer.failures = 1  # the checkpoint's write is refused
+    assert dr.checkpoint_once() == [] and dr.checkpoints.written_at == {}
+    assert dr.checkpoint_once() == [Checkpoint("app-a", "primary.orders", 0, 40, 40)]
+    checkpoints = [Checkpoint.decode(k, v) for t, k, v in producer.log if t == "primary.checkpoints.internal" and v]
+    assert checkpoints == [Checkpoint("app-a", "primary.orders", 0, 40, 40)]
+    assert dr.checkpoint_once() == []  # taken: not written again
+
+
+def test_a_group_gone_from_the_source_or_the_selection_gets_tombstones_taken_once():
+    producer = FlakyProducer(failures=0)
+    groups = {g: {("orders", 0): Committed(40), ("orders", 1): Committed(5)} for g in ("app-a", "app-b", "app-c")}
+    dr = service_writing_to(producer, groups)
+    dr.on_landed([landing(0, 0, 100, 0), landing(1, 0, 100, 0)])
+    assert len(dr.checkpoint_once()) == 6
+    del groups["app-a"]  # deleted on the source
+    groups["other-b"] = groups.pop("app-b")  # not selected any more (stands in for a changed `groups.include`)
+    producer.failures = 1  # the first tombstone is refused: it is written again at the next round
+    tombstones = [Checkpoint.tombstone(g, "primary.orders", p) for g in ("app-a", "app-b") for p in (0, 1)]
+    assert dr.checkpoint_once() == tombstones[1:]
+    assert dr.checkpoint_once() == tombstones[:1]
+    assert dr.checkpoint_once() == []  # forgotten: nothing more to write
+    assert sorted(dr.checkpoints.checkpoints) == [("app-c", "primary.orders", 0), ("app-c", "primary.orders", 1)]
+    assert sorted(dr.checkpoints.written_at) == ["app-c"]
+    nulls = [Checkpoint.decode_key(k) for t, k, v in producer.log if t == "primary.checkpoints.internal" and v is None]
+    assert sorted(nulls) == sorted((cp.group, cp.topic, cp.partition) for cp in tombstones)
+
+
+def test_a_group_listing_a_broker_did_not_answer_is_refused_rather_than_taken_as_groups_gone():
+    class Admin:
+        def list_consumer_groups(self, request_timeout: float) -> SimpleNamespace:
+            error = KafkaException(KafkaError(KafkaError._TRANSPORT))
+            found = ListConsumerGroupsResult([ConsumerGroupListing("app-a", False)], [error])
+            return SimpleNamespace(result=lambda: found)
+
+    groups = ClusterGroups(parse_config(CONFIG).cluster("primary"))
+    groups._admin = Admin()  # type: ignore[assignment]
+    with pytest.raises(KafkaException):
+        groups.groups(FLOW.groups)
+
+
+def test_checkpoints_read_back_leave_out_keys_a_tombstone_deleted(monkeypatch: pytest.MonkeyPatch):
+    kept, deleted = Checkpoint("app-c", "primary.orders", 0, 40, 40), Checkpoint("app-a", "primary.orders", 0, 9, 9)
+    records = [(deleted.key(), deleted.value()), (kept.key(), kept.value()), (None, b"x"), (deleted.key(), None)]
+    log = [SimpleNamespace(key=lambda k=k: k, value=lambda v=v: v, timestamp=lambda: (1, 5000)) for k, v in records]
+    monkeypatch.setattr("spark_app.clients.records", lambda cluster, topic, tail, timeout_s: iter(log))
+    dr = service_writing_to(FlakyProducer(failures=0), {})
+    assert read_checkpoints(dr.config, dr.flow) == {("app-c", "primary.orders", 0): (kept, 5.0)}
+    assert gc.isenabled()  # paused for the decode only
+
+
+def test_a_reset_partition_writes_tombstones_for_its_old_slots():
+    producer = FlakyProducer(failures=0)
+    dr = service_writing_to(producer, {})
+    dr.on_landed([landing(0, 0, 50, 0), landing(0, 60, 70, 50)])  # a gap: two runs, slots 0 and 1
+    dr.checkpoint_once()
+    again = landing(0, 0, 10, 70)
+    again.reset_from = 0  # the topic was re-created on the source: its offsets start over
+    dr.on_landed([again])
+    dr.checkpoint_once()
+    written = [OffsetSync.decode_key(k) + ((OffsetSync.decode(k, v) if v else None),) for _, k, v in producer.log]
+    assert written[2:] == [
+        ("orders", 0, 0, 0, OffsetSync("orders", 0, 0, 70, 0, 9)),  # slot 0 holds the new run
+        ("orders", 0, 1, 0, None),  # slot 1's old run is deleted
+    ]
+
+
 def test_offset_syncs_go_to_the_store_at_once_and_to_the_topic_once_per_flush_for_what_changed():
     store, emitted = SyncStore(), []
     writer = OffsetSyncWriter(store, threading.Lock(), emitted.append)
@@ -67,6 +221,7 @@ def test_offset_syncs_go_to_the_store_at_once_and_to_the_topic_once_per_flush_fo
     assert store.runs("orders", 0) == [Run(0, 12, 499)] and store.latest("orders", 1) is None
     assert emitted == []  # nothing written per batch
     assert writer.flush() == emitted == [OffsetSync("orders", 0, 0, 12, slot=0, last_offset=499)]
+    writer.delivered(emitted[0], None)
     assert writer.flush() == []  # unchanged since: nothing to write
     writer.on_landed([landing(0, 501, 510, 512)])  # a gap at 500: a new run, in a slot of its own
     assert writer.flush() == [OffsetSync("orders", 0, 501, 512, slot=1, last_offset=509)]

@@ -112,6 +112,8 @@ def test_checkpoint_and_heartbeat_ages_grow_between_scrapes_and_never_go_back():
     assert second[("mirrorkit_checkpoint_age_seconds", billing)] == 40.0
     assert first[("mirrorkit_heartbeat_age_seconds", labels(flow=FLOW))] == 2.5
     assert second[("mirrorkit_heartbeat_age_seconds", labels(flow=FLOW))] == 32.5
+    metrics.checkpoint_written(FLOW, "search", None)  # the group is gone: its series goes too
+    assert ("mirrorkit_checkpoint_age_seconds", search) not in scrape(metrics.text())
     metrics.heartbeat_seen(FLOW, 1_029.0)
     assert scrape(metrics.text())[("mirrorkit_heartbeat_age_seconds", labels(flow=FLOW))] == 1.0
 

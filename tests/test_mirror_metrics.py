@@ -126,11 +126,13 @@ def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_dra
     )
     (flow_config,) = config.flows
     create_topics(source.admin, {live: PARTITIONS, held: 1})
-    dr_topics = [target_topic(flow_config, HEARTBEATS_TOPIC), checkpoints_topic(flow_config)]
-    create_topics(  # no hub for `held`: it is quarantined
+    # no hub for `held`: it is quarantined
+    create_topics(
         target_cluster.admin,
-        {target_topic(flow_config, live): PARTITIONS, offset_syncs_topic(flow_config): 1} | dict.fromkeys(dr_topics, 1),
+        {target_topic(flow_config, live): PARTITIONS, target_topic(flow_config, HEARTBEATS_TOPIC): 1},
     )
+    compacted = [offset_syncs_topic(flow_config), checkpoints_topic(flow_config)]
+    create_topics(target_cluster.admin, dict.fromkeys(compacted, 1), {"cleanup.policy": "compact"})
     first = wave(WAVE_1, None, seed=1)
     produce(source.client, live, first)
     commit(source.client, group, live, dict.fromkeys(range(PARTITIONS), WAVE_1 // PARTITIONS // 2))

@@ -77,7 +77,9 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
         return one_flow_config(plaintext_cluster, target, [good, big, late, gone], ckpt)
 
     # Its offset syncs (what `status` reads) go to a hub of their own, which infra makes too.
-    create_topics(target_cluster.admin, {offset_syncs_topic(parse_config(config({})).flows[0]): 1})
+    create_topics(
+        target_cluster.admin, {offset_syncs_topic(parse_config(config({})).flows[0]): 1}, {"cleanup.policy": "compact"}
+    )
     first = Mirror(spark, parse_config(config({})))
     first.run_available_now()
 

@@ -3,7 +3,9 @@
 Every `checkpoint_interval_s` the committed offsets of the flow's selected groups are read on the source and
 translated through the offset-sync store. A checkpoint is written to `<source>.checkpoints.internal` on the target,
 in MirrorMaker 2's format keyed by (group, target topic, partition) so MM2's `RemoteClusterUtils.translateOffsets`
-reads it, only when it differs from the last one written for its key: an idle group costs nothing. Each round
+reads it, only when it differs from the last one written for its key: an idle group costs nothing. A group that
+leaves the selection (deleted on the source, its offsets expired, or no longer matched by `groups`) gets a tombstone
+for each of its keys, so the compacted topic forgets it and a failover or drill does not bring it back. Each round
 tells the store which committed offsets groups hold, so the runs they need are kept however old they grow. With
 `sync_group_offsets` a changed translation is also committed on the target for groups with no member there. The
 source and the target are injected, so the task runs without a cluster in tests.
@@ -41,8 +43,9 @@ class CheckpointTarget(Protocol):
         """The first offset of a target partition."""
         ...
 
-    def write(self, checkpoints: list[Checkpoint]) -> bool:
-        """Write checkpoints, acknowledged; False when the checkpoints topic cannot be used."""
+    def write(self, checkpoints: list[Checkpoint]) -> list[Checkpoint]:
+        """Write checkpoints (and tombstones); those the cluster acknowledged, [] when the checkpoints topic cannot
+        be used."""
         ...
 
     def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
@@ -60,7 +63,7 @@ class CheckpointTask:
         lock: threading.Lock,
         source: SourceGroups,
         target: CheckpointTarget,
-        on_written: Callable[[str, float], None] | None = None,
+        on_written: Callable[[str, float | None], None] | None = None,  # None: the group is gone
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.flow = flow
@@ -75,11 +78,14 @@ class CheckpointTask:
         self._clock = clock
 
     def run_once(self) -> list[Checkpoint]:
-        """Translate every selected group's committed offsets; write the checkpoints that changed, and sync the
-        groups whose translation changed (or whose last commit was refused) if asked. Returns what was written."""
+        """Translate every selected group's committed offsets; write the checkpoints that changed, and tombstones
+        for the keys of groups gone from the selection; sync the groups whose translation changed (or whose last
+        commit was refused) if asked. Returns what the target acknowledged: a checkpoint it did not take stays
+        changed, so the next round writes it again."""
         current: list[Checkpoint] = []
         needed: dict[Partition, set[int]] = {}
-        for group in self.source.groups(self.flow.groups):
+        listed = self.source.groups(self.flow.groups)
+        for group in listed:
             offsets = self.source.committed(group)
             for tp, c in offsets.items():
                 needed.setdefault(tp, set()).add(c.offset)
@@ -89,16 +95,23 @@ class CheckpointTask:
         changed = [cp for cp in current if self.checkpoints.get((cp.group, cp.topic, cp.partition)) != cp]
         if self.flow.sync_group_offsets:
             self._sync_groups(current, {cp.group for cp in changed})
-        if changed and not self.target.write(changed):
-            return []
+        gone = [Checkpoint.tombstone(*key) for key in self.checkpoints if key[0] not in set(listed)]
+        written = self.target.write(changed + gone) if changed or gone else []
         now = self._clock()
-        for cp in changed:
-            self.checkpoints[(cp.group, cp.topic, cp.partition)] = cp
-        for group in sorted({cp.group for cp in current}):
+        for cp in written:
+            key = (cp.group, cp.topic, cp.partition)
+            if cp.deleted:
+                del self.checkpoints[key]
+                if self.written_at.pop(cp.group, None) is not None and self._on_written is not None:
+                    self._on_written(cp.group, None)
+            else:
+                self.checkpoints[key] = cp
+        pending = {cp.group for cp in set(changed) - set(written)}  # not taken: still changed at the next round
+        for group in sorted({cp.group for cp in current} - pending):
             self.written_at[group] = now
             if self._on_written is not None:
                 self._on_written(group, now)
-        return changed
+        return written
 
     def _sync_groups(self, current: list[Checkpoint], changed_groups: set[str]) -> None:
         refused = {g for g, commit in self.group_commits.items() if commit.refused}

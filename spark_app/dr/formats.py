@@ -52,6 +52,7 @@ class Checkpoint:
     upstream_offset: int
     downstream_offset: int
     metadata: str = ""
+    deleted: bool = False  # a tombstone: the group is gone, its key holds nothing any more (a null value)
 
     def key(self) -> bytes:
         return _string(self.group) + _string(self.topic) + struct.pack(">i", self.partition)
@@ -59,10 +60,24 @@ class Checkpoint:
     def value(self) -> bytes:
         return struct.pack(">hqq", 0, self.upstream_offset, self.downstream_offset) + _string(self.metadata)
 
+    def record_value(self) -> bytes | None:
+        """What the topic holds for this checkpoint: its value, or null for a tombstone."""
+        return None if self.deleted else self.value()
+
+    @classmethod
+    def tombstone(cls, group: str, topic: str, partition: int) -> Checkpoint:
+        return cls(group, topic, partition, -1, -1, deleted=True)
+
+    @classmethod
+    def decode_key(cls, key: bytes) -> tuple[str, str, int]:
+        """(group, topic, partition) from a key."""
+        k = _Reader(key)
+        return k.string(), k.string(), k.take(">i")
+
     @classmethod
     def decode(cls, key: bytes, value: bytes) -> Checkpoint:
-        k, v = _Reader(key), _Reader(value)
-        group, topic, partition = k.string(), k.string(), k.take(">i")
+        group, topic, partition = cls.decode_key(key)
+        v = _Reader(value)
         v.version()
         return cls(group, topic, partition, v.take(">q"), v.take(">q"), v.string())
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
 import struct
+from collections.abc import Iterator
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
@@ -15,10 +19,20 @@ from .formats import Checkpoint, Heartbeat, OffsetSync, decode_or_none
 from .syncs import Run, SlottedRun, SyncStore
 
 # Internal topics, when the mirror may create them (not on Event Hubs, where infra does): one partition, as MM2
-# reads checkpoints from partition 0 only; compacted, as only the newest record per key matters.
-# A short segment lets compaction reach the offset syncs soon, so a restart reads back about one record per live run.
-INTERNAL_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"}
+# reads checkpoints from partition 0 only; compacted, as only the newest record per key matters. A broker compacts
+# only closed segments, so a segment closes after SEGMENT_BYTES or a minute, whichever comes first, and is cleaned as
+# soon as a tenth of the log is dirty: what a restart, `status` and `failover` read back is about one record per live
+# key plus what was written since the broker's cleaner last ran (`log.cleaner.backoff.ms`, 15 s by default).
+SEGMENT_BYTES = 4 * 1024 * 1024  # about 55,000 checkpoints
+INTERNAL_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": "60000",
+    "segment.bytes": str(SEGMENT_BYTES),
+    "min.cleanable.dirty.ratio": "0.1",
+}
 HEARTBEATS_TAIL = 50  # records read back per partition of the target's heartbeats copy
+
+log = logging.getLogger(__name__)
 
 CheckpointsRead = dict[tuple[str, str, int], tuple[Checkpoint, float]]  # (group, topic, partition) -> (cp, unix s)
 
@@ -28,11 +42,22 @@ def offset_syncs_cluster(flow: FlowConfig) -> str:
     return flow.target if flow.offset_syncs_location == "target" else flow.source
 
 
-def ensure_topic(cluster: ClusterConfig, topic: str) -> str | None:
-    """Make an internal topic where the mirror may; the reason it cannot be used, or None when it is there."""
+def compacted_topics(config: MirrorConfig) -> dict[str, set[str]]:
+    """Per cluster alias, the internal topics read back by key, which must be compacted: each flow's offset syncs
+    where they live and its checkpoints on its target. Infra makes the Event Hubs ones so (infra/hubs.py)."""
+    out: dict[str, set[str]] = {c.alias: set() for c in config.clusters}
+    for flow in config.flows:
+        out[offset_syncs_cluster(flow)].add(offset_syncs_topic(flow))
+        out[flow.target].add(checkpoints_topic(flow))
+    return out
+
+
+def ensure_topic(cluster: ClusterConfig, topic: str, compacted: bool = True) -> str | None:
+    """Make an internal topic where the mirror may; the reason it cannot be used, or None when it is there. One
+    read back by key (`compacted`) that someone else made is checked to be compacted."""
     admin = clients.admin(cluster)
     if topic in admin.list_topics(timeout=clients.REQUEST_TIMEOUT_S).topics:
-        return None
+        return not_compacted(admin, cluster, topic) if compacted else None
     if cluster.is_eventhubs:
         return f"event hub '{topic}' does not exist on '{cluster.alias}'; infra must create it"
     new = NewTopic(topic, 1, config=INTERNAL_TOPIC_CONFIG)
@@ -45,14 +70,58 @@ def ensure_topic(cluster: ClusterConfig, topic: str) -> str | None:
     return None
 
 
+def not_compacted(admin: AdminClient, cluster: ClusterConfig, topic: str) -> str | None:
+    """Why an internal topic read back by key cannot be used: a cleanup policy that deletes old records loses the
+    checkpoints of idle groups and the runs parked groups rest on. None when it is compacted, or when the cluster
+    does not say (that is logged)."""
+    try:
+        policy = clients.topic_configs(admin, topic).get("cleanup.policy")
+    except KafkaException as err:
+        policy, why = None, err.args[0].str()
+    else:
+        why = "no cleanup.policy reported"
+    if policy is None:
+        log.warning("cannot check that '%s' on '%s' is compacted (%s); using it", topic, cluster.alias, why)
+        return None
+    if {p.strip() for p in policy.split(",")} == {"compact"}:
+        return None
+    if cluster.is_eventhubs:
+        fix = (
+            "an event hub's cleanup policy cannot be changed: delete the hub and run `pulumi up`, which makes it"
+            " with cleanupPolicy Compact"
+        )
+    else:
+        fix = (
+            f"set cleanup.policy=compact on it (kafka-configs --alter --entity-type topics --entity-name {topic}"
+            " --add-config cleanup.policy=compact)"
+        )
+    deletes = f"has cleanup.policy={policy}, which deletes records the mirror reads back"
+    return f"'{topic}' on '{cluster.alias}' {deletes}; {fix}"
+
+
 def read_checkpoints(config: MirrorConfig, flow: FlowConfig) -> CheckpointsRead:
-    """The newest checkpoint per (group, target topic, partition), with when it was written (unix s)."""
+    """The newest checkpoint per (group, target topic, partition), with when it was written (unix s). Only the
+    newest record per key is decoded, and a group's tombstones leave it out."""
     out: CheckpointsRead = {}
-    for msg in clients.read_topic(config.cluster(flow.target), checkpoints_topic(flow)):
-        cp = decode_or_none(Checkpoint, msg.key(), msg.value())
-        if cp is not None:
-            out[(cp.group, cp.topic, cp.partition)] = (cp, msg.timestamp()[1] / 1000)
+    with _no_cycle_collection():
+        for msg in clients.read_latest(config.cluster(flow.target), checkpoints_topic(flow)).values():
+            cp = decode_or_none(Checkpoint, msg.key(), msg.value())
+            if cp is not None:
+                out[(cp.group, cp.topic, cp.partition)] = (cp, msg.timestamp()[1] / 1000)
     return out
+
+
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Pause Python's cycle collector while a read-back decodes hundreds of thousands of records: they hold no
+    cycles, and each collection would scan the whole heap of a running mirror again (it doubled the decode time)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def read_offset_syncs(config: MirrorConfig, flow: FlowConfig) -> SyncStore:

@@ -46,7 +46,9 @@ class DrLease:
         self._mark = TopicPartition(self.topic, 0, 0)  # committed with who holds the lease, by `acquire`
 
     def acquire(self, timeout_s: float = JOIN_TIMEOUT_S) -> None:
-        """Join the lease group, fencing any other mirror of the flow, and say who holds it now."""
+        """Join the lease group, fencing any other mirror of the flow, and say who holds it now; a no-op while held."""
+        if self._consumer is not None:
+            return
         consumer = clients.consumer(
             self.cluster,
             {

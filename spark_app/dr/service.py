@@ -94,20 +94,24 @@ class DrSync:
             return
         self.emit_heartbeats = emit_heartbeats and self.flow.emit_heartbeats
         syncs_cluster = self.config.cluster(offset_syncs_cluster(self.flow))
-        wanted = [(syncs_cluster, offset_syncs_topic(self.flow)), (self.target, checkpoints_topic(self.flow))]
+        wanted = [
+            (syncs_cluster, offset_syncs_topic(self.flow), True),
+            (self.target, checkpoints_topic(self.flow), True),
+        ]
         if self.emit_heartbeats:
-            wanted.append((self.source, HEARTBEATS_TOPIC))
+            wanted.append((self.source, HEARTBEATS_TOPIC, False))  # read by its tail: any cleanup policy does
         try:
-            for cluster, topic in wanted:
-                reason = ensure_topic(cluster, topic)
+            for cluster, topic, compacted in wanted:
+                reason = ensure_topic(cluster, topic, compacted)
                 if reason:
                     self.disabled[topic] = reason
                     log.warning("flow %s: %s", self.flow.name, reason)
+            if checkpoints_topic(self.flow) not in self.disabled:
+                self.lease.acquire()  # before reading back: a mirror it fences writes no more after its round
             stored = SyncStore()
             if offset_syncs_topic(self.flow) not in self.disabled:
                 stored = read_offset_syncs(self.config, self.flow)
             if checkpoints_topic(self.flow) not in self.disabled:
-                self.lease.acquire()  # before reading back: a mirror it fences writes no more after this
                 read = read_checkpoints(self.config, self.flow)
                 self.checkpoints.checkpoints = {k: cp for k, (cp, _) in read.items()}
         except (KafkaException, TimeoutError) as err:
@@ -141,7 +145,8 @@ class DrSync:
         topic = offset_syncs_topic(self.flow)
         if topic not in self.disabled:
             producer = self.producers.get(offset_syncs_cluster(self.flow))
-            clients.produce(producer, topic, sync.key(), sync.record_value())
+            delivered = self.offset_syncs.delivered
+            clients.produce(producer, topic, sync.key(), sync.record_value(), lambda err, _: delivered(sync, err))
 
     def _emit_heartbeat(self, beat: Heartbeat) -> None:
         if self.emit_heartbeats and HEARTBEATS_TOPIC not in self.disabled:
@@ -226,17 +231,25 @@ class _Target:
     def start_offset(self, topic: str, partition: int) -> int:
         return target_start(self.groups.admin, topic, partition)
 
-    def write(self, checkpoints: list[Checkpoint]) -> bool:
+    def write(self, checkpoints: list[Checkpoint]) -> list[Checkpoint]:
         topic = checkpoints_topic(self.flow)
         if topic in self.disabled:
-            return False
+            return []
         self.producers.flush(offset_syncs_cluster(self.flow))
         producer = self.producers.get(self.flow.target)
-        for cp in checkpoints:
-            clients.produce(producer, topic, cp.key(), cp.value())
+        refused: dict[int, str] = {}  # index in `checkpoints` -> why the cluster did not take it
+
+        def report(i: int) -> clients.Delivered:
+            return lambda err, _: None if err is None else refused.__setitem__(i, err.str())
+
+        for i, cp in enumerate(checkpoints):
+            clients.produce(producer, topic, cp.key(), cp.record_value(), report(i))
         if producer.flush(clients.REQUEST_TIMEOUT_S):
             raise RuntimeError(f"flow {self.flow.name}: checkpoints not acknowledged by '{self.flow.target}'")
-        return True
+        if refused:
+            log.warning("flow %s: %d checkpoint(s) not taken by '%s' (%s); written again at the next round",
+                        self.flow.name, len(refused), self.flow.target, next(iter(refused.values())))  # fmt: skip
+        return [cp for i, cp in enumerate(checkpoints) if i not in refused]
 
     def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
         return self.groups.commit(group, offsets)

@@ -35,6 +35,9 @@ def test_active_passive_msk_to_event_hubs(stack_runs):
     assert (hubs["primary.orders"]["partitionCount"], hubs["primary.payments"]["partitionCount"]) == (12, 6)
     assert hubs["primary.customers"]["retentionDescription"]["cleanupPolicy"] == "Compact"
     assert hubs["primary.orders"]["retentionDescription"] == {"cleanupPolicy": "Delete", "retentionTimeInHours": 168}
+    # The internal hubs read back by key are compacted, as the mirror checks at start; the others are not.
+    compacted = {name for name, hub in hubs.items() if hub["retentionDescription"]["cleanupPolicy"] == "Compact"}
+    assert compacted == {"mirrorkit-offset-syncs.primary.internal", "primary.checkpoints.internal", "primary.customers"}
     assert run.named("eh-dr-ns").plain["sku"]["name"] == "Premium"
     # Cross-account peering: the accepter acts in the MSK account through its own provider.
     assert run.named("use1-vpc-0f1e2d3c4b5a60001-peering").plain["peerOwnerId"] == "222222222222"

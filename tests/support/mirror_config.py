@@ -5,13 +5,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.testbed.clients import ClusterConfig, create_topics
 from bench.testbed.kafka_cluster import KafkaCluster, MultiBrokerCluster
 from spark_app.config import FlowConfig, MirrorConfig
+from spark_app.dr.internal import compacted_topics
+from spark_app.policy import event_hubs_topics
 
 Cluster = KafkaCluster | MultiBrokerCluster
 
 FLOW_KEYS = frozenset(FlowConfig.model_fields) - {"source", "target", "topics", "checkpoint_location"}
 MIRROR_KEYS = frozenset(MirrorConfig.model_fields) - {"clusters", "flows"}
+
+
+def create_event_hubs(admin: ClusterConfig, config: MirrorConfig, alias: str, sizes: dict[str, int]) -> None:
+    """Every hub infra makes on Event Hubs cluster `alias` for `config`, as infra makes them: the internal ones read
+    back by key compacted, each hub with the partitions `sizes` gives it (else one)."""
+    hubs, compacted = event_hubs_topics(config)[alias], compacted_topics(config)[alias]
+    create_topics(admin, {h: sizes.get(h, 1) for h in hubs if h not in compacted})
+    create_topics(admin, dict.fromkeys(compacted & set(hubs), 1), {"cleanup.policy": "compact"})
 
 
 def cluster_entry(cluster: Cluster, alias: str) -> dict:
