@@ -103,6 +103,19 @@ def test_event_hubs_topics_come_from_the_flows_naming_policy():
     }  # fmt: skip
 
 
+def test_event_hubs_internal_hubs_follow_the_flows_separator_as_mm2_names_them():
+    """Infra creates what the mirror will write: with separator `_` MM2's names (KIP-690), or the dotted ones the
+    flow keeps with internal_topic_separator: false."""
+    raw = variant(flows__0__target="eh", flows__0__topics={"include": ["orders"]}, flows__0__separator="_")
+    assert event_hubs_topics(parse_config(raw)) == {
+        "eh": ["a_checkpoints_internal", "a_heartbeats", "a_orders", "mirrorkit-offset-syncs_a_internal"]
+    }
+    raw["flows"][0]["internal_topic_separator"] = False
+    assert event_hubs_topics(parse_config(raw)) == {
+        "eh": ["a.checkpoints.internal", "a_heartbeats", "a_orders", "mirrorkit-offset-syncs.a.internal"]
+    }
+
+
 def test_validate_command_reports_the_file_and_key(tmp_path, capsys):
     bad = tmp_path / "mirror.yaml"
     bad.write_text(

@@ -14,8 +14,9 @@ One job per module, each testable without a cluster (the Kafka side is injected)
 - `failback`: the failback steps a program can do: checks, then groups moved back to the primary.
 
 Offset syncs are written in MM2's OffsetSync format, but not under MM2's topic name. We name the topic
-`mirrorkit-offset-syncs.<alias>.internal`, after the other cluster's alias as MM2 does (the target's when it lives on
-the source, the source's when on the target). Three reasons: nothing outside MM2's own connectors reads offset
+`mirrorkit-offset-syncs.<alias>.internal` (the flow's separator in place of the dots, as MM2 names its own since
+KIP-690), after the other cluster's alias as MM2 does (the target's when it lives on the source, the source's when
+on the target). Three reasons: nothing outside MM2's own connectors reads offset
 syncs (RemoteClusterUtils reads checkpoints only), so MM2's name buys no interop; an MM2 running on the same
 clusters, as during a migration or a side-by-side benchmark, would mix its syncs with ours under one key and
 corrupt both translations; and the name stays internal (never mirrored) under both tools' rules.

@@ -31,6 +31,7 @@ from .internal import (
     offset_syncs_cluster,
     read_checkpoints,
     read_offset_syncs,
+    refuse_dotted_history,
     target_start,
 )
 from .offset_syncs import OffsetSyncWriter
@@ -87,6 +88,7 @@ class DrSync:
         if self.emit_heartbeats:
             wanted.append((self.source, HEARTBEATS_TOPIC))
         try:
+            refuse_dotted_history(self.config, self.flow)
             for cluster, topic in wanted:
                 reason = ensure_topic(cluster, topic)
                 if reason:
