@@ -30,6 +30,9 @@ MM2_SETTINGS = {
     "refresh.groups.interval.seconds": "1",
     "emit.heartbeats.interval.seconds": "1",
     "sync.group.offsets.enabled": "false",
+    # Its syncs on the target, as `mm2-offset-syncs.primary.internal` (named after the source there); adopt must find
+    # them where this puts them
+    "offset-syncs.topic.location": "target",
 }
 
 
@@ -124,6 +127,9 @@ def test_adopt_takes_over_from_mm2_with_no_gap_and_groups_carry_on(spark, testbe
     adopted = capsys.readouterr().out
     with capsys.disabled():
         print(f"\n{adopted}", end="")
+    # MM2's syncs were found where offset-syncs.topic.location=target put them: each partition has its history.
+    history = [int(line.split()[-1]) for line in adopted.splitlines() if line.startswith(tuple(TOPICS))]
+    assert len(history) == 4 and min(history) > 1, adopted
     # The group moves on, after the switch: on orders[0] into what MM2 copied, on orders[1] into what it did not.
     after = {0: committed_by_mm2[("orders", 0)] - 5, 1: produced[("orders", 1)] - 50}
     commit(src.client, group, "orders", after)
