@@ -29,6 +29,7 @@ ConsumerRecord<byte[], byte[]> rec(String k, String v) {
 System.out.println(Checkpoint.deserializeRecord(rec("%s", "%s")));
 System.out.println(Heartbeat.deserializeRecord(rec("%s", "%s")));
 System.out.println(OffsetSync.deserializeRecord(rec("%s", "%s")));
+System.out.println(OffsetSync.deserializeRecord(rec("%s", "%s")));
 /exit
 """
 
@@ -85,20 +86,24 @@ def test_internal_topics_are_named_as_mirrormakers_own_policy_names_them_for_eve
     assert ours[3][:3] == ["src.checkpoints.internal", "mm2-offset-syncs.dst.internal", "mm2-offset-syncs.src.internal"]
 
 
-def test_mirrormakers_own_classes_decode_our_checkpoint_heartbeat_and_offset_sync():
+def test_mirrormakers_own_classes_decode_our_checkpoint_heartbeat_and_offset_syncs():
     records = (
         Checkpoint("orders-app", "primary.orders", 3, 1234, 987, "mé"),
         Heartbeat("primary", "dr", 1_700_000_000_123),
         OffsetSync("orders", 11, 2**40, 5, slot=3, last_offset=2**40 + 7),
     )
-    out = jshell(DECODE % tuple(part for r in records for part in (r.key().hex(), r.value().hex())))
+    handed_back = OffsetSync("orders", 12, 77, 33).mm2_record()  # what `handback` writes for MM2
+    parts = [part for r in records for part in (r.key().hex(), r.value().hex())] + [b.hex() for b in handed_back]
+    out = jshell(DECODE % tuple(parts))
     lines = [line for line in out.stdout.splitlines() if "{" in line]
     assert lines == [
         "Checkpoint{consumerGroupId=orders-app, topicPartition=primary.orders-3, upstreamOffset=1234,"
         " downstreamOffset=987, metadata=mé}",
         "Heartbeat{sourceClusterAlias=primary, targetClusterAlias=dr, timestamp=1700000000123}",
         f"OffsetSync{{topicPartition=orders-11, upstreamOffset={2**40}, downstreamOffset=5}}",
+        "OffsetSync{topicPartition=orders-12, upstreamOffset=77, downstreamOffset=33}",
     ], out.stderr
+    assert OffsetSync.decode(*handed_back) == OffsetSync("orders", 12, 77, 33)
     for r in records:
         assert type(r).decode(r.key(), r.value()) == r
 
