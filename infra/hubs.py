@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from infra.schema import ClusterSpec, SourceTopic
 from spark_app.config import MirrorConfig
-from spark_app.policy import event_hubs_topics, target_topic
+from spark_app.policy import checkpoints_topic, event_hubs_topics, offset_syncs_topic, target_topic
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ def plan_hubs(mirror: MirrorConfig, clusters: list[ClusterSpec], alias: str) -> 
         if flow.target == alias:
             for topic in flow.topics.literal_names() or []:
                 copied_from[target_topic(flow, topic)] = sizes[flow.source].get(topic)
+    read_by_key = {name for f in mirror.flows for name in (checkpoints_topic(f), offset_syncs_topic(f))}
     hubs = []
     for name in event_hubs_topics(mirror)[alias]:
         size = copied_from.get(name)
@@ -37,5 +38,5 @@ def plan_hubs(mirror: MirrorConfig, clusters: list[ClusterSpec], alias: str) -> 
         else:
             # The mirror's own topics (heartbeats, checkpoints, offset syncs, dead letters): one partition, like
             # MM2's; checkpoints and offset syncs are read back by key, so they are compacted.
-            hubs.append(HubSpec(name, 1, name.endswith(".internal"), own=True))
+            hubs.append(HubSpec(name, 1, name in read_by_key, own=True))
     return hubs

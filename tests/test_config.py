@@ -6,6 +6,8 @@ import copy
 
 import pytest
 
+from infra.hubs import HubSpec, plan_hubs
+from infra.schema import ClusterSpec, SourceTopic
 from spark_app.cli import main as cli_main
 from spark_app.config import ConfigError, parse_config
 from spark_app.policy import event_hubs_topics, should_mirror, target_topic
@@ -110,6 +112,13 @@ def test_event_hubs_internal_hubs_follow_the_flows_separator_as_mm2_names_them()
     assert event_hubs_topics(parse_config(raw)) == {
         "eh": ["a_checkpoints_internal", "a_heartbeats", "a_orders", "mirrorkit-offset-syncs_a_internal"]
     }
+    sizes = [ClusterSpec.model_construct(alias="a", source_topic_sizes={"orders": SourceTopic(partitions=3)})]
+    assert plan_hubs(parse_config(raw), sizes, "eh") == [
+        HubSpec("a_checkpoints_internal", 1, compacted=True, own=True),
+        HubSpec("a_heartbeats", 1, compacted=False, own=True),
+        HubSpec("a_orders", 3, compacted=False),
+        HubSpec("mirrorkit-offset-syncs_a_internal", 1, compacted=True, own=True),
+    ]
     raw["flows"][0]["internal_topic_separator"] = False
     assert event_hubs_topics(parse_config(raw)) == {
         "eh": ["a.checkpoints.internal", "a_heartbeats", "a_orders", "mirrorkit-offset-syncs.a.internal"]
