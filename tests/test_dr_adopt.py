@@ -203,6 +203,14 @@ def test_adopt_and_handback_round_trip_with_mm2_with_no_gap_and_groups_carry_on(
                 break
             assert time.monotonic() < deadline, f"MM2 copied {ends} of {expected}; checkpoints {resumed_at}"
             time.sleep(1)
+        # Handing back while MM2 runs is refused, and so is a flow the mirror never ran.
+        never_ran = json.loads(json.dumps(raw))
+        never_ran["flows"][0]["checkpoint_location"] = str(tmp_path / "never")
+        (tmp_path / "never.json").write_text(json.dumps(never_ran))
+        assert cli_main(["handback", "--config", str(tmp_path / "never.json"), "--flow", "primary->dr"]) == 1
+        err = capsys.readouterr().err
+        assert "its Connect group 'primary-mm2' on 'dr' has 1 member(s)" in err
+        assert f"flow primary->dr has no positions in {tmp_path / 'never'}" in err
     finally:
         os.killpg(mm2.pid, signal.SIGKILL)
         mm2.wait(30)
