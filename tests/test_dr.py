@@ -168,8 +168,8 @@ def test_history_under_an_older_mirrors_dotted_names_is_never_dropped_silently(
     source_cluster, target_cluster, tmp_path, unique
 ):
     """An older mirror named the internal topics with dots whatever the separator. A flow with `_` whose checkpoints
-    are only there (infra has made MM2's `_` names, empty) refuses to start, naming the setting; with it set, the
-    mirror reads the old checkpoints back."""
+    are only there (infra has made MM2's `_` names, empty) refuses to start, and `status` and `failover` refuse to
+    read it, naming the setting; with it set, the mirror reads the old checkpoints back."""
     alias = f"old{unique[-8:]}"
     raw = one_flow_config(source_cluster, target_cluster, [f"orders-{unique}"], tmp_path / "ckpt",
                           source_alias=alias, target_alias="eh", separator="_")  # fmt: skip
@@ -181,6 +181,9 @@ def test_history_under_an_older_mirrors_dotted_names_is_never_dropped_silently(
     produce(target_cluster.client, checkpoints_topic(dotted), [Record(0, old.key(), old.value())])
     with pytest.raises(MirrorFailed) as refused:
         DrSync(parse_config(raw), flow).prepare()
+    with pytest.raises(MirrorFailed) as refused_too:  # what `status` and `failover` read
+        read_checkpoints(parse_config(raw), flow)
+    assert str(refused_too.value) == str(refused.value)
     assert (
         f"its DR history is in '{alias}.checkpoints.internal' on 'eh', as an older mirror named it; with separator '_'"
         f" the mirror now names it '{alias}_checkpoints_internal', as MirrorMaker 2 does. Set"

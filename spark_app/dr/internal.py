@@ -54,12 +54,15 @@ def ensure_topic(cluster: ClusterConfig, topic: str) -> str | None:
 
 
 def read_checkpoints(config: MirrorConfig, flow: FlowConfig) -> CheckpointsRead:
-    """The newest checkpoint per (group, target topic, partition), with when it was written (unix s)."""
+    """The newest checkpoint per (group, target topic, partition), with when it was written (unix s). None at all
+    where an older mirror left some under its dotted name refuses (`status` and `failover` read here too)."""
     out: CheckpointsRead = {}
     for msg in clients.read_topic(config.cluster(flow.target), checkpoints_topic(flow)):
         cp = decode_or_none(Checkpoint, msg.key(), msg.value())
         if cp is not None:
             out[(cp.group, cp.topic, cp.partition)] = (cp, msg.timestamp()[1] / 1000)
+    if not out:
+        refuse_dotted_history(config, flow, checkpoints_only=True)
     return out
 
 
@@ -106,16 +109,17 @@ def source_ends(source: ClusterConfig, partitions: list[Partition], timeout_s: f
     return clients.list_offsets(clients.admin(source), partitions, OffsetSpec.latest(), timeout_s=timeout_s)
 
 
-def refuse_dotted_history(config: MirrorConfig, flow: FlowConfig) -> None:
+def refuse_dotted_history(config: MirrorConfig, flow: FlowConfig, checkpoints_only: bool = False) -> None:
     """Mirrors before MM2's KIP-690 naming named the internal topics with dots whatever the separator. A flow with
     another separator whose history is only under those names would start over on new (or new, empty, infra-made)
-    topics and lose it: refuse, naming the setting that keeps the old names."""
+    topics and lose it: refuse, naming the setting that keeps the old names. `checkpoints_only` asks the target
+    alone, which is all a failover may reach."""
     if internal_separator(flow) == ".":
         return
     dotted = flow.model_copy(update={"internal_topic_separator": False})
     pairs = [(flow.target, checkpoints_topic(flow), checkpoints_topic(dotted)),
              (offset_syncs_cluster(flow), offset_syncs_topic(flow), offset_syncs_topic(dotted))]  # fmt: skip
-    for alias, new, old in pairs:
+    for alias, new, old in pairs[: 1 if checkpoints_only else 2]:
         cluster = config.cluster(alias)
         admin = clients.admin(cluster)
         present = clients.list_topics(admin, cluster)
