@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         ("drill", "measure a running flow's RPO, RTO and re-read with a probe topic and group of its own"),
         ("failback", "move the groups back to the primary once the reverse flow has caught up"),
         ("adopt", "take a flow over from a stopped MirrorMaker 2: its positions, offset syncs and checkpoints"),
+        ("handback", "hand a stopped flow back to MirrorMaker 2: it resumes where the mirror stopped"),
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, help="the mirror config (YAML or JSON)")
@@ -72,6 +73,26 @@ def main(argv: list[str] | None = None) -> int:
     take.add_argument("--mm2-separator", default=".", help="MM2's replication.policy.separator (default '.')")
     take.add_argument("--heartbeat-quiet-s", type=float, default=None,
                       help="MM2 counts as running while its newest heartbeat is younger (default 30)")  # fmt: skip
+    give = sub.choices["handback"]
+    give.add_argument("--flow", required=True, help="the flow to hand back, as SRC->DST (MM2's cluster aliases)")
+    give.add_argument("--force", action="store_true",
+                      help="hand back even while MM2's Connect group has members or either tool's heartbeats are"
+                      " fresh")  # fmt: skip
+    give.add_argument("--connect-group", default=None,
+                      help="MM2's Connect group on the target (default: <SRC>-mm2, dedicated mode)")  # fmt: skip
+    give.add_argument("--offsets-topic", default=None,
+                      help="Connect's offsets topic on the target (default: mm2-offsets.<SRC>.internal, dedicated"
+                      " mode; Strimzi: the Connect cluster's offset.storage.topic)")  # fmt: skip
+    give.add_argument("--connector", default="MirrorSourceConnector",
+                      help="MM2's source connector (Strimzi: <SRC>-><DST>.MirrorSourceConnector)")  # fmt: skip
+    give.add_argument("--mm2-offset-syncs-location", choices=("source", "target"), default="source",
+                      help="MM2's offset-syncs.topic.location (default source, MM2's)")  # fmt: skip
+    give.add_argument(
+        "--heartbeat-quiet-s",
+        type=float,
+        default=None,
+        help="MM2 or the mirror counts as running while its newest heartbeat is younger (default 30)",
+    )
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -91,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_failback(config, args.flow, args.dry_run)
         if args.command == "adopt":
             return run_adopt(config, args)
+        if args.command == "handback":
+            return run_handback(config, args)
         if args.command == "drill":
             return run_drill(config, args.flow, args.probe_topic, args.records, args.seconds, args.json)
         return run_mirror(config, args.available_now, args.master)
@@ -253,6 +276,13 @@ def run_failback(config: MirrorConfig, flow_name: str, dry_run: bool) -> int:
     return 1 if result.refused else 0
 
 
+def refused(reasons: list[str]) -> bool:
+    """Print each reason an operator verb refused, on stderr; whether there was any."""
+    for reason in reasons:
+        print(f"refused: {reason}", file=sys.stderr)
+    return bool(reasons)
+
+
 def run_adopt(config: MirrorConfig, args: argparse.Namespace) -> int:
     """Refuse while the operator must act; else seed the flow and print where each partition starts."""
     from .dr.adopt import HEARTBEAT_QUIET_S, AdoptOptions, Mm2Naming, adopt
@@ -261,9 +291,7 @@ def run_adopt(config: MirrorConfig, args: argparse.Namespace) -> int:
     quiet_s = HEARTBEAT_QUIET_S if args.heartbeat_quiet_s is None else args.heartbeat_quiet_s
     options = AdoptOptions(naming, args.offsets_topic, args.connector, quiet_s, args.force, args.connect_group)
     result = adopt(config, config.flow(args.flow), options)
-    for reason in result.refused:
-        print(f"refused: {reason}", file=sys.stderr)
-    if result.refused:
+    if refused(result.refused):
         return 1
     print(f"{'topic':24} {'part':>4} {'starts at':>10} {'from':10} {'history':>8}")
     for p in result.partitions:
@@ -274,6 +302,25 @@ def run_adopt(config: MirrorConfig, args: argparse.Namespace) -> int:
     for group, count in sorted(result.checkpoints.items()):
         print(f"checkpoints carry on: {group} ({count} partition(s))")
     print(f"flow {result.flow} adopted {len(result.partitions)} partition(s); start the mirror on it now")
+    return 0
+
+
+def run_handback(config: MirrorConfig, args: argparse.Namespace) -> int:
+    """Refuse while the operator must act; else write MM2's positions and syncs and print where MM2 starts."""
+    from .dr.adopt import HEARTBEAT_QUIET_S
+    from .dr.handback import HandbackOptions, handback
+
+    quiet_s = HEARTBEAT_QUIET_S if args.heartbeat_quiet_s is None else args.heartbeat_quiet_s
+    options = HandbackOptions(args.offsets_topic, args.connector, args.mm2_offset_syncs_location, quiet_s, args.force,
+                              args.connect_group)  # fmt: skip
+    result = handback(config, config.flow(args.flow), options)
+    if refused(result.refused):
+        return 1
+    print(f"{'topic':24} {'part':>4} {'MM2 starts at':>13}")
+    for (topic, partition), offset in sorted(result.positions.items()):
+        print(f"{topic:24} {partition:>4} {offset:>13}")
+    print(f"{result.syncs} offset sync(s) written to '{result.syncs_topic}'")
+    print(f"flow {result.flow} handed back to MirrorMaker 2; start it with its config as it was")
     return 0
 
 

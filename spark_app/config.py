@@ -247,6 +247,9 @@ class FlowConfig(StrictModel):
     groups: GroupSelection = Field(default_factory=GroupSelection)
     replication_policy: Literal["default", "identity"] = "default"
     separator: Annotated[str, Field(min_length=1, max_length=8)] = "."
+    # MM2's replication.policy.internal.topic.separator.enabled: false names the internal topics with dots whatever
+    # the separator, as MM2 then does and as mirrors before KIP-690 naming did (spark_app.policy)
+    internal_topic_separator: bool = True
     # identity only: stamp a provenance header and drop records that came from the target (loop prevention)
     provenance_header: bool = True
     start_from: Literal["earliest", "latest"] = "earliest"

@@ -6,6 +6,10 @@
   drops records whose provenance is its own target. The offset lets the flow that drops such an echo of a
   target-local record tell which of them a source group has read (spark_app.dr.syncs).
 
+Internal topics are named as MM2 names them (KIP-690): the flow's separator joins their parts too
+(`<source>_checkpoints_internal` with `_`), or a dot with `internal_topic_separator: false`, MM2's
+`replication.policy.internal.topic.separator.enabled`.
+
 What the mirror reads, writes and creates on each cluster (`access`) follows from these rules, in one place: infra
 renders the IAM policy, the Kafka ACLs and the event hubs to create from it.
 """
@@ -26,10 +30,13 @@ _INTERNAL_SUFFIXES = (".internal", "-internal")
 _CONNECT_TOPICS = ("connect-configs", "connect-offsets", "connect-status")
 
 
-def is_internal(topic: str) -> bool:
+def is_internal(topic: str, separator: str = ".") -> bool:
+    """Kafka's, Connect's, MM2's and the mirror's own topics, under the dotted names and those a flow's `separator`
+    gives (MM2's isInternalTopic)."""
     return (
         topic.startswith(_INTERNAL_PREFIXES)
         or topic.endswith(_INTERNAL_SUFFIXES)
+        or topic.endswith(f"{separator}internal")
         or topic in _CONNECT_TOPICS
         or topic.endswith(tuple(f".{t}" for t in _CONNECT_TOPICS))
     )
@@ -49,7 +56,7 @@ def origin_alias(flow: FlowConfig, topic: str) -> str | None:
 
 def should_mirror(flow: FlowConfig, source_topic: str) -> bool:
     """Whether a topic on the flow's source cluster is copied by this flow."""
-    if is_internal(source_topic):
+    if is_internal(source_topic, flow.separator):
         return False
     if source_topic == HEARTBEATS_TOPIC:
         return True  # heartbeats always travel, like MM2's, to measure end-to-end liveness
@@ -90,15 +97,32 @@ def echoes_back(config: MirrorConfig, flow: FlowConfig) -> bool:
     )  # fmt: skip
 
 
+def internal_separator(flow: FlowConfig) -> str:
+    """What joins the parts of an internal topic's name: the flow's separator, as MM2 does, unless it is told not to."""
+    return flow.separator if flow.internal_topic_separator else "."
+
+
 def checkpoints_topic(flow: FlowConfig) -> str:
     """MM2's name, on the target, so RemoteClusterUtils.translateOffsets reads our checkpoints."""
-    return f"{flow.source}.checkpoints.internal"
+    sep = internal_separator(flow)
+    return f"{flow.source}{sep}checkpoints{sep}internal"
 
 
 def offset_syncs_topic(flow: FlowConfig) -> str:
-    """Named after the other cluster's alias, as MM2 does, but not MM2's name: see spark_app/dr.py for why."""
-    other = flow.source if flow.offset_syncs_location == "target" else flow.target
-    return f"mirrorkit-offset-syncs.{other}.internal"
+    """Named as MM2 names its own, but with our prefix: see spark_app/dr/__init__.py for why."""
+    return _offset_syncs("mirrorkit-offset-syncs", flow, flow.offset_syncs_location)
+
+
+def mm2_offset_syncs_topic(flow: FlowConfig, location: str) -> str:
+    """MM2's offset syncs for the flow when its `offset-syncs.topic.location` is `location` (`source` or `target`)."""
+    return _offset_syncs("mm2-offset-syncs", flow, location)
+
+
+def _offset_syncs(prefix: str, flow: FlowConfig, location: str) -> str:
+    """After the alias of the cluster that does not hold them (MirrorSourceConfig.offsetSyncsTopic)."""
+    other = flow.source if location == "target" else flow.target
+    sep = internal_separator(flow)
+    return f"{prefix}{sep}{other}{sep}internal"
 
 
 def lease_group(flow: FlowConfig) -> str:

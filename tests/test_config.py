@@ -6,6 +6,8 @@ import copy
 
 import pytest
 
+from infra.hubs import HubSpec, plan_hubs
+from infra.schema import ClusterSpec, SourceTopic
 from spark_app.cli import main as cli_main
 from spark_app.config import ConfigError, parse_config
 from spark_app.policy import event_hubs_topics, should_mirror, target_topic
@@ -101,6 +103,26 @@ def test_event_hubs_topics_come_from_the_flows_naming_policy():
         "eh": ["a.checkpoints.internal", "a.heartbeats", "a.orders", "a.payments", "mirror.dlq",
                "mirrorkit-offset-syncs.a.internal"]
     }  # fmt: skip
+
+
+def test_event_hubs_internal_hubs_follow_the_flows_separator_as_mm2_names_them():
+    """Infra creates what the mirror will write: with separator `_` MM2's names (KIP-690), or the dotted ones the
+    flow keeps with internal_topic_separator: false."""
+    raw = variant(flows__0__target="eh", flows__0__topics={"include": ["orders"]}, flows__0__separator="_")
+    assert event_hubs_topics(parse_config(raw)) == {
+        "eh": ["a_checkpoints_internal", "a_heartbeats", "a_orders", "mirrorkit-offset-syncs_a_internal"]
+    }
+    sizes = [ClusterSpec.model_construct(alias="a", source_topic_sizes={"orders": SourceTopic(partitions=3)})]
+    assert plan_hubs(parse_config(raw), sizes, "eh") == [
+        HubSpec("a_checkpoints_internal", 1, compacted=True, own=True),
+        HubSpec("a_heartbeats", 1, compacted=False, own=True),
+        HubSpec("a_orders", 3, compacted=False),
+        HubSpec("mirrorkit-offset-syncs_a_internal", 1, compacted=True, own=True),
+    ]
+    raw["flows"][0]["internal_topic_separator"] = False
+    assert event_hubs_topics(parse_config(raw)) == {
+        "eh": ["a.checkpoints.internal", "a_heartbeats", "a_orders", "mirrorkit-offset-syncs.a.internal"]
+    }
 
 
 def test_validate_command_reports_the_file_and_key(tmp_path, capsys):

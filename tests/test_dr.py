@@ -24,18 +24,24 @@ from spark_app.clients import read_topic, topic_configs, watermarks
 from spark_app.config import ClusterConfig, parse_config
 from spark_app.dr.formats import Checkpoint, OffsetSync
 from spark_app.dr.internal import INTERNAL_TOPIC_CONFIG, ensure_topic, read_checkpoints
+from spark_app.dr.service import DrSync
 from spark_app.dr.views import failover_plan
+from spark_app.errors import MirrorFailed
 from spark_app.mirror import Mirror
-from spark_app.policy import checkpoints_topic, offset_syncs_topic
+from spark_app.policy import checkpoints_topic, offset_syncs_topic, target_topic
 from tests.support.mirror_config import cluster_entry, create_event_hubs, one_flow_config
 
 TRANSLATE_OFFSETS = Path(__file__).parent / "support" / "TranslateOffsets.java"
 
 
-def mm2_translate(target: ClusterConfig, source_alias: str, groups: list[str], folder: Path) -> dict:
-    """{(group, topic, partition): offset} as MM2's RemoteClusterUtils.translateOffsets reads them on the target."""
+def mm2_translate(
+    target: ClusterConfig, source_alias: str, groups: list[str], folder: Path, separator: str = "."
+) -> dict:
+    """{(group, topic, partition): offset} as MM2's RemoteClusterUtils.translateOffsets reads them on the target,
+    configured with `replication.policy.separator` as MM2 would be."""
     props = folder / "target.properties"
-    props.write_text("".join(f"{k}={v}\n" for k, v in java_settings(target).items()))
+    settings = java_settings(target) | {"replication.policy.separator": separator}
+    props.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     cmd = [require_java(), "-cp", kafka_classpath(), str(TRANSLATE_OFFSETS), str(props), source_alias, *groups]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -90,15 +96,16 @@ def test_an_internal_topic_someone_made_with_cleanup_policy_delete_is_refused_na
     assert {k: configs[k] for k in INTERNAL_TOPIC_CONFIG} == INTERNAL_TOPIC_CONFIG
 
 
-@pytest.mark.parametrize("mode", ["throughput", "realtime"])
+@pytest.mark.parametrize(("mode", "separator"), [("throughput", "_"), ("realtime", ".")])
 def test_checkpoints_read_by_mm2_match_failover_and_group_sync_spares_a_live_group(
-    mode, spark, source_cluster, target_cluster, tmp_path, unique, capsys
+    mode, separator, spark, source_cluster, target_cluster, tmp_path, unique, capsys
 ):
     """MSK-like -> Event Hubs-like. Three groups: one caught up, one lagging far behind, one with a consumer live
-    on the target. MM2's RemoteClusterUtils reads the same offsets `failover --dry-run` prints; none of them skips
-    a record; group sync and failover commit the idle groups and leave the live one alone."""
+    on the target. MM2's RemoteClusterUtils, with the flow's separator as its `replication.policy.separator`, reads
+    the same offsets `failover --dry-run` prints (with `_` from `<source>_checkpoints_internal`, as MM2 names it);
+    none of them skips a record; group sync and failover commit the idle groups and leave the live one alone."""
     topic, alias = f"orders-{unique}", f"src{unique[-8:]}"
-    remote = f"{alias}.{topic}"
+    remote = f"{alias}{separator}{topic}"
     groups = {"caught-up": f"caught-up-{unique}", "lagging": f"lagging-{unique}", "live": f"live-{unique}"}
     config = parse_config(
         one_flow_config(
@@ -111,8 +118,10 @@ def test_checkpoints_read_by_mm2_match_failover_and_group_sync_spares_a_live_gro
             groups={"include": [f".*-{unique}"]},
             sync_group_offsets=True,
             mode=mode,
+            separator=separator,
         )
     )
+    assert checkpoints_topic(config.flows[0]) == f"{alias}{separator}checkpoints{separator}internal"
     create_topics(source_cluster.admin, {topic: 2})
     create_event_hubs(target_cluster.admin, config, "eh", {remote: 2})
     produce(source_cluster.client, topic, [Record(i % 2, str(i).encode(), str(i).encode()) for i in range(400)])
@@ -141,7 +150,7 @@ def test_checkpoints_read_by_mm2_match_failover_and_group_sync_spares_a_live_gro
             printed[(group, topic_, int(partition))] = (int(source_offset), int(target_offset), int(reread))
         assert sorted(printed) == sorted((g, remote, p) for g in groups.values() for p in (0, 1))
         # MirrorMaker 2's own client library reads our checkpoints and gets the very same offsets.
-        mm2 = mm2_translate(target_cluster.client, alias, list(groups.values()), tmp_path)
+        mm2 = mm2_translate(target_cluster.client, alias, list(groups.values()), tmp_path, separator)
         assert mm2 == {k: v[1] for k, v in printed.items()}
         for (group, _, partition), (source_offset, target_offset, reread) in printed.items():
             assert checkpoints[(group, remote, partition)].upstream_offset == source_offset
@@ -176,6 +185,37 @@ def test_checkpoints_read_by_mm2_match_failover_and_group_sync_spares_a_live_gro
         assert all(p["checkpoint_age_s"] is not None and p["checkpoint_age_s"] < 600 for p in flow["partitions"])
     finally:
         live.close()
+
+
+def test_history_under_an_older_mirrors_dotted_names_is_never_dropped_silently(
+    source_cluster, target_cluster, tmp_path, unique
+):
+    """An older mirror named the internal topics with dots whatever the separator. A flow with `_` whose checkpoints
+    are only there (infra has made MM2's `_` names, empty) refuses to start, and `status` and `failover` refuse to
+    read it, naming the setting; with it set, the mirror reads the old checkpoints back."""
+    alias = f"old{unique[-8:]}"
+    raw = one_flow_config(source_cluster, target_cluster, [f"orders-{unique}"], tmp_path / "ckpt",
+                          source_alias=alias, target_alias="eh", separator="_")  # fmt: skip
+    flow = parse_config(raw).flows[0]
+    dotted = flow.model_copy(update={"internal_topic_separator": False})
+    create_topics(target_cluster.admin, {checkpoints_topic(flow): 1, offset_syncs_topic(flow): 1} |
+                  {checkpoints_topic(dotted): 1, offset_syncs_topic(dotted): 1})  # fmt: skip
+    old = Checkpoint(f"app-{unique}", target_topic(flow, f"orders-{unique}"), 0, 40, 38)
+    produce(target_cluster.client, checkpoints_topic(dotted), [Record(0, old.key(), old.value())])
+    with pytest.raises(MirrorFailed) as refused:
+        DrSync(parse_config(raw), flow).prepare()
+    with pytest.raises(MirrorFailed) as refused_too:  # what `status` and `failover` read
+        read_checkpoints(parse_config(raw), flow)
+    assert str(refused_too.value) == str(refused.value)
+    assert (
+        f"its DR history is in '{alias}.checkpoints.internal' on 'eh', as an older mirror named it; with separator '_'"
+        f" the mirror now names it '{alias}_checkpoints_internal', as MirrorMaker 2 does. Set"
+        " flows[0].internal_topic_separator: false" in str(refused.value)
+    )
+    raw["flows"][0]["internal_topic_separator"] = False
+    kept = DrSync(parse_config(raw), parse_config(raw).flows[0])
+    kept.prepare()
+    assert kept.checkpoints.checkpoints == {(old.group, old.topic, 0): old}
 
 
 def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, target_cluster, tmp_path, unique):

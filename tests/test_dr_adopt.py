@@ -13,7 +13,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from bench.testbed import clients
-from bench.testbed.clients import by_partition, commit, create_topics, read_all
+from bench.testbed.clients import Record, by_partition, commit, create_topics, produce, read_all
 from bench.testbed.mm2 import mm2_command
 from spark_app.cli import main as cli_main
 from spark_app.clients import read_topic
@@ -30,6 +30,9 @@ MM2_SETTINGS = {
     "refresh.groups.interval.seconds": "1",
     "emit.heartbeats.interval.seconds": "1",
     "sync.group.offsets.enabled": "false",
+    # Its syncs on the target, as `mm2-offset-syncs.primary.internal` (named after the source there); adopt must find
+    # them where this puts them
+    "offset-syncs.topic.location": "target",
 }
 
 
@@ -43,12 +46,18 @@ def mm2_committed(config, offsets_topic: str) -> dict[tuple[str, int], int]:
     return out
 
 
-def test_adopt_takes_over_from_mm2_with_no_gap_and_groups_carry_on(spark, testbed, tmp_path, unique, capsys):
+def test_adopt_and_handback_round_trip_with_mm2_with_no_gap_and_groups_carry_on(
+    spark, testbed, tmp_path, unique, capsys
+):
     """MM2 mirrors two topics under a steady producer, checkpointing a group, and is killed mid-stream. Adopting
     is refused while it runs and for a flow named differently; then `adopt`, and the mirror copies the rest. Each
     target partition is MM2's prefix followed by the source from MM2's committed position on: in order, nothing
     missing, duplicates exactly the records MM2 wrote but had not committed. RemoteClusterUtils reads the group's
-    checkpoints before and after the switch, and a failover after it resumes the group without skipping."""
+    checkpoints before and after the switch, and a failover after it resumes the group without skipping.
+
+    Then `handback`, more records, and MM2 started again as it was: it copies exactly the records the mirror had
+    not (no duplicate more, none missing), and its checkpoints translate the group on, from the syncs handback
+    wrote (a group at the mirror's last record resumes exactly) and from its own."""
     src = testbed.start(f"mm2src-{unique[-8:]}", "plaintext")
     dst = testbed.start(f"mm2dst-{unique[-8:]}", "plaintext")
     group = f"app-{unique}"
@@ -124,23 +133,15 @@ def test_adopt_takes_over_from_mm2_with_no_gap_and_groups_carry_on(spark, testbe
     adopted = capsys.readouterr().out
     with capsys.disabled():
         print(f"\n{adopted}", end="")
+    # MM2's syncs were found where offset-syncs.topic.location=target put them: each partition has its history.
+    history = [int(line.split()[-1]) for line in adopted.splitlines() if line.startswith(tuple(TOPICS))]
+    assert len(history) == 4 and min(history) > 1, adopted
     # The group moves on, after the switch: on orders[0] into what MM2 copied, on orders[1] into what it did not.
     after = {0: committed_by_mm2[("orders", 0)] - 5, 1: produced[("orders", 1)] - 50}
     commit(src.client, group, "orders", after)
     Mirror(spark, config).run_available_now()
 
-    duplicates = bound = 0
-    for topic in TOPICS:
-        source = by_partition(read_all(src.client, topic, sum(n for (t, _), n in produced.items() if t == topic)))
-        on_target = by_partition(read_all(dst.client, f"primary.{topic}", 0, exact=False))
-        for p in range(TOPICS[topic]):
-            src_values = [r.value for r in source[p]]
-            dst_values = [r.value for r in on_target[p]]
-            m, k = stopped_at[(f"primary.{topic}", p)], committed_by_mm2[(topic, p)] + 1
-            assert k <= m, (topic, p, "MM2 committed a position it had not written")
-            assert dst_values == src_values[:m] + src_values[k:], (topic, p, "a record is missing or out of order")
-            duplicates += len(dst_values) - len(src_values)
-            bound += m - k
+    duplicates, bound = _copies_check(src, dst, produced, stopped_at, committed_by_mm2)
     with capsys.disabled():
         print(f"adopted from MM2: {duplicates} duplicates (MM2 wrote {bound} records it had not committed)")
     assert duplicates <= bound
@@ -165,6 +166,83 @@ def test_adopt_takes_over_from_mm2_with_no_gap_and_groups_carry_on(spark, testbe
         assert resumed.index(next_unread) <= reread <= 100  # MM2's offset.lag.max: its syncs' spacing at most
     got = clients.consumer(dst.client, group).committed([TopicPartition("primary.orders", p) for p in plan], timeout=30)
     assert {tp.partition: tp.offset for tp in got} == {p: plan[p][1] for p in plan}
+
+    # Hand the flow back to MM2, which then copies only what the mirror had not.
+    handed = dict(produced)  # the mirror copied every record produced so far
+    for (topic, partition), start in handed.items():
+        produce(src.client, topic, [Record(partition, None, f"{topic}/{partition}/{i}".encode())
+                                    for i in range(start, start + 40)])  # fmt: skip
+        produced[(topic, partition)] = start + 40
+    handback = ["handback", "--config", str(config_file), "--flow", "primary->dr", "--heartbeat-quiet-s", "3",
+                "--mm2-offset-syncs-location", "target"]  # fmt: skip
+    assert cli_main(handback) == 0
+    printed = capsys.readouterr().out
+    with capsys.disabled():
+        print(printed, end="")
+    starts = {(line.split()[0], int(line.split()[1])): int(line.split()[2])
+              for line in printed.splitlines() if line.startswith(tuple(TOPICS))}  # fmt: skip
+    assert starts == handed
+    log = (tmp_path / "mm2-again.log").open("wb")
+    mm2 = subprocess.Popen(
+        mm2_command("primary", src.client.bootstrap_servers, "dr", dst.client.bootstrap_servers, list(TOPICS), tmp_path,
+                    MM2_SETTINGS),
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        # On orders[1] the group is at the mirror's last record, on orders[0] in what MM2 copies now.
+        moved = {0: produced[("orders", 0)] - 10, 1: handed[("orders", 1)]}
+        commit(src.client, group, "orders", moved)
+        expected = {(f"primary.{t}", p): n + stopped_at[(f"primary.{t}", p)] - committed_by_mm2[(t, p)] - 1
+                    for (t, p), n in produced.items()}  # fmt: skip
+        deadline = time.monotonic() + 90
+        while True:  # until MM2 copied the rest and checkpointed the group where it moved
+            assert mm2.poll() is None, f"MM2 exited: {(tmp_path / 'mm2-again.log').read_text()[-3000:]}"
+            resumed_at = mm2_translate(dst.client, "primary", [group], tmp_path)
+            ends = _ends(dst, "primary.")
+            if ends == expected and all(resumed_at.get(key) != offset for key, offset in translated.items()):
+                break
+            assert time.monotonic() < deadline, f"MM2 copied {ends} of {expected}; checkpoints {resumed_at}"
+            time.sleep(1)
+        # Handing back while MM2 runs is refused, and so is a flow the mirror never ran.
+        never_ran = json.loads(json.dumps(raw))
+        never_ran["flows"][0]["checkpoint_location"] = str(tmp_path / "never")
+        (tmp_path / "never.json").write_text(json.dumps(never_ran))
+        assert cli_main(["handback", "--config", str(tmp_path / "never.json"), "--flow", "primary->dr"]) == 1
+        err = capsys.readouterr().err
+        assert "its Connect group 'primary-mm2' on 'dr' has 1 member(s)" in err
+        assert f"flow primary->dr has no positions in {tmp_path / 'never'}" in err
+    finally:
+        os.killpg(mm2.pid, signal.SIGKILL)
+        mm2.wait(30)
+        log.close()
+    assert _copies_check(src, dst, produced, stopped_at, committed_by_mm2) == (duplicates, bound)
+    for p, source_offset in moved.items():
+        target_offset = resumed_at[(group, "primary.orders", p)]
+        resumed = values_from(dst.client, "primary.orders", p, target_offset)
+        next_unread = f"orders/{p}/{source_offset}".encode()
+        assert next_unread in resumed, f"orders[{p}]: MM2's checkpoint would skip {next_unread!r}"
+        with capsys.disabled():
+            print(f"after handback, orders[{p}]: MM2 resumes the group at {target_offset}, re-reads"
+                  f" {resumed.index(next_unread)}")  # fmt: skip
+        assert resumed.index(next_unread) <= (0 if p == 1 else 100)
+
+
+def _copies_check(src, dst, produced, stopped_at, committed_by_mm2) -> tuple[int, int]:
+    """Each target partition is MM2's prefix then the source from MM2's committed position on, in order, nothing
+    missing; returns the duplicates and their bound (what MM2 wrote but had not committed)."""
+    duplicates = bound = 0
+    for topic in TOPICS:
+        source = by_partition(read_all(src.client, topic, sum(n for (t, _), n in produced.items() if t == topic)))
+        on_target = by_partition(read_all(dst.client, f"primary.{topic}", 0, exact=False))
+        for p in range(TOPICS[topic]):
+            src_values = [r.value for r in source[p]]
+            dst_values = [r.value for r in on_target[p]]
+            m, k = stopped_at[(f"primary.{topic}", p)], committed_by_mm2[(topic, p)] + 1
+            assert k <= m, (topic, p, "MM2 committed a position it had not written")
+            assert dst_values == src_values[:m] + src_values[k:], (topic, p, "a record is missing or out of order")
+            duplicates += len(dst_values) - len(src_values)
+            bound += m - k
+    return duplicates, bound
 
 
 def _ends(cluster, prefix: str) -> dict[tuple[str, int], int]:

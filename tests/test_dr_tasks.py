@@ -102,11 +102,24 @@ class FlakyProducer:
         return 0
 
 
+class HeldLease:
+    """The flow's DR lease, held for good (spark_app.dr.lease needs a cluster)."""
+
+    fenced = None
+
+    def held(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+
 def service_writing_to(producer: FlakyProducer, groups: dict[str, dict[Partition, Committed]]) -> DrSync:
     """A flow's DR service whose internal topics are there and whose producers are `producer`, with no cluster."""
     config = parse_config(CONFIG)
     dr = DrSync(config, config.flows[0])
     dr._prepared = True  # nothing to read back
+    dr.lease = HeldLease()  # type: ignore[assignment]
     dr.producers._by_alias = {"primary": producer, "dr": producer}  # type: ignore[dict-item]
     dr.checkpoints.source = FakeSource(groups)
     return dr

@@ -12,11 +12,14 @@ One job per module, each testable without a cluster (the Kafka side is injected)
 - `service`: one flow's DR service, running those tasks beside the stream;
 - `views`: what operators run: `status` and `failover`;
 - `drill`: a DR drill of a running flow, with its own probe topic and group (RPO, RTO, re-read);
-- `failback`: the failback steps a program can do: checks, then groups moved back to the primary.
+- `failback`: the failback steps a program can do: checks, then groups moved back to the primary;
+- `adopt`: take a flow over from a stopped MirrorMaker 2;
+- `handback`: the reverse, MirrorMaker 2 takes a flow over from the stopped mirror.
 
 Offset syncs are written in MM2's OffsetSync format, but not under MM2's topic name. We name the topic
-`mirrorkit-offset-syncs.<alias>.internal`, after the other cluster's alias as MM2 does (the target's when it lives on
-the source, the source's when on the target). Three reasons: nothing outside MM2's own connectors reads offset
+`mirrorkit-offset-syncs.<alias>.internal` (the flow's separator in place of the dots, as MM2 names its own since
+KIP-690), after the other cluster's alias as MM2 does (the target's when it lives on the source, the source's when
+on the target). Three reasons: nothing outside MM2's own connectors reads offset
 syncs (RemoteClusterUtils reads checkpoints only), so MM2's name buys no interop; an MM2 running on the same
 clusters, as during a migration or a side-by-side benchmark, would mix its syncs with ours under one key and
 corrupt both translations; and the name stays internal (never mirrored) under both tools' rules.

@@ -14,8 +14,10 @@ cluster's `offset.storage.topic`. Adoption:
 - writes N + 1 per partition into the flow's state beside the checkpoint (spark_app.ledger.LedgerState), where
   the planner starts each partition its checkpoint does not hold yet; a partition of an MM2 topic with no committed
   position starts at its log start (MM2 may have copied some of it: duplicates, never a gap);
-- seeds the flow's offset syncs with MM2's history: each of MM2's offset syncs (`mm2-offset-syncs.<target>.internal`,
-  on the source or the target) as a run of one record, and the stretch from its newest sync to N as one run, once
+- seeds the flow's offset syncs with MM2's history: each of MM2's offset syncs (with `offset-syncs.topic.location`
+  `source`, MM2's default, `mm2-offset-syncs.<target>.internal` on the source; with `target`,
+  `mm2-offset-syncs.<source>.internal` on the target; the flow's separator in place of the dots, as MM2 names
+  them since KIP-690) as a run of one record, and the stretch from its newest sync to N as one run, once
   the record at the matching target offset is checked to be the source's record N. The mirror reads these back at
   start like its own, so a group anywhere MM2 copied translates exactly or, between MM2's syncs, as MM2 did;
 - leaves MM2's checkpoints where they are: `<source>.checkpoints.internal` is the topic the mirror writes too, in the
@@ -41,7 +43,14 @@ from ..clients import Partition
 from ..config import FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
 from ..ledger import LedgerState
-from ..policy import HEARTBEATS_TOPIC, offset_syncs_topic, should_mirror, target_topic
+from ..policy import (
+    HEARTBEATS_TOPIC,
+    checkpoints_topic,
+    mm2_offset_syncs_topic,
+    offset_syncs_topic,
+    should_mirror,
+    target_topic,
+)
 from ..storage import CheckpointFiles, checkpoint_files
 from .formats import Heartbeat, OffsetSync, decode_or_none
 from .internal import ensure_topic, offset_syncs_cluster, read_checkpoints, read_offset_syncs
@@ -60,10 +69,6 @@ def default_offsets_topic(flow: FlowConfig) -> str:
 def default_connect_group(flow: FlowConfig) -> str:
     """Dedicated-mode MM2's Connect group on the target; Strimzi's is the Connect cluster's `group.id`."""
     return f"{flow.source}-mm2"
-
-
-def mm2_offset_syncs_topic(flow: FlowConfig) -> str:
-    return f"mm2-offset-syncs.{flow.target}.internal"
 
 
 @dataclass(frozen=True)
@@ -212,6 +217,14 @@ def naming_refusals(
         )
     target = config.cluster(flow.target)
     present = clients.list_topics(clients.admin(target), target)
+    other = flow.model_copy(update={"internal_topic_separator": not flow.internal_topic_separator})
+    if checkpoints_topic(other) in present and checkpoints_topic(flow) not in present:
+        refused.append(
+            f"MirrorMaker 2's checkpoints are in '{checkpoints_topic(other)}' on '{flow.target}', the flow's would be"
+            f" '{checkpoints_topic(flow)}': set flows[{index}].internal_topic_separator:"
+            f" {str(other.internal_topic_separator).lower()} (MM2's"
+            " replication.policy.internal.topic.separator.enabled)"
+        )
     missing = [naming.remote(flow, t) for t in topics if naming.remote(flow, t) not in present]
     if missing:
         refused.append(
@@ -259,8 +272,8 @@ def seed_runs(config: MirrorConfig, flow: FlowConfig, positions: dict[Partition,
     """MM2's copy history per partition as runs: its offset syncs, and its newest sync stretched to its position
     once the target's record there is checked to be the source's."""
     syncs: dict[Partition, dict[int, int]] = {}
-    for alias in (flow.source, flow.target):  # offset-syncs.topic.location: source (the default) or target
-        for msg in clients.read_topic(config.cluster(alias), mm2_offset_syncs_topic(flow)):
+    for location, alias in (("source", flow.source), ("target", flow.target)):  # MM2's offset-syncs.topic.location
+        for msg in clients.read_topic(config.cluster(alias), mm2_offset_syncs_topic(flow, location)):
             sync = decode_or_none(OffsetSync, msg.key(), msg.value())
             if sync is not None and (sync.topic, sync.partition) in positions:
                 syncs.setdefault((sync.topic, sync.partition), {})[sync.upstream_offset] = sync.downstream_offset

@@ -75,7 +75,7 @@ class DrillOptions:
 def check_probe(config: MirrorConfig, flow: FlowConfig, probe_topic: str, probe_group: str) -> None:
     """Refuse, naming the setting, a flow that would not mirror the probe topic or checkpoint the probe group."""
     where = f"flows[{config.flows.index(flow)}]"
-    if is_internal(probe_topic):
+    if is_internal(probe_topic, flow.separator):
         raise ConfigError(f"--probe-topic: '{probe_topic}' is an internal name the mirror never copies; pick another")
     if not should_mirror(flow, probe_topic):
         raise ConfigError(

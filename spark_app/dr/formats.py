@@ -105,6 +105,12 @@ class OffsetSync:
         last = self.upstream_offset if self.last_offset is None else self.last_offset
         return struct.pack(">qqq", self.upstream_offset, self.downstream_offset, last)
 
+    def mm2_record(self) -> tuple[bytes, bytes]:
+        """MM2's own key and value, without our fields: what MM2 writes, for an MM2 that takes the flow back."""
+        return _string(self.topic) + struct.pack(">i", self.partition), struct.pack(
+            ">qq", self.upstream_offset, self.downstream_offset
+        )
+
     def record_value(self) -> bytes | None:
         """What the topic holds for this sync: its value, or null for a tombstone."""
         return None if self.deleted else self.value()

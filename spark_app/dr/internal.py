@@ -14,7 +14,15 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from .. import clients
 from ..clients import Partition, PartitionOffsets
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
-from ..policy import HEARTBEATS_TOPIC, checkpoints_topic, echoes_back, offset_syncs_topic, target_topic
+from ..errors import MirrorFailed
+from ..policy import (
+    HEARTBEATS_TOPIC,
+    checkpoints_topic,
+    echoes_back,
+    internal_separator,
+    offset_syncs_topic,
+    target_topic,
+)
 from .formats import Checkpoint, Heartbeat, OffsetSync, decode_or_none
 from .syncs import Run, SlottedRun, SyncStore
 
@@ -101,13 +109,16 @@ def not_compacted(admin: AdminClient, cluster: ClusterConfig, topic: str) -> str
 
 def read_checkpoints(config: MirrorConfig, flow: FlowConfig) -> CheckpointsRead:
     """The newest checkpoint per (group, target topic, partition), with when it was written (unix s). Only the
-    newest record per key is decoded, and a group's tombstones leave it out."""
+    newest record per key is decoded, and a group's tombstones leave it out. None at all where an older mirror left
+    some under its dotted name refuses (`status` and `failover` read here too)."""
     out: CheckpointsRead = {}
     with _no_cycle_collection():
         for msg in clients.read_latest(config.cluster(flow.target), checkpoints_topic(flow)).values():
             cp = decode_or_none(Checkpoint, msg.key(), msg.value())
             if cp is not None:
                 out[(cp.group, cp.topic, cp.partition)] = (cp, msg.timestamp()[1] / 1000)
+    if not out:
+        refuse_dotted_history(config, flow, checkpoints_only=True)
     return out
 
 
@@ -165,3 +176,28 @@ def target_start(target: AdminClient, topic: str, partition: int) -> int:
 def source_ends(source: ClusterConfig, partitions: list[Partition], timeout_s: float) -> PartitionOffsets:
     """End offsets of source partitions, in one batched request answered within `timeout_s`."""
     return clients.list_offsets(clients.admin(source), partitions, OffsetSpec.latest(), timeout_s=timeout_s)
+
+
+def refuse_dotted_history(config: MirrorConfig, flow: FlowConfig, checkpoints_only: bool = False) -> None:
+    """Mirrors before MM2's KIP-690 naming named the internal topics with dots whatever the separator. A flow with
+    another separator whose history is only under those names would start over on new (or new, empty, infra-made)
+    topics and lose it: refuse, naming the setting that keeps the old names. `checkpoints_only` asks the target
+    alone, which is all a failover may reach."""
+    if internal_separator(flow) == ".":
+        return
+    dotted = flow.model_copy(update={"internal_topic_separator": False})
+    pairs = [(flow.target, checkpoints_topic(flow), checkpoints_topic(dotted)),
+             (offset_syncs_cluster(flow), offset_syncs_topic(flow), offset_syncs_topic(dotted))]  # fmt: skip
+    for alias, new, old in pairs[: 1 if checkpoints_only else 2]:
+        cluster = config.cluster(alias)
+        admin = clients.admin(cluster)
+        present = clients.list_topics(admin, cluster)
+        held = clients.list_offsets(admin, [(t, 0) for t in (new, old) if t in present], OffsetSpec.latest())
+        if held.get((old, 0), 0) > 0 and held.get((new, 0), 0) == 0:
+            raise MirrorFailed(
+                f"flow {flow.name}: its DR history is in '{old}' on '{alias}', as an older mirror named it; with"
+                f" separator '{flow.separator}' the mirror now names it '{new}', as MirrorMaker 2 does. Set"
+                f" flows[{config.flows.index(flow)}].internal_topic_separator: false to keep the dotted names"
+                " (MM2 and RemoteClusterUtils read them with replication.policy.internal.topic.separator.enabled"
+                " = false)"
+            )

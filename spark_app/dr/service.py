@@ -35,6 +35,7 @@ from .internal import (
     offset_syncs_cluster,
     read_checkpoints,
     read_offset_syncs,
+    refuse_dotted_history,
     target_start,
 )
 from .lease import DrLease
@@ -101,6 +102,7 @@ class DrSync:
         if self.emit_heartbeats:
             wanted.append((self.source, HEARTBEATS_TOPIC, False))  # read by its tail: any cleanup policy does
         try:
+            refuse_dotted_history(self.config, self.flow)
             for cluster, topic, compacted in wanted:
                 reason = ensure_topic(cluster, topic, compacted)
                 if reason:
