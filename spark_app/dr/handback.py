@@ -18,14 +18,13 @@ The reverse of `adopt`. With the mirror and MM2 both stopped, it writes:
 
 The checkpoints stay where they are: the mirror writes `<source>.checkpoints.internal` in MM2's format, and MM2's
 checkpoint connector reads it at start and goes on from it. It refuses while MM2 runs (its Connect group has members
-or its heartbeats are fresh) or the mirror does (its heartbeats reach the target), unless forced, and a flow the
+or its heartbeats are fresh) or the mirror does (a mirror of the flow holds its DR lease), unless forced, and a flow the
 mirror never ran.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -38,7 +37,8 @@ from ..policy import mm2_offset_syncs_topic
 from ..storage import checkpoint_files
 from .adopt import HEARTBEAT_QUIET_S, default_connect_group, default_offsets_topic, running_refusals
 from .formats import OffsetSync
-from .internal import ensure_topic, newest_heartbeat_ms, read_offset_syncs
+from .internal import ensure_topic, read_offset_syncs
+from .lease import SESSION_S, holder
 
 CONNECTOR = "MirrorSourceConnector"  # dedicated mode's name; Strimzi's is `<source>-><target>.` + this
 
@@ -70,7 +70,7 @@ def handback(config: MirrorConfig, flow: FlowConfig, options: HandbackOptions) -
     if not options.force:
         result.refused += running_refusals(config, flow, options.heartbeat_quiet_s,
                                            options.connect_group or default_connect_group(flow))  # fmt: skip
-        result.refused += mirror_running(config, flow, options.heartbeat_quiet_s)
+        result.refused += mirror_running(config, flow)
     result.positions = dict(FlowLedger(flow, LedgerState.load(checkpoint_files(flow.checkpoint_location)),
                                        lambda partitions: {}).resume_points())  # fmt: skip
     if not result.positions:
@@ -92,14 +92,13 @@ def handback(config: MirrorConfig, flow: FlowConfig, options: HandbackOptions) -
     return result
 
 
-def mirror_running(config: MirrorConfig, flow: FlowConfig, quiet_s: float) -> list[str]:
-    """The mirror runs while its heartbeats for this flow reach the target."""
-    newest = newest_heartbeat_ms(config, flow)
-    age = None if newest is None else time.time() - newest / 1000
-    if age is not None and age < quiet_s:
+def mirror_running(config: MirrorConfig, flow: FlowConfig) -> list[str]:
+    """The mirror runs while a mirror of the flow holds its DR lease (spark_app.dr.lease)."""
+    who = holder(config, flow)
+    if who is not None:
         return [
-            f"the mirror of flow {flow.name} is running: its heartbeat reached '{flow.target}' {age:.1f} s ago (less"
-            f" than {quiet_s:.0f} s); stop it first, or pass --force"
+            f"the mirror of flow {flow.name} is running ({who}): stop it first (its lease lapses"
+            f" {SESSION_S} s after it stops), or pass --force"
         ]
     return []
 
