@@ -77,6 +77,7 @@ def test_a_second_mirror_of_a_flow_fences_the_first_which_writes_no_more_dr_stat
     written = [Checkpoint.decode(m.key(), m.value()) for m in on_target]
     assert [cp.downstream_offset for cp in written if cp.group == group] == [5, 15], "only the holder's checkpoints"
     second.stop()
+    assert holder(config, flow) is None, "a mirror that stopped holds no lease"
 
 
 @pytest.mark.timeout(300)

@@ -97,8 +97,8 @@ def mirror_running(config: MirrorConfig, flow: FlowConfig) -> list[str]:
     who = holder(config, flow)
     if who is not None:
         return [
-            f"the mirror of flow {flow.name} is running ({who}): stop it first (its lease lapses"
-            f" {SESSION_S} s after it stops), or pass --force"
+            f"the mirror of flow {flow.name} is running ({who}): stop it first (a crashed one's lease lapses"
+            f" {SESSION_S} s after it died), or pass --force"
         ]
     return []
 

@@ -10,8 +10,8 @@ way finishes, so a fenced mirror writes at most one more round. The lease rides 
 (paused: nothing is read), which the target always has while DR runs, and needs Read on the group there.
 
 While a mirror holds the lease, the group has a member: `holder` says who, from the metadata of the commit the
-holder made when it joined, so `failover` can refuse to move groups a running mirror would move again. A stopped
-mirror's static membership lapses `SESSION_S` after it stops; a crashed one's too.
+holder made when it joined, so `failover` can refuse to move groups a running mirror would move again. A mirror
+that stops marks its lease released; a crashed one's lapses `SESSION_S` after it died.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from ..policy import checkpoints_topic, lease_group
 
 log = logging.getLogger(__name__)
 
-SESSION_S = 10  # how long a lease outlives a mirror that stopped or crashed
+SESSION_S = 10  # how long a lease outlives a mirror that crashed
+RELEASED = "released by"  # how the mark of a mirror that stopped starts
 JOIN_TIMEOUT_S = clients.REQUEST_TIMEOUT_S
 
 
@@ -98,10 +99,17 @@ class DrLease:
         return True
 
     def release(self) -> None:
-        """Leave the lease to lapse (static members do not leave the group; the session ends `SESSION_S` on)."""
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        """Give the lease up: a static member does not leave its group (the session ends `SESSION_S` on), so the
+        holder's mark says it was released, and `holder` reads that as no mirror running."""
+        if self._consumer is None:
+            return
+        released = TopicPartition(self.topic, 0, 0, metadata=f"{RELEASED} {self._mark.metadata}")
+        try:
+            self._consumer.commit(offsets=[released], asynchronous=False)
+        except KafkaException as err:  # fenced meanwhile, or the target gone: the lease lapses on its own
+            log.info("flow %s: DR lease left to lapse: %s", self.flow.name, err.args[0].str())
+        self._consumer.close()
+        self._consumer = None
 
 
 def _fenced(err: KafkaError) -> bool:
@@ -122,4 +130,6 @@ def holder(config: MirrorConfig, flow: FlowConfig) -> str | None:
     request = [ConsumerGroupTopicPartitions(group, [TopicPartition(checkpoints_topic(flow), 0)])]
     listed = admin.list_consumer_group_offsets(request, request_timeout=clients.REQUEST_TIMEOUT_S)[group].result()
     marks = [tp.metadata for tp in listed.topic_partitions or [] if tp.metadata]
+    if marks and marks[0].startswith(RELEASED):
+        return None  # stopped: its membership lapses, but it writes nothing more
     return marks[0] if marks else f"a member at {described.members[0].host}"
