@@ -316,6 +316,9 @@ class SiteSpec(StrictModel):
     monitoring_namespace: str = "monitoring"
     aws: AwsSite | None = None
     azure: AzureSite | None = None  # needed when its mirror reaches an Event Hubs namespace with local auth off
+    # The stack that installs the Spark Operator on this cluster for every deployment there (`mirrorkit:part:
+    # platform:<stack>`); the site's own stack then installs none, whatever `sparkOperator` says.
+    platform: Annotated[str, Field(pattern=DNS_LABEL.pattern)] | None = None
 
     @field_validator("api_server_cidrs")
     @classmethod
@@ -436,6 +439,13 @@ class MirrorSpec(StrictModel):
     image_pull_secrets: list[SecretName] = Field(default_factory=list)
     # Top-level MirrorConfig settings (intervals, metrics_port), passed through and checked by spark_app.
     runtime: dict[str, Any] = Field(default_factory=dict)
+
+
+class PlatformSpec(StrictModel):
+    """A platform stack's one key, `mirrorkit:platform`: the cluster, and the namespaces its operator acts in."""
+
+    context: Annotated[str, Field(min_length=1)]  # kubeconfig context
+    job_namespaces: Annotated[list[Annotated[str, Field(pattern=DNS_LABEL.pattern)]], Field(min_length=1)]
 
 
 class StackModel(StrictModel):

@@ -382,7 +382,7 @@ def test_namespace_opens_https_and_the_pod_identity_agent_only_when_asked():
 
 def test_spark_operator_chart_is_pinned_and_watches_only_the_mirror_namespace():
     async def body():
-        SparkOperator("op", SparkOperatorArgs(job_namespace="mk", release="spark-operator-test"))
+        SparkOperator("op", SparkOperatorArgs(job_namespaces=["mk"], release="spark-operator-test"))
         return {}
 
     run = run_pulumi(body, {})

@@ -153,12 +153,19 @@ def urn_of(run: Run, typ: str) -> set[str]:
 
 
 def test_the_spark_application_waits_for_the_operator_and_the_pod_identity(stack_runs):
+    # A stack that installs the operator itself (no platform stack on its cluster) waits for the chart.
+    values = copy.deepcopy(with_secrets(stack_values(DR))) | {"mirrorkit:sparkOperator": True}
+    del values["mirrorkit:sites"][0]["platform"]
+    own = run_values(values)
+    charts = urn_of(own, "kubernetes:helm.sh/v4:Chart")
+    (app,) = own.of_type(SPARK_APP)
+    assert charts and charts & set(app.dependencies)
+    # The shipped stacks install none: each site's platform stack says it acts in the mirror's namespace.
     for stack in ("dr-msk-to-eventhubs", "active-active"):
         run = stack_runs[stack]
-        charts = urn_of(run, "kubernetes:helm.sh/v4:Chart")
-        assert charts
-        for app in run.of_type(SPARK_APP):
-            assert charts & set(app.dependencies), f"{stack}: {app.name} does not wait for the operator chart"
+        assert not run.of_type("kubernetes:helm.sh/v4:Chart")
+        platforms = {k: v for k, v in run.result["exports"].values.items() if k.startswith("platform_")}
+        assert platforms == {f"platform_{s}": f"platform-eks-{s}" for s in run.result["configs"]}
     run = stack_runs["active-active"]
     (app,) = [a for a in run.of_type(SPARK_APP) if a.name == "mirrorkit-active-active-use1-app"]
     association = urn_of(run, "aws:eks/podIdentityAssociation:PodIdentityAssociation")

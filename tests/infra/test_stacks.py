@@ -44,7 +44,7 @@ def test_active_passive_msk_to_event_hubs(stack_runs):
     )
     assert len(run.of_type("aws:ec2/route:Route")) == 3
     assert run.named("scram-primary-secret").plain["name"] == "AmazonMSK_mirrorkit_dr-msk-to-eventhubs.primary"
-    assert types(run)["kubernetes:helm.sh/v4:Chart"] == 1
+    assert "kubernetes:helm.sh/v4:Chart" not in types(run)  # the platform stack of eks-use1 installs it
     assert types(run)["kubernetes:monitoring.coreos.com/v1:PrometheusRule"] == 1
     config = yaml.safe_load(run.result["configs"]["use1"])
     primary, dr = config["clusters"]
