@@ -354,7 +354,12 @@ def _cluster_policies(settings: StackSettings, providers: _AwsProviders, refs: _
             f"msk-policy-{alias}",
             cluster_arn=spec.cluster_arn,
             policy=pulumi.Output.all(*grants).apply(document),
-            opts=pulumi.ResourceOptions(provider=providers.get(spec.region, spec.role_arn)),
+            # Other stacks' and the platform's access may rest on it: never deleted with this stack.
+            opts=pulumi.ResourceOptions(
+                provider=providers.get(spec.region, spec.role_arn),
+                protect=settings.protect_data,
+                retain_on_delete=settings.protect_data,
+            ),
         )
         for name in users if settings.part is None else ():
             out.identities[name].ready.append(out.cluster_policies[alias])
