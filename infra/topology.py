@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,7 +112,11 @@ class Topology:
 
 
 class _AwsProviders:
-    """One explicit provider per (region, assumed role): the requester and the accepter sides of a peering."""
+    """One explicit provider per (region, assumed role): the requester and the accepter sides of a peering.
+
+    Named by what it is, `aws-<region>[-as-<role>]`, so a stack's providers keep their names whatever order its
+    clusters and sites come in. The first releases named them by call order, `aws-<region>-<n>`: an alias to that
+    name keeps each provider, and every resource on it, in place on upgrade."""
 
     def __init__(self) -> None:
         self._made: dict[tuple[str, str | None], aws.Provider] = {}
@@ -119,10 +124,12 @@ class _AwsProviders:
     def get(self, region: str, role_arn: str | None) -> aws.Provider:
         key = (region, role_arn)
         if key not in self._made:
+            role = f"-as-{re.sub(r'[^a-z0-9]+', '-', role_arn.lower())}" if role_arn else ""
             self._made[key] = aws.Provider(
-                f"aws-{region}-{len(self._made)}",
+                f"aws-{region}{role}",
                 region=region,
                 assume_roles=[aws.ProviderAssumeRoleArgs(role_arn=role_arn)] if role_arn else None,
+                opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=f"aws-{region}-{len(self._made)}")]),
             )
         return self._made[key]
 

@@ -72,6 +72,7 @@ class Registered:
     dependencies: tuple[str, ...] = ()  # URNs the engine waits for before creating it (explicit and implicit)
     protect: bool = False
     retain_on_delete: bool = False
+    aliases: tuple[str, ...] = ()  # each as the engine gets it: a spec's text, or a URN
 
     @property
     def plain(self) -> dict[str, Any]:
@@ -162,6 +163,7 @@ class RecordingMonitor(MockMonitor):
             "dependencies": tuple(request.dependencies),
             "protect": bool(request.protect),
             "retain_on_delete": bool(request.retainOnDelete),
+            "aliases": tuple(str(a) for a in request.aliases) + tuple(request.aliasURNs),
         }
         return super().RegisterResource(request)
 

@@ -85,6 +85,24 @@ def test_active_active_runs_one_mirror_per_region_owning_the_flow_into_it(stack_
     assert irsa == {"eks.amazonaws.com/role-arn": "arn:aws:test:::euw1-mirror-role"}
 
 
+def test_aws_providers_are_named_by_region_and_role_and_keep_their_first_names_as_aliases(stack_runs):
+    names = {
+        stack: {r.name: r.aliases for r in run.of_type("pulumi:providers:aws")} for stack, run in stack_runs.items()
+    }
+    assert sorted(names["dr-msk-to-eventhubs"]) == [
+        "aws-us-east-1",
+        "aws-us-east-1-as-arn-aws-iam-222222222222-role-mirrorkit-deployer",
+    ]
+    assert sorted(names["active-active"]) == ["aws-eu-west-1", "aws-us-east-1"]
+    # Named by call order before: an alias to that name keeps each provider, and every resource on it, in place.
+    # The MSK cluster's (through its account's role) came first, then the site's.
+    dr = names["dr-msk-to-eventhubs"]
+    assert any(
+        '"aws-us-east-1-0"' in a for a in dr["aws-us-east-1-as-arn-aws-iam-222222222222-role-mirrorkit-deployer"]
+    )
+    assert any('"aws-us-east-1-1"' in a for a in dr["aws-us-east-1"])
+
+
 def test_hybrid_on_prem_to_msk(stack_runs):
     run = stack_runs["onprem-to-msk"]
     assert not run.of_type("aws:ec2/vpcPeeringConnection:VpcPeeringConnection")  # MSK shares the site's VPC
