@@ -146,6 +146,10 @@ class MskSpec(StrictModel):
     def account_id(self) -> str:
         return self._arn("account")
 
+    @property
+    def cluster_name(self) -> str:
+        return self._arn("name")
+
     def _arn(self, part: str) -> str:
         match = MSK_ARN.match(self.cluster_arn)
         if match is None:  # the field's pattern is MSK_ARN's, so a parsed spec always matches

@@ -32,7 +32,7 @@ from infra.k8s.mirror_app import MirrorApplication, MirrorApplicationArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
 from infra.kafka.acls import MirrorAcls, MirrorAclsArgs
-from infra.naming import operator_name
+from infra.naming import PROJECT, operator_name
 from infra.parts import Part, cross_account_sites
 from infra.render import with_bootstraps
 from infra.schema import ADMIN_PREFIX, MskSpec, SiteSpec
@@ -208,6 +208,13 @@ def _msk_vpcs(msk: dict[str, MskSpec]) -> dict[str, tuple[str, list[MskSpec]]]:
     return by_vpc
 
 
+def _reach_keys(settings: StackSettings, site: str, alias: str) -> tuple[str, str]:
+    """Where a reach's site and MSK VPC are set, for its preview errors."""
+    i = next(i for i, s in enumerate(settings.model.sites) if s.name == site)
+    j = next(j for j, c in enumerate(settings.model.clusters) if c.alias == alias)
+    return f"{PROJECT}:sites[{i}].aws", f"{PROJECT}:clusters[{j}].msk"
+
+
 def _requested_for(site: str, peerings: dict[str, str]) -> str:
     return peerings[site]
 
@@ -229,6 +236,7 @@ def _msk_side(settings: StackSettings, providers: _AwsProviders, out: Topology) 
                 specs,
                 site_region=site.region,
                 side="msk",
+                keys=_reach_keys(settings, site.name, leader),
             )
             reach = out.reaches[f"{site.name}-{vpc}"] = MskReach(f"{site.name}-{vpc}", args)
             if reach.peering_id is not None:
@@ -250,7 +258,12 @@ def _site_identity(
         for vpc, (leader, specs) in _msk_vpcs(msk).items():
             if settings.part is None:
                 args = MskReachArgs(
-                    settings.stack, site.aws, site_provider, providers.get(specs[0].region, specs[0].role_arn), specs
+                    settings.stack,
+                    site.aws,
+                    site_provider,
+                    providers.get(specs[0].region, specs[0].role_arn),
+                    specs,
+                    keys=_reach_keys(settings, site.name, leader),
                 )
             else:  # the MSK cluster's part requested the peering; this side accepts it
                 peering: pulumi.Output[str] | None = None
@@ -258,7 +271,14 @@ def _site_identity(
                     peerings = refs.require(Part("msk", leader), f"msk_{leader}_peerings")
                     peering = peerings.apply(functools.partial(_requested_for, site.name))
                 args = MskReachArgs(
-                    settings.stack, site.aws, site_provider, None, specs, side="site", peering_id=peering
+                    settings.stack,
+                    site.aws,
+                    site_provider,
+                    None,
+                    specs,
+                    side="site",
+                    peering_id=peering,
+                    keys=_reach_keys(settings, site.name, leader),
                 )
             out.reaches[f"{site.name}-{vpc}"] = MskReach(f"{site.name}-{vpc}", args)
         iam = {a: s for a, s in msk.items() if s.auth == "iam"}

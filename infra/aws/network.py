@@ -5,6 +5,8 @@ Peering is used rather than MSK multi-VPC connectivity because the latter is sam
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,6 +35,9 @@ class MskReachArgs:
     site_region: str = ""  # the site's: where the MSK side's request goes
     side: Side = "both"
     peering_id: pulumi.Input[str] | None = None  # the site side: the MSK side's request, read from its stack
+    # Where the site's and the MSK VPC's settings are, for preview errors: `mirrorkit:sites[i].aws`,
+    # `mirrorkit:clusters[j].msk` (of the first cluster in the VPC, whose route tables are routed).
+    keys: tuple[str, str] = ("site.aws", "msk")
 
 
 class MskReach(pulumi.ComponentResource):
@@ -46,23 +51,29 @@ class MskReach(pulumi.ComponentResource):
         on_msk = pulumi.ResourceOptions(parent=self, provider=args.msk_provider)
         self.peering_id: pulumi.Output[str] | None = None
         if site.vpc_id != msk_vpc.vpc_id:
+            site_key, msk_key = args.keys
+            # Each side's tables get a route to the other side's CIDR.
+            site_routes = _Routes(site.route_table_ids, f"{site_key}.route_table_ids", msk_vpc.cidr, f"{msk_key}.cidr")
+            msk_routes = _Routes(msk_vpc.route_table_ids, f"{msk_key}.route_table_ids", site.cidr, f"{site_key}.cidr")
             if args.side == "both":
                 peering = _request(
                     name, args.stack, site.vpc_id, msk_vpc.vpc_id, msk_vpc.account_id, msk_vpc.region, on_site
                 )
                 self.peering_id = _accept(name, peering, on_msk)
-                _routes(name, site.route_table_ids, msk_vpc.cidr, self.peering_id, on_site)
-                _routes(name, msk_vpc.route_table_ids, site.cidr, self.peering_id, on_msk)
+                site_routes.make(name, args.stack, self.peering_id, on_site)
+                msk_routes.make(
+                    name, args.stack, _every_client_table(msk_vpc, msk_routes, self.peering_id, on_msk), on_msk
+                )
             elif args.side == "msk":
                 peering = _request(
                     name, args.stack, msk_vpc.vpc_id, site.vpc_id, site.account_id, args.site_region, on_msk
                 )
                 # A route to a peering not yet accepted is a blackhole until the site's stack accepts it.
-                _routes(name, msk_vpc.route_table_ids, site.cidr, peering, on_msk)
+                msk_routes.make(name, args.stack, _every_client_table(msk_vpc, msk_routes, peering, on_msk), on_msk)
                 self.peering_id = peering
             elif args.peering_id is not None:
                 self.peering_id = _accept(name, args.peering_id, on_site)
-                _routes(name, site.route_table_ids, msk_vpc.cidr, self.peering_id, on_site)
+                site_routes.make(name, args.stack, self.peering_id, on_site)
         for cluster in args.clusters if args.side != "site" else ():
             aws.vpc.SecurityGroupIngressRule(
                 f"{name}-{cluster.security_group_id}-{cluster.port}",
@@ -130,15 +141,69 @@ def _no_other_peering(stack: str, requester: str, accepter: str, on: pulumi.Reso
     return pulumi.Output.all(every, own).apply(check)
 
 
-def _routes(
-    name: str, tables: Sequence[str], destination: str, peering_id: pulumi.Input[str], opts: pulumi.ResourceOptions
-) -> None:
-    """One route per table in `tables` (one side of the peering) to the other side's CIDR, through the peering."""
-    for table in tables:
-        aws.ec2.Route(
-            f"{name}-{table}",
-            route_table_id=table,
-            destination_cidr_block=destination,
-            vpc_peering_connection_id=peering_id,
-            opts=opts,
-        )
+@dataclass(frozen=True)
+class _Routes:
+    """One side's routes: a route in each of its tables to the other side's CIDR, through the peering."""
+
+    tables: Sequence[str]
+    tables_key: str
+    destination: str
+    destination_key: str
+
+    def make(self, name: str, stack: str, peering_id: pulumi.Input[str], opts: pulumi.ResourceOptions) -> None:
+        """A table holds one route per destination, so AWS refuses a second (RouteAlreadyExists): preview refuses
+        a route some other peering already has in a table, naming both keys, before any is made."""
+        on = pulumi.InvokeOutputOptions(provider=opts.provider)
+        ours = aws.ec2.GetVpcPeeringConnectionsFilterArgs(name=f"tag:{STACK_TAG}", values=[stack])
+        own = aws.ec2.get_vpc_peering_connections_output(filters=[ours], opts=on).ids
+        for table in self.tables:
+            routes = aws.ec2.get_route_table_output(route_table_id=table, opts=on).routes
+            aws.ec2.Route(
+                f"{name}-{table}",
+                route_table_id=pulumi.Output.all(routes, own).apply(functools.partial(self._free, table)),
+                destination_cidr_block=self.destination,
+                vpc_peering_connection_id=peering_id,
+                opts=opts,
+            )
+
+    def _free(self, table: str, found: list[Any]) -> str:  # [the table's routes, our peerings' ids]
+        routes, own = found[0] or [], set(found[1] or [])
+        for route in routes:
+            through = _field(route, "vpc_peering_connection_id") or _field(route, "gateway_id")
+            if _field(route, "cidr_block") == self.destination and through not in own:
+                raise ValueError(
+                    f"{self.destination_key}: route table {table} already routes {self.destination} through"
+                    f" {through} (another stack's peering, or one made by hand), and a table holds one route per"
+                    f" destination; give the peer VPC a CIDR apart, or leave {table} out of {self.tables_key}"
+                )
+        return table
+
+
+def _field(result: Any, name: str) -> Any:
+    """A field of an invoke's nested result, which comes typed (snake_case) or, as a plain dict, in wire names."""
+    if isinstance(result, dict):
+        return result.get(name, result.get(re.sub(r"_(\w)", lambda m: m[1].upper(), name)))
+    return getattr(result, name, None)
+
+
+def _every_client_table(
+    msk: MskSpec, routes: _Routes, peering_id: pulumi.Input[str], opts: pulumi.ResourceOptions
+) -> pulumi.Output[str]:
+    """The peering id, once the stack routes every table the MSK cluster's client subnets use (one per AZ,
+    usually); a broker in a subnet whose table has no route back is unreachable, so preview refuses it."""
+    on = pulumi.InvokeOutputOptions(provider=opts.provider)
+    infos = aws.msk.get_cluster_output(cluster_name=msk.cluster_name, opts=on).broker_node_group_infos
+    subnets = infos.apply(lambda found: sorted({s for i in found or [] for s in _field(i, "client_subnets") or []}))
+    by_subnet = aws.ec2.GetRouteTablesFilterArgs(name="association.subnet-id", values=subnets)
+    tables = aws.ec2.get_route_tables_output(vpc_id=msk.vpc_id, filters=[by_subnet], opts=on).ids
+
+    def check(found: list[Any]) -> str:  # [the peering id, the client subnets' tables]
+        missing = sorted(set(found[1] or []) - set(routes.tables))
+        if missing:
+            raise ValueError(
+                f"{routes.tables_key}: misses {', '.join(missing)}, the route table(s) of MSK cluster"
+                f" {msk.cluster_name}'s client subnets; each needs the route back to the site"
+            )
+        return str(found[0])
+
+    return pulumi.Output.all(peering_id, tables).apply(check)

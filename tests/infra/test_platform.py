@@ -286,6 +286,36 @@ def test_a_peering_another_stack_made_for_the_same_vpcs_is_refused_at_preview():
 
 
 ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
+
+
+def test_a_route_another_stack_has_in_a_site_table_is_refused_at_preview_naming_both_keys():
+    # active-active is up: its use1 table routes its MSK VPC's 10.20.0.0/16 through its peering.
+    up = stack_runs_of(ACTIVE_ACTIVE)
+    (theirs,) = [
+        r.plain
+        for r in up.of_type("aws:ec2/route:Route")
+        if r.plain["routeTableId"] == "rtb-0a1b2c3d4e5f60001" and r.plain["destinationCidrBlock"] == "10.20.0.0/16"
+    ]
+    routes = {
+        "rtb-0a1b2c3d4e5f60001": [{"cidrBlock": theirs["destinationCidrBlock"], "vpcPeeringConnectionId": "pcx-0aa"}]
+    }
+    calls = {"aws:ec2/getRouteTable:getRouteTable": lambda args: {"routes": routes.get(args["routeTableId"], [])}}
+    # dr-msk-to-eventhubs as first shipped peered the same site VPC with an MSK VPC of the same CIDR.
+    values = copy.deepcopy(with_secrets(stack_values(DR)))
+    values["mirrorkit:clusters"][0]["msk"]["cidr"] = theirs["destinationCidrBlock"]
+    with pytest.raises(Exception) as refused:
+        run_values(values, calls=calls)
+    message = str(refused.value)
+    assert "mirrorkit:clusters[0].msk.cidr: route table rtb-0a1b2c3d4e5f60001 already routes 10.20.0.0/16" in message
+    assert "through pcx-0aa" in message and "mirrorkit:sites[0].aws.route_table_ids" in message
+    # As shipped now, its MSK VPC's CIDR is apart, and both stacks come up.
+    run_values(with_secrets(stack_values(DR)), calls=calls)
+
+
+def stack_runs_of(path):
+    return run_values(with_secrets(stack_values(path)), stack=path.name.split(".")[1])
+
+
 CLUSTER_POLICY = "aws:msk/clusterPolicy:ClusterPolicy"
 
 
