@@ -103,6 +103,19 @@ def test_aws_providers_are_named_by_region_and_role_and_keep_their_first_names_a
     assert any('"aws-us-east-1-1"' in a for a in dr["aws-us-east-1"])
 
 
+def test_what_was_named_for_the_one_service_account_of_the_first_releases_keeps_that_name_as_an_alias(stack_runs):
+    # The driver's account had these before the executors got one of their own: an alias keeps them in place.
+    run = stack_runs["active-active"]
+    association = run.named("use1-mirror-pod-identity-mirrorkit")
+    assert any('"use1-mirror-pod-identity"' in a for a in association.aliases)
+    assert not run.named("use1-mirror-pod-identity-mirrorkit-executor").aliases
+    values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml")))
+    values["mirrorkit:clusters"][1]["eventhubs"]["disable_local_auth"] = True
+    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.us-east-1.amazonaws.com/id/X"}
+    federation = run_values(values).named("use1-entra-federation-mirrorkit")
+    assert any('"use1-entra-federation"' in a for a in federation.aliases)
+
+
 def test_hybrid_on_prem_to_msk(stack_runs):
     run = stack_runs["onprem-to-msk"]
     assert not run.of_type("aws:ec2/vpcPeeringConnection:VpcPeeringConnection")  # MSK shares the site's VPC
