@@ -1,16 +1,14 @@
-"""The Pulumi program: stack config -> validated settings -> resources and the rendered mirror config.
-
-No credential is a stack output: the Event Hubs connection string goes only into the mirror's Kubernetes Secret."""
+"""The Pulumi program: stack config -> validated settings -> resources, the rendered mirror config and the outputs
+the other stacks of a set read (infra.parts). A platform stack holds only the Spark Operator of one cluster."""
 
 import pulumi
 
-from infra.settings import load_settings
-from infra.topology import build
+from infra.naming import PROJECT
+from infra.settings import load_platform, load_settings, read_part
+from infra.topology import build, build_platform, exports
 
-topology = build(load_settings())
-for site, config in topology.mirror_configs.items():
-    pulumi.export(f"mirror_config_{site}", config)
-for alias, hubs in topology.event_hubs.items():
-    pulumi.export(f"eventhubs_{alias}_namespace", hubs.namespace_name)
-for site, role in topology.roles.items():
-    pulumi.export(f"mirror_role_{site}", role.role_arn)
+config = pulumi.Config(PROJECT)
+part = read_part(config)
+outputs = build_platform(load_platform(config)) if part and part.kind == "platform" else exports(build(load_settings()))
+for key, value in outputs.items():
+    pulumi.export(key, value)

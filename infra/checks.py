@@ -7,15 +7,18 @@ import ipaddress
 
 from infra.hubs import plan_hubs
 from infra.naming import PROJECT, credential_key
+from infra.parts import Part
 from infra.schema import HUBS_PER_CAPACITY, TIER_LIMITS, ClusterSpec, ExecutorResources, SiteSpec, StackModel
 from spark_app.config import ConfigError, FlowConfig, FlowMode, MirrorConfig, cores_needed
 from spark_app.policy import HEARTBEATS_TOPIC
 
 
-def check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
-    """Every cross-key rule; raises ConfigError listing all that fail. Returns flow name -> the site that runs it."""
+def check(model: StackModel, mirror: MirrorConfig, part: Part | None = None) -> dict[str, str]:
+    """Every cross-key rule; raises ConfigError listing all that fail. Returns flow name -> the site that runs it.
+
+    The rules hold for the whole topology in every stack of it; secrets are asked only of the stack that uses them."""
     site_of_flow, errors = place_flows(model, mirror)
-    errors += missing_credentials(model)
+    errors += missing_credentials(model, _credentials_used(model, mirror, site_of_flow, part))
     errors += hubs_over_tier(model, mirror)
     errors += missing_source_sizes(model, mirror)
     for i, site in enumerate(model.sites):
@@ -28,7 +31,8 @@ def check(model: StackModel, mirror: MirrorConfig) -> dict[str, str]:
         if touched:
             errors += site_reaches_checkpoints(i, site, model)
         errors += site_seats_realtime_tasks(site.name, model.mirror.executor, mirror, site_of_flow)
-        errors += site_has_a_kubeconfig(i, site, model)
+        if part is None or part == Part("site", site.name):
+            errors += site_has_a_kubeconfig(i, site, model)
     if errors:
         raise ConfigError("\n".join(errors))
     return site_of_flow
@@ -59,12 +63,24 @@ def place_flows(model: StackModel, mirror: MirrorConfig) -> tuple[dict[str, str]
     return site_of_flow, errors
 
 
-def missing_credentials(model: StackModel) -> list[str]:
-    """Each credential a cluster's sign-in takes is set, as a secret."""
+def _credentials_used(
+    model: StackModel, mirror: MirrorConfig, site_of_flow: dict[str, str], part: Part | None
+) -> set[str]:
+    """The clusters whose credentials the stack needs: a site's mirror's, and an MSK part's SCRAM user's."""
+    if part is None:
+        return {c.alias for c in model.clusters}
+    if part.kind == "site":
+        return {a for f in mirror.flows if site_of_flow.get(f.name) == part.name for a in (f.source, f.target)}
+    return {part.name} if part.kind == "msk" else set()
+
+
+def missing_credentials(model: StackModel, used: set[str]) -> list[str]:
+    """Each credential the sign-in to a used cluster takes is set, as a secret."""
     return [
         f"{credential_key(c.alias, key)}: missing; set it with"
         f" `pulumi config set --secret --path '{credential_key(c.alias, key)}' ...`"
         for c in model.clusters
+        if c.alias in used
         for key in c.credential_keys()
         if key not in model.credentials.get(c.alias, {})
     ]

@@ -34,6 +34,12 @@ def msk_scram_secret_name(stack: str, alias: str) -> str:
     return f"AmazonMSK_{PROJECT}_{stack}.{alias}"
 
 
+def first_names(name: str, account: str, service_accounts: Sequence[str]) -> list[str]:
+    """What a per-service-account resource was named in the first releases, which had only the driver's account
+    and no suffix: kept as an alias, so an upgrade leaves the resource in place."""
+    return [name] if account == service_accounts[0] else []
+
+
 def credential_key(alias: str, key: str) -> str:
     """The stack key a cluster's credential file is set at, with `pulumi config set --secret --path`."""
     return f"{PROJECT}:credentials.{alias}.{key}"

@@ -11,7 +11,7 @@ from infra.schema import StackModel
 from spark_app.config import ClusterConfig, ConfigError, MirrorConfig, parse_config
 
 
-def render_mirror(model: StackModel, stack: str) -> MirrorConfig:
+def render_mirror(model: StackModel, deployment: str) -> MirrorConfig:
     """The MirrorConfig the stack means, every flow's checkpoint location set from `mirror.checkpoint`."""
     errors = [
         f"{PROJECT}:flows[{i}].checkpoint_location: set by infra from {PROJECT}:mirror.checkpoint; remove it"
@@ -29,7 +29,7 @@ def render_mirror(model: StackModel, stack: str) -> MirrorConfig:
     flows = []
     for raw in model.flows:
         # Raw until spark_app validates it below; a flow without its aliases fails there, not here.
-        where = model.mirror.checkpoint.location(stack, str(raw.get("source")), str(raw.get("target")))
+        where = model.mirror.checkpoint.location(deployment, str(raw.get("source")), str(raw.get("target")))
         flows.append(raw | {"checkpoint_location": where})
     try:
         return MirrorConfig.model_validate(model.mirror.runtime | {"clusters": clusters, "flows": flows})

@@ -146,6 +146,10 @@ class MskSpec(StrictModel):
     def account_id(self) -> str:
         return self._arn("account")
 
+    @property
+    def cluster_name(self) -> str:
+        return self._arn("name")
+
     def _arn(self, part: str) -> str:
         match = MSK_ARN.match(self.cluster_arn)
         if match is None:  # the field's pattern is MSK_ARN's, so a parsed spec always matches
@@ -316,6 +320,9 @@ class SiteSpec(StrictModel):
     monitoring_namespace: str = "monitoring"
     aws: AwsSite | None = None
     azure: AzureSite | None = None  # needed when its mirror reaches an Event Hubs namespace with local auth off
+    # The stack that installs the Spark Operator on this cluster for every deployment there (`mirrorkit:part:
+    # platform:<stack>`); the site's own stack then installs none, whatever `sparkOperator` says.
+    platform: Annotated[str, Field(pattern=DNS_LABEL.pattern)] | None = None
 
     @field_validator("api_server_cidrs")
     @classmethod
@@ -436,6 +443,13 @@ class MirrorSpec(StrictModel):
     image_pull_secrets: list[SecretName] = Field(default_factory=list)
     # Top-level MirrorConfig settings (intervals, metrics_port), passed through and checked by spark_app.
     runtime: dict[str, Any] = Field(default_factory=dict)
+
+
+class PlatformSpec(StrictModel):
+    """A platform stack's one key, `mirrorkit:platform`: the cluster, and the namespaces its operator acts in."""
+
+    context: Annotated[str, Field(min_length=1)]  # kubeconfig context
+    job_namespaces: Annotated[list[Annotated[str, Field(pattern=DNS_LABEL.pattern)]], Field(min_length=1)]
 
 
 class StackModel(StrictModel):

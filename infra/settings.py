@@ -10,24 +10,32 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 import pulumi
-from pydantic import ValidationError
+import yaml
+from pydantic import BaseModel, ValidationError
 
 from infra.checks import check
 from infra.hubs import HubSpec, plan_hubs
 from infra.naming import PROJECT, app_name, name_errors, operator_name
+from infra.parts import Part, parse_part, parts_of, references
 from infra.render import render_mirror
-from infra.schema import ClusterSpec, SiteSpec, StackModel
+from infra.schema import ClusterSpec, PlatformSpec, SiteSpec, StackModel
 from spark_app.config import ConfigError, FlowConfig, MirrorConfig
 
 _FIELD_IN_MESSAGE = re.compile(rf"^({PROJECT}:[^:\s]+): ([a-z_]+): ")
 STRUCTURED_KEYS = ("sites", "clusters", "flows", "mirror", "placement", "credentials", "kubeconfigs")
+SECRET_KEYS = ("credentials", "kubeconfigs")  # always the stack's own: another stack's secrets are not readable
+STACKS_DIR = Path(__file__).resolve().parents[1] / "stacks"
 
 
 @dataclass(frozen=True)
 class StackSettings:
     stack: str
+    deployment: str  # the topology's name: every stack of a set shares it, and the names derived from it
+    part: Part | None  # None: the whole topology in this one stack
     namespace: str
     image: str
     spark_operator: bool
@@ -39,10 +47,23 @@ class StackSettings:
 
     @property
     def operator_name(self) -> str:
-        return operator_name(self.stack)
+        return operator_name(self.deployment)
 
     def app_name(self, site: str) -> str:
-        return app_name(self.stack, site)
+        return app_name(self.deployment, site)
+
+    def makes(self, kind: str, name: str) -> bool:
+        """Whether this stack holds that part's resources: its own part, or every part in a one-stack deployment."""
+        return self.part is None or (self.part.kind, self.part.name) == (kind, name)
+
+    @property
+    def parts(self) -> list[Part]:
+        """The stacks the topology splits into, in the order of a first `pulumi up`."""
+        return parts_of(self.model, self.mirror_config, self.site_of_flow)
+
+    def references(self, part: Part) -> list[Part]:
+        """The parts whose stack outputs `part` reads."""
+        return references(self.model, self.mirror_config, self.site_of_flow, part)
 
     def cluster(self, alias: str) -> ClusterSpec:
         return next(c for c in self.model.clusters if c.alias == alias)
@@ -73,37 +94,94 @@ class StackSettings:
         return plan_hubs(self.mirror_config, self.model.clusters, alias)
 
 
-def load_settings(config: pulumi.Config | None = None) -> StackSettings:
-    """Read and check the whole stack; raise ConfigError naming the first bad keys."""
-    config = config or pulumi.Config(PROJECT)
-    raw = {k: v for k in STRUCTURED_KEYS if (v := config.get_object(k)) is not None}
-    for key in ("sites", "clusters", "flows"):
-        if key not in raw:
-            raise ConfigError(f"{PROJECT}:{key}: missing; the stack file must give it")
-    image = config.get("image")
-    if not image:
-        raise ConfigError(f"{PROJECT}:image: missing; give the mirror image with its tag")
+class _Keys:
+    """The stack's config, falling back for shared keys to the stack file of the topology it is a part of."""
+
+    def __init__(self, config: pulumi.Config) -> None:
+        self.config = config
+        self.topology = config.get("topology")
+        self.shared: dict[str, Any] = {}
+        if self.topology is not None:
+            path = STACKS_DIR / f"Pulumi.{self.topology}.yaml"
+            if not path.is_file():
+                raise ConfigError(f"{PROJECT}:topology: no stack file {path.name} in {STACKS_DIR}")
+            raw = yaml.safe_load(path.read_text()).get("config") or {}
+            self.shared = {k.removeprefix(f"{PROJECT}:"): v for k, v in raw.items()}
+
+    def get(self, key: str) -> Any:
+        own = self.config.get_object(key) if key in STRUCTURED_KEYS else self.config.get(key)
+        return own if own is not None or key in SECRET_KEYS else self.shared.get(key)
+
+    def get_bool(self, key: str) -> bool | None:
+        own = self.config.get_bool(key)
+        return own if own is not None else self.shared.get(key)
+
+
+def read_part(config: pulumi.Config) -> Part | None:
+    text = config.get("part")
+    return None if text is None else parse_part(text)
+
+
+@dataclass(frozen=True)
+class PlatformSettings:
+    stack: str
+    spec: PlatformSpec
+
+
+def load_platform(config: pulumi.Config) -> PlatformSettings:
+    """A platform stack's settings: `mirrorkit:platform`, checked."""
+    return PlatformSettings(pulumi.get_stack(), _validated(PlatformSpec, config.get_object("platform") or {}))
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validated(model: type[M], raw: Any) -> M:
     try:
-        model = StackModel.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as err:
         # Whole-object checks here say `field: problem`; fold the field into the key path.
         lines = str(ConfigError.from_validation(PROJECT, err)).splitlines()
         raise ConfigError("\n".join(_FIELD_IN_MESSAGE.sub(r"\1.\2: ", line) for line in lines)) from None
+
+
+def load_settings(config: pulumi.Config | None = None) -> StackSettings:
+    """Read and check the whole stack; raise ConfigError naming the first bad keys."""
+    keys = _Keys(config or pulumi.Config(PROJECT))
+    part = read_part(keys.config)
+    raw = {k: v for k in STRUCTURED_KEYS if (v := keys.get(k)) is not None}
+    for key in ("sites", "clusters", "flows"):
+        if key not in raw:
+            raise ConfigError(f"{PROJECT}:{key}: missing; the stack file must give it")
+    image = keys.get("image")
+    if not image:
+        raise ConfigError(f"{PROJECT}:image: missing; give the mirror image with its tag")
+    model = _validated(StackModel, raw)
     stack = pulumi.get_stack()
-    namespace = config.get("namespace") or f"{PROJECT}-{stack}"
-    errors = name_errors(stack, namespace, [s.name for s in model.sites])
+    deployment = keys.topology or stack
+    namespace = keys.get("namespace") or f"{PROJECT}-{deployment}"
+    errors = name_errors(deployment, namespace, [s.name for s in model.sites])
     if errors:
         raise ConfigError("\n".join(errors))
-    mirror = render_mirror(model, stack)
-    protect = config.get_bool("protectData")
-    return StackSettings(
+    mirror = render_mirror(model, deployment)
+    site_of_flow = check(model, mirror, part)
+    protect = keys.get_bool("protectData")
+    settings = StackSettings(
         stack=stack,
+        deployment=deployment,
+        part=part,
         namespace=namespace,
         image=image,
-        spark_operator=config.get_bool("sparkOperator") or False,
-        monitoring=config.get_bool("monitoring") or False,
+        spark_operator=keys.get_bool("sparkOperator") or False,
+        monitoring=keys.get_bool("monitoring") or False,
         protect_data=True if protect is None else protect,
         model=model,
         mirror_config=mirror,
-        site_of_flow=check(model, mirror),
+        site_of_flow=site_of_flow,
     )
+    if part is not None and part not in settings.parts:
+        raise ConfigError(
+            f"{PROJECT}:part: '{part}' is not a part of topology '{deployment}'"
+            f" (its parts: {', '.join(map(str, settings.parts))})"
+        )
+    return settings

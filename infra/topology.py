@@ -1,10 +1,13 @@
-"""Wires the components for a stack: cloud pieces first, then one mirror per site, each owning its flows."""
+"""Wires the components for a stack: cloud pieces first, then one mirror per site, each owning its flows.
+
+A stack that is one part of a set (infra.parts) makes only that part's resources and reads what it needs of the
+other parts from their stack outputs (`exports`), never from their regions."""
 
 from __future__ import annotations
 
 import functools
 import json
-from collections import defaultdict
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +32,12 @@ from infra.k8s.mirror_app import MirrorApplication, MirrorApplicationArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
 from infra.kafka.acls import MirrorAcls, MirrorAclsArgs
+from infra.naming import PROJECT, operator_name
+from infra.parts import Part, cross_account_sites
 from infra.render import with_bootstraps
 from infra.schema import ADMIN_PREFIX, MskSpec, SiteSpec
-from infra.settings import StackSettings
+from infra.settings import PlatformSettings, StackSettings
+from spark_app.config import ConfigError
 
 SERVICE_ACCOUNT = "mirrorkit"  # the driver's
 EXECUTOR_SERVICE_ACCOUNT = "mirrorkit-executor"
@@ -39,11 +45,54 @@ SERVICE_ACCOUNTS = (SERVICE_ACCOUNT, EXECUTOR_SERVICE_ACCOUNT)
 STACK_LABEL = "mirrorkit.io/stack"
 
 
+@dataclass(frozen=True)
+class HubsFromStack:
+    """An Event Hubs namespace another stack of the set makes, as that stack exports it."""
+
+    namespace_name: pulumi.Output[str]
+    namespace_id: pulumi.Output[str]
+    resource_group_name: pulumi.Output[str]
+    connection_string: pulumi.Output[str] | None  # secret; None with local auth off
+
+
+class _References:
+    """One StackReference per other part of the set this stack reads, and its outputs, each required."""
+
+    def __init__(self, settings: StackSettings) -> None:
+        self.settings = settings
+        self._made: dict[str, pulumi.StackReference] = {}
+
+    def _reference(self, part: Part) -> tuple[str, pulumi.StackReference]:
+        stack = part.stack(self.settings.deployment)
+        if stack not in self._made:
+            qualified = f"{pulumi.get_organization()}/{pulumi.get_project()}/{stack}"
+            self._made[stack] = pulumi.StackReference(f"ref-{stack}", stack_name=qualified)
+        return stack, self._made[stack]
+
+    def optional(self, part: Part, key: str) -> pulumi.Output[Any]:
+        return self._reference(part)[1].get_output(key)
+
+    def require(self, part: Part, key: str) -> pulumi.Output[Any]:
+        """The output, or a preview error naming the stack that must export it first."""
+        stack, reference = self._reference(part)
+
+        def present(value: Any) -> Any:
+            if value is None:
+                raise ConfigError(
+                    f"stack '{stack}' exports no '{key}', which stack '{self.settings.stack}' reads: run `pulumi up`"
+                    f" on '{stack}' first (the order is in the README)"
+                )
+            return value
+
+        return reference.get_output(key).apply(present)
+
+
 @dataclass
 class Topology:
     """What the program built, for exports and tests."""
 
-    event_hubs: dict[str, EventHubs] = field(default_factory=dict)
+    settings: StackSettings
+    event_hubs: dict[str, EventHubs | HubsFromStack] = field(default_factory=dict)
     scram_users: dict[str, MskScramUser] = field(default_factory=dict)
     reaches: dict[str, MskReach] = field(default_factory=dict)
     roles: dict[str, MirrorRole] = field(default_factory=dict)
@@ -55,10 +104,19 @@ class Topology:
     checkpoint_bucket: CheckpointBucket | None = None
     checkpoint_container: CheckpointContainer | None = None
     credentials: dict[str, dict[str, pulumi.Output[str]]] = field(default_factory=dict)
+    bootstraps: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # MSK clusters', alias -> servers
+    cluster_policies: dict[str, aws.msk.ClusterPolicy] = field(default_factory=dict)
+    platform_checks: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # site -> its platform stack
+    identities: dict[str, _SiteIdentity] = field(default_factory=dict)
+    requested_peerings: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # an MSK part's, by site
 
 
 class _AwsProviders:
-    """One explicit provider per (region, assumed role): the requester and the accepter sides of a peering."""
+    """One explicit provider per (region, assumed role): the requester and the accepter sides of a peering.
+
+    Named by what it is, `aws-<region>[-as-<role>]`, so a stack's providers keep their names whatever order its
+    clusters and sites come in. The first releases named them by call order, `aws-<region>-<n>`: an alias to that
+    name keeps each provider, and every resource on it, in place on upgrade."""
 
     def __init__(self) -> None:
         self._made: dict[tuple[str, str | None], aws.Provider] = {}
@@ -66,10 +124,12 @@ class _AwsProviders:
     def get(self, region: str, role_arn: str | None) -> aws.Provider:
         key = (region, role_arn)
         if key not in self._made:
+            role = f"-as-{re.sub(r'[^a-z0-9]+', '-', role_arn.lower())}" if role_arn else ""
             self._made[key] = aws.Provider(
-                f"aws-{region}-{len(self._made)}",
+                f"aws-{region}{role}",
                 region=region,
                 assume_roles=[aws.ProviderAssumeRoleArgs(role_arn=role_arn)] if role_arn else None,
+                opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=f"aws-{region}-{len(self._made)}")]),
             )
         return self._made[key]
 
@@ -105,23 +165,26 @@ def _checkpoint_store(settings: StackSettings, providers: _AwsProviders, out: To
     """The bucket or container object-storage checkpoints live in (a component that makes nothing for an existing
     one), before any identity is granted access to it."""
     checkpoint = settings.model.mirror.checkpoint
+    running = [s for s in settings.model.sites if settings.clusters_at(s.name)]
+    if not any(settings.makes("site", s.name) for s in running):
+        return
+    # In a set, the first site's stack makes the store; the others take it as existing.
     if checkpoint.scheme == "s3a":
         bucket, _ = checkpoint.store()
-        site = next(s for s in settings.model.sites if s.aws is not None and settings.clusters_at(s.name))
+        site = next(s for s in running if s.aws is not None)
+        existing = checkpoint.existing or not settings.makes("site", site.name)
+        role = site.aws.role_arn if site.aws else None
         out.checkpoint_bucket = CheckpointBucket(
             "checkpoints",
-            CheckpointBucketArgs(bucket, checkpoint.existing, settings.protect_data),
-            pulumi.ResourceOptions(
-                provider=providers.get(_bucket_region(settings), site.aws.role_arn if site.aws else None)
-            ),
+            CheckpointBucketArgs(bucket, existing, settings.protect_data),
+            pulumi.ResourceOptions(provider=None if existing else providers.get(_bucket_region(settings), role)),
         )
     elif checkpoint.scheme == "abfss" and checkpoint.resource_group is not None:  # settings require it
         container, account = checkpoint.store()
+        existing = checkpoint.existing or not settings.makes("site", running[0].name)
         out.checkpoint_container = CheckpointContainer(
             "checkpoints",
-            CheckpointContainerArgs(
-                account, container, checkpoint.resource_group, checkpoint.existing, settings.protect_data
-            ),
+            CheckpointContainerArgs(account, container, checkpoint.resource_group, existing, settings.protect_data),
         )
 
 
@@ -137,7 +200,52 @@ def _checkpoint_keys(settings: StackSettings, site: str) -> list[str]:
     return [checkpoint.key(f.checkpoint_location) for f in settings.flows_at(site)]
 
 
-def _site_identity(settings: StackSettings, site: SiteSpec, providers: _AwsProviders, out: Topology) -> _SiteIdentity:
+def _msk_vpcs(msk: dict[str, MskSpec]) -> dict[str, tuple[str, list[MskSpec]]]:
+    """MSK clusters by VPC, each with the first cluster's alias: in a set, that cluster's part makes the reach."""
+    by_vpc: dict[str, tuple[str, list[MskSpec]]] = {}
+    for alias, spec in msk.items():
+        by_vpc.setdefault(spec.vpc_id, (alias, []))[1].append(spec)
+    return by_vpc
+
+
+def _reach_keys(settings: StackSettings, site: str, alias: str) -> tuple[str, str]:
+    """Where a reach's site and MSK VPC are set, for its preview errors."""
+    i = next(i for i, s in enumerate(settings.model.sites) if s.name == site)
+    j = next(j for j, c in enumerate(settings.model.clusters) if c.alias == alias)
+    return f"{PROJECT}:sites[{i}].aws", f"{PROJECT}:clusters[{j}].msk"
+
+
+def _requested_for(site: str, peerings: dict[str, str]) -> str:
+    return peerings[site]
+
+
+def _msk_side(settings: StackSettings, providers: _AwsProviders, out: Topology) -> None:
+    """An MSK cluster's part: its side of each site's reach (peering request, its routes, its ingress rules)."""
+    if settings.part is None or settings.part.kind != "msk":
+        return
+    for site in settings.model.sites:
+        msk = {c.alias: c.msk for c in settings.clusters_at(site.name) if c.msk is not None}
+        for vpc, (leader, specs) in _msk_vpcs(msk).items():
+            if leader != settings.part.name or site.aws is None:
+                continue
+            args = MskReachArgs(
+                settings.stack,
+                site.aws,
+                None,
+                providers.get(specs[0].region, specs[0].role_arn),
+                specs,
+                site_region=site.region,
+                side="msk",
+                keys=_reach_keys(settings, site.name, leader),
+            )
+            reach = out.reaches[f"{site.name}-{vpc}"] = MskReach(f"{site.name}-{vpc}", args)
+            if reach.peering_id is not None:
+                out.requested_peerings[site.name] = reach.peering_id
+
+
+def _site_identity(
+    settings: StackSettings, site: SiteSpec, providers: _AwsProviders, refs: _References, out: Topology
+) -> _SiteIdentity:
     """The site's reach to MSK, its IAM role and its Entra identity, as its flows and checkpoints need them."""
     found = _SiteIdentity()
     clusters = settings.clusters_at(site.name)
@@ -147,16 +255,32 @@ def _site_identity(settings: StackSettings, site: SiteSpec, providers: _AwsProvi
         found.spark_conf.update(s3a_conf(site.aws, _bucket_region(settings)))
     if site.aws is not None and (msk or bucket is not None):
         site_provider = providers.get(site.region, site.aws.role_arn)
-        by_vpc: dict[str, list[MskSpec]] = defaultdict(list)
-        for spec in msk.values():
-            by_vpc[spec.vpc_id].append(spec)
-        for vpc, specs in by_vpc.items():
-            out.reaches[f"{site.name}-{vpc}"] = MskReach(
-                f"{site.name}-{vpc}",
-                MskReachArgs(
-                    settings.stack, site.aws, site_provider, providers.get(specs[0].region, specs[0].role_arn), specs
-                ),
-            )
+        for vpc, (leader, specs) in _msk_vpcs(msk).items():
+            if settings.part is None:
+                args = MskReachArgs(
+                    settings.stack,
+                    site.aws,
+                    site_provider,
+                    providers.get(specs[0].region, specs[0].role_arn),
+                    specs,
+                    keys=_reach_keys(settings, site.name, leader),
+                )
+            else:  # the MSK cluster's part requested the peering; this side accepts it
+                peering: pulumi.Output[str] | None = None
+                if vpc != site.aws.vpc_id:
+                    peerings = refs.require(Part("msk", leader), f"msk_{leader}_peerings")
+                    peering = peerings.apply(functools.partial(_requested_for, site.name))
+                args = MskReachArgs(
+                    settings.stack,
+                    site.aws,
+                    site_provider,
+                    None,
+                    specs,
+                    side="site",
+                    peering_id=peering,
+                    keys=_reach_keys(settings, site.name, leader),
+                )
+            out.reaches[f"{site.name}-{vpc}"] = MskReach(f"{site.name}-{vpc}", args)
         iam = {a: s for a, s in msk.items() if s.auth == "iam"}
         if iam or bucket is not None:
             role = MirrorRole(
@@ -220,50 +344,68 @@ def _site_identity(settings: StackSettings, site: SiteSpec, providers: _AwsProvi
     return found
 
 
-@dataclass(frozen=True)
-class _ClusterPolicy:
-    resource: aws.msk.ClusterPolicy
-    sites: list[str]  # whose roles it allows
+def site_grants(settings: StackSettings, out: Topology, site: str) -> pulumi.Output[dict[str, Any]]:
+    """What a site's role may do on each IAM-auth MSK cluster its flows use: alias -> {role_arn, policy}. A site's
+    part exports it, and the cluster's part merges it into the cluster policy."""
+    iam = {c.alias: c.msk for c in settings.clusters_at(site) if c.msk is not None and c.msk.auth == "iam"}
+    flows = settings.flows_at(site)
+    return out.roles[site].role_arn.apply(
+        lambda arn: {a: {"role_arn": arn, "policy": kafka_policy(flows, {a: spec})} for a, spec in iam.items()}
+    )
 
 
-def _cluster_policies(settings: StackSettings, providers: _AwsProviders, out: Topology) -> list[_ClusterPolicy]:
+def _cluster_policies(settings: StackSettings, providers: _AwsProviders, refs: _References, out: Topology) -> None:
     """The resource policy of each IAM-auth MSK cluster that a role from another account uses (settings make sure
-    the stack can act in the cluster's account). MSK keeps one policy per cluster: this one replaces any other."""
-    made: list[_ClusterPolicy] = []
-    accounts = {s.name: s.aws.account_id for s in settings.model.sites if s.aws is not None}
-    for c in settings.model.clusters:
-        if c.msk is None or c.msk.auth != "iam":
+    the stack can act in the cluster's account). MSK keeps one policy per cluster, so one stack writes it: the
+    cluster's part in a set, from the grants every site's part exports (a site not yet up adds none)."""
+    model = settings.model
+    for c in model.clusters:
+        if c.msk is None or not settings.makes("msk", c.alias):
             continue
-        spec = c.msk
-        users = [n for n in out.roles if c in settings.clusters_at(n) and accounts[n] != spec.account_id]
+        spec, alias = c.msk, c.alias
+        users = cross_account_sites(model, settings.mirror_config, settings.site_of_flow, alias)
         if not users:
             continue
-        grants = [(out.roles[name].role_arn, kafka_policy(settings.flows_at(name), {c.alias: spec})) for name in users]
-        policies = [p for _, p in grants]
+        grants = [
+            site_grants(settings, out, name)
+            if settings.part is None
+            else refs.optional(Part("site", name), f"grants_{name}")
+            for name in users
+        ]
 
-        def document(arns: list[str], policies: list[dict[str, Any]] = policies) -> str:
-            return json.dumps(cluster_policy(list(zip(arns, policies, strict=True))))
+        def document(found: list[dict[str, Any] | None], alias: str = alias) -> str:
+            mine = [g[alias] for g in found if g is not None and alias in g]
+            return json.dumps(cluster_policy([(g["role_arn"], g["policy"]) for g in mine]))
 
-        text = pulumi.Output.all(*(arn for arn, _ in grants)).apply(document)
-        policy = aws.msk.ClusterPolicy(
-            f"msk-policy-{c.alias}",
+        out.cluster_policies[alias] = aws.msk.ClusterPolicy(
+            f"msk-policy-{alias}",
             cluster_arn=spec.cluster_arn,
-            policy=text,
-            opts=pulumi.ResourceOptions(provider=providers.get(spec.region, spec.role_arn)),
+            policy=pulumi.Output.all(*grants).apply(document),
+            # Other stacks' and the platform's access may rest on it: never deleted with this stack.
+            opts=pulumi.ResourceOptions(
+                provider=providers.get(spec.region, spec.role_arn),
+                protect=settings.protect_data,
+                retain_on_delete=settings.protect_data,
+            ),
         )
-        made.append(_ClusterPolicy(policy, users))
-    return made
+        for name in users if settings.part is None else ():
+            out.identities[name].ready.append(out.cluster_policies[alias])
 
 
-def build(settings: StackSettings) -> Topology:
-    out = Topology()
+def _clusters(settings: StackSettings, providers: _AwsProviders, refs: _References, out: Topology) -> None:
+    """Each cluster's own resources where this stack makes them; in a site's part, what it reads of the others."""
     model = settings.model
-    for alias, files in model.credentials.items():
-        out.credentials[alias] = {k: pulumi.Output.secret(v.get_secret_value()) for k, v in files.items()}
-    providers = _AwsProviders()
-    bootstraps: dict[str, pulumi.Output[str]] = {}
+    mine = (
+        {a for f in settings.flows_at(settings.part.name) for a in (f.source, f.target)}
+        if settings.part is not None and settings.part.kind == "site"
+        else set()
+    )
+    first_site: dict[str, str] = {}  # alias -> the first site whose mirror uses it
+    for site in model.sites:
+        for c in settings.clusters_at(site.name):
+            first_site.setdefault(c.alias, site.name)
     for c in model.clusters:
-        if c.eventhubs is not None:
+        if c.eventhubs is not None and settings.makes("eventhubs", c.alias):
             hubs = EventHubs(
                 f"eh-{c.alias}",
                 EventHubsArgs(c.eventhubs, c.region, settings.hubs(c.alias), protect=settings.protect_data),
@@ -271,35 +413,58 @@ def build(settings: StackSettings) -> Topology:
             out.event_hubs[c.alias] = hubs
             if hubs.connection_string is not None:
                 out.credentials[c.alias] = {"password": hubs.connection_string}
-        if c.kafka is not None and c.kafka.acls is not None:
+        elif c.eventhubs is not None and c.alias in mine:
+            part = Part("eventhubs", c.alias)
+            key = f"eventhubs_{c.alias}"
+            connection = None if c.eventhubs.disable_local_auth else refs.require(part, f"{key}_connection_string")
+            out.event_hubs[c.alias] = HubsFromStack(
+                refs.require(part, f"{key}_namespace"),
+                refs.require(part, f"{key}_namespace_id"),
+                refs.require(part, f"{key}_resource_group"),
+                connection,
+            )
+            if connection is not None:
+                out.credentials[c.alias] = {"password": pulumi.Output.secret(connection)}
+        # One stack sets a cluster's ACLs: its first site's.
+        if c.kafka is not None and c.kafka.acls is not None and settings.makes("site", first_site.get(c.alias, "")):
             out.acls[c.alias] = MirrorAcls(
                 f"acls-{c.alias}",
                 MirrorAclsArgs(c.alias, c.kafka, settings.mirror_config.flows, out.credentials[c.alias]),
             )
-        if c.msk is not None:
+        if c.msk is not None and settings.makes("msk", c.alias):
             provider = providers.get(c.msk.region, c.msk.role_arn)
-            bootstraps[c.alias] = _bootstrap(c.msk, provider)
+            out.bootstraps[c.alias] = _bootstrap(c.msk, provider)
             if c.msk.auth == "scram":
                 out.scram_users[c.alias] = MskScramUser(
                     f"scram-{c.alias}",
-                    MskScramUserArgs(c.msk, c.alias, out.credentials[c.alias]["password"], settings.stack),
+                    MskScramUserArgs(c.msk, c.alias, out.credentials[c.alias]["password"], settings.deployment),
                     pulumi.ResourceOptions(provider=provider),
                 )
+        elif c.msk is not None and c.alias in mine:
+            out.bootstraps[c.alias] = refs.require(Part("msk", c.alias), f"msk_{c.alias}_bootstrap")
+
+
+def build(settings: StackSettings) -> Topology:
+    out = Topology(settings)
+    model = settings.model
+    for alias, files in model.credentials.items():
+        out.credentials[alias] = {k: pulumi.Output.secret(v.get_secret_value()) for k, v in files.items()}
+    providers = _AwsProviders()
+    refs = _References(settings)
+    _clusters(settings, providers, refs, out)
     _checkpoint_store(settings, providers, out)
-    identities: dict[str, _SiteIdentity] = {}
     for site in model.sites:
-        if settings.clusters_at(site.name):
-            identities[site.name] = _site_identity(settings, site, providers, out)
-    for policy in _cluster_policies(settings, providers, out):
-        for site_name in policy.sites:
-            identities[site_name].ready.append(policy.resource)
+        if settings.clusters_at(site.name) and settings.makes("site", site.name):
+            out.identities[site.name] = _site_identity(settings, site, providers, refs, out)
+    _msk_side(settings, providers, out)
+    _cluster_policies(settings, providers, refs, out)
     for site in model.sites:
         clusters = settings.clusters_at(site.name)
-        if not clusters:
+        if not clusters or not settings.makes("site", site.name):
             continue
         msk = {c.alias: c.msk for c in clusters if c.msk is not None}
         entra = [c for c in clusters if c.entra]
-        identity = identities[site.name]
+        identity = out.identities[site.name]
         annotations, ready, pod_labels = identity.annotations, identity.ready, identity.pod_labels
         kubeconfig = model.kubeconfigs.get(site.name)
         k8s_provider = k8s.Provider(
@@ -339,14 +504,16 @@ def build(settings: StackSettings) -> Topology:
             on_site,
         )
         out.namespaces[site.name] = namespace
-        if settings.spark_operator:
+        if site.platform is not None:
+            out.platform_checks[site.name] = _platform_watches(refs, site.platform, settings.namespace)
+        elif settings.spark_operator:
             operator = SparkOperator(
                 f"{site.name}-operator",
-                SparkOperatorArgs(job_namespace=namespace.namespace, release=settings.operator_name),
+                SparkOperatorArgs(job_namespaces=[namespace.namespace], release=settings.operator_name),
                 on_site,
             )
             ready.append(operator.chart)
-        site_bootstraps = {a: bootstraps[a] for a in msk}
+        site_bootstraps = {a: out.bootstraps[a] for a in msk}
         config_yaml = (
             pulumi.Output.all(**site_bootstraps).apply(functools.partial(with_bootstraps, site_config))
             if site_bootstraps
@@ -382,3 +549,56 @@ def build(settings: StackSettings) -> Topology:
             on_site,
         )
     return out
+
+
+def _platform_watches(refs: _References, platform: str, namespace: str) -> pulumi.Output[str]:
+    """The platform stack's name, once it says its Spark Operator acts in the mirror's namespace."""
+
+    def check(watched: list[str]) -> str:
+        if namespace not in watched:
+            raise ConfigError(
+                f"platform stack '{platform}': its Spark Operator does not act in namespace '{namespace}' (it acts"
+                f" in {', '.join(watched)}); add it to that stack's mirrorkit:platform.job_namespaces"
+            )
+        return platform
+
+    return refs.require(Part("platform", platform), "job_namespaces").apply(check)
+
+
+def build_platform(settings: PlatformSettings) -> dict[str, Any]:
+    """A platform stack: the Spark Operator and its CRDs, once per cluster; its exports."""
+    provider = k8s.Provider(f"{settings.stack}-k8s", context=settings.spec.context)
+    operator = SparkOperator(
+        "operator",
+        SparkOperatorArgs(job_namespaces=list(settings.spec.job_namespaces), release=operator_name(settings.stack)),
+        pulumi.ResourceOptions(provider=provider),
+    )
+    return {"release": operator.release, "job_namespaces": list(settings.spec.job_namespaces)}
+
+
+def exports(out: Topology) -> dict[str, Any]:
+    """The stack's outputs: what the other stacks of a set read (infra.parts), and what people look up. No credential
+    is an output of a one-stack deployment; in a set, the Event Hubs connection string is a secret output of its
+    namespace's part, which only that namespace's sites read."""
+    settings = out.settings
+    found: dict[str, Any] = {}
+    for site, config in out.mirror_configs.items():
+        found[f"mirror_config_{site}"] = config
+    for alias, hubs in out.event_hubs.items():
+        if isinstance(hubs, EventHubs):
+            found[f"eventhubs_{alias}_namespace"] = hubs.namespace_name
+            found[f"eventhubs_{alias}_namespace_id"] = hubs.namespace_id
+            found[f"eventhubs_{alias}_resource_group"] = hubs.resource_group_name
+            if settings.part is not None and hubs.connection_string is not None:
+                found[f"eventhubs_{alias}_connection_string"] = hubs.connection_string
+    for site, role in out.roles.items():
+        found[f"mirror_role_{site}"] = role.role_arn
+        if settings.part is not None:
+            found[f"grants_{site}"] = site_grants(settings, out, site)
+    if settings.part is not None and settings.part.kind == "msk":
+        alias = settings.part.name
+        found[f"msk_{alias}_bootstrap"] = out.bootstraps[alias]
+        found[f"msk_{alias}_peerings"] = out.requested_peerings
+    for site, platform in out.platform_checks.items():
+        found[f"platform_{site}"] = platform
+    return found

@@ -13,7 +13,14 @@ from pulumi_policy import (
     ResourceValidationArgs,
     ResourceValidationPolicy,
 )
-from rules import RULES, Rule, is_unknown, plain  # run from this directory by `pulumi preview --policy-pack`
+from rules import (  # run from this directory by `pulumi preview --policy-pack`
+    OPTIONS_RULES,
+    RULES,
+    OptionsRule,
+    Rule,
+    is_unknown,
+    plain,
+)
 
 UNKNOWN_POLICY = "values-known-for-every-rule"
 
@@ -23,6 +30,14 @@ def _validator(rule: Rule) -> ResourceValidation:
         for message in rule(args.resource_type, plain(args.props), args.urn):
             if not is_unknown(message):
                 report_violation(message, None)
+
+    return validate
+
+
+def _options_validator(rule: OptionsRule) -> ResourceValidation:
+    def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+        for message in rule(args.resource_type, plain(args.props), args.opts.protect):
+            report_violation(message, None)
 
     return validate
 
@@ -46,6 +61,15 @@ PolicyPack(
                 validate=_validator(rule),
             )
             for name, (rule, level) in RULES.items()
+        ),
+        *(
+            ResourceValidationPolicy(
+                name=name,
+                description=(rule.__doc__ or name).strip().splitlines()[0],
+                enforcement_level=EnforcementLevel(level),
+                validate=_options_validator(rule),
+            )
+            for name, (rule, level) in OPTIONS_RULES.items()
         ),
         ResourceValidationPolicy(
             name=UNKNOWN_POLICY,

@@ -11,6 +11,7 @@ and the rule's own check runs on it.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -26,8 +27,22 @@ OPERATOR_CHART = "kubernetes:helm.sh/v4:Chart"
 OPERATOR_COMPONENT = "mirrorkit:k8s:SparkOperator"  # infra/k8s/operator.py: the chart's parent
 
 DRIVER_RESOURCES = {"pods", "services", "configmaps", "persistentvolumeclaims"}
+ENFORCE = "pod-security.kubernetes.io/enforce"
+ENFORCED_LEVELS = ("restricted", "baseline")
+IAM_POLICIES = ("aws:iam/rolePolicy:RolePolicy", "aws:iam/policy:Policy", "aws:msk/clusterPolicy:ClusterPolicy")
+PUBLIC_ACCESS_BLOCKS = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2", "aws:s3/bucketAclV2:BucketAclV2")
+PUBLIC_ACLS = {"public-read", "public-read-write", "authenticated-read"}
+DATA_HOLDERS = (
+    r"azure-native:eventhub(/v\w+)?:Namespace",
+    "azure-native:resources:ResourceGroup",
+    "kubernetes:core/v1:PersistentVolumeClaim",
+    r"aws:s3/bucket(V2)?:Bucket(V2)?",
+    r"azure-native:storage(/v\w+)?:BlobContainer",
+)
 
 Rule = Callable[[str, dict[str, Any], str], list[str]]
+OptionsRule = Callable[[str, dict[str, Any], bool], list[str]]  # sees the resource's `protect` option too
 
 _UNKNOWN = " is not known yet (an output still to be resolved): checked when it is, at `pulumi up`"
 _ABSENT = object()
@@ -268,14 +283,84 @@ def spark_application_is_complete(typ: str, props: dict[str, Any], urn: str = ""
 
 
 def namespace_enforces_pod_security(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    """A namespace enforces Pod Security Admission at level restricted or baseline (the operator's), never
+    privileged; a misspelt level is refused too, as the API server would reject it."""
     if typ != "kubernetes:core/v1:Namespace":
         return []
     if found := _unknowns(props, "metadata", "metadata.labels"):
         return found
     labels = (props.get("metadata") or {}).get("labels") or {}
-    if "pod-security.kubernetes.io/enforce" in labels and labels["pod-security.kubernetes.io/enforce"] is None:
-        return [unknown("metadata.labels.pod-security.kubernetes.io/enforce")]
-    return [] if "pod-security.kubernetes.io/enforce" in labels else ["no Pod Security Admission enforce label"]
+    if ENFORCE not in labels:
+        return ["no Pod Security Admission enforce label"]
+    level = labels[ENFORCE]
+    if level is None:
+        return [unknown(f"metadata.labels.{ENFORCE}")]
+    return [] if level in ENFORCED_LEVELS else [f"{ENFORCE} is {level!r}, not one of {', '.join(ENFORCED_LEVELS)}"]
+
+
+def _statements(props: dict[str, Any]) -> list[dict[str, Any]] | str:
+    """The statements of an IAM policy document (`policy`, JSON text), or why they cannot be read."""
+    text = props.get("policy")
+    try:
+        document = json.loads(text) if isinstance(text, str) else text
+    except json.JSONDecodeError:
+        return "policy is not JSON"
+    if not isinstance(document, dict):
+        return "policy is not a policy document"
+    statements = document.get("Statement", [])
+    return [statements] if isinstance(statements, dict) else list(statements)
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def iam_grants_no_wildcards(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    """The mirror's IAM and MSK cluster policies allow named actions on named resources, to named principals: no
+    `*` or `service:*` action, no `*` resource, no `*` principal. A wildcard inside a topic or group name, as the
+    flows' patterns give, is scoped to its cluster and allowed."""
+    if typ not in IAM_POLICIES:
+        return []
+    if found := _unknowns(props, "policy"):
+        return found
+    statements = _statements(props)
+    if isinstance(statements, str):
+        return [statements]
+    out = []
+    for i, statement in enumerate(statements):
+        if statement.get("Effect") != "Allow":
+            continue
+        actions = [a for a in _listed(statement.get("Action", [])) if a == "*" or str(a).endswith(":*")]
+        if actions:
+            out.append(f"Statement[{i}].Action allows {actions}")
+        if "*" in _listed(statement.get("Resource", [])):
+            out.append(f"Statement[{i}].Resource is '*'")
+        principal = statement.get("Principal")
+        aws = principal.get("AWS") if isinstance(principal, dict) else principal
+        if principal is not None and "*" in _listed(aws):
+            out.append(f"Statement[{i}].Principal is '*'")
+    return out
+
+
+def bucket_is_not_public(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    """A checkpoint bucket's public access block blocks all four ways in, and no bucket or ACL is public."""
+    if typ == "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock":
+        if found := _unknowns(props, *PUBLIC_ACCESS_BLOCKS):
+            return found
+        return [f"{k} is not true" for k in PUBLIC_ACCESS_BLOCKS if props.get(k) is not True]
+    if typ not in BUCKETS:
+        return []
+    if "acl" in props and props["acl"] is None:
+        return [unknown("acl")]
+    acl = props.get("acl")
+    return [f"acl {acl!r} makes the bucket public"] if acl in PUBLIC_ACLS else []
+
+
+def data_is_protected(typ: str, props: dict[str, Any], protect: bool) -> list[str]:
+    """What holds DR data (an Event Hubs namespace and its resource group, a checkpoint PVC, bucket or container) is
+    protected, so no update or destroy deletes it. Reads the resource's options, not its properties."""
+    held = any(re.fullmatch(pattern, typ) for pattern in DATA_HOLDERS)
+    return ["holds DR data but is not protected: Pulumi may delete it"] if held and not protect else []
 
 
 RULES: dict[str, tuple[Rule, str]] = {
@@ -289,4 +374,10 @@ RULES: dict[str, tuple[Rule, str]] = {
     "config-map-holds-no-credentials": (config_map_holds_no_credentials, "mandatory"),
     "spark-application-is-complete": (spark_application_is_complete, "mandatory"),
     "namespace-enforces-pod-security": (namespace_enforces_pod_security, "mandatory"),
+    "iam-grants-no-wildcards": (iam_grants_no_wildcards, "mandatory"),
+    "bucket-is-not-public": (bucket_is_not_public, "mandatory"),
+}
+# Advisory: a stack may turn protection off (mirrorkit:protectData false), and preview then says what it risks.
+OPTIONS_RULES: dict[str, tuple[OptionsRule, str]] = {
+    "data-is-protected": (data_is_protected, "advisory"),
 }

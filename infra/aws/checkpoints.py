@@ -34,7 +34,9 @@ class CheckpointBucket(pulumi.ComponentResource):
         self.bucket: pulumi.Output[str] = pulumi.Output.from_input(args.bucket)
         if not args.existing:
             bucket = aws.s3.Bucket(
-                f"{name}-bucket", bucket=args.bucket, opts=pulumi.ResourceOptions(parent=self, protect=args.protect)
+                f"{name}-bucket",
+                bucket=args.bucket,
+                opts=pulumi.ResourceOptions(parent=self, protect=args.protect, retain_on_delete=args.protect),
             )
             aws.s3.BucketPublicAccessBlock(
                 f"{name}-private",

@@ -13,6 +13,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.aws.checkpoints import checkpoint_policy
+from infra.naming import first_names
 from infra.schema import AwsSite, MskSpec
 from spark_app.config import FlowConfig
 from spark_app.policy import access, literal_prefix
@@ -176,7 +177,13 @@ class MirrorRole(pulumi.ComponentResource):
                         namespace=args.namespace,
                         service_account=account,
                         role_arn=role.arn,
-                        opts=child,
+                        opts=pulumi.ResourceOptions(
+                            parent=self,
+                            aliases=[
+                                pulumi.Alias(name=n)
+                                for n in first_names(f"{name}-pod-identity", account, args.service_accounts)
+                            ],
+                        ),
                     )
                 )
         else:

@@ -43,7 +43,7 @@ class CheckpointContainer(pulumi.ComponentResource):
                 container_name=args.container,
                 resource_group_name=args.resource_group,
                 public_access=storage.PublicAccess.NONE,
-                opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
+                opts=pulumi.ResourceOptions(parent=self, protect=args.protect, retain_on_delete=args.protect),
             )
         subscription = authorization.get_client_config_output(
             opts=pulumi.InvokeOutputOptions(parent=self)

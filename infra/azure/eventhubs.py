@@ -48,12 +48,16 @@ class EventHubs(pulumi.ComponentResource):
         super().__init__("mirrorkit:azure:EventHubs", name, None, opts)
         spec = args.spec
         child = pulumi.ResourceOptions(parent=self)
-        data = pulumi.ResourceOptions(parent=self, protect=args.protect)
+        # The namespace and its resource group: neither deleted nor destroyed with the stack (protect), and kept in
+        # Azure if ever dropped from it. A hub is kept but not protected: a topic dropped from a flow leaves the
+        # stack and keeps its data, where a protected hub would fail every later update.
+        data = pulumi.ResourceOptions(parent=self, protect=args.protect, retain_on_delete=args.protect)
+        kept = pulumi.ResourceOptions(parent=self, retain_on_delete=args.protect)
         if spec.existing_resource_group:
             group_name: pulumi.Input[str] = spec.resource_group
         else:
             group = resources.ResourceGroup(
-                f"{name}-rg", resource_group_name=spec.resource_group, location=args.location, opts=child
+                f"{name}-rg", resource_group_name=spec.resource_group, location=args.location, opts=data
             )
             group_name = group.name
         # Dedicated namespaces live on an existing Event Hubs cluster and take the Standard SKU there.
@@ -97,7 +101,7 @@ class EventHubs(pulumi.ComponentResource):
                 message_timestamp_description=eventhub.MessageTimestampDescriptionArgs(
                     timestamp_type=eventhub.TimestampType.CREATE
                 ),
-                opts=data,
+                opts=kept,
             )
             for group_name_ in spec.consumer_groups:
                 eventhub.ConsumerGroup(

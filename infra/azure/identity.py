@@ -15,6 +15,8 @@ from typing import Any
 import pulumi
 from pulumi_azure_native import authorization, managedidentity
 
+from infra.naming import first_names
+
 # Built-in roles: Azure Event Hubs Data Sender and Data Receiver (the SAS rule's Send and Listen).
 DATA_ROLES = {"sender": "2b629674-e913-4c01-ae53-ef4638d8f975", "receiver": "a638d3c7-ab3a-418d-83e6-5f17a39d4fde"}
 TOKEN_AUDIENCE = "api://AzureADTokenExchange"
@@ -99,7 +101,13 @@ class MirrorEntraIdentity(pulumi.ComponentResource):
                 issuer=args.oidc_issuer_url,
                 subject=f"system:serviceaccount:{args.namespace}:{account}",
                 audiences=[TOKEN_AUDIENCE],
-                opts=pulumi.ResourceOptions(parent=self, depends_on=previous),
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=previous,
+                    aliases=[
+                        pulumi.Alias(name=n) for n in first_names(f"{name}-federation", account, args.service_accounts)
+                    ],
+                ),
             )
             self.ready.append(credential)
             previous = [credential]

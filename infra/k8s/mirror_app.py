@@ -249,7 +249,7 @@ class MirrorApplication(pulumi.ComponentResource):
                     # Named only when the stack names one: otherwise the cluster's default class.
                     **({"storageClassName": sc} if (sc := args.checkpoint.pvc.storage_class) else {}),
                 },
-                opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
+                opts=pulumi.ResourceOptions(parent=self, protect=args.protect, retain_on_delete=args.protect),
             )
             pvc_name = f"{name}-checkpoints"
             child = pulumi.ResourceOptions(parent=self, depends_on=[pvc])

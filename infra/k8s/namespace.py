@@ -69,7 +69,7 @@ class MirrorNamespace(pulumi.ComponentResource):
                     "pod-security.kubernetes.io/audit": "restricted",
                 },
             },
-            opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
+            opts=pulumi.ResourceOptions(parent=self, protect=args.protect, retain_on_delete=args.protect),
         )
         in_ns = pulumi.ResourceOptions(parent=self, depends_on=[namespace])
         account = k8s.core.v1.ServiceAccount(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -14,7 +15,7 @@ CHART_REPO = "https://kubeflow.github.io/spark-operator"
 
 @dataclass(frozen=True)
 class SparkOperatorArgs:
-    job_namespace: pulumi.Input[str]
+    job_namespaces: Sequence[pulumi.Input[str]]  # every deployment's on this cluster, when a platform stack has it
     # The Helm release, and the namespace it goes in. The chart names its cluster-wide objects (ClusterRole,
     # webhook configurations) after the release, so each stack sharing a cluster needs its own.
     release: str
@@ -43,7 +44,7 @@ class SparkOperator(pulumi.ComponentResource):
             namespace=namespace.metadata.name,
             values={
                 "spark": {
-                    "jobNamespaces": [args.job_namespace],
+                    "jobNamespaces": list(args.job_namespaces),
                     "serviceAccount": {"create": False},
                     "rbac": {"create": False},
                 },
@@ -52,4 +53,5 @@ class SparkOperator(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.chart = chart
+        self.release = args.release
         self.register_outputs({})

@@ -17,12 +17,21 @@ import yaml
 from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor
 
-from infra.naming import PROJECT
+from infra.naming import PROJECT, operator_name
 
 EVENTHUB = "azure-native:eventhub/v20240501preview"  # the API version infra/azure/eventhubs.py uses
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
 ROOT = Path(__file__).resolve().parents[2]
-STACKS = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
+STACK_FILES = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
+
+
+def _config_of(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())["config"]
+
+
+# Topologies deployed whole, each in one stack; the other files are the parts of a set, or platform stacks.
+STACKS = [p for p in STACK_FILES if f"{PROJECT}:part" not in _config_of(p)]
+PART_STACKS = [p for p in STACK_FILES if f"{PROJECT}:part" in _config_of(p)]
 CONNECTION_STRING = "Endpoint=sb://test.invalid/;SharedAccessKeyName=mirrorkit;SharedAccessKey=test-sentinel-sas"
 BOOTSTRAPS = {
     "bootstrapBrokersSaslScram": "b-1.msk.test.invalid:9096,b-2.msk.test.invalid:9096",
@@ -33,6 +42,20 @@ BOOTSTRAPS = {
 
 # An invoke's result, or a function of its arguments that gives it.
 Answer = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
+# Whether a resource or invoke (its inputs, its provider's inputs) is in the region a test has taken down.
+Lost = Callable[[dict[str, Any], dict[str, Any]], bool]
+
+
+class RegionDown(Exception):
+    """What every call into a lost region gets."""
+
+
+@dataclass(frozen=True)
+class Exports:
+    """A stack's outputs as the backend keeps them: plain values, and the names of the secret ones."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    secret: list[str] = field(default_factory=list)
 
 
 def sentinel(alias: str, key: str) -> str:
@@ -49,6 +72,7 @@ class Registered:
     dependencies: tuple[str, ...] = ()  # URNs the engine waits for before creating it (explicit and implicit)
     protect: bool = False
     retain_on_delete: bool = False
+    aliases: tuple[str, ...] = ()  # each as the engine gets it: a spec's text, or a URN
 
     @property
     def plain(self) -> dict[str, Any]:
@@ -80,10 +104,26 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.call_results: dict[str, Answer] = {}  # a test's answers to invokes, by token
         # (type, name) -> what the engine gets beside the inputs
         self.options: dict[tuple[str, str], dict[str, Any]] = {}
+        self.stacks: dict[str, Exports] = {}  # what the backend holds of other stacks, by stack name
+        self.lost: Lost | None = None  # says which resources and invokes are in a region that is down
+        self.providers: dict[str, dict[str, Any]] = {}  # `urn::id` -> a provider's inputs
+
+    def _in_lost_region(self, what: str, inputs: dict[str, Any], provider: str | None) -> None:
+        if self.lost is not None and self.lost(inputs, self.providers.get(provider or "", {})):
+            raise RegionDown(f"{what}: its region is down")
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         options = self.options.get((args.typ, args.name), {})
         self.resources.append(Registered(args.typ, args.name, dict(args.inputs), args.provider, **options))
+        if args.typ == "pulumi:pulumi:StackReference":  # read from the backend, whatever region is down
+            stack = args.inputs["name"].rsplit("/", 1)[-1]
+            if stack not in self.stacks:
+                raise LookupError(f"no stack '{stack}' in the backend")
+            held = self.stacks[stack]
+            return stack, {"name": args.inputs["name"], "outputs": held.values, "secretOutputNames": held.secret}
+        self._in_lost_region(f"{args.typ} {args.name}", dict(args.inputs), args.provider)
+        if args.typ.startswith("pulumi:providers:"):
+            self.providers[f"{options.get('urn', '')}::{args.name}-id"] = dict(args.inputs)
         outputs = dict(args.inputs)
         outputs.setdefault("arn", f"arn:aws:test:::{args.name}")
         if args.typ.startswith("azure-native:"):
@@ -97,6 +137,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
         self.calls.append((args.token, dict(args.args)))
+        self._in_lost_region(args.token, dict(args.args), args.provider)
         if args.token in self.call_results:
             answer = self.call_results[args.token]
             return answer(dict(args.args)) if callable(answer) else answer
@@ -122,12 +163,26 @@ class RecordingMonitor(MockMonitor):
             "dependencies": tuple(request.dependencies),
             "protect": bool(request.protect),
             "retain_on_delete": bool(request.retainOnDelete),
+            "aliases": tuple(str(a) for a in request.aliases) + tuple(request.aliasURNs),
         }
         return super().RegisterResource(request)
 
 
 def stack_values(path: Path) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text())["config"]
+    return _config_of(path)
+
+
+def platforms_watching(namespace: str) -> dict[str, Exports]:
+    """The shipped platform stacks as the backend would hold them after their `up`, each also acting in `namespace`
+    (a test's own deployment, which no shipped platform stack lists)."""
+    found = {}
+    for path in PART_STACKS:
+        platform = _config_of(path).get(f"{PROJECT}:platform")
+        if platform is not None:
+            stack = path.name.split(".")[1]
+            watched = [*platform["job_namespaces"], namespace]
+            found[stack] = Exports({"release": operator_name(stack), "job_namespaces": watched})
+    return found
 
 
 def credentials_for(values: dict[str, Any]) -> dict[str, dict[str, str]]:
@@ -177,11 +232,16 @@ def run_pulumi(
     values: dict[str, Any],
     stack: str = "test",
     calls: dict[str, Answer] | None = None,
+    stacks: dict[str, Exports] | None = None,
+    lost: Lost | None = None,
 ) -> Run:
     """Set fresh mocks and config, then run `body` (which builds resources) to completion, engine-style. `calls`
-    answers invokes by token, as the cloud would."""
+    answers invokes by token, as the cloud would; `stacks` are the other stacks the backend holds; `lost` fails
+    whatever is in a region that is down."""
     mocks = RecordingMocks()
     mocks.call_results = dict(calls or {})
+    mocks.stacks = platforms_watching(f"{PROJECT}-{stack}") if stacks is None else dict(stacks)
+    mocks.lost = lost
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=RecordingMonitor(mocks))
     set_config(values)
     run = Run(mocks)
@@ -199,20 +259,43 @@ def run_stack(path: Path) -> Run:
     return run_values(with_secrets(stack_values(path)), stack=path.name.split(".")[1])
 
 
-def run_values(values: dict[str, Any], stack: str = "test", calls: dict[str, Answer] | None = None) -> Run:
-    """The whole program with these config values (secrets included)."""
-    from infra.settings import load_settings
-    from infra.topology import build
+def run_values(
+    values: dict[str, Any],
+    stack: str = "test",
+    calls: dict[str, Answer] | None = None,
+    stacks: dict[str, Exports] | None = None,
+    lost: Lost | None = None,
+) -> Run:
+    """The whole program (as __main__ runs it) with these config values (secrets included); `result["exports"]` is
+    what the backend would keep of the stack's outputs."""
+    from infra.settings import load_platform, load_settings, read_part
+    from infra.topology import build, build_platform, exports
 
     async def body() -> dict[str, Any]:
-        settings = load_settings()
-        topology = build(settings)
-        configs = {site: await out.future() for site, out in topology.mirror_configs.items()}
-        secret = {
-            f"{alias}.{key}": await out.is_secret()
-            for alias, files in topology.credentials.items()
-            for key, out in files.items()
-        }
-        return {"settings": settings, "topology": topology, "configs": configs, "credential_is_secret": secret}
+        config = pulumi.Config(PROJECT)
+        part = read_part(config)
+        found: dict[str, Any] = {}
+        if part is not None and part.kind == "platform":
+            outputs = build_platform(load_platform(config))
+        else:
+            settings = load_settings()
+            topology = build(settings)
+            outputs = exports(topology)
+            found = {
+                "settings": settings,
+                "topology": topology,
+                "configs": {site: await out.future() for site, out in topology.mirror_configs.items()},
+                "credential_is_secret": {
+                    f"{alias}.{key}": await out.is_secret()
+                    for alias, files in topology.credentials.items()
+                    for key, out in files.items()
+                },
+            }
+        held = {k: pulumi.Output.from_input(v) for k, v in outputs.items()}
+        found["exports"] = Exports(
+            {k: unwrap(await v.future()) for k, v in held.items()},
+            [k for k, v in held.items() if await v.is_secret()],
+        )
+        return found
 
-    return run_pulumi(body, values, stack=stack, calls=calls)
+    return run_pulumi(body, values, stack=stack, calls=calls, stacks=stacks, lost=lost)

@@ -7,6 +7,7 @@ import re
 
 import pulumi
 import pulumi_aws as aws
+import pytest
 
 from infra.aws.identity import MirrorRole, MirrorRoleArgs, kafka_policy, regex_to_glob
 from infra.aws.network import MskReach, MskReachArgs
@@ -222,6 +223,45 @@ def test_msk_reach_peers_routes_both_ways_and_opens_one_port_from_the_peer():
     }
 
 
+def reach_refused(calls) -> str:
+    """What preview says of a reach between SITE and MSK when the AWS lookups answer `calls`."""
+
+    async def body():
+        site = aws.Provider("site", region="eu-west-1")
+        msk = aws.Provider("msk", region="eu-west-1")
+        keys = ("mirrorkit:sites[0].aws", "mirrorkit:clusters[1].msk")
+        MskReach("r", MskReachArgs("test", SITE, site, msk, [MSK], keys=keys))
+        return {}
+
+    with pytest.raises(Exception) as refused:
+        run_pulumi(body, {}, calls=calls)
+    return str(refused.value)
+
+
+def test_msk_reach_refuses_a_client_subnet_table_the_stack_does_not_route():
+    subnets = {"brokerNodeGroupInfos": [{"clientSubnets": ["subnet-a", "subnet-b", "subnet-c"]}]}
+
+    def tables(args):  # each client subnet of MSK has a table of its own
+        assert args["filters"][0]["values"] == ["subnet-a", "subnet-b", "subnet-c"] and args["vpcId"] == "vpc-0b"
+        return {"ids": ["rtb-0b1", "rtb-0b2", "rtb-0b3"]}
+
+    calls = {"aws:msk/getCluster:getCluster": subnets, "aws:ec2/getRouteTables:getRouteTables": tables}
+    message = reach_refused(calls)
+    assert "mirrorkit:clusters[1].msk.route_table_ids: misses rtb-0b3" in message, message
+
+
+def test_msk_reach_refuses_a_route_another_stack_has_in_a_table_naming_the_key_and_the_peering():
+    def table(args):
+        taken = {"cidrBlock": "10.20.0.0/16", "vpcPeeringConnectionId": "pcx-other"}
+        return {"routes": [taken] if args["routeTableId"] == "rtb-0a1" else []}
+
+    message = reach_refused({"aws:ec2/getRouteTable:getRouteTable": table})
+    assert "mirrorkit:clusters[1].msk.cidr: route table rtb-0a1 already routes 10.20.0.0/16 through pcx-other" in (
+        message
+    ), message
+    assert "mirrorkit:sites[0].aws.route_table_ids" in message
+
+
 def test_msk_reach_in_the_same_vpc_only_opens_the_port():
     same = MSK.model_copy(update={"vpc_id": SITE.vpc_id, "auth": "scram"})
 
@@ -382,7 +422,7 @@ def test_namespace_opens_https_and_the_pod_identity_agent_only_when_asked():
 
 def test_spark_operator_chart_is_pinned_and_watches_only_the_mirror_namespace():
     async def body():
-        SparkOperator("op", SparkOperatorArgs(job_namespace="mk", release="spark-operator-test"))
+        SparkOperator("op", SparkOperatorArgs(job_namespaces=["mk"], release="spark-operator-test"))
         return {}
 
     run = run_pulumi(body, {})

@@ -10,7 +10,7 @@ import yaml
 from kubeflow_spark_api.models import SparkV1beta2SparkApplication
 
 from infra.schema import MSK_PORTS
-from policies.rules import RULES, spark_application_is_complete
+from policies.rules import OPTIONS_RULES, RULES, spark_application_is_complete
 from tests.infra.harness import CONNECTION_STRING, EVENTHUB, STACKS, Run, is_secret, sentinel
 
 KUBERNETES_VERSION = "1.33.0"  # the oldest release the kit supports; its OpenAPI schemas ship with kubernetes-validate
@@ -143,7 +143,13 @@ def test_the_policy_pack_passes_on_everything_registered(stack, stack_runs):
         f"{r.name}: {name}: {message}"
         for r in run.resources
         for name, (rule, _) in RULES.items()
-        for message in rule(r.typ, r.plain, "")
+        for message in rule(r.typ, r.plain, r.urn)
+    ]
+    violations += [
+        f"{r.name}: {name}: {message}"
+        for r in run.resources
+        for name, (options_rule, _) in OPTIONS_RULES.items()
+        for message in options_rule(r.typ, r.plain, r.protect)
     ]
     assert violations == []
 

@@ -153,12 +153,19 @@ def urn_of(run: Run, typ: str) -> set[str]:
 
 
 def test_the_spark_application_waits_for_the_operator_and_the_pod_identity(stack_runs):
+    # A stack that installs the operator itself (no platform stack on its cluster) waits for the chart.
+    values = copy.deepcopy(with_secrets(stack_values(DR))) | {"mirrorkit:sparkOperator": True}
+    del values["mirrorkit:sites"][0]["platform"]
+    own = run_values(values)
+    charts = urn_of(own, "kubernetes:helm.sh/v4:Chart")
+    (app,) = own.of_type(SPARK_APP)
+    assert charts and charts & set(app.dependencies)
+    # The shipped stacks install none: each site's platform stack says it acts in the mirror's namespace.
     for stack in ("dr-msk-to-eventhubs", "active-active"):
         run = stack_runs[stack]
-        charts = urn_of(run, "kubernetes:helm.sh/v4:Chart")
-        assert charts
-        for app in run.of_type(SPARK_APP):
-            assert charts & set(app.dependencies), f"{stack}: {app.name} does not wait for the operator chart"
+        assert not run.of_type("kubernetes:helm.sh/v4:Chart")
+        platforms = {k: v for k, v in run.result["exports"].values.items() if k.startswith("platform_")}
+        assert platforms == {f"platform_{s}": f"platform-eks-{s}" for s in run.result["configs"]}
     run = stack_runs["active-active"]
     (app,) = [a for a in run.of_type(SPARK_APP) if a.name == "mirrorkit-active-active-use1-app"]
     association = urn_of(run, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
@@ -203,17 +210,36 @@ def test_the_pod_identity_agent_is_open_wherever_pods_get_aws_credentials_from_i
     assert run.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
 
 
-def test_dr_data_is_protected(stack_runs):
+HOLDERS = (  # what holds DR data, or other stacks' access to it
+    f"{EVENTHUB}:Namespace",
+    "azure-native:resources:ResourceGroup",
+    "kubernetes:core/v1:PersistentVolumeClaim",
+    "aws:msk/clusterPolicy:ClusterPolicy",
+)
+
+
+def test_dr_data_is_protected_and_kept_and_a_topic_dropped_from_a_flow_leaves_its_hub_without_wedging(stack_runs):
     run = stack_runs["dr-msk-to-eventhubs"]
-    for typ in (f"{EVENTHUB}:EventHub", f"{EVENTHUB}:Namespace", "kubernetes:core/v1:PersistentVolumeClaim"):
-        found = run.of_type(typ)
-        assert found and all(r.protect for r in found), typ
+    values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.active-active.yaml")))
+    values["mirrorkit:clusters"][0]["msk"]["cluster_arn"] = values["mirrorkit:clusters"][0]["msk"][
+        "cluster_arn"
+    ].replace("111111111111", "222222222222")
+    values["mirrorkit:clusters"][0]["msk"]["role_arn"] = "arn:aws:iam::222222222222:role/deployer"
+    cross_account = run_values(values)  # its cluster policy
+    for typ in HOLDERS:
+        found = run.of_type(typ) + cross_account.of_type(typ)
+        assert found and all(r.protect and r.retain_on_delete for r in found), typ
+    # A hub is kept, not protected: dropping its topic from a flow forgets it and leaves its data in Azure, where a
+    # protected hub would fail every later update.
+    hubs = run.of_type(f"{EVENTHUB}:EventHub")
+    assert hubs and all(h.retain_on_delete and not h.protect for h in hubs)
 
 
 def test_data_can_be_left_unprotected_only_when_the_stack_says_so():
     values = copy.deepcopy(with_secrets(stack_values(DR))) | {"mirrorkit:protectData": "false"}
     run = run_values(values)
-    assert not any(r.protect for r in run.of_type(f"{EVENTHUB}:EventHub"))
+    kept = [r for r in run.resources if r.protect or r.retain_on_delete]
+    assert run.of_type(f"{EVENTHUB}:EventHub") and kept == []
 
 
 def kubernetes_identities(run: Run) -> set[tuple[str, str, str]]:
@@ -260,6 +286,36 @@ def test_a_peering_another_stack_made_for_the_same_vpcs_is_refused_at_preview():
 
 
 ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
+
+
+def test_a_route_another_stack_has_in_a_site_table_is_refused_at_preview_naming_both_keys():
+    # active-active is up: its use1 table routes its MSK VPC's 10.20.0.0/16 through its peering.
+    up = stack_runs_of(ACTIVE_ACTIVE)
+    (theirs,) = [
+        r.plain
+        for r in up.of_type("aws:ec2/route:Route")
+        if r.plain["routeTableId"] == "rtb-0a1b2c3d4e5f60001" and r.plain["destinationCidrBlock"] == "10.20.0.0/16"
+    ]
+    routes = {
+        "rtb-0a1b2c3d4e5f60001": [{"cidrBlock": theirs["destinationCidrBlock"], "vpcPeeringConnectionId": "pcx-0aa"}]
+    }
+    calls = {"aws:ec2/getRouteTable:getRouteTable": lambda args: {"routes": routes.get(args["routeTableId"], [])}}
+    # dr-msk-to-eventhubs as first shipped peered the same site VPC with an MSK VPC of the same CIDR.
+    values = copy.deepcopy(with_secrets(stack_values(DR)))
+    values["mirrorkit:clusters"][0]["msk"]["cidr"] = theirs["destinationCidrBlock"]
+    with pytest.raises(Exception) as refused:
+        run_values(values, calls=calls)
+    message = str(refused.value)
+    assert "mirrorkit:clusters[0].msk.cidr: route table rtb-0a1b2c3d4e5f60001 already routes 10.20.0.0/16" in message
+    assert "through pcx-0aa" in message and "mirrorkit:sites[0].aws.route_table_ids" in message
+    # As shipped now, its MSK VPC's CIDR is apart, and both stacks come up.
+    run_values(with_secrets(stack_values(DR)), calls=calls)
+
+
+def stack_runs_of(path):
+    return run_values(with_secrets(stack_values(path)), stack=path.name.split(".")[1])
+
+
 CLUSTER_POLICY = "aws:msk/clusterPolicy:ClusterPolicy"
 
 

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy
 
 from policies.rules import (
     RULES,
+    bucket_is_not_public,
     config_map_holds_no_credentials,
+    data_is_protected,
     event_hub_keeps_producer_timestamps,
     eventhubs_namespace_speaks_kafka,
+    iam_grants_no_wildcards,
     is_unknown,
     msk_scram_secret_uses_customer_key,
+    namespace_enforces_pod_security,
     nothing_cluster_wide,
     plain,
     roles_grant_only_what_the_driver_needs,
@@ -122,3 +128,54 @@ def test_the_pack_sees_crossguards_unknown_values_as_none():
     assert type(props["metadata"]) is dict and type(props["n"]) is list
     (finding,) = config_map_holds_no_credentials("kubernetes:core/v1:ConfigMap", props)
     assert is_unknown(finding)
+
+
+def test_the_pod_security_rule_checks_the_level_not_only_the_label():
+    typ = "kubernetes:core/v1:Namespace"
+    enforce = "pod-security.kubernetes.io/enforce"
+    for level in ("restricted", "baseline"):
+        assert namespace_enforces_pod_security(typ, {"metadata": {"labels": {enforce: level}}}) == []
+    for level in ("privileged", "Restricted", "", "strict"):
+        assert namespace_enforces_pod_security(typ, {"metadata": {"labels": {enforce: level}}}), level
+
+
+def test_iam_wildcard_actions_or_resources_are_refused():
+    role_policy = "aws:iam/rolePolicy:RolePolicy"
+    scoped = {"Effect": "Allow", "Action": ["kafka-cluster:ReadData"], "Resource": ["arn:aws:kafka:r:1:topic/c/u/t*"]}
+
+    def doc(*statements):
+        return {"policy": json.dumps({"Version": "2012-10-17", "Statement": list(statements)})}
+
+    assert iam_grants_no_wildcards(role_policy, doc(scoped)) == []
+    assert iam_grants_no_wildcards(role_policy, doc(scoped | {"Action": "*"}))
+    assert iam_grants_no_wildcards(role_policy, doc(scoped | {"Action": ["kafka-cluster:*"]}))
+    assert iam_grants_no_wildcards(role_policy, doc(scoped | {"Resource": "*"}))
+    cluster_policy = "aws:msk/clusterPolicy:ClusterPolicy"
+    assert iam_grants_no_wildcards(cluster_policy, doc(scoped | {"Principal": {"AWS": "*"}}))
+    assert iam_grants_no_wildcards(cluster_policy, doc(scoped | {"Effect": "Deny", "Action": "*"})) == []
+    (finding,) = iam_grants_no_wildcards(role_policy, {"policy": None})
+    assert is_unknown(finding)
+
+
+def test_a_public_bucket_is_refused():
+    block = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
+    closed = dict.fromkeys(("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"), True)
+    assert bucket_is_not_public(block, closed) == []
+    assert bucket_is_not_public(block, closed | {"restrictPublicBuckets": False})
+    assert bucket_is_not_public(block, {k: v for k, v in closed.items() if k != "blockPublicPolicy"})
+    for typ in ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2", "aws:s3/bucketAclV2:BucketAclV2"):
+        assert bucket_is_not_public(typ, {"acl": "private"}) == []
+        assert bucket_is_not_public(typ, {"acl": "public-read"}), typ
+
+
+def test_data_that_pulumi_may_delete_is_reported():
+    for typ in (
+        "azure-native:eventhub/v20240501preview:Namespace",
+        "azure-native:resources:ResourceGroup",
+        "kubernetes:core/v1:PersistentVolumeClaim",
+        "aws:s3/bucket:Bucket",
+        "azure-native:storage:BlobContainer",
+    ):
+        assert data_is_protected(typ, {}, protect=True) == []
+        assert data_is_protected(typ, {}, protect=False), typ
+    assert data_is_protected("kubernetes:core/v1:ConfigMap", {}, protect=False) == []
