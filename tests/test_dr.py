@@ -199,7 +199,7 @@ def test_history_under_an_older_mirrors_dotted_names_is_never_dropped_silently(
     flow = parse_config(raw).flows[0]
     dotted = flow.model_copy(update={"internal_topic_separator": False})
     create_topics(target_cluster.admin, {checkpoints_topic(flow): 1, offset_syncs_topic(flow): 1} |
-                  {checkpoints_topic(dotted): 1, offset_syncs_topic(dotted): 1})  # fmt: skip
+                  {checkpoints_topic(dotted): 1, offset_syncs_topic(dotted): 1}, INTERNAL_TOPIC_CONFIG)  # fmt: skip
     old = Checkpoint(f"app-{unique}", target_topic(flow, f"orders-{unique}"), 0, 40, 38)
     produce(target_cluster.client, checkpoints_topic(dotted), [Record(0, old.key(), old.value())])
     with pytest.raises(MirrorFailed) as refused:
