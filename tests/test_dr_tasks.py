@@ -189,7 +189,7 @@ def test_a_group_gone_from_the_source_or_the_selection_gets_tombstones_taken_onc
 def test_a_group_listing_a_broker_did_not_answer_is_refused_rather_than_taken_as_groups_gone():
     class Admin:
         def list_consumer_groups(self, request_timeout: float) -> SimpleNamespace:
-            error = KafkaException(KafkaError(KafkaError._TRANSPORT))
+            error = KafkaError(KafkaError._TRANSPORT)  # what librdkafka lists for a broker that did not answer
             found = ListConsumerGroupsResult([ConsumerGroupListing("app-a", False)], [error])
             return SimpleNamespace(result=lambda: found)
 

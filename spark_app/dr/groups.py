@@ -59,7 +59,7 @@ class ClusterGroups:
         """The groups on the cluster that `selection` matches, sorted; raises when any broker did not answer."""
         listing = self.admin.list_consumer_groups(request_timeout=clients.REQUEST_TIMEOUT_S).result()
         if listing.errors:  # a broker did not answer: its groups are missing, and a missing group gets tombstones
-            raise listing.errors[0]
+            raise KafkaException(listing.errors[0])  # a KafkaError, which `except Exception` would not catch
         return sorted(g.group_id for g in listing.valid if selection.matches(g.group_id))
 
     def committed(self, group: str) -> dict[Partition, Committed]:

@@ -65,7 +65,7 @@ def ensure_topic(cluster: ClusterConfig, topic: str, compacted: bool = True) -> 
     read back by key (`compacted`) that someone else made is checked to be compacted."""
     admin = clients.admin(cluster)
     if topic in admin.list_topics(timeout=clients.REQUEST_TIMEOUT_S).topics:
-        return not_compacted(admin, cluster, topic) if compacted else None
+        return _not_compacted(admin, cluster, topic) if compacted else None
     if cluster.is_eventhubs:
         return f"event hub '{topic}' does not exist on '{cluster.alias}'; infra must create it"
     new = NewTopic(topic, 1, config=INTERNAL_TOPIC_CONFIG)
@@ -78,7 +78,7 @@ def ensure_topic(cluster: ClusterConfig, topic: str, compacted: bool = True) -> 
     return None
 
 
-def not_compacted(admin: AdminClient, cluster: ClusterConfig, topic: str) -> str | None:
+def _not_compacted(admin: AdminClient, cluster: ClusterConfig, topic: str) -> str | None:
     """Why an internal topic read back by key cannot be used: a cleanup policy that deletes old records loses the
     checkpoints of idle groups and the runs parked groups rest on. None when it is compacted, or when the cluster
     does not say (that is logged)."""
