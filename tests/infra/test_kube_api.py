@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import functools
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -422,26 +421,24 @@ def submitted(kube_api: KubeApiServer, stack_runs: dict[str, Run], platform_runs
     assert apply_all(kube_api, in_own_namespaces(home_objects, "op") + release.rbac, f"pulumi-{platform}") == {}
     operator = start_operator(kube_api, release.manifests, release.namespace)
     moved = in_own_namespaces(site.objects, "op")
+    since = kube_api.request("GET", "/api/v1/namespaces")["metadata"]["resourceVersion"]
     assert apply_all(kube_api, moved, f"pulumi-{context}") == {}
     (app,) = [
         o for o in moved if o["kind"] == "SparkApplication" and o["metadata"]["name"] == site.app["metadata"]["name"]
     ]
     where = app["metadata"]["namespace"]
     (namespace,) = [o for o in moved if o["kind"] == "Namespace" and o["metadata"]["name"] == where]
-    pod_path = f"/api/v1/namespaces/{where}/pods/{app['metadata']['name']}-driver"
-    deadline = time.monotonic() + DRIVER_TIMEOUT_S
-    while True:
-        try:
-            return Submitted(app, namespace, kube_api.request("GET", pod_path))
-        except KubeApiError as err:
-            if err.status != 404:
-                raise
+    # Watched, not polled: spark-submit deletes the pod again when a later step of its submission is refused (the
+    # pyspark install's spark-submit also makes a driver NetworkPolicy, which the chart's RBAC does not allow).
+    pod = kube_api.first_added(
+        f"/api/v1/namespaces/{where}/pods", f"{app['metadata']['name']}-driver", since, DRIVER_TIMEOUT_S
+    )
+    if pod is None:
         state = (kube_api.read(app).get("status") or {}).get("applicationState", {})
-        if state.get("state") == "SUBMISSION_FAILED" or time.monotonic() > deadline:
-            # spark-submit's output, of which the exception names what the API server refused
-            refused = [line for line in state.get("errorMessage", "").splitlines() if line.startswith("Exception")]
-            pytest.fail(f"no driver pod; the application is {state.get('state')}: {refused}\n{operator.log_tail(10)}")
-        time.sleep(0.5)
+        # spark-submit's output, of which the exception names what the API server refused
+        refused = [line for line in state.get("errorMessage", "").splitlines() if line.startswith("Exception")]
+        pytest.fail(f"no driver pod; the application is {state.get('state')}: {refused}\n{operator.log_tail(10)}")
+    return Submitted(app, namespace, pod)
 
 
 def test_the_operator_makes_the_driver_pod_as_the_stack_renders_it_and_pod_security_admits_it(submitted):
