@@ -270,10 +270,11 @@ def operator_release(chart: Registered, renamed: Callable[[str], str]) -> Operat
     return OperatorRelease(home, jobs, rbac, rendered)
 
 
-def cluster_objects(run: Run, context: str, suffix: str) -> list[dict[str, Any]]:
-    """What a stack applies to one cluster, in namespaces of its own: its objects, then its operator's RBAC."""
+def cluster_objects(run: Run, context: str, suffix: str, beside: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a stack applies to one cluster, in namespaces of its own: its objects, then its operator's RBAC, which
+    acts in namespaces that other stacks there make (`beside`: every stack's objects on the cluster)."""
     objects = objects_by_cluster(run)[context]
-    renamed = namespace_renaming(objects, suffix)
+    renamed = namespace_renaming(beside, suffix)
     charts = [c for c in run.of_type(HELM_CHART) if cluster_of(run, c) == context]
     return in_own_namespaces(objects, suffix) + [o for c in charts for o in operator_release(c, renamed).rbac]
 
@@ -350,23 +351,30 @@ def test_the_operator_acts_only_in_the_mirrors_namespaces(kube_api, stack_runs, 
         assert beyond == [], platform
 
 
-def test_two_stacks_on_one_cluster_share_no_object_and_leave_each_others_as_they_sent_them(kube_api, stack_runs):
-    """Stacks whose sites name the same kubeconfig context, with their operators' RBAC, applied one after the other
-    with their own field managers and without force, as two `pulumi up`s would. An object both name would be
-    deleted by destroying either stack."""
+def test_stacks_on_one_cluster_share_no_object_and_leave_each_others_as_they_sent_them(
+    kube_api, stack_runs, platform_runs
+):
+    """The stacks whose sites name the same kubeconfig context, and the platform stack there with its operator's
+    RBAC, applied one after the other with their own field managers and without force, as their `pulumi up`s would.
+    An object two of them name would be deleted by destroying either stack."""
+    runs = stack_runs | platform_runs
     by_context: dict[str, list[str]] = {}
-    for stack in STACK_NAMES:
-        for context in objects_by_cluster(stack_runs[stack]):
+    for stack in sorted(runs):
+        for context in objects_by_cluster(runs[stack]):
             by_context.setdefault(context, []).append(stack)
-    pairs = {context: stacks for context, stacks in by_context.items() if len(stacks) > 1}
-    assert pairs, "no two stack files share a cluster"
-    for i, (context, (first, second, *_)) in enumerate(sorted(pairs.items())):
-        ours, theirs = (cluster_objects(stack_runs[s], context, f"x{i}") for s in (first, second))
-        assert sorted({ident(o) for o in ours} & {ident(o) for o in theirs}) == [], context
-        refused = apply_all(kube_api, ours, f"pulumi-{first}", force=False)
-        refused |= apply_all(kube_api, theirs, f"pulumi-{second}", force=False)
+    shared = {context: stacks for context, stacks in by_context.items() if len(stacks) > 1}
+    assert shared, "no two stack files share a cluster"
+    for i, (context, stacks) in enumerate(sorted(shared.items())):
+        beside = [o for s in stacks for o in objects_by_cluster(runs[s])[context]]
+        each = {s: cluster_objects(runs[s], context, f"x{i}", beside) for s in stacks}
+        named = [n for objects in each.values() for n in {ident(o) for o in objects}]
+        assert sorted({n for n in named if named.count(n) > 1}) == [], context
+        assert any(o["kind"] in CLUSTER_WIDE for objects in each.values() for o in objects), f"{context}: no operator"
+        refused = {}
+        for stack, objects in each.items():
+            refused |= apply_all(kube_api, objects, f"pulumi-{stack}", force=False)
         assert refused == {}, context
-        assert not_kept(kube_api, ours + theirs) == {}, context
+        assert not_kept(kube_api, [o for objects in each.values() for o in objects]) == {}, context
 
 
 def test_the_api_server_refuses_what_a_schema_does_not_declare(kube_api, stack_runs):
