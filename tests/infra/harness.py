@@ -32,6 +32,7 @@ def _config_of(path: Path) -> dict[str, Any]:
 # Topologies deployed whole, each in one stack; the other files are the parts of a set, or platform stacks.
 STACKS = [p for p in STACK_FILES if f"{PROJECT}:part" not in _config_of(p)]
 PART_STACKS = [p for p in STACK_FILES if f"{PROJECT}:part" in _config_of(p)]
+PLATFORM_STACKS = [p for p in PART_STACKS if f"{PROJECT}:platform" in _config_of(p)]  # one per Kubernetes cluster
 CONNECTION_STRING = "Endpoint=sb://test.invalid/;SharedAccessKeyName=mirrorkit;SharedAccessKey=test-sentinel-sas"
 BOOTSTRAPS = {
     "bootstrapBrokersSaslScram": "b-1.msk.test.invalid:9096,b-2.msk.test.invalid:9096",
@@ -176,12 +177,10 @@ def platforms_watching(namespace: str) -> dict[str, Exports]:
     """The shipped platform stacks as the backend would hold them after their `up`, each also acting in `namespace`
     (a test's own deployment, which no shipped platform stack lists)."""
     found = {}
-    for path in PART_STACKS:
-        platform = _config_of(path).get(f"{PROJECT}:platform")
-        if platform is not None:
-            stack = path.name.split(".")[1]
-            watched = [*platform["job_namespaces"], namespace]
-            found[stack] = Exports({"release": operator_name(stack), "job_namespaces": watched})
+    for path in PLATFORM_STACKS:
+        stack = path.name.split(".")[1]
+        watched = [*_config_of(path)[f"{PROJECT}:platform"]["job_namespaces"], namespace]
+        found[stack] = Exports({"release": operator_name(stack), "job_namespaces": watched})
     return found
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import functools
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -271,72 +270,111 @@ def operator_release(chart: Registered, renamed: Callable[[str], str]) -> Operat
     return OperatorRelease(home, jobs, rbac, rendered)
 
 
-def cluster_objects(run: Run, context: str, suffix: str) -> list[dict[str, Any]]:
-    """What a stack applies to one cluster, in namespaces of its own: its objects, then its operator's RBAC."""
+def cluster_objects(run: Run, context: str, suffix: str, beside: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a stack applies to one cluster, in namespaces of its own: its objects, then its operator's RBAC, which
+    acts in namespaces that other stacks there make (`beside`: every stack's objects on the cluster)."""
     objects = objects_by_cluster(run)[context]
-    renamed = namespace_renaming(objects, suffix)
+    renamed = namespace_renaming(beside, suffix)
     charts = [c for c in run.of_type(HELM_CHART) if cluster_of(run, c) == context]
     return in_own_namespaces(objects, suffix) + [o for c in charts for o in operator_release(c, renamed).rbac]
 
 
-def test_the_operator_acts_only_in_the_mirrors_namespaces(kube_api, stack_runs):
-    """The Spark Operator's chart rendered by Helm with the values, namespace and release name each stack gives it,
-    its service accounts and RBAC applied, and each of its service accounts asked what it may do."""
-    releases = 0
-    for stack, run in stack_runs.items():
-        clusters = objects_by_cluster(run)
-        for i, chart in enumerate(run.of_type(HELM_CHART)):
-            context = cluster_of(run, chart)
-            suffix = f"o{STACK_NAMES.index(stack)}{i}"
-            renamed = namespace_renaming(clusters[context], suffix)
-            release = operator_release(chart, renamed)
-            mirrors = sorted(
-                {renamed(o["metadata"]["namespace"]) for o in clusters[context] if o["kind"] == "SparkApplication"}
-            )
-            assert release.job_namespaces == mirrors, f"{stack}: the operator watches {release.job_namespaces}"
-            site = [o for o in in_own_namespaces(clusters[context], suffix) if o["kind"] == "Namespace"]
-            assert apply_all(kube_api, site + release.rbac, f"pulumi-{stack}") == {}
-            home = release.namespace
-            accounts = sorted(o["metadata"]["name"] for o in release.rbac if o["kind"] == "ServiceAccount")
-            assert accounts, f"{stack}: the chart makes no service account"
-            for job in release.job_namespaces:
-                for verb in ("create", "delete"):
-                    assert any(kube_api.service_account_may(home, a, verb, "pods", where=job) for a in accounts), job
-            beyond = [
-                (account, verb, resource, where)
-                for account in accounts
-                for verb, resource, where in (
-                    ("create", "pods", "default"),
-                    ("create", "pods", None),
-                    ("get", "secrets", "default"),
-                    ("list", "secrets", None),
-                    ("create", "configmaps", None),
-                    ("delete", "persistentvolumeclaims", None),
-                )
-                if kube_api.service_account_may(home, account, verb, resource, where=where)
+@dataclass(frozen=True)
+class Served:
+    """A site whose Spark Operator a platform stack installs: the cluster, what the site's stack applies there, and
+    the site's SparkApplication."""
+
+    context: str
+    objects: list[dict[str, Any]]
+    app: dict[str, Any]
+
+
+def served_by(stack_runs: dict[str, Run], platform: str) -> list[Served]:
+    """Every site, of every stack, that names `platform` as the stack installing its cluster's operator
+    (`sites[].platform`)."""
+    found = []
+    for _, run in sorted(stack_runs.items()):
+        settings = run.result["settings"]
+        apps = {settings.app_name(s.name) for s in settings.model.sites if s.platform == platform}
+        for context, objects in objects_by_cluster(run).items():
+            found += [
+                Served(context, objects, o)
+                for o in objects
+                if o["kind"] == "SparkApplication" and o["metadata"]["name"] in apps
             ]
-            assert beyond == [], stack
-            releases += 1
-    assert releases
+    return found
 
 
-def test_two_stacks_on_one_cluster_share_no_object_and_leave_each_others_as_they_sent_them(kube_api, stack_runs):
-    """Stacks whose sites name the same kubeconfig context, with their operators' RBAC, applied one after the other
-    with their own field managers and without force, as two `pulumi up`s would. An object both name would be
-    deleted by destroying either stack."""
+def platform_release(run: Run) -> tuple[str, Registered]:
+    """A platform stack's cluster (kubeconfig context) and its one Spark Operator release."""
+    (chart,) = run.of_type(HELM_CHART)
+    return cluster_of(run, chart), chart
+
+
+def test_the_operator_acts_only_in_the_mirrors_namespaces(kube_api, stack_runs, platform_runs):
+    """Each platform stack's Spark Operator chart rendered by Helm with the values, namespace and release name the
+    stack gives it, its service accounts and RBAC applied, and each of them asked what it may do: it acts in the
+    namespace of every mirror whose site names the platform stack, and nowhere else."""
+    for n, (platform, run) in enumerate(sorted(platform_runs.items())):
+        context, chart = platform_release(run)
+        served = served_by(stack_runs, platform)
+        assert served, f"no site names the platform stack {platform}"
+        assert {s.context for s in served} == {context}, f"a site naming {platform} is on another cluster"
+        home_objects = objects_by_cluster(run)[context]
+        sites = [o for s in served for o in s.objects]
+        suffix = f"o{n}"
+        renamed = namespace_renaming(home_objects + sites, suffix)
+        release = operator_release(chart, renamed)
+        mirrors = sorted({renamed(s.app["metadata"]["namespace"]) for s in served})
+        assert release.job_namespaces == mirrors, f"{platform}: the operator watches {release.job_namespaces}"
+        made = [o for o in in_own_namespaces(home_objects + sites, suffix) if o["kind"] == "Namespace"]
+        assert apply_all(kube_api, made + release.rbac, f"pulumi-{platform}") == {}
+        home = release.namespace
+        accounts = sorted(o["metadata"]["name"] for o in release.rbac if o["kind"] == "ServiceAccount")
+        assert accounts, f"{platform}: the chart makes no service account"
+        for job in release.job_namespaces:
+            for verb in ("create", "delete"):
+                assert any(kube_api.service_account_may(home, a, verb, "pods", where=job) for a in accounts), job
+        beyond = [
+            (account, verb, resource, where)
+            for account in accounts
+            for verb, resource, where in (
+                ("create", "pods", "default"),
+                ("create", "pods", None),
+                ("get", "secrets", "default"),
+                ("list", "secrets", None),
+                ("create", "configmaps", None),
+                ("delete", "persistentvolumeclaims", None),
+            )
+            if kube_api.service_account_may(home, account, verb, resource, where=where)
+        ]
+        assert beyond == [], platform
+
+
+def test_stacks_on_one_cluster_share_no_object_and_leave_each_others_as_they_sent_them(
+    kube_api, stack_runs, platform_runs
+):
+    """The stacks whose sites name the same kubeconfig context, and the platform stack there with its operator's
+    RBAC, applied one after the other with their own field managers and without force, as their `pulumi up`s would.
+    An object two of them name would be deleted by destroying either stack."""
+    runs = stack_runs | platform_runs
     by_context: dict[str, list[str]] = {}
-    for stack in STACK_NAMES:
-        for context in objects_by_cluster(stack_runs[stack]):
+    for stack in sorted(runs):
+        for context in objects_by_cluster(runs[stack]):
             by_context.setdefault(context, []).append(stack)
-    pairs = {context: stacks for context, stacks in by_context.items() if len(stacks) > 1}
-    assert pairs, "no two stack files share a cluster"
-    for i, (context, (first, second, *_)) in enumerate(sorted(pairs.items())):
-        ours, theirs = (cluster_objects(stack_runs[s], context, f"x{i}") for s in (first, second))
-        assert sorted({ident(o) for o in ours} & {ident(o) for o in theirs}) == [], context
-        refused = apply_all(kube_api, ours, f"pulumi-{first}", force=False)
-        refused |= apply_all(kube_api, theirs, f"pulumi-{second}", force=False)
+    shared = {context: stacks for context, stacks in by_context.items() if len(stacks) > 1}
+    assert shared, "no two stack files share a cluster"
+    for i, (context, stacks) in enumerate(sorted(shared.items())):
+        beside = [o for s in stacks for o in objects_by_cluster(runs[s])[context]]
+        each = {s: cluster_objects(runs[s], context, f"x{i}", beside) for s in stacks}
+        named = [n for objects in each.values() for n in {ident(o) for o in objects}]
+        assert sorted({n for n in named if named.count(n) > 1}) == [], context
+        assert any(o["kind"] in CLUSTER_WIDE for objects in each.values() for o in objects), f"{context}: no operator"
+        refused = {}
+        for stack, objects in each.items():
+            refused |= apply_all(kube_api, objects, f"pulumi-{stack}", force=False)
         assert refused == {}, context
-        assert not_kept(kube_api, ours + theirs) == {}, context
+        assert not_kept(kube_api, [o for objects in each.values() for o in objects]) == {}, context
 
 
 def test_the_api_server_refuses_what_a_schema_does_not_declare(kube_api, stack_runs):
@@ -366,64 +404,49 @@ class Submitted:
     pod: dict[str, Any]
 
 
-def most_mounted_application(stack_runs: dict[str, Run]) -> tuple[Run, str, dict[str, Any]]:
-    """Of every stack's SparkApplications, the one whose driver mounts the most volumes and secrets: the one that
-    asks the most of what the operator passes on to the pod."""
+def most_mounted_application(stack_runs: dict[str, Run], platform_runs: dict[str, Run]) -> tuple[str, Served]:
+    """Of the SparkApplications of every site whose operator a platform stack installs, the one whose driver mounts
+    the most volumes and secrets (the one that asks the most of what the operator passes on to the pod), with that
+    platform stack."""
 
     def mounts(app: dict[str, Any]) -> int:
         return len(app["spec"]["driver"].get("volumeMounts", [])) + len(app["spec"]["driver"].get("secrets", []))
 
-    found = [
-        (run, context, app)
-        for _, run in sorted(stack_runs.items())
-        for context, objects in objects_by_cluster(run).items()
-        for app in objects
-        if app["kind"] == "SparkApplication"
-    ]
-    return max(found, key=lambda f: mounts(f[2]))
-
-
-def watching_chart(stack_runs: dict[str, Run], context: str, namespace: str) -> Registered:
-    """The Spark Operator release, of whichever stack installs it on the cluster, whose operator acts in `namespace`."""
-    (chart,) = [
-        c
-        for run in stack_runs.values()
-        for c in run.of_type(HELM_CHART)
-        if cluster_of(run, c) == context and namespace in c.plain["values"]["spark"]["jobNamespaces"]
-    ]
-    return chart
+    found = [(platform, s) for platform in sorted(platform_runs) for s in served_by(stack_runs, platform)]
+    return max(found, key=lambda f: mounts(f[1].app))
 
 
 @pytest.fixture(scope="session")
-def submitted(kube_api: KubeApiServer, stack_runs: dict[str, Run]) -> Submitted:
-    """One operator (webhook and controller, as the stack's chart release runs them) for the session, and one of the
-    stacks' SparkApplications applied with its cluster's objects for it to submit."""
-    run, context, app = most_mounted_application(stack_runs)
-    objects = objects_by_cluster(run)[context]
-    renamed = namespace_renaming(objects, "op")
-    release = operator_release(watching_chart(stack_runs, context, app["metadata"]["namespace"]), renamed)
-    moved = in_own_namespaces(objects, "op")
-    home = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": release.namespace}}
-    assert apply_all(kube_api, [home, *release.rbac], "helm") == {}
+def submitted(kube_api: KubeApiServer, stack_runs: dict[str, Run], platform_runs: dict[str, Run]) -> Submitted:
+    """One operator (webhook and controller, as the platform stack's chart release runs them) for the session, and
+    one of the stacks' SparkApplications applied with its cluster's objects for it to submit."""
+    platform, site = most_mounted_application(stack_runs, platform_runs)
+    context, chart = platform_release(platform_runs[platform])
+    assert site.context == context, f"the site naming {platform} is on another cluster"
+    home_objects = objects_by_cluster(platform_runs[platform])[context]
+    served = [o for s in served_by(stack_runs, platform) for o in s.objects]
+    release = operator_release(chart, namespace_renaming(home_objects + served, "op"))
+    assert apply_all(kube_api, in_own_namespaces(home_objects, "op") + release.rbac, f"pulumi-{platform}") == {}
     operator = start_operator(kube_api, release.manifests, release.namespace)
+    moved = in_own_namespaces(site.objects, "op")
+    since = kube_api.request("GET", "/api/v1/namespaces")["metadata"]["resourceVersion"]
     assert apply_all(kube_api, moved, f"pulumi-{context}") == {}
-    (app,) = [o for o in moved if o["kind"] == "SparkApplication"]
+    (app,) = [
+        o for o in moved if o["kind"] == "SparkApplication" and o["metadata"]["name"] == site.app["metadata"]["name"]
+    ]
     where = app["metadata"]["namespace"]
     (namespace,) = [o for o in moved if o["kind"] == "Namespace" and o["metadata"]["name"] == where]
-    pod_path = f"/api/v1/namespaces/{where}/pods/{app['metadata']['name']}-driver"
-    deadline = time.monotonic() + DRIVER_TIMEOUT_S
-    while True:
-        try:
-            return Submitted(app, namespace, kube_api.request("GET", pod_path))
-        except KubeApiError as err:
-            if err.status != 404:
-                raise
+    # Watched, not polled: spark-submit deletes the pod again when a later step of its submission is refused (the
+    # pyspark install's spark-submit also makes a driver NetworkPolicy, which the chart's RBAC does not allow).
+    pod = kube_api.first_added(
+        f"/api/v1/namespaces/{where}/pods", f"{app['metadata']['name']}-driver", since, DRIVER_TIMEOUT_S
+    )
+    if pod is None:
         state = (kube_api.read(app).get("status") or {}).get("applicationState", {})
-        if state.get("state") == "SUBMISSION_FAILED" or time.monotonic() > deadline:
-            # spark-submit's output, of which the exception names what the API server refused
-            refused = [line for line in state.get("errorMessage", "").splitlines() if line.startswith("Exception")]
-            pytest.fail(f"no driver pod; the application is {state.get('state')}: {refused}\n{operator.log_tail(10)}")
-        time.sleep(0.5)
+        # spark-submit's output, of which the exception names what the API server refused
+        refused = [line for line in state.get("errorMessage", "").splitlines() if line.startswith("Exception")]
+        pytest.fail(f"no driver pod; the application is {state.get('state')}: {refused}\n{operator.log_tail(10)}")
+    return Submitted(app, namespace, pod)
 
 
 def test_the_operator_makes_the_driver_pod_as_the_stack_renders_it_and_pod_security_admits_it(submitted):

@@ -286,6 +286,27 @@ class KubeApiServer:
             raise KubeApiError(response.status_code, method, path, message)
         return response.json()
 
+    def first_added(self, collection: str, name: str, since: str, timeout_s: float) -> dict[str, Any] | None:
+        """Object `name` of the collection at path `collection` as the server first stored it after resource version
+        `since`, even if it is gone by now; None if none was added within `timeout_s`."""
+        params = {
+            "watch": "true",
+            "resourceVersion": since,
+            "fieldSelector": f"metadata.name={name}",
+            "timeoutSeconds": str(int(timeout_s)),
+        }
+        url = f"{self.url}{collection}"
+        with self._session.get(url, params=params, stream=True, timeout=timeout_s + 30) as response:
+            if response.status_code >= 400:
+                raise KubeApiError(response.status_code, "GET", collection, response.text)
+            for line in response.iter_lines():
+                event = json.loads(line)
+                if event["type"] == "ERROR":
+                    raise KubeApiError(event["object"]["code"], "GET", collection, event["object"]["message"])
+                if event["type"] == "ADDED":
+                    return event["object"]
+        return None
+
     def resource_type(self, api_version: str, kind: str) -> ResourceType:
         """Where the server serves a kind, from its discovery documents (read again after CRDs change)."""
         key = (api_version, kind)
