@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     fail.add_argument("--flow", required=True, help="the flow to fail over, as SRC->DST")
     fail.add_argument("--groups", default=None, help="only groups matching this regex (full match)")
     fail.add_argument("--dry-run", action="store_true", help="print the plan, commit nothing")
+    fail.add_argument("--force", action="store_true",
+                      help="fail over while the flow's mirror still runs: fence it first, saying so")  # fmt: skip
     drill = sub.choices["drill"]
     drill.add_argument("--flow", required=True, help="the flow to drill, as SRC->DST; its mirror must be running")
     drill.add_argument("--probe-topic", default="mirrorkit_drill", help="a topic the flow mirrors, for the drill only")
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             return print_status(config, args.json)
         if args.command == "failover":
-            return run_failover(config, args.flow, args.groups, args.dry_run)
+            return run_failover(config, args.flow, args.groups, args.dry_run, args.force)
         if args.command == "failback":
             return run_failback(config, args.flow, args.dry_run, args.force)
         if args.command == "adopt":
@@ -192,9 +194,10 @@ def print_status(config: MirrorConfig, as_json: bool) -> int:
     return 0
 
 
-def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_run: bool) -> int:
-    """Print where each group resumes on the target; without --dry-run, commit it there for idle groups."""
-    from .dr.views import failover, failover_plan
+def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_run: bool, force: bool) -> int:
+    """Print where each group resumes on the target; without --dry-run, commit it there for idle groups, once the
+    flow's mirror has stopped (or, forced, is fenced)."""
+    from .dr.views import Checks, failover, failover_plan, fence, running_mirror
 
     flow = config.flow(flow_name)
     if groups is not None:
@@ -223,8 +226,16 @@ def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_r
             f"{clamped} row(s) resume at the target partition's log start: the records between their translated"
             f" offset and it were deleted on '{flow.target}' (retention), so the group cannot read them there"
         )
+    running = running_mirror(config, flow)
     if dry_run:
+        if running:
+            print(f"failover would refuse: {running} (--force fences it)")
         return 0
+    checks = Checks("failover", force)
+    if running:
+        checks.fail(running)
+        fence(config, flow)
+    print_forced(checks.forced)
     refused = 0
     for result in failover(config, flow, plan):
         if result.refused:

@@ -17,6 +17,7 @@ from spark_app.cli import main as cli_main
 from spark_app.config import ClusterConfig, parse_config
 from spark_app.dr.formats import Checkpoint
 from spark_app.dr.groups import ClusterGroups, Committed
+from spark_app.dr.lease import DrLease
 from spark_app.mirror import Mirror
 from spark_app.policy import checkpoints_topic
 from tests.support.mirror_config import cluster_entry
@@ -247,7 +248,19 @@ def test_failover_clamps_to_the_log_start_and_marks_groups_so_group_sync_leaves_
     assert rows == {("0", "40", "6", "?", "log-start(translated-3)"), ("1", "40", "4", "?", "-")}, out
     assert "1 row(s) resume at the target partition's log start" in out, out
 
-    assert cli_main(failover) == 0
+    # A mirror of the flow still runs (it holds the flow's DR lease): the failover refuses, naming it; forced, it
+    # fences that mirror first and says so.
+    running = DrLease(config.cluster(d), flow)
+    running.acquire()
+    try:
+        assert cli_main(failover) == 1
+        assert f"the mirror of flow {p}->{d} still runs" in capsys.readouterr().err
+        assert ClusterGroups(config.cluster(d)).committed(group) == {}
+        assert cli_main([*failover, "--force"]) == 0
+        assert f"forced past: the mirror of flow {p}->{d} still runs" in capsys.readouterr().out
+        assert not running.held() and running.fenced is not None
+    finally:
+        running.release()
     on_dr = ClusterGroups(config.cluster(d))
     moved = f"mirrorkit:failover {p}->{d}"
     assert on_dr.committed(group) == {(remote, 0): Committed(6, moved), (remote, 1): Committed(4, moved)}
@@ -255,8 +268,9 @@ def test_failover_clamps_to_the_log_start_and_marks_groups_so_group_sync_leaves_
     synced = on_dr.commit(group, {(remote, 0): 9, (remote, 1): 9})
     assert synced.left is not None and moved in synced.left and not synced.committed
     assert {tp: c.offset for tp, c in on_dr.committed(group).items()} == {(remote, 0): 6, (remote, 1): 4}
-    # Run again, the failover keeps what is there and marks it still.
-    assert cli_main(failover) == 0
+    # Run again, the failover keeps what is there and marks it still (forced: the fence's own lease lapses only
+    # SESSION_S after it).
+    assert cli_main([*failover, "--force"]) == 0
     assert f"kept {group} {remote}[0] = 6" in capsys.readouterr().out
     assert {c.metadata for c in on_dr.committed(group).values()} == {moved}
     # The group's consumers commit on DR (here, as `--reset-offsets --to-current` would): the mark is gone, and

@@ -331,17 +331,17 @@ class Drill:
 
     def _forget_checkpoints(self) -> str:
         """A tombstone (null value) for each of the probe group's checkpoint keys on the target."""
-        keys = [
-            Checkpoint(cp.group, cp.topic, cp.partition, -1, -1).key()
-            for cp, _ in read_checkpoints(self.config, self.flow).values()
-            if cp.group == self.group
+        tombstones = [
+            Checkpoint.tombstone(group, topic, partition)
+            for group, topic, partition in read_checkpoints(self.config, self.flow)
+            if group == self.group
         ]
         producer = clients.producer(self.target, {"acks": "all"})
-        for key in keys:
-            clients.produce(producer, checkpoints_topic(self.flow), key, None)
+        for cp in tombstones:
+            clients.produce(producer, checkpoints_topic(self.flow), cp.key(), cp.record_value())
         if producer.flush(clients.REQUEST_TIMEOUT_S):
             raise MirrorFailed(f"'{self.target.alias}' did not acknowledge them")
-        return f"wrote tombstones for the {len(keys)} checkpoint(s) of '{self.group}' on '{self.target.alias}'"
+        return f"wrote tombstones for the {len(tombstones)} checkpoint(s) of '{self.group}' on '{self.target.alias}'"
 
     # -- helpers -----------------------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from .. import clients
 from ..clients import Partition
 from ..config import ClusterConfig, GroupSelection
+from ..policy import LEASE_GROUP_PREFIX
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,16 @@ class ClusterGroups:
         return self._admin
 
     def groups(self, selection: GroupSelection) -> list[str]:
-        """The groups on the cluster that `selection` matches, sorted; raises when any broker did not answer."""
+        """The groups on the cluster that `selection` matches, sorted, but the mirrors' DR leases (no consumer's: a
+        running mirror is their member); raises when any broker did not answer."""
         listing = self.admin.list_consumer_groups(request_timeout=clients.REQUEST_TIMEOUT_S).result()
         if listing.errors:  # a broker did not answer: its groups are missing, and a missing group gets tombstones
             raise listing.errors[0]
-        return sorted(g.group_id for g in listing.valid if selection.matches(g.group_id))
+        return sorted(
+            g.group_id
+            for g in listing.valid
+            if selection.matches(g.group_id) and not g.group_id.startswith(LEASE_GROUP_PREFIX)
+        )
 
     def committed(self, group: str) -> dict[Partition, Committed]:
         request = [ConsumerGroupTopicPartitions(group)]

@@ -27,6 +27,7 @@ from ..errors import AuthenticationFailed, ClusterUnreachable, MirrorFailed
 from ..policy import PROVENANCE_HEADER, drops_record, origin, should_mirror, target_topic
 from .groups import ClusterGroups, GroupCommit, mark
 from .internal import newest_heartbeat_ms, read_checkpoints, read_offset_syncs
+from .lease import SESSION_S, DrLease, holder
 from .syncs import SyncStore
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,27 @@ def clamped(target: ClusterConfig, rows: list[FailoverRow]) -> list[FailoverRow]
         start = starts.get((r.topic, r.partition), r.target_offset)  # a partition that did not answer stays
         out.append(replace(r, target_offset=start, clamped_from=r.target_offset) if r.target_offset < start else r)
     return out
+
+
+def running_mirror(config: MirrorConfig, flow: FlowConfig) -> str | None:
+    """Why a failover must wait, or None: a mirror of the flow that still runs (it holds the flow's DR lease) would
+    go on checkpointing and syncing the groups the failover moves."""
+    running = holder(config, flow)
+    if running is None:
+        return None
+    return (
+        f"the mirror of flow {flow.name} still runs ({running}; it holds the flow's DR lease on '{flow.target}');"
+        f" stop it first: a stopped mirror's lease lapses {SESSION_S} s later"
+    )
+
+
+def fence(config: MirrorConfig, flow: FlowConfig) -> None:
+    """Take the flow's DR lease and let it lapse: a mirror of the flow that still runs is fenced, and writes no
+    more offset syncs, checkpoints or group commits."""
+    lease = DrLease(config.cluster(flow.target), flow)
+    lease.acquire()
+    lease.release()
+    log.warning("flow %s: fenced its running mirror by taking its DR lease", flow.name)
 
 
 def failover(config: MirrorConfig, flow: FlowConfig, plan: list[FailoverRow]) -> list[GroupCommit]:
