@@ -226,7 +226,7 @@ def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_r
             f"{clamped} row(s) resume at the target partition's log start: the records between their translated"
             f" offset and it were deleted on '{flow.target}' (retention), so the group cannot read them there"
         )
-    running = running_mirror(config, flow)
+    running = running_mirror(config, flow, wait_s=0.0) if dry_run or force else running_mirror(config, flow)
     if dry_run:
         if running:
             print(f"failover would refuse: {running} (--force fences it)")

@@ -118,10 +118,13 @@ def clamped(target: ClusterConfig, rows: list[FailoverRow]) -> list[FailoverRow]
     return out
 
 
-def running_mirror(config: MirrorConfig, flow: FlowConfig) -> str | None:
+def running_mirror(config: MirrorConfig, flow: FlowConfig, wait_s: float = SESSION_S + 2.0) -> str | None:
     """Why a failover must wait, or None: a mirror of the flow that still runs (it holds the flow's DR lease) would
-    go on checkpointing and syncing the groups the failover moves."""
-    running = holder(config, flow)
+    go on checkpointing and syncing the groups the failover moves. A mirror that stopped just now holds it until
+    its session lapses, so this waits up to `wait_s` for that."""
+    deadline = time.monotonic() + wait_s
+    while (running := holder(config, flow)) is not None and time.monotonic() < deadline:
+        time.sleep(1.0)
     if running is None:
         return None
     return (
