@@ -178,6 +178,11 @@ def test_failback_moves_groups_to_the_primary_and_refuses_live_consumers_and_lag
     assert committed(primary.client, live_group, topic, 2) == {}
     assert cli_main(failback) == 0
     assert actions(capsys.readouterr().out) == {(*a[:5], "keep") for a in planned}
+    # What failback committed carries its mark, so the reverse flow's group sync leaves the group alone there.
+    on_primary = ClusterGroups(both.cluster(p))
+    assert {c.metadata for c in on_primary.committed(group).values()} == {f"mirrorkit:failback {d}->{p}"}
+    assert on_primary.commit(group, {(f"{d}.{topic}", 0): 20}).left is not None
+    assert committed(primary.client, group, f"{d}.{topic}", 2) == {0: 15, 1: 12}
 
 
 def test_failback_under_identity_puts_groups_at_the_end_of_the_one_topic(spark, pair, tmp_path, unique, capsys):
