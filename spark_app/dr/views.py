@@ -33,6 +33,10 @@ from .syncs import SyncStore
 log = logging.getLogger(__name__)
 
 STATUS_SOURCE_TIMEOUT_S = 10.0
+# What a group's coordinator answers while it loads or moves, e.g. on a broker just started.
+COORDINATOR_MOVING = frozenset(
+    {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
+)
 
 
 class Refused(MirrorFailed):
@@ -120,16 +124,26 @@ def clamped(target: ClusterConfig, rows: list[FailoverRow]) -> list[FailoverRow]
 
 def running_mirror(config: MirrorConfig, flow: FlowConfig, wait_s: float = SESSION_S + 2.0) -> str | None:
     """Why a failover must wait, or None: a mirror of the flow that still runs (it holds the flow's DR lease) would
-    go on checkpointing and syncing the groups the failover moves. A mirror that stopped just now holds it until
-    its session lapses, so this waits up to `wait_s` for that."""
-    deadline = time.monotonic() + wait_s
-    while (running := holder(config, flow)) is not None and time.monotonic() < deadline:
+    go on checkpointing and syncing the groups the failover moves. A mirror that stops releases it; one that
+    crashed holds it until its session lapses, so this waits up to `wait_s` for that."""
+    began = time.monotonic()
+    while True:
+        try:
+            running = holder(config, flow)
+        except KafkaException as err:  # e.g. the group coordinator still loading on a broker just started
+            transient = err.args[0].retriable() or err.args[0].code() in COORDINATOR_MOVING
+            if not transient or time.monotonic() - began > clients.REQUEST_TIMEOUT_S:
+                raise
+            time.sleep(0.5)
+            continue
+        if running is None:
+            return None
+        if time.monotonic() - began >= wait_s:
+            break
         time.sleep(1.0)
-    if running is None:
-        return None
     return (
         f"the mirror of flow {flow.name} still runs ({running}; it holds the flow's DR lease on '{flow.target}');"
-        f" stop it first: a stopped mirror's lease lapses {SESSION_S} s later"
+        " stop it first (a mirror that stops releases it), or fail over with --force, which fences it"
     )
 
 
