@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     fail.add_argument("--flow", required=True, help="the flow to fail over, as SRC->DST")
     fail.add_argument("--groups", default=None, help="only groups matching this regex (full match)")
     fail.add_argument("--dry-run", action="store_true", help="print the plan, commit nothing")
+    fail.add_argument("--force", action="store_true",
+                      help="fail over while the flow's mirror still runs: fence it first, saying so")  # fmt: skip
     drill = sub.choices["drill"]
     drill.add_argument("--flow", required=True, help="the flow to drill, as SRC->DST; its mirror must be running")
     drill.add_argument("--probe-topic", default="mirrorkit_drill", help="a topic the flow mirrors, for the drill only")
@@ -57,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     back = sub.choices["failback"]
     back.add_argument("--flow", required=True, help="the reverse flow, as DR->PRIMARY")
     back.add_argument("--dry-run", action="store_true", help="print what it would commit, commit nothing")
+    back.add_argument("--force", action="store_true",
+                      help="go past failed checks (live consumers on DR, lag, checkpoints not yet current), saying"
+                      " which")  # fmt: skip
     take = sub.choices["adopt"]
     take.add_argument("--flow", required=True, help="the flow MM2 ran, as SRC->DST (MM2's cluster aliases)")
     take.add_argument("--force", action="store_true",
@@ -107,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             return print_status(config, args.json)
         if args.command == "failover":
-            return run_failover(config, args.flow, args.groups, args.dry_run)
+            return run_failover(config, args.flow, args.groups, args.dry_run, args.force)
         if args.command == "failback":
-            return run_failback(config, args.flow, args.dry_run)
+            return run_failback(config, args.flow, args.dry_run, args.force)
         if args.command == "adopt":
             return run_adopt(config, args)
         if args.command == "handback":
@@ -181,7 +186,7 @@ def print_status(config: MirrorConfig, as_json: bool) -> int:
         if not f.partitions:
             print(f"{f.flow:16} {'(nothing mirrored yet)':24} {'':>4} {'':>10} {'':>8} {'-':>15} {heartbeat:>14}")
         for p in f.partitions:
-            lag = "source down" if p.lag is None else str(p.lag)
+            lag = str(p.lag) if p.lag is not None else "unknown" if f.source_reachable else "source down"
             print(
                 f"{f.flow:16} {p.topic:24} {p.partition:>4} {p.mirrored_offset:>10} {lag:>8}"
                 f" {_age(p.checkpoint_age_s):>15} {heartbeat:>14}"
@@ -189,9 +194,10 @@ def print_status(config: MirrorConfig, as_json: bool) -> int:
     return 0
 
 
-def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_run: bool) -> int:
-    """Print where each group resumes on the target; without --dry-run, commit it there for idle groups."""
-    from .dr.views import failover, failover_plan
+def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_run: bool, force: bool) -> int:
+    """Print where each group resumes on the target; without --dry-run, commit it there for idle groups, once the
+    flow's mirror has stopped (or, forced, is fenced)."""
+    from .dr.views import Checks, failover, failover_plan, fence, running_mirror
 
     flow = config.flow(flow_name)
     if groups is not None:
@@ -203,14 +209,33 @@ def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_r
     print(f"{'group':24} {'topic':24} {'part':>4} {'source offset':>13} {'target offset':>13} {'re-read':>8}  note")
     for r in plan:
         reread = "?" if r.reread is None else str(r.reread)
-        note = "held-for-local-records" if r.held_for_local else "-"
+        notes = []
+        if r.held_for_local:
+            notes.append("held-for-local-records")
+        if r.clamped_from is not None:
+            notes.append(f"log-start(translated-{r.clamped_from})")
+        note = ",".join(notes) or "-"
         where = f"{r.group:24} {r.topic:24} {r.partition:>4}"
         print(f"{where} {r.source_offset:>13} {r.target_offset:>13} {reread:>8}  {note}")
     if not plan:
         print(f"no checkpoint for flow {flow.name} on '{flow.target}' matches; nothing to fail over")
         return 1
+    clamped = sum(1 for r in plan if r.clamped_from is not None)
+    if clamped:
+        print(
+            f"{clamped} row(s) resume at the target partition's log start: the records between their translated"
+            f" offset and it were deleted on '{flow.target}' (retention), so the group cannot read them there"
+        )
+    running = running_mirror(config, flow, wait_s=0.0) if dry_run or force else running_mirror(config, flow)
     if dry_run:
+        if running:
+            print(f"failover would refuse: {running} (--force fences it)")
         return 0
+    checks = Checks("failover", force)
+    if running:
+        checks.fail(running)
+        fence(config, flow)
+    print_forced(checks.forced)
     refused = 0
     for result in failover(config, flow, plan):
         if result.refused:
@@ -261,19 +286,19 @@ def run_drill(
     return 0 if report.skipped == 0 else 1
 
 
-def run_failback(config: MirrorConfig, flow_name: str, dry_run: bool) -> int:
-    """Refuse while the operator must act; else commit (or, on a dry run, print) where each group goes."""
+def run_failback(config: MirrorConfig, flow_name: str, dry_run: bool, force: bool) -> int:
+    """Refuse while the operator must act (unless forced); else commit (or, on a dry run, print) where each group
+    goes."""
     from .dr.failback import failback
 
-    result = failback(config, config.flow(flow_name), dry_run)
+    result = failback(config, config.flow(flow_name), dry_run, force)
+    print_forced(result.forced)
     print(f"{'move':13} {'group':24} {'topic':24} {'part':>4} {'offset':>10}  on '{result.primary}'")
     for a in result.actions:
         print(f"{a.move:13} {a.group:24} {a.topic:24} {a.partition:>4} {a.offset:>10}  {a.done}")
     if not result.actions and not result.refused:
         print(f"no group of flow {flow_name} on '{result.dr}' has offsets to move")
-    for reason in result.refused:
-        print(f"refused: {reason}", file=sys.stderr)
-    return 1 if result.refused else 0
+    return 1 if refused(result.refused) else 0
 
 
 def refused(reasons: list[str]) -> bool:
@@ -281,6 +306,12 @@ def refused(reasons: list[str]) -> bool:
     for reason in reasons:
         print(f"refused: {reason}", file=sys.stderr)
     return bool(reasons)
+
+
+def print_forced(reasons: list[str]) -> None:
+    """What `--force` went past, before what the command did (each was logged too)."""
+    for reason in reasons:
+        print(f"forced past: {reason}")
 
 
 def run_adopt(config: MirrorConfig, args: argparse.Namespace) -> int:

@@ -125,9 +125,12 @@ def _offset_syncs(prefix: str, flow: FlowConfig, location: str) -> str:
     return f"{prefix}{sep}{other}{sep}internal"
 
 
+LEASE_GROUP_PREFIX = "mirrorkit-lease."
+
+
 def lease_group(flow: FlowConfig) -> str:
     """The consumer group on the target whose static member holds the flow's DR lease (spark_app.dr.lease)."""
-    return f"mirrorkit-lease.{flow.source}.{flow.target}"
+    return f"{LEASE_GROUP_PREFIX}{flow.source}.{flow.target}"
 
 
 @dataclass(frozen=True)

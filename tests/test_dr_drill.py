@@ -10,9 +10,11 @@ from bench.testbed import clients
 from bench.testbed.clients import Record, commit, committed, create_topics, produce
 from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
-from spark_app.clients import watermarks
+from spark_app.clients import read_topic, watermarks
 from spark_app.config import ClusterConfig, parse_config
+from spark_app.dr.formats import Checkpoint
 from spark_app.mirror import Mirror
+from spark_app.policy import checkpoints_topic
 from tests.support.mirror_config import create_event_hubs, one_flow_config
 from tests.support.running import mirror_running
 
@@ -26,7 +28,8 @@ def ends(settings: ClusterConfig, topic: str, partitions: int) -> dict[int, int]
 
 
 def groups_on(settings: ClusterConfig) -> set[str]:
-    listing = clients.admin(settings).list_consumer_groups(request_timeout=30).result()
+    admin = clients.admin(settings)  # held: the futures of a client already freed never complete
+    listing = admin.list_consumer_groups(request_timeout=30).result()
     return {g.group_id for g in listing.valid}
 
 
@@ -86,6 +89,10 @@ def test_drill_measures_rpo_rto_and_reread_and_touches_no_user_topic_or_group(
     probe_group = report["probe_group"]
     assert probe_group.startswith(f"{probe}-")
     assert probe_group not in groups_on(source_cluster.client) | groups_on(target_cluster.client)
+    # Its checkpoints end in tombstones, so no later failover brings it back on the target.
+    keys = {Checkpoint(probe_group, f"{alias}.{probe}", p, -1, -1).key() for p in (0, 1)}
+    newest = {m.key(): m.value() for m in read_topic(config.cluster("eh"), checkpoints_topic(config.flows[0]))}
+    assert keys <= set(newest) and all(newest[k] is None for k in keys)
     assert any(f"left topic '{probe}'" in line for line in report["cleanup"])
     # The user's topic and group are untouched: same records, same committed offsets, nothing committed on DR.
     assert ends(source_cluster.client, user_topic, 2) == {0: 50, 1: 50}

@@ -272,6 +272,30 @@ def test_checkpoints_translate_selected_groups_commit_them_and_skip_partitions_w
     assert target.commits == {"app-a": {("primary.orders", 0): 41, ("primary.orders", 1): 1001}}
 
 
+def test_group_sync_asks_again_for_a_group_an_operator_moved_only_when_its_translation_changes():
+    """The target leaves a marked group alone (spark_app.dr.groups); unlike a refusal, that is not retried every
+    round, only when the group's translation changes."""
+
+    class MovedTarget(FakeTarget):
+        def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
+            self.commits.setdefault(group, {}).update(offsets)
+            return GroupCommit(group, left=f"group '{group}' on 'dr' was moved by mirrorkit:failover primary->dr")
+
+    store = SyncStore()
+    store.record("orders", 0, Run(0, 0, 99))
+    source = FakeSource({"app-a": {("orders", 0): Committed(10)}})
+    target = MovedTarget()
+    task = CheckpointTask(FLOW, store, threading.Lock(), source, target)
+    task.run_once()
+    assert task.group_commits["app-a"].left and target.commits == {"app-a": {("primary.orders", 0): 10}}
+    target.commits.clear()
+    task.run_once()
+    assert target.commits == {}  # nothing changed: not asked again
+    source.by_group["app-a"][("orders", 0)] = Committed(20)
+    task.run_once()
+    assert target.commits == {"app-a": {("primary.orders", 0): 20}}
+
+
 def test_a_group_below_every_sync_resumes_from_its_previous_checkpoint_when_that_is_not_ahead():
     store = SyncStore()
     store.record("orders", 0, Run(500, 300, 600))

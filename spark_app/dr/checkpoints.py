@@ -7,12 +7,14 @@ reads it, only when it differs from the last one written for its key: an idle gr
 leaves the selection (deleted on the source, its offsets expired, or no longer matched by `groups`) gets a tombstone
 for each of its keys, so the compacted topic forgets it and a failover or drill does not bring it back. Each round
 tells the store which committed offsets groups hold, so the runs they need are kept however old they grow. With
-`sync_group_offsets` a changed translation is also committed on the target for groups with no member there. The
+`sync_group_offsets` a changed translation is also committed on the target for groups with no member there, except
+a group an operator's `failover` or `failback` moved there (its commits carry their mark, spark_app.dr.groups). The
 source and the target are injected, so the task runs without a cluster in tests.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +26,8 @@ from ..policy import should_mirror, target_topic
 from .formats import Checkpoint
 from .groups import Committed, GroupCommit
 from .syncs import SyncStore, Translation
+
+log = logging.getLogger(__name__)
 
 CheckpointKey = tuple[str, str, int]  # (group, target topic, partition)
 
@@ -49,7 +53,7 @@ class CheckpointTarget(Protocol):
         ...
 
     def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
-        """Commit a group's offsets on the target (spark_app.dr.groups.ClusterGroups.commit)."""
+        """Commit a group's offsets on the target as group sync (spark_app.dr.groups.ClusterGroups.commit)."""
         ...
 
 
@@ -117,7 +121,10 @@ class CheckpointTask:
         refused = {g for g, commit in self.group_commits.items() if commit.refused}
         for group in sorted(changed_groups | (refused & {cp.group for cp in current})):
             on_target = {(cp.topic, cp.partition): cp.downstream_offset for cp in current if cp.group == group}
-            self.group_commits[group] = self.target.commit(group, on_target)
+            result = self.target.commit(group, on_target)
+            if result.left and not (group in self.group_commits and self.group_commits[group].left):
+                log.info("flow %s: group sync leaves it alone: %s", self.flow.name, result.left)
+            self.group_commits[group] = result
 
     def checkpoint(self, group: str, tp: Partition, committed: Committed) -> Checkpoint | None:
         """The checkpoint for one group's committed source offset; None when the partition has nothing mirrored."""

@@ -1,7 +1,8 @@
 """The DR drill: measure a running flow's RPO, RTO and re-read with a probe topic and group of its own.
 
 Against a flow whose mirror is already running, `drill` touches only its probe topic (made on the source if absent,
-and left there) and a probe group with a fresh name (deleted on both clusters at the end). It produces numbered
+and left there) and a probe group with a fresh name (deleted on both clusters at the end, its checkpoints
+tombstoned). It produces numbered
 probe records at a steady rate; meanwhile the probe group consumes part of them on the source and commits. At the
 cut it stops producing and notes what the source acknowledged and what had reached the target at that instant:
 the RPO is the records (and seconds of production) not yet there. It then waits for the mirror to checkpoint the
@@ -25,7 +26,8 @@ from confluent_kafka.admin import NewTopic
 from .. import clients
 from ..config import ClusterConfig, ConfigError, FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
-from ..policy import is_internal, should_mirror, target_topic
+from ..policy import checkpoints_topic, is_internal, should_mirror, target_topic
+from .formats import Checkpoint
 from .groups import ClusterGroups
 from .internal import read_checkpoints
 from .views import failover, failover_plan
@@ -276,6 +278,7 @@ class Drill:
         plan = failover_plan(self.config, self.flow, re.escape(self.group))
         if not plan:
             raise MirrorFailed(f"flow {self.flow.name}: the failover plan has no row for '{self.group}'")
+        self.log(self._delete_group(self.source))  # planned: the mirror need not checkpoint the group any more
         for result in failover(self.config, self.flow, plan):
             if result.refused:
                 raise MirrorFailed(result.refused)
@@ -306,16 +309,39 @@ class Drill:
         return rto, reads, bound
 
     def clean_up(self) -> list[str]:
-        done = []
-        for cluster in (self.source, self.target):  # the source first: the mirror stops checkpointing the group
-            try:
-                ClusterGroups(cluster).delete(self.group)
-                done.append(f"deleted group '{self.group}' on '{cluster.alias}'")
-            except KafkaException as err:
-                done.append(f"could not delete group '{self.group}' on '{cluster.alias}': {err.args[0].str()}")
+        """Delete the probe group on both clusters (the source first, so the mirror stops checkpointing it) and
+        write tombstones for its checkpoints, so no later `failover` or group sync brings it back on the target."""
+        done = [self._delete_group(cluster) for cluster in (self.source, self.target)]
+        try:
+            done.append(self._forget_checkpoints())
+        except (KafkaException, MirrorFailed) as err:
+            done.append(f"could not write tombstones for the checkpoints of '{self.group}': {err}")
         done.append(f"left topic '{self.options.probe_topic}' on '{self.source.alias}' and '{self.remote}' on"
                     f" '{self.target.alias}' for the next drill")  # fmt: skip
         return done
+
+    def _delete_group(self, cluster: ClusterConfig) -> str:
+        try:
+            ClusterGroups(cluster).delete(self.group)
+        except KafkaException as err:
+            if err.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
+                return f"group '{self.group}' is gone from '{cluster.alias}'"
+            return f"could not delete group '{self.group}' on '{cluster.alias}': {err.args[0].str()}"
+        return f"deleted group '{self.group}' on '{cluster.alias}'"
+
+    def _forget_checkpoints(self) -> str:
+        """A tombstone (null value) for each of the probe group's checkpoint keys on the target."""
+        tombstones = [
+            Checkpoint.tombstone(group, topic, partition)
+            for group, topic, partition in read_checkpoints(self.config, self.flow)
+            if group == self.group
+        ]
+        producer = clients.producer(self.target, {"acks": "all"})
+        for cp in tombstones:
+            clients.produce(producer, checkpoints_topic(self.flow), cp.key(), cp.record_value())
+        if producer.flush(clients.REQUEST_TIMEOUT_S):
+            raise MirrorFailed(f"'{self.target.alias}' did not acknowledge them")
+        return f"wrote tombstones for the {len(tombstones)} checkpoint(s) of '{self.group}' on '{self.target.alias}'"
 
     # -- helpers -----------------------------------------------------------------------------------------------
 

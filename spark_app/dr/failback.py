@@ -2,9 +2,8 @@
 
 Given an active/active config with the original flow PRIMARY->DR and the reverse flow DR->PRIMARY, it first checks
 what the operator must have done: no consumer of the reverse flow's selected groups runs on DR, and both flows have
-lag 0 (every selected partition with records mirrored to its end; the mirror's own `heartbeats` aside, as they
-keep moving, and under `identity` a tail of records the flow drops as they came from its target). Then, for each
-of those groups on DR:
+lag 0 (every partition they mirror now copied to its last stable offset, as `status` counts it; the mirror's own
+`heartbeats` aside, as they keep moving). Then, for each of those groups on DR:
 
 - where it stopped, for the data written on DR: the reverse flow's checkpoints put the group on the primary's
   `dr.<topic>` where it stopped on DR, as `failover` of the reverse flow does; each checkpoint must carry the
@@ -13,30 +12,26 @@ of those groups on DR:
 - at the end, for the original topics: a group that consumed their copy on DR has read them all (or is refused),
   so it goes to their end on the primary.
 
-Every commit goes through `ClusterGroups.commit`: a group with members on the primary is refused by name, and a
-partition already at or past the offset is kept, never moved back.
+Every commit goes through `ClusterGroups.commit`: a group with members on the primary is refused by name, a
+partition already at or past the offset is kept, never moved back, and every partition moved or kept carries the
+failback's mark, so the reverse flow's group sync leaves the group alone on the primary. `force` goes past the
+checks above, each logged and returned: never past a group with members on the primary, and never so that a group
+skips a record (see `where_stopped` and `at_end`).
 """
 
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from .. import clients
 from ..clients import Partition
-from ..config import ClusterConfig, ConfigError, FlowConfig, MirrorConfig
-from ..errors import MirrorFailed
-from ..policy import HEARTBEATS_TOPIC, PROVENANCE_HEADER, drops_record, origin, should_mirror, target_topic
-from .groups import ClusterGroups, GroupCommit
-from .views import failover_plan, flow_status
-
-
-class FailbackRefused(MirrorFailed):
-    """The operator must act first; the message names each group, flow and partition in the way."""
+from ..config import ConfigError, FlowConfig, MirrorConfig
+from ..policy import HEARTBEATS_TOPIC, should_mirror, target_topic
+from .groups import ClusterGroups, GroupCommit, mark
+from .views import Checks, copied_in, failover_plan, flow_status
 
 
 class Move(enum.StrEnum):
@@ -61,6 +56,7 @@ class FailbackResult:
     groups: list[str]
     actions: list[FailbackAction] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # groups refused by the primary (members there)
+    forced: list[str] = field(default_factory=list)  # the checks `--force` went past
 
 
 def original_flow(config: MirrorConfig, reverse: FlowConfig) -> FlowConfig:
@@ -75,19 +71,17 @@ def original_flow(config: MirrorConfig, reverse: FlowConfig) -> FlowConfig:
 
 
 def lag_problems(config: MirrorConfig, flow: FlowConfig) -> list[str]:
-    """Why the flow's lag is not 0, per partition; [] when every selected partition is mirrored to its end."""
+    """Why the flow's lag is not 0, per partition it mirrors now; [] when each is mirrored to its last stable offset
+    (spark_app.dr.views says what counts)."""
     status = flow_status(config, flow)
     if not status.source_reachable:
         return [f"flow {flow.name}: its source '{flow.source}' does not answer, so its lag is unknown"]
-    source = config.cluster(flow.source)
     problems = [
-        f"flow {flow.name}: {p.topic}[{p.partition}] lag {p.lag}"
+        f"flow {flow.name}: {p.topic}[{p.partition}] lag {'unknown' if p.lag is None else p.lag}"
         for p in status.partitions
-        if p.topic != HEARTBEATS_TOPIC
-        and p.lag
-        and p.source_end_offset is not None
-        and not dropped_tail(source, flow, p.topic, p.partition, p.mirrored_offset, p.source_end_offset)
+        if p.topic != HEARTBEATS_TOPIC and p.lag != 0
     ]
+    source = config.cluster(flow.source)
     admin = clients.admin(source)
     selected = [
         (name, p)
@@ -97,73 +91,51 @@ def lag_problems(config: MirrorConfig, flow: FlowConfig) -> list[str]:
     ]
     synced = {(p.topic, p.partition) for p in status.partitions}
     unsynced = [tp for tp in selected if tp not in synced]
-    if unsynced:
-        first = clients.list_offsets(admin, unsynced, OffsetSpec.earliest())
-        end = clients.list_offsets(admin, unsynced, OffsetSpec.latest())
-        problems += [
-            f"flow {flow.name}: {t}[{p}] has {end[(t, p)] - first[(t, p)]} record(s), none mirrored yet"
-            for t, p in unsynced
-            if end[(t, p)] > first[(t, p)]
-        ]
+    first = clients.list_offsets(admin, unsynced, OffsetSpec.earliest())
+    end = clients.list_offsets(admin, unsynced, OffsetSpec.latest(), read_committed=True)
+    copies = copied_in(source, flow, {tp: (first[tp], end[tp]) for tp in unsynced})
+    problems += [
+        f"flow {flow.name}: {t}[{p}] has {end[(t, p)] - first[(t, p)]} record(s), none mirrored yet"
+        for t, p in unsynced
+        if (t, p) in copies
+    ]
     return problems
 
 
-def dropped_tail(cluster: ClusterConfig, flow: FlowConfig, topic: str, partition: int, start: int, end: int) -> bool:
-    """Whether every record in [start, end) is one the flow drops (under `identity`, a record that came from its
-    target): the offset syncs end at the last record copied, so such a tail shows as lag that is none."""
-    if flow.replication_policy != "identity" or not flow.provenance_header:
-        return False
-    reader = clients.consumer(cluster)
-    try:
-        reader.assign([TopicPartition(topic, partition, start)])
-        deadline = time.monotonic() + clients.REQUEST_TIMEOUT_S
-        while time.monotonic() < deadline:
-            msg = reader.poll(0.5)
-            if msg is None or msg.error() is not None:
-                continue
-            headers = msg.headers() or []  # a consumed record's headers come as a list of (key, value)
-            pairs = headers.items() if isinstance(headers, dict) else headers
-            stamp = next((v for k, v in pairs if k == PROVENANCE_HEADER), None)
-            if not drops_record(flow, origin(stamp) if stamp is not None else None):
-                return False
-            if (msg.offset() or 0) + 1 >= end:
-                return True
-        return False
-    finally:
-        reader.close()
-
-
-def failback(config: MirrorConfig, reverse: FlowConfig, dry_run: bool = False) -> FailbackResult:
-    """Check, then move the reverse flow's groups to the primary; on a dry run, only say what."""
+def failback(config: MirrorConfig, reverse: FlowConfig, dry_run: bool = False, force: bool = False) -> FailbackResult:
+    """Check, then move the reverse flow's groups to the primary; on a dry run, only say what. A failed check
+    refuses (spark_app.dr.views.Refused), or with `force` is logged, kept in the result, and gone past."""
     original = original_flow(config, reverse)
+    checks = Checks("failback", force)
     dr, primary = config.cluster(reverse.source), config.cluster(reverse.target)
     on_dr, on_primary = ClusterGroups(dr), ClusterGroups(primary)
     groups = on_dr.groups(reverse.groups)
     live = [f"{g} ({n} member(s))" for g in groups if (n := on_dr.members(g))]
     if live:
-        raise FailbackRefused(
+        checks.fail(
             f"consumers still run on '{dr.alias}' in group(s) {', '.join(live)}: let them finish (their lag 0) and stop"
             " them first (failback step 3)"
         )
     lagging = lag_problems(config, reverse) + lag_problems(config, original)
     if lagging:
-        raise FailbackRefused(
+        checks.fail(
             "lag is not 0; stop producers on DR and wait until `mirrorkit status` shows lag 0 on both flows"
             " (failback step 3):\n  " + "\n  ".join(lagging)
         )
     committed = {g: {tp: c.offset for tp, c in on_dr.committed(g).items()} for g in groups}
     wanted: dict[str, dict[Partition, tuple[Move, int]]] = {g: {} for g in groups}  # group -> tp -> (move, offset)
     if reverse.replication_policy == "default":
-        for g, tp_offset in where_stopped(config, reverse, committed).items():
+        for g, tp_offset in where_stopped(config, reverse, committed, checks).items():
             wanted[g] |= {tp: (Move.WHERE_STOPPED, o) for tp, o in tp_offset.items()}
-    for g, tp_offset in at_end(config, original, on_primary, on_dr, committed).items():
+    for g, tp_offset in at_end(config, original, on_primary, on_dr, committed, checks).items():
         wanted[g] |= {tp: (Move.AT_END, o) for tp, o in tp_offset.items()}
-    result = FailbackResult(primary.alias, dr.alias, groups)
+    result = FailbackResult(primary.alias, dr.alias, groups, forced=checks.forced)
+    marked = mark("failback", reverse.name)
     for group, plan in sorted(wanted.items()):
         if not plan:
             continue
         offsets = {tp: o for tp, (_, o) in plan.items()}
-        outcome: GroupCommit = (on_primary.plan_commit if dry_run else on_primary.commit)(group, offsets)
+        outcome: GroupCommit = (on_primary.plan_commit if dry_run else on_primary.commit)(group, offsets, marked)
         if outcome.refused:
             result.refused.append(outcome.refused)
             continue
@@ -179,10 +151,11 @@ def failback(config: MirrorConfig, reverse: FlowConfig, dry_run: bool = False) -
 
 
 def where_stopped(
-    config: MirrorConfig, reverse: FlowConfig, committed: dict[str, dict[Partition, int]]
+    config: MirrorConfig, reverse: FlowConfig, committed: dict[str, dict[Partition, int]], checks: Checks
 ) -> dict[str, dict[Partition, int]]:
     """Where each group resumes on the primary's `dr.<topic>`: the reverse flow's checkpoints, which must carry
-    the group's committed offset on DR (else it is refused: the next checkpoint round will)."""
+    the group's committed offset on DR (else a check fails: the next checkpoint round will). Forced, an older
+    checkpoint is used (the group reads again what it read since), and a partition with none is not moved."""
     plan = failover_plan(config, reverse)
     rows = {(r.group, r.topic, r.partition): r for r in plan}
     out: dict[str, dict[Partition, int]] = {}
@@ -194,12 +167,12 @@ def where_stopped(
             remote = target_topic(reverse, topic)
             row = rows.get((group, remote, partition))
             if row is None or row.source_offset != offset:
-                at = "none" if row is None else str(row.source_offset)
+                at = "none (not moved)" if row is None else f"{row.source_offset} (re-reads from there)"
                 stale.append(f"{group} {topic}[{partition}]: committed {offset} on DR, checkpoint {at}")
-                continue
-            out.setdefault(group, {})[(remote, partition)] = row.target_offset
+            if row is not None:
+                out.setdefault(group, {})[(remote, partition)] = row.target_offset
     if stale:
-        raise FailbackRefused(
+        checks.fail(
             f"flow {reverse.name} has not yet checkpointed where these groups stopped on '{reverse.source}'; keep it"
             f" running a checkpoint interval ({config.checkpoint_interval_s:g} s) longer and run again:\n  "
             + "\n  ".join(stale)
@@ -213,9 +186,11 @@ def at_end(
     on_primary: ClusterGroups,
     on_dr: ClusterGroups,
     committed: dict[str, dict[Partition, int]],
+    checks: Checks,
 ) -> dict[str, dict[Partition, int]]:
     """The end of each original topic on the primary, for each group that consumed its copy on DR; a group that
-    has not read its copy on DR to the end is refused (it would skip what it did not read)."""
+    has not read its copy on DR to the end fails a check (at the end it would skip what it did not read). Forced,
+    such a group is not moved on that topic: it stays where it was on the primary, and reads again, never skips."""
     primary = config.cluster(original.source)
     topics = {
         name: sorted(meta.partitions)
@@ -231,17 +206,20 @@ def at_end(
         first = clients.list_offsets(on_dr.admin, copies, OffsetSpec.earliest())
         end = on_dr.latest(copies)
         unread = [
-            f"{group} {remote}[{p}] at {committed[group].get((remote, p), first[(remote, p)])} of {end[(remote, p)]}"
+            (group, remote, p, committed[group].get((remote, p), first[(remote, p)]), end[(remote, p)])
             for group, names in consumed.items()
             for remote, p in copies
             if remote in {target_topic(original, t) for t in names}
             and committed[group].get((remote, p), first[(remote, p)]) < end[(remote, p)]
         ]
         if unread:
-            raise FailbackRefused(
+            checks.fail(
                 f"consumers on '{original.target}' have not finished the primary's records; let them read to the end"
-                " (their lag 0 on DR) before failing back (failback step 3):\n  " + "\n  ".join(unread)
+                " (their lag 0 on DR) before failing back (failback step 3):\n  "
+                + "\n  ".join(f"{g} {remote}[{p}] at {at} of {e}" for g, remote, p, at, e in unread)
             )
+        for group, remote, _, _, _ in unread:  # forced: left where it is on the primary
+            consumed[group] = [t for t in consumed[group] if target_topic(original, t) != remote]
     partitions = sorted({(t, p) for names in consumed.values() for t in names for p in topics[t]})
     ends = on_primary.latest(partitions) if partitions else {}
     return {group: {(t, p): ends[(t, p)] for t in names for p in topics[t]} for group, names in consumed.items()}

@@ -1,4 +1,11 @@
-"""Consumer groups on a cluster: their committed offsets, and commits that never overwrite a group in use."""
+"""Consumer groups on a cluster: their committed offsets, and commits that never overwrite a group in use.
+
+An operator's move (`failover`, `failback`) marks what it commits: the commit metadata of every partition of the
+group it moved names the move and the flow. Group offset sync leaves a marked group alone, so a running mirror
+never moves a group the operator moved. A consumer's own commit clears the mark on the partitions it commits; so
+does `kafka-consumer-groups.sh --reset-offsets --to-current --execute` for every partition, which hands the group
+back to group sync.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from .. import clients
 from ..clients import Partition
 from ..config import ClusterConfig, GroupSelection
+from ..policy import LEASE_GROUP_PREFIX
 
 
 @dataclass(frozen=True)
@@ -20,14 +28,24 @@ class Committed:
     metadata: str = ""
 
 
+MARK_PREFIX = "mirrorkit:"
+
+
+def mark(move: str, flow: str) -> str:
+    """The commit metadata of an operator's move, e.g. `mirrorkit:failover primary->dr`."""
+    return f"{MARK_PREFIX}{move} {flow}"
+
+
 @dataclass(frozen=True)
 class GroupCommit:
-    """What committing translated offsets did for one group: committed, kept (target ahead), or refused."""
+    """What committing translated offsets did for one group: committed, kept (target ahead), refused, or left
+    alone (group sync, for a group an operator moved)."""
 
     group: str
     committed: dict[Partition, int] = field(default_factory=dict)
     kept: dict[Partition, int] = field(default_factory=dict)
     refused: str | None = None
+    left: str | None = None
 
 
 def split_commit(group: str, wanted: dict[Partition, int], current: dict[Partition, int]) -> GroupCommit:
@@ -56,11 +74,16 @@ class ClusterGroups:
         return self._admin
 
     def groups(self, selection: GroupSelection) -> list[str]:
-        """The groups on the cluster that `selection` matches, sorted; raises when any broker did not answer."""
+        """The groups on the cluster that `selection` matches, sorted, but the mirrors' DR leases (no consumer's: a
+        running mirror is their member); raises when any broker did not answer."""
         listing = self.admin.list_consumer_groups(request_timeout=clients.REQUEST_TIMEOUT_S).result()
         if listing.errors:  # a broker did not answer: its groups are missing, and a missing group gets tombstones
             raise KafkaException(listing.errors[0])  # a KafkaError, which `except Exception` would not catch
-        return sorted(g.group_id for g in listing.valid if selection.matches(g.group_id))
+        return sorted(
+            g.group_id
+            for g in listing.valid
+            if selection.matches(g.group_id) and not g.group_id.startswith(LEASE_GROUP_PREFIX)
+        )
 
     def committed(self, group: str) -> dict[Partition, Committed]:
         request = [ConsumerGroupTopicPartitions(group)]
@@ -85,8 +108,9 @@ class ClusterGroups:
         """The end offset of each partition: where a group that has read everything resumes."""
         return clients.list_offsets(self.admin, partitions, OffsetSpec.latest())
 
-    def plan_commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
-        """What `commit` would do, committing nothing: refused for a group with members here, else the split."""
+    def plan_commit(self, group: str, offsets: dict[Partition, int], move: str | None = None) -> GroupCommit:
+        """What `commit` would do, committing nothing: refused for a group with members here; for group sync
+        (`move` None) left alone when an operator's move marked it; else the split."""
         members = self.members(group)
         if members:
             return GroupCommit(
@@ -94,14 +118,24 @@ class ClusterGroups:
                 refused=f"group '{group}' has {members} active member(s) on '{self.cluster.alias}'; stop its"
                 " consumers there first, the mirror never overwrites a group in use",
             )
-        current = {tp: c.offset for tp, c in self.committed(group).items()}
-        return split_commit(group, offsets, current)
+        current = self.committed(group)
+        marks = sorted({c.metadata for c in current.values() if c.metadata.startswith(MARK_PREFIX)})
+        if move is None and marks:
+            return GroupCommit(group, left=f"group '{group}' on '{self.cluster.alias}' was moved by {marks[0]}")
+        return split_commit(group, offsets, {tp: c.offset for tp, c in current.items()})
 
-    def commit(self, group: str, offsets: dict[Partition, int]) -> GroupCommit:
-        """Commit offsets for a group with no member here, never moving a partition backwards."""
-        result = self.plan_commit(group, offsets)
-        if result.committed and not result.refused:
-            partitions = [TopicPartition(t, p, o) for (t, p), o in sorted(result.committed.items())]
+    def commit(self, group: str, offsets: dict[Partition, int], move: str | None = None) -> GroupCommit:
+        """Commit offsets for a group with no member here, never moving a partition backwards. An operator's
+        `move` (see `mark`) is written on every partition it names, kept ones included; group sync passes none."""
+        result = self.plan_commit(group, offsets, move)
+        if result.refused or result.left:
+            return result
+        wanted = result.committed | (result.kept if move else {})
+        if wanted:
+            partitions = [
+                TopicPartition(t, p, o, metadata=move) if move else TopicPartition(t, p, o)
+                for (t, p), o in sorted(wanted.items())
+            ]
             request = [ConsumerGroupTopicPartitions(group, partitions)]
             try:
                 self.admin.alter_consumer_group_offsets(request, request_timeout=clients.REQUEST_TIMEOUT_S)[

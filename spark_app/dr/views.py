@@ -2,24 +2,61 @@
 
 Both read only what the mirror wrote on the clusters, so they work beside a running mirror or without one; the
 failover plan reads the target only, so it works with the source gone.
+
+Lag is counted for the topics the flow mirrors now (selected, and still on the source), from the flow's position
+(the record after the last one it wrote) to the source's last stable offset, read committed as the mirror reads.
+Offsets that hold nothing the flow copies (transaction markers, aborted records, and under `identity` records that
+came from the flow's target) are no lag: a partition whose tail is only those shows 0, so a transactional topic
+ending in a commit marker does not show a lag of 1 forever.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import OffsetSpec
 
-from ..clients import Partition
-from ..config import FlowConfig, MirrorConfig
-from ..policy import target_topic
-from .groups import ClusterGroups, GroupCommit
-from .internal import newest_heartbeat_ms, read_checkpoints, read_offset_syncs, source_ends
+from .. import clients
+from ..clients import Partition, PartitionOffsets
+from ..config import ClusterConfig, FlowConfig, MirrorConfig
+from ..errors import AuthenticationFailed, ClusterUnreachable, MirrorFailed
+from ..policy import PROVENANCE_HEADER, drops_record, origin, should_mirror, target_topic
+from .groups import ClusterGroups, GroupCommit, mark
+from .internal import newest_heartbeat_ms, read_checkpoints, read_offset_syncs
+from .lease import SESSION_S, DrLease, holder
 from .syncs import SyncStore
 
+log = logging.getLogger(__name__)
+
 STATUS_SOURCE_TIMEOUT_S = 10.0
+# What a group's coordinator answers while it loads or moves, e.g. on a broker just started.
+COORDINATOR_MOVING = frozenset(
+    {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
+)
+
+
+class Refused(MirrorFailed):
+    """The operator must act first; the message names what is in the way, and `--force` goes past it."""
+
+
+@dataclass
+class Checks:
+    """The checks of one operator command: a failed one refuses it, or under `--force` is logged and kept, so the
+    command can say what it went past."""
+
+    command: str
+    force: bool = False
+    forced: list[str] = field(default_factory=list)
+
+    def fail(self, reason: str) -> None:
+        if not self.force:
+            raise Refused(f"{reason}\n(--force goes ahead anyway)")
+        log.warning("%s --force goes past: %s", self.command, reason)
+        self.forced.append(reason)
 
 
 @dataclass(frozen=True)
@@ -33,6 +70,9 @@ class FailoverRow:
     # Held back to a record written locally on the target that the group may not have read (identity
     # active/active): exact when the flow the other way has copied it back, else a conservative re-read.
     held_for_local: bool = False
+    # The translated offset, when it lay below the target partition's log start (records deleted there by
+    # retention or deleteRecords): the group resumes at the log start instead, as a consumer would.
+    clamped_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -67,43 +107,152 @@ def failover_plan(config: MirrorConfig, flow: FlowConfig, groups: str | None = N
         now = syncs.translate(*source_tp, cp.upstream_offset) if source_tp else None
         held = now is not None and now.guarded and now.downstream_offset >= cp.downstream_offset
         rows.append(FailoverRow(group, topic, partition, cp.upstream_offset, cp.downstream_offset, reread, held))
-    return rows
+    return clamped(config.cluster(flow.target), rows)
+
+
+def clamped(target: ClusterConfig, rows: list[FailoverRow]) -> list[FailoverRow]:
+    """The rows with each target offset below its partition's log start moved up to it; what remains below was
+    deleted on the target and cannot be read again."""
+    partitions = sorted({(r.topic, r.partition) for r in rows})
+    starts, _ = clients.list_offsets_each(clients.admin(target), partitions, OffsetSpec.earliest())
+    out = []
+    for r in rows:
+        start = starts.get((r.topic, r.partition), r.target_offset)  # a partition that did not answer stays
+        out.append(replace(r, target_offset=start, clamped_from=r.target_offset) if r.target_offset < start else r)
+    return out
+
+
+def running_mirror(config: MirrorConfig, flow: FlowConfig, wait_s: float = SESSION_S + 2.0) -> str | None:
+    """Why a failover must wait, or None: a mirror of the flow that still runs (it holds the flow's DR lease) would
+    go on checkpointing and syncing the groups the failover moves. A mirror that stops releases it; one that
+    crashed holds it until its session lapses, so this waits up to `wait_s` for that."""
+    began = time.monotonic()
+    while True:
+        try:
+            running = holder(config, flow)
+        except KafkaException as err:  # e.g. the group coordinator still loading on a broker just started
+            transient = err.args[0].retriable() or err.args[0].code() in COORDINATOR_MOVING
+            if not transient or time.monotonic() - began > clients.REQUEST_TIMEOUT_S:
+                raise
+            time.sleep(0.5)
+            continue
+        if running is None:
+            return None
+        if time.monotonic() - began >= wait_s:
+            break
+        time.sleep(1.0)
+    return (
+        f"the mirror of flow {flow.name} still runs ({running}; it holds the flow's DR lease on '{flow.target}');"
+        " stop it first (a mirror that stops releases it), or fail over with --force, which fences it"
+    )
+
+
+def fence(config: MirrorConfig, flow: FlowConfig) -> None:
+    """Take the flow's DR lease and let it lapse: a mirror of the flow that still runs is fenced, and writes no
+    more offset syncs, checkpoints or group commits."""
+    lease = DrLease(config.cluster(flow.target), flow)
+    lease.acquire()
+    lease.release()
+    log.warning("flow %s: fenced its running mirror by taking its DR lease", flow.name)
 
 
 def failover(config: MirrorConfig, flow: FlowConfig, plan: list[FailoverRow]) -> list[GroupCommit]:
-    """Commit the plan on the target, group by group; a group with members there is refused by name."""
+    """Commit the plan on the target, group by group, marked as this flow's failover so the mirror's group sync
+    leaves the groups alone from then on; a group with members there is refused by name."""
     target = ClusterGroups(config.cluster(flow.target))
     by_group: dict[str, dict[Partition, int]] = {}
     for row in plan:
         by_group.setdefault(row.group, {})[(row.topic, row.partition)] = row.target_offset
-    return [target.commit(group, offsets) for group, offsets in sorted(by_group.items())]
+    move = mark("failover", flow.name)
+    return [target.commit(group, offsets, move) for group, offsets in sorted(by_group.items())]
 
 
 def flow_status(config: MirrorConfig, flow: FlowConfig) -> FlowStatus:
-    """Lag, checkpoint age and heartbeat age per topic-partition, from what the mirror wrote on the clusters."""
+    """Lag, checkpoint age and heartbeat age per topic-partition the flow mirrors now, from what the mirror wrote
+    on the clusters and the source's last stable offsets."""
     now = time.time()
     syncs = read_offset_syncs(config, flow)
     checkpoint_at: dict[Partition, float] = {}
     for (_, topic, partition), (_, written) in read_checkpoints(config, flow).items():
         checkpoint_at[(topic, partition)] = max(written, checkpoint_at.get((topic, partition), 0.0))
     heartbeat = newest_heartbeat_ms(config, flow)
-    ends: dict[Partition, int] | None
+    source = config.cluster(flow.source)
+    selected = [(t, p) for t, p in syncs.partitions() if should_mirror(flow, t)]
+    mirrored = {tp: run.last + 1 for tp in selected if (run := syncs.latest(*tp)) is not None}
+    ends: PartitionOffsets | None
     try:
-        ends = source_ends(config.cluster(flow.source), syncs.partitions(), STATUS_SOURCE_TIMEOUT_S)
-    except KafkaException:
+        admin = clients.admin(source)
+        on_source = clients.list_topics(admin, source, STATUS_SOURCE_TIMEOUT_S)
+        selected = [(t, p) for t, p in selected if t in on_source and p in on_source[t].partitions]
+        ends, _ = clients.list_offsets_each(
+            admin, selected, OffsetSpec.latest(), read_committed=True, timeout_s=STATUS_SOURCE_TIMEOUT_S
+        )
+    except AuthenticationFailed:
+        raise
+    except (KafkaException, ClusterUnreachable):
         ends = None  # the source is down: lag cannot be known
+    behind = {} if ends is None else {tp: (mirrored[tp], e) for tp, e in ends.items() if e > mirrored[tp]}
+    copies = copied_in(source, flow, behind)
     rows = []
-    for topic, partition in syncs.partitions():
-        latest = syncs.latest(topic, partition)
-        assert latest is not None  # every listed partition has a run
-        mirrored = latest.last + 1
-        end = None if ends is None else ends[(topic, partition)]
+    for topic, partition in selected:
         at = checkpoint_at.get((target_topic(flow, topic), partition))
+        end = None if ends is None else ends.get((topic, partition))
+        lag = None if end is None else end - mirrored[(topic, partition)] if (topic, partition) in copies else 0
         rows.append(
             PartitionStatus(
-                topic, partition, mirrored, end, None if end is None else max(0, end - mirrored),
-                None if at is None else round(now - at, 3),
+                topic, partition, mirrored[(topic, partition)], end, lag, None if at is None else round(now - at, 3)
             )
-        )  # fmt: skip
+        )
     heartbeat_age = None if heartbeat is None else round(now - heartbeat / 1000, 3)
     return FlowStatus(flow.name, ends is not None, heartbeat_age, rows)
+
+
+def copied_in(cluster: ClusterConfig, flow: FlowConfig, spans: dict[Partition, tuple[int, int]]) -> set[Partition]:
+    """The partitions whose span [start, end) of source offsets holds a record the flow copies, read committed as
+    the mirror reads; a span not read through within the request timeout counts as holding one. Reading stops at
+    each partition's first such record, so a partition that truly lags costs one fetch."""
+    todo = {tp: end for tp, (start, end) in spans.items() if end > start}
+    found: set[Partition] = set()
+    if not todo:
+        return found
+    reader = clients.consumer(cluster)
+    try:
+        reader.assign([TopicPartition(t, p, spans[(t, p)][0]) for t, p in todo])
+        deadline = time.monotonic() + clients.REQUEST_TIMEOUT_S
+        while todo and time.monotonic() < deadline:
+            msg = reader.poll(0.2)
+            if msg is None:  # a tail of markers or aborted records yields nothing: the position passes it
+                positions = reader.position([TopicPartition(t, p) for t, p in todo])
+                for tp in positions:
+                    if tp.offset >= todo[(tp.topic, tp.partition)]:
+                        todo.pop((tp.topic, tp.partition))
+                continue
+            key = (msg.topic() or "", msg.partition() or 0)
+            if key not in todo:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    todo.pop(key)
+                continue
+            if (msg.offset() or 0) >= todo[key]:
+                todo.pop(key)
+            elif copies(flow, msg):
+                found.add(key)
+                todo.pop(key)
+            elif (msg.offset() or 0) + 1 >= todo[key]:
+                todo.pop(key)
+        return found | set(todo)
+    finally:
+        reader.close()
+
+
+def copies(flow: FlowConfig, msg: Message) -> bool:
+    """Whether the flow copies this source record: every record, but under `identity` one that came from its target
+    (its provenance header says so)."""
+    if flow.replication_policy != "identity" or not flow.provenance_header:
+        return True
+    headers = msg.headers() or []  # a consumed record's headers come as a list of (key, value)
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    stamp = next((v for k, v in pairs if k == PROVENANCE_HEADER), None)
+    return not drops_record(flow, origin(stamp) if stamp is not None else None)
