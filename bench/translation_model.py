@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from hypothesis import settings
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis import seed, settings
+from hypothesis.stateful import get_state_machine_test
 
 from bench.testbed.translation_model import IdentityTranslation, Translation
 
@@ -26,9 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--examples", type=int, default=2_000)
     args.add_argument("--steps", type=int, default=120)
-    args.add_argument("--seed", type=int, default=None, help="derandomized when not given")
+    args.add_argument("--seed", type=int, default=None, help="without one, the run is the same every time")
     opts = args.parse_args(argv)
-    result: dict[str, object] = {"examples": opts.examples, "steps_per_example": opts.steps, "machines": {}}
+    result: dict[str, object] = {"examples": opts.examples, "steps_per_example": opts.steps, "seed": opts.seed}
+    result["machines"] = {}
     failed = False
     for machine in (Translation, IdentityTranslation):
         steps = [0]
@@ -42,11 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         outcome = "passed"
         try:
-            run_state_machine_as_test(
+            test = get_state_machine_test(
                 machine,
                 settings=settings(max_examples=opts.examples, stateful_step_count=opts.steps, deadline=None,
                                   derandomize=opts.seed is None, database=None),
             )  # fmt: skip
+            (test if opts.seed is None else seed(opts.seed)(test))()
         except Exception as err:  # noqa: BLE001 - the counterexample is the result
             outcome, failed = f"failed: {err}", True
         finally:

@@ -8,7 +8,7 @@ point, what it reads again is within the bound the store reports, and, unless th
 to a target-local record it could not show was read (`guarded`), within one batch.
 
 tests/test_translation_model.py runs a fixed budget in the fast selection; bench/translation_model.py runs a longer
-one. `make_store` is swapped there to run the same machine against another store.
+one. A subclass that sets `factory` runs the same machine against another store.
 """
 
 from __future__ import annotations
