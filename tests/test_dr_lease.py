@@ -80,6 +80,41 @@ def test_a_second_mirror_of_a_flow_fences_the_first_which_writes_no_more_dr_stat
     assert holder(config, flow) is None, "a mirror that stopped holds no lease"
 
 
+def test_a_flow_whose_checkpoints_topic_deletes_old_records_still_has_one_writer_of_its_offset_syncs(
+    plaintext_cluster, source_cluster, tmp_path, unique
+):
+    """Checkpoints are refused on such a topic, yet offset syncs go on: the lease rides on the topic all the same, so
+    a replaced mirror does not write syncs beside its replacement."""
+    topic = f"orders-{unique}"
+    config = parse_config(
+        one_flow_config(
+            plaintext_cluster,
+            source_cluster,
+            [topic],
+            tmp_path / "ckpt",
+            source_alias=f"p{unique[-8:]}",
+            target_alias=f"dr{unique[-8:]}",
+            emit_heartbeats=False,
+        )  # fmt: skip
+    )
+    flow = config.flows[0]
+    create_topics(source_cluster.admin, {checkpoints_topic(flow): 1}, {"cleanup.policy": "delete"})
+    first, second = DrSync(config, flow), DrSync(config, flow)
+    first.prepare()
+    assert checkpoints_topic(flow) in first.disabled
+    first.on_landed([landed(topic, 0, 10)])
+    first.checkpoint_once()
+    second.prepare()
+    first.on_landed([landed(topic, 10, 20)])
+    first.checkpoint_once()
+    assert first.fenced is not None, "the replaced mirror learns it was fenced"
+    syncs_cluster = config.cluster(offset_syncs_cluster(flow))
+    syncs = [OffsetSync.decode(m.key(), m.value()) for m in read_topic(syncs_cluster, offset_syncs_topic(flow))]
+    assert max(s.last_offset or s.upstream_offset for s in syncs if s.topic == topic) == 9, "no sync past the fence"
+    first.stop()
+    second.stop()
+
+
 @pytest.mark.timeout(300)
 def test_a_running_mirror_whose_flow_another_mirror_takes_over_stops_and_says_why(
     spark, plaintext_cluster, source_cluster, tmp_path, unique

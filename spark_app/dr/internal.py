@@ -64,7 +64,7 @@ def ensure_topic(cluster: ClusterConfig, topic: str, compacted: bool = True) -> 
     """Make an internal topic where the mirror may; the reason it cannot be used, or None when it is there. One
     read back by key (`compacted`) that someone else made is checked to be compacted."""
     admin = clients.admin(cluster)
-    if topic in admin.list_topics(timeout=clients.REQUEST_TIMEOUT_S).topics:
+    if _exists(admin, topic):
         return _not_compacted(admin, cluster, topic) if compacted else None
     if cluster.is_eventhubs:
         return f"event hub '{topic}' does not exist on '{cluster.alias}'; infra must create it"
@@ -76,6 +76,15 @@ def ensure_topic(cluster: ClusterConfig, topic: str, compacted: bool = True) -> 
         if err.args[0].name() != "TOPIC_ALREADY_EXISTS":
             return f"cannot create '{topic}' on '{cluster.alias}': {err.args[0].str()}"
     return None
+
+
+def topic_exists(cluster: ClusterConfig, topic: str) -> bool:
+    """Whether the cluster has the topic (an internal one that cannot be used may still be there)."""
+    return _exists(clients.admin(cluster), topic)
+
+
+def _exists(admin: AdminClient, topic: str) -> bool:
+    return topic in admin.list_topics(timeout=clients.REQUEST_TIMEOUT_S).topics
 
 
 def _not_compacted(admin: AdminClient, cluster: ClusterConfig, topic: str) -> str | None:

@@ -37,6 +37,7 @@ from .internal import (
     read_offset_syncs,
     refuse_dotted_history,
     target_start,
+    topic_exists,
 )
 from .lease import DrLease
 from .offset_syncs import OffsetSyncWriter
@@ -74,6 +75,7 @@ class DrSync:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._prepared = False
+        self._leaseless = False  # the flow has no topic to hold its lease on: no syncs or checkpoints are written
 
     @property
     def fenced(self) -> str | None:
@@ -108,8 +110,13 @@ class DrSync:
                 if reason:
                     self.disabled[topic] = reason
                     log.warning("flow %s: %s", self.flow.name, reason)
-            if checkpoints_topic(self.flow) not in self.disabled:
+            checkpoints = checkpoints_topic(self.flow)
+            if checkpoints not in self.disabled or topic_exists(self.target, checkpoints):
                 self.lease.acquire()  # before reading back: a mirror it fences writes no more after its round
+            else:
+                self._leaseless = True
+                log.warning("flow %s: no offset syncs or checkpoints are written: one writer per flow is held on"
+                            " '%s', which cannot be used", self.flow.name, checkpoints)  # fmt: skip
             stored = SyncStore()
             if offset_syncs_topic(self.flow) not in self.disabled:
                 stored = read_offset_syncs(self.config, self.flow)
@@ -136,12 +143,14 @@ class DrSync:
         return self.checkpoints.run_once()
 
     def heartbeat_once(self) -> None:
-        if self._may_write():
+        """Beat, unless another mirror of the flow took it over; a flow with no topic to hold its lease on still beats
+        (two mirrors' heartbeats are only timestamps, where their syncs and checkpoints would collide)."""
+        if self._leaseless or self._may_write():
             self.heartbeats.run_once()
 
     def _may_write(self) -> bool:
-        """Whether this service holds the flow's DR lease (or has no checkpoints topic to hold it on)."""
-        return checkpoints_topic(self.flow) in self.disabled or self.lease.held()
+        """Whether this service holds the flow's DR lease: syncs and checkpoints are written by its holder only."""
+        return self.lease.held()
 
     def _emit_sync(self, sync: OffsetSync) -> None:
         topic = offset_syncs_topic(self.flow)
