@@ -85,9 +85,11 @@ class Mirror:
             dr.prepare()
         for flow in self.flows:
             flow.start(flow.sync_topics(), available_now=True)
+        fenced: MirrorFailed | None = None
         while any(flow.running() for flow in self.flows) and not self.stopping.wait(0.2):
-            self._raise_if_fenced()
-        if self.stopping.is_set():
+            if fenced := self._fenced():
+                break
+        if self.stopping.is_set() or fenced:
             log.info("stopping before everything present is copied; the next run copies the rest")
             with ThreadPoolExecutor(max(1, len(self.flows))) as pool:
                 list(pool.map(lambda flow: flow.stop(), self.flows))
@@ -96,6 +98,8 @@ class Mirror:
             _raise_if_failed(flow)
         for dr in self.dr.values():
             dr.stop()
+        if fenced:
+            raise fenced
 
     def run_forever(self) -> None:
         """Mirror continuously, re-syncing topics every `topic_sync_interval_s`, until `stopping` is set.
@@ -113,8 +117,10 @@ class Mirror:
         for flow in self.flows:
             flow.start(flow.sync_topics(), available_now=False)
         unreachable_since: float | None = None
+        fenced: MirrorFailed | None = None
         while not self.stopping.wait(self.config.topic_sync_interval_s):
-            self._raise_if_fenced()
+            if fenced := self._fenced():
+                break
             for flow in self.flows:
                 _raise_if_failed(flow)
                 try:
@@ -135,14 +141,18 @@ class Mirror:
         # Every flow at once, so a stop takes one flow's time (within STOP_GRACE_S), not the sum.
         with ThreadPoolExecutor(max(1, len(self.flows))) as pool:
             list(pool.map(self._stop_flow, self.flows))
+        if fenced:
+            raise fenced
 
-    def _raise_if_fenced(self) -> None:
-        """Stop the whole mirror when another mirror of one of its flows took that flow over (spark_app.dr.lease):
-        two copies of a flow would only copy everything twice."""
+    def _fenced(self) -> MirrorFailed | None:
+        """The error the whole mirror stops with when another mirror of one of its flows took that flow over
+        (spark_app.dr.lease): two copies of a flow would only copy everything twice. The caller stops every flow
+        first, so the flows not taken over still write their final offset syncs and checkpoints."""
         for name, dr in self.dr.items():
             if dr.fenced is not None:
                 self.metrics.error(name, "fenced")
-                raise MirrorFailed(f"flow {name}: {dr.fenced}; this mirror stops")
+                return MirrorFailed(f"flow {name}: {dr.fenced}; this mirror stops")
+        return None
 
     def _stop_flow(self, flow: FlowRunner) -> None:
         """Stop the flow's query between batches, then write its final offset syncs and checkpoints."""
