@@ -79,7 +79,8 @@ def test_failback_moves_groups_to_the_primary_and_refuses_live_consumers_and_lag
         "metrics_port": free_port(),
     }
     forward_only = parse_config(raw | {"flows": flows[:1]})
-    both = parse_config(raw)
+    # The reverse flow still names the topic deleted on DR below: that must read as no topic, not as a source down.
+    both = parse_config(raw | {"flows": [flows[0], flows[1] | {"topics": {"include": [topic, deleted]}}]})
     earlier = parse_config(raw | {"flows": [flows[0], flows[1] | {"topics": {"include": [topic, dropped, deleted]}}]})
     config_file = tmp_path / "failback.json"
     config_file.write_text(json.dumps(both.model_dump(mode="json")))
