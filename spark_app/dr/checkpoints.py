@@ -99,7 +99,8 @@ class CheckpointTask:
         changed = [cp for cp in current if self.checkpoints.get((cp.group, cp.topic, cp.partition)) != cp]
         if self.flow.sync_group_offsets:
             self._sync_groups(current, {cp.group for cp in changed})
-        gone = [Checkpoint.tombstone(*key) for key in self.checkpoints if key[0] not in set(listed)]
+        still = set(listed)
+        gone = [Checkpoint.tombstone(*key) for key in self.checkpoints if key[0] not in still]
         written = self.target.write(changed + gone) if changed or gone else []
         now = self._clock()
         for cp in written:
