@@ -301,9 +301,11 @@ def test_a_group_below_every_sync_resumes_from_its_previous_checkpoint_when_that
     store.record("orders", 0, Run(500, 300, 600))
     task = CheckpointTask(FLOW, store, threading.Lock(), FakeSource({}), FakeTarget())
     task.checkpoints[("app-a", "primary.orders", 0)] = Checkpoint("app-a", "primary.orders", 0, 100, 60)
-    at_120 = task.checkpoint("app-a", ("orders", 0), Committed(120))
+    at_120 = task.checkpoint("app-a", ("orders", 0), "primary.orders", Committed(120))
     assert at_120 == Checkpoint("app-a", "primary.orders", 0, 120, 60)  # re-reads at most the 20 since then
-    at_90 = task.checkpoint("app-a", ("orders", 0), Committed(90))  # moved back: the old checkpoint is ahead
+    at_90 = task.checkpoint(
+        "app-a", ("orders", 0), "primary.orders", Committed(90)
+    )  # moved back: the old checkpoint is ahead
     assert at_90 == Checkpoint("app-a", "primary.orders", 0, 90, 1000)
 
 

@@ -88,12 +88,18 @@ class CheckpointTask:
         changed, so the next round writes it again."""
         current: list[Checkpoint] = []
         needed: dict[Partition, set[int]] = {}
+        remote: dict[str, str | None] = {}  # source topic -> its copy's name, None when not mirrored; once a round
         listed = self.source.groups(self.flow.groups)
         for group in listed:
             offsets = self.source.committed(group)
             for tp, c in offsets.items():
                 needed.setdefault(tp, set()).add(c.offset)
-            current += [cp for tp, c in sorted(offsets.items()) if (cp := self.checkpoint(group, tp, c)) is not None]
+            for tp, c in sorted(offsets.items()):
+                if tp[0] not in remote:
+                    remote[tp[0]] = target_topic(self.flow, tp[0]) if should_mirror(self.flow, tp[0]) else None
+                copy = remote[tp[0]]
+                if copy is not None and (cp := self.checkpoint(group, tp, copy, c)) is not None:
+                    current.append(cp)
         with self._lock:
             self.syncs.keep_for(needed)
         changed = [cp for cp in current if self.checkpoints.get((cp.group, cp.topic, cp.partition)) != cp]
@@ -127,12 +133,10 @@ class CheckpointTask:
                 log.info("flow %s: group sync leaves it alone: %s", self.flow.name, result.left)
             self.group_commits[group] = result
 
-    def checkpoint(self, group: str, tp: Partition, committed: Committed) -> Checkpoint | None:
-        """The checkpoint for one group's committed source offset; None when the partition has nothing mirrored."""
+    def checkpoint(self, group: str, tp: Partition, remote: str, committed: Committed) -> Checkpoint | None:
+        """The checkpoint for one group's committed offset on a mirrored source partition, whose copy is `remote`;
+        None when the partition has nothing mirrored yet."""
         topic, partition = tp
-        if not should_mirror(self.flow, topic):
-            return None
-        remote = target_topic(self.flow, topic)
         previous = self.checkpoints.get((group, remote, partition))
         fallback = None
         if previous is not None and previous.upstream_offset <= committed.offset:

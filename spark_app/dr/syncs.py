@@ -48,6 +48,7 @@ compaction it holds exactly one record per live run or span and a restart rebuil
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -117,6 +118,9 @@ class _PartitionRuns:
         return [r.start for r in self.runs]
 
 
+_start = operator.attrgetter("start")
+
+
 @dataclass(frozen=True)
 class SlottedRun:
     """A run as the offset-syncs topic holds it; `run` None is a tombstone: the slot holds nothing any more."""
@@ -147,7 +151,7 @@ class RunHistory:
         # A partition new to the store is pinned until `keep_for` says which of its runs groups need.
         part = self._parts.setdefault((topic, partition), _PartitionRuns(pinned=True))
         runs = part.runs
-        cut = len(runs) if not runs or runs[-1].start < run.start else bisect.bisect_left(part.starts(), run.start)
+        cut = len(runs) if not runs or runs[-1].start < run.start else bisect.bisect_left(runs, run.start, key=_start)
         for old in runs[cut:]:
             self._free(part, old)
         del runs[cut:]
@@ -259,7 +263,7 @@ class RunHistory:
         part = self._parts.get((topic, partition))
         if part is None:
             return None
-        i = bisect.bisect_right(part.starts(), committed - 1)
+        i = bisect.bisect_right(part.runs, committed - 1, key=_start)  # per translation: no list of starts
         return part.runs[i - 1] if i else None
 
     @staticmethod
