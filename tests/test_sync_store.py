@@ -147,6 +147,18 @@ def test_a_restart_replays_slots_in_write_order_so_a_run_written_again_replaces_
         assert rebuilt.runs("t", 0) == store.runs("t", 0) == [Run(0, 0, 4), Run(5, 30, 12)]
 
 
+def test_history_waiting_for_the_groups_it_must_keep_stays_bounded_when_the_groups_never_come():
+    """After a restart nothing is evicted until the checkpoint task says what groups need; a source that never lets
+    it list them must not make the store grow with every batch. Translation stays safe meanwhile."""
+    store = SyncStore()
+    for b in range(20_000):  # a marker after every batch: one run each
+        store.record("t", 0, Run(b * 11, b * 10, b * 11 + 9))
+    held = len(store.runs("t", 0))
+    assert held <= 2 * run_bound(0), held
+    got = store.translate("t", 0, 5)
+    assert got is not None and got.downstream_offset <= 5, "a group below what was kept never skips"
+
+
 def test_a_group_that_jumps_past_what_was_kept_for_it_resumes_safely_rereading_at_most_the_jump():
     store = SyncStore(max_runs=8, max_trail=8)
     store.record("t", 0, Run(0, 0, 99))

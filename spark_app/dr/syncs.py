@@ -24,7 +24,9 @@ that (or one never seen) resumes safely after the nearest exponential point belo
 own lag, which the translation reports. No bounded store does better for a moving group at any lag: the run it
 moves into next is one of the runs between it and the head, and any of them may be the one. A partition without
 gaps is one run, exact at any lag. History read back at start, and a partition new to the store or reset, is not
-evicted until the next `keep_for` says what groups need, so a restart keeps what a parked group's translation rests on.
+evicted until the next `keep_for` says what groups need, so a restart keeps what a parked group's translation rests on;
+if no `keep_for` comes (the source refuses to list groups), such a partition is evicted as usual once it holds twice
+`run_bound(0)`, with the committed offsets it knew last.
 A reset writes tombstones for the old slots, so its old runs never come back after a restart.
 
 Under `identity` the target topic also holds records written there locally (including any it held before the
@@ -279,7 +281,7 @@ class RunHistory:
         """Keep the runs translation needs and drop the rest: the dense tail (`max_runs` newest), or down to the
         slowest group's run if that is lower (at most `max_trail` newest); the run under each committed offset;
         and the newest run at or below head - 2**k for every k (exponentially spaced history)."""
-        if part.pinned or not part.runs:
+        if not part.runs or part.pinned and len(part.runs) < 2 * run_bound(0, self.max_runs, self.max_trail):
             return
         runs, starts = part.runs, part.starts()
         under = [bisect.bisect_right(starts, c - 1) - 1 for c in part.needed]  # -1: below every run
