@@ -138,6 +138,11 @@ def test_failback_moves_groups_to_the_primary_and_refuses_live_consumers_and_lag
     err = capsys.readouterr().err
     assert f"flow {d}->{p}: {topic}[0] lag 3" in err and f"flow {d}->{p}: {topic}[1] lag 3" in err, err
     assert dropped not in err and deleted not in err and "does not answer" not in err, err
+    # --force goes past the lag, and says what it went past (a dry run: nothing moves yet).
+    assert cli_main([*failback, "--force", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "forced past: lag is not 0" in out and f"{topic}[0] lag 3" in out, out
+    assert committed(primary.client, group, topic, 2) == {0: 30, 1: 30}
 
     # Mirrored: each partition now ends in a commit marker the mirror cannot copy, which is no lag.
     Mirror(spark, both).run_available_now()
