@@ -8,7 +8,15 @@ import ipaddress
 from infra.hubs import plan_hubs
 from infra.naming import PROJECT, credential_key
 from infra.parts import Part
-from infra.schema import HUBS_PER_CAPACITY, TIER_LIMITS, ClusterSpec, ExecutorResources, SiteSpec, StackModel
+from infra.schema import (
+    ADMIN_PREFIX,
+    HUBS_PER_CAPACITY,
+    TIER_LIMITS,
+    ClusterSpec,
+    ExecutorResources,
+    SiteSpec,
+    StackModel,
+)
 from spark_app.config import ConfigError, FlowConfig, FlowMode, MirrorConfig, cores_needed
 from spark_app.policy import HEARTBEATS_TOPIC
 
@@ -65,24 +73,29 @@ def place_flows(model: StackModel, mirror: MirrorConfig) -> tuple[dict[str, str]
 
 def _credentials_used(
     model: StackModel, mirror: MirrorConfig, site_of_flow: dict[str, str], part: Part | None
-) -> set[str]:
-    """The clusters whose credentials the stack needs: a site's mirror's, and an MSK part's SCRAM user's."""
+) -> dict[str, tuple[str, ...]]:
+    """The credential keys the stack needs, by cluster: a site's mirror's, with the admin's of the self-managed
+    clusters whose ACLs a site's stack sets; an MSK part's, for its SCRAM user and its ACLs."""
     if part is None:
-        return {c.alias for c in model.clusters}
+        return {c.alias: c.credential_keys() for c in model.clusters}
     if part.kind == "site":
-        return {a for f in mirror.flows if site_of_flow.get(f.name) == part.name for a in (f.source, f.target)}
-    return {part.name} if part.kind == "msk" else set()
+        used = {a for f in mirror.flows if site_of_flow.get(f.name) == part.name for a in (f.source, f.target)}
+        return {
+            c.alias: tuple(k for k in c.credential_keys() if c.kafka is not None or not k.startswith(ADMIN_PREFIX))
+            for c in model.clusters
+            if c.alias in used
+        }
+    return {c.alias: c.credential_keys() for c in model.clusters if part == Part("msk", c.alias)}
 
 
-def missing_credentials(model: StackModel, used: set[str]) -> list[str]:
-    """Each credential the sign-in to a used cluster takes is set, as a secret."""
+def missing_credentials(model: StackModel, used: dict[str, tuple[str, ...]]) -> list[str]:
+    """Each credential the stack needs is set, as a secret."""
     return [
-        f"{credential_key(c.alias, key)}: missing; set it with"
-        f" `pulumi config set --secret --path '{credential_key(c.alias, key)}' ...`"
-        for c in model.clusters
-        if c.alias in used
-        for key in c.credential_keys()
-        if key not in model.credentials.get(c.alias, {})
+        f"{credential_key(alias, key)}: missing; set it with"
+        f" `pulumi config set --secret --path '{credential_key(alias, key)}' ...`"
+        for alias, keys in used.items()
+        for key in keys
+        if key not in model.credentials.get(alias, {})
     ]
 
 

@@ -121,6 +121,19 @@ class EventHubsSpec(StrictModel):
         return f"{host}.servicebus.windows.net:{EVENTHUBS_PORT}"
 
 
+ADMIN_PREFIX = "admin_"  # credentials.<alias>.admin_*: the program's own, to set ACLs; never mounted in a pod
+
+
+class MskAcls(StrictModel):
+    """The mirror's ACLs on a SCRAM-auth MSK cluster, for `User:<username>`, set by the program as a SCRAM user that
+    may alter ACLs (its password at `credentials.<alias>.admin_password`).
+
+    Asked for, never automatic: the first ACL on a topic or group ends `allow.everyone.if.no.acl.found` there, which
+    would shut out every other client of a cluster that relies on it."""
+
+    admin_username: Annotated[str, Field(min_length=1)]
+
+
 MSK_ARN = re.compile(
     r"^arn:aws:kafka:(?P<region>[a-z0-9-]+):(?P<account>\d{12}):cluster/(?P<name>[^/]+)/(?P<uuid>[^/]+)$"
 )
@@ -135,8 +148,20 @@ class MskSpec(StrictModel):
     security_group_id: Annotated[str, Field(pattern=r"^sg-[0-9a-f]+$")]
     username: str = "mirror"  # scram
     role_arn: str | None = None  # assumed to act in the MSK account (cross-account accepter, secret, rules)
+    acls: MskAcls | None = None
 
     _cidr_ok = field_validator("cidr")(_cidr)
+
+    @model_validator(mode="after")
+    def _acls_for_scram(self) -> MskSpec:
+        if self.acls is not None and self.auth != "scram":
+            raise ValueError(f"acls: the program sets ACLs for the mirror's scram user only, and auth is '{self.auth}'")
+        return self
+
+    @property
+    def principal(self) -> str:
+        """The mirror's principal for its ACLs: its SCRAM user."""
+        return f"User:{self.username}"
 
     @property
     def region(self) -> str:
@@ -163,9 +188,6 @@ class MskSpec(StrictModel):
     def arn_of(self, kind: Literal["topic", "group"], name: str) -> str:
         """IAM resource ARN of a topic or group on this cluster (`name` may end in `*`)."""
         return self.cluster_arn.replace(":cluster/", f":{kind}/", 1) + f"/{name}"
-
-
-ADMIN_PREFIX = "admin_"  # credentials.<alias>.admin_*: the program's own, to set ACLs; never mounted in a pod
 
 
 class KafkaAcls(StrictModel):
@@ -265,11 +287,18 @@ class ClusterSpec(StrictModel):
 
     def credential_keys(self) -> tuple[str, ...]:
         """Files the mirror reads from this cluster's Kubernetes Secret, set in stack config as secrets (the Event
-        Hubs connection string comes from the namespace the program makes, not from stack config)."""
+        Hubs connection string comes from the namespace the program makes, not from stack config), then the admin's
+        the program sets ACLs with, which stay out of the cluster."""
         keys = CREDENTIAL_KEYS.get(self.sign_in, ())
-        if self.kafka is not None and self.kafka.acls is not None:
+        if self.sets_acls:
             keys += tuple(f"{ADMIN_PREFIX}{k}" for k in keys)
         return keys
+
+    @property
+    def sets_acls(self) -> bool:
+        """Whether the program sets the mirror's ACLs on this cluster, with an admin credential of its own."""
+        acls = self.kafka.acls if self.kafka is not None else self.msk.acls if self.msk is not None else None
+        return acls is not None
 
 
 class AwsSite(StrictModel):

@@ -392,6 +392,23 @@ def _cluster_policies(settings: StackSettings, providers: _AwsProviders, refs: _
             out.identities[name].ready.append(out.cluster_policies[alias])
 
 
+def _acls(
+    settings: StackSettings,
+    out: Topology,
+    alias: str,
+    bootstrap_servers: pulumi.Input[str],
+    principal: str,
+    admin_username: str | None,
+) -> None:
+    """The mirror's ACLs on a cluster, from every flow that touches it, set with the admin credential."""
+    out.acls[alias] = MirrorAcls(
+        f"acls-{alias}",
+        MirrorAclsArgs(
+            alias, bootstrap_servers, principal, admin_username, settings.mirror_config.flows, out.credentials[alias]
+        ),
+    )
+
+
 def _clusters(settings: StackSettings, providers: _AwsProviders, refs: _References, out: Topology) -> None:
     """Each cluster's own resources where this stack makes them; in a site's part, what it reads of the others."""
     model = settings.model
@@ -425,12 +442,10 @@ def _clusters(settings: StackSettings, providers: _AwsProviders, refs: _Referenc
             )
             if connection is not None:
                 out.credentials[c.alias] = {"password": pulumi.Output.secret(connection)}
-        # One stack sets a cluster's ACLs: its first site's.
+        # One stack sets a cluster's ACLs: a self-managed cluster's first site's.
         if c.kafka is not None and c.kafka.acls is not None and settings.makes("site", first_site.get(c.alias, "")):
-            out.acls[c.alias] = MirrorAcls(
-                f"acls-{c.alias}",
-                MirrorAclsArgs(c.alias, c.kafka, settings.mirror_config.flows, out.credentials[c.alias]),
-            )
+            admin = c.kafka.acls.admin_username if c.kafka.auth == "scram" else None
+            _acls(settings, out, c.alias, c.kafka.bootstrap_servers, c.kafka.principal, admin)
         if c.msk is not None and settings.makes("msk", c.alias):
             provider = providers.get(c.msk.region, c.msk.role_arn)
             out.bootstraps[c.alias] = _bootstrap(c.msk, provider)
@@ -440,6 +455,9 @@ def _clusters(settings: StackSettings, providers: _AwsProviders, refs: _Referenc
                     MskScramUserArgs(c.msk, c.alias, out.credentials[c.alias]["password"], settings.deployment),
                     pulumi.ResourceOptions(provider=provider),
                 )
+            # An MSK cluster's: the stack that makes its SCRAM user, the mirror's principal there.
+            if c.msk.acls is not None:
+                _acls(settings, out, c.alias, out.bootstraps[c.alias], c.msk.principal, c.msk.acls.admin_username)
         elif c.msk is not None and c.alias in mine:
             out.bootstraps[c.alias] = refs.require(Part("msk", c.alias), f"msk_{c.alias}_bootstrap")
 
