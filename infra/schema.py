@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from infra.naming import CHECKPOINT_DIR, DNS_LABEL, DNS_SUBDOMAIN
 from infra.versions import pinned
@@ -134,6 +134,49 @@ class MskAcls(StrictModel):
     admin_username: Annotated[str, Field(min_length=1)]
 
 
+Names = str | Annotated[list[str], Field(min_length=1)]
+
+
+def _refuse(wide: list[str], info: ValidationInfo) -> None:
+    if wide and info.data.get("Effect") == "Allow":
+        raise ValueError(f"{wide}: a wildcard in an Allow, which the policy pack refuses; name each one")
+
+
+def _listed(value: Names) -> list[str]:
+    return value if isinstance(value, list) else [value]
+
+
+class PolicyStatement(StrictModel):
+    """A statement of an MSK cluster policy that the program keeps beside the mirror roles' grants (the platform
+    team's own, say), in IAM's keys. An Allow names its principals, actions and resources, as the policy pack
+    (policies/rules.py, iam-grants-no-wildcards) requires of the whole policy."""
+
+    Sid: Annotated[str, Field(min_length=1)] | None = None
+    Effect: Literal["Allow", "Deny"]
+    Principal: dict[str, Names]
+    Action: Names
+    Resource: Names
+    Condition: dict[str, dict[str, Any]] | None = None
+
+    @field_validator("Principal")
+    @classmethod
+    def _named_principals(cls, v: dict[str, Names], info: ValidationInfo) -> dict[str, Names]:
+        _refuse([p for names in v.values() for p in _listed(names) if p == "*"], info)
+        return v
+
+    @field_validator("Action")
+    @classmethod
+    def _named_actions(cls, v: Names, info: ValidationInfo) -> Names:
+        _refuse([a for a in _listed(v) if a == "*" or a.endswith(":*")], info)
+        return v
+
+    @field_validator("Resource")
+    @classmethod
+    def _named_resources(cls, v: Names, info: ValidationInfo) -> Names:
+        _refuse([r for r in _listed(v) if r == "*"], info)
+        return v
+
+
 MSK_ARN = re.compile(
     r"^arn:aws:kafka:(?P<region>[a-z0-9-]+):(?P<account>\d{12}):cluster/(?P<name>[^/]+)/(?P<uuid>[^/]+)$"
 )
@@ -149,6 +192,8 @@ class MskSpec(StrictModel):
     username: str = "mirror"  # scram
     role_arn: str | None = None  # assumed to act in the MSK account (cross-account accepter, secret, rules)
     acls: MskAcls | None = None
+    # Kept in the cluster policy the program writes beside the mirror roles' grants; it owns the whole policy.
+    cluster_policy_statements: list[PolicyStatement] = Field(default_factory=list)
 
     _cidr_ok = field_validator("cidr")(_cidr)
 

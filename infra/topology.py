@@ -356,8 +356,9 @@ def site_grants(settings: StackSettings, out: Topology, site: str) -> pulumi.Out
 
 def _cluster_policies(settings: StackSettings, providers: _AwsProviders, refs: _References, out: Topology) -> None:
     """The resource policy of each IAM-auth MSK cluster that a role from another account uses (settings make sure
-    the stack can act in the cluster's account). MSK keeps one policy per cluster, so one stack writes it: the
-    cluster's part in a set, from the grants every site's part exports (a site not yet up adds none)."""
+    the stack can act in the cluster's account). MSK keeps one policy per cluster, so one stack writes all of it: the
+    cluster's part in a set, from the grants every site's part exports (a site not yet up adds none), beside the
+    statements its `msk.cluster_policy_statements` keeps."""
     model = settings.model
     for c in model.clusters:
         if c.msk is None or not settings.makes("msk", c.alias):
@@ -373,9 +374,11 @@ def _cluster_policies(settings: StackSettings, providers: _AwsProviders, refs: _
             for name in users
         ]
 
-        def document(found: list[dict[str, Any] | None], alias: str = alias) -> str:
+        kept = [s.model_dump(exclude_none=True) for s in spec.cluster_policy_statements]
+
+        def document(found: list[dict[str, Any] | None], alias: str = alias, kept: list[dict[str, Any]] = kept) -> str:
             mine = [g[alias] for g in found if g is not None and alias in g]
-            return json.dumps(cluster_policy([(g["role_arn"], g["policy"]) for g in mine]))
+            return json.dumps(cluster_policy([(g["role_arn"], g["policy"]) for g in mine], kept))
 
         out.cluster_policies[alias] = aws.msk.ClusterPolicy(
             f"msk-policy-{alias}",
