@@ -6,9 +6,17 @@ from __future__ import annotations
 import ipaddress
 
 from infra.hubs import plan_hubs
-from infra.naming import PROJECT, credential_key
-from infra.parts import Part
-from infra.schema import HUBS_PER_CAPACITY, TIER_LIMITS, ClusterSpec, ExecutorResources, SiteSpec, StackModel
+from infra.naming import MIRROR_SID_PREFIX, PROJECT, credential_key
+from infra.parts import Part, cross_account_sites
+from infra.schema import (
+    ADMIN_PREFIX,
+    HUBS_PER_CAPACITY,
+    TIER_LIMITS,
+    ClusterSpec,
+    ExecutorResources,
+    SiteSpec,
+    StackModel,
+)
 from spark_app.config import ConfigError, FlowConfig, FlowMode, MirrorConfig, cores_needed
 from spark_app.policy import HEARTBEATS_TOPIC
 
@@ -21,6 +29,7 @@ def check(model: StackModel, mirror: MirrorConfig, part: Part | None = None) -> 
     errors += missing_credentials(model, _credentials_used(model, mirror, site_of_flow, part))
     errors += hubs_over_tier(model, mirror)
     errors += missing_source_sizes(model, mirror)
+    errors += kept_policy_statements(model, mirror, site_of_flow)
     for i, site in enumerate(model.sites):
         flows = [f for f in mirror.flows if site_of_flow.get(f.name) == site.name]
         aliases = {a for f in flows for a in (f.source, f.target)}
@@ -65,24 +74,29 @@ def place_flows(model: StackModel, mirror: MirrorConfig) -> tuple[dict[str, str]
 
 def _credentials_used(
     model: StackModel, mirror: MirrorConfig, site_of_flow: dict[str, str], part: Part | None
-) -> set[str]:
-    """The clusters whose credentials the stack needs: a site's mirror's, and an MSK part's SCRAM user's."""
+) -> dict[str, tuple[str, ...]]:
+    """The credential keys the stack needs, by cluster: a site's mirror's, with the admin's of the self-managed
+    clusters whose ACLs a site's stack sets; an MSK part's, for its SCRAM user and its ACLs."""
     if part is None:
-        return {c.alias for c in model.clusters}
+        return {c.alias: c.credential_keys() for c in model.clusters}
     if part.kind == "site":
-        return {a for f in mirror.flows if site_of_flow.get(f.name) == part.name for a in (f.source, f.target)}
-    return {part.name} if part.kind == "msk" else set()
+        used = {a for f in mirror.flows if site_of_flow.get(f.name) == part.name for a in (f.source, f.target)}
+        return {
+            c.alias: tuple(k for k in c.credential_keys() if c.kafka is not None or not k.startswith(ADMIN_PREFIX))
+            for c in model.clusters
+            if c.alias in used
+        }
+    return {c.alias: c.credential_keys() for c in model.clusters if part == Part("msk", c.alias)}
 
 
-def missing_credentials(model: StackModel, used: set[str]) -> list[str]:
-    """Each credential the sign-in to a used cluster takes is set, as a secret."""
+def missing_credentials(model: StackModel, used: dict[str, tuple[str, ...]]) -> list[str]:
+    """Each credential the stack needs is set, as a secret."""
     return [
-        f"{credential_key(c.alias, key)}: missing; set it with"
-        f" `pulumi config set --secret --path '{credential_key(c.alias, key)}' ...`"
-        for c in model.clusters
-        if c.alias in used
-        for key in c.credential_keys()
-        if key not in model.credentials.get(c.alias, {})
+        f"{credential_key(alias, key)}: missing; set it with"
+        f" `pulumi config set --secret --path '{credential_key(alias, key)}' ...`"
+        for alias, keys in used.items()
+        for key in keys
+        if key not in model.credentials.get(alias, {})
     ]
 
 
@@ -124,6 +138,31 @@ def missing_source_sizes(model: StackModel, mirror: MirrorConfig) -> list[str]:
             for t in flow.topics.literal_names() or []
             if t not in src.source_topic_sizes and t != HEARTBEATS_TOPIC
         ]
+    return errors
+
+
+def kept_policy_statements(model: StackModel, mirror: MirrorConfig, site_of_flow: dict[str, str]) -> list[str]:
+    """The statements an MSK cluster policy keeps go into a policy the program writes, each with a Sid of its own:
+    none twice, none with the prefix of the program's statements."""
+    errors = []
+    for j, c in enumerate(model.clusters):
+        statements = c.msk.cluster_policy_statements if c.msk is not None else []
+        key = f"{PROJECT}:clusters[{j}].msk.cluster_policy_statements"
+        if statements and not cross_account_sites(model, mirror, site_of_flow, c.alias):
+            errors.append(
+                f"{key}: the program writes no policy for cluster '{c.alias}', as no mirror role of another account"
+                " uses it over IAM auth; leave the cluster's policy to whoever writes it"
+            )
+        first: dict[str, int] = {}
+        for k, statement in enumerate(statements):
+            sid = statement.Sid
+            if sid is None:
+                continue
+            if sid.startswith(MIRROR_SID_PREFIX):
+                errors.append(f"{key}[{k}].Sid: '{sid}' takes the program's prefix '{MIRROR_SID_PREFIX}'; rename it")
+            elif sid in first:
+                errors.append(f"{key}[{k}].Sid: '{sid}' is also the Sid of {key}[{first[sid]}]; a policy's Sids differ")
+            first.setdefault(sid, k)
     return errors
 
 

@@ -1,5 +1,5 @@
 """Names and paths a stack derives: the Spark Operator's release, the mirror's application, where a pod finds its
-secrets and checkpoints, and the stack key of a credential.
+secrets and checkpoints, the stack key of a credential, and the Sids of the program's cluster policy statements.
 
 Kubernetes names derive from the stack, so stacks sharing a cluster never take each other's objects.
 """
@@ -16,6 +16,7 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # A DNS subdomain (RFC 1123): dot-separated labels, at most 253 characters; StorageClass names are these.
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 APP_NAME_MAX = 50  # Spark derives pod and service names from it, within Kubernetes' 63
+MIRROR_SID_PREFIX = "Mirrorkit"
 
 
 def operator_name(stack: str) -> str:
@@ -32,6 +33,11 @@ def msk_scram_secret_name(stack: str, alias: str) -> str:
     """The Secrets Manager secret of the mirror's SCRAM user on MSK cluster `alias`: MSK reads only `AmazonMSK_`
     names, and one per stack keeps stacks sharing an account apart. Aliases hold no '.', so the last one splits."""
     return f"AmazonMSK_{PROJECT}_{stack}.{alias}"
+
+
+def mirror_sid(n: int) -> str:
+    """The Sid of the program's n-th statement in an MSK cluster policy; a kept statement may not take its prefix."""
+    return f"{MIRROR_SID_PREFIX}{n}"
 
 
 def first_names(name: str, account: str, service_accounts: Sequence[str]) -> list[str]:

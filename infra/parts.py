@@ -7,7 +7,7 @@ A region must be operable while another is down, so no stack holds resources of 
 - `platform:<stack>`: what is cluster-wide on one Kubernetes cluster, the Spark Operator and its CRDs, installed
   once for every deployment there (its own stack, named by the sites that use it, `sites[].platform`);
 - `msk:<alias>`: what lives in an MSK cluster's account and region (the peering requests to the sites' VPCs, routes
-  and ingress on its side, the SCRAM user, the cluster policy merging the grants the sites export);
+  and ingress on its side, the SCRAM user and its ACLs, the cluster policy merging the grants the sites export);
 - `eventhubs:<alias>`: an Event Hubs namespace and its hubs.
 
 A stack without `mirrorkit:part` holds the whole topology, for a deployment in one region.

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from infra.naming import CHECKPOINT_DIR, DNS_LABEL, DNS_SUBDOMAIN
 from infra.versions import pinned
@@ -121,6 +121,62 @@ class EventHubsSpec(StrictModel):
         return f"{host}.servicebus.windows.net:{EVENTHUBS_PORT}"
 
 
+ADMIN_PREFIX = "admin_"  # credentials.<alias>.admin_*: the program's own, to set ACLs; never mounted in a pod
+
+
+class MskAcls(StrictModel):
+    """The mirror's ACLs on a SCRAM-auth MSK cluster, for `User:<username>`, set by the program as a SCRAM user that
+    may alter ACLs (its password at `credentials.<alias>.admin_password`).
+
+    Asked for, never automatic: the first ACL on a topic or group ends `allow.everyone.if.no.acl.found` there, which
+    would shut out every other client of a cluster that relies on it."""
+
+    admin_username: Annotated[str, Field(min_length=1)]
+
+
+Names = str | Annotated[list[str], Field(min_length=1)]
+
+
+def _refuse(wide: list[str], info: ValidationInfo) -> None:
+    if wide and info.data.get("Effect") == "Allow":
+        raise ValueError(f"{wide}: a wildcard in an Allow, which the policy pack refuses; name each one")
+
+
+def _listed(value: Names) -> list[str]:
+    return value if isinstance(value, list) else [value]
+
+
+class PolicyStatement(StrictModel):
+    """A statement of an MSK cluster policy that the program keeps beside the mirror roles' grants (the platform
+    team's own, say), in IAM's keys. An Allow names its principals, actions and resources, as the policy pack
+    (policies/rules.py, iam-grants-no-wildcards) requires of the whole policy."""
+
+    Sid: Annotated[str, Field(min_length=1)] | None = None
+    Effect: Literal["Allow", "Deny"]
+    Principal: dict[str, Names]
+    Action: Names
+    Resource: Names
+    Condition: dict[str, dict[str, Any]] | None = None
+
+    @field_validator("Principal")
+    @classmethod
+    def _named_principals(cls, v: dict[str, Names], info: ValidationInfo) -> dict[str, Names]:
+        _refuse([p for names in v.values() for p in _listed(names) if p == "*"], info)
+        return v
+
+    @field_validator("Action")
+    @classmethod
+    def _named_actions(cls, v: Names, info: ValidationInfo) -> Names:
+        _refuse([a for a in _listed(v) if a == "*" or a.endswith(":*")], info)
+        return v
+
+    @field_validator("Resource")
+    @classmethod
+    def _named_resources(cls, v: Names, info: ValidationInfo) -> Names:
+        _refuse([r for r in _listed(v) if r == "*"], info)
+        return v
+
+
 MSK_ARN = re.compile(
     r"^arn:aws:kafka:(?P<region>[a-z0-9-]+):(?P<account>\d{12}):cluster/(?P<name>[^/]+)/(?P<uuid>[^/]+)$"
 )
@@ -135,8 +191,22 @@ class MskSpec(StrictModel):
     security_group_id: Annotated[str, Field(pattern=r"^sg-[0-9a-f]+$")]
     username: str = "mirror"  # scram
     role_arn: str | None = None  # assumed to act in the MSK account (cross-account accepter, secret, rules)
+    acls: MskAcls | None = None
+    # Kept in the cluster policy the program writes beside the mirror roles' grants; it owns the whole policy.
+    cluster_policy_statements: list[PolicyStatement] = Field(default_factory=list)
 
     _cidr_ok = field_validator("cidr")(_cidr)
+
+    @model_validator(mode="after")
+    def _acls_for_scram(self) -> MskSpec:
+        if self.acls is not None and self.auth != "scram":
+            raise ValueError(f"acls: the program sets ACLs for the mirror's scram user only, and auth is '{self.auth}'")
+        return self
+
+    @property
+    def principal(self) -> str:
+        """The mirror's principal for its ACLs: its SCRAM user."""
+        return f"User:{self.username}"
 
     @property
     def region(self) -> str:
@@ -163,9 +233,6 @@ class MskSpec(StrictModel):
     def arn_of(self, kind: Literal["topic", "group"], name: str) -> str:
         """IAM resource ARN of a topic or group on this cluster (`name` may end in `*`)."""
         return self.cluster_arn.replace(":cluster/", f":{kind}/", 1) + f"/{name}"
-
-
-ADMIN_PREFIX = "admin_"  # credentials.<alias>.admin_*: the program's own, to set ACLs; never mounted in a pod
 
 
 class KafkaAcls(StrictModel):
@@ -265,11 +332,18 @@ class ClusterSpec(StrictModel):
 
     def credential_keys(self) -> tuple[str, ...]:
         """Files the mirror reads from this cluster's Kubernetes Secret, set in stack config as secrets (the Event
-        Hubs connection string comes from the namespace the program makes, not from stack config)."""
+        Hubs connection string comes from the namespace the program makes, not from stack config), then the admin's
+        the program sets ACLs with, which stay out of the cluster."""
         keys = CREDENTIAL_KEYS.get(self.sign_in, ())
-        if self.kafka is not None and self.kafka.acls is not None:
+        if self.sets_acls:
             keys += tuple(f"{ADMIN_PREFIX}{k}" for k in keys)
         return keys
+
+    @property
+    def sets_acls(self) -> bool:
+        """Whether the program sets the mirror's ACLs on this cluster, with an admin credential of its own."""
+        acls = self.kafka.acls if self.kafka is not None else self.msk.acls if self.msk is not None else None
+        return acls is not None
 
 
 class AwsSite(StrictModel):

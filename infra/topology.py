@@ -356,8 +356,9 @@ def site_grants(settings: StackSettings, out: Topology, site: str) -> pulumi.Out
 
 def _cluster_policies(settings: StackSettings, providers: _AwsProviders, refs: _References, out: Topology) -> None:
     """The resource policy of each IAM-auth MSK cluster that a role from another account uses (settings make sure
-    the stack can act in the cluster's account). MSK keeps one policy per cluster, so one stack writes it: the
-    cluster's part in a set, from the grants every site's part exports (a site not yet up adds none)."""
+    the stack can act in the cluster's account). MSK keeps one policy per cluster, so one stack writes all of it: the
+    cluster's part in a set, from the grants every site's part exports (a site not yet up adds none), beside the
+    statements its `msk.cluster_policy_statements` keeps."""
     model = settings.model
     for c in model.clusters:
         if c.msk is None or not settings.makes("msk", c.alias):
@@ -373,9 +374,11 @@ def _cluster_policies(settings: StackSettings, providers: _AwsProviders, refs: _
             for name in users
         ]
 
-        def document(found: list[dict[str, Any] | None], alias: str = alias) -> str:
+        kept = [s.model_dump(exclude_none=True) for s in spec.cluster_policy_statements]
+
+        def document(found: list[dict[str, Any] | None], alias: str = alias, kept: list[dict[str, Any]] = kept) -> str:
             mine = [g[alias] for g in found if g is not None and alias in g]
-            return json.dumps(cluster_policy([(g["role_arn"], g["policy"]) for g in mine]))
+            return json.dumps(cluster_policy([(g["role_arn"], g["policy"]) for g in mine], kept))
 
         out.cluster_policies[alias] = aws.msk.ClusterPolicy(
             f"msk-policy-{alias}",
@@ -390,6 +393,23 @@ def _cluster_policies(settings: StackSettings, providers: _AwsProviders, refs: _
         )
         for name in users if settings.part is None else ():
             out.identities[name].ready.append(out.cluster_policies[alias])
+
+
+def _acls(
+    settings: StackSettings,
+    out: Topology,
+    alias: str,
+    bootstrap_servers: pulumi.Input[str],
+    principal: str,
+    admin_username: str | None,
+) -> None:
+    """The mirror's ACLs on a cluster, from every flow that touches it, set with the admin credential."""
+    out.acls[alias] = MirrorAcls(
+        f"acls-{alias}",
+        MirrorAclsArgs(
+            alias, bootstrap_servers, principal, admin_username, settings.mirror_config.flows, out.credentials[alias]
+        ),
+    )
 
 
 def _clusters(settings: StackSettings, providers: _AwsProviders, refs: _References, out: Topology) -> None:
@@ -425,12 +445,10 @@ def _clusters(settings: StackSettings, providers: _AwsProviders, refs: _Referenc
             )
             if connection is not None:
                 out.credentials[c.alias] = {"password": pulumi.Output.secret(connection)}
-        # One stack sets a cluster's ACLs: its first site's.
+        # One stack sets a cluster's ACLs: a self-managed cluster's first site's.
         if c.kafka is not None and c.kafka.acls is not None and settings.makes("site", first_site.get(c.alias, "")):
-            out.acls[c.alias] = MirrorAcls(
-                f"acls-{c.alias}",
-                MirrorAclsArgs(c.alias, c.kafka, settings.mirror_config.flows, out.credentials[c.alias]),
-            )
+            admin = c.kafka.acls.admin_username if c.kafka.auth == "scram" else None
+            _acls(settings, out, c.alias, c.kafka.bootstrap_servers, c.kafka.principal, admin)
         if c.msk is not None and settings.makes("msk", c.alias):
             provider = providers.get(c.msk.region, c.msk.role_arn)
             out.bootstraps[c.alias] = _bootstrap(c.msk, provider)
@@ -440,6 +458,9 @@ def _clusters(settings: StackSettings, providers: _AwsProviders, refs: _Referenc
                     MskScramUserArgs(c.msk, c.alias, out.credentials[c.alias]["password"], settings.deployment),
                     pulumi.ResourceOptions(provider=provider),
                 )
+            # An MSK cluster's: the stack that makes its SCRAM user, the mirror's principal there.
+            if c.msk.acls is not None:
+                _acls(settings, out, c.alias, out.bootstraps[c.alias], c.msk.principal, c.msk.acls.admin_username)
         elif c.msk is not None and c.alias in mine:
             out.bootstraps[c.alias] = refs.require(Part("msk", c.alias), f"msk_{c.alias}_bootstrap")
 

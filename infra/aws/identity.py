@@ -13,7 +13,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.aws.checkpoints import checkpoint_policy
-from infra.naming import first_names
+from infra.naming import first_names, mirror_sid
 from infra.schema import AwsSite, MskSpec
 from spark_app.config import FlowConfig
 from spark_app.policy import access, literal_prefix
@@ -70,18 +70,18 @@ def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> d
     return {"Version": "2012-10-17", "Statement": statements}
 
 
-def cluster_policy(grants: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """An MSK cluster's resource policy allowing each (role ARN, its kafka_policy on this cluster only).
+def cluster_policy(grants: Sequence[tuple[str, dict[str, Any]]], kept: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """An MSK cluster's resource policy: the statements the stack keeps, then the program's own (each with a Sid
+    of its own prefix) allowing each (role ARN, its kafka_policy on this cluster only).
 
-    A role from another account may act on a cluster only when the cluster's own policy allows it too."""
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {**statement, "Principal": {"AWS": role_arn}}
-            for role_arn, policy in grants
-            for statement in policy["Statement"]
-        ],
-    }
+    A role from another account may act on a cluster only when the cluster's own policy allows it too. MSK keeps
+    one policy per cluster, so whatever else must stay in it is among `kept`."""
+    mine = [
+        {**statement, "Principal": {"AWS": role_arn}}
+        for role_arn, policy in grants
+        for statement in policy["Statement"]
+    ]
+    return {"Version": "2012-10-17", "Statement": [*kept, *({"Sid": mirror_sid(n)} | s for n, s in enumerate(mine))]}
 
 
 def _oidc_issuer(provider_arn: str) -> str:

@@ -6,6 +6,7 @@ Peering is used rather than MSK multi-VPC connectivity because the latter is sam
 from __future__ import annotations
 
 import functools
+import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -151,8 +152,8 @@ class _Routes:
     destination_key: str
 
     def make(self, name: str, stack: str, peering_id: pulumi.Input[str], opts: pulumi.ResourceOptions) -> None:
-        """A table holds one route per destination, so AWS refuses a second (RouteAlreadyExists): preview refuses
-        a route some other peering already has in a table, naming both keys, before any is made."""
+        """Preview refuses a route that would clash with one some other peering already has in a table, naming both
+        keys, before any is made (`_free`)."""
         on = pulumi.InvokeOutputOptions(provider=opts.provider)
         ours = aws.ec2.GetVpcPeeringConnectionsFilterArgs(name=f"tag:{STACK_TAG}", values=[stack])
         own = aws.ec2.get_vpc_peering_connections_output(filters=[ours], opts=on).ids
@@ -167,14 +168,30 @@ class _Routes:
             )
 
     def _free(self, table: str, found: list[Any]) -> str:  # [the table's routes, our peerings' ids]
+        """The table, unless a route not ours there has the same destination (a table holds one route per
+        destination: AWS refuses a second, RouteAlreadyExists), or one overlapping it through another peering: a
+        narrower one takes part of this peer's traffic, a wider one loses part of its own to this route. A wider
+        route out through a gateway (a default route, say) is what a peering route is meant to narrow."""
         routes, own = found[0] or [], set(found[1] or [])
+        wanted = ipaddress.ip_network(self.destination)
         for route in routes:
-            through = _field(route, "vpc_peering_connection_id") or _field(route, "gateway_id")
-            if _field(route, "cidr_block") == self.destination and through not in own:
+            cidr = _field(route, "cidr_block")
+            peering = _field(route, "vpc_peering_connection_id")
+            through = peering or _field(route, "gateway_id")
+            if not cidr or through in own:
+                continue
+            if cidr == self.destination:
                 raise ValueError(
                     f"{self.destination_key}: route table {table} already routes {self.destination} through"
                     f" {through} (another stack's peering, or one made by hand), and a table holds one route per"
                     f" destination; give the peer VPC a CIDR apart, or leave {table} out of {self.tables_key}"
+                )
+            if peering and ipaddress.ip_network(cidr).overlaps(wanted):
+                raise ValueError(
+                    f"{self.destination_key}: {self.destination} overlaps {cidr}, which route table {table} already"
+                    f" routes through {peering} (another stack's peering, or one made by hand), so one of the two"
+                    f" peers would get the other's traffic; give the peer VPC a CIDR apart, or leave {table} out of"
+                    f" {self.tables_key}"
                 )
         return table
 

@@ -1,7 +1,7 @@
-"""The mirror's ACLs on a self-managed Kafka cluster, least privilege, rendered from its access set there
-(spark_app.policy.access): read the source topics and describe their groups; write the target copies; its own
-internal topics and DR lease group; heartbeats on the source when the flow emits them; and read the copies whose
-group offsets it commits. The program sets them with an admin credential of its own."""
+"""The mirror's ACLs on a Kafka cluster (self-managed, or MSK with SCRAM), least privilege, rendered from its
+access set there (spark_app.policy.access): read the source topics and describe their groups; write the target
+copies; its own internal topics and DR lease group; heartbeats on the source when the flow emits them; and read the
+copies whose group offsets it commits. The program sets them with an admin credential of its own."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kafka as kafka
 
-from infra.schema import ADMIN_PREFIX, KafkaSpec
+from infra.schema import ADMIN_PREFIX
 from spark_app.config import FlowConfig
 from spark_app.policy import access, literal_prefix
 
@@ -57,7 +57,9 @@ def mirror_acls(alias: str, flows: Sequence[FlowConfig]) -> list[AclSpec]:
 @dataclass(frozen=True)
 class MirrorAclsArgs:
     alias: str
-    spec: KafkaSpec
+    bootstrap_servers: pulumi.Input[str]  # comma-separated, TLS listeners
+    principal: str  # the mirror, as the brokers name it
+    admin_username: str | None  # the SCRAM user that sets the ACLs; None: the admin's client certificate (mTLS)
     flows: Sequence[FlowConfig]
     credentials: Mapping[str, pulumi.Output[str]]  # the cluster's credential files; the admin_* ones are used here
 
@@ -67,15 +69,15 @@ class MirrorAcls(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: MirrorAclsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("mirrorkit:kafka:MirrorAcls", name, None, opts)
-        spec, admin = args.spec, args.credentials
+        admin = args.credentials
         provider = kafka.Provider(
             f"{name}-admin",
-            bootstrap_servers=spec.bootstrap_servers.split(","),
+            bootstrap_servers=pulumi.Output.from_input(args.bootstrap_servers).apply(lambda s: s.split(",")),
             tls_enabled=True,
             client_cert=admin.get(f"{ADMIN_PREFIX}client_cert"),
             client_key=admin.get(f"{ADMIN_PREFIX}client_key"),
-            sasl_mechanism="scram-sha512" if spec.auth == "scram" else None,
-            sasl_username=spec.acls.admin_username if spec.acls else None,
+            sasl_mechanism="scram-sha512" if args.admin_username is not None else None,
+            sasl_username=args.admin_username,
             sasl_password=admin.get(f"{ADMIN_PREFIX}password"),
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -83,7 +85,7 @@ class MirrorAcls(pulumi.ComponentResource):
         for acl in mirror_acls(args.alias, args.flows):
             kafka.Acl(
                 f"{name}-{acl.resource_type}-{acl.pattern}-{_slug(acl.name)}-{acl.operation}".lower(),
-                acl_principal=spec.principal,
+                acl_principal=args.principal,
                 acl_host="*",
                 acl_operation=acl.operation,
                 acl_permission_type="Allow",

@@ -262,6 +262,41 @@ def test_msk_reach_refuses_a_route_another_stack_has_in_a_table_naming_the_key_a
     assert "mirrorkit:sites[0].aws.route_table_ids" in message
 
 
+@pytest.mark.parametrize("theirs", ["10.20.5.0/24", "10.0.0.0/8"])
+def test_msk_reach_refuses_a_route_overlapping_another_peerings_naming_the_key_and_the_peering(theirs):
+    # A narrower route through another peering takes part of the MSK VPC's traffic; a wider one loses part of its own.
+    def table(args):
+        taken = {"cidrBlock": theirs, "vpcPeeringConnectionId": "pcx-other"}
+        return {"routes": [taken] if args["routeTableId"] == "rtb-0a1" else []}
+
+    message = reach_refused({"aws:ec2/getRouteTable:getRouteTable": table})
+    assert f"mirrorkit:clusters[1].msk.cidr: 10.20.0.0/16 overlaps {theirs}, which route table rtb-0a1" in message
+    assert "through pcx-other" in message and "mirrorkit:sites[0].aws.route_table_ids" in message
+
+
+def test_msk_reach_takes_a_table_whose_default_route_leaves_through_a_gateway():
+    def table(args):  # each table's own VPC, and the way out
+        own = SITE.cidr if args["routeTableId"] in SITE.route_table_ids else MSK.cidr
+        return {
+            "routes": [{"cidrBlock": "0.0.0.0/0", "natGatewayId": "nat-0a"}, {"cidrBlock": own, "gatewayId": "local"}]
+        }
+
+    async def body():
+        p = aws.Provider("p", region="eu-west-1")
+        MskReach("r", MskReachArgs("test", SITE, p, p, [MSK]))
+        return {}
+
+    calls = {
+        "aws:ec2/getRouteTable:getRouteTable": table,
+        "aws:msk/getCluster:getCluster": {"brokerNodeGroupInfos": []},
+    }
+    run = run_pulumi(body, {}, calls=calls)
+    assert {r.plain["destinationCidrBlock"] for r in run.of_type("aws:ec2/route:Route")} == {
+        "10.10.0.0/16",
+        "10.20.0.0/16",
+    }
+
+
 def test_msk_reach_in_the_same_vpc_only_opens_the_port():
     same = MSK.model_copy(update={"vpc_id": SITE.vpc_id, "auth": "scram"})
 

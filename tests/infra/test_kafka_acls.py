@@ -1,12 +1,28 @@
-"""Kafka ACLs as code for the mirror's SCRAM or mTLS user on a self-managed cluster: least privilege, from the
-same flows and naming policy the mirror runs with."""
+"""Kafka ACLs as code for the mirror's SCRAM or mTLS user on a self-managed cluster, and for its SCRAM user on MSK
+where the stack asks for them: least privilege, from the same flows and naming policy the mirror runs with."""
 
 from __future__ import annotations
 
 import copy
 import json
 
-from tests.infra.harness import ROOT, Run, is_secret, run_values, stack_values, with_secrets
+import pytest
+
+from infra.kafka.acls import AclSpec, mirror_acls
+from infra.settings import load_settings
+from spark_app.config import ConfigError
+from tests.infra.harness import (
+    BOOTSTRAPS,
+    ROOT,
+    Run,
+    is_secret,
+    run_values,
+    sentinel,
+    set_config,
+    stack_values,
+    with_secrets,
+)
+from tests.infra.test_regions import SPARK_APP, a_set_is_up, part_values
 
 ONPREM = ROOT / "stacks" / "Pulumi.onprem-to-msk.yaml"
 ACL = "kafka:index/acl:Acl"
@@ -97,3 +113,74 @@ def test_a_self_managed_scram_cluster_gets_the_mirrors_acls_under_its_scram_user
     assert is_secret(provider.inputs["saslPassword"])
     (secret,) = [s for s in run.of_type("kubernetes:core/v1:Secret") if s.plain["metadata"]["name"] == "mirrorkit-dc1"]
     assert set(secret.plain["stringData"]) == {"password"}  # the admin password reaches no pod
+
+
+DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
+MSK_PART, SITE_PART = "dr-msk-to-eventhubs-msk-primary", "dr-msk-to-eventhubs-site-use1"
+
+
+def msk_with_acls() -> dict:
+    """dr-msk-to-eventhubs with the program setting the mirror's ACLs on its MSK (SCRAM) source."""
+    values = copy.deepcopy(stack_values(DR))
+    values["mirrorkit:clusters"][0]["msk"]["acls"] = {"admin_username": "acl-admin"}
+    return values
+
+
+def msk_acls(run: Run) -> set[AclSpec]:
+    found = set()
+    for acl in run.of_type(ACL):
+        p = acl.plain
+        assert (p["aclPrincipal"], p["aclPermissionType"], p["aclHost"]) == ("User:mirror", "Allow", "*")
+        found.add(
+            AclSpec(p["aclResourceType"], p["resourcePatternTypeFilter"], p["aclResourceName"], p["aclOperation"])
+        )
+    return found
+
+
+def test_an_msk_scram_cluster_with_acls_gets_the_mirrors_acls_under_its_scram_user_set_by_its_admin():
+    run = run_values(with_secrets(msk_with_acls()))
+    flows = run.result["settings"].mirror_config.flows
+    assert msk_acls(run) == set(mirror_acls("primary", flows))
+    assert ("Topic", "Literal", "orders", "Read") in {
+        (a.resource_type, a.pattern, a.name, a.operation) for a in msk_acls(run)
+    }
+    (provider,) = run.of_type("pulumi:providers:kafka")
+    assert json.loads(provider.plain["bootstrapServers"]) == BOOTSTRAPS["bootstrapBrokersSaslScram"].split(",")
+    assert (provider.plain["saslMechanism"], provider.plain["saslUsername"]) == ("scram-sha512", "acl-admin")
+    assert provider.plain["tlsEnabled"] == "true" and is_secret(provider.inputs["saslPassword"])
+    assert provider.plain["saslPassword"] == sentinel("primary", "admin_password")
+    secret = run.named("use1-primary")  # the mirror's Kubernetes Secret: the admin password reaches no pod
+    assert set(secret.plain["stringData"]) == {"password"}
+
+
+def test_an_msk_cluster_without_acls_gets_none():
+    assert run_values(with_secrets(stack_values(DR))).of_type(ACL) == []
+
+
+def test_msk_acls_without_the_admin_password_fail_at_preview_naming_the_key():
+    values = msk_with_acls() | {"mirrorkit:credentials": {"primary": {"password": "p"}}}
+    set_config(values)
+    with pytest.raises(ConfigError, match=r"mirrorkit:credentials\.primary\.admin_password: missing"):
+        load_settings()
+
+
+def test_msk_acls_are_refused_on_an_iam_cluster_at_their_key():
+    values = copy.deepcopy(stack_values(ROOT / "stacks" / "Pulumi.active-active.yaml"))
+    values["mirrorkit:clusters"][1]["msk"]["acls"] = {"admin_username": "acl-admin"}
+    set_config(values)  # IAM: no secrets
+    with pytest.raises(ConfigError, match=r"mirrorkit:clusters\[1\]\.msk\.acls: .*scram"):
+        load_settings()
+
+
+def test_in_a_set_the_msk_part_sets_the_acls_and_only_it_needs_the_admin_password():
+    backend, _ = a_set_is_up("dr-msk-to-eventhubs")
+    clusters = {"mirrorkit:clusters": msk_with_acls()["mirrorkit:clusters"]}
+    admin = {"primary": {"password": sentinel("primary", "password"), "admin_password": "a"}}
+    msk = run_values(
+        part_values(MSK_PART) | clusters | {"mirrorkit:credentials": admin}, stack=MSK_PART, stacks=backend
+    )
+    assert msk_acls(msk) and msk.of_type("mirrorkit:aws:MskScramUser")
+    site = run_values(part_values(SITE_PART) | clusters, stack=SITE_PART, stacks=backend)  # the mirror's password only
+    assert site.of_type(SPARK_APP) and not site.of_type(ACL)
+    with pytest.raises(Exception, match=r"mirrorkit:credentials\.primary\.admin_password: missing"):
+        run_values(part_values(MSK_PART) | clusters, stack=MSK_PART, stacks=backend)

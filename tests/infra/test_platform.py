@@ -15,6 +15,7 @@ from kubeflow_spark_api.models import SparkV1beta2SparkApplication
 
 from infra.k8s.mirror_app import MirrorApplication
 from infra.settings import load_settings
+from policies.rules import iam_grants_no_wildcards
 from spark_app.config import ConfigError
 from tests.infra.harness import (
     EVENTHUB,
@@ -363,6 +364,72 @@ def test_a_cross_account_iam_cluster_with_no_role_to_set_its_policy_is_refused()
     values = cross_account(None)
     set_config(values)
     with pytest.raises(ConfigError, match=r"clusters\[1\]\.msk\.role_arn: missing; .*ClusterPolicy"):
+        load_settings()
+
+
+EU_CLUSTER = "arn:aws:kafka:eu-west-1:222222222222:cluster/events-eu/0b0b0b0b-1111-2222-3333-444455556666-1"
+KEPT = {  # the platform team's: another account's multi-VPC connectivity to the cluster
+    "Sid": "PlatformMultiVpc",
+    "Effect": "Allow",
+    "Principal": {"AWS": ["arn:aws:iam::333333333333:root"]},
+    "Action": ["kafka:CreateVpcConnection", "kafka:DescribeClusterV2", "kafka:GetBootstrapBrokers"],
+    "Resource": EU_CLUSTER,
+}
+
+
+def keeping(*statements: dict) -> dict:
+    values = cross_account("arn:aws:iam::222222222222:role/deployer")
+    values["mirrorkit:clusters"][1]["msk"]["cluster_policy_statements"] = list(statements)
+    return values
+
+
+def test_a_cluster_policy_keeps_the_statements_its_stack_names_beside_the_mirror_roles_grants():
+    run = run_values(keeping(KEPT, KEPT | {"Sid": "PlatformDeny", "Effect": "Deny", "Action": "kafka:*"}))
+    (policy,) = run.of_type(CLUSTER_POLICY)
+    statements = json.loads(policy.plain["policy"])["Statement"]
+    assert statements[:2] == [KEPT, KEPT | {"Sid": "PlatformDeny", "Effect": "Deny", "Action": "kafka:*"}]
+    principals = {s["Principal"]["AWS"] for s in statements[2:]}
+    assert principals == {"arn:aws:test:::use1-mirror-role", "arn:aws:test:::euw1-mirror-role"}
+    sids = [s["Sid"] for s in statements]
+    assert len(set(sids)) == len(sids) == len(statements)
+    assert iam_grants_no_wildcards(CLUSTER_POLICY, policy.plain) == []
+
+
+@pytest.mark.parametrize(
+    ("statement", "refused"),
+    [
+        (
+            {k: v for k, v in KEPT.items() if k != "Principal"},
+            r"cluster_policy_statements\[0\]\.Principal: Field required",
+        ),
+        (KEPT | {"Action": ["kafka:*"]}, r"cluster_policy_statements\[0\]\.Action: .*wildcard"),
+        (KEPT | {"Resource": "*"}, r"cluster_policy_statements\[0\]\.Resource: .*wildcard"),
+        (KEPT | {"Principal": {"AWS": "*"}}, r"cluster_policy_statements\[0\]\.Principal: .*wildcard"),
+        (KEPT | {"Sid": "Mirrorkit0"}, r"cluster_policy_statements\[0\]\.Sid: 'Mirrorkit0' .*the program's"),
+    ],
+)
+def test_a_kept_cluster_policy_statement_that_is_incomplete_wide_open_or_takes_the_programs_sid_is_refused(
+    statement, refused
+):
+    set_config(keeping(statement))
+    with pytest.raises(ConfigError, match=rf"mirrorkit:clusters\[1\]\.msk\.{refused}"):
+        load_settings()
+
+
+def test_two_kept_cluster_policy_statements_with_one_sid_are_refused_naming_the_second():
+    set_config(keeping(KEPT, KEPT | {"Action": "kafka:GetBootstrapBrokers"}))
+    with pytest.raises(
+        ConfigError,
+        match=r"mirrorkit:clusters\[1\]\.msk\.cluster_policy_statements\[1\]\.Sid: 'PlatformMultiVpc' .*\[0\]",
+    ):
+        load_settings()
+
+
+def test_kept_statements_on_a_cluster_whose_policy_the_program_does_not_write_are_refused():
+    values = copy.deepcopy(with_secrets(stack_values(ACTIVE_ACTIVE)))  # the eu cluster is in the roles' account
+    values["mirrorkit:clusters"][1]["msk"]["cluster_policy_statements"] = [KEPT]
+    set_config(values)
+    with pytest.raises(ConfigError, match=r"mirrorkit:clusters\[1\]\.msk\.cluster_policy_statements: .*writes no"):
         load_settings()
 
 
