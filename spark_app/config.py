@@ -110,6 +110,20 @@ class SecretRef(StrictModel):
         return f"env {self.env}" if self.env else f"file {self.file}"
 
 
+# What a host:port can hold. A value with anything else is not echoed in an error: an Event Hubs connection string
+# pasted into bootstrap_servers carries its key.
+HOST_PORT_CHARS = re.compile(r"^[A-Za-z0-9._\-\[\]:]{1,300}$")
+
+
+def _shown_server(server: str, n: int) -> str:
+    if HOST_PORT_CHARS.match(server):
+        return f"'{server}'"
+    return (
+        f"entry {n + 1} (not shown: it holds characters no host:port has; a connection string or a key belongs in"
+        " 'password', as a secret)"
+    )
+
+
 class ClusterConfig(StrictModel):
     alias: Annotated[str, Field(pattern=ALIAS_PATTERN)]
     bootstrap_servers: Annotated[str, Field(min_length=3)]
@@ -126,10 +140,10 @@ class ClusterConfig(StrictModel):
     @field_validator("bootstrap_servers")
     @classmethod
     def _host_port_list(cls, v: str) -> str:
-        for server in v.split(","):
-            host, sep, port = server.strip().rpartition(":")
+        for n, server in enumerate(s.strip() for s in v.split(",")):
+            host, sep, port = server.rpartition(":")
             if not sep or not host or not port.isdigit():
-                raise ValueError(f"'{server.strip()}' is not host:port")
+                raise ValueError(f"{_shown_server(server, n)} is not host:port")
         return v
 
     @field_validator("client_overrides")

@@ -74,6 +74,16 @@ def test_bad_config_is_refused_naming_the_key(raw, message):
     assert message in str(refused.value)
 
 
+def test_a_connection_string_pasted_as_bootstrap_servers_is_refused_without_its_key_in_the_message():
+    key = "k3yThatMustNotLeak/+="
+    pasted = f"Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey={key}"
+    with pytest.raises(ConfigError) as refused:
+        parse_config(variant(clusters__2__bootstrap_servers=pasted))
+    message = str(refused.value)
+    assert "config:clusters[2].bootstrap_servers: entry 1 (not shown" in message and "'password'" in message
+    assert key not in message and "SharedAccessKey" not in message, message
+
+
 def test_identity_pair_with_provenance_headers_is_accepted():
     raw = variant()
     raw["flows"] = [
