@@ -152,7 +152,9 @@ class _Routes:
 
     def make(self, name: str, stack: str, peering_id: pulumi.Input[str], opts: pulumi.ResourceOptions) -> None:
         """A table holds one route per destination, so AWS refuses a second (RouteAlreadyExists): preview refuses
-        a route some other peering already has in a table, naming both keys, before any is made."""
+        a route some other peering already has in a table, naming both keys, before any is made. A route through
+        this very peering is this route, as a later `up` finds it: a site's stack accepts a peering it did not
+        tag (the MSK part requested it), so the stack's tag alone would not tell it as its own."""
         on = pulumi.InvokeOutputOptions(provider=opts.provider)
         ours = aws.ec2.GetVpcPeeringConnectionsFilterArgs(name=f"tag:{STACK_TAG}", values=[stack])
         own = aws.ec2.get_vpc_peering_connections_output(filters=[ours], opts=on).ids
@@ -160,14 +162,14 @@ class _Routes:
             routes = aws.ec2.get_route_table_output(route_table_id=table, opts=on).routes
             aws.ec2.Route(
                 f"{name}-{table}",
-                route_table_id=pulumi.Output.all(routes, own).apply(functools.partial(self._free, table)),
+                route_table_id=pulumi.Output.all(routes, own, peering_id).apply(functools.partial(self._free, table)),
                 destination_cidr_block=self.destination,
                 vpc_peering_connection_id=peering_id,
                 opts=opts,
             )
 
-    def _free(self, table: str, found: list[Any]) -> str:  # [the table's routes, our peerings' ids]
-        routes, own = found[0] or [], set(found[1] or [])
+    def _free(self, table: str, found: list[Any]) -> str:  # [the table's routes, our peerings' ids, this peering]
+        routes, own = found[0] or [], {*(found[1] or []), found[2]}
         for route in routes:
             through = _field(route, "vpc_peering_connection_id") or _field(route, "gateway_id")
             if _field(route, "cidr_block") == self.destination and through not in own:

@@ -132,6 +132,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
                 if wire in args.inputs and args.typ.lower().endswith(wire[:-4].lower()):
                     outputs["name"] = args.inputs[wire]
             outputs.setdefault("name", args.name)
+        if args.typ == "aws:ec2/vpcPeeringConnectionAccepter:VpcPeeringConnectionAccepter":
+            return args.inputs["vpcPeeringConnectionId"], outputs  # AWS: the accepter is the peering's other side
         if args.typ == "azure-native:managedidentity:UserAssignedIdentity":
             outputs |= {"clientId": f"client-{args.name}", "principalId": f"principal-{args.name}"}
         return f"{args.name}-id", outputs

@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.aws.network import STACK_TAG
 from infra.parts import Part
 from tests.infra.harness import (
     PART_STACKS,
     ROOT,
     STACKS,
+    Answer,
     Exports,
     Lost,
     RegionDown,
@@ -29,6 +31,8 @@ from tests.infra.harness import (
 
 SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
 SETS = ("active-active", "dr-msk-to-eventhubs")
+ROUTE_TABLE = "aws:ec2/getRouteTable:getRouteTable"
+PEERINGS = "aws:ec2/getVpcPeeringConnections:getVpcPeeringConnections"
 
 
 def stack_name(path: Path) -> str:
@@ -52,12 +56,19 @@ def order_of_up(topology: str) -> list[str]:
     return first + again
 
 
-def up(stacks: list[str], backend: dict[str, Exports], lost: Lost | None = None, **changes: Any) -> dict[str, Run]:
-    """`pulumi up` of each stack in turn against one backend, which keeps each stack's outputs for the next."""
+def up(
+    stacks: list[str],
+    backend: dict[str, Exports],
+    lost: Lost | None = None,
+    calls: dict[str, Answer] | None = None,
+    **changes: Any,
+) -> dict[str, Run]:
+    """`pulumi up` of each stack in turn against one backend, which keeps each stack's outputs for the next; `calls`
+    answers the cloud's lookups."""
     runs = {}
     for stack in stacks:
         values = part_values(stack) | changes
-        runs[stack] = run = run_values(values, stack=stack, stacks=backend, lost=lost)
+        runs[stack] = run = run_values(values, stack=stack, calls=calls, stacks=backend, lost=lost)
         backend[stack] = run.result["exports"]
     return runs
 
@@ -150,6 +161,53 @@ def test_with_a_region_down_the_other_regions_stacks_preview_and_update(topology
     assert (old.plain["spec"]["executor"]["instances"], app.plain["spec"]["executor"]["instances"]) == (2, 3)
     config = yaml.safe_load(runs[site].result["configs"][site.rsplit("-", 1)[1]])
     assert all("stopped" in f["topics"]["exclude"] for f in config["flows"])
+
+
+def what_aws_holds(runs: dict[str, Run]) -> dict[str, Answer]:
+    """AWS's answers to the program's lookups once `runs` are up: each table's routes, and the peerings (their
+    requester's tags; the accepter's id is the peering's) that match a lookup's filters."""
+    routes: dict[str, list[dict[str, str]]] = {}
+    peerings = []
+    for run in runs.values():
+        for r in run.of_type("aws:ec2/route:Route"):
+            route = {
+                "cidrBlock": r.plain["destinationCidrBlock"],
+                "vpcPeeringConnectionId": r.plain["vpcPeeringConnectionId"],
+            }
+            routes.setdefault(r.plain["routeTableId"], []).append(route)
+        peerings += [
+            (f"{r.name}-id", r.plain) for r in run.of_type("aws:ec2/vpcPeeringConnection:VpcPeeringConnection")
+        ]
+
+    def matches(peering: dict[str, Any], name: str, values: list[str]) -> bool:
+        fields = {"requester-vpc-info.vpc-id": peering["vpcId"], "accepter-vpc-info.vpc-id": peering["peerVpcId"]}
+        if name.startswith("tag:"):
+            return peering.get("tags", {}).get(name[4:]) in values
+        return name == "status-code" or fields[name] in values
+
+    def peerings_matching(args: dict[str, Any]) -> dict[str, Any]:
+        found = [i for i, p in peerings if all(matches(p, f["name"], f["values"]) for f in args.get("filters", []))]
+        return {"ids": found, "id": "lookup"}
+
+    return {
+        ROUTE_TABLE: lambda args: {"routes": routes.get(args["routeTableId"], [])},
+        PEERINGS: peerings_matching,
+    }
+
+
+def test_a_second_up_of_every_stack_of_a_set_takes_its_own_routes_and_peerings_for_its_own():
+    backend, runs = a_set_is_up("active-active")
+    aws = what_aws_holds(runs)
+    # use1's table routes the us MSK VPC through the peering that msk-us requested (and tagged) and use1 accepted.
+    (route,) = [
+        r
+        for r in aws[ROUTE_TABLE]({"routeTableId": "rtb-0a1b2c3d4e5f60001"})["routes"]
+        if r["cidrBlock"] == "10.20.0.0/16"
+    ]
+    tagged = {"name": f"tag:{STACK_TAG}", "values": ["active-active-msk-us"]}
+    to_use1 = {"name": "accepter-vpc-info.vpc-id", "values": ["vpc-0a1b2c3d4e5f60001"]}
+    assert aws[PEERINGS]({"filters": [tagged, to_use1]})["ids"] == [route["vpcPeeringConnectionId"]]
+    up(order_of_up("active-active"), backend, calls=aws)
 
 
 def readme_table() -> list[tuple[str, str, list[str]]]:
