@@ -21,7 +21,7 @@ from infra.checks import check
 from infra.hubs import HubSpec, plan_hubs
 from infra.naming import PROJECT, app_name, name_errors, operator_name
 from infra.parts import Part, parse_part, parts_of, references
-from infra.render import render_mirror
+from infra.render import in_site_regions, render_mirror
 from infra.schema import ClusterSpec, PlatformSpec, SiteSpec, StackModel
 from spark_app.config import ConfigError, FlowConfig, MirrorConfig
 
@@ -165,6 +165,7 @@ def load_settings(config: pulumi.Config | None = None) -> StackSettings:
         raise ConfigError("\n".join(errors))
     mirror = render_mirror(model, deployment)
     site_of_flow = check(model, mirror, part)
+    mirror = in_site_regions(model, mirror, site_of_flow, deployment)
     protect = keys.get_bool("protectData")
     settings = StackSettings(
         stack=stack,
