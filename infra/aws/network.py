@@ -73,7 +73,7 @@ class MskReach(pulumi.ComponentResource):
                 self.peering_id = peering
             elif args.peering_id is not None:
                 self.peering_id = _accept(name, args.peering_id, on_site)
-                site_routes.make(name, args.stack, self.peering_id, on_site)
+                site_routes.make(name, args.stack, self.peering_id, on_site, accepted=args.peering_id)
         for cluster in args.clusters if args.side != "site" else ():
             aws.vpc.SecurityGroupIngressRule(
                 f"{name}-{cluster.security_group_id}-{cluster.port}",
@@ -150,11 +150,19 @@ class _Routes:
     destination: str
     destination_key: str
 
-    def make(self, name: str, stack: str, peering_id: pulumi.Input[str], opts: pulumi.ResourceOptions) -> None:
+    def make(
+        self,
+        name: str,
+        stack: str,
+        peering_id: pulumi.Input[str],
+        opts: pulumi.ResourceOptions,
+        accepted: pulumi.Input[str] | None = None,
+    ) -> None:
         """A table holds one route per destination, so AWS refuses a second (RouteAlreadyExists): preview refuses
-        a route some other peering already has in a table, naming both keys, before any is made. A route through
-        this very peering is this route, as a later `up` finds it: a site's stack accepts a peering it did not
-        tag (the MSK part requested it), so the stack's tag alone would not tell it as its own."""
+        a route some other peering already has in a table, naming both keys, before any is made. The stack's own
+        peerings carry its tag; a site's stack in a set also owns the peering it `accepted`, which the MSK part
+        requested and tagged, so a later `up` finds its own route through it. That id comes from the MSK part's
+        stack, known at preview, where the id of a peering not made yet is not."""
         on = pulumi.InvokeOutputOptions(provider=opts.provider)
         ours = aws.ec2.GetVpcPeeringConnectionsFilterArgs(name=f"tag:{STACK_TAG}", values=[stack])
         own = aws.ec2.get_vpc_peering_connections_output(filters=[ours], opts=on).ids
@@ -162,14 +170,14 @@ class _Routes:
             routes = aws.ec2.get_route_table_output(route_table_id=table, opts=on).routes
             aws.ec2.Route(
                 f"{name}-{table}",
-                route_table_id=pulumi.Output.all(routes, own, peering_id).apply(functools.partial(self._free, table)),
+                route_table_id=pulumi.Output.all(routes, own, accepted).apply(functools.partial(self._free, table)),
                 destination_cidr_block=self.destination,
                 vpc_peering_connection_id=peering_id,
                 opts=opts,
             )
 
-    def _free(self, table: str, found: list[Any]) -> str:  # [the table's routes, our peerings' ids, this peering]
-        routes, own = found[0] or [], {*(found[1] or []), found[2]}
+    def _free(self, table: str, found: list[Any]) -> str:  # [the table's routes, our peerings' ids, accepted]
+        routes, own = found[0] or [], {*(found[1] or []), *([found[2]] if found[2] else [])}
         for route in routes:
             through = _field(route, "vpc_peering_connection_id") or _field(route, "gateway_id")
             if _field(route, "cidr_block") == self.destination and through not in own:
