@@ -20,6 +20,7 @@ def check(model: StackModel, mirror: MirrorConfig, part: Part | None = None) -> 
 
     The rules hold for the whole topology in every stack of it; secrets are asked only of the stack that uses them."""
     site_of_flow, errors = place_flows(model, mirror)
+    errors += unknown_stopped_flows(model, mirror)
     errors += missing_credentials(model, _credentials_used(model, mirror, site_of_flow, part))
     errors += hubs_over_tier(model, mirror)
     errors += missing_source_sizes(model, mirror)
@@ -63,6 +64,14 @@ def place_flows(model: StackModel, mirror: MirrorConfig) -> tuple[dict[str, str]
         else:
             site_of_flow[flow.name] = chosen
     return site_of_flow, errors
+
+
+def unknown_stopped_flows(model: StackModel, mirror: MirrorConfig) -> list[str]:
+    """`stopped` names flows of the stack, as `SRC->DST`."""
+    flows = {f.name for f in mirror.flows}
+    return [
+        f"{PROJECT}:stopped[{i}]: no such flow '{name}'" for i, name in enumerate(model.stopped) if name not in flows
+    ]
 
 
 def _credentials_used(

@@ -471,6 +471,8 @@ class StackModel(StrictModel):
     flows: Annotated[list[dict[str, Any]], Field(min_length=1)]
     mirror: MirrorSpec = Field(default_factory=MirrorSpec)
     placement: dict[str, str] = Field(default_factory=dict)  # flow name `SRC->DST` -> site; default: target's region
+    # Flows (`SRC->DST`) whose mirror stops: its site keeps every resource and the flow's state, to resume from.
+    stopped: list[str] = Field(default_factory=list)
     credentials: dict[str, dict[str, SecretStr]] = Field(default_factory=dict)
     kubeconfigs: dict[str, SecretStr] = Field(default_factory=dict)
 

@@ -26,7 +26,7 @@ from infra.schema import ClusterSpec, PlatformSpec, SiteSpec, StackModel
 from spark_app.config import ConfigError, FlowConfig, MirrorConfig
 
 _FIELD_IN_MESSAGE = re.compile(rf"^({PROJECT}:[^:\s]+): ([a-z_]+): ")
-STRUCTURED_KEYS = ("sites", "clusters", "flows", "mirror", "placement", "credentials", "kubeconfigs")
+STRUCTURED_KEYS = ("sites", "clusters", "flows", "mirror", "placement", "stopped", "credentials", "kubeconfigs")
 SECRET_KEYS = ("credentials", "kubeconfigs")  # always the stack's own: another stack's secrets are not readable
 STACKS_DIR = Path(__file__).resolve().parents[1] / "stacks"
 
@@ -80,11 +80,12 @@ class StackSettings:
         return [c for c in self.model.clusters if c.alias in used]
 
     def mirror_at(self, site: str) -> MirrorConfig:
-        """The runtime config of the mirror a site runs: its own flows and the clusters they name."""
+        """The runtime config of the mirror a site runs: its own flows but the stopped ones, and the clusters its
+        flows name."""
         aliases = {c.alias for c in self.clusters_at(site)}
         return self.mirror_config.model_copy(
             update={
-                "flows": self.flows_at(site),
+                "flows": [f for f in self.flows_at(site) if f.name not in self.model.stopped],
                 "clusters": [c for c in self.mirror_config.clusters if c.alias in aliases],
             }
         )

@@ -514,12 +514,14 @@ def build(settings: StackSettings) -> Topology:
             )
             ready.append(operator.chart)
         site_bootstraps = {a: out.bootstraps[a] for a in msk}
-        config_yaml = (
-            pulumi.Output.all(**site_bootstraps).apply(functools.partial(with_bootstraps, site_config))
-            if site_bootstraps
-            else pulumi.Output.from_input(with_bootstraps(site_config, {}))
-        )
-        out.mirror_configs[site.name] = config_yaml
+        config_yaml: pulumi.Output[str] | None = None  # every flow of the site stopped: no mirror runs there
+        if site_config.flows:
+            config_yaml = (
+                pulumi.Output.all(**site_bootstraps).apply(functools.partial(with_bootstraps, site_config))
+                if site_bootstraps
+                else pulumi.Output.from_input(with_bootstraps(site_config, {}))
+            )
+            out.mirror_configs[site.name] = config_yaml
         out.mirrors[site.name] = MirrorApplication(
             settings.app_name(site.name),
             MirrorApplicationArgs(

@@ -35,6 +35,7 @@ SETS = ("active-active", "dr-msk-to-eventhubs")
 ROUTE_TABLE = "aws:ec2/getRouteTable:getRouteTable"
 PEERINGS = "aws:ec2/getVpcPeeringConnections:getVpcPeeringConnections"
 PEERING = "aws:ec2/vpcPeeringConnection:VpcPeeringConnection"
+MONITORING = ("kubernetes:monitoring.coreos.com/v1:PodMonitor", "kubernetes:monitoring.coreos.com/v1:PrometheusRule")
 
 
 def stack_name(path: Path) -> str:
@@ -186,6 +187,18 @@ def test_with_a_region_down_the_other_regions_stacks_preview_and_update(topology
         assert (old.plain["spec"]["executor"]["instances"], app.plain["spec"]["executor"]["instances"]) == (2, 3)
         config = yaml.safe_load(runs[site_stack].result["configs"][site])
         assert all("stopped" in f["topics"]["exclude"] for f in config["flows"]), preview
+    # The survivor's own flows stopped (their source, or their target, may be the lost region): the mirror stops,
+    # and everything its flows' state lives in or signs in with stays.
+    own = [f.name for f in settings.flows_at(site)]
+    for preview in (True, False):
+        stopped = up([site_stack], dict(backend), down=region, preview=preview, **{"mirrorkit:stopped": own})
+        assert site not in stopped[site_stack].result["configs"], preview
+        gone = {(r.typ, r.name) for r in before[site_stack].resources} - {
+            (r.typ, r.name) for r in stopped[site_stack].resources
+        }
+        # The SparkApplication, its config and its monitoring; the namespace, identities and checkpoints stay.
+        assert {typ for typ, _ in gone} == {SPARK_APP, "kubernetes:core/v1:ConfigMap", *MONITORING}, gone
+
     # The surviving clusters' parts peer with no site in the lost region any more.
     for stack in [s for s in kept if s.startswith(f"{topology}-msk-")]:
         peered = {p.name.split("-", 1)[0] for p in runs[stack].of_type(PEERING)}
