@@ -63,7 +63,8 @@ class Unplaced(AssertionError):
 
 @dataclass(frozen=True)
 class Exports:
-    """A stack's outputs as the backend keeps them: plain values, and the names of the secret ones."""
+    """What the backend keeps of a stack: its outputs (plain values, and the names of the secret ones), and its
+    resources' inputs, which tell the next run what it would change."""
 
     values: dict[str, Any] = field(default_factory=dict)
     secret: list[str] = field(default_factory=list)
