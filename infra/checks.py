@@ -20,12 +20,15 @@ from infra.schema import (
 from spark_app.config import ConfigError, FlowConfig, FlowMode, MirrorConfig, cores_needed
 from spark_app.policy import HEARTBEATS_TOPIC
 
+S3_BUCKET_MAX = 63
+
 
 def check(model: StackModel, mirror: MirrorConfig, part: Part | None = None) -> dict[str, str]:
     """Every cross-key rule; raises ConfigError listing all that fail. Returns flow name -> the site that runs it.
 
     The rules hold for the whole topology in every stack of it; secrets are asked only of the stack that uses them."""
     site_of_flow, errors = place_flows(model, mirror)
+    errors += unknown_stopped_flows(model, mirror)
     errors += missing_credentials(model, _credentials_used(model, mirror, site_of_flow, part))
     errors += hubs_over_tier(model, mirror)
     errors += missing_source_sizes(model, mirror)
@@ -70,6 +73,14 @@ def place_flows(model: StackModel, mirror: MirrorConfig) -> tuple[dict[str, str]
         else:
             site_of_flow[flow.name] = chosen
     return site_of_flow, errors
+
+
+def unknown_stopped_flows(model: StackModel, mirror: MirrorConfig) -> list[str]:
+    """`stopped` names flows of the stack, as `SRC->DST`."""
+    flows = {f.name for f in mirror.flows}
+    return [
+        f"{PROJECT}:stopped[{i}]: no such flow '{name}'" for i, name in enumerate(model.stopped) if name not in flows
+    ]
 
 
 def _credentials_used(
@@ -215,11 +226,17 @@ def site_signs_in_to_entra(i: int, site: SiteSpec, touched: list[tuple[int, Clus
 
 def site_reaches_checkpoints(i: int, site: SiteSpec, model: StackModel) -> list[str]:
     """A site that runs a mirror signs in to the object storage its checkpoints are in with the pod's identity."""
-    scheme = model.mirror.checkpoint.scheme
+    checkpoint = model.mirror.checkpoint
+    scheme = checkpoint.scheme
     if scheme == "s3a" and site.aws is None:
         return [
             f"{PROJECT}:sites[{i}].aws: missing; its mirror keeps checkpoints in s3a:// and signs in with the"
             " pod's AWS identity (EKS Pod Identity or IRSA), which the site's aws settings give"
+        ]
+    if scheme == "s3a" and len(bucket := checkpoint.bucket_in(site.region, model.checkpoint_home)) > S3_BUCKET_MAX:
+        return [
+            f"{PROJECT}:mirror.checkpoint.url: site '{site.name}' keeps its checkpoints in its own region,"
+            f" {site.region}, in bucket '{bucket}', over S3's {S3_BUCKET_MAX} characters; shorten the url's bucket"
         ]
     if scheme == "abfss" and site.azure is None:
         return [

@@ -39,6 +39,31 @@ def render_mirror(model: StackModel, deployment: str) -> MirrorConfig:
         raise ConfigError("\n".join(_under_runtime(line, runtime_keys) for line in lines)) from None
 
 
+def in_site_regions(
+    model: StackModel, mirror: MirrorConfig, site_of_flow: dict[str, str], deployment: str
+) -> MirrorConfig:
+    """Each flow's s3a:// checkpoint in the bucket of the region its mirror runs in (CheckpointStore.bucket_in), so a
+    mirror's state is never in a region it does not run in."""
+    checkpoint = model.mirror.checkpoint
+    if checkpoint.scheme != "s3a":
+        return mirror
+    region_of = {s.name: s.region for s in model.sites}
+    flows = [
+        f.model_copy(
+            update={
+                "checkpoint_location": checkpoint.location(
+                    deployment,
+                    f.source,
+                    f.target,
+                    checkpoint.bucket_in(region_of[site_of_flow[f.name]], model.checkpoint_home),
+                )
+            }
+        )
+        for f in mirror.flows
+    ]
+    return mirror.model_copy(update={"flows": flows})
+
+
 def _under_runtime(line: str, runtime_keys: set[str]) -> str:
     """A top-level MirrorConfig key comes from the stack's `mirror.runtime`: say so in its path."""
     key = line.removeprefix(f"{PROJECT}:").split(":", 1)[0].split(".", 1)[0]

@@ -441,7 +441,9 @@ class CheckpointStore(StrictModel):
     pvc: Pvc | None = None
     url: Annotated[str, Field(pattern=r"^(s3a|abfss|gs)://.+")] | None = None
     existing: bool = False  # the bucket or container exists already: take it, never make or delete it
-    region: str | None = None  # s3a: the bucket's region (default: the first site's); abfss: the account's location
+    region: str | None = (
+        None  # s3a: the url's bucket's region (default: the first site's); abfss: the account's location
+    )
     resource_group: str | None = None  # abfss: the storage account's resource group (the account must exist)
 
     @model_validator(mode="after")
@@ -466,6 +468,13 @@ class CheckpointStore(StrictModel):
         groups = self._match(self.url or "").groupdict()
         return groups.get("bucket") or groups["container"], groups.get("account") or ""
 
+    def bucket_in(self, region: str, home: str) -> str:
+        """s3a: the bucket of the checkpoints of mirrors in `region`. Each region keeps its mirrors' state in its own
+        region, so they run and recover while any other region is down: the url's bucket is in its home region, and
+        any other region's is `<bucket>-<region>`."""
+        bucket = self.store()[0]
+        return bucket if region == home else f"{bucket}-{region}"
+
     def key(self, location: str) -> str:
         """A checkpoint location's key prefix in its bucket or container."""
         return location[self._match(location).end() :].strip("/")
@@ -477,11 +486,13 @@ class CheckpointStore(StrictModel):
             raise ValueError(f"checkpoint url '{url}' is neither s3a:// nor abfss://")
         return match
 
-    def location(self, stack: str, source: str, target: str) -> str:
-        """A PVC lives in the stack's own namespace; in a shared bucket, each stack keeps to its own prefix."""
+    def location(self, stack: str, source: str, target: str, bucket: str | None = None) -> str:
+        """A PVC lives in the stack's own namespace; in a shared bucket, each stack keeps to its own prefix. `bucket`
+        puts an s3a:// location in another bucket than the url's (`bucket_in`)."""
         if self.url is None:  # `_one`: url, or else a pvc
             return f"{CHECKPOINT_DIR}/{source}-{target}"
-        return f"{self.url.rstrip('/')}/{stack}/{source}-{target}"
+        url = self.url if bucket is None else f"s3a://{bucket}/{self.key(self.url)}"
+        return f"{url.rstrip('/')}/{stack}/{source}-{target}"
 
 
 class Alerts(StrictModel):
@@ -534,5 +545,12 @@ class StackModel(StrictModel):
     flows: Annotated[list[dict[str, Any]], Field(min_length=1)]
     mirror: MirrorSpec = Field(default_factory=MirrorSpec)
     placement: dict[str, str] = Field(default_factory=dict)  # flow name `SRC->DST` -> site; default: target's region
+    # Flows (`SRC->DST`) whose mirror stops: its site keeps every resource and the flow's state, to resume from.
+    stopped: list[str] = Field(default_factory=list)
     credentials: dict[str, dict[str, SecretStr]] = Field(default_factory=dict)
     kubeconfigs: dict[str, SecretStr] = Field(default_factory=dict)
+
+    @property
+    def checkpoint_home(self) -> str:
+        """The region of the checkpoint url's own bucket: as `mirror.checkpoint.region` says, or the first site's."""
+        return self.mirror.checkpoint.region or self.sites[0].region

@@ -21,12 +21,12 @@ from infra.checks import check
 from infra.hubs import HubSpec, plan_hubs
 from infra.naming import PROJECT, app_name, name_errors, operator_name
 from infra.parts import Part, parse_part, parts_of, references
-from infra.render import render_mirror
+from infra.render import in_site_regions, render_mirror
 from infra.schema import ClusterSpec, PlatformSpec, SiteSpec, StackModel
 from spark_app.config import ConfigError, FlowConfig, MirrorConfig
 
 _FIELD_IN_MESSAGE = re.compile(rf"^({PROJECT}:[^:\s]+): ([a-z_]+): ")
-STRUCTURED_KEYS = ("sites", "clusters", "flows", "mirror", "placement", "credentials", "kubeconfigs")
+STRUCTURED_KEYS = ("sites", "clusters", "flows", "mirror", "placement", "stopped", "credentials", "kubeconfigs")
 SECRET_KEYS = ("credentials", "kubeconfigs")  # always the stack's own: another stack's secrets are not readable
 STACKS_DIR = Path(__file__).resolve().parents[1] / "stacks"
 
@@ -80,11 +80,12 @@ class StackSettings:
         return [c for c in self.model.clusters if c.alias in used]
 
     def mirror_at(self, site: str) -> MirrorConfig:
-        """The runtime config of the mirror a site runs: its own flows and the clusters they name."""
+        """The runtime config of the mirror a site runs: its own flows but the stopped ones, and the clusters its
+        flows name."""
         aliases = {c.alias for c in self.clusters_at(site)}
         return self.mirror_config.model_copy(
             update={
-                "flows": self.flows_at(site),
+                "flows": [f for f in self.flows_at(site) if f.name not in self.model.stopped],
                 "clusters": [c for c in self.mirror_config.clusters if c.alias in aliases],
             }
         )
@@ -165,6 +166,7 @@ def load_settings(config: pulumi.Config | None = None) -> StackSettings:
         raise ConfigError("\n".join(errors))
     mirror = render_mirror(model, deployment)
     site_of_flow = check(model, mirror, part)
+    mirror = in_site_regions(model, mirror, site_of_flow, deployment)
     protect = keys.get_bool("protectData")
     settings = StackSettings(
         stack=stack,

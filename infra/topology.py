@@ -101,7 +101,7 @@ class Topology:
     mirrors: dict[str, MirrorApplication] = field(default_factory=dict)
     mirror_configs: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # site -> rendered YAML
     acls: dict[str, MirrorAcls] = field(default_factory=dict)
-    checkpoint_bucket: CheckpointBucket | None = None
+    checkpoint_buckets: dict[str, CheckpointBucket] = field(default_factory=dict)  # by region
     checkpoint_container: CheckpointContainer | None = None
     credentials: dict[str, dict[str, pulumi.Output[str]]] = field(default_factory=dict)
     bootstraps: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # MSK clusters', alias -> servers
@@ -168,17 +168,23 @@ def _checkpoint_store(settings: StackSettings, providers: _AwsProviders, out: To
     running = [s for s in settings.model.sites if settings.clusters_at(s.name)]
     if not any(settings.makes("site", s.name) for s in running):
         return
-    # In a set, the first site's stack makes the store; the others take it as existing.
+    # A bucket per region that runs mirrors (CheckpointStore.bucket_in), which in a set the stack of the region's first
+    # site makes; the region's other sites take it as existing.
     if checkpoint.scheme == "s3a":
-        bucket, _ = checkpoint.store()
-        site = next(s for s in running if s.aws is not None)
-        existing = checkpoint.existing or not settings.makes("site", site.name)
-        role = site.aws.role_arn if site.aws else None
-        out.checkpoint_bucket = CheckpointBucket(
-            "checkpoints",
-            CheckpointBucketArgs(bucket, existing, settings.protect_data),
-            pulumi.ResourceOptions(provider=None if existing else providers.get(_bucket_region(settings), role)),
-        )
+        home = settings.model.checkpoint_home
+        first: dict[str, SiteSpec] = {}
+        for s in running:
+            first.setdefault(s.region, s)
+        for region, site in first.items():
+            if not any(settings.makes("site", s.name) for s in running if s.region == region):
+                continue
+            existing = checkpoint.existing or not settings.makes("site", site.name)
+            role = site.aws.role_arn if site.aws else None
+            out.checkpoint_buckets[region] = CheckpointBucket(
+                "checkpoints" if region == home else f"checkpoints-{region}",
+                CheckpointBucketArgs(checkpoint.bucket_in(region, home), existing, settings.protect_data),
+                pulumi.ResourceOptions(provider=None if existing else providers.get(region, role)),
+            )
     elif checkpoint.scheme == "abfss" and checkpoint.resource_group is not None:  # settings require it
         container, account = checkpoint.store()
         existing = checkpoint.existing or not settings.makes("site", running[0].name)
@@ -186,12 +192,6 @@ def _checkpoint_store(settings: StackSettings, providers: _AwsProviders, out: To
             "checkpoints",
             CheckpointContainerArgs(account, container, checkpoint.resource_group, existing, settings.protect_data),
         )
-
-
-def _bucket_region(settings: StackSettings) -> str:
-    """Where the checkpoint bucket is: as the stack says, or the first site's region that runs a mirror."""
-    first = next(s for s in settings.model.sites if settings.clusters_at(s.name))
-    return settings.model.mirror.checkpoint.region or first.region
 
 
 def _checkpoint_keys(settings: StackSettings, site: str) -> list[str]:
@@ -250,9 +250,9 @@ def _site_identity(
     found = _SiteIdentity()
     clusters = settings.clusters_at(site.name)
     msk = {c.alias: c.msk for c in clusters if c.msk is not None}
-    bucket = out.checkpoint_bucket
+    bucket = out.checkpoint_buckets.get(site.region)
     if site.aws is not None and bucket is not None:
-        found.spark_conf.update(s3a_conf(site.aws, _bucket_region(settings)))
+        found.spark_conf.update(s3a_conf(site.aws, site.region))
     if site.aws is not None and (msk or bucket is not None):
         site_provider = providers.get(site.region, site.aws.role_arn)
         for vpc, (leader, specs) in _msk_vpcs(msk).items():
@@ -535,12 +535,14 @@ def build(settings: StackSettings) -> Topology:
             )
             ready.append(operator.chart)
         site_bootstraps = {a: out.bootstraps[a] for a in msk}
-        config_yaml = (
-            pulumi.Output.all(**site_bootstraps).apply(functools.partial(with_bootstraps, site_config))
-            if site_bootstraps
-            else pulumi.Output.from_input(with_bootstraps(site_config, {}))
-        )
-        out.mirror_configs[site.name] = config_yaml
+        config_yaml: pulumi.Output[str] | None = None  # every flow of the site stopped: no mirror runs there
+        if site_config.flows:
+            config_yaml = (
+                pulumi.Output.all(**site_bootstraps).apply(functools.partial(with_bootstraps, site_config))
+                if site_bootstraps
+                else pulumi.Output.from_input(with_bootstraps(site_config, {}))
+            )
+            out.mirror_configs[site.name] = config_yaml
         out.mirrors[site.name] = MirrorApplication(
             settings.app_name(site.name),
             MirrorApplicationArgs(

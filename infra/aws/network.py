@@ -74,7 +74,7 @@ class MskReach(pulumi.ComponentResource):
                 self.peering_id = peering
             elif args.peering_id is not None:
                 self.peering_id = _accept(name, args.peering_id, on_site)
-                site_routes.make(name, args.stack, self.peering_id, on_site)
+                site_routes.make(name, args.stack, self.peering_id, on_site, accepted=args.peering_id)
         for cluster in args.clusters if args.side != "site" else ():
             aws.vpc.SecurityGroupIngressRule(
                 f"{name}-{cluster.security_group_id}-{cluster.port}",
@@ -151,9 +151,19 @@ class _Routes:
     destination: str
     destination_key: str
 
-    def make(self, name: str, stack: str, peering_id: pulumi.Input[str], opts: pulumi.ResourceOptions) -> None:
+    def make(
+        self,
+        name: str,
+        stack: str,
+        peering_id: pulumi.Input[str],
+        opts: pulumi.ResourceOptions,
+        accepted: pulumi.Input[str] | None = None,
+    ) -> None:
         """Preview refuses a route that would clash with one some other peering already has in a table, naming both
-        keys, before any is made (`_free`)."""
+        keys, before any is made (`_free`). The stack's own peerings carry its tag; a site's stack in a set also owns
+        the peering it `accepted`, which the MSK part requested and tagged, so a later `up` finds its own route
+        through it. That id comes from the MSK part's stack, known at preview, where the id of a peering not made yet
+        is not."""
         on = pulumi.InvokeOutputOptions(provider=opts.provider)
         ours = aws.ec2.GetVpcPeeringConnectionsFilterArgs(name=f"tag:{STACK_TAG}", values=[stack])
         own = aws.ec2.get_vpc_peering_connections_output(filters=[ours], opts=on).ids
@@ -161,18 +171,18 @@ class _Routes:
             routes = aws.ec2.get_route_table_output(route_table_id=table, opts=on).routes
             aws.ec2.Route(
                 f"{name}-{table}",
-                route_table_id=pulumi.Output.all(routes, own).apply(functools.partial(self._free, table)),
+                route_table_id=pulumi.Output.all(routes, own, accepted).apply(functools.partial(self._free, table)),
                 destination_cidr_block=self.destination,
                 vpc_peering_connection_id=peering_id,
                 opts=opts,
             )
 
-    def _free(self, table: str, found: list[Any]) -> str:  # [the table's routes, our peerings' ids]
+    def _free(self, table: str, found: list[Any]) -> str:  # [the table's routes, our peerings' ids, accepted]
         """The table, unless a route not ours there has the same destination (a table holds one route per
         destination: AWS refuses a second, RouteAlreadyExists), or one overlapping it through another peering: a
         narrower one takes part of this peer's traffic, a wider one loses part of its own to this route. A wider
         route out through a gateway (a default route, say) is what a peering route is meant to narrow."""
-        routes, own = found[0] or [], set(found[1] or [])
+        routes, own = found[0] or [], {*(found[1] or []), *([found[2]] if found[2] else [])}
         wanted = ipaddress.ip_network(self.destination)
         for route in routes:
             cidr = _field(route, "cidr_block")

@@ -58,7 +58,9 @@ class MirrorApplicationArgs:
     executor_service_account: pulumi.Input[str]  # the executors': no Kubernetes rights at all
     image: str
     spark_version: str
-    config_yaml: pulumi.Input[str]  # spark_app MirrorConfig.to_yaml(); secrets only referenced
+    # spark_app MirrorConfig.to_yaml(); secrets only referenced. None: every flow of the site is stopped, so no
+    # ConfigMap and no SparkApplication; the checkpoint PVC stays with the flows' state.
+    config_yaml: pulumi.Input[str] | None
     secret_names: Mapping[str, str]  # alias -> Kubernetes Secret, mounted at SECRETS_DIR/<alias>
     driver: Resources
     executor: ExecutorResources
@@ -85,7 +87,9 @@ def config_hash(config_yaml: str) -> str:
     return hashlib.sha256(config_yaml.encode()).hexdigest()
 
 
-def spark_application_spec(name: str, config_map: str, pvc: str | None, args: MirrorApplicationArgs) -> dict[str, Any]:
+def spark_application_spec(
+    name: str, config_map: str, pvc: str | None, args: MirrorApplicationArgs, config_yaml: pulumi.Input[str]
+) -> dict[str, Any]:
     """The v1beta2 spec: restarted forever with backoff, checkpoint on the driver's PVC or in object storage."""
     labels = {**args.pod_labels, **APP_LABELS, "app.kubernetes.io/instance": name}
     secrets = [
@@ -142,7 +146,7 @@ def spark_application_spec(name: str, config_map: str, pvc: str | None, args: Mi
             "terminationGracePeriodSeconds": STOP_GRACE_S,
             "ports": [{"name": "metrics", "protocol": "TCP", "containerPort": args.metrics_port}],
             "annotations": {
-                CONFIG_HASH_ANNOTATION: pulumi.Output.from_input(args.config_yaml).apply(config_hash),
+                CONFIG_HASH_ANNOTATION: pulumi.Output.from_input(config_yaml).apply(config_hash),
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(args.metrics_port),
                 "prometheus.io/path": "/metrics",
@@ -232,12 +236,6 @@ class MirrorApplication(pulumi.ComponentResource):
         # The type token keeps the class's old name: a changed token would replace every deployed mirror on `pulumi up`.
         super().__init__("mirrorkit:k8s:Mirror", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        config_map = k8s.core.v1.ConfigMap(
-            f"{name}-config",
-            metadata={"name": f"{name}-config", "namespace": args.namespace, "labels": APP_LABELS},
-            data={CONFIG_FILE: args.config_yaml},
-            opts=child,
-        )
         pvc_name = None
         if args.checkpoint.pvc is not None:
             pvc = k8s.core.v1.PersistentVolumeClaim(  # type: ignore[call-overload]  # camelCase fields (module doc)
@@ -253,16 +251,28 @@ class MirrorApplication(pulumi.ComponentResource):
             )
             pvc_name = f"{name}-checkpoints"
             child = pulumi.ResourceOptions(parent=self, depends_on=[pvc])
-        app = k8s.apiextensions.CustomResource(
-            f"{name}-app",
-            api_version="sparkoperator.k8s.io/v1beta2",
-            kind="SparkApplication",
-            metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
-            spec=spark_application_spec(name, f"{name}-config", pvc_name, args),
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[config_map, *args.depends_on])),
-        )
+        self.app_name: pulumi.Output[str] | None = None
+        if args.config_yaml is not None:
+            config_map = k8s.core.v1.ConfigMap(
+                f"{name}-config",
+                metadata={"name": f"{name}-config", "namespace": args.namespace, "labels": APP_LABELS},
+                data={CONFIG_FILE: args.config_yaml},
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            app = k8s.apiextensions.CustomResource(
+                f"{name}-app",
+                api_version="sparkoperator.k8s.io/v1beta2",
+                kind="SparkApplication",
+                metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
+                spec=spark_application_spec(name, f"{name}-config", pvc_name, args, args.config_yaml),
+                opts=pulumi.ResourceOptions.merge(
+                    child, pulumi.ResourceOptions(depends_on=[config_map, *args.depends_on])
+                ),
+            )
+            # The engine sets a CustomResource's outputs as attributes at run time; the class declares none of them.
+            self.app_name = app.metadata["name"]  # type: ignore[attr-defined]
         instance = {**APP_LABELS, "app.kubernetes.io/instance": name}
-        if args.monitoring:
+        if args.monitoring and args.config_yaml is not None:  # a stopped mirror's alerts would only say it is gone
             monitoring_labels = {**args.monitoring_labels, **APP_LABELS}
             k8s.core.v1.ConfigMap(
                 f"{name}-dashboard",
@@ -294,6 +304,4 @@ class MirrorApplication(pulumi.ComponentResource):
                 spec={"groups": [{"name": "mirrorkit", "rules": alert_rules(name, args.alerts)}]},
                 opts=child,
             )
-        # The engine sets a CustomResource's outputs as attributes at run time; the class declares none of them.
-        self.app_name: pulumi.Output[str] = app.metadata["name"]  # type: ignore[attr-defined]
         self.register_outputs({"app_name": self.app_name})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,20 +43,32 @@ BOOTSTRAPS = {
 
 # An invoke's result, or a function of its arguments that gives it.
 Answer = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
-# Whether a resource or invoke (its inputs, its provider's inputs) is in the region a test has taken down.
-Lost = Callable[[dict[str, Any], dict[str, Any]], bool]
+# Each Kubernetes context's region, as the shipped stacks' sites say (a platform stack's context is its sites').
+CONTEXT_REGIONS = {
+    s["context"]: s["region"] for p in STACK_FILES for s in _config_of(p).get(f"{PROJECT}:sites", []) if "context" in s
+}
+# Calls that reach no region: the backend, and Entra ID's sign-in (getClientConfig reads the provider's token).
+NO_REGION = ("pulumi:pulumi:StackReference", "azure-native:authorization:getClientConfig")
+# Inputs that name a resource the program made: a call on it goes to that resource's region.
+NAMING = ("namespaceName", "resourceName", "scope")
 
 
 class RegionDown(Exception):
     """What every call into a lost region gets."""
 
 
+class Unplaced(AssertionError):
+    """A call whose region the harness cannot tell: with a region down, a test must know where every call goes."""
+
+
 @dataclass(frozen=True)
 class Exports:
-    """A stack's outputs as the backend keeps them: plain values, and the names of the secret ones."""
+    """What the backend keeps of a stack: its outputs (plain values, and the names of the secret ones), and its
+    resources' inputs, which tell the next run what it would change."""
 
     values: dict[str, Any] = field(default_factory=dict)
     secret: list[str] = field(default_factory=list)
+    state: dict[str, dict[str, Any]] = field(default_factory=dict)  # each resource's inputs, by URN
 
 
 def sentinel(alias: str, key: str) -> str:
@@ -74,6 +86,7 @@ class Registered:
     protect: bool = False
     retain_on_delete: bool = False
     aliases: tuple[str, ...] = ()  # each as the engine gets it: a spec's text, or a URN
+    parent: str = ""  # the parent's URN
 
     @property
     def plain(self) -> dict[str, Any]:
@@ -97,7 +110,8 @@ def unwrap(value: Any) -> Any:
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
-    """Echoes inputs as outputs, with the few computed outputs the program reads."""
+    """Echoes inputs as outputs, with the few computed outputs the program reads; with a region down, places every
+    call in a region and fails those that reach it."""
 
     def __init__(self) -> None:
         self.resources: list[Registered] = []
@@ -106,15 +120,40 @@ class RecordingMocks(pulumi.runtime.Mocks):
         # (type, name) -> what the engine gets beside the inputs
         self.options: dict[tuple[str, str], dict[str, Any]] = {}
         self.stacks: dict[str, Exports] = {}  # what the backend holds of other stacks, by stack name
-        self.lost: Lost | None = None  # says which resources and invokes are in a region that is down
-        self.providers: dict[str, dict[str, Any]] = {}  # `urn::id` -> a provider's inputs
+        self.state: dict[str, dict[str, Any]] = {}  # what the backend holds of this stack: inputs by URN
+        self.preview = False
+        self.down: str | None = None  # the region that is down: every call that reaches it fails
+        self.unplaced: list[str] = []  # calls whose region could not be told while a region is down
+        self.placed: list[tuple[str, str]] = []  # (call, each region it reaches) while a region is down
+        # Where each resource or provider made so far is, by its URN (and a resource's id and name too).
+        self.regions: dict[str, str] = {}
 
-    def _in_lost_region(self, what: str, inputs: dict[str, Any], provider: str | None) -> None:
-        if self.lost is not None and self.lost(inputs, self.providers.get(provider or "", {})):
-            raise RegionDown(f"{what}: its region is down")
+    def _region_of(self, inputs: dict[str, Any], provider: str | None, parent: str = "") -> str | None:
+        """Where a call goes: the region or location it names, its provider's, the region of the resource it acts
+        on, or its parent's."""
+        for key in ("region", "location"):
+            if isinstance(inputs.get(key), str) and inputs[key] != rpc.UNKNOWN:
+                return str(inputs[key])
+        if provider:  # `urn::id`, the id unknown at preview until the provider exists
+            return self.regions.get(provider.rsplit("::", 1)[0])
+        for key in NAMING:
+            if isinstance(named := inputs.get(key), str) and named in self.regions:
+                return self.regions[named]
+        return self.regions.get(parent)
+
+    def _reaches_the_lost_region(self, what: str, region: str | None, peer: Any = None) -> None:
+        if self.down is None:
+            return
+        if region is None:
+            self.unplaced.append(what)
+            return
+        self.placed += [(what, r) for r in (region, peer) if isinstance(r, str)]
+        if self.down in (region, peer):
+            raise RegionDown(f"{what}: its region, {self.down}, is down")
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         options = self.options.get((args.typ, args.name), {})
+        urn = options.get("urn", "")
         self.resources.append(Registered(args.typ, args.name, dict(args.inputs), args.provider, **options))
         if args.typ == "pulumi:pulumi:StackReference":  # read from the backend, whatever region is down
             stack = args.inputs["name"].rsplit("/", 1)[-1]
@@ -122,9 +161,22 @@ class RecordingMocks(pulumi.runtime.Mocks):
                 raise LookupError(f"no stack '{stack}' in the backend")
             held = self.stacks[stack]
             return stack, {"name": args.inputs["name"], "outputs": held.values, "secretOutputNames": held.secret}
-        self._in_lost_region(f"{args.typ} {args.name}", dict(args.inputs), args.provider)
+        changed = self.state.get(urn) != dict(args.inputs)
         if args.typ.startswith("pulumi:providers:"):
-            self.providers[f"{options.get('urn', '')}::{args.name}-id"] = dict(args.inputs)
+            context = args.inputs.get("context")
+            region = args.inputs.get("region") or CONTEXT_REGIONS.get(context if isinstance(context, str) else "")
+            self._reaches_the_lost_region(f"{args.typ} {args.name}", region)
+            if region is not None:
+                self.regions[urn] = region
+        elif args.custom:  # a component makes no call: its children do
+            region = self._region_of(dict(args.inputs), args.provider, options.get("parent", ""))
+            # A peering's peer region answers only its making (or a change): an unchanged one reaches it no more.
+            peer = args.inputs.get("peerRegion") if changed else None
+            self._reaches_the_lost_region(f"{args.typ} {args.name}", region, peer)
+            if region is not None:
+                self.regions |= {urn: region, f"{args.name}-id": region}
+        if self.preview and changed and args.custom:
+            return "", dict(args.inputs)  # as the engine previews a resource it would make or change: outputs unknown
         outputs = dict(args.inputs)
         outputs.setdefault("arn", f"arn:aws:test:::{args.name}")
         if args.typ.startswith("azure-native:"):
@@ -132,13 +184,18 @@ class RecordingMocks(pulumi.runtime.Mocks):
                 if wire in args.inputs and args.typ.lower().endswith(wire[:-4].lower()):
                     outputs["name"] = args.inputs[wire]
             outputs.setdefault("name", args.name)
+            if urn in self.regions:  # ARM names a resource's children and keys by its name
+                self.regions[outputs["name"]] = self.regions[urn]
+        if args.typ == "aws:ec2/vpcPeeringConnectionAccepter:VpcPeeringConnectionAccepter":
+            return args.inputs["vpcPeeringConnectionId"], outputs  # AWS: the accepter is the peering's other side
         if args.typ == "azure-native:managedidentity:UserAssignedIdentity":
             outputs |= {"clientId": f"client-{args.name}", "principalId": f"principal-{args.name}"}
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
         self.calls.append((args.token, dict(args.args)))
-        self._in_lost_region(args.token, dict(args.args), args.provider)
+        if args.token not in NO_REGION:
+            self._reaches_the_lost_region(args.token, self._region_of(dict(args.args), args.provider))
         if args.token in self.call_results:
             answer = self.call_results[args.token]
             return answer(dict(args.args)) if callable(answer) else answer
@@ -161,6 +218,7 @@ class RecordingMonitor(MockMonitor):
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802  # the gRPC method's name
         self.recording.options[(request.type, request.name)] = {
             "urn": self.make_urn(request.parent, request.type, request.name),
+            "parent": request.parent,
             "dependencies": tuple(request.dependencies),
             "protect": bool(request.protect),
             "retain_on_delete": bool(request.retainOnDelete),
@@ -232,16 +290,20 @@ def run_pulumi(
     stack: str = "test",
     calls: dict[str, Answer] | None = None,
     stacks: dict[str, Exports] | None = None,
-    lost: Lost | None = None,
+    down: str | None = None,
+    preview: bool = False,
 ) -> Run:
     """Set fresh mocks and config, then run `body` (which builds resources) to completion, engine-style. `calls`
-    answers invokes by token, as the cloud would; `stacks` are the other stacks the backend holds; `lost` fails
-    whatever is in a region that is down."""
+    answers invokes by token, as the cloud would; `stacks` are the stacks the backend holds (this one's state
+    too); `down` is a region that is down, which every call reaching it finds, and then a call the harness cannot
+    place fails the run; `preview` runs as `pulumi preview`, with the outputs of what it would make or change
+    unknown."""
     mocks = RecordingMocks()
     mocks.call_results = dict(calls or {})
     mocks.stacks = platforms_watching(f"{PROJECT}-{stack}") if stacks is None else dict(stacks)
-    mocks.lost = lost
-    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=RecordingMonitor(mocks))
+    mocks.state = dict(mocks.stacks[stack].state) if stack in mocks.stacks else {}
+    mocks.down, mocks.preview = down, preview
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=preview, monitor=RecordingMonitor(mocks))
     set_config(values)
     run = Run(mocks)
 
@@ -249,7 +311,11 @@ def run_pulumi(
     async def program() -> None:
         run.result = await body()
 
-    program()
+    try:
+        program()
+    finally:
+        if mocks.unplaced:
+            raise Unplaced(f"the harness cannot tell the region of: {', '.join(sorted(set(mocks.unplaced)))}")
     return run
 
 
@@ -263,10 +329,11 @@ def run_values(
     stack: str = "test",
     calls: dict[str, Answer] | None = None,
     stacks: dict[str, Exports] | None = None,
-    lost: Lost | None = None,
+    down: str | None = None,
+    preview: bool = False,
 ) -> Run:
     """The whole program (as __main__ runs it) with these config values (secrets included); `result["exports"]` is
-    what the backend would keep of the stack's outputs."""
+    what the backend would keep of the stack after an `up` (run_pulumi says what the other arguments do)."""
     from infra.settings import load_platform, load_settings, read_part
     from infra.topology import build, build_platform, exports
 
@@ -297,4 +364,6 @@ def run_values(
         )
         return found
 
-    return run_pulumi(body, values, stack=stack, calls=calls, stacks=stacks, lost=lost)
+    run = run_pulumi(body, values, stack=stack, calls=calls, stacks=stacks, down=down, preview=preview)
+    run.result["exports"] = replace(run.result["exports"], state={r.urn: r.inputs for r in run.resources})
+    return run

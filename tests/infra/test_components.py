@@ -223,8 +223,8 @@ def test_msk_reach_peers_routes_both_ways_and_opens_one_port_from_the_peer():
     }
 
 
-def reach_refused(calls) -> str:
-    """What preview says of a reach between SITE and MSK when the AWS lookups answer `calls`."""
+def reach_refused(calls, preview: bool = False) -> str:
+    """What an update (or a preview) says of a reach between SITE and MSK when the AWS lookups answer `calls`."""
 
     async def body():
         site = aws.Provider("site", region="eu-west-1")
@@ -234,7 +234,7 @@ def reach_refused(calls) -> str:
         return {}
 
     with pytest.raises(Exception) as refused:
-        run_pulumi(body, {}, calls=calls)
+        run_pulumi(body, {}, calls=calls, preview=preview)
     return str(refused.value)
 
 
@@ -250,12 +250,14 @@ def test_msk_reach_refuses_a_client_subnet_table_the_stack_does_not_route():
     assert "mirrorkit:clusters[1].msk.route_table_ids: misses rtb-0b3" in message, message
 
 
-def test_msk_reach_refuses_a_route_another_stack_has_in_a_table_naming_the_key_and_the_peering():
+@pytest.mark.parametrize("preview", [True, False])
+def test_msk_reach_refuses_a_route_another_stack_has_in_a_table_naming_the_key_and_the_peering(preview):
     def table(args):
         taken = {"cidrBlock": "10.20.0.0/16", "vpcPeeringConnectionId": "pcx-other"}
         return {"routes": [taken] if args["routeTableId"] == "rtb-0a1" else []}
 
-    message = reach_refused({"aws:ec2/getRouteTable:getRouteTable": table})
+    # At preview too, when the peering the routes go through is not made yet and its id unknown.
+    message = reach_refused({"aws:ec2/getRouteTable:getRouteTable": table}, preview)
     assert "mirrorkit:clusters[1].msk.cidr: route table rtb-0a1 already routes 10.20.0.0/16 through pcx-other" in (
         message
     ), message

@@ -17,6 +17,7 @@ from tests.infra.harness import ROOT, Run, run_values, set_config, stack_values,
 ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
 DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
 BUCKET = "mirrorkit-checkpoints-example"
+BUCKETS = {BUCKET: "us-east-1", f"{BUCKET}-eu-west-1": "eu-west-1"}  # active-active's, each in its site's region
 SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
 ABFSS = "abfss://checkpoints@mirrorkitdr.dfs.core.windows.net/dr"
 ACCOUNT = "mirrorkitdr.dfs.core.windows.net"
@@ -31,15 +32,21 @@ def no_key_in(conf: dict[str, str]) -> None:
     assert not [k for k in conf if any(word in k.lower() for word in KEYS)]
 
 
-def test_the_bucket_is_made_private_encrypted_and_protected(stack_runs):
+def test_each_region_s_bucket_is_made_there_private_encrypted_and_protected(stack_runs):
     run = stack_runs["active-active"]
-    (bucket,) = run.of_type("aws:s3/bucket:Bucket")
-    assert bucket.plain["bucket"] == BUCKET and bucket.protect
-    (block,) = run.of_type("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")
-    assert all(
-        block.plain[k] for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
-    )
-    assert run.of_type("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
+    providers = {f"{p.urn}::{p.name}-id": p.plain["region"] for p in run.of_type("pulumi:providers:aws")}
+    buckets = {b.plain["bucket"]: b for b in run.of_type("aws:s3/bucket:Bucket")}
+    assert {name: providers[b.provider or ""] for name, b in buckets.items()} == BUCKETS
+    assert all(b.protect for b in buckets.values())
+    blocks = run.of_type("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")
+    assert len(blocks) == len(BUCKETS)
+    for block in blocks:
+        assert all(
+            block.plain[k]
+            for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+        )
+    encryption = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+    assert len(run.of_type(encryption)) == len(BUCKETS)
 
 
 def test_each_mirror_role_reaches_only_its_own_checkpoint_prefixes(stack_runs):
@@ -49,14 +56,18 @@ def test_each_mirror_role_reaches_only_its_own_checkpoint_prefixes(stack_runs):
         for p in run.of_type("aws:iam/rolePolicy:RolePolicy")
         if p.name.endswith("-checkpoints")
     }
-    expected = {"use1-mirror-checkpoints": "eu-us", "euw1-mirror-checkpoints": "us-eu"}
+    expected = {
+        "use1-mirror-checkpoints": (BUCKET, "eu-us"),
+        "euw1-mirror-checkpoints": (f"{BUCKET}-eu-west-1", "us-eu"),
+    }
     assert set(policies) == set(expected)
     for name, policy in policies.items():
-        prefix = f"active-active/active-active/{expected[name]}"
+        bucket, flow = expected[name]
+        prefix = f"active-active/active-active/{flow}"
         objects, listing = policy["Statement"]
-        assert objects["Resource"] == [f"arn:aws:s3:::{BUCKET}/{prefix}/*"]
+        assert objects["Resource"] == [f"arn:aws:s3:::{bucket}/{prefix}/*"]
         assert set(objects["Action"]) == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
-        assert listing["Action"] == ["s3:ListBucket"] and listing["Resource"] == [f"arn:aws:s3:::{BUCKET}"]
+        assert listing["Action"] == ["s3:ListBucket"] and listing["Resource"] == [f"arn:aws:s3:::{bucket}"]
         assert listing["Condition"] == {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}}
 
 
@@ -65,8 +76,11 @@ def test_s3a_signs_in_with_the_pods_identity_and_no_key(stack_runs):
     provider = "spark.hadoop.fs.s3a.aws.credentials.provider"
     assert confs["mirrorkit-active-active-use1"][provider].endswith(".ContainerCredentialsProvider")  # Pod Identity
     assert confs["mirrorkit-active-active-euw1"][provider].endswith(".WebIdentityTokenFileCredentialsProvider")  # IRSA
+    assert {app: conf["spark.hadoop.fs.s3a.endpoint.region"] for app, conf in confs.items()} == {
+        "mirrorkit-active-active-use1": "us-east-1",
+        "mirrorkit-active-active-euw1": "eu-west-1",
+    }
     for conf in confs.values():
-        assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "us-east-1"
         no_key_in(conf)
 
 
@@ -175,3 +189,24 @@ def test_the_abfss_grant_reaches_the_checkpoint_root_and_its_listing_and_nothing
     assert not allows(condition, "list", prefix="dr/")
     assert not allows(condition, "list")  # the whole container
     assert allows(condition, "write", path="dr/dr/other-dr/commits/1")
+
+
+def test_a_deployment_in_one_region_keeps_its_one_bucket_as_the_url_names_it():
+    values = copy.deepcopy(with_secrets(stack_values(DR)))
+    values["mirrorkit:mirror"]["checkpoint"] = {"url": "s3a://bucket-x/x"}
+    run = run_values(values, stack="dr")
+    ((bucket, checkpoints),) = [
+        (b.plain["bucket"], b.urn.rsplit("::", 1)[1]) for b in run.of_type("aws:s3/bucket:Bucket")
+    ]
+    assert (bucket, checkpoints) == ("bucket-x", "checkpoints-bucket")  # its name and URN of the first releases
+    (config,) = run.result["configs"].values()
+    assert "checkpoint_location: s3a://bucket-x/x/dr/primary-dr" in config
+    assert spark_confs(run)["mirrorkit-dr-use1"]["spark.hadoop.fs.s3a.endpoint.region"] == "us-east-1"
+
+
+def test_a_bucket_name_a_region_would_take_past_s3s_limit_is_refused_naming_the_key():
+    values = copy.deepcopy(with_secrets(stack_values(ACTIVE_ACTIVE)))
+    values["mirrorkit:mirror"]["checkpoint"]["url"] = f"s3a://{'b' * 54}/x"
+    set_config(values)
+    with pytest.raises(ConfigError, match=r"mirrorkit:mirror\.checkpoint\.url: site 'euw1' .* eu-west-1"):
+        load_settings()

@@ -12,13 +12,16 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.aws.network import STACK_TAG
 from infra.parts import Part
+from spark_app import clients
+from spark_app.config import ClusterConfig, FlowConfig, MirrorConfig, parse_config
+from spark_app.dr.views import failover_plan
 from tests.infra.harness import (
     PART_STACKS,
     ROOT,
-    STACKS,
+    Answer,
     Exports,
-    Lost,
     RegionDown,
     Run,
     credentials_for,
@@ -29,6 +32,10 @@ from tests.infra.harness import (
 
 SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
 SETS = ("active-active", "dr-msk-to-eventhubs")
+ROUTE_TABLE = "aws:ec2/getRouteTable:getRouteTable"
+PEERINGS = "aws:ec2/getVpcPeeringConnections:getVpcPeeringConnections"
+PEERING = "aws:ec2/vpcPeeringConnection:VpcPeeringConnection"
+MONITORING = ("kubernetes:monitoring.coreos.com/v1:PodMonitor", "kubernetes:monitoring.coreos.com/v1:PrometheusRule")
 
 
 def stack_name(path: Path) -> str:
@@ -52,33 +59,28 @@ def order_of_up(topology: str) -> list[str]:
     return first + again
 
 
-def up(stacks: list[str], backend: dict[str, Exports], lost: Lost | None = None, **changes: Any) -> dict[str, Run]:
-    """`pulumi up` of each stack in turn against one backend, which keeps each stack's outputs for the next."""
+def up(
+    stacks: list[str],
+    backend: dict[str, Exports],
+    down: str | None = None,
+    calls: dict[str, Answer] | None = None,
+    preview: bool = False,
+    **changes: Any,
+) -> dict[str, Run]:
+    """`pulumi up` (or `preview`) of each stack in turn against one backend, which keeps each stack's outputs and
+    state for the next; `calls` answers the cloud's lookups, and `down` is a region that is down."""
     runs = {}
     for stack in stacks:
         values = part_values(stack) | changes
-        runs[stack] = run = run_values(values, stack=stack, stacks=backend, lost=lost)
-        backend[stack] = run.result["exports"]
+        runs[stack] = run = run_values(values, stack=stack, calls=calls, stacks=backend, down=down, preview=preview)
+        if not preview:
+            backend[stack] = run.result["exports"]
     return runs
 
 
 def a_set_is_up(topology: str) -> tuple[dict[str, Exports], dict[str, Run]]:
     backend = {stack_name(p): Exports() for p in PART_STACKS}  # `pulumi stack init` of every stack first
     return backend, up(order_of_up(topology), backend)
-
-
-def region_down(region: str) -> Lost:
-    """Every resource, provider and invoke in `region` fails: an AWS provider's region, an Azure location, or the
-    Kubernetes context of a cluster there."""
-    contexts = {
-        s["context"] for path in STACKS for s in stack_values(path).get("mirrorkit:sites", []) if s["region"] == region
-    }
-
-    def lost(inputs: dict[str, Any], provider: dict[str, Any]) -> bool:
-        where = {inputs.get("region"), inputs.get("location"), provider.get("region")}
-        return region in where or bool({inputs.get("context"), provider.get("context")} & contexts)
-
-    return lost
 
 
 @pytest.mark.parametrize("topology", SETS)
@@ -112,6 +114,31 @@ def survivors(topology: str, region: str) -> list[str]:
     return [p.stack(topology) for p in whole.parts if where[p] != region]
 
 
+def where_failover_reads(config: MirrorConfig, flow: FlowConfig, monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The clusters `mirrorkit failover` plans from, by alias: its own planning code (spark_app.dr.views) run with
+    spark_app's client layer replaced by one that records each cluster asked for and holds nothing."""
+    reached: set[str] = set()
+
+    def admin(cluster: ClusterConfig) -> ClusterConfig:
+        reached.add(cluster.alias)
+        return cluster
+
+    def nothing(*args: Any, **kwargs: Any) -> dict[Any, Any]:
+        reached.update(a.alias for a in args if isinstance(a, ClusterConfig))
+        return {}
+
+    def no_client(cluster: ClusterConfig, *args: Any) -> None:
+        raise AssertionError(f"failover made a client of its own for '{cluster.alias}'")
+
+    monkeypatch.setattr(clients, "admin", admin)
+    monkeypatch.setattr(clients, "list_topics", nothing)
+    monkeypatch.setattr(clients, "list_offsets", nothing)
+    monkeypatch.setattr(clients, "list_offsets_each", lambda *args, **kwargs: ({}, {}))
+    monkeypatch.setattr(clients, "_settings", no_client)
+    assert failover_plan(config, flow) == []  # it read the checkpoints and offset syncs, and found none
+    return reached
+
+
 @pytest.mark.parametrize(
     ("topology", "region", "kept"),
     [
@@ -124,32 +151,164 @@ def survivors(topology: str, region: str) -> list[str]:
         ),
     ],
 )
-def test_with_a_region_down_the_other_regions_stacks_preview_and_update(topology, region, kept):
+def test_with_a_region_down_the_other_regions_stacks_preview_and_update(topology, region, kept, monkeypatch):
     assert survivors(topology, region) == kept
     backend, before = a_set_is_up(topology)
-    lost = region_down(region)
-    # The lost region's own stacks, and the one-stack deployment, cannot preview: the test can fail.
-    for stack in sorted(set(order_of_up(topology)) - set(kept)):
+    # The lost region's own stacks, and the one-stack deployment, can neither preview nor update: the test can fail.
+    for preview in (True, False):
+        for stack in sorted(set(order_of_up(topology)) - set(kept)):
+            with pytest.raises(RegionDown):
+                up([stack], dict(backend), down=region, preview=preview)
         with pytest.raises(RegionDown):
-            up([stack], dict(backend), lost=lost)
-    with pytest.raises(RegionDown):
-        run_values(part_values(topology), stack=topology, lost=lost)
+            run_values(part_values(topology), stack=topology, down=region, preview=preview)
+    (site_stack,) = [s for s in kept if s.startswith(f"{topology}-site-")]
+    site = site_stack.rsplit("-", 1)[1]
+    settings = before[site_stack].result["settings"]
     # The survivors preview and update unchanged ...
-    up(kept, dict(backend), lost=lost)
-    # ... and with the mirror resized and a flow's topics changed (a topic stopped).
+    for preview in (True, False):
+        runs = up(kept, dict(backend), down=region, preview=preview)
+        assert runs[site_stack].result["configs"] == before[site_stack].result["configs"], preview
+
+    # ... and with the mirror resized, a topic stopped, and every flow whose mirror ran in the lost region stopped.
     values = part_values(topology)
-    flows = copy.deepcopy(values["mirrorkit:flows"])
+    ran_there = {
+        f.name for f in settings.mirror_config.flows if settings.site(settings.site_of_flow[f.name]).region == region
+    }
+    flows = [f for f in copy.deepcopy(values["mirrorkit:flows"]) if f"{f['source']}->{f['target']}" not in ran_there]
     for flow in flows:
         flow["topics"]["exclude"] = [*flow["topics"].get("exclude", []), "stopped"]
     mirror = copy.deepcopy(values.get("mirrorkit:mirror", {}))
     mirror["executor"] = dict(mirror.get("executor", {}), instances=3)
-    runs = up(kept, dict(backend), lost=lost, **{"mirrorkit:flows": flows, "mirrorkit:mirror": mirror})
-    (site,) = [s for s in kept if "-site-" in s]
-    (app,) = runs[site].of_type(SPARK_APP)
-    (old,) = before[site].of_type(SPARK_APP)
-    assert (old.plain["spec"]["executor"]["instances"], app.plain["spec"]["executor"]["instances"]) == (2, 3)
-    config = yaml.safe_load(runs[site].result["configs"][site.rsplit("-", 1)[1]])
-    assert all("stopped" in f["topics"]["exclude"] for f in config["flows"])
+    changes = {"mirrorkit:flows": flows, "mirrorkit:mirror": mirror}
+    for preview in (True, False):
+        runs = up(kept, dict(backend), down=region, preview=preview, **changes)
+        (app,) = runs[site_stack].of_type(SPARK_APP)
+        (old,) = before[site_stack].of_type(SPARK_APP)
+        assert (old.plain["spec"]["executor"]["instances"], app.plain["spec"]["executor"]["instances"]) == (2, 3)
+        config = yaml.safe_load(runs[site_stack].result["configs"][site])
+        assert all("stopped" in f["topics"]["exclude"] for f in config["flows"]), preview
+    # The survivor's own flows stopped (their source, or their target, may be the lost region): the mirror stops,
+    # and everything its flows' state lives in or signs in with stays.
+    own = [f.name for f in settings.flows_at(site)]
+    for preview in (True, False):
+        stopped = up([site_stack], dict(backend), down=region, preview=preview, **{"mirrorkit:stopped": own})
+        assert site not in stopped[site_stack].result["configs"], preview
+        gone = {(r.typ, r.name) for r in before[site_stack].resources} - {
+            (r.typ, r.name) for r in stopped[site_stack].resources
+        }
+        # The SparkApplication, its config and its monitoring; the namespace, identities and checkpoints stay.
+        assert {typ for typ, _ in gone} == {SPARK_APP, "kubernetes:core/v1:ConfigMap", *MONITORING}, gone
+
+    # The surviving clusters' parts peer with no site in the lost region any more.
+    for stack in [s for s in kept if s.startswith(f"{topology}-msk-")]:
+        peered = {p.name.split("-", 1)[0] for p in runs[stack].of_type(PEERING)}
+        assert peered and all(settings.site(s).region != region for s in peered), peered
+
+    # The survivor's mirror keeps its checkpoints and state in its own region.
+    aws_region = settings.site(site).region
+    rendered = parse_config(yaml.safe_load(runs[site_stack].result["configs"][site]), source="rendered")
+    checkpoint = settings.model.mirror.checkpoint
+    providers = {f"{p.urn}::{p.name}-id": p.plain["region"] for p in before[site_stack].of_type("pulumi:providers:aws")}
+    for flow in rendered.flows:
+        if checkpoint.scheme == "s3a":
+            bucket = checkpoint.bucket_in(aws_region, settings.model.checkpoint_home)
+            assert flow.checkpoint_location.startswith(f"s3a://{bucket}/"), flow.checkpoint_location
+            (made,) = [b for b in before[site_stack].of_type("aws:s3/bucket:Bucket") if b.plain["bucket"] == bucket]
+            assert providers[made.provider or ""] == aws_region
+            (app,) = runs[site_stack].of_type(SPARK_APP)
+            assert app.plain["spec"]["sparkConf"]["spark.hadoop.fs.s3a.endpoint.region"] == aws_region
+        else:  # on the driver's PVC, in the survivor's own Kubernetes cluster
+            assert flow.checkpoint_location.startswith("/")
+
+    # Failing over a flow into the survivor plans from its target only, which is in the survivor's region, with the
+    # bootstrap its cluster's part (in that region) exports.
+    region_of = {c.alias: c.region for c in settings.model.clusters}
+    into = [f for f in rendered.flows if region_of[f.target] == aws_region]
+    for flow in into:
+        assert flow.offset_syncs_location == "target"
+        assert where_failover_reads(rendered, flow, monkeypatch) == {flow.target}
+        assert region_of[flow.target] != region
+        target = rendered.cluster(flow.target)
+        assert (
+            target.bootstrap_servers == backend[f"{topology}-msk-{flow.target}"].values[f"msk_{flow.target}_bootstrap"]
+        )
+        # It signs in as the site's role (IAM), which the survivor's stack makes on its own region's provider.
+        assert target.password is None and target.client_key is None
+        roles = before[site_stack].of_type("aws:iam/role:Role")
+        assert roles and {providers[r.provider or ""] for r in roles} == {aws_region}
+    assert into or region_of[rendered.flows[0].target] == region  # dr-msk-to-eventhubs: its only DR copy was lost
+
+
+@pytest.mark.parametrize("topology", SETS)
+def test_every_call_of_a_sets_stack_reaches_its_parts_region_and_a_peering_its_peers_only_when_made(topology):
+    """Where the harness places each call of each stack (with a region no stack uses down): so every call of a
+    stack whose region is down fails, however it names its region."""
+    settings = run_stack(ROOT / "stacks" / f"Pulumi.{topology}.yaml").result["settings"]
+    model = settings.model
+    where = {Part("site", s.name): s.region for s in model.sites}
+    where |= {Part("platform", s.platform): s.region for s in model.sites if s.platform}
+    where |= {Part(k, c.alias): c.region for c in model.clusters for k in ("msk", "eventhubs")}
+    backend = {stack_name(p): Exports() for p in PART_STACKS}
+    for first in (True, False):
+        for part in settings.parts:
+            stack = part.stack(topology)
+            (run,) = up([stack], backend, down="nowhere-1").values()
+            regions = {r for _, r in run.mocks.placed}
+            peers = {settings.site(s).region for s in settings.site_of_flow.values()} if part.kind == "msk" else set()
+            # A peering's peer region answers its making; once made, a second `up` reaches it no more.
+            expected = {where[part]} | (peers if first else set())
+            assert where[part] in regions and regions <= expected, (stack, sorted(set(run.mocks.placed)))
+            if not first:
+                assert regions == {where[part]}, (stack, sorted(set(run.mocks.placed)))
+            azure = [c for c, _ in run.mocks.placed if c.startswith("azure-native:")]
+            assert bool(azure) == (part.kind == "eventhubs")
+
+
+def what_aws_holds(runs: dict[str, Run]) -> dict[str, Answer]:
+    """AWS's answers to the program's lookups once `runs` are up: each table's routes, and the peerings (their
+    requester's tags; the accepter's id is the peering's) that match a lookup's filters."""
+    routes: dict[str, list[dict[str, str]]] = {}
+    peerings = []
+    for run in runs.values():
+        for r in run.of_type("aws:ec2/route:Route"):
+            route = {
+                "cidrBlock": r.plain["destinationCidrBlock"],
+                "vpcPeeringConnectionId": r.plain["vpcPeeringConnectionId"],
+            }
+            routes.setdefault(r.plain["routeTableId"], []).append(route)
+        peerings += [
+            (f"{r.name}-id", r.plain) for r in run.of_type("aws:ec2/vpcPeeringConnection:VpcPeeringConnection")
+        ]
+
+    def matches(peering: dict[str, Any], name: str, values: list[str]) -> bool:
+        fields = {"requester-vpc-info.vpc-id": peering["vpcId"], "accepter-vpc-info.vpc-id": peering["peerVpcId"]}
+        if name.startswith("tag:"):
+            return peering.get("tags", {}).get(name[4:]) in values
+        return name == "status-code" or fields[name] in values
+
+    def peerings_matching(args: dict[str, Any]) -> dict[str, Any]:
+        found = [i for i, p in peerings if all(matches(p, f["name"], f["values"]) for f in args.get("filters", []))]
+        return {"ids": found, "id": "lookup"}
+
+    return {
+        ROUTE_TABLE: lambda args: {"routes": routes.get(args["routeTableId"], [])},
+        PEERINGS: peerings_matching,
+    }
+
+
+def test_a_second_up_of_every_stack_of_a_set_takes_its_own_routes_and_peerings_for_its_own():
+    backend, runs = a_set_is_up("active-active")
+    aws = what_aws_holds(runs)
+    # use1's table routes the us MSK VPC through the peering that msk-us requested (and tagged) and use1 accepted.
+    (route,) = [
+        r
+        for r in aws[ROUTE_TABLE]({"routeTableId": "rtb-0a1b2c3d4e5f60001"})["routes"]
+        if r["cidrBlock"] == "10.20.0.0/16"
+    ]
+    tagged = {"name": f"tag:{STACK_TAG}", "values": ["active-active-msk-us"]}
+    to_use1 = {"name": "accepter-vpc-info.vpc-id", "values": ["vpc-0a1b2c3d4e5f60001"]}
+    assert aws[PEERINGS]({"filters": [tagged, to_use1]})["ids"] == [route["vpcPeeringConnectionId"]]
+    up(order_of_up("active-active"), backend, calls=aws)
 
 
 def readme_table() -> list[tuple[str, str, list[str]]]:

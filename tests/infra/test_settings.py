@@ -80,6 +80,11 @@ def test_an_unknown_cluster_alias_in_a_flow_is_named():
     assert f"{PROJECT}:flows[0].target: unknown cluster 'dr2' (clusters: primary, dr)" in refused(values)
 
 
+def test_a_stopped_flow_the_stack_does_not_have_is_named():
+    values = with_secrets(stack_values(DR)) | {f"{PROJECT}:stopped": ["primary->dr", "dr->primary"]}
+    assert f"{PROJECT}:stopped[1]: no such flow 'dr->primary'" in refused(values)
+
+
 def test_an_identity_loop_is_refused():
     values = edited(ACTIVE_ACTIVE, flows=lambda f: f[1].update(provenance_header=False))
     assert f"{PROJECT}:flows[1]: identity flows eu->us and us->eu would loop records forever" in refused(values)

@@ -73,8 +73,12 @@ def test_active_active_runs_one_mirror_per_region_owning_the_flow_into_it(stack_
         assert {c["profile"] for c in config["clusters"]} == {"msk-iam"}
         assert all(c["bootstrap_servers"] == BOOTSTRAPS["bootstrapBrokersSaslIam"] for c in config["clusters"])
         assert config["flows"][0]["replication_policy"] == "identity" and config["flows"][0]["provenance_header"]
-        assert config["flows"][0]["checkpoint_location"].startswith("s3a://mirrorkit-checkpoints-example/")
         assert config["checkpoint_interval_s"] == 5
+    # Each region's mirror keeps its checkpoints in its own region's bucket.
+    assert {site: c["flows"][0]["checkpoint_location"] for site, c in configs.items()} == {
+        "use1": "s3a://mirrorkit-checkpoints-example/active-active/active-active/eu-us",
+        "euw1": "s3a://mirrorkit-checkpoints-example-eu-west-1/active-active/active-active/us-eu",
+    }
     assert len(run.of_type("kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication")) == 2
     assert not run.of_type("kubernetes:core/v1:PersistentVolumeClaim") and not run.of_type("kubernetes:core/v1:Secret")
     # Each site peers with both MSK VPCs: four peerings, all ingress on the IAM port.
