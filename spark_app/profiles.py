@@ -30,11 +30,9 @@ OAuthCallback = Callable[[str], tuple[str, float]]
 
 # Event Hubs: Azure's load balancer drops idle TCP after 4 minutes, so both idle limits stay under it; the service
 # enforces a 20 s minimum request timeout and a 1 MB request cap, and takes no codec but gzip (or none).
-_EVENTHUBS_TUNING = {
-    "connections.max.idle.ms": "180000",
-    "metadata.max.age.ms": "180000",
-    "request.timeout.ms": "60000",
-}
+_EVENTHUBS_TUNING = {"connections.max.idle.ms": "180000", "metadata.max.age.ms": "180000"}
+# A producer's setting (an admin client is a producer underneath); a consumer only warns that it ignores it.
+_EVENTHUBS_REQUESTS = {"request.timeout.ms": "60000"}
 _EVENTHUBS_PRODUCER = {"message.max.bytes": "1000000", "compression.type": "none"}
 # What Azure workload identity's admission webhook puts in a pod labelled azure.workload.identity/use=true whose
 # service account carries azure.workload.identity/client-id.
@@ -83,7 +81,7 @@ def librdkafka_settings(cluster: ClusterConfig, role: Role) -> Settings:
             raise SecretError(f"{what} client_key: librdkafka reads the client key from a file, not {key.describe()}")
         conf |= {"ssl.certificate.location": cluster.client_cert_file, "ssl.key.location": key.file}
     if cluster.is_eventhubs:
-        conf |= _EVENTHUBS_TUNING
+        conf |= _EVENTHUBS_TUNING | ({} if role == "consumer" else _EVENTHUBS_REQUESTS)
         if role == "producer":
             conf |= _EVENTHUBS_PRODUCER | {"socket.keepalive.enable": True}
     return conf | cluster.client_overrides

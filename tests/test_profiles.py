@@ -72,7 +72,10 @@ def test_event_hubs_producers_stay_under_the_services_limits_and_overrides_win(c
     assert producer["message.max.bytes"] == "1000000" and producer["compression.type"] == "none"
     assert producer["connections.max.idle.ms"] == producer["metadata.max.age.ms"] == "180000"
     assert producer["request.timeout.ms"] == "60000" and producer["socket.keepalive.enable"] is True
-    assert "message.max.bytes" not in librdkafka_settings(clusters["eventhubs"], "consumer")
+    consumer = librdkafka_settings(clusters["eventhubs"], "consumer")
+    assert "message.max.bytes" not in consumer and "request.timeout.ms" not in consumer  # a consumer ignores them
+    assert consumer["connections.max.idle.ms"] == consumer["metadata.max.age.ms"] == "180000"
+    assert librdkafka_settings(clusters["eventhubs"], "admin")["request.timeout.ms"] == "60000"
     tuned = clusters["eventhubs"].model_copy(update={"client_overrides": {"compression.type": "gzip"}})
     assert librdkafka_settings(tuned, "producer")["compression.type"] == "gzip"
 
