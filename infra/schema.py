@@ -445,6 +445,9 @@ class CheckpointStore(StrictModel):
         None  # s3a: the url's bucket's region (default: the first site's); abfss: the account's location
     )
     resource_group: str | None = None  # abfss: the storage account's resource group (the account must exist)
+    # s3a: each region's mirrors keep their checkpoints in a bucket in their own region (`bucket_in`). Off by default:
+    # turned on, the checkpoints of mirrors outside the url's region move, which an existing deployment copies first.
+    per_region: bool = False
 
     @model_validator(mode="after")
     def _one(self) -> CheckpointStore:
@@ -468,12 +471,17 @@ class CheckpointStore(StrictModel):
         groups = self._match(self.url or "").groupdict()
         return groups.get("bucket") or groups["container"], groups.get("account") or ""
 
+    def bucket_region(self, region: str, home: str) -> str:
+        """s3a: the region of the bucket holding the checkpoints of mirrors in `region`: their own with
+        `per_region`, else the url's bucket's (`home`)."""
+        return region if self.per_region else home
+
     def bucket_in(self, region: str, home: str) -> str:
-        """s3a: the bucket of the checkpoints of mirrors in `region`. Each region keeps its mirrors' state in its own
-        region, so they run and recover while any other region is down: the url's bucket is in its home region, and
-        any other region's is `<bucket>-<region>`."""
-        bucket = self.store()[0]
-        return bucket if region == home else f"{bucket}-{region}"
+        """s3a: the bucket of the checkpoints of mirrors in `region`. With `per_region` each region keeps its
+        mirrors' state in its own region, so they run and recover while any other region is down: the url's bucket
+        is in its home region, and any other region's is `<bucket>-<region>`."""
+        bucket, where = self.store()[0], self.bucket_region(region, home)
+        return bucket if where == home else f"{bucket}-{where}"
 
     def key(self, location: str) -> str:
         """A checkpoint location's key prefix in its bucket or container."""

@@ -168,15 +168,16 @@ def _checkpoint_store(settings: StackSettings, providers: _AwsProviders, out: To
     running = [s for s in settings.model.sites if settings.clusters_at(s.name)]
     if not any(settings.makes("site", s.name) for s in running):
         return
-    # A bucket per region that runs mirrors (CheckpointStore.bucket_in), which in a set the stack of the region's first
-    # site makes; the region's other sites take it as existing.
+    # One bucket, or with `per_region` one per region that runs mirrors (CheckpointStore.bucket_in), made by the stack
+    # of the first site whose checkpoints it holds; the other sites take it as existing.
     if checkpoint.scheme == "s3a":
         home = settings.model.checkpoint_home
         first: dict[str, SiteSpec] = {}
         for s in running:
-            first.setdefault(s.region, s)
+            first.setdefault(checkpoint.bucket_region(s.region, home), s)
         for region, site in first.items():
-            if not any(settings.makes("site", s.name) for s in running if s.region == region):
+            holds = [s for s in running if checkpoint.bucket_region(s.region, home) == region]
+            if not any(settings.makes("site", s.name) for s in holds):
                 continue
             existing = checkpoint.existing or not settings.makes("site", site.name)
             role = site.aws.role_arn if site.aws else None
@@ -250,9 +251,10 @@ def _site_identity(
     found = _SiteIdentity()
     clusters = settings.clusters_at(site.name)
     msk = {c.alias: c.msk for c in clusters if c.msk is not None}
-    bucket = out.checkpoint_buckets.get(site.region)
+    bucket_region = settings.model.mirror.checkpoint.bucket_region(site.region, settings.model.checkpoint_home)
+    bucket = out.checkpoint_buckets.get(bucket_region)
     if site.aws is not None and bucket is not None:
-        found.spark_conf.update(s3a_conf(site.aws, site.region))
+        found.spark_conf.update(s3a_conf(site.aws, bucket_region))
     if site.aws is not None and (msk or bucket is not None):
         site_provider = providers.get(site.region, site.aws.role_arn)
         for vpc, (leader, specs) in _msk_vpcs(msk).items():

@@ -85,11 +85,9 @@ class Mirror:
             dr.prepare()
         for flow in self.flows:
             flow.start(flow.sync_topics(), available_now=True)
-        fenced: MirrorFailed | None = None
         while any(flow.running() for flow in self.flows) and not self.stopping.wait(0.2):
-            if fenced := self._fenced():
-                break
-        if self.stopping.is_set() or fenced:
+            continue
+        if self.stopping.is_set():
             log.info("stopping before everything present is copied; the next run copies the rest")
             with ThreadPoolExecutor(max(1, len(self.flows))) as pool:
                 list(pool.map(lambda flow: flow.stop(), self.flows))
@@ -97,8 +95,8 @@ class Mirror:
             flow.wait()
             _raise_if_failed(flow)
         for dr in self.dr.values():
-            dr.stop()
-        if fenced:
+            dr.stop()  # its final round learns whether another mirror of the flow took its DR state over
+        if fenced := self._fenced():
             raise fenced
 
     def run_forever(self) -> None:

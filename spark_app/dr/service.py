@@ -103,6 +103,8 @@ class DrSync:
         ]
         if self.emit_heartbeats:
             wanted.append((self.source, HEARTBEATS_TOPIC, False))  # read by its tail: any cleanup policy does
+        self.disabled.clear()  # as this attempt finds them
+        self._leaseless = False
         try:
             refuse_dotted_history(self.config, self.flow)
             for cluster, topic, compacted in wanted:

@@ -204,6 +204,17 @@ def test_a_deployment_in_one_region_keeps_its_one_bucket_as_the_url_names_it():
     assert spark_confs(run)["mirrorkit-dr-use1"]["spark.hadoop.fs.s3a.endpoint.region"] == "us-east-1"
 
 
+def test_without_per_region_every_regions_checkpoints_stay_in_the_urls_one_bucket_so_an_upgrade_moves_none():
+    values = copy.deepcopy(with_secrets(stack_values(ACTIVE_ACTIVE)))
+    del values["mirrorkit:mirror"]["checkpoint"]["per_region"]
+    run = run_values(values, stack="active-active")
+    assert [b.plain["bucket"] for b in run.of_type("aws:s3/bucket:Bucket")] == [BUCKET]
+    for config in run.result["configs"].values():
+        assert f"checkpoint_location: s3a://{BUCKET}/active-active/active-active/" in config, config
+    confs = spark_confs(run)
+    assert {conf["spark.hadoop.fs.s3a.endpoint.region"] for conf in confs.values()} == {"us-east-1"}, confs
+
+
 def test_a_bucket_name_a_region_would_take_past_s3s_limit_is_refused_naming_the_key():
     values = copy.deepcopy(with_secrets(stack_values(ACTIVE_ACTIVE)))
     values["mirrorkit:mirror"]["checkpoint"]["url"] = f"s3a://{'b' * 54}/x"
