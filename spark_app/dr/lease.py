@@ -113,7 +113,10 @@ class DrLease:
 
 
 def _fenced(err: KafkaError) -> bool:
-    return err.fatal() or err.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID, KafkaError.UNKNOWN_MEMBER_ID)
+    """Another member took the lease's instance id. An unknown member is not that: the holder's session lapsed while
+    the target did not answer, no other mirror took the id, and the consumer joins again by itself; the round is
+    tried again at the next interval."""
+    return err.fatal() or err.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID)
 
 
 def _error_of(msg: Message | None) -> KafkaError | None:
