@@ -20,8 +20,10 @@ import logging
 import os
 import socket
 import time
+import uuid
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from .. import clients
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
@@ -45,6 +47,8 @@ class DrLease:
         self.fenced: str | None = None
         self._consumer: Consumer | None = None
         self._mark = TopicPartition(self.topic, 0, 0)  # committed with who holds the lease, by `acquire`
+        # Unique per lease, so its mark tells it from another mirror's (even one in this process).
+        self._client_id = f"mirrorkit-lease-{socket.gethostname()}-{uuid.uuid4().hex[:12]}"
 
     def acquire(self, timeout_s: float = JOIN_TIMEOUT_S) -> None:
         """Join the lease group, fencing any other mirror of the flow, and say who holds it now; a no-op while held."""
@@ -57,7 +61,7 @@ class DrLease:
                 "group.instance.id": self.group,
                 "session.timeout.ms": SESSION_S * 1000,
                 "enable.auto.commit": False,
-                "client.id": f"mirrorkit-lease-{socket.gethostname()}",
+                "client.id": self._client_id,
             },
         )
         consumer.subscribe([self.topic], on_assign=lambda c, parts: c.pause(parts))
@@ -72,7 +76,7 @@ class DrLease:
                 raise KafkaException(error)
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._mark = TopicPartition(
-            self.topic, 0, 0, metadata=f"{socket.gethostname()} pid {os.getpid()} since {since}"
+            self.topic, 0, 0, metadata=f"{socket.gethostname()} pid {os.getpid()} since {since} ({self._client_id})"
         )
         consumer.commit(offsets=[self._mark], asynchronous=False)
         self._consumer = consumer
@@ -91,12 +95,25 @@ class DrLease:
                 err = failed.args[0]
                 if not _fenced(err):
                     raise
+        if err is not None and _fenced(err) and self._mark_is_mine():
+            # librdkafka's own rejoin after the target came back (a broker restart, a coordinator that moved) took
+            # the instance id from the member id the commit carried: no other mirror holds the lease, so take it again.
+            log.warning("flow %s: the DR lease's consumer lost its membership to its own rejoin; joining again",
+                        self.flow.name)  # fmt: skip
+            self._consumer = None  # unusable after a fatal error
+            self.acquire()
+            return True
         if err is not None and _fenced(err):
             self.fenced = f"another mirror of flow {self.flow.name} took over its DR state ({err.str()})"
             log.error("flow %s: fenced: %s; this mirror stops writing its DR state", self.flow.name, self.fenced)
             self._consumer = None  # a fenced consumer is unusable; closing it would only report the error again
             return False
         return True
+
+    def _mark_is_mine(self) -> bool:
+        """Whether the lease group's committed mark is still the one this lease made: a mirror that takes the lease
+        commits its own at once, so an unchanged mark means no other mirror holds it."""
+        return _marks(clients.admin(self.cluster), self.group, self.topic) == [self._mark.metadata]
 
     def release(self) -> None:
         """Give the lease up: a static member does not leave its group (the session ends `SESSION_S` on), so the
@@ -113,9 +130,9 @@ class DrLease:
 
 
 def _fenced(err: KafkaError) -> bool:
-    """Another member took the lease's instance id. An unknown member is not that: the holder's session lapsed while
-    the target did not answer, no other mirror took the id, and the consumer joins again by itself; the round is
-    tried again at the next interval."""
+    """A member took the lease's instance id: another mirror, or this one's own consumer joining again after the
+    target came back (`held` tells which). An unknown member is neither: the holder's session lapsed while the
+    target did not answer and the consumer joins again by itself; the round is tried again at the next interval."""
     return err.fatal() or err.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID)
 
 
@@ -130,9 +147,14 @@ def holder(config: MirrorConfig, flow: FlowConfig) -> str | None:
     described = admin.describe_consumer_groups([group], request_timeout=clients.REQUEST_TIMEOUT_S)[group].result()
     if not described.members:
         return None
-    request = [ConsumerGroupTopicPartitions(group, [TopicPartition(checkpoints_topic(flow), 0)])]
-    listed = admin.list_consumer_group_offsets(request, request_timeout=clients.REQUEST_TIMEOUT_S)[group].result()
-    marks = [tp.metadata for tp in listed.topic_partitions or [] if tp.metadata]
+    marks = _marks(admin, group, checkpoints_topic(flow))
     if marks and marks[0].startswith(RELEASED):
         return None  # stopped: its membership lapses, but it writes nothing more
     return marks[0] if marks else f"a member at {described.members[0].host}"
+
+
+def _marks(admin: AdminClient, group: str, topic: str) -> list[str]:
+    """The metadata of the lease group's commit: who took the lease, or released it."""
+    request = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0)])]
+    listed = admin.list_consumer_group_offsets(request, request_timeout=clients.REQUEST_TIMEOUT_S)[group].result()
+    return [tp.metadata for tp in listed.topic_partitions or [] if tp.metadata]
