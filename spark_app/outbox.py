@@ -225,8 +225,12 @@ class Outbox:
                 out_topic, value=value, key=key, partition=source[1], timestamp=ts, headers=headers,
                 on_delivery=self._on_delivery,
             )  # fmt: skip
-        except (BufferError, KafkaException):  # queue full, or refused for size: the slow path decides
-            if not self._produce(out_topic, source[1], key, value, headers, ts):
+        except (BufferError, KafkaException):  # queue full, or refused at once: the slow path decides
+            refused = self._produce(out_topic, source[1], key, value, headers, ts)
+            if refused is not None and refused.code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                landing.hold(offset, error=self._refusal(refused))  # for its topic: the others go on
+                return False
+            if refused is not None:
                 self._refused.append(Refused(source[0], source[1], offset, key, value, headers, ts))
                 if not self.flow.dead_letter_topic:
                     landing.hold(offset, len(value or b""))
@@ -252,10 +256,12 @@ class Outbox:
         elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
             self._refused.append(Refused.of(source[0], offset, msg))
         elif err.code() in TOPIC_SCOPED_ERRORS:
-            why = f"target '{self.flow.target}' refused it ({err.name()}: {err.str()}); fix it on the target"
-            self._blocked.append((source, offset, why))
+            self._blocked.append((source, offset, self._refusal(err)))
         else:
             self._failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.str()}")
+
+    def _refusal(self, err: KafkaError) -> str:
+        return f"target '{self.flow.target}' refused it ({err.name()}: {err.str()}); fix it on the target"
 
     def flush(self, timeout_s: float) -> None:
         """Wait for every record in flight; fail the task if one is not delivered or failed for the target."""
@@ -290,8 +296,9 @@ class Outbox:
 
     def _produce(
         self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers: Headers | None, ts: int
-    ) -> bool:
-        """Hand one record to the producer; False when librdkafka refuses it for size before sending.
+    ) -> KafkaError | None:
+        """Hand one record to the producer; the error when librdkafka refuses it before sending, for size or for its
+        topic (TOPIC_SCOPED_ERRORS: a write ACL removed shows here once the metadata says so).
 
         A worker's producer outlives tasks, so its metadata can predate partitions added to the target since: on an
         unknown partition it refreshes the topic's metadata and tries again, for up to METADATA_WAIT_S.
@@ -303,13 +310,13 @@ class Outbox:
                     topic, value=value, key=key, partition=partition, timestamp=ts, headers=headers or None,
                     on_delivery=self.delivered,
                 )  # fmt: skip
-                return True
+                return None
             except BufferError:
                 self.producer.poll(0.05)
             except KafkaException as err:
                 code = err.args[0].code()
-                if code == KafkaError.MSG_SIZE_TOO_LARGE:
-                    return False
+                if code == KafkaError.MSG_SIZE_TOO_LARGE or code in TOPIC_SCOPED_ERRORS:
+                    return cast(KafkaError, err.args[0])
                 if code != KafkaError._UNKNOWN_PARTITION or time.monotonic() > deadline:
                     raise
                 self.producer.list_topics(topic, timeout=10)
