@@ -75,7 +75,7 @@ class DrSync:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._prepared = False
-        self._leaseless = False  # the flow has no topic to hold its lease on: no syncs or checkpoints are written
+        self._leaseless = False  # the flow has no topic to hold its lease on: its DR writes are not fenced
 
     @property
     def fenced(self) -> str | None:
@@ -117,8 +117,8 @@ class DrSync:
                 self.lease.acquire()  # before reading back: a mirror it fences writes no more after its round
             else:
                 self._leaseless = True
-                log.warning("flow %s: no offset syncs or checkpoints are written: one writer per flow is held on"
-                            " '%s', which cannot be used", self.flow.name, checkpoints)  # fmt: skip
+                log.warning("flow %s: its DR writes are not fenced: one writer per flow is held on '%s', which"
+                            " cannot be used", self.flow.name, checkpoints)  # fmt: skip
             stored = SyncStore()
             if offset_syncs_topic(self.flow) not in self.disabled:
                 stored = read_offset_syncs(self.config, self.flow)
@@ -145,14 +145,13 @@ class DrSync:
         return self.checkpoints.run_once()
 
     def heartbeat_once(self) -> None:
-        """Beat, unless another mirror of the flow took it over; a flow with no topic to hold its lease on still beats
-        (two mirrors' heartbeats are only timestamps, where their syncs and checkpoints would collide)."""
-        if self._leaseless or self._may_write():
+        if self._may_write():
             self.heartbeats.run_once()
 
     def _may_write(self) -> bool:
-        """Whether this service holds the flow's DR lease: syncs and checkpoints are written by its holder only."""
-        return self.lease.held()
+        """Whether this service holds the flow's DR lease, or the flow has no topic to hold it on (its writes are then
+        not fenced, as logged at `prepare`)."""
+        return self._leaseless or self.lease.held()
 
     def _emit_sync(self, sync: OffsetSync) -> None:
         topic = offset_syncs_topic(self.flow)
