@@ -12,7 +12,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType, TopicMetadata
 
 from .config import ClusterConfig
@@ -124,6 +133,23 @@ def list_topics(
         client.poll(0)  # serves error_cb, which raises on an authentication failure
         if time.monotonic() >= deadline:
             raise ClusterUnreachable(cluster, timeout_s, detail)
+
+
+def topic_ids(client: AdminClient, topics: Iterable[str], timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, str]:
+    """Each topic's id (KIP-516), which tells a topic deleted and made again from the same one. A topic that does
+    not answer (gone, not allowed, its metadata failing for a moment) is left out; the caller keeps what it knew."""
+    names = sorted(set(topics))
+    if not names:
+        return {}
+    ids: dict[str, str] = {}
+    for name, future in client.describe_topics(TopicCollection(names), request_timeout=timeout_s).items():
+        try:
+            found = future.result().topic_id
+        except KafkaException:
+            continue
+        if found.get_most_significant_bits() or found.get_least_significant_bits():  # all zero: no id yet
+            ids[name] = str(found)
+    return ids
 
 
 def topic_configs(client: AdminClient, topic: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, str]:

@@ -15,6 +15,12 @@ every `OFFLINE_RECHECK_S`. A source that stops answering altogether is waited fo
 new batch meanwhile); then the query fails with a message naming the cluster. While the driver's pause file exists
 no new batch is planned either, so the driver can stop the query between batches (Spark's own stop cancels a batch in
 flight).
+
+Spark's offset log holds more than offsets: per topic, the topic id (KIP-516) its positions belong to, so a topic
+deleted and made again, even refilled past the old position, is told from the same one and copied from its log
+start (reported as offsets that went back); and the topics the flow stopped selecting, with their positions, for
+FORGET_AFTER_S: a topic whose metadata failed for one topic-sync round, or that was not allowed for a while, resumes
+where it stood when it returns, instead of being met as a new topic.
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -38,6 +46,7 @@ from .errors import ClusterUnreachable
 from .ranges import RANGE_SCHEMA, OffsetRange
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 UNREACHABLE_GIVE_UP_S = 300.0  # a source or target down this long stops the mirror (the producer's delivery timeout)
 # A partition that did not answer is asked again alone, this often and with this short a wait: librdkafka waits its
@@ -48,12 +57,41 @@ OFFLINE_ASK_S = 2.0
 AVAILABLE_NOW_WAIT_S = 60.0
 
 SparkOffsets = dict[str, dict[str, int]]  # {"topic": {"partition": offset}}: the shape of Spark's offset log
+# Keys of the offset log that are no topic names (Kafka's names hold only letters, digits, '.', '_' and '-').
+IDS_KEY = "#ids"  # per topic, the id of the topic its positions belong to
+GONE_KEY = "#gone"  # per topic the flow no longer selects, since when (epoch seconds)
+# How long positions of a topic the flow no longer selects are kept: one that returns within it resumes where it
+# stood. A week covers an ACL or a metadata fault over a long weekend; the log does not grow with topic churn.
+FORGET_AFTER_S = 7 * 86_400.0
 
 PAUSE_FILE = "pause"
 RECORD_BYTES_FILE = "record-bytes"
 # Until the first batch has landed the mean record size is unknown: so small a batch cannot exceed the byte bound
 # by much whatever the records (at most 10,000 records of the target's 1 MB cap).
 FIRST_BATCH_RECORDS = 10_000
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One entry of the query's offset log: positions, the ids of their topics, and topics no longer selected."""
+
+    offsets: SparkOffsets
+    ids: dict[str, str] = field(default_factory=dict)
+    gone: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> Planned:
+        """Read what Spark hands back; an entry written before ids were kept has none (then none is compared)."""
+        offsets = {t: {p: int(o) for p, o in parts.items()} for t, parts in raw.items() if not t.startswith("#")}
+        return cls(offsets, dict(raw.get(IDS_KEY, {})), dict(raw.get(GONE_KEY, {})))
+
+    def dump(self) -> dict[str, Any]:
+        out: dict[str, Any] = {t: dict(parts) for t, parts in self.offsets.items()}
+        if self.ids:
+            out[IDS_KEY] = dict(sorted(self.ids.items()))
+        if self.gone:
+            out[GONE_KEY] = dict(sorted(self.gone.items()))
+        return out
 
 
 class RangeGroup(InputPartition):
@@ -142,6 +180,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.resume: SparkOffsets = json.loads(options.get("resume") or "{}")
         self._admin: AdminClient | None = None
         self._available_now_end: SparkOffsets | None = None
+        self._available_now_ids: dict[str, str] = {}
         self._down_since: float | None = None
         self._offline: dict[Partition, float] = {}  # partitions that did not answer -> when to ask again
 
@@ -164,23 +203,45 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             time.sleep(1.0)
             self._offline.update(dict.fromkeys(silent, 0.0))  # due again now
         self._available_now_end = ends
+        self._available_now_ids = self._until_answered(self._topic_ids)
 
-    def latestOffset(self, start: SparkOffsets, limit: ReadLimit) -> SparkOffsets:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         if self.pause_file.exists():
             return start  # the driver is stopping this query: no new batch (an available-now run ends here)
+        was = Planned.parse(start)
         if self._available_now_end is not None:  # an empty answer would end the run early: wait for a real one
-            latest = kept_where_unanswered(self._available_now_end, start, self.subscription)
-            starts = self._until_answered(lambda: self._starts(start, latest))
+            end = self.end_of(was, self._available_now_end, self._available_now_ids, time.time())
+            starts = self._until_answered(lambda: self._starts(was, end))
         else:
             try:
-                latest = kept_where_unanswered(self._list(OffsetSpec.latest()), start, self.subscription)
-                starts = self._starts(start, latest)
+                end = self.end_of(was, self._list(OffsetSpec.latest()), self._topic_ids(), time.time())
+                starts = self._starts(was, end)
             except KafkaException as err:
                 self._note_down(err)
                 return start  # no new batch until the source answers
             self._down_since = None
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_records
-        return limit_offsets(starts, latest, rows_for(max_rows, self.max_bytes, self._mean_bytes()))
+        limited = limit_offsets(starts, end.offsets, rows_for(max_rows, self.max_bytes, self._mean_bytes()))
+        return Planned(limited, end.ids, end.gone).dump()
+
+    def end_of(self, start: Planned, latest: SparkOffsets, ids: dict[str, str], now: float) -> Planned:
+        """The newest positions: `latest` where a partition answered; the checkpoint's where it did not (no range,
+        nothing skipped), unless its topic was made again; and the positions of topics the flow no longer selects,
+        kept for FORGET_AFTER_S. A topic whose id did not answer keeps the one it had."""
+        ids = {t: i for t, i in start.ids.items() if t in start.offsets or t in self.subscription} | ids
+        remade = {t for t, i in ids.items() if start.ids.get(t, i) != i}
+        offsets = kept_where_unanswered(latest, start.offsets, self.subscription, remade)
+        gone: dict[str, float] = {}
+        for topic, positions in start.offsets.items():
+            since = start.gone.get(topic, now)
+            if topic not in self.subscription and now - since < FORGET_AFTER_S:
+                offsets[topic], gone[topic] = positions, since
+        return Planned(offsets, {t: i for t, i in ids.items() if t in offsets}, gone)
+
+    def _topic_ids(self) -> dict[str, str]:
+        if self._admin is None:
+            self._admin = clients.admin(self.source)
+        return clients.topic_ids(self._admin, self.subscription, timeout_s=OFFLINE_ASK_S)
 
     def _mean_bytes(self) -> float | None:
         """The flow's mean record size the driver wrote last; None before its first batch landed."""
@@ -189,7 +250,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         except (OSError, ValueError):
             return None
 
-    def _until_answered(self, call: Callable[[], SparkOffsets]) -> SparkOffsets:
+    def _until_answered(self, call: Callable[[], T]) -> T:
         while True:
             try:
                 answer = call()
@@ -219,13 +280,14 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             del self._offline[(topic, partition)]
             log.info("cluster '%s': topic '%s' partition %d answers again", self.source.alias, topic, partition)
 
-    def partitions(self, start: SparkOffsets, end: SparkOffsets) -> list[InputPartition]:
+    def partitions(self, start_raw: dict[str, Any], end_raw: dict[str, Any]) -> list[InputPartition]:
+        start, end = Planned.parse(start_raw), Planned.parse(end_raw)
         starts = self._starts(start, end)
         ranges = [
-            OffsetRange(topic, int(p), min(starts[topic][p], offset), offset, went_back(start, end, topic, p))
-            for topic, offsets in end.items()
+            OffsetRange(topic, int(p), min(starts[topic][p], offset), offset, reset_from(start, end, topic, p))
+            for topic, offsets in end.offsets.items()
             for p, offset in offsets.items()
-            if offset > starts[topic][p] or went_back(start, end, topic, p) >= 0  # an empty one too: it is reported
+            if offset > starts[topic][p] or reset_from(start, end, topic, p) >= 0  # an empty one too: it is reported
         ]
         return [RangeGroup(g) for g in split_ranges(ranges, self.tasks)]
 
@@ -234,25 +296,28 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for r in partition.ranges:
             yield r.topic, r.partition, r.start, r.end, r.reset_from
 
-    def _starts(self, start: SparkOffsets, end: SparkOffsets) -> SparkOffsets:
+    def _starts(self, start: Planned, end: Planned) -> SparkOffsets:
         """Each end partition's start: the checkpoint's, else the adopted one, else `start_from` (new topic) or
-        earliest (new partition, or one whose offsets went backwards, so its new records are copied from the log
-        start). Where the log start does not answer, 0: the copier's consumer reads such a start from the log start."""
-        starts: SparkOffsets = {t: self.adopted.get(t, {}) | start.get(t, {}) for t in end}
+        earliest (new partition, or one whose offsets went backwards or whose topic was made again, so its new records
+        are copied from the log start). Where the log start does not answer, 0: the copier's consumer reads such a
+        start from the log start."""
+        held = start.offsets
+        starts: SparkOffsets = {t: self.adopted.get(t, {}) | held.get(t, {}) for t in end.offsets}
         for t, offsets in self.resume.items():  # where a real-time run got to, unless the log is shorter now
             for p, offset in offsets.items():
-                if p in end.get(t, {}) and starts[t].get(p, -1) < offset <= end[t][p]:
+                if p in end.offsets.get(t, {}) and starts[t].get(p, -1) < offset <= end.offsets[t][p]:
                     starts[t][p] = offset
         missing = [
             (t, p)
-            for t, offsets in end.items()
+            for t, offsets in end.offsets.items()
             for p in offsets
-            if p not in starts[t] or went_back(start, end, t, p) >= 0
+            if p not in starts[t] or reset_from(start, end, t, p) >= 0
         ]
         earliest = self._list(OffsetSpec.earliest(), missing) if missing else {}
         for t, p in missing:
-            new_topic = t not in start and t not in self.adopted and t not in self.resume  # copied before
-            starts[t][p] = end[t][p] if new_topic and self.start_from == "latest" else earliest.get(t, {}).get(p, 0)
+            new_topic = t not in held and t not in self.adopted and t not in self.resume  # copied before
+            at_end = new_topic and self.start_from == "latest"
+            starts[t][p] = end.offsets[t][p] if at_end else earliest.get(t, {}).get(p, 0)
         return starts
 
     def _list(self, spec: OffsetSpec, partitions: list[tuple[str, str]] | None = None) -> SparkOffsets:
@@ -282,24 +347,34 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return offsets
 
 
-def kept_where_unanswered(latest: SparkOffsets, start: SparkOffsets, topics: dict[str, int]) -> SparkOffsets:
+def kept_where_unanswered(
+    latest: SparkOffsets, start: SparkOffsets, topics: dict[str, int], remade: set[str] | None = None
+) -> SparkOffsets:
     """`latest`, plus the checkpoint's position for each partition of `topics` it lacks (that partition did not
-    answer): it gets no range in this batch and keeps its position, so nothing of it is skipped or copied twice."""
+    answer): it gets no range in this batch and keeps its position, so nothing of it is skipped or copied twice. A
+    topic `remade` (deleted and made again) keeps none: its old positions mean nothing in the new log."""
     out = {t: dict(offsets) for t, offsets in latest.items()}
     for topic, count in topics.items():
+        if topic in (remade or set()):
+            continue
         for p, position in start.get(topic, {}).items():
             if int(p) < count:
                 out.setdefault(topic, {}).setdefault(p, position)
     return out
 
 
-def went_back(start: SparkOffsets, end: SparkOffsets, topic: str, partition: str) -> int:
-    """The checkpoint's position when it lies past the partition's end now (offsets went backwards), else -1.
+def reset_from(start: Planned, end: Planned, topic: str, partition: str) -> int:
+    """The checkpoint's position when the partition's offsets went backwards since (it lies past the end now, or
+    its topic was deleted and made again: another id), else -1.
 
-    This is the one place that notices it; the range carries it to the driver, which reports it.
+    This is the one place that notices it; the range carries it to the driver, which reports it. It reads only
+    `start` and `end`, so a batch Spark runs again after a crash finds the same answer.
     """
-    position = start.get(topic, {}).get(partition)
-    return position if position is not None and position > end[topic][partition] else -1
+    position = start.offsets.get(topic, {}).get(partition)
+    if position is None:
+        return -1
+    was, now = start.ids.get(topic), end.ids.get(topic)
+    return position if position > end.offsets[topic][partition] or (was and now and was != now) else -1
 
 
 def limit_offsets(starts: SparkOffsets, latest: SparkOffsets, max_rows: int) -> SparkOffsets:

@@ -26,7 +26,7 @@ from .clients import PartitionOffsets
 from .config import STOP_BATCH_TIMEOUT_S, FlowMode
 from .errors import first_cause
 from .ledger import by_topic
-from .planner import PAUSE_FILE, OffsetRangeSource, plan_source_options, write_record_bytes
+from .planner import PAUSE_FILE, OffsetRangeSource, Planned, plan_source_options, write_record_bytes
 from .range_copy import RangeCopier
 from .ranges import LANDED_SCHEMA, RANGE_SCHEMA, Landing, OffsetRange
 from .runner import FlowRunner, Subscription
@@ -130,7 +130,7 @@ class ThroughputRunner(FlowRunner):
         progress = self.query.lastProgress if self.query is not None else None
         reached: PartitionOffsets = {}
         for source in progress.sources if progress is not None else ():
-            for topic, offsets in (json.loads(source.endOffset) or {}).items():
+            for topic, offsets in Planned.parse(json.loads(source.endOffset) or {}).offsets.items():
                 reached.update({(topic, int(p)): offset for p, offset in offsets.items()})
         return reached
 

@@ -17,7 +17,9 @@ from spark_app.planner import (
     FIRST_BATCH_RECORDS,
     OFFLINE_ASK_S,
     OFFLINE_RECHECK_S,
+    FORGET_AFTER_S,
     OffsetRangeReader,
+    Planned,
     kept_where_unanswered,
     limit_offsets,
     plan_source_options,
@@ -232,12 +234,13 @@ def test_adopted_positions_start_partitions_the_checkpoint_does_not_hold_and_nev
         return {t: {p: 0 for tp, p in partitions if tp == t} for t, _ in partitions}
 
     reader._list = earliest  # type: ignore[method-assign]  # no broker: only the log starts are asked
-    end = {"t": {"0": 100, "1": 100, "2": 100}, "u": {"0": 100}}
+    end = Planned({"t": {"0": 100, "1": 100, "2": 100}, "u": {"0": 100}})
     # The first batch: adopted partitions start where MM2 stopped; the one MM2 never committed (t[2]) starts at its
     # log start, as t is no new topic; u, which MM2 never copied, follows start_from (latest).
-    assert reader._starts({}, end) == {"t": {"0": 70, "1": 5, "2": 0}, "u": {"0": 100}}
+    assert reader._starts(Planned({}), end) == {"t": {"0": 70, "1": 5, "2": 0}, "u": {"0": 100}}
     # Once the checkpoint holds a partition, its position wins.
-    assert reader._starts({"t": {"0": 90, "1": 95, "2": 3}, "u": {"0": 100}}, end)["t"] == {"0": 90, "1": 95, "2": 3}
+    start = Planned({"t": {"0": 90, "1": 95, "2": 3}, "u": {"0": 100}})
+    assert reader._starts(start, end)["t"] == {"0": 90, "1": 95, "2": 3}
 
 
 def test_a_throughput_run_after_a_real_time_one_starts_where_that_got_to_unless_the_log_is_shorter_now(tmp_path):
@@ -247,13 +250,13 @@ def test_a_throughput_run_after_a_real_time_one_starts_where_that_got_to_unless_
     options = plan_source_options(source, {"t": 3}, "latest", 2, 1000, 1 << 28, tmp_path, resume=resume)
     reader = OffsetRangeReader(options)
     reader._list = lambda spec, partitions=None: {"t": {p: 0 for _, p in partitions or []}}  # type: ignore[method-assign]
-    end = {"t": {"0": 100, "1": 100, "2": 100}}
+    end = Planned({"t": {"0": 100, "1": 100, "2": 100}})
     # Past the old checkpoint (t[0]) or where it holds nothing (t[1]): the real-time position. t[2]'s log is shorter
     # than where the real-time run got to (made again since): the checkpoint's position stands, and the planner
     # reports the offsets going backwards from it as it would without the real-time run.
-    assert reader._starts({"t": {"0": 10, "2": 7}}, end) == {"t": {"0": 80, "1": 40, "2": 7}}
+    assert reader._starts(Planned({"t": {"0": 10, "2": 7}}), end) == {"t": {"0": 80, "1": 40, "2": 7}}
     # A checkpoint already past the real-time position keeps its own.
-    assert reader._starts({"t": {"0": 90, "1": 95, "2": 3}}, end)["t"] == {"0": 90, "1": 95, "2": 3}
+    assert reader._starts(Planned({"t": {"0": 90, "1": 95, "2": 3}}), end)["t"] == {"0": 90, "1": 95, "2": 3}
 
 
 class OffsetTable:
@@ -278,6 +281,7 @@ def test_a_partition_that_does_not_answer_gets_no_range_and_keeps_its_position_w
     reader._admin = object()  # type: ignore[assignment]  # never used: the table answers
     table = OffsetTable({("a", 0): 10, ("b", 0): 8})  # a[1]'s leader is offline
     monkeypatch.setattr(planner.clients, "list_offsets_each", table)
+    monkeypatch.setattr(planner.clients, "topic_ids", lambda *_, **__: {})  # ids are another test's
     start = {"a": {"0": 5, "1": 7}, "b": {"0": 3}}
 
     end = reader.latestOffset(start, ReadMaxRows(1000))
@@ -320,3 +324,78 @@ def test_a_source_that_does_not_answer_at_all_plans_no_batch(tmp_path, monkeypat
     monkeypatch.setattr(planner.clients, "list_offsets_each", down)
     assert reader.latestOffset({"a": {"0": 5}}, ReadMaxRows(1000)) == {"a": {"0": 5}}
     assert reader._down_since is not None, "the cluster-down clock runs (UNREACHABLE_GIVE_UP_S)"
+
+
+def planned_ranges(reader: OffsetRangeReader, start: dict, end: dict) -> list[OffsetRange]:
+    ranges = [r for g in reader.partitions(start, end) for r in g.ranges]  # type: ignore[attr-defined]
+    return sorted(ranges, key=lambda r: (r.topic, r.partition))
+
+
+def test_a_topic_deleted_and_made_again_past_its_old_position_is_copied_from_its_log_start_and_reported(
+    tmp_path, monkeypatch
+):
+    """Offsets that only went forward cannot tell a topic made again from the same one; its id can."""
+    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
+    reader = OffsetRangeReader(plan_source_options(source, {"t": 2, "u": 1}, "latest", 2, 10**6, 1 << 40, tmp_path))
+    reader._admin = object()  # type: ignore[assignment]  # never used: the tables answer
+    write_record_bytes(tmp_path, 100.0)  # past the first batch: the record bound is the only one
+    ends = OffsetTable({("t", 0): 12_000, ("t", 1): 12_000, ("u", 0): 50})
+    monkeypatch.setattr(planner.clients, "list_offsets_each", lambda admin, partitions, spec, **kwargs: (
+        {tp: 0 for tp in partitions} if type(spec).__name__ == "EarliestSpec" else ends(admin, partitions, spec)[0], {}
+    ))  # fmt: skip  # the new t's log starts at 0
+    ids = {"t": "id-new", "u": "id-u"}
+    monkeypatch.setattr(planner.clients, "topic_ids", lambda *_, **__: dict(ids))
+    # The mirror had copied the old t up to 8,000; t was deleted, made again and refilled to 12,000 meanwhile.
+    start = Planned({"t": {"0": 8_000, "1": 8_000}, "u": {"0": 40}}, {"t": "id-old", "u": "id-u"}).dump()
+    end = reader.latestOffset(start, ReadMaxRows(10**6))
+    assert Planned.parse(end).ids == ids, "the new id goes into the offset log with the positions"
+    assert planned_ranges(reader, start, end) == [
+        OffsetRange("t", 0, 0, 12_000, reset_from=8_000),
+        OffsetRange("t", 1, 0, 12_000, reset_from=8_000),
+        OffsetRange("u", 0, 40, 50),
+    ]
+    # A batch Spark runs again after a crash reads the same two entries, and plans the same.
+    assert planned_ranges(reader, start, end) == planned_ranges(reader, start, end)
+    # Once the new id is in the log, the topic is the same one again.
+    assert all(r.reset_from < 0 for r in planned_ranges(reader, end, reader.latestOffset(end, ReadMaxRows(10**6))))
+    # An offset log written before ids were kept compares none: no reset is made up.
+    old = {"t": {"0": 8_000, "1": 8_000}, "u": {"0": 40}}
+    assert all(r.reset_from < 0 for r in planned_ranges(reader, old, reader.latestOffset(old, ReadMaxRows(10**6))))
+
+
+def test_a_topic_missing_from_one_topic_sync_round_resumes_where_it_stood_and_is_forgotten_only_after_a_week(
+    tmp_path, monkeypatch
+):
+    """Topic sync leaves out a topic whose metadata failed, or that was not allowed for a moment; the query runs
+    without it. When it returns it is no new topic: `start_from: latest` would skip what it got meanwhile, and
+    `earliest` would copy its whole log again."""
+    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
+
+    def reader_on(subscription: dict[str, int]) -> OffsetRangeReader:
+        reader = OffsetRangeReader(plan_source_options(source, subscription, "latest", 2, 10**6, 1 << 40, tmp_path))
+        reader._admin = object()  # type: ignore[assignment]
+        return reader
+
+    ends = {("a", 0): 100, ("b", 0): 500}
+    monkeypatch.setattr(planner.clients, "list_offsets_each", OffsetTable(ends))
+    monkeypatch.setattr(planner.clients, "topic_ids", lambda _admin, topics, **__: {t: f"id-{t}" for t in topics})
+    start = Planned({"a": {"0": 90}, "b": {"0": 300}}, {"a": "id-a", "b": "id-b"}).dump()
+
+    without_b = reader_on({"a": 1})  # the query restarted without b
+    end = without_b.latestOffset(start, ReadMaxRows(10**6))
+    assert Planned.parse(end).offsets == {"a": {"0": 100}, "b": {"0": 300}}, "b's position stays in the log"
+    assert planned_ranges(without_b, start, end) == [OffsetRange("a", 0, 90, 100)], "and b gets no range"
+    again = without_b.latestOffset(end, ReadMaxRows(10**6))
+    assert again == end, "nothing new: no batch (an available-now run can end)"
+
+    with_b = reader_on({"a": 1, "b": 1})  # b is back
+    back = with_b.latestOffset(end, ReadMaxRows(10**6))
+    assert planned_ranges(with_b, end, back) == [OffsetRange("b", 0, 300, 500)], "from where it stood"
+    assert GONE not in back
+
+    forgotten = Planned.parse(end)
+    forgotten.gone["b"] -= FORGET_AFTER_S + 1
+    assert "b" not in Planned.parse(without_b.latestOffset(forgotten.dump(), ReadMaxRows(10**6))).offsets
+
+
+GONE = planner.GONE_KEY
