@@ -53,6 +53,8 @@ class LedgerState:
     # Per partition, the target offset after the last record written before `positions`: a real-time restart counts
     # what landed after the save (spark_app.realtime).
     landed: PartitionOffsets = field(default_factory=dict)
+    # Per topic, the id (KIP-516) of the topic `positions` belong to: one deleted and made again has another.
+    topic_ids: dict[str, str] = field(default_factory=dict)
     # The mode whose copies saved `positions` last: a throughput run after a real-time one starts past its older Spark
     # checkpoint, at `positions` (spark_app.planner).
     mode: FlowMode = FlowMode.THROUGHPUT
@@ -81,6 +83,7 @@ class LedgerState:
         state.adopted = _by_partition(raw["adopted"])
         # Written since the release before: a state without them is that release's.
         state.landed = _by_partition(raw.get("landed", {}))
+        state.topic_ids = dict(raw.get("topic_ids", {}))
         state.mode = FlowMode(raw.get("mode", FlowMode.THROUGHPUT))
         return state
 
@@ -95,6 +98,7 @@ class LedgerState:
             "positions": by_topic(self.positions),
             "adopted": by_topic(self.adopted),
             "landed": by_topic(self.landed),
+            "topic_ids": dict(sorted(self.topic_ids.items())),
             "mode": self.mode.value,
         }
         self.files.write(STATE_FILE, json.dumps(raw, indent=1).encode())
@@ -147,6 +151,13 @@ class FlowLedger:
         """The flow's mean record size (key and value) so far; None before a record landed."""
         records = sum(self.totals.records.values())
         return sum(self.totals.bytes.values()) / records if records else None
+
+    def note_topic_ids(self, ids: dict[str, str]) -> set[str]:
+        """Remember which topic the positions belong to (saved with the next filing); returns the topics whose id
+        changed, deleted and made again: their positions mean nothing in the new log."""
+        remade = {t for t, i in ids.items() if self.state.topic_ids.get(t, i) != i}
+        self.state.topic_ids.update(ids)
+        return remade
 
     def file(self, landed: list[Landing]) -> None:
         """After a batch or a report: count what landed, quarantine what was held, note resets and records deleted

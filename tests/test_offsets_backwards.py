@@ -1,9 +1,12 @@
 """A source topic deleted and made again while mirrored: its offsets go backwards. The new records are copied, the
-reset is reported and counted, and translation restarts on the new copy instead of pointing past it."""
+reset is reported and counted, and translation restarts on the new copy instead of pointing past it. The new topic
+is refilled past the old position before the mirror looks again, so only its topic id tells it from the old one."""
 
 from __future__ import annotations
 
 import time
+
+import pytest
 
 from bench.testbed import clients
 from bench.testbed.clients import Record, commit, create_topics, produce, read_all
@@ -29,15 +32,16 @@ def recreate(cluster, topic: str) -> None:
             time.sleep(0.5)
 
 
-def test_a_topic_made_again_is_copied_from_its_new_start_reported_and_translated_on_the_new_copy(
-    spark, plaintext_cluster, source_cluster, tmp_path, unique
+@pytest.mark.parametrize("mode", ["throughput", "realtime"])
+def test_a_topic_made_again_and_refilled_past_the_old_position_is_copied_whole_reported_and_translated_anew(
+    mode, spark, plaintext_cluster, source_cluster, tmp_path, unique
 ):
     topic, group = f"remade-{unique}", f"app-{unique}"
     now = int(time.time() * 1000)
     old = [Record(0, b"k", f"old-{i}".encode(), (), now + i) for i in range(100)]
-    new = [Record(0, b"k", f"new-{i}".encode(), (), now + 1000 + i) for i in range(30)]
+    new = [Record(0, b"k", f"new-{i}".encode(), (), now + 1000 + i) for i in range(130)]
     raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", source_alias="primary",
-                          groups={"include": [group]}, emit_heartbeats=False)  # fmt: skip
+                          groups={"include": [group]}, emit_heartbeats=False, mode=mode)  # fmt: skip
     config = parse_config(raw)
     create_topics(plaintext_cluster.admin, {topic: 1})
     produce(plaintext_cluster.client, topic, old)
@@ -50,7 +54,7 @@ def test_a_topic_made_again_is_copied_from_its_new_start_reported_and_translated
     mirror.run_available_now()
 
     remote = f"primary.{topic}"
-    assert_each_record_once_in_order(remote, read_all(source_cluster.client, remote, expected=130), old + new)
+    assert_each_record_once_in_order(remote, read_all(source_cluster.client, remote, expected=230), old + new)
     assert mirror.flows[0].ledger.resets == [OffsetsReset(topic, 0, 100, 0)]
     assert 'mirrorkit_errors_total{flow="primary->dr",kind="offsets_reset"} 1.0' in mirror.metrics.text()
     checkpoints = {cp.partition: cp for cp, _ in read_checkpoints(config, config.flows[0]).values()}

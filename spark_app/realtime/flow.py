@@ -58,25 +58,32 @@ class RealtimeRunner(FlowRunner):
 
     def _assign(self, subscription: Subscription, available_now: bool) -> Assignment:
         """Where each partition the target can take starts: its saved position (or first held offset), else an
-        adopted one, else `start_from` for a new topic and the log start for a new partition. A new partition the
+        adopted one, else `start_from` for a new topic and the log start for a new partition. A saved position whose
+        topic was made again meanwhile (another topic id) or that lies past the log's end starts over at the log
+        start, reported as offsets that went backwards. A new partition the
         target cannot take now (its topic quarantined, or the target lacks the partition) is held at that start, so
         its topic catches up from there; a topic the target lacks a partition of is quarantined whole."""
         ready = self.ledger.quarantines.ready(self.plan.mirrored)
-        resume = self.ledger.resume_points()
         every = [(t, p) for t, n in subscription for p in range(n)]
         admin = clients.admin(self.source)
+        remade = self.ledger.note_topic_ids(clients.topic_ids(admin, {t for t, _ in subscription}))
         ends = clients.list_offsets(admin, every, OffsetSpec.latest(), read_committed=True)
+        resume = self.ledger.resume_points()
+        # Offsets that went backwards while the flow was stopped: the topic made again (another id), or a log shorter
+        # than where the flow stood. Such a partition starts over at its log start, and the ledger reports it.
+        back = {tp: resume.pop(tp) for tp in every if tp in resume and (tp[0] in remade or resume[tp] > ends[tp])}
         fresh = [tp for tp in every if tp not in resume]
-        known = {t for t, _ in resume}
+        known = {t for t, _ in resume} | {t for t, _ in back}
         starts = {tp: resume[tp] for tp in every if tp in resume}
         starts |= {tp: ends[tp] for tp in fresh if self.flow.start_from == "latest" and tp[0] not in known}
         starts |= clients.list_offsets(admin, [tp for tp in fresh if tp not in starts], OffsetSpec.earliest())
         lacking = [(t, p) for t, p in every if t in ready and p >= ready[t]]
         held = lacking + [(t, p) for t, p in fresh if t not in ready]
-        rows = [Landing(t, p, starts[(t, p)], starts[(t, p)]) for t, p in held]
-        for row in rows:
+        resets = [Landing(t, p, starts[(t, p)], starts[(t, p)], reset_from=was) for (t, p), was in back.items()]
+        holds = [Landing(t, p, starts[(t, p)], starts[(t, p)]) for t, p in held]
+        for row in holds:
             row.hold(row.first_offset)
-        self.ledger.file(rows)
+        self.ledger.file(resets + holds)
         short = {t for t, _ in lacking}
         writable = {tp: offset for tp, offset in starts.items() if tp[0] in ready and tp[0] not in short}
         self._report_recopies(writable)
