@@ -24,6 +24,7 @@ from .config import FlowConfig
 from .errors import DeliveryFailed
 from .policy import PROVENANCE_HEADER, drops_record, origin, provenance, target_topic
 from .ranges import LATENCY_BOUNDS_MS, Landing
+from .topics import TargetRule, TargetRules
 
 DLQ_PREFIX = "mirrorkit.dlq."
 # Throughput settings measured in bench/; acks=all and idempotence keep order and avoid duplicates on retry.
@@ -83,11 +84,12 @@ class Record(Protocol):
     def error(self) -> KafkaError | None: ...
 
 
-def producer_settings(max_message_bytes: int | None) -> dict[str, object]:
-    """The write path's producer settings for targets whose smallest `max.message.bytes` is `max_message_bytes`."""
+def producer_settings(rules: TargetRules) -> dict[str, object]:
+    """The write path's producer settings for the flow's target topics."""
     settings: dict[str, object] = dict(PRODUCER_DEFAULTS)
-    if max_message_bytes is not None:
-        settings |= {"batch.size": min(BATCH_BYTES, max_message_bytes), "message.max.bytes": max_message_bytes}
+    cap = rules.max_message_bytes
+    if cap is not None:
+        settings |= {"batch.size": min(BATCH_BYTES, cap), "message.max.bytes": cap}
     return settings
 
 
@@ -110,8 +112,11 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
     not done through `outbox`, and move the cursors; returns how many records it passed on (written, dropped as
     echoes, or held).
 
-    A partition is done once it reaches its stop or a record of it is refused (its cursor's `done`); the caller stops
-    fetching it. An offset below where a partition stood means its offsets went backwards (the topic deleted and made
+    A partition is done once it reaches its stop or a record of it is refused (its cursor's `done`): before it is
+    sent where the target topic's rules show it (`TargetRule`), else as soon as a delivery report says so, so only
+    records already in flight land past it. The caller stops fetching it.
+
+    An offset below where a partition stood means its offsets went backwards (the topic deleted and made
     again, or truncated): what was sent is delivered first, its landing is retired, and a new one says where it
     started over.
     """
@@ -140,6 +145,11 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
         if not outbox.send(msg, key, offset, cursor.landing) or (stop is not None and cursor.next >= stop):
             cursor.done = True
     outbox.producer.poll(0)  # serve delivery reports as we go, so they do not pile up until the flush
+    # A partition refused mid-copy sends no more: only what was in flight lands past the refused record.
+    if outbox.refusals_pending:
+        for key in outbox.settle():
+            if key in cursors:
+                cursors[key].done = True
     return taken
 
 
@@ -180,12 +190,17 @@ class Outbox:
     holds its partition; a topic-scoped error holds its partition; any other error fails the task at `flush`.
     """
 
-    def __init__(self, flow: FlowConfig, producer: Producer, landing_of: Callable[[Partition], Landing]) -> None:
+    def __init__(
+        self, flow: FlowConfig, producer: Producer, landing_of: Callable[[Partition], Landing],
+        rules: TargetRules | None = None,
+    ) -> None:  # fmt: skip
         self.flow = flow
         self.producer = producer
         self.landing_of = landing_of
+        self.rules = rules or TargetRules()
         self.in_flight: dict[Partition, collections.deque[int]] = {}  # per source partition
-        self._targets: dict[Partition, tuple[str, collections.deque[int]]] = {}  # source -> (target topic, in flight)
+        # source -> (target topic, in flight, what the target topic refuses that a record shows)
+        self._targets: dict[Partition, tuple[str, collections.deque[int], TargetRule | None]] = {}
         self._sources: dict[Partition, Partition] = {}  # target partition -> source partition
         self._refused: list[Refused] = []
         self._blocked: list[tuple[Partition, int, str]] = []  # (source partition, offset, error): refused for its topic
@@ -199,7 +214,7 @@ class Outbox:
         """Get ready to send records of a source partition."""
         out_topic = target_topic(self.flow, source[0])
         queue = self.in_flight.setdefault(source, collections.deque())
-        self._targets[source] = (out_topic, queue)
+        self._targets[source] = (out_topic, queue, self.rules.topics.get(source[0]))
         self._sources[(out_topic, source[1])] = source
 
     def send(self, msg: Record, source: Partition, offset: int, landing: Landing) -> bool:
@@ -219,7 +234,10 @@ class Outbox:
                 stamp_header = (PROVENANCE_HEADER, provenance(self.flow.source, offset))
                 headers = [*headers, stamp_header] if headers else [stamp_header]
         key, ts = msg.key(), msg.timestamp()[1]
-        out_topic, queue = self._targets[source]
+        out_topic, queue, rule = self._targets[source]
+        if rule is not None and (refusal := rule.refusal(key, ts)) is not None:
+            landing.hold(offset, error=f"target '{self.flow.target}' would refuse it: {refusal}; fix it on the target")
+            return False
         try:
             self._produce_now(
                 out_topic, value=value, key=key, partition=source[1], timestamp=ts, headers=headers,
@@ -275,6 +293,11 @@ class Outbox:
         reported as copied, so the task's retry resumes before it."""
         if self._failures:
             raise DeliveryFailed(f"flow {self.flow.name}: delivery failed; first errors: {self._failures[:3]}")
+
+    @property
+    def refusals_pending(self) -> bool:
+        """Whether a delivery report refused a record that `settle` has not acted on yet."""
+        return bool(self._refused or self._blocked)
 
     def settle(self) -> set[Partition]:
         """Act on the refusals reported so far (see the class); returns the source partitions now held. Dead letters

@@ -29,6 +29,7 @@ from .config import ClusterConfig, FlowConfig
 from .errors import DeliveryFailed
 from .outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
 from .ranges import Landing, OffsetRange, landed_arrow_schema
+from .topics import TargetRules
 
 CONSUME_BATCH = 10_000
 CONSUME_WAIT_S = 0.1
@@ -48,20 +49,19 @@ class RangeCopier:
     """A picklable `mapInArrow` function for one flow: its input rows are offset ranges (RANGE_SCHEMA).
 
     `ready` maps each source topic that may be written to its partition count on the target; ranges of other
-    topics or partitions are held, not read. None writes everything. `max_message_bytes` is the smallest record
-    batch the flow's target topics take (their `max.message.bytes`): the producer never builds a larger request, so
-    the broker refuses a record only when it alone is too large, never a batch of records that fit.
+    topics or partitions are held, not read. None writes everything. `rules` say what the target topics take.
     """
 
     def __init__(
         self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, ready: dict[str, int] | None = None,
-        max_message_bytes: int | None = None,
+        rules: TargetRules | None = None,
     ) -> None:  # fmt: skip
         self.flow = flow
         self.source = source
         self.target = target
         self.ready = ready
-        self.producer_settings = producer_settings(max_message_bytes)
+        self.rules = rules or TargetRules()
+        self.producer_settings = producer_settings(self.rules)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         ranges = [OffsetRange(**row) for batch in batches for row in batch.to_pylist()]
@@ -87,7 +87,7 @@ class RangeCopier:
         consumer = clients.shared_consumer(self.source, CONSUMER_DEFAULTS)
         open_ = {key: c for key, c in cursors.items() if not c.done}
         consumer.assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
-        outbox = Outbox(self.flow, producer, lambda key: cursors[key].landing)
+        outbox = Outbox(self.flow, producer, lambda key: cursors[key].landing, self.rules)
         for key in open_:
             outbox.open(key)
         watch = PartitionWatch({key: c.next for key, c in open_.items()}, time.monotonic())

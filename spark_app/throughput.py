@@ -147,7 +147,7 @@ class ThroughputRunner(FlowRunner):
     def _copy(self, ranges: DataFrame, ready: dict[str, int] | None = None) -> list[Landing]:
         """Copy the ranges (writing only the topics `ready`, by default those not quarantined); their landings."""
         ready = self.ledger.quarantines.ready(self.plan.mirrored) if ready is None else ready
-        copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.max_message_bytes)
+        copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.rules)
         return [Landing.from_row(row.asDict()) for row in ranges.mapInArrow(copier, LANDED_SCHEMA).collect()]
 
     def _note_record_bytes(self) -> None:

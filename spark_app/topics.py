@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException
@@ -25,7 +26,71 @@ log = logging.getLogger(__name__)
 
 # The configs MirrorMaker 2 users rely on to make a DR copy behave like its source.
 COPIED_CONFIGS = ("cleanup.policy", "retention.ms", "retention.bytes", "max.message.bytes", "min.compaction.lag.ms")
+# The target's configs that say which records it refuses before they are sent (spark_app.outbox.TargetRule).
+JUDGED_CONFIGS = ("message.timestamp.type", "message.timestamp.before.max.ms", "message.timestamp.after.max.ms")
 CONFIGS_SETTLE_S = 10.0  # how long a topic may be listed but not yet described (just made) before it is an error
+
+
+# A timestamp is judged out of a target topic's bounds only this far past them: the broker's clock, not the mirror's,
+# decides, and a record near the bound is sent and left to the broker.
+CLOCK_SLACK_MS = 60_000
+
+
+@dataclass(frozen=True)
+class TargetRule:
+    """What one target topic refuses that a record shows before it is sent.
+
+    The broker refuses such a record with its whole produce batch (INVALID_RECORD, INVALID_TIMESTAMP), while later
+    batches of the partition, already on their way, land: judged here, the partition holds at the record and nothing
+    after it is written first.
+    """
+
+    compacted: bool = False  # a record without a key
+    before_max_ms: int | None = None  # a create-time timestamp further in the past than this
+    after_max_ms: int | None = None  # or further in the future
+
+    @classmethod
+    def of(cls, configs: Mapping[str, str]) -> TargetRule | None:
+        """From the target topic's configs; None when it refuses nothing a record shows."""
+        log_append = configs.get("message.timestamp.type") == "LogAppendTime"  # the broker stamps its own time
+
+        def bound(key: str) -> int | None:
+            value = int(configs.get(key, str(_NO_BOUND)))
+            return None if log_append or value >= _NO_BOUND else value
+
+        rule = cls(
+            "compact" in configs.get("cleanup.policy", ""),
+            bound("message.timestamp.before.max.ms"),
+            bound("message.timestamp.after.max.ms"),
+        )
+        return rule if rule != cls() else None
+
+    def refusal(self, key: bytes | None, timestamp_ms: int) -> str | None:
+        """Why the target topic would refuse this record, or None."""
+        if self.compacted and key is None:
+            return "it has no key and the target topic is compacted (INVALID_RECORD)"
+        if self.before_max_ms is None and self.after_max_ms is None:
+            return None
+        skew = time.time() * 1000 - timestamp_ms
+        if self.before_max_ms is not None and skew > self.before_max_ms + CLOCK_SLACK_MS:
+            return f"its timestamp {timestamp_ms} is past the target topic's message.timestamp.before.max.ms"
+        if self.after_max_ms is not None and -skew > self.after_max_ms + CLOCK_SLACK_MS:
+            return f"its timestamp {timestamp_ms} is past the target topic's message.timestamp.after.max.ms"
+        return None
+
+
+_NO_BOUND = 2**63 - 1  # Kafka's "no bound" for the timestamp configs
+
+
+@dataclass(frozen=True)
+class TargetRules:
+    """What the flow's target topics take, as topic sync found them (picklable, for the tasks)."""
+
+    # The smallest `max.message.bytes` of the target topics, None where the target does not say (Event Hubs: the
+    # profile's cap holds). The producer never builds a larger request, so the broker refuses a record only when it
+    # alone is too large, never a batch of records that fit.
+    max_message_bytes: int | None = None
+    topics: Mapping[str, TargetRule] = field(default_factory=dict)  # by source topic, where one refuses something
 
 
 @dataclass(frozen=True)
@@ -38,9 +103,7 @@ class TopicPlan:
     mirrored: dict[str, int] = field(default_factory=dict)
     quarantined: dict[str, str] = field(default_factory=dict)
     wanted: dict[str, int] = field(default_factory=dict)
-    # The smallest `max.message.bytes` of the mirrored topics' targets, None where the target does not say (Event
-    # Hubs: the profile's cap holds).
-    max_message_bytes: int | None = None
+    rules: TargetRules = field(default_factory=TargetRules)  # what the mirrored topics' targets take
 
 
 class TopicSync:
@@ -83,10 +146,17 @@ class TopicSync:
         for source_name, reason in plan.quarantined.items():
             log.error("flow %s: topic '%s' quarantined: %s", self.flow.name, source_name, reason)
         if plan.mirrored and not self.target.is_eventhubs:
-            caps = self._configs(self._target_admin, [target_topic(self.flow, s) for s in plan.mirrored])
-            found = [int(c["max.message.bytes"]) for c in caps.values() if "max.message.bytes" in c]
-            plan = dataclasses.replace(plan, max_message_bytes=min(found) if found else None)
+            plan = dataclasses.replace(plan, rules=self._rules(list(plan.mirrored)))
         return plan
+
+    def _rules(self, sources: list[str]) -> TargetRules:
+        """What the target topics of these source topics take: the smallest record cap, and per topic what it
+        refuses that a record shows."""
+        targets = {target_topic(self.flow, s): s for s in sources}
+        configs = self._configs(self._target_admin, list(targets), (*COPIED_CONFIGS, *JUDGED_CONFIGS))
+        caps = [int(c["max.message.bytes"]) for c in configs.values() if "max.message.bytes" in c]
+        rules = {targets[name]: rule for name, c in configs.items() if (rule := TargetRule.of(c)) is not None}
+        return TargetRules(min(caps) if caps else None, rules)
 
     def _create(self, names: list[str], partitions: dict[str, int]) -> dict[str, str | None]:
         """Create target topics like their sources; returns a failure reason per topic (None when created)."""
@@ -120,8 +190,10 @@ class TopicSync:
             return f"cannot add partitions to '{name}' ({have} -> {want}): {err.args[0].str()}"
 
     @staticmethod
-    def _configs(admin: AdminClient, names: list[str]) -> dict[str, dict[str, str]]:
-        """The COPIED_CONFIGS of each topic, in one request. A topic made a moment ago can be listed before its
+    def _configs(
+        admin: AdminClient, names: list[str], keys: tuple[str, ...] = COPIED_CONFIGS
+    ) -> dict[str, dict[str, str]]:
+        """The configs `keys` of each topic, in one request. A topic made a moment ago can be listed before its
         configs can be described: such topics are asked again, for up to CONFIGS_SETTLE_S."""
         configs: dict[str, dict[str, str]] = {}
         deadline = time.monotonic() + CONFIGS_SETTLE_S
@@ -138,7 +210,7 @@ class TopicSync:
                     unknown.append(resource.name)
                     continue
                 configs[resource.name] = {
-                    k: entries[k].value for k in COPIED_CONFIGS if k in entries and entries[k].value is not None
+                    k: entries[k].value for k in keys if k in entries and entries[k].value is not None
                 }
             names = unknown
             if names:

@@ -15,9 +15,9 @@ from spark_app import planner
 from spark_app.config import ClusterConfig
 from spark_app.planner import (
     FIRST_BATCH_RECORDS,
+    FORGET_AFTER_S,
     OFFLINE_ASK_S,
     OFFLINE_RECHECK_S,
-    FORGET_AFTER_S,
     OffsetRangeReader,
     Planned,
     kept_where_unanswered,
@@ -391,11 +391,8 @@ def test_a_topic_missing_from_one_topic_sync_round_resumes_where_it_stood_and_is
     with_b = reader_on({"a": 1, "b": 1})  # b is back
     back = with_b.latestOffset(end, ReadMaxRows(10**6))
     assert planned_ranges(with_b, end, back) == [OffsetRange("b", 0, 300, 500)], "from where it stood"
-    assert GONE not in back
+    assert planner.GONE_KEY not in back
 
     forgotten = Planned.parse(end)
     forgotten.gone["b"] -= FORGET_AFTER_S + 1
     assert "b" not in Planned.parse(without_b.latestOffset(forgotten.dump(), ReadMaxRows(10**6))).offsets
-
-
-GONE = planner.GONE_KEY

@@ -47,7 +47,7 @@ class RealtimeRunner(FlowRunner):
             return
         self.job = CopyJob(
             self.spark, self.flow, self.source, self.target, assignment, self.flow.realtime_tasks,
-            self.plan.max_message_bytes, self.config.realtime_commit_interval_s, self._file,
+            self.plan.rules, self.config.realtime_commit_interval_s, self._file,
         ).start()  # fmt: skip
         copied = sorted({t for t, _ in assignment.starts})
         held = sorted({t for t, _ in subscription} - set(copied))

@@ -25,6 +25,7 @@ from ..clients import Partition
 from ..config import STOP_BATCH_TIMEOUT_S, ClusterConfig, FlowConfig
 from ..errors import first_cause
 from ..ranges import Landing
+from ..topics import TargetRules
 from .task import STOP, Assignment, CopierTask
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class CopyJob:
 
     def __init__(
         self, spark: SparkSession, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig,
-        assignment: Assignment, tasks: int, max_message_bytes: int | None, commit_interval_s: float,
+        assignment: Assignment, tasks: int, rules: TargetRules, commit_interval_s: float,
         on_landed: Callable[[list[Landing]], None],
     ) -> None:  # fmt: skip
         self.spark = spark
@@ -64,7 +65,7 @@ class CopyJob:
         authkey = os.urandom(32)
         self._listener = Listener(("0.0.0.0", 0), authkey=authkey)
         address = (spark.conf.get("spark.driver.host") or "127.0.0.1", self._listener.address[1])
-        self._task = CopierTask(flow, source, target, address, authkey, max_message_bytes)
+        self._task = CopierTask(flow, source, target, address, authkey, rules)
 
     def start(self) -> CopyJob:
         for target in (self._accept, self._run, self._file_every):

@@ -23,6 +23,7 @@ from ..clients import Partition
 from ..config import ClusterConfig, FlowConfig
 from ..outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
 from ..ranges import Landing
+from ..topics import TargetRules
 
 REPORT_S = 0.5  # how often a task tells the driver where its partitions stand
 # A task's consumer returns what it has after at most this long, so a record waits for at most that before it is sent.
@@ -52,14 +53,15 @@ class CopierTask:
 
     def __init__(
         self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, address: tuple[str, int],
-        authkey: bytes, max_message_bytes: int | None,
+        authkey: bytes, rules: TargetRules,
     ) -> None:  # fmt: skip
         self.flow = flow
         self.source = source
         self.target = target
         self.address = address
         self.authkey = authkey
-        self.producer_settings = producer_settings(max_message_bytes) | {"linger.ms": LINGER_MS}
+        self.rules = rules
+        self.producer_settings = producer_settings(rules) | {"linger.ms": LINGER_MS}
 
     def __call__(self, slot: int, _rows: Iterable[int]) -> Iterator[int]:
         with Client(self.address, authkey=self.authkey) as conn:
@@ -90,7 +92,7 @@ class LiveCopy:
         producer = clients.shared_producer(self.task.target, self.task.producer_settings)
         eof = {"enable.partition.eof": any(c.stop is not None for c in self.cursors.values())}
         consumer = clients.consumer(self.task.source, CONSUMER_SETTINGS | eof)  # its own: a task pauses what it holds
-        outbox = Outbox(self.flow, producer, lambda key: self.cursors[key].landing)
+        outbox = Outbox(self.flow, producer, lambda key: self.cursors[key].landing, self.task.rules)
         for key in self.cursors:
             outbox.open(key)
         open_ = {key: c for key, c in sorted(self.cursors.items()) if not c.done}
