@@ -99,6 +99,12 @@ def shared_producer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> P
     return _producers[key]
 
 
+def discard_producer(client: Producer) -> None:
+    """Forget a shared producer that cannot be used again (a fatal error); the next user gets a new one."""
+    for key in [k for k, p in _producers.items() if p is client]:
+        del _producers[key]
+
+
 Delivered = Callable[[KafkaError | None, Message], None]  # a delivery callback: the error, None when written
 
 

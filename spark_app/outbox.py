@@ -19,6 +19,7 @@ from typing import Protocol, cast
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, KafkaError, KafkaException, Message, Producer
 
+from . import clients
 from .clients import Partition
 from .config import FlowConfig
 from .errors import DeliveryFailed
@@ -145,6 +146,7 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
         if not outbox.send(msg, key, offset, cursor.landing) or (stop is not None and cursor.next >= stop):
             cursor.done = True
     outbox.producer.poll(0)  # serve delivery reports as we go, so they do not pile up until the flush
+    outbox.raise_failures()  # a delivery failed for the target: stop sending before later records land ahead of it
     # A partition refused mid-copy sends no more: only what was in flight lands past the refused record.
     if outbox.refusals_pending:
         for key in outbox.settle():
@@ -205,6 +207,7 @@ class Outbox:
         self._refused: list[Refused] = []
         self._blocked: list[tuple[Partition, int, str]] = []  # (source partition, offset, error): refused for its topic
         self._failures: list[str] = []
+        self._fatal = False  # a failure librdkafka calls fatal: the producer is unusable from then on
         self._identity = flow.replication_policy == "identity"
         self._stamp = self._identity and flow.provenance_header
         self._produce_now = producer.produce  # looked up once: `send` runs for every record
@@ -276,7 +279,8 @@ class Outbox:
         elif err.code() in TOPIC_SCOPED_ERRORS:
             self._blocked.append((source, offset, self._refusal(err)))
         else:
-            self._failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.str()}")
+            self._failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.name()}: {err.str()}")
+            self._fatal = self._fatal or err.fatal()
 
     def _refusal(self, err: KafkaError) -> str:
         return f"target '{self.flow.target}' refused it ({err.name()}: {err.str()}); fix it on the target"
@@ -288,11 +292,26 @@ class Outbox:
             raise DeliveryFailed(f"flow {self.flow.name}: {remaining} undelivered; first errors: {self._failures[:3]}")
         self.raise_failures()
 
+    @property
+    def failed(self) -> bool:
+        """Whether a delivery failed for the target (not for one topic)."""
+        return bool(self._failures)
+
     def raise_failures(self) -> None:
         """Fail the task if a delivery failed for the target (not for one topic): nothing past that record may be
-        reported as copied, so the task's retry resumes before it."""
-        if self._failures:
-            raise DeliveryFailed(f"flow {self.flow.name}: delivery failed; first errors: {self._failures[:3]}")
+        reported as copied, so the task's retry resumes before it.
+
+        What the producer still queues is purged first, so records after the failed one (a timeout after a long
+        target outage, an idempotence error) are not written ahead of its retry; only those already in flight can
+        be. A producer whose error was fatal (librdkafka stops it: an idempotence sequence it cannot recover) is
+        dropped from the process's clients, so the retry gets a new one."""
+        if not self._failures:
+            return
+        self.producer.purge(in_queue=True, in_flight=False)
+        self.producer.poll(0)  # the purged records' reports: none of them counts as landed
+        if self._fatal:
+            clients.discard_producer(self.producer)
+        raise DeliveryFailed(f"flow {self.flow.name}: delivery failed; first errors: {self._failures[:3]}")
 
     @property
     def refusals_pending(self) -> bool:

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
 from spark_app.realtime.task import Assignment, CopierTask, LiveCopy
+from spark_app.topics import TargetRules
 
 SOURCE = ClusterConfig(alias="a", bootstrap_servers="127.0.0.1:9", profile="kafka")
 TARGET = ClusterConfig(alias="b", bootstrap_servers="127.0.0.1:9", profile="kafka")
@@ -14,7 +15,7 @@ FLOW = FlowConfig(source="a", target="b", topics=TopicSelection(include=["t"]), 
 
 
 def live_copy(starts: dict[tuple[str, int], int]) -> LiveCopy:
-    task = CopierTask(FLOW, SOURCE, TARGET, ("127.0.0.1", 9), b"key", None)
+    task = CopierTask(FLOW, SOURCE, TARGET, ("127.0.0.1", 9), b"key", TargetRules())
     return LiveCopy(task, Assignment(starts, None))
 
 
