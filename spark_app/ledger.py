@@ -195,7 +195,7 @@ class FlowLedger:
         """Copy (with `copy`) what each quarantined topic that may rejoin owes (`mirrored`: the topics the target can
         take, with their partition counts there), and file it."""
         for topic in self.quarantines.due(mirrored):
-            owed = self.quarantines.owed(topic)
+            owed = self.quarantines.owed(topic, self.flow.max_records_per_trigger)
             self._file_catch_up(topic, owed, copy(owed, {topic: mirrored[topic]}) if owed else [])
 
     def _file_catch_up(self, topic: str, owed: list[OffsetRange], landed: list[Landing]) -> None:

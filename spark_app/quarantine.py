@@ -94,30 +94,42 @@ class Quarantines:
             if t in mirrored and now >= q.retry_at and all(p < mirrored[t] for p in q.partitions)
         ]
 
-    def owed(self, topic: str) -> list[OffsetRange]:
-        """What a quarantined topic owes the target, as one range per held partition."""
+    def owed(self, topic: str, most: int) -> list[OffsetRange]:
+        """What a quarantined topic owes the target next, as one range per held partition, about `most` records in
+        all (at least one per partition): a hold spans the whole time its topic was quarantined, and a catch-up is
+        bounded like a batch, so other topics do not wait on it and a stop loses at most one step."""
         q = self.topics[topic]
-        return [OffsetRange(topic, p, h.first, h.next) for p, h in sorted(q.partitions.items()) if h.next > h.first]
+        held = [(p, h) for p, h in sorted(q.partitions.items()) if h.next > h.first]
+        share = max(1, most // max(1, len(held)))
+        return [OffsetRange(topic, p, h.first, min(h.next, h.first + share)) for p, h in held]
 
     def caught_up(self, topic: str, owed: list[OffsetRange], landed: list[Landing]) -> int:
-        """After copying `owed`: the topic rejoins, or stays quarantined from where the copy held it again. Returns
-        the records copied."""
+        """After copying `owed`: each partition's hold moves past what was copied; the topic rejoins once nothing is
+        owed, and stays quarantined from where the copy held it again (tried in RECORD_RETRY_S) or, with more owed,
+        goes on at the next step. Returns the records copied."""
         q, rows = self.topics[topic], {row.partition: row for row in landed}
         copied = sum(r.records for r in landed)
-        still = {
-            r.partition: Hold(rows[r.partition].held_from, r.end)
-            for r in owed
-            if r.partition in rows and rows[r.partition].held_from >= 0
-        }
-        if still:
-            q.reason = refused_reason(self.flow, rows[min(still)]) or q.reason
-            q.partitions, q.retry_at = still, self._clock() + RECORD_RETRY_S
+        again: dict[int, Hold] = {}
+        for r in owed:
+            hold, row = q.partitions[r.partition], rows.get(r.partition)
+            if row is not None and row.held_from >= 0:
+                again[r.partition] = Hold(row.held_from, hold.next)
+            elif r.end < hold.next:
+                again[r.partition] = Hold(r.end, hold.next)  # more owed: the next step goes on from here
+        refused = sorted(p for p in again if rows.get(p) is not None and rows[p].held_from >= 0)
+        q.partitions = again
+        if refused:
+            q.reason = refused_reason(self.flow, rows[refused[0]]) or q.reason
+            q.retry_at = self._clock() + RECORD_RETRY_S
             log.error("flow %s: topic '%s' still quarantined after copying %d: %s", self.flow.name, topic,
                       copied, q.reason)  # fmt: skip
+        elif again:
+            q.retry_at = 0.0
+            log.info("flow %s: topic '%s' caught up %d record(s); %d more owed", self.flow.name, topic, copied,
+                     sum(h.next - h.first for h in again.values()))  # fmt: skip
         else:
             del self.topics[topic]
-            log.info("flow %s: topic '%s' caught up %d record(s) from %s and rejoins", self.flow.name, topic,
-                     copied, {r.partition: r.start for r in owed} or "its start")  # fmt: skip
+            log.info("flow %s: topic '%s' caught up %d record(s) and rejoins", self.flow.name, topic, copied)
         return copied
 
     def release(self, topic: str) -> dict[int, int]:

@@ -118,6 +118,42 @@ def test_a_catch_up_refused_again_keeps_the_rest_held_from_the_refused_offset(tm
     assert q.state.quarantined[TOPIC].retry_at == clock.now + RECORD_RETRY_S
 
 
+def test_a_long_hold_catches_up_in_steps_bounded_like_batches_each_saved_so_a_stop_loses_at_most_one(tmp_path):
+    fake, clock = FakeSource(), Clock()
+    q = keeper(tmp_path, fake, clock, max_records_per_trigger=1_000)
+    q.file([landing(0, 0, 10, held_from=5, refused=1_200_000), landing(1, 0, 10)])
+    q.file([landing(0, 10, 5_000, held_from=10), landing(1, 10, 2_010, held_from=10)])  # quarantined a long time
+    clock.now += RECORD_RETRY_S
+    steps = 0
+    while q.quarantined:
+        before = len(fake.copied)
+        q.catch_up({TOPIC: 2}, fake.copy)
+        steps += 1
+        step = fake.copied[before:]
+        assert sum(r.size for r in step) <= 1_000, f"step {steps} copied {step}"
+        saved = LedgerState.load(checkpoint_files(str(tmp_path))).quarantined
+        assert saved == q.state.quarantined, "each step is saved: a stop now loses nothing before it"
+    assert steps == 7, "4 steps of 500 + 500, then 3 of partition 0 alone: about (4,995 + 2,000) / 1,000"
+    for partition, (first, end) in {0: (5, 5_000), 1: (10, 2_010)}.items():
+        ranges = sorted((r.start, r.end) for r in fake.copied if r.partition == partition)
+        assert ranges[0][0] == first and ranges[-1][1] == end, ranges
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False)), f"gapless, in order: {ranges}"
+
+
+def test_a_step_refused_again_waits_and_goes_on_from_the_refused_offset(tmp_path):
+    fake, clock = FakeSource(), Clock()
+    q = keeper(tmp_path, fake, clock, max_records_per_trigger=100)
+    q.file([landing(0, 0, 1_000, held_from=0, refused=9)])
+    clock.now += RECORD_RETRY_S
+    q.catch_up({TOPIC: 1}, fake.copy)
+    assert q.state.quarantined[TOPIC].partitions == {0: Hold(100, 1_000)}
+    assert q.state.quarantined[TOPIC].retry_at <= clock.now, "more owed: the next step goes at once"
+    fake.refuse_at = {0: 150}
+    q.catch_up({TOPIC: 1}, fake.copy)
+    assert q.state.quarantined[TOPIC].partitions == {0: Hold(150, 1_000)}
+    assert q.state.quarantined[TOPIC].retry_at == clock.now + RECORD_RETRY_S, "refused again: it waits"
+
+
 def test_a_topic_the_target_cannot_take_is_held_whole_and_waits_until_it_has_the_partitions(tmp_path):
     fake = FakeSource()
     q = keeper(tmp_path, fake)
