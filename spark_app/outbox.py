@@ -17,7 +17,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
-from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import (
+    TIMESTAMP_CREATE_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from . import clients
 from .clients import Partition
@@ -49,7 +57,11 @@ CONSUMER_DEFAULTS = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
     "enable.partition.eof": True,
-    "auto.offset.reset": "earliest",  # a start below the log start: copy what is left; the driver reports the gap
+    # A position outside the log comes back as an error event, not a silent reset: below the log start (retention
+    # deleted records not yet read) the copy moves to the log start in a landing of its own, so the ledger sees and
+    # reports the gap even in the middle of a real-time run; past the log end (the topic made again) its offsets
+    # went backwards.
+    "auto.offset.reset": "error",
     "isolation.level": "read_committed",
     "fetch.max.bytes": 52_428_800,
     "max.partition.fetch.bytes": 10_485_760,
@@ -129,7 +141,10 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
         if cursor is None or cursor.done:  # fetched past its stop, or already held
             continue
         offset, stop = msg.offset(), cursor.stop
-        if msg.error() is not None:  # the log's end: no record, but the position moves past markers
+        if (err := msg.error()) is not None and err.code() == KafkaError._AUTO_OFFSET_RESET:
+            _outside_the_log(consumer, cursor, key, outbox)
+            continue
+        if err is not None:  # the log's end: no record, but the position moves past markers
             end_of_log(outbox.flow, msg)
             _first_event(cursor, offset)
             cursor.next = max(cursor.next, offset)
@@ -161,6 +176,27 @@ def _first_event(cursor: Cursor, offset: int) -> None:
     if not cursor.seen:
         cursor.seen = True
         cursor.landing.first_offset = offset if cursor.stop is None else min(offset, cursor.stop)
+
+
+def _outside_the_log(consumer: Consumer, cursor: Cursor, key: Partition, outbox: Outbox) -> None:
+    """The partition's position lies outside its log now: move to the log start. Below it, retention deleted what
+    lay between: a landing of its own starts at the log start (the ledger reports the gap from the one before). Past
+    the log's end, its offsets went backwards."""
+    low, high = consumer.get_watermark_offsets(TopicPartition(*key), timeout=METADATA_WAIT_S, cached=False)
+    if cursor.next > high:
+        _went_back(cursor, key, low, outbox)
+    elif cursor.seen:
+        outbox.flush(300)  # what was sent lands in the landing it was sent under
+        outbox.settle()
+        cursor.landing.end_offset = cursor.next
+        cursor.retired.append(cursor.landing)
+        cursor.landing = Landing(key[0], key[1], low, low)
+    else:
+        _first_event(cursor, low)
+    cursor.next = low
+    cursor.done = cursor.done or (cursor.stop is not None and low >= cursor.stop)
+    if not cursor.done:
+        consumer.seek(TopicPartition(key[0], key[1], low))
 
 
 def _went_back(cursor: Cursor, key: Partition, offset: int, outbox: Outbox) -> None:

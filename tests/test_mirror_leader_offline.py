@@ -108,3 +108,47 @@ def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alo
         got = read_all(plaintext_cluster.client, f"multi.{topic}", expected=len(sent[topic]))
         assert_each_record_once_in_order(f"multi.{topic}", got, sent[topic])  # 0 lost, none twice, in order
         print(f"'{topic}': {len(sent[topic])} records sent, {len(got)} on the target, in order")
+
+
+def test_a_real_time_mirror_started_while_a_leader_is_offline_copies_the_rest_and_that_partition_once_it_is_back(
+    spark, multi_broker_cluster, plaintext_cluster, tmp_path, unique
+):
+    """The real-time job asks every partition where to start; one that does not answer must not stop the others
+    (nor make the mirror fail and restart over and over): it is assigned from its log start and read once it is
+    back."""
+    source = multi_broker_cluster
+    steady, bad = f"steady-{unique}", f"bad-{unique}"
+    create_placed_topics(source.admin, {steady: [1, 1], bad: [1, 2]})  # bad's partition 1 on broker 2 alone
+    now = int(time.time() * 1000)
+    sent = {
+        (topic, p): [Record(p, f"{p}-{i}".encode(), f"{topic}-{p}-{i}".encode(), (), now + i) for i in range(50)]
+        for topic in (steady, bad)
+        for p in (0, 1)
+    }
+    for (topic, _p), records in sent.items():
+        produce(source.client, topic, records)
+    config = parse_config(
+        one_flow_config(
+            cluster_entry(source, "multi"),
+            plaintext_cluster,
+            [steady, bad],
+            tmp_path / "ckpt",
+            emit_heartbeats=False,
+            metrics_port=free_port(),
+            mode="realtime",
+        )  # fmt: skip
+    )
+    mirror = Mirror(spark, config)
+    flow = mirror.flows[0]
+    source.broker(2).stop()
+    try:
+        with mirror_running(mirror) as errors:
+            wait_until(lambda: flow.totals.records.get(steady, 0) >= 100, errors, f"'{steady}' to be copied")
+            wait_until(lambda: flow.totals.records.get(bad, 0) >= 50, errors, f"'{bad}' partition 0 to be copied")
+            source.broker(2).start()
+            wait_until(lambda: flow.totals.records.get(bad, 0) >= 100, errors, f"'{bad}' partition 1, once back")
+    finally:
+        source.broker(2).start()
+    for topic in (steady, bad):
+        got = read_all(plaintext_cluster.client, f"multi.{topic}", expected=100)
+        assert_each_record_once_in_order(f"multi.{topic}", got, sent[(topic, 0)] + sent[(topic, 1)])

@@ -4,8 +4,8 @@ later record is written ahead of the failed one's retry, and the error says what
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import Producer
 
+from bench.testbed.clients import plaintext, producer
 from spark_app.config import FlowConfig, TopicSelection
 from spark_app.errors import DeliveryFailed
 from spark_app.outbox import Outbox
@@ -38,19 +38,18 @@ class Consumed:
 
 def test_a_timed_out_delivery_purges_what_is_queued_behind_it_and_fails_naming_the_error():
     # No broker answers here: the first records time out while later ones still wait in the producer's queue.
-    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 300, "linger.ms": 0,
-                         "log_level": 0})  # fmt: skip
+    writer = producer(plaintext("127.0.0.1:1"), {"message.timeout.ms": 300, "linger.ms": 0, "log_level": 0})
     landing = Landing("t", 0, 0, 0)
-    outbox = Outbox(FLOW, producer, lambda _key: landing)
+    outbox = Outbox(FLOW, writer, lambda _key: landing)
     outbox.open(("t", 0))
     for offset in range(10):
         assert outbox.send(Consumed(offset), ("t", 0), offset, landing)  # type: ignore[arg-type]
     while not outbox.failed:
-        producer.poll(0.05)
+        writer.poll(0.05)
     for offset in range(10, 50):  # queued behind the failed ones, their own timeout still far off
         assert outbox.send(Consumed(offset), ("t", 0), offset, landing)  # type: ignore[arg-type]
-    assert len(producer) == 40
+    assert len(writer) == 40
     with pytest.raises(DeliveryFailed, match="_MSG_TIMED_OUT"):
         outbox.raise_failures()
-    assert len(producer) == 0, "nothing is left queued to be written after the failed record"
+    assert len(writer) == 0, "nothing is left queued to be written after the failed record"
     assert landing.last_target_offset < 0, "and none of it counts as landed"

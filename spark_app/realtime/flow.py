@@ -16,11 +16,12 @@ partitions' end offsets at the start; it stops there.
 from __future__ import annotations
 
 import logging
+import time
 
-from confluent_kafka.admin import OffsetSpec
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .. import clients
-from ..clients import PartitionOffsets
+from ..clients import Partition, PartitionOffsets
 from ..config import STOP_BATCH_TIMEOUT_S
 from ..policy import target_topic
 from ..ranges import Landing
@@ -30,11 +31,32 @@ from .task import Assignment
 
 log = logging.getLogger(__name__)
 
+# How often partitions left out of the job for not answering are asked again (the job restarts to place them).
+UNPLACED_RECHECK_S = 30.0
+# How long `run --available-now` asks again for the ends of partitions that do not answer before it leaves them.
+AVAILABLE_NOW_WAIT_S = 60.0
+ASK_AGAIN_S = 1.0
+
+
+def _answered(
+    admin: AdminClient, partitions: list[Partition], spec: OffsetSpec, wait_s: float, read_committed: bool = True
+) -> PartitionOffsets:
+    """The offsets of the partitions that answer, asking those that do not again for up to `wait_s`. Raises only when
+    the cluster does not answer at all."""
+    found, silent = clients.list_offsets_each(admin, partitions, spec, read_committed)
+    deadline = time.monotonic() + wait_s
+    while silent and time.monotonic() < deadline:
+        time.sleep(ASK_AGAIN_S)
+        more, silent = clients.list_offsets_each(admin, list(silent), spec, read_committed)
+        found |= more
+    return found
+
 
 class RealtimeRunner(FlowRunner):
     """A flow in real-time mode: a `CopyJob` of copier tasks, filing into the flow's ledger."""
 
     job: CopyJob | None = None
+    _unplaced_since: float | None = None  # when `_assign` last left out partitions that did not answer
 
     def start(self, subscription: Subscription, available_now: bool) -> None:
         self.subscription = subscription
@@ -60,25 +82,43 @@ class RealtimeRunner(FlowRunner):
         """Where each partition the target can take starts: its saved position (or first held offset), else an
         adopted one, else `start_from` for a new topic and the log start for a new partition. A saved position whose
         topic was made again meanwhile (another topic id) or that lies past the log's end starts over at the log
-        start, reported as offsets that went backwards. A new partition the
-        target cannot take now (its topic quarantined, or the target lacks the partition) is held at that start, so
-        its topic catches up from there; a topic the target lacks a partition of is quarantined whole."""
+        start, reported as offsets that went backwards. A new partition the target cannot take now (its topic
+        quarantined, or the target lacks the partition) is held at that start, so its topic catches up from there; a
+        topic the target lacks a partition of is quarantined whole.
+
+        A partition whose leader does not answer never stops the others. With a start it is assigned (its consumer
+        waits for the leader; a log start that does not answer is read as 0, from which the consumer moves to the log
+        start). Without one (a new topic at `start_from: latest`), or in an available-now run that needs its end
+        (asked again for AVAILABLE_NOW_WAIT_S first), it is left out and placed when it answers (UNPLACED_RECHECK_S)
+        or by the next run."""
         ready = self.ledger.quarantines.ready(self.plan.mirrored)
         every = [(t, p) for t, n in subscription for p in range(n)]
         admin = clients.admin(self.source)
         remade = self.ledger.note_topic_ids(clients.topic_ids(admin, {t for t, _ in subscription}))
-        ends = clients.list_offsets(admin, every, OffsetSpec.latest(), read_committed=True)
+        ends = _answered(admin, every, OffsetSpec.latest(), AVAILABLE_NOW_WAIT_S if available_now else 0.0)
         resume = self.ledger.resume_points()
         # Offsets that went backwards while the flow was stopped: the topic made again (another id), or a log shorter
         # than where the flow stood. Such a partition starts over at its log start, and the ledger reports it.
-        back = {tp: resume.pop(tp) for tp in every if tp in resume and (tp[0] in remade or resume[tp] > ends[tp])}
+        back = {
+            tp: resume.pop(tp)
+            for tp in every
+            if tp in resume and (tp[0] in remade or (tp in ends and resume[tp] > ends[tp]))
+        }
         fresh = [tp for tp in every if tp not in resume]
         known = {t for t, _ in resume} | {t for t, _ in back}
-        starts = {tp: resume[tp] for tp in every if tp in resume}
-        starts |= {tp: ends[tp] for tp in fresh if self.flow.start_from == "latest" and tp[0] not in known}
-        starts |= clients.list_offsets(admin, [tp for tp in fresh if tp not in starts], OffsetSpec.earliest())
-        lacking = [(t, p) for t, p in every if t in ready and p >= ready[t]]
-        held = lacking + [(t, p) for t, p in fresh if t not in ready]
+        at_end = [tp for tp in fresh if self.flow.start_from == "latest" and tp[0] not in known]
+        starts = {tp: resume[tp] for tp in every if tp in resume} | {tp: ends[tp] for tp in at_end if tp in ends}
+        from_start = [tp for tp in fresh if tp not in at_end]
+        starts |= dict.fromkeys(from_start, 0) | _answered(admin, from_start, OffsetSpec.earliest(), 0.0)
+        unplaced = [tp for tp in every if tp not in starts or (available_now and tp not in ends)]
+        self._unplaced_since = time.monotonic() if unplaced else None
+        if unplaced:
+            log.warning("flow %s: %d partition(s) did not answer and wait %s: %s", self.flow.name, len(unplaced),
+                        "for the next run" if available_now else "until they do", unplaced[:5])  # fmt: skip
+        for tp in unplaced:
+            starts.pop(tp, None)
+        lacking = [(t, p) for t, p in starts if t in ready and p >= ready[t]]
+        held = lacking + [(t, p) for t, p in fresh if t not in ready and (t, p) in starts]
         resets = [Landing(t, p, starts[(t, p)], starts[(t, p)], reset_from=was) for (t, p), was in back.items()]
         holds = [Landing(t, p, starts[(t, p)], starts[(t, p)]) for t, p in held]
         for row in holds:
@@ -95,8 +135,8 @@ class RealtimeRunner(FlowRunner):
         saved = {(target_topic(self.flow, t), p): landed[(t, p)] for t, p in starts if (t, p) in landed}
         if not saved:
             return
-        ends = clients.list_offsets(clients.admin(self.target), list(saved), OffsetSpec.latest())
-        again = sum(max(0, ends[tp] - offset) for tp, offset in saved.items())
+        ends = _answered(clients.admin(self.target), list(saved), OffsetSpec.latest(), 0.0, read_committed=False)
+        again = sum(max(0, ends[tp] - offset) for tp, offset in saved.items() if tp in ends)
         if again:
             self.totals.recopied += again
             log.warning("flow %s: resuming at the saved positions; %d record(s) landed after the last save and are"
@@ -126,13 +166,15 @@ class RealtimeRunner(FlowRunner):
 
     def catch_up(self) -> None:
         """Restart the job when a quarantined topic may rejoin (read from its first held offsets), when a task held
-        a partition (its topic's other partitions stop until then), or when topic sync quarantined a topic the job
-        copies."""
+        a partition (its topic's other partitions stop until then), when topic sync quarantined a topic the job
+        copies, or when partitions left out for not answering may answer now."""
         with self.lock:
             due = self._release_due()
             copying = {t for t, _ in self.job.reached} if self.job is not None else set()
             stopped = copying - set(self.ledger.quarantines.ready(self.plan.mirrored))
-        if due or stopped or (self.job is not None and self.job.held_any()):
+        since = self._unplaced_since
+        unplaced = since is not None and time.monotonic() - since >= UNPLACED_RECHECK_S
+        if due or stopped or unplaced or (self.job is not None and self.job.held_any()):
             self.stop()
             self.start(self.subscription, available_now=False)
 
