@@ -91,9 +91,13 @@ def create_topics(
     _create(cluster, [NewTopic(n, p, replication_factor=1, config=config or {}) for n, p in topics.items()], timeout_s)
 
 
-def create_placed_topics(cluster: ClusterConfig, topics: dict[str, list[int]]) -> None:
+def create_placed_topics(
+    cluster: ClusterConfig, topics: dict[str, list[int]], configs: Mapping[str, str] | None = None
+) -> None:
     """Topics with replication factor 1 whose partition i lives on (is led by) broker `topics[name][i]`."""
-    _create(cluster, [NewTopic(n, len(bs), replica_assignment=[[b] for b in bs]) for n, bs in topics.items()], 30)
+    new = [NewTopic(n, len(bs), replica_assignment=[[b] for b in bs], config=dict(configs or {})) for n, bs in
+           topics.items()]  # fmt: skip
+    _create(cluster, new, 30)
 
 
 def _create(cluster: ClusterConfig, new: list[NewTopic], timeout_s: float) -> None:

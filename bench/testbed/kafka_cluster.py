@@ -188,15 +188,19 @@ class KafkaCluster:
         """A broker quota (`producer_byte_rate`) for every client id: a slow target, each write throttled."""
         self._quota(f"producer_byte_rate={bytes_per_s}", "--entity-default")
 
+    def unlimit_producers(self) -> None:
+        """Take `limit_producers`' quota away."""
+        self._quota("producer_byte_rate", "--entity-default", change="--delete-config")
+
     def limit_consumer(self, client_id: str, bytes_per_s: int) -> None:
         """A broker quota (`consumer_byte_rate`) for one client id: a slow source for that client alone, each fetch
         throttled. Quotas are cluster metadata: set through one broker, every broker of the cluster applies it."""
         self._quota(f"consumer_byte_rate={bytes_per_s}", "--entity-name", client_id)
 
-    def _quota(self, config: str, *entity: str) -> None:
+    def _quota(self, config: str, *entity: str, change: str = "--add-config") -> None:
         command = self._java(
             "kafka.admin.ConfigCommand", "--bootstrap-server", f"127.0.0.1:{self.admin_port}", "--alter",
-            "--entity-type", "clients", *entity, "--add-config", config,
+            "--entity-type", "clients", *entity, change, config,
         )  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:

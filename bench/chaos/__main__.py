@@ -1,0 +1,79 @@
+"""`python -m bench.chaos`: the fault-injection checker's long run on a test bed of its own, one mode or both, with
+the result in bench/results/chaos-<stamp>.md and .json.
+
+Usage: .venv/bin/python -m bench.chaos [--modes throughput,realtime] [--minutes 30] [--fault-every 6] [--rate 300]
+       [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from bench.testbed.kafka_cluster import ListenerKind
+from bench.testbed.testbed import TestBed
+
+from .run import Outcome, duplicate_bound, run_chaos
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", default="throughput,realtime")
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--fault-every", type=float, default=6.0, help="seconds between faults, on average")
+    parser.add_argument("--rate", type=int, default=300, help="records/s the generator writes")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    bed = TestBed()
+    source = bed.start_multi("chaos-src")
+    target = bed.start("chaos-dr", ListenerKind.EVENTHUBS)
+    outcomes: list[Outcome] = []
+    for i, mode in enumerate(args.modes.split(",")):
+        folder = Path(tempfile.mkdtemp(prefix=f"mirrorkit-chaos-{mode}-"))
+        outcome = run_chaos(source, target, folder, mode, args.seed + i, args.minutes * 60, args.fault_every,
+                            args.rate, f"{mode[:2]}{args.seed + i}")  # fmt: skip
+        outcomes.append(outcome)
+        print(render([outcome]))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"chaos-{stamp}.json").write_text(json.dumps([_plain(o) for o in outcomes], indent=1))
+    (RESULTS / f"chaos-{stamp}.md").write_text(render(outcomes, args))
+    bed.close()
+    return 0 if all(o.report.ok and o.report.total("duplicates") <= duplicate_bound(o) for o in outcomes) else 1
+
+
+def _plain(outcome: Outcome) -> dict[str, object]:
+    raw = dataclasses.asdict(outcome)
+    raw["report"] = outcome.report.summary() | {"translation_skips": outcome.report.translation_skips}
+    return raw
+
+
+def render(outcomes: list[Outcome], args: argparse.Namespace | None = None) -> str:
+    lines = ["# The mirror against an adversary", ""]
+    if args is not None:
+        lines += [f"`python -m bench.chaos --modes {args.modes} --minutes {args.minutes:g} --fault-every"
+                  f" {args.fault_every:g} --rate {args.rate} --seed {args.seed}`", ""]  # fmt: skip
+    lines += ["| mode | faults | sent | on source | lost | out of order | duplicates (bound) | deleted unmirrored,"
+              " reported | silent losses | translation checks | skips | mirror starts | drained in |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for o in outcomes:
+        s = o.report.summary()
+        lines.append(
+            f"| {o.mode} | {o.faults} | {o.sent} | {s['on_source']} | {s['lost']} | {s['out_of_order']} |"
+            f" {s['duplicates']} ({duplicate_bound(o)}) | {s['deleted_unmirrored']} | {s['silent_losses']} |"
+            f" {s['translation_checks']} | {s['translation_skips']} | {o.starts} | {o.drained_in_s:.0f} s |"
+        )
+    for o in outcomes:
+        lines += ["", f"## {o.mode}: faults", "", *[f"- {e}" for e in o.events]]
+        lines += [f"- translation skip: {s}" for s in o.report.translation_skips]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

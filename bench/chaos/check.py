@@ -1,0 +1,125 @@
+"""The checker: reads both clusters at the end, trusting none of the mirror's own reports, and says per partition
+what was lost, out of order or copied twice; and checks DR translation for the groups that consumed the source.
+
+Per source partition, the records the source still holds (read_committed) must each be on the target, and their
+first copies in source order. Copies past the first are duplicates (at-least-once allows them within a bound).
+Records the generator had acknowledged that are on neither side were deleted at the source before they were
+mirrored: each must lie in a range the mirror reported as lost (its log), or belong to a topic made again (the old
+incarnation's unread records are gone with it, and the mirror reports the reset). A group's checkpoint must never
+point past the first copy of the first source record the group had not read: that would skip it after a failover.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from bench.testbed import clients
+from spark_app.config import ClusterConfig
+
+# The mirror's report of records deleted at the source before it read them (spark_app.ledger).
+LOSS_LINE = re.compile(
+    r"(\d+) record\(s\) of '([^']+)' partition (\d+), offsets (\d+)\.\.(\d+), were deleted at the source before they"
+)
+
+
+@dataclass
+class PartitionVerdict:
+    topic: str
+    partition: int
+    on_source: int = 0
+    on_target: int = 0
+    lost: int = 0  # held by the source, not on the target
+    out_of_order: int = 0  # first copies that came before an earlier source record's first copy
+    duplicates: int = 0  # copies past the first
+    deleted_unmirrored: int = 0  # acknowledged, on neither side, reported by the mirror
+    silent_losses: int = 0  # acknowledged, on neither side, and not reported
+
+
+@dataclass
+class Report:
+    partitions: list[PartitionVerdict] = field(default_factory=list)
+    translation_checks: int = 0
+    translation_skips: list[str] = field(default_factory=list)
+
+    def total(self, name: str) -> int:
+        return sum(getattr(v, name) for v in self.partitions)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.total("lost") or self.total("out_of_order") or self.total("silent_losses")
+                    or self.translation_skips)  # fmt: skip
+
+    def summary(self) -> dict[str, int]:
+        names = ("on_source", "on_target", "lost", "out_of_order", "duplicates", "deleted_unmirrored", "silent_losses")
+        return {n: self.total(n) for n in names} | {
+            "translation_checks": self.translation_checks,
+            "translation_skips": len(self.translation_skips),
+        }
+
+
+def read_partition(cluster: ClusterConfig, topic: str, partition: int) -> list[tuple[int, bytes]]:
+    """Every record (offset, value) the partition holds now, read_committed, from its log start to its end."""
+    reader = clients.consumer(cluster, f"chaos-check-{topic}-{partition}",
+                              {"enable.auto.commit": False, "enable.partition.eof": True,
+                               "isolation.level": "read_committed", "auto.offset.reset": "earliest"})  # fmt: skip
+    out: list[tuple[int, bytes]] = []
+    try:
+        reader.assign([TopicPartition(topic, partition, 0)])
+        while True:
+            msg = reader.poll(10)
+            if msg is None:
+                raise AssertionError(f"reading {topic}[{partition}]: no answer in 10 s")
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    return out
+                raise AssertionError(f"reading {topic}[{partition}]: {err.str()}")
+            out.append((msg.offset() or 0, msg.value() or b""))
+    finally:
+        reader.close()
+
+
+def reported_losses(log_text: str) -> dict[tuple[str, int], list[tuple[int, int]]]:
+    """The offset ranges the mirror reported as deleted before they were mirrored, per partition."""
+    out: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for match in LOSS_LINE.finditer(log_text):
+        _count, topic, partition, first, last = match.groups()
+        out.setdefault((topic, int(partition)), []).append((int(first), int(last)))
+    return out
+
+
+def check_partition(
+    topic: str, partition: int, source: list[tuple[int, bytes]], target: list[tuple[int, bytes]],
+    acked: dict[bytes, int], reported: Iterable[tuple[int, int]], remade: bool,
+) -> tuple[PartitionVerdict, dict[bytes, int]]:  # fmt: skip
+    """One partition's verdict, and where each value's first copy is on the target (value -> target offset)."""
+    verdict = PartitionVerdict(topic, partition, len(source), len(target))
+    first: dict[bytes, int] = {}
+    for offset, value in target:
+        if value in first:
+            verdict.duplicates += 1
+        else:
+            first[value] = offset
+    previous = -1
+    for _offset, value in source:
+        at = first.get(value)
+        if at is None:
+            verdict.lost += 1
+        elif at < previous:
+            verdict.out_of_order += 1
+        else:
+            previous = at
+    held = {value for _, value in source}
+    ranges = list(reported)
+    for value, offset in acked.items():
+        if value in held or value in first:
+            continue
+        if remade or any(lo <= offset <= hi for lo, hi in ranges):
+            verdict.deleted_unmirrored += 1
+        else:
+            verdict.silent_losses += 1
+    return verdict, first

@@ -1,0 +1,209 @@
+"""The generator: keyed records with a sequence number per partition, on plain, transactional and compacted topics,
+at a steady rate, and what each topic's partitions acknowledged.
+
+Each record's value names it (`<topic>:<partition>:<seq>`), so the checker finds every copy on the target by value,
+whatever offsets it landed at. A record counts as sent once its delivery report (or, on the transactional topic, its
+transaction's commit) says so; aborted transactions put records the source never shows to read_committed readers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaException, Message, Producer
+
+from bench.testbed import clients
+from spark_app.config import ClusterConfig
+
+TXN_RECORDS = 20  # records per transaction: a commit marker after each, as Kafka Streams' exactly-once leaves
+ABORT_EVERY = 7  # one transaction in this many is aborted
+NO_KEY_SHARE = 0.05  # records of the plain topic without a key
+PLAIN_PRODUCER = {"linger.ms": 5, "enable.idempotence": True, "message.timeout.ms": 20_000}
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The topics the generator writes, each with its partition count and role."""
+
+    plain: str
+    transactional: str
+    compacted: str
+    remade: str  # the one the nemesis deletes and makes again
+    partitions: int = 2
+
+    @property
+    def all(self) -> list[str]:
+        return [self.plain, self.transactional, self.compacted, self.remade]
+
+
+def value_of(topic: str, partition: int, seq: int) -> bytes:
+    return f"{topic}:{partition}:{seq}".encode()
+
+
+@dataclass
+class Load:
+    """Writes `rate` records/s across `topics` from a thread until `stop`; `sent` counts what was acknowledged."""
+
+    source: ClusterConfig
+    topics: Topics
+    rate: int
+    seed: int
+    # Per partition, each acknowledged record's value with the source offset it was written at.
+    sent: dict[tuple[str, int], dict[bytes, int]] = field(default_factory=dict)
+    failed: int = 0  # records whose delivery failed (e.g. to the topic while it was deleted)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _seq: dict[tuple[str, int], int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _in_txn: list[tuple[int, bytes, int]] = field(default_factory=list)  # (partition, value, offset) delivered so far
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Load:
+        self._thread = threading.Thread(target=self._run, name="chaos-load", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(120)
+
+    def _next(self, topic: str, partition: int) -> bytes:
+        seq = self._seq.get((topic, partition), 0)
+        self._seq[(topic, partition)] = seq + 1
+        return value_of(topic, partition, seq)
+
+    def _acked(self, topic: str, partition: int, value: bytes, offset: int) -> None:
+        with self._lock:
+            self.sent.setdefault((topic, partition), {})[value] = offset
+
+    def acknowledged(self) -> dict[tuple[str, int], dict[bytes, int]]:
+        with self._lock:
+            return {key: dict(values) for key, values in self.sent.items()}
+
+    def _run(self) -> None:
+        rng = random.Random(self.seed)
+        plain = clients.producer(
+            self.source, {"linger.ms": 5, "enable.idempotence": True, "message.timeout.ms": 20_000}
+        )
+        txn = clients.producer(self.source, {"transactional.id": f"chaos-{self.topics.transactional}",
+                                             "linger.ms": 5, "transaction.timeout.ms": 60_000})  # fmt: skip
+        txn.init_transactions(60)
+        t = self.topics
+        per_tick, tick_s = max(1, self.rate // 20), 0.05
+        next_tick = time.monotonic()
+        txn_open, in_txn, txn_n = False, 0, 0
+        while not self._stop.is_set():
+            for _ in range(per_tick):
+                kind = rng.random()
+                p = rng.randrange(t.partitions)
+                if kind < 0.4:
+                    self._produce(
+                        plain, t.plain, p, None if rng.random() < 0.05 else f"k{rng.randrange(1000)}".encode()
+                    )
+                elif kind < 0.6:
+                    self._produce(plain, t.compacted, p, f"k{rng.randrange(50)}".encode())
+                elif kind < 0.75:
+                    self._produce(plain, t.remade, p, f"k{rng.randrange(1000)}".encode())
+                else:
+                    if not txn_open:
+                        txn.begin_transaction()
+                        txn_open, in_txn, txn_n = True, 0, txn_n + 1
+                    self._produce(txn, t.transactional, p, f"k{p}".encode())
+                    in_txn += 1
+                    if in_txn >= TXN_RECORDS:
+                        self._end_transaction(txn, abort=txn_n % ABORT_EVERY == 0)
+                        txn_open = False
+            plain.poll(0)
+            next_tick += tick_s
+            time.sleep(max(0.0, next_tick - time.monotonic()))
+        if txn_open:
+            self._end_transaction(txn, abort=False)
+        plain.flush(60)
+
+    def _produce(self, producer: Producer, topic: str, partition: int, key: bytes | None) -> None:
+        value = self._next(topic, partition)
+
+        def delivered(err: object, msg: Message) -> None:
+            if err is not None:
+                self.failed += 1
+            elif topic == self.topics.transactional:
+                self._in_txn.append((partition, value, msg.offset() or 0))  # sent once its transaction commits
+            else:
+                self._acked(topic, partition, value, msg.offset() or 0)
+
+        try:
+            producer.produce(topic, value, key, partition=partition, on_delivery=delivered)
+        except (BufferError, KafkaException):
+            self.failed += 1
+
+    def _end_transaction(self, txn: Producer, abort: bool) -> None:
+        """Commit (or abort) the open transaction; its records count as sent once the commit succeeded. A commit
+        that fails (the source down past the transaction's timeout) is aborted: its records never show."""
+        try:
+            if abort:
+                txn.abort_transaction(60)
+            else:
+                txn.commit_transaction(60)  # serves every delivery report of the transaction first
+        except KafkaException:
+            with contextlib.suppress(KafkaException):
+                txn.abort_transaction(60)
+            abort = True
+        if not abort:
+            for p, value, offset in self._in_txn:
+                self._acked(self.topics.transactional, p, value, offset)
+        self._in_txn.clear()
+
+
+@dataclass
+class Groups:
+    """Consumer groups of the source that move on at random, committing offsets the mirror's checkpoints translate:
+    each commits, every couple of seconds, a random offset between its last one and the partition's end."""
+
+    source: ClusterConfig
+    topics: list[str]
+    partitions: int
+    names: list[str]
+    seed: int
+    commits: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Groups:
+        self._thread = threading.Thread(target=self._run, name="chaos-groups", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(120)
+
+    def _run(self) -> None:
+        rng = random.Random(self.seed)
+        at: dict[tuple[str, str, int], int] = {}
+        while not self._stop.wait(2.0):
+            try:
+                ends = clients.end_offsets(self.source, [(t, p) for t in self.topics for p in range(self.partitions)])
+                for group in self.names:
+                    for topic in self.topics:
+                        offsets = {}
+                        for p in range(self.partitions):
+                            low = at.get((group, topic, p), 0)
+                            end = ends[(topic, p)]
+                            if end > low:
+                                offsets[p] = at[(group, topic, p)] = rng.randint(low, end)
+                        if offsets:
+                            clients.commit(self.source, group, topic, offsets)
+                            self.commits += 1
+            except (KafkaException, AssertionError):  # a broker the nemesis stopped; the next round tries again
+                continue

@@ -1,0 +1,101 @@
+"""The mirror under test as the process a pod runs: `run` in a session of its own, so the nemesis can kill it whole
+(SIGKILL), stop it as Kubernetes does (SIGTERM), or kill one of its Python workers (an executor's task), and start
+it again on the same checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+STOP_WAIT_S = 180.0  # a SIGTERM lets the batch in flight finish; past this the process is killed
+
+
+class MirrorProcess:
+    """`python -m spark_app run --config <file>` with its output appended to `log`."""
+
+    def __init__(self, config_file: Path, log: Path, master: str = "local[4]") -> None:
+        self.config_file = config_file
+        self.log = log
+        self.master = master
+        self.starts = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert not self.alive(), "the mirror is already running"
+        with self.log.open("ab") as out:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "spark_app", "run", "--config", str(self.config_file), "--master", self.master],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env=os.environ | {"PYSPARK_PYTHON": sys.executable},
+            )  # fmt: skip
+        self.starts += 1
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def kill(self) -> None:
+        """SIGKILL the driver and everything it started (its JVM, Spark's Python workers): a pod killed."""
+        if self._proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        self._proc.wait(60)
+
+    def term(self) -> int | None:
+        """SIGTERM the driver and wait for it to stop between batches; its exit code (None if it had to be killed)."""
+        if not self.alive():
+            return self.exit_code()
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGTERM)
+        try:
+            code = self._proc.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+        self.kill()  # whatever of its session is left (a Spark JVM still exiting)
+        return code
+
+    def kill_worker(self) -> bool:
+        """SIGKILL one Python worker that Spark forked for a task; False when none runs now."""
+        if self._proc is None:
+            return False
+        session = os.getsid(self._proc.pid)
+        workers = [pid for pid, cmd, parent_cmd in _processes(session) if "pyspark" in cmd and "pyspark" in parent_cmd]
+        if not workers:
+            return False
+        try:
+            os.kill(workers[0], signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _processes(session: int) -> list[tuple[int, str, str]]:
+    """(pid, command line, parent's command line) of every process in `session`, from /proc."""
+
+    def cmdline(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return ""
+
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            if os.getsid(pid) != session:
+                continue
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        out.append((pid, cmdline(pid), cmdline(parent)))
+    return out
