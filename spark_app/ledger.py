@@ -143,11 +143,6 @@ class FlowLedger:
         """Per partition the ledger knows, the first source offset the target still lacks."""
         return owed_from(self.state.adopted | self.state.positions, self.held)
 
-    def mean_record_bytes(self) -> float | None:
-        """The flow's mean record size (key and value) so far; None before a record landed."""
-        records = sum(self.totals.records.values())
-        return sum(self.totals.bytes.values()) / records if records else None
-
     def file(self, landed: list[Landing]) -> None:
         """After a batch or a report: count what landed, quarantine what was held, note resets and records deleted
         before they were read, move the positions, save."""
