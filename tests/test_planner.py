@@ -242,7 +242,7 @@ def test_limit_holds_its_bounds_over_random_mixes_of_topics_backlogs_and_record_
 
 def test_a_batch_of_a_1_mb_topic_keeps_to_the_byte_bound_in_a_flow_whose_mean_is_1_kb_records(tmp_path, monkeypatch):
     """Most of what the flow copied so far is 1 KB records: its mean record size is about 2 KB. The backlog is all
-    on the 1 MB topic: 256 MB of it is 256 records, not the 129,647 that the flow's mean made of it (127 GB)."""
+    on the 1 MB topic: 256 MB of it is 256 records, not the 129,644 (127 GB) that the flow's mean planned."""
     totals = FlowTotals()
     totals.add([Landing("small", 0, 0, 1_000_000, records=1_000_000, bytes=1_000_000 * 1024)])
     totals.add([Landing("big", p, 0, 250, records=250, bytes=250 * MB) for p in range(4)])
