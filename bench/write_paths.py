@@ -195,7 +195,8 @@ def run_child(spec: dict) -> dict:
         source = ClusterConfig(alias=flow.source, bootstrap_servers=spec["source"], profile="kafka")
         copier = RangeCopier(flow, source, target)
         driver_dir = Path(tempfile.mkdtemp(prefix="bench-ranges-"))
-        write_record_bytes(driver_dir, 1.0)  # no byte bound here: batches take `max_offsets` records, or all
+        # No byte bound here: batches take `max_offsets` records, or all.
+        write_record_bytes(driver_dir, dict.fromkeys(spec["topics"], 1.0))
         options = plan_source_options(
             source, dict.fromkeys(spec["topics"], spec["partitions"]), "earliest",
             spark.sparkContext.defaultParallelism, spec["max_offsets"] or 2**62, 2**62, driver_dir,

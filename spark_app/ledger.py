@@ -147,11 +147,6 @@ class FlowLedger:
         """Per partition the ledger knows, the first source offset the target still lacks."""
         return owed_from(self.state.adopted | self.state.positions, self.held)
 
-    def mean_record_bytes(self) -> float | None:
-        """The flow's mean record size (key and value) so far; None before a record landed."""
-        records = sum(self.totals.records.values())
-        return sum(self.totals.bytes.values()) / records if records else None
-
     def note_topic_ids(self, ids: dict[str, str]) -> set[str]:
         """Remember which topic the positions belong to (saved with the next filing); returns the topics whose id
         changed, deleted and made again: their positions mean nothing in the new log."""

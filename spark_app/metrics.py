@@ -57,6 +57,10 @@ class FlowTotals:
         """Source records done with: written, dropped (loop prevention) or dead-lettered; not those held."""
         return sum(self.records.values()) + self.dropped + self.dead_lettered
 
+    def mean_record_bytes(self) -> dict[str, float]:
+        """Per topic with a record written, its mean record size (key and value) so far."""
+        return {t: self.bytes.get(t, 0) / n for t, n in self.records.items() if n}
+
     def add(self, landed: Iterable[Landing]) -> None:
         """Count one batch (or catch-up) of landings."""
         self.batches += 1

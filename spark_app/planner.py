@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,9 +66,11 @@ GONE_KEY = "#gone"  # per topic the flow no longer selects, since when (epoch se
 FORGET_AFTER_S = 7 * 86_400.0
 
 PAUSE_FILE = "pause"
-RECORD_BYTES_FILE = "record-bytes"
-# Until the first batch has landed the mean record size is unknown: so small a batch cannot exceed the byte bound
-# by much whatever the records (at most 10,000 records of the target's 1 MB cap).
+RECORD_BYTES_FILE = "record-bytes.json"
+# A topic none of whose records has landed since the mirror started has no mean record size: each of its records
+# counts as `max_bytes / FIRST_BATCH_RECORDS`, so a batch takes at most this many of them (plus one per partition),
+# as a flow's first batch did before any mean was known. Not the flow's mean: a 1 MB topic joining a flow of 1 KB
+# ones would be planned as 1 KB records, the very overshoot the per-topic bound is there to prevent.
 FIRST_BATCH_RECORDS = 10_000
 
 
@@ -109,9 +112,9 @@ def plan_source_options(
 
     The source is planned in a Python worker, not in the driver's process, so the driver talks to it through two
     files in `driver_dir`: while PAUSE_FILE exists a continuous query plans no new batch (the driver stops it
-    between batches), and RECORD_BYTES_FILE holds the flow's mean record size so far, which turns `max_bytes`
-    into records. `adopted` starts partitions the checkpoint does not hold where MirrorMaker 2 stopped; `resume`
-    starts partitions where a real-time run of the flow got to, past its older checkpoint (spark_app.realtime).
+    between batches), and RECORD_BYTES_FILE holds each topic's mean record size so far, by which a batch is held to
+    `max_bytes`. `adopted` starts partitions the checkpoint does not hold where MirrorMaker 2 stopped; `resume` starts
+    partitions where a real-time run of the flow got to, past its older checkpoint (spark_app.realtime).
     """
     return {
         "source": source.model_dump_json(),
@@ -126,19 +129,12 @@ def plan_source_options(
     }
 
 
-def write_record_bytes(driver_dir: Path, mean_bytes: float) -> None:
-    """Tell the planner the flow's mean record size (key and value bytes), atomically."""
+def write_record_bytes(driver_dir: Path, mean_bytes: Mapping[str, float]) -> None:
+    """Tell the planner each topic's mean record size (key and value bytes), atomically. The file lives in the query
+    run's own folder, written and read by the same release, so its format is free to change."""
     tmp = driver_dir / f"{RECORD_BYTES_FILE}.tmp"
-    tmp.write_text(f"{mean_bytes:.1f}")
+    tmp.write_text(json.dumps(dict(mean_bytes)))
     tmp.replace(driver_dir / RECORD_BYTES_FILE)
-
-
-def rows_for(max_rows: int, max_bytes: int, mean_bytes: float | None) -> int:
-    """The records one batch may take: `max_rows`, fewer when `max_bytes` of records of the mean size are fewer;
-    FIRST_BATCH_RECORDS at most until a batch has shown the mean."""
-    if mean_bytes is None:
-        return min(max_rows, FIRST_BATCH_RECORDS)
-    return max(1, min(max_rows, int(max_bytes // max(mean_bytes, 1.0))))
 
 
 def split_ranges(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
@@ -221,7 +217,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return start  # no new batch until the source answers
             self._down_since = None
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_records
-        limited = limit_offsets(starts, end.offsets, rows_for(max_rows, self.max_bytes, self._mean_bytes()))
+        limited = limit_offsets(starts, end.offsets, max_rows, self.max_bytes, self._mean_bytes())
         return Planned(limited, end.ids, end.gone).dump()
 
     def end_of(self, start: Planned, latest: SparkOffsets, ids: dict[str, str], now: float) -> Planned:
@@ -243,12 +239,13 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._admin = clients.admin(self.source)
         return clients.topic_ids(self._admin, self.subscription, timeout_s=OFFLINE_ASK_S)
 
-    def _mean_bytes(self) -> float | None:
-        """The flow's mean record size the driver wrote last; None before its first batch landed."""
+    def _mean_bytes(self) -> dict[str, float]:
+        """Each topic's mean record size as the driver wrote it last; none before a record landed."""
         try:
-            return float(self.record_bytes_file.read_text())
+            means: dict[str, float] = json.loads(self.record_bytes_file.read_text())
         except (OSError, ValueError):
-            return None
+            return {}
+        return means
 
     def _until_answered(self, call: Callable[[], T]) -> T:
         while True:
@@ -377,17 +374,27 @@ def reset_from(start: Planned, end: Planned, topic: str, partition: str) -> int:
     return position if position > end.offsets[topic][partition] or (was and now and was != now) else -1
 
 
-def limit_offsets(starts: SparkOffsets, latest: SparkOffsets, max_rows: int) -> SparkOffsets:
-    """End offsets that take about `max_rows` records, shared across partitions in proportion to their backlog.
+def limit_offsets(
+    starts: SparkOffsets, latest: SparkOffsets, max_rows: int, max_bytes: int, mean_bytes: Mapping[str, float]
+) -> SparkOffsets:
+    """End offsets that take at most `max_rows` records and `max_bytes` bytes, each partition the same share of its
+    backlog.
 
-    Each partition with a backlog moves at least one record, so the total is at most `max_rows` plus one per
-    backlogged partition whose share rounds down to nothing (tests/test_planner.py checks this bound).
+    A record counts at its topic's mean size (`mean_bytes`; FIRST_BATCH_RECORDS says what a record of a topic without
+    one counts), so a backlog of large records makes the share smaller. Each partition with a backlog moves at least
+    one record, so a bound is exceeded by at most one record per backlogged partition whose share rounds down to
+    nothing (tests/test_planner.py checks these bounds). The share is a fraction, not a float, so rounding never takes
+    a batch past a bound.
     """
     backlog = {(t, p): max(0, e - starts[t][p]) for t, offsets in latest.items() for p, e in offsets.items()}
-    total = sum(backlog.values())
-    if total <= max_rows:
+    unknown = Fraction(max_bytes, FIRST_BATCH_RECORDS)
+    cost = {t: Fraction(mean_bytes[t]) if t in mean_bytes else unknown for t in latest}
+    records = sum(backlog.values())
+    size = sum((behind * cost[t] for (t, _), behind in backlog.items()), Fraction(0))
+    share = min(Fraction(1), Fraction(max_rows, max(records, 1)), max_bytes / size if size else Fraction(1))
+    if share == 1:
         return latest
     out: SparkOffsets = {t: {} for t in latest}
     for (t, p), behind in backlog.items():
-        out[t][p] = starts[t][p] + min(behind, max(1, behind * max_rows // total) if behind else 0)
+        out[t][p] = starts[t][p] + min(behind, max(1, behind * share.numerator // share.denominator) if behind else 0)
     return out

@@ -39,7 +39,7 @@ class ThroughputRunner(FlowRunner):
 
     query: StreamingQuery | None = None
     # Where the driver talks to the query's planner, which runs in a Python worker (spark_app.planner): a pause file
-    # that a stop waits on, and the mean record size that bounds a batch's bytes. One per query run.
+    # that a stop waits on, and each topic's mean record size that bounds a batch's bytes. One per query run.
     _driver_dir: Path | None = None
 
     def start(self, subscription: Subscription, available_now: bool) -> None:
@@ -151,10 +151,9 @@ class ThroughputRunner(FlowRunner):
         return [Landing.from_row(row.asDict()) for row in ranges.mapInArrow(copier, LANDED_SCHEMA).collect()]
 
     def _note_record_bytes(self) -> None:
-        """Tell the planner the flow's mean record size, which turns max_bytes_per_trigger into records."""
-        mean = self.ledger.mean_record_bytes()
-        if self._driver_dir is not None and mean is not None:
-            write_record_bytes(self._driver_dir, mean)
+        """Tell the planner each topic's mean record size, by which it holds a batch to max_bytes_per_trigger."""
+        if self._driver_dir is not None:
+            write_record_bytes(self._driver_dir, self.ledger.totals.mean_record_bytes())
 
     def _drop_driver_dir(self) -> None:
         if self._driver_dir is not None:

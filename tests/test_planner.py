@@ -7,12 +7,16 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from fractions import Fraction
 
 from confluent_kafka import KafkaError, KafkaException
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from spark_app import planner
 from spark_app.config import ClusterConfig
+from spark_app.metrics import FlowTotals
 from spark_app.planner import (
     FIRST_BATCH_RECORDS,
     FORGET_AFTER_S,
@@ -23,11 +27,10 @@ from spark_app.planner import (
     kept_where_unanswered,
     limit_offsets,
     plan_source_options,
-    rows_for,
     split_ranges,
     write_record_bytes,
 )
-from spark_app.ranges import OffsetRange
+from spark_app.ranges import Landing, OffsetRange
 
 SEED = 20261124
 CASES = 3_000
@@ -115,21 +118,26 @@ def taken(starts: dict, ends: dict) -> dict[tuple[str, str], int]:
     return {(t, p): max(0, e - starts[t][p]) for t, offs in ends.items() for p, e in offs.items()}
 
 
+def by_records(starts: dict, latest: dict, max_rows: int) -> dict[str, dict[str, int]]:
+    """`limit_offsets` where only the record bound counts: 1-byte records, and a byte bound far above them."""
+    return limit_offsets(starts, latest, max_rows, 2**62, dict.fromkeys(latest, 1.0))
+
+
 def test_limit_returns_latest_unchanged_when_the_backlog_fits():
     starts, latest = offsets(p0=10, p1=0), offsets(p0=15, p1=5)
-    assert limit_offsets(starts, latest, max_rows=10) == latest
-    assert limit_offsets(starts, latest, max_rows=11) == latest
+    assert by_records(starts, latest, max_rows=10) == latest
+    assert by_records(starts, latest, max_rows=11) == latest
 
 
 def test_limit_shares_max_rows_in_proportion_to_each_partitions_backlog():
     starts = {"a": {"0": 0, "1": 500}, "b": {"0": 7}}
     latest = {"a": {"0": 600, "1": 800}, "b": {"0": 107}}  # backlogs 600, 300, 100
-    assert limit_offsets(starts, latest, max_rows=100) == {"a": {"0": 60, "1": 530}, "b": {"0": 17}}
+    assert by_records(starts, latest, max_rows=100) == {"a": {"0": 60, "1": 530}, "b": {"0": 17}}
 
 
 def test_limit_takes_at_most_max_rows_when_every_backlogged_partitions_share_is_one_or_more():
     starts, latest = offsets(p0=0, p1=0, p2=0), offsets(p0=1_000, p1=333, p2=100)
-    ends = limit_offsets(starts, latest, max_rows=100)
+    ends = by_records(starts, latest, max_rows=100)
     assert ends == offsets(p0=69, p1=23, p2=6)  # each backlog * 100 // 1433, rounded down
     assert sum(taken(starts, ends).values()) == 98
 
@@ -139,17 +147,17 @@ def test_limit_exceeds_max_rows_by_at_most_one_record_per_partition_whose_share_
     Those are the only records over `max_rows`, and this can happen with fewer backlogged partitions than
     `max_rows`, not only with more."""
     starts, latest = offsets(p0=0, p1=0, p2=0, p3=0, p4=0, p5=0), offsets(p0=1_000, p1=1, p2=1, p3=1, p4=1, p5=1)
-    ends = limit_offsets(starts, latest, max_rows=10)
+    ends = by_records(starts, latest, max_rows=10)
     assert ends == offsets(p0=9, p1=1, p2=1, p3=1, p4=1, p5=1)  # 9 is p0's share: 1000 * 10 // 1005
     assert sum(taken(starts, ends).values()) == 10 + 4  # four of the five one-record partitions are over budget
     many = {"t": {str(p): 0 for p in range(20)}}
-    ends = limit_offsets(many, {"t": {str(p): 5 for p in range(20)}}, max_rows=10)
+    ends = by_records(many, {"t": {str(p): 5 for p in range(20)}}, max_rows=10)
     assert set(ends["t"].values()) == {1} and sum(taken(many, ends).values()) == 20
 
 
 def test_limit_never_goes_past_latest_nor_below_start_and_keeps_every_backlogged_partition_moving():
     starts, latest = offsets(p0=100, p1=200, p2=300, p3=400), offsets(p0=100, p1=201, p2=1_300, p3=100_400)
-    ends = limit_offsets(starts, latest, max_rows=50)
+    ends = by_records(starts, latest, max_rows=50)
     for p in ("0", "1", "2", "3"):
         assert starts["t"][p] <= ends["t"][p] <= latest["t"][p], p
     assert ends["t"]["0"] == 100, "no backlog: stays"
@@ -161,65 +169,116 @@ def test_limit_takes_nothing_from_a_partition_whose_end_is_below_its_start():
     """A topic recreated under the mirror lists an end below the checkpoint's start: no backlog there. Limited, the
     end stays at the start; when the rest fits, latest comes back as it is. Either way the range is empty."""
     starts, latest = offsets(p0=500, p1=0), offsets(p0=20, p1=1_000)
-    ends = limit_offsets(starts, latest, max_rows=10)
+    ends = by_records(starts, latest, max_rows=10)
     assert ends == offsets(p0=500, p1=10)
-    assert limit_offsets(starts, latest, max_rows=1_000) == latest
+    assert by_records(starts, latest, max_rows=1_000) == latest
     assert taken(starts, latest)[("t", "0")] == 0
 
 
-def test_limit_holds_its_bounds_over_random_backlogs():
+MB = 1 << 20
+# Per partition: its start and how far behind it is (none, a few or a million records; now and then the end fell
+# below the start). Per topic: its mean record size, from empty records to 2 MB ones, or none (not seen yet).
+PARTITION = st.tuples(
+    st.integers(0, 10**9),
+    st.one_of(st.sampled_from((0, 1)), st.integers(1, 100), st.integers(1, 10**6)),
+    st.sampled_from((False,) * 32 + (True,)),
+    st.integers(1, 1_000),
+)
+TOPIC = st.tuples(
+    st.lists(PARTITION, min_size=1, max_size=12),
+    st.one_of(st.none(), st.sampled_from((0.0, 1024.0, MB)), st.floats(1.0, 2 * MB)),
+)
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[dict, dict, dict[str, float]]:
+    """Starts, latest offsets and per-topic mean record sizes of 1 to 4 topics."""
+    starts: dict[str, dict[str, int]] = {}
+    latest: dict[str, dict[str, int]] = {}
+    means: dict[str, float] = {}
+    for t, (partitions, mean) in enumerate(draw(st.lists(TOPIC, min_size=1, max_size=4))):
+        for p, (start, behind, fell_back, below) in enumerate(partitions):
+            starts.setdefault(f"t{t}", {})[str(p)] = start
+            latest.setdefault(f"t{t}", {})[str(p)] = start - below if fell_back else start + behind
+        if mean is not None:
+            means[f"t{t}"] = mean
+    return starts, latest, means
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(batch=batches(), max_rows=st.integers(1, 10**6), max_bytes=st.integers(1, 1 << 34))
+def test_limit_holds_its_bounds_over_random_mixes_of_topics_backlogs_and_record_sizes(batch, max_rows, max_bytes):
     """Per partition: the end is never past latest nor below the start (where latest is not below it), and a
-    partition with backlog takes at least 1. In all: at most max_rows, plus 1 for each backlogged partition whose
-    proportional share rounds down to 0; and more than max_rows minus the number of backlogged partitions (each share
-    loses under one record to rounding)."""
-    rng = random.Random(SEED)
-    for _ in range(CASES):
-        starts: dict[str, dict[str, int]] = {}
-        latest: dict[str, dict[str, int]] = {}
-        for t in range(rng.randint(1, 3)):
-            for p in range(rng.randint(1, 12)):
-                start = rng.randint(0, 10**9)
-                behind = rng.choice((0, 1, rng.randint(1, 100), rng.randint(1, 10**6)))
-                if rng.random() < 0.03:
-                    behind = -rng.randint(1, 1_000)  # the end fell below the start
-                starts.setdefault(f"t{t}", {})[str(p)] = start
-                latest.setdefault(f"t{t}", {})[str(p)] = start + behind
-        max_rows = rng.choice((1, rng.randint(1, 50), rng.randint(1, 100_000)))
-        context = f"starts={starts}, latest={latest}, max_rows={max_rows}"
+    partition with backlog takes at least 1. In all, counting each record at its topic's mean (a topic without one
+    at max_bytes / FIRST_BATCH_RECORDS): at most max_rows records and max_bytes bytes, each bound exceeded only by
+    the one record of a backlogged partition whose share rounds down to 0; at most FIRST_BATCH_RECORDS records of
+    topics without a mean, plus one per partition; and one bound nearly reached (each share loses under one record
+    to rounding)."""
+    starts, latest, means = batch
+    ends = limit_offsets(starts, latest, max_rows, max_bytes, means)
 
-        ends = limit_offsets(starts, latest, max_rows)
-
-        backlog = taken(starts, latest)
-        total = sum(backlog.values())
-        got = taken(starts, ends)
-        assert {t: set(o) for t, o in ends.items()} == {t: set(o) for t, o in latest.items()}, context
-        if total <= max_rows:
-            assert ends == latest, context
-            continue
-        for (t, p), behind in backlog.items():
-            start, end = starts[t][p], ends[t][p]
-            assert start <= end, context
-            assert got[(t, p)] <= behind, context
-            if latest[t][p] >= start:
-                assert end <= latest[t][p], context
-            if behind:
-                assert got[(t, p)] >= 1, context
-        rounded_to_zero = sum(1 for b in backlog.values() if b > 0 and b * max_rows < total)
-        backlogged = sum(1 for b in backlog.values() if b)
-        assert sum(got.values()) <= max_rows + rounded_to_zero, context
-        assert sum(got.values()) > max_rows - backlogged, context
+    cost = {t: Fraction(means[t]) if t in means else Fraction(max_bytes, FIRST_BATCH_RECORDS) for t in latest}
+    backlog = taken(starts, latest)
+    got = taken(starts, ends)
+    assert {t: set(o) for t, o in ends.items()} == {t: set(o) for t, o in latest.items()}
+    if sum(backlog.values()) <= max_rows and sum(b * cost[t] for (t, _), b in backlog.items()) <= max_bytes:
+        assert ends == latest
+        return
+    for (t, p), behind in backlog.items():
+        start, end = starts[t][p], ends[t][p]
+        assert start <= end
+        assert got[(t, p)] <= behind
+        if latest[t][p] >= start:
+            assert end <= latest[t][p]
+        if behind:
+            assert got[(t, p)] >= 1, "a partition with backlog always moves"
+    backlogged = [(t, p) for (t, p), b in backlog.items() if b]
+    records = sum(got.values())
+    planned = sum(n * cost[t] for (t, _), n in got.items())
+    over = [(t, p) for t, p in backlogged if got[(t, p)] == 1]  # the only ones a rounded-down share can put over
+    assert records <= max_rows + len(over)
+    assert planned <= max_bytes + sum(cost[t] for t, _ in over)
+    assert sum(got[(t, p)] for t, p in backlogged if t not in means) <= FIRST_BATCH_RECORDS + len(backlogged)
+    assert records > max_rows - len(backlogged) or planned >= max_bytes - sum(cost[t] for t, _ in backlogged)
 
 
-def test_a_batch_is_bounded_in_records_and_in_bytes_by_the_mean_record_size_small_until_that_is_known(tmp_path):
-    assert rows_for(250_000, 256 << 20, None) == FIRST_BATCH_RECORDS  # nothing landed yet: a small first batch
-    assert rows_for(250_000, 256 << 20, 100.0) == 250_000  # small records: the record bound holds
-    assert rows_for(250_000, 256 << 20, 1 << 20) == 256  # 1 MB records: 256 MB is 256 of them
-    assert rows_for(250_000, 1 << 20, 10 << 20) == 1  # a record over the bound still moves, alone
+def test_a_batch_of_a_1_mb_topic_keeps_to_the_byte_bound_in_a_flow_whose_mean_is_1_kb_records(tmp_path, monkeypatch):
+    """Most of what the flow copied so far is 1 KB records: its mean record size is about 2 KB. The backlog is all
+    on the 1 MB topic: 256 MB of it is 256 records, not the 129,644 (127 GB) that the flow's mean planned."""
+    totals = FlowTotals()
+    totals.add([Landing("small", 0, 0, 1_000_000, records=1_000_000, bytes=1_000_000 * 1024)])
+    totals.add([Landing("big", p, 0, 250, records=250, bytes=250 * MB) for p in range(4)])
+    write_record_bytes(tmp_path, totals.mean_record_bytes())  # what the driver writes after each batch
     source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
-    reader = OffsetRangeReader(plan_source_options(source, {"t": 1}, "earliest", 2, 250_000, 256 << 20, tmp_path))
-    assert reader._mean_bytes() is None
-    write_record_bytes(tmp_path, 2048.0)  # what the driver writes after each batch
-    assert rows_for(reader.max_records, reader.max_bytes, reader._mean_bytes()) == 131_072
+    options = plan_source_options(source, {"small": 1, "big": 4}, "earliest", 2, 250_000, 256 * MB, tmp_path)
+    reader = OffsetRangeReader(options)
+    reader._admin = object()  # type: ignore[assignment]  # never used: the table answers
+    ends = {("small", 0): 1_000_000} | {("big", p): 100_250 for p in range(4)}
+    monkeypatch.setattr(planner.clients, "list_offsets_each", OffsetTable(ends))
+    monkeypatch.setattr(planner.clients, "topic_ids", lambda *_, **__: {})  # ids are another test's
+    start = {"small": {"0": 1_000_000}, "big": dict.fromkeys("0123", 250)}
+
+    end = reader.latestOffset(start, ReadMaxRows(250_000))
+    assert end == {"small": {"0": 1_000_000}, "big": dict.fromkeys("0123", 250 + 64)}, "64 records of 1 MB each"
+
+
+def test_a_topic_without_a_mean_takes_at_most_a_first_batch_until_the_driver_writes_its_mean(tmp_path):
+    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
+    options = plan_source_options(source, {"a": 1, "b": 1}, "earliest", 2, 250_000, 256 * MB, tmp_path)
+    reader = OffsetRangeReader(options)
+
+    def planned() -> dict[str, dict[str, int]]:
+        starts, latest = {"a": {"0": 0}, "b": {"0": 0}}, {"a": {"0": 10**6}, "b": {"0": 10**6}}
+        return limit_offsets(starts, latest, reader.max_records, reader.max_bytes, reader._mean_bytes())
+
+    assert reader._mean_bytes() == {}, "no record landed yet"
+    assert planned() == {"a": {"0": 5_000}, "b": {"0": 5_000}}, "FIRST_BATCH_RECORDS, shared by backlog"
+    write_record_bytes(tmp_path, {"a": 100.0})  # a's records landed, none of b's yet (b joined the flow since)
+    assert reader._mean_bytes() == {"a": 100.0}
+    # b's records count 256 MB / 10,000 each: 9,962 of them and as many of a's 100 B ones fill 256 MB.
+    assert planned() == {"a": {"0": 9_962}, "b": {"0": 9_962}}
+    write_record_bytes(tmp_path, {"a": 100.0, "b": 100.0})
+    assert planned() == {"a": {"0": 125_000}, "b": {"0": 125_000}}, "small records: the record bound holds"
 
 
 def test_adopted_positions_start_partitions_the_checkpoint_does_not_hold_and_never_override_it(tmp_path):
@@ -338,7 +397,7 @@ def test_a_topic_deleted_and_made_again_past_its_old_position_is_copied_from_its
     source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
     reader = OffsetRangeReader(plan_source_options(source, {"t": 2, "u": 1}, "latest", 2, 10**6, 1 << 40, tmp_path))
     reader._admin = object()  # type: ignore[assignment]  # never used: the tables answer
-    write_record_bytes(tmp_path, 100.0)  # past the first batch: the record bound is the only one
+    write_record_bytes(tmp_path, {"t": 100.0, "u": 100.0})  # past the first batch: the record bound is the only one
     ends = OffsetTable({("t", 0): 12_000, ("t", 1): 12_000, ("u", 0): 50})
     monkeypatch.setattr(planner.clients, "list_offsets_each", lambda admin, partitions, spec, **kwargs: (
         {tp: 0 for tp in partitions} if type(spec).__name__ == "EarliestSpec" else ends(admin, partitions, spec)[0], {}
