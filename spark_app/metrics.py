@@ -174,7 +174,8 @@ class MirrorMetrics:
 
     def checkpoint_written(self, flow: str, group: str, unix_time: float | None) -> None:
         """The DR loop wrote a checkpoint for `group` at `unix_time`; its age grows from then until the next. None:
-        the group is gone (its checkpoints got tombstones), and so is its series."""
+        the DR loop no longer checkpoints the group (gone, no longer selected, or committing nothing mirrored), and
+        its series goes."""
         with self._lock:
             key = (flow, group)
             if unix_time is None:
