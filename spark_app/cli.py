@@ -380,7 +380,7 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
         t, ledger = running.totals, running.ledger
         log.info(
             "flow %s: %d records, %d bytes in %d batches; dropped %d, dead-lettered %d, lost at source %d,"
-            " quarantined %s", running.flow.name, sum(t.records.values()), sum(t.bytes.values()), t.batches, t.dropped,
+            " quarantined %s", running.flow.name, t.records_total, t.bytes_total, t.batches, t.dropped,
             t.dead_lettered, sum(loss.count for loss in ledger.data_loss), ledger.quarantined or "none",
         )  # fmt: skip
     spark.stop()

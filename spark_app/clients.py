@@ -4,13 +4,17 @@ Each AdminClient, Consumer and Producer gets the cluster's profile settings (spa
 callback that turns a failed sign-in into `AuthenticationFailed` at once: librdkafka reports bad credentials only
 on that callback, and otherwise retries until a request times out. Requests and whole-topic reads wait at most
 `REQUEST_TIMEOUT_S`. Clients that outlive a Spark task (the copier's) are kept one per cluster and settings per
-process, as Spark reuses its Python workers.
+process, as Spark reuses its Python workers, at most SHARED_CLIENTS of each kind: the least recently used beyond
+that is closed, so a changed override (a new key each time) never piles up producers.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Generic, Protocol, TypeVar
 
 from confluent_kafka import (
     Consumer,
@@ -37,6 +41,11 @@ _AUTH_FAILED = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICA
 _TRANSPORT_FAILURE = "Broker transport failure"
 # A reader of internal topics: it assigns partitions itself, never joins a group and never commits.
 _READER = {"group.id": "mirrorkit-reader", "enable.auto.commit": False, "enable.partition.eof": True}
+
+# Shared producers, and shared consumers, kept per process. A Spark worker runs one task at a time, with one producer
+# and one consumer, so this covers the flows and modes a worker serves in turn; past it the least recently used is
+# closed (a producer flushes first), and a worker serving more costs a new client per task, never a leak.
+SHARED_CLIENTS = 8
 
 Partition = tuple[str, int]  # (topic, partition), the one name every module uses for it
 PartitionOffsets = dict[Partition, int]  # (topic, partition) -> offset
@@ -75,34 +84,58 @@ def producer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> Producer
     return Producer(_settings(cluster, "producer", defaults))
 
 
-_consumers: dict[tuple[str, str], Consumer] = {}
-_producers: dict[tuple[str, str], Producer] = {}
+class _Closable(Protocol):
+    def close(self) -> object: ...
 
 
-def _key(cluster: ClusterConfig, defaults: Mapping[str, object]) -> tuple[str, str]:
-    return cluster.model_dump_json(), repr(sorted(defaults.items()))
+C = TypeVar("C", bound=_Closable)
+
+
+class _Shared(Generic[C]):
+    """Clients of one kind kept in this process by cluster and settings: the SHARED_CLIENTS most recently used."""
+
+    def __init__(self, make: Callable[[ClusterConfig, Mapping[str, object]], C]) -> None:
+        self._make = make
+        self._clients: OrderedDict[tuple[str, str], C] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, cluster: ClusterConfig, defaults: Mapping[str, object]) -> C:
+        key = cluster.model_dump_json(), repr(sorted(defaults.items()))
+        with self._lock:
+            if key in self._clients:
+                self._clients.move_to_end(key)
+                return self._clients[key]
+            client = self._clients[key] = self._make(cluster, defaults)
+            while len(self._clients) > SHARED_CLIENTS:
+                self._clients.popitem(last=False)[1].close()
+            return client
+
+    def discard(self, client: C) -> None:
+        """Drop `client` without closing it (it failed for good); the next `get` for its key makes a new one."""
+        with self._lock:
+            for key in [k for k, c in self._clients.items() if c is client]:
+                del self._clients[key]
+
+
+_consumers = _Shared(consumer)
+_producers = _Shared(producer)
 
 
 def shared_consumer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> Consumer:
-    """One consumer per cluster and settings in this process; each user assigns it what it reads."""
-    key = _key(cluster, defaults)
-    if key not in _consumers:
-        _consumers[key] = consumer(cluster, defaults)
-    return _consumers[key]
+    """One consumer per cluster and settings in this process (SHARED_CLIENTS at most); each user assigns it what it
+    reads."""
+    return _consumers.get(cluster, defaults)
 
 
 def shared_producer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> Producer:
-    """One producer per cluster and settings in this process (a changed override, e.g. a raised cap, gets its own)."""
-    key = _key(cluster, defaults)
-    if key not in _producers:
-        _producers[key] = producer(cluster, defaults)
-    return _producers[key]
+    """One producer per cluster and settings in this process (a changed override, e.g. a raised cap, gets its own;
+    SHARED_CLIENTS at most)."""
+    return _producers.get(cluster, defaults)
 
 
 def discard_producer(client: Producer) -> None:
     """Forget a shared producer that cannot be used again (a fatal error); the next user gets a new one."""
-    for key in [k for k, p in _producers.items() if p is client]:
-        del _producers[key]
+    _producers.discard(client)
 
 
 Delivered = Callable[[KafkaError | None, Message], None]  # a delivery callback: the error, None when written

@@ -10,6 +10,12 @@ Data loss. Per partition the state keeps the next offset the flow expects. When 
 source's log start is checked: records below it that were never read were deleted by retention. They are reported
 (log, `data_loss`) and mirroring goes on, unless the flow sets `fail_on_data_loss`.
 
+Topics gone. Topic sync tells the ledger which topics the source has now (`topics_seen`). A topic missing from
+every round for TOPIC_GONE_GRACE_S is forgotten: its positions, landings, adopted offsets and per-topic totals, so
+the state, rewritten at every save, holds the topics that exist rather than every topic ever copied. A topic missing
+for less keeps everything and resumes where it stood. A quarantined topic is never forgotten: its holds and
+positions are records it still owes.
+
 `LedgerState` is a small versioned JSON file in the flow's Spark checkpoint folder, local or in object storage
 (spark_app.storage), so it survives exactly when the checkpoint does.
 """
@@ -19,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from .clients import Partition, PartitionOffsets
@@ -34,6 +40,13 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 STATE_FILE = "mirrorkit-state.json"
+# How long a topic must be missing from every topic-sync round before its state is forgotten. A topic drops out of a
+# round while its metadata has an error or it is not authorized for a while (a leader election, a broker restart,
+# ACLs being replaced, a fault over a weekend), after which it must resume from its positions: forgotten, it would
+# come back as a new topic, and `start_from: latest` would skip what it got meanwhile. Missing for a week, it was
+# deleted or deselected. Counted from the first round this process missed it, so a restart only puts it off. The
+# planner keeps a throughput query's positions of such a topic as long (spark_app.planner).
+TOPIC_GONE_GRACE_S = 7 * 86_400.0
 
 # The source's log start per partition.
 EarliestOffsets = Callable[[list[Partition]], PartitionOffsets]
@@ -103,6 +116,18 @@ class LedgerState:
         }
         self.files.write(STATE_FILE, json.dumps(raw, indent=1).encode())
 
+    def topics(self) -> set[str]:
+        """The topics the state has an offset or an id of (their holds aside)."""
+        return {t for offsets in (self.positions, self.landed, self.adopted) for t, _ in offsets} | set(self.topic_ids)
+
+    def forget(self, topics: Collection[str]) -> None:
+        """Drop the positions, landings, adopted offsets and ids of `topics`; holds are left alone (records owed)."""
+        for offsets in (self.positions, self.landed, self.adopted):
+            for tp in [tp for tp in offsets if tp[0] in topics]:
+                del offsets[tp]
+        for topic in topics:
+            self.topic_ids.pop(topic, None)
+
 
 def by_topic(offsets: PartitionOffsets) -> dict[str, dict[str, int]]:
     """{(topic, partition): offset} as `{"topic": {"partition": offset}}`, the shape of the file and of Spark's."""
@@ -132,6 +157,8 @@ class FlowLedger:
         self.resets: list[OffsetsReset] = []
         self._earliest = earliest
         self._on_landed = on_landed
+        self._clock = clock
+        self._missing_since: dict[str, float] = {}  # known topic missing from topic sync -> when first missed
 
     @property
     def quarantined(self) -> dict[str, str]:
@@ -153,6 +180,24 @@ class FlowLedger:
         remade = {t for t, i in ids.items() if self.state.topic_ids.get(t, i) != i}
         self.state.topic_ids.update(ids)
         return remade
+
+    def topics_seen(self, present: Collection[str]) -> None:
+        """Topic sync found `present` at the source: forget each topic the ledger knows that has been missing from
+        every round since TOPIC_GONE_GRACE_S ago, unless it is quarantined."""
+        now = self._clock()
+        known = self.state.topics() | set(self.totals.records)
+        missing = known - set(present) - set(self.quarantines.topics)
+        self._missing_since = {t: self._missing_since.get(t, now) for t in missing}
+        gone = sorted(t for t, since in self._missing_since.items() if now - since >= TOPIC_GONE_GRACE_S)
+        if not gone:
+            return
+        for topic in gone:
+            del self._missing_since[topic]
+        self.state.forget(gone)
+        self.totals.forget(gone)
+        log.info("flow %s: forgetting the positions of %d topic(s) missing at the source for %.0f s: %s",
+                 self.flow.name, len(gone), TOPIC_GONE_GRACE_S, ", ".join(gone[:10]))  # fmt: skip
+        self._save()
 
     def file(self, landed: list[Landing]) -> None:
         """After a batch or a report: count what landed, quarantine what was held, note resets and records deleted

@@ -42,20 +42,23 @@ Held = Mapping[str, Mapping[int, int]]  # source topic -> partition -> first off
 
 @dataclass
 class FlowTotals:
-    """What a flow has copied since start, per source topic (its holds and losses are its ledger's)."""
+    """What a flow has copied since start (its holds and losses are its ledger's): in all, and per source topic for
+    the topics its ledger still knows. The ledger forgets a topic gone from the source (spark_app.ledger), and its
+    figures here with it, so they do not pile up with every topic ever copied."""
 
     records: dict[str, int] = field(default_factory=dict)
     bytes: dict[str, int] = field(default_factory=dict)
+    records_total: int = 0
+    bytes_total: int = 0
     dropped: int = 0
     dead_lettered: int = 0
     batches: int = 0
-    landed_offsets: dict[Partition, tuple[int, int]] = field(default_factory=dict)  # (src, tgt) per partition
     recopied: int = 0  # real-time mode: records that landed after the last saved positions, copied again on restart
 
     @property
     def handled(self) -> int:
         """Source records done with: written, dropped (loop prevention) or dead-lettered; not those held."""
-        return sum(self.records.values()) + self.dropped + self.dead_lettered
+        return self.records_total + self.dropped + self.dead_lettered
 
     def mean_record_bytes(self) -> dict[str, float]:
         """Per topic with a record written, its mean record size (key and value) so far."""
@@ -67,10 +70,16 @@ class FlowTotals:
         for row in landed:
             self.records[row.topic] = self.records.get(row.topic, 0) + row.records
             self.bytes[row.topic] = self.bytes.get(row.topic, 0) + row.bytes
+            self.records_total += row.records
+            self.bytes_total += row.bytes
             self.dropped += row.dropped
             self.dead_lettered += row.dead_lettered
-            if row.last_target_offset >= 0:
-                self.landed_offsets[(row.topic, row.partition)] = (row.last_offset, row.last_target_offset)
+
+    def forget(self, topics: Collection[str]) -> None:
+        """Drop the per-topic figures of `topics`; the totals keep what they copied."""
+        for topic in topics:
+            self.records.pop(topic, None)
+            self.bytes.pop(topic, None)
 
 
 class MetricsPortError(ConfigError):
@@ -178,7 +187,8 @@ class MirrorMetrics:
 
     def checkpoint_written(self, flow: str, group: str, unix_time: float | None) -> None:
         """The DR loop wrote a checkpoint for `group` at `unix_time`; its age grows from then until the next. None:
-        the group is gone (its checkpoints got tombstones), and so is its series."""
+        the DR loop no longer checkpoints the group (gone, no longer selected, or committing nothing mirrored), and
+        its series goes."""
         with self._lock:
             key = (flow, group)
             if unix_time is None:

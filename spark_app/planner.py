@@ -19,7 +19,7 @@ flight).
 Spark's offset log holds more than offsets: per topic, the topic id (KIP-516) its positions belong to, so a topic
 deleted and made again, even refilled past the old position, is told from the same one and copied from its log
 start (reported as offsets that went back); and the topics the flow stopped selecting, with their positions, for
-FORGET_AFTER_S: a topic whose metadata failed for one topic-sync round, or that was not allowed for a while, resumes
+TOPIC_GONE_GRACE_S: a topic whose metadata failed for one topic-sync round, or that was not allowed for a while, resumes
 where it stood when it returns, instead of being met as a new topic.
 """
 
@@ -44,6 +44,7 @@ from . import clients
 from .clients import Partition, PartitionOffsets
 from .config import ClusterConfig
 from .errors import ClusterUnreachable
+from .ledger import TOPIC_GONE_GRACE_S
 from .ranges import RANGE_SCHEMA, OffsetRange
 
 log = logging.getLogger(__name__)
@@ -61,9 +62,6 @@ SparkOffsets = dict[str, dict[str, int]]  # {"topic": {"partition": offset}}: th
 # Keys of the offset log that are no topic names (Kafka's names hold only letters, digits, '.', '_' and '-').
 IDS_KEY = "#ids"  # per topic, the id of the topic its positions belong to
 GONE_KEY = "#gone"  # per topic the flow no longer selects, since when (epoch seconds)
-# How long positions of a topic the flow no longer selects are kept: one that returns within it resumes where it
-# stood. A week covers an ACL or a metadata fault over a long weekend; the log does not grow with topic churn.
-FORGET_AFTER_S = 7 * 86_400.0
 
 PAUSE_FILE = "pause"
 RECORD_BYTES_FILE = "record-bytes.json"
@@ -223,14 +221,14 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def end_of(self, start: Planned, latest: SparkOffsets, ids: dict[str, str], now: float) -> Planned:
         """The newest positions: `latest` where a partition answered; the checkpoint's where it did not (no range,
         nothing skipped), unless its topic was made again; and the positions of topics the flow no longer selects,
-        kept for FORGET_AFTER_S. A topic whose id did not answer keeps the one it had."""
+        kept for TOPIC_GONE_GRACE_S. A topic whose id did not answer keeps the one it had."""
         ids = {t: i for t, i in start.ids.items() if t in start.offsets or t in self.subscription} | ids
         remade = {t for t, i in ids.items() if start.ids.get(t, i) != i}
         offsets = kept_where_unanswered(latest, start.offsets, self.subscription, remade)
         gone: dict[str, float] = {}
         for topic, positions in start.offsets.items():
             since = start.gone.get(topic, now)
-            if topic not in self.subscription and now - since < FORGET_AFTER_S:
+            if topic not in self.subscription and now - since < TOPIC_GONE_GRACE_S:
                 offsets[topic], gone[topic] = positions, since
         return Planned(offsets, {t: i for t, i in ids.items() if t in offsets}, gone)
 

@@ -54,18 +54,23 @@ class FlowRunner(abc.ABC):
         return self.ledger.totals
 
     def sync_topics(self) -> Subscription:
-        """Run topic sync; quarantine what the target cannot take. Returns what the copy should subscribe to."""
+        """Run topic sync; quarantine what the target cannot take; let the ledger forget topics gone for good.
+        Returns what the copy should subscribe to."""
         plan = self.topic_sync.sync()
         with self.lock:
             self.plan = plan
             self.metrics.topics_selected(self.flow.name, plan.wanted)
             self.ledger.refused(plan.quarantined)
+            self.ledger.topics_seen(plan.wanted)
         return tuple(sorted(plan.wanted.items()))
 
     def next_offsets(self) -> PartitionOffsets:
-        """Per source partition, the next offset the flow will copy. Kept across restarts of the copy, so a topic
-        that leaves it (quarantined) still shows its lag."""
-        self._reached.update(self._positions())
+        """Per source partition of the topics topic sync found last, the next offset the flow will copy. Kept across
+        restarts of the copy, so a topic that leaves it (quarantined) still shows its lag; a topic topic sync no
+        longer finds is dropped. Called by the lag poller's thread alone."""
+        wanted = self.plan.wanted
+        reached = self._reached | self._positions()
+        self._reached = {tp: offset for tp, offset in reached.items() if tp[0] in wanted}
         return dict(self._reached)
 
     def lag(self) -> LagSource:

@@ -1,8 +1,10 @@
-"""The Kafka client module: which errors mean the credentials were refused, whole-topic reads in bulk, and offsets
-listed per partition."""
+"""The Kafka client module: which errors mean the credentials were refused, whole-topic reads in bulk, offsets
+listed per partition, and the shared clients a worker keeps, within their bound."""
 
 from __future__ import annotations
 
+import random
+from collections import OrderedDict
 from concurrent.futures import Future
 
 import pytest
@@ -10,6 +12,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ListOffsetsResultInfo, OffsetSpec
 
 from bench.testbed.clients import Record, create_topics, produce
+from spark_app import clients
 from spark_app.clients import auth_error_callback, list_offsets_each, read_topic
 from spark_app.config import ClusterConfig
 from spark_app.errors import AuthenticationFailed
@@ -100,3 +103,42 @@ def test_list_offsets_each_says_which_partitions_did_not_answer_and_why_and_rais
     assert list_offsets_each(FakeAdmin({("a", 1): -1001}), [("a", 1)], OffsetSpec.latest())[0] == {}
     with pytest.raises(KafkaException, match="all brokers down"):
         list_offsets_each(FakeAdmin({("a", 1): leaderless}, cluster_down=True), [("a", 1)], OffsetSpec.latest())
+
+
+class FakeClient:
+    """A Producer or Consumer that only notes whether it was closed (a producer's close flushes it first)."""
+
+    def __init__(self, settings: dict) -> None:
+        self.settings = settings
+        self.closed = False
+
+    def close(self) -> None:
+        assert not self.closed, "closed twice"
+        self.closed = True
+
+
+def test_shared_clients_stay_within_their_bound_over_thousands_of_changed_overrides(monkeypatch):
+    """What runs for days: 5,000 copy tasks in one worker, each taking the shared producer and consumer of one of 3
+    flows, while one flow's target cap changes every 20 tasks (a new producer key each time). At most SHARED_CLIENTS
+    of each kind stay open; every one dropped is closed once; a flow in steady use keeps its clients."""
+    monkeypatch.setattr(clients, "Producer", FakeClient)
+    monkeypatch.setattr(clients, "Consumer", FakeClient)
+    monkeypatch.setattr(clients._producers, "_clients", OrderedDict())  # this test's cache, not the process's
+    monkeypatch.setattr(clients._consumers, "_clients", OrderedDict())
+    rng = random.Random(3)
+    targets = [ClusterConfig(alias=f"t{i}", bootstrap_servers=f"127.0.0.1:{i + 1}", profile="kafka") for i in range(3)]
+    made: list[FakeClient] = []
+    steady: dict[int, tuple[FakeClient, FakeClient]] = {}
+    for task in range(5000):
+        flow = rng.randrange(3)
+        cap = 1_000_000 + task // 20 if flow == 0 else 1_000_000  # flow 0's cap keeps changing
+        producer = clients.shared_producer(targets[flow], {"message.max.bytes": cap})
+        consumer = clients.shared_consumer(CLUSTER, {"group.id": "copier"})
+        for client in (producer, consumer):
+            if client not in made:
+                made.append(client)
+        assert not producer.closed and not consumer.closed
+        if flow:
+            assert steady.setdefault(flow, (producer, consumer)) == (producer, consumer), "reused, not made again"
+        assert sum(not c.closed for c in made) <= clients.SHARED_CLIENTS + 1  # producers, plus the one consumer
+    assert len(made) > 200  # a producer per cap, all closed but the few kept

@@ -4,6 +4,7 @@ heartbeats, so their rules are checked without a broker."""
 from __future__ import annotations
 
 import gc
+import random
 import threading
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ from spark_app.dr.internal import read_checkpoints
 from spark_app.dr.offset_syncs import OffsetSyncWriter
 from spark_app.dr.service import DrSync
 from spark_app.dr.syncs import Run, SyncStore
+from spark_app.metrics import MirrorMetrics
 from spark_app.ranges import Landing
 
 FLOW = FlowConfig.model_validate(
@@ -184,6 +186,60 @@ def test_a_group_gone_from_the_source_or_the_selection_gets_tombstones_taken_onc
     assert sorted(dr.checkpoints.written_at) == ["app-c"]
     nulls = [Checkpoint.decode_key(k) for t, k, v in producer.log if t == "primary.checkpoints.internal" and v is None]
     assert sorted(nulls) == sorted((cp.group, cp.topic, cp.partition) for cp in tombstones)
+
+
+class RefusingTarget(FakeTarget):
+    """A target that, while `refusing`, does not take about half of what it is handed, tombstones too."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__()
+        self.rng = rng
+        self.refusing = False
+
+    def write(self, checkpoints: list[Checkpoint]) -> list[Checkpoint]:
+        return [cp for cp in checkpoints if not (self.refusing and self.rng.random() < 0.5)]
+
+
+def test_checkpoint_age_series_are_the_groups_checkpointed_now_over_thousands_of_rounds():
+    """What runs for days: 3,000 rounds while groups come and go on the source, in and out of the selection, their
+    offsets moved to a topic the flow does not mirror or deleted, and the target refusing some writes, tombstones
+    too. After every round the checkpoint-age series are at most the groups with a checkpoint now (all of them when
+    the target took everything), so the stale-checkpoint alert never fires for a group the flow no longer
+    checkpoints."""
+    rng = random.Random(7)
+    store = SyncStore()
+    for partition in (0, 1):
+        store.record("orders", partition, Run(0, 0, 10**9))
+    committed: dict[str, dict[Partition, Committed]] = {}
+    source, target, metrics = FakeSource(committed), RefusingTarget(rng), MirrorMetrics()
+    task = CheckpointTask(FLOW, store, threading.Lock(), source, target,
+                          lambda group, at: metrics.checkpoint_written("f", group, at))  # fmt: skip
+    most = 0
+    for _ in range(3000):
+        for _ in range(rng.randint(0, 3)):
+            group, change = f"{rng.choice(['app', 'other'])}-{rng.randrange(30)}", rng.random()  # other-*: unselected
+            if change < 0.4:
+                committed[group] = {("orders", rng.randrange(2)): Committed(rng.randrange(1000))}
+            elif change < 0.55:
+                committed[group] = {("unmirrored", 0): Committed(rng.randrange(1000))}
+            elif change < 0.65:
+                committed[group] = {}  # its offsets deleted, the group still listed
+            else:
+                committed.pop(group, None)
+        target.refusing = rng.random() < 0.2
+        task.run_once()
+        now = {g for g in source.groups(FLOW.groups) if ("orders", 0) in committed[g] or ("orders", 1) in committed[g]}
+        series = {
+            s.labels["group"]
+            for family in metrics.collect()  # the series computed at scrape time
+            for s in family.samples
+            if family.name == "mirrorkit_checkpoint_age_seconds"
+        }
+        assert series <= now and set(task.written_at) == series and set(task.group_commits) <= now
+        if not target.refusing:
+            assert series == now
+        most = max(most, len(series))
+    assert most > 5  # the loop did keep several groups checkpointed at once
 
 
 def test_a_group_listing_a_broker_did_not_answer_is_refused_rather_than_taken_as_groups_gone():

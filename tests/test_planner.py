@@ -19,9 +19,9 @@ from spark_app.config import ClusterConfig
 from spark_app.metrics import FlowTotals
 from spark_app.planner import (
     FIRST_BATCH_RECORDS,
-    FORGET_AFTER_S,
     OFFLINE_ASK_S,
     OFFLINE_RECHECK_S,
+    TOPIC_GONE_GRACE_S,
     OffsetRangeReader,
     Planned,
     kept_where_unanswered,
@@ -453,5 +453,5 @@ def test_a_topic_missing_from_one_topic_sync_round_resumes_where_it_stood_and_is
     assert planner.GONE_KEY not in back
 
     forgotten = Planned.parse(end)
-    forgotten.gone["b"] -= FORGET_AFTER_S + 1
+    forgotten.gone["b"] -= TOPIC_GONE_GRACE_S + 1
     assert "b" not in Planned.parse(without_b.latestOffset(forgotten.dump(), ReadMaxRows(10**6))).offsets

@@ -5,11 +5,14 @@ translated through the offset-sync store. A checkpoint is written to `<source>.c
 in MirrorMaker 2's format keyed by (group, target topic, partition) so MM2's `RemoteClusterUtils.translateOffsets`
 reads it, only when it differs from the last one written for its key: an idle group costs nothing. A group that
 leaves the selection (deleted on the source, its offsets expired, or no longer matched by `groups`) gets a tombstone
-for each of its keys, so the compacted topic forgets it and a failover or drill does not bring it back. Each round
-tells the store which committed offsets groups hold, so the runs they need are kept however old they grow. With
-`sync_group_offsets` a changed translation is also committed on the target for groups with no member there, except
-a group an operator's `failover` or `failback` moved there (its commits carry their mark, spark_app.dr.groups). The
-source and the target are injected, so the task runs without a cluster in tests.
+for each of its keys, so the compacted topic forgets it and a failover or drill does not bring it back. A group's
+checkpoint age is reported (`on_written`) only while it has a checkpoint: one gone, no longer selected, or no longer
+committing on a mirrored partition loses its series at that round, so the stale-checkpoint alert watches only groups
+the flow still checkpoints. Each round tells the store which committed offsets groups hold, so the runs they need
+are kept however old they grow. With `sync_group_offsets` a changed translation is also committed on the target for
+groups with no member there, except a group an operator's `failover` or `failback` moved there (its commits carry
+their mark, spark_app.dr.groups). The source and the target are injected, so the task runs without a cluster in
+tests.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ class CheckpointTask:
         lock: threading.Lock,
         source: SourceGroups,
         target: CheckpointTarget,
-        on_written: Callable[[str, float | None], None] | None = None,  # None: the group is gone
+        on_written: Callable[[str, float | None], None] | None = None,  # None: the group has no checkpoint now
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.flow = flow
@@ -75,8 +78,9 @@ class CheckpointTask:
         self.source = source
         self.target = target
         self.checkpoints: dict[CheckpointKey, Checkpoint] = {}  # the last written (or read back at start) per key
-        self.written_at: dict[str, float] = {}  # group -> unix time its checkpoints were last written or confirmed
-        self.group_commits: dict[str, GroupCommit] = {}
+        # Per group with a checkpoint now: the unix time its checkpoints were last written or confirmed.
+        self.written_at: dict[str, float] = {}
+        self.group_commits: dict[str, GroupCommit] = {}  # the last group sync of each group with a checkpoint now
         self._lock = lock
         self._on_written = on_written
         self._clock = clock
@@ -113,15 +117,20 @@ class CheckpointTask:
             key = (cp.group, cp.topic, cp.partition)
             if cp.deleted:
                 del self.checkpoints[key]
-                if self.written_at.pop(cp.group, None) is not None and self._on_written is not None:
-                    self._on_written(cp.group, None)
             else:
                 self.checkpoints[key] = cp
+        checkpointed = {cp.group for cp in current}
         pending = {cp.group for cp in set(changed) - set(written)}  # not taken: still changed at the next round
-        for group in sorted({cp.group for cp in current} - pending):
+        for group in sorted(checkpointed - pending):
             self.written_at[group] = now
             if self._on_written is not None:
                 self._on_written(group, now)
+        # No checkpoint of theirs now, whether their tombstones were taken yet or not: their age would only grow.
+        for group in sorted(self.written_at.keys() - checkpointed):
+            del self.written_at[group]
+            if self._on_written is not None:
+                self._on_written(group, None)
+        self.group_commits = {g: commit for g, commit in self.group_commits.items() if g in checkpointed}
         return written
 
     def _sync_groups(self, current: list[Checkpoint], changed_groups: set[str]) -> None:
