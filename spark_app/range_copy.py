@@ -66,7 +66,7 @@ class RangeCopier:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         ranges = [OffsetRange(**row) for batch in batches for row in batch.to_pylist()]
         landings = self.copy(ranges)
-        yield pa.RecordBatch.from_pylist([vars(x) for x in landings], schema=landed_arrow_schema())
+        yield pa.RecordBatch.from_pylist([x.to_row() for x in landings], schema=landed_arrow_schema())
 
     def copy(self, ranges: list[OffsetRange]) -> list[Landing]:
         """Copy every range, each partition in order; one landing per range."""

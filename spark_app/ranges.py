@@ -97,9 +97,13 @@ class Landing:
         if target_offset >= 0:
             extend_runs(self.echoes, offset, target_offset)
 
+    def to_row(self) -> dict[str, Any]:
+        """The landing's fields by name, as an Arrow batch and the real-time report channel's JSON carry them."""
+        return vars(self)
+
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Landing:
-        """A landing from a collected Spark row's `asDict()`."""
+        """A landing from a collected Spark row's `asDict()`, or from a row `to_row` made."""
         return cls(**row)
 
 

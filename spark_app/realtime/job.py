@@ -2,22 +2,22 @@
 filing of what they report.
 
 The driver runs one Spark job of `realtime_tasks` tasks for the flow, each holding a core for as long as the flow
-runs. Each task connects back (spark_app.realtime.task), gets its partitions from the newest reports (a task Spark
-retries resumes where its partitions' reports ended), and reports; every `realtime_commit_interval_s` the job hands
-what it heard to `on_landed` (the flow's ledger) and once more when the job ends.
+runs. Each task connects back (spark_app.realtime.task) over the report channel (spark_app.realtime.channel), gets
+its partitions from the newest reports (a task Spark retries resumes where its partitions' reports ended), and
+reports. Each connection is served in its own thread from its handshake on, so a peer that is not one of the tasks
+holds up none of them. Every `realtime_commit_interval_s` the job hands what it heard to `on_landed` (the flow's
+ledger), and once more when the job ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, Listener
 
 from pyspark.sql import SparkSession
 
@@ -26,6 +26,8 @@ from ..config import STOP_BATCH_TIMEOUT_S, ClusterConfig, FlowConfig
 from ..errors import first_cause
 from ..ranges import Landing
 from ..topics import TargetRules
+from . import channel
+from .channel import Channel
 from .task import STOP, Assignment, CopierTask
 
 log = logging.getLogger(__name__)
@@ -55,17 +57,17 @@ class CopyJob:
         self._inbox: list[Landing] = []
         self._lock = threading.Lock()  # the fields above that tasks' reports change
         self._filing = threading.Lock()  # one filing at a time, in the order the reports came
-        self._conns: list[Connection] = []
+        self._conns: list[Channel] = []
         self._serving: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._ended = threading.Event()  # the Spark job returned
         self._done = threading.Event()  # and its last reports are filed
         self._closed = False
         self._group = f"mirrorkit-realtime-{uuid.uuid4().hex[:8]}"
-        authkey = os.urandom(32)
-        self._listener = Listener(("0.0.0.0", 0), authkey=authkey)
-        address = (spark.conf.get("spark.driver.host") or "127.0.0.1", self._listener.address[1])
-        self._task = CopierTask(flow, source, target, address, authkey, rules)
+        self._key = channel.new_key()
+        self._listener = channel.Listener()
+        address = (spark.conf.get("spark.driver.host") or "127.0.0.1", self._listener.port)
+        self._task = CopierTask(flow, source, target, address, self._key, rules)
 
     def start(self) -> CopyJob:
         for target in (self._accept, self._run, self._file_every):
@@ -129,39 +131,45 @@ class CopyJob:
     def _accept(self) -> None:
         while not self._closed:
             try:
-                conn = self._listener.accept()
-            except (EOFError, AuthenticationError):  # not one of this job's tasks
-                continue
-            except OSError:  # closed (the job is over), or a connection that broke before its handshake
+                sock = self._listener.accept()
+            except OSError:  # closed (the job is over), or a connection that broke before it was accepted
                 if not self._closed:
                     time.sleep(0.1)
                 continue
-            thread = threading.Thread(target=self._serve, args=(conn,), name=f"{self._group}-task", daemon=True)
-            with self._lock:
-                self._serving.append(thread)
+            thread = threading.Thread(target=self._serve, args=(sock,), name=f"{self._group}-task", daemon=True)
+            with self._lock:  # every connection gets a thread now, a port scanner's too: keep only the live ones
+                self._serving = [t for t in self._serving if t.is_alive()] + [thread]
             thread.start()
 
-    def _serve(self, conn: Connection) -> None:
-        """One task's connection: its assignment (from the newest reports: a retried task resumes there), then its
-        reports until it ends."""
+    def _serve(self, sock: socket.socket) -> None:
+        """One connection: its handshake, then the task's assignment (from the newest reports: a retried task
+        resumes there), then its reports until it ends. A peer that breaks the channel's rules is dropped."""
+        try:
+            conn = channel.challenge(sock, self._key)
+        except channel.ChannelError as err:
+            _dropped(self.flow.name, err)
+            return
         with conn:
             try:
                 _hello, slot = conn.recv()
                 with self._lock:
                     keys = [k for k in self._slots[slot] if k not in self._held]
                     stops = {k: self._stops[k] for k in keys} if self._stops is not None else None
-                    _send(conn, Assignment({k: self.reached[k] for k in keys}, stops))
+                    _send(conn, Assignment({k: self.reached[k] for k in keys}, stops).to_json())
                     self._conns.append(conn)
                     if self._stopping.is_set():
                         _send(conn, STOP)
                 while True:
-                    _kind, rows = conn.recv()
+                    _kind, message = conn.recv()
+                    rows = [Landing.from_row(row) for row in message]
                     with self._lock:
                         for row in rows:
                             self.reached[(row.topic, row.partition)] = row.end_offset
                             if row.held_from >= 0:
                                 self._held.add((row.topic, row.partition))
                         self._inbox.extend(rows)
+            except channel.ChannelError as err:
+                _dropped(self.flow.name, err)
             except (EOFError, OSError):  # the task ended, or died (Spark retries it)
                 pass
             finally:
@@ -190,7 +198,11 @@ class CopyJob:
                 self._stop_tasks()
 
 
-def _send(conn: Connection, message: object) -> None:
+def _send(conn: Channel, message: object) -> None:
     """Send to a task that may have just ended: then there is no one left to tell."""
     with contextlib.suppress(OSError):
         conn.send(message)
+
+
+def _dropped(flow: str, err: channel.ChannelError) -> None:
+    log.warning("flow %s: dropped a connection to its copier tasks' report channel: %s", flow, err)

@@ -4,8 +4,8 @@ A task asks the driver which source partitions it copies and from where (an `Ass
 librdkafka consumer, and writes each record as it comes through the per-record path (spark_app.outbox) with a
 producer linger of a few milliseconds. Every REPORT_S it sends the driver one landing per partition, covering its
 offsets since the last report up to the first record not delivered yet, until the driver says STOP or (an
-available-now run) every partition reached its stop. The channel is multiprocessing.connection, authenticated with a
-key made for the job's run.
+available-now run) every partition reached its stop. The channel (spark_app.realtime.channel) carries JSON messages,
+authenticated with a key made for the job's run.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from multiprocessing.connection import Client, Connection
-from typing import cast
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -24,6 +23,8 @@ from ..config import ClusterConfig, FlowConfig
 from ..outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
 from ..ranges import Landing
 from ..topics import TargetRules
+from . import channel
+from .channel import Channel
 
 REPORT_S = 0.5  # how often a task tells the driver where its partitions stand
 # A task's consumer returns what it has after at most this long, so a record waits for at most that before it is sent.
@@ -35,8 +36,8 @@ LINGER_MS = 2
 # End-of-log events tell an available-now run where each partition ends (past transaction markers); a continuous run
 # has no use for them, and they cost about a tenth more events at a steady rate.
 CONSUMER_SETTINGS = CONSUMER_DEFAULTS | {"group.id": "mirrorkit-realtime", "enable.partition.eof": False}
-# The channel's messages. Task to driver: (HELLO, slot), then (LANDED, rows) per report and (DONE, rows) at the end.
-# Driver to task: the `Assignment`, then at most STOP.
+# The channel's messages, as JSON. Task to driver: [HELLO, slot], then [LANDED, rows] per report and [DONE, rows] at
+# the end, each row a landing's `to_row`. Driver to task: the `Assignment`'s `to_json`, then at most STOP.
 HELLO, LANDED, DONE, STOP = "hello", "landed", "done", "stop"
 
 
@@ -47,27 +48,49 @@ class Assignment:
     starts: dict[Partition, int]
     stops: dict[Partition, int] | None
 
+    def to_json(self) -> dict[str, Any]:
+        """As the channel carries it: each partition as [[topic, partition], offset]."""
+        stops = None if self.stops is None else _offsets_to_json(self.stops)
+        return {"starts": _offsets_to_json(self.starts), "stops": stops}
+
+    @classmethod
+    def from_json(cls, value: Any) -> Assignment:
+        stops = value["stops"]
+        return cls(_offsets_from_json(value["starts"]), None if stops is None else _offsets_from_json(stops))
+
+
+def _offsets_to_json(offsets: dict[Partition, int]) -> list[list[Any]]:
+    return [[list(key), offset] for key, offset in offsets.items()]
+
+
+def _offsets_from_json(pairs: Any) -> dict[Partition, int]:
+    return {(topic, partition): offset for (topic, partition), offset in pairs}
+
 
 class CopierTask:
     """What each real-time Spark task runs (picklable): copy what the driver assigns until it says stop."""
 
     def __init__(
         self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, address: tuple[str, int],
-        authkey: bytes, rules: TargetRules,
+        key: bytes, rules: TargetRules,
     ) -> None:  # fmt: skip
         self.flow = flow
         self.source = source
         self.target = target
         self.address = address
-        self.authkey = authkey
+        self.key = key
         self.rules = rules
         self.producer_settings = producer_settings(rules) | {"linger.ms": LINGER_MS}
 
     def __call__(self, slot: int, _rows: Iterable[int]) -> Iterator[int]:
-        with Client(self.address, authkey=self.authkey) as conn:
-            conn.send((HELLO, slot))
-            assignment = cast(Assignment, conn.recv())
-            yield LiveCopy(self, assignment).run(conn)
+        with channel.connect(self.address, self.key) as conn:
+            yield LiveCopy(self, hello(conn, slot)).run(conn)
+
+
+def hello(conn: Channel, slot: int) -> Assignment:
+    """Tell the driver which task this is, and hear what it copies."""
+    conn.send([HELLO, slot])
+    return Assignment.from_json(conn.recv())
 
 
 class LiveCopy:
@@ -87,7 +110,7 @@ class LiveCopy:
         self._reported: set[Partition] = set()
         self._held_from: dict[Partition, int] = {}  # the first offset held back: nothing from there on is reported
 
-    def run(self, conn: Connection) -> int:
+    def run(self, conn: Channel) -> int:
         """Copy until every partition reached its stop (available-now) or the driver says stop; returns the count."""
         producer = clients.shared_producer(self.task.target, self.task.producer_settings)
         eof = {"enable.partition.eof": any(c.stop is not None for c in self.cursors.values())}
@@ -106,15 +129,18 @@ class LiveCopy:
                     report_at = time.monotonic() + REPORT_S
                     self._hold(outbox.settle())
                     outbox.raise_failures()
-                    conn.send((LANDED, self._report(outbox)))
+                    self._send_report(conn, LANDED, outbox)
                     stopped = conn.poll() and conn.recv() == STOP
                 open_ = _still_open(open_, consumer)
             outbox.flush(300)
             self._hold(outbox.settle())
         finally:
             consumer.close()
-        conn.send((DONE, self._report(outbox)))
+        self._send_report(conn, DONE, outbox)
         return self.copied
+
+    def _send_report(self, conn: Channel, kind: str, outbox: Outbox) -> None:
+        conn.send([kind, [row.to_row() for row in self._report(outbox)]])
 
     def _hold(self, held: set[Partition]) -> None:
         """Partitions refused by the target after later records were sent: read no further."""

@@ -1,0 +1,206 @@
+"""The real-time report channel serves the job's tasks whatever else reaches its port: a peer that connects and says
+nothing, answers the challenge with the wrong key, claims a gigabyte frame or sends a pickle is dropped and logged
+(never with the key) and holds up no task; and an assignment and landings cross it exactly.
+
+No Spark: the job runs on a stand-in session whose Spark job is the test's own connections, made as a task makes them.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import pickle
+import queue
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+
+import pytest
+
+from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
+from spark_app.ranges import Landing
+from spark_app.realtime import channel
+from spark_app.realtime.job import CopyJob
+from spark_app.realtime.task import DONE, LANDED, STOP, Assignment, CopierTask, hello
+from spark_app.topics import TargetRules
+
+SOURCE = ClusterConfig(alias="a", bootstrap_servers="127.0.0.1:9", profile="kafka")
+TARGET = ClusterConfig(alias="b", bootstrap_servers="127.0.0.1:9", profile="kafka")
+FLOW = FlowConfig(source="a", target="b", topics=TopicSelection(include=["t"]), checkpoint_location="/tmp/x")
+# Two tasks: slot 0 copies ("a", 0) and ("b", 0), slot 1 copies ("a", 1).
+STARTS = {("a", 0): 10, ("a", 1): 11, ("b", 0): 20}
+WAIT_S = 30  # a bound for what must happen, so a broken channel fails the test instead of hanging it
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class StandInSpark:
+    """Just enough of a SparkSession for a CopyJob: its Spark job hands the test the task, and runs until `end`."""
+
+    def __init__(self) -> None:
+        self.conf = SimpleNamespace(get=lambda _key: "127.0.0.1")
+        self.sparkContext = self
+        self.tasks: queue.Queue[CopierTask] = queue.Queue()
+        self._ended = threading.Event()
+
+    def setJobGroup(self, *_args: object, **_kwargs: object) -> None:
+        pass
+
+    def parallelize(self, *_args: object) -> StandInSpark:
+        return self
+
+    def mapPartitionsWithIndex(self, task: CopierTask) -> StandInSpark:
+        self.tasks.put(task)
+        return self
+
+    def collect(self) -> list[int]:
+        self._ended.wait()
+        return []
+
+    def cancelJobGroup(self, _group: str) -> None:
+        self.end()
+
+    def end(self) -> None:
+        self._ended.set()
+
+
+@pytest.fixture
+def start_job() -> Iterator[Callable[..., SimpleNamespace]]:
+    """Start a CopyJob on a stand-in Spark; its task (address and key) and what it filed come back with it."""
+    started: list[SimpleNamespace] = []
+
+    def start(assignment: Assignment | None = None, tasks: int = 2) -> SimpleNamespace:
+        spark = StandInSpark()
+        filed: list[Landing] = []
+        assignment = assignment or Assignment(STARTS, None)
+        job = CopyJob(spark, FLOW, SOURCE, TARGET, assignment, tasks, TargetRules(), 3600, filed.extend).start()
+        started.append(SimpleNamespace(job=job, spark=spark, task=spark.tasks.get(timeout=WAIT_S), filed=filed))
+        return started[-1]
+
+    yield start
+    for run in started:
+        run.spark.end()
+        run.job.stop()
+
+
+def eventually(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, "not within the bound"
+        time.sleep(0.05)
+
+
+def raw_frame(conn: channel.Channel, header: bytes, payload: bytes = b"") -> bytes:
+    """Send bytes past the channel's framing, and return all the driver sends back before it closes."""
+    sock = conn._sock
+    sock.sendall(header + payload)
+    sock.settimeout(WAIT_S)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def test_a_peer_that_connects_and_says_nothing_does_not_keep_a_task_from_its_assignment(start_job, caplog):
+    caplog.set_level(logging.INFO)
+    run = start_job()
+    with socket.create_connection(run.task.address) as silent:
+        with channel.connect(run.task.address, run.task.key) as conn:
+            assert hello(conn, 1) == Assignment({("a", 1): 11}, None)
+        # The silent peer got its challenge, and is dropped once the handshake's time is up.
+        silent.settimeout(WAIT_S)
+        assert len(silent.recv(64)) == channel.NONCE_BYTES
+        assert silent.recv(64) == b""
+    eventually(lambda: "did not finish the handshake" in caplog.text)
+
+
+def test_a_peer_with_the_wrong_key_is_refused_and_the_key_never_appears_in_the_log(start_job, caplog):
+    caplog.set_level(logging.DEBUG)
+    run = start_job()
+    with pytest.raises(channel.ChannelError) as refused:
+        channel.connect(run.task.address, channel.new_key())
+    eventually(lambda: "answered the challenge wrong" in caplog.text)
+    key = run.task.key
+    said = caplog.text + str(refused.value)
+    for spelling in (key.hex(), key.hex().upper(), repr(key), base64.b64encode(key).decode(), key.decode("latin-1")):
+        assert spelling not in said
+    with channel.connect(run.task.address, key) as conn:  # the job's tasks are still served
+        assert hello(conn, 0) == Assignment({("a", 0): 10, ("b", 0): 20}, None)
+
+
+def test_a_task_refuses_a_driver_that_cannot_prove_it_holds_the_key():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+
+        def pretend() -> None:
+            sock, _ = server.accept()
+            with sock:
+                sock.sendall(os.urandom(channel.NONCE_BYTES))
+                sock.recv(64)
+                sock.sendall(os.urandom(32))  # no key, so no right answer to the task's nonce
+                sock.recv(1)
+
+        threading.Thread(target=pretend, daemon=True).start()
+        with pytest.raises(channel.ChannelError, match="answered the challenge wrong"):
+            channel.connect(server.getsockname(), channel.new_key())
+
+
+def test_a_frame_header_claiming_a_gigabyte_is_refused_unread_and_its_peer_dropped(start_job, caplog):
+    run = start_job()
+    with channel.connect(run.task.address, run.task.key) as conn:
+        assert raw_frame(conn, struct.pack(">I", 1 << 30)) == b""  # closed, with no assignment
+    eventually(lambda: f"frame of {1 << 30} bytes, over the limit" in caplog.text)
+
+
+RAN = threading.Event()
+
+
+def _ran() -> None:
+    RAN.set()
+
+
+class Payload:
+    """Unpickling this runs `_ran`: a pickle is code."""
+
+    def __reduce__(self) -> tuple[Callable[[], None], tuple[()]]:
+        return _ran, ()
+
+
+def test_a_pickle_is_refused_as_not_json_and_never_unpickled(start_job, caplog):
+    run = start_job()
+    payload = pickle.dumps([Payload(), 0])
+    with channel.connect(run.task.address, run.task.key) as conn:
+        assert raw_frame(conn, struct.pack(">I", len(payload)), payload) == b""
+    eventually(lambda: "sent a frame that is not JSON" in caplog.text)
+    assert not RAN.is_set()
+
+
+def test_an_assignment_and_landings_cross_the_channel_exactly_and_are_filed_in_order_after_stop(start_job):
+    starts = {("tópico.ü", 0): 5, ("t", 3): 2**40, ("t", 12): 0}
+    assignment = Assignment(starts, {key: offset + 7 for key, offset in starts.items()})
+    run = start_job(assignment, tasks=1)
+    landed = Landing(
+        "tópico.ü", 0, 5, 9, last_offset=8, last_target_offset=2**40 + 3, records=3, bytes=4_096, dropped=1,
+        latency_counts=[0, 2, 1] + [0] * 13, latency_sum_ms=0.1 + 0.2, runs=[[5, 100, 6], [8, 2**40 + 3, 8]],
+        echoes=[[7, 55, 7]],
+    )  # fmt: skip
+    held = Landing("t", 3, 2**40, 2**40 + 2, held_from=2**40 + 2, held_until=2**40 + 2, refused_bytes=2_000_001)
+    done = Landing("t", 12, 0, 0, held_error='target: topic "t" refused: TOPIC_AUTHORIZATION_FAILED', reset_from=3)
+    with channel.connect(run.task.address, run.task.key) as conn:
+        assert hello(conn, 0) == assignment
+        conn.send([LANDED, [landed.to_row(), held.to_row()]])
+        stopping = threading.Thread(target=run.job.stop)
+        stopping.start()
+        assert conn.recv() == STOP
+        conn.send([DONE, [done.to_row()]])
+    run.spark.end()  # the task returned: the Spark job ends
+    stopping.join(WAIT_S)
+    assert run.filed == [landed, held, done]
+    assert run.job.reached == {("tópico.ü", 0): 9, ("t", 3): 2**40 + 2, ("t", 12): 0}
+    assert run.job.held_any()
