@@ -5,7 +5,9 @@ from __future__ import annotations
 import collections
 from types import SimpleNamespace
 
-from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
+from spark_app.config import ClusterConfig, FlowConfig, TopicSelection, parse_config
+from spark_app.metrics import MirrorMetrics
+from spark_app.realtime.flow import RealtimeRunner
 from spark_app.realtime.task import Assignment, CopierTask, LiveCopy
 from spark_app.topics import TargetRules
 
@@ -65,3 +67,50 @@ def test_a_report_over_thousands_of_rounds_never_goes_back_and_covers_every_offs
             assert row.end_offset >= row.first_offset
             covered_to = row.end_offset
     assert covered_to <= part.next
+
+
+class FailedJob:
+    """A copy job whose tasks failed past Spark's retries."""
+
+    def __init__(self, error: str, terminal: bool = False) -> None:
+        self.error, self.terminal, self.reached = error, terminal, {}
+
+    def running(self) -> bool:
+        return False
+
+    def held_any(self) -> bool:
+        return False
+
+
+def test_tasks_that_fail_are_started_again_with_a_backoff_and_only_a_terminal_cause_stops_the_flow(tmp_path):
+    clusters = [{"alias": a, "bootstrap_servers": "127.0.0.1:1", "profile": "kafka"} for a in ("a", "b")]
+    flow = {"source": "a", "target": "b", "topics": {"include": ["t"]}, "checkpoint_location": str(tmp_path),
+            "mode": "realtime"}  # fmt: skip
+    config = parse_config({"clusters": clusters, "flows": [flow]})
+    sync = SimpleNamespace(earliest_offsets=lambda partitions: dict.fromkeys(partitions, 0))
+    run = RealtimeRunner(None, config, config.flows[0], MirrorMetrics(), topic_sync=sync)  # type: ignore[arg-type]
+    now = [1000.0]
+    run.clock = lambda: now[0]  # type: ignore[method-assign]
+    starts: list[float] = []
+
+    def start(subscription, available_now):
+        run._available_now = available_now
+        starts.append(now[0])
+        run.job = FailedJob("DeliveryFailed: flow a->b: delivery failed")  # and they fail again at once
+
+    run.start = start  # type: ignore[method-assign]
+    run.job = FailedJob("DeliveryFailed: flow a->b: delivery failed")
+    for _ in range(400):  # 400 s of topic-sync rounds a second apart: far more failures than Spark's 4 retries
+        assert run.failure() is None, "a continuous run's failed tasks never stop the mirror"
+        run.catch_up()
+        now[0] += 1.0
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert starts[0] == 1000.0, "the first restart is at once"
+    # Each failure is seen at the next round (a second on), then waits out a backoff that doubles up to 60 s.
+    assert gaps[:6] == [3.0, 5.0, 9.0, 17.0, 33.0, 61.0] and set(gaps[6:]) == {61.0}, gaps
+    assert 'mirrorkit_errors_total{flow="a->b",kind="tasks_restarted"}' in run.metrics.text()
+
+    run.job = FailedJob("AuthenticationFailed: authentication failed for cluster 'b'", terminal=True)
+    assert run.failure() is not None, "bad credentials would fail again at once: the mirror stops, naming them"
+    run.job, run._available_now = FailedJob("DeliveryFailed: x"), True
+    assert run.failure() == "DeliveryFailed: x", "an available-now run that failed says so"

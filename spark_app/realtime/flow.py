@@ -9,14 +9,19 @@ Positions live in the flow's ledger, not in a Spark checkpoint: the tasks' repor
 are, every `realtime_commit_interval_s`. A restart resumes at the saved positions: what a SIGKILL copies again is
 what landed after the last save, and the start counts it on the target and logs it. The job is stopped (each task
 flushes and reports) and started again on the same positions when the flow's subscription changes or a quarantined
-topic rejoins; a refused record holds only its own partition at once. `run --available-now` gives each task its
-partitions' end offsets at the start; it stops there.
+topic rejoins; a refused record holds only its own partition at once. Tasks that fail past Spark's own retries (its
+`spark.task.maxFailures` counts over the job's whole life) are started again from the saved positions with a backoff,
+so they never stop the other flows; only a cause that would fail again at once (bad credentials, state that cannot
+be saved) stops the mirror. `run --available-now` gives each task its partitions' end offsets at the start; it stops
+there, and any failure fails the run.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Callable
 
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -31,6 +36,8 @@ from .task import Assignment
 
 log = logging.getLogger(__name__)
 
+# The longest wait before copier tasks that failed are started again (the backoff doubles from 1 s up to it).
+RESTART_BACKOFF_MAX_S = 60.0
 # How often partitions left out of the job for not answering are asked again (the job restarts to place them).
 UNPLACED_RECHECK_S = 30.0
 # How long `run --available-now` asks again for the ends of partitions that do not answer before it leaves them.
@@ -56,10 +63,17 @@ class RealtimeRunner(FlowRunner):
     """A flow in real-time mode: a `CopyJob` of copier tasks, filing into the flow's ledger."""
 
     job: CopyJob | None = None
+    clock: Callable[[], float] = staticmethod(time.monotonic)
     _unplaced_since: float | None = None  # when `_assign` last left out partitions that did not answer
+    _available_now = False
+    # Restarts of failed tasks: how many in a row, when the last was, and when the next is due (None: none pending).
+    _restarts = 0
+    _restarted_at = -math.inf
+    _restart_at: float | None = None
 
     def start(self, subscription: Subscription, available_now: bool) -> None:
         self.subscription = subscription
+        self._available_now = available_now
         with self.lock:
             self._release_due()
             assignment = self._assign(subscription, available_now)
@@ -111,7 +125,7 @@ class RealtimeRunner(FlowRunner):
         from_start = [tp for tp in fresh if tp not in at_end]
         starts |= dict.fromkeys(from_start, 0) | _answered(admin, from_start, OffsetSpec.earliest(), 0.0)
         unplaced = [tp for tp in every if tp not in starts or (available_now and tp not in ends)]
-        self._unplaced_since = time.monotonic() if unplaced else None
+        self._unplaced_since = self.clock() if unplaced else None
         if unplaced:
             log.warning("flow %s: %d partition(s) did not answer and wait %s: %s", self.flow.name, len(unplaced),
                         "for the next run" if available_now else "until they do", unplaced[:5])  # fmt: skip
@@ -159,7 +173,13 @@ class RealtimeRunner(FlowRunner):
             self.job.wait()
 
     def failure(self) -> str | None:
-        return self.job.error if self.job is not None else None
+        """Why the flow stopped: a cause that would fail again at once, or in an available-now run any failure. A
+        continuous run's tasks that failed otherwise are started again by `catch_up`, so they never stop the other
+        flows."""
+        job = self.job
+        if job is None or job.error is None:
+            return None
+        return job.error if job.terminal or self._available_now else None
 
     def _positions(self) -> PartitionOffsets:
         return dict(self.job.reached) if self.job is not None else {}
@@ -173,10 +193,32 @@ class RealtimeRunner(FlowRunner):
             copying = {t for t, _ in self.job.reached} if self.job is not None else set()
             stopped = copying - set(self.ledger.quarantines.ready(self.plan.mirrored))
         since = self._unplaced_since
-        unplaced = since is not None and time.monotonic() - since >= UNPLACED_RECHECK_S
-        if due or stopped or unplaced or (self.job is not None and self.job.held_any()):
+        unplaced = since is not None and self.clock() - since >= UNPLACED_RECHECK_S
+        if self._failed_tasks_due():
+            self.start(self.subscription, available_now=False)
+        elif due or stopped or unplaced or (self.job is not None and self.job.held_any()):
             self.stop()
             self.start(self.subscription, available_now=False)
+
+    def _failed_tasks_due(self) -> bool:
+        """Whether the job's tasks failed (past Spark's own retries of a task) and their restart is due: at once
+        the first time, then after a backoff that doubles up to RESTART_BACKOFF_MAX_S, and starts over once the
+        tasks ran for RESTART_BACKOFF_MAX_S without failing."""
+        job = self.job
+        if job is None or job.error is None or job.terminal or job.running():
+            return False
+        now = self.clock()
+        if self._restart_at is None:
+            calm = now - self._restarted_at > RESTART_BACKOFF_MAX_S
+            self._restarts = 0 if calm else self._restarts + 1
+            self._restart_at = now + (0.0 if calm else min(RESTART_BACKOFF_MAX_S, 2.0**self._restarts))
+            log.error("flow %s: its copier tasks failed: %s; they start again from the saved positions in %.0f s",
+                      self.flow.name, job.error, self._restart_at - now)  # fmt: skip
+            self.metrics.error(self.flow.name, "tasks_restarted")
+        if now < self._restart_at:
+            return False
+        self._restart_at, self._restarted_at = None, now
+        return True
 
     def _release_due(self) -> list[str]:
         due = self.ledger.quarantines.due(self.plan.mirrored)

@@ -48,6 +48,10 @@ class CopyJob:
         self.flow = flow
         self.reached = dict(assignment.starts)  # per partition, where its newest report ended
         self.error: str | None = None
+        # Whether `error` would fail again at once, so the flow must stop: bad credentials, or a filing that failed
+        # (the state cannot be saved, or records were lost under `fail_on_data_loss`). Else the tasks failed past
+        # Spark's retries, and the flow's runner starts them again.
+        self.terminal = False
         self._stops = assignment.stops
         keys = sorted(assignment.starts)
         self._slots = [keys[i :: max(1, tasks)] for i in range(min(max(1, tasks), len(keys)))]
@@ -113,6 +117,7 @@ class CopyJob:
         except Exception as err:  # noqa: BLE001 - a failed job is reported through `error`, in the mirror's words
             if not self._stopping.is_set():
                 self.error = first_cause(str(err))
+                self.terminal = self.error.startswith("AuthenticationFailed")
         finally:
             self._ended.set()
             self._finish()
@@ -195,6 +200,7 @@ class CopyJob:
             except Exception as err:  # noqa: BLE001 - reported through `error`, which stops the mirror
                 log.error("flow %s: filing what the copier tasks reported failed: %s", self.flow.name, err)
                 self.error = self.error or f"filing what the copier tasks reported failed: {err}"
+                self.terminal = True
                 self._stop_tasks()
 
 
