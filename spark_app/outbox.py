@@ -195,8 +195,9 @@ def _outside_the_log(consumer: Consumer, cursor: Cursor, key: Partition, outbox:
         _first_event(cursor, low)
     cursor.next = low
     cursor.done = cursor.done or (cursor.stop is not None and low >= cursor.stop)
-    if not cursor.done:
-        consumer.seek(TopicPartition(key[0], key[1], low))
+    if not cursor.done:  # a partition stopped by this error takes no seek: it is assigned again where it goes on
+        consumer.incremental_unassign([TopicPartition(*key)])
+        consumer.incremental_assign([TopicPartition(key[0], key[1], low)])
 
 
 def _went_back(cursor: Cursor, key: Partition, offset: int, outbox: Outbox) -> None:

@@ -145,18 +145,26 @@ class TopicSync:
                 plan.quarantined[source_name] = reason
         for source_name, reason in plan.quarantined.items():
             log.error("flow %s: topic '%s' quarantined: %s", self.flow.name, source_name, reason)
-        if plan.mirrored and not self.target.is_eventhubs:
+        if plan.mirrored:
             plan = dataclasses.replace(plan, rules=self._rules(list(plan.mirrored)))
         return plan
 
     def _rules(self, sources: list[str]) -> TargetRules:
         """What the target topics of these source topics take: the smallest record cap, and per topic what it
-        refuses that a record shows."""
+        refuses that a record shows. An Event Hubs namespace's cap is the profile's; its hubs' configs are read
+        where it answers (a compacted hub refuses records without a key), and judged by the broker alone where not."""
         targets = {target_topic(self.flow, s): s for s in sources}
-        configs = self._configs(self._target_admin, list(targets), (*COPIED_CONFIGS, *JUDGED_CONFIGS))
+        try:
+            configs = self._configs(self._target_admin, list(targets), (*COPIED_CONFIGS, *JUDGED_CONFIGS))
+        except KafkaException as err:
+            if not self.target.is_eventhubs:
+                raise
+            log.info("flow %s: '%s' does not describe its hubs (%s); the broker alone judges records",
+                     self.flow.name, self.target.alias, err.args[0].str())  # fmt: skip
+            return TargetRules()
         caps = [int(c["max.message.bytes"]) for c in configs.values() if "max.message.bytes" in c]
         rules = {targets[name]: rule for name, c in configs.items() if (rule := TargetRule.of(c)) is not None}
-        return TargetRules(min(caps) if caps else None, rules)
+        return TargetRules(None if self.target.is_eventhubs or not caps else min(caps), rules)
 
     def _create(self, names: list[str], partitions: dict[str, int]) -> dict[str, str | None]:
         """Create target topics like their sources; returns a failure reason per topic (None when created)."""

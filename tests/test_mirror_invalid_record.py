@@ -16,8 +16,8 @@ from spark_app.mirror import Mirror
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
 
-PER_TOPIC = 40_000
-NO_KEY = 20_000  # the offset of the record without a key
+PER_TOPIC = 12_000
+NO_KEY = 6_000  # the offset of the record without a key
 
 
 @pytest.mark.parametrize("mode", ["throughput", "realtime"])
