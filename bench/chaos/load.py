@@ -8,7 +8,6 @@ transaction's commit) says so; aborted transactions put records the source never
 
 from __future__ import annotations
 
-import contextlib
 import random
 import threading
 import time
@@ -55,6 +54,8 @@ class Load:
     # Per partition, each acknowledged record's value with the source offset it was written at.
     sent: dict[tuple[str, int], dict[bytes, int]] = field(default_factory=dict)
     failed: int = 0  # records whose delivery failed (e.g. to the topic while it was deleted)
+    txn_restarts: int = 0  # transactional producers replaced after a fatal error
+    error: str | None = None  # why the generator stopped early
     _stop: threading.Event = field(default_factory=threading.Event)
     _seq: dict[tuple[str, int], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -88,44 +89,58 @@ class Load:
             return {key: dict(values) for key, values in self.sent.items()}
 
     def _run(self) -> None:
+        try:
+            self._write()
+        except BaseException as err:  # noqa: BLE001 - the run's outcome says the load stopped, and why
+            self.error = repr(err)
+
+    def _write(self) -> None:
         rng = random.Random(self.seed)
-        plain = clients.producer(
-            self.source, {"linger.ms": 5, "enable.idempotence": True, "message.timeout.ms": 20_000}
-        )
-        txn = clients.producer(self.source, {"transactional.id": f"chaos-{self.topics.transactional}",
-                                             "linger.ms": 5, "transaction.timeout.ms": 60_000})  # fmt: skip
-        txn.init_transactions(60)
+        plain = clients.producer(self.source, PLAIN_PRODUCER)
+        txn: Producer | None = None
         t = self.topics
         per_tick, tick_s = max(1, self.rate // 20), 0.05
         next_tick = time.monotonic()
-        txn_open, in_txn, txn_n = False, 0, 0
+        in_txn, txn_n = 0, 0
         while not self._stop.is_set():
             for _ in range(per_tick):
                 kind = rng.random()
                 p = rng.randrange(t.partitions)
                 if kind < 0.4:
-                    self._produce(
-                        plain, t.plain, p, None if rng.random() < 0.05 else f"k{rng.randrange(1000)}".encode()
-                    )
+                    key = None if rng.random() < NO_KEY_SHARE else f"k{rng.randrange(1000)}".encode()
+                    self._produce(plain, t.plain, p, key)
                 elif kind < 0.6:
                     self._produce(plain, t.compacted, p, f"k{rng.randrange(50)}".encode())
                 elif kind < 0.75:
                     self._produce(plain, t.remade, p, f"k{rng.randrange(1000)}".encode())
                 else:
-                    if not txn_open:
-                        txn.begin_transaction()
-                        txn_open, in_txn, txn_n = True, 0, txn_n + 1
-                    self._produce(txn, t.transactional, p, f"k{p}".encode())
-                    in_txn += 1
-                    if in_txn >= TXN_RECORDS:
-                        self._end_transaction(txn, abort=txn_n % ABORT_EVERY == 0)
-                        txn_open = False
+                    try:
+                        if txn is None:  # a new one fences the one before, and aborts what it left open
+                            txn = self._transactional()
+                        if not in_txn:
+                            txn.begin_transaction()
+                            txn_n += 1
+                        self._produce(txn, t.transactional, p, f"k{p}".encode())
+                        in_txn += 1
+                        if in_txn >= TXN_RECORDS:
+                            in_txn = 0
+                            self._end_transaction(txn, abort=txn_n % ABORT_EVERY == 0)
+                    except KafkaException:  # the source down past the transaction's timeout: start over
+                        txn, in_txn = None, 0
+                        self._in_txn.clear()
+                        self.txn_restarts += 1
             plain.poll(0)
             next_tick += tick_s
             time.sleep(max(0.0, next_tick - time.monotonic()))
-        if txn_open:
+        if txn is not None and in_txn:
             self._end_transaction(txn, abort=False)
         plain.flush(60)
+
+    def _transactional(self) -> Producer:
+        txn = clients.producer(self.source, {"transactional.id": f"chaos-{self.topics.transactional}",
+                                             "linger.ms": 5, "transaction.timeout.ms": 60_000})  # fmt: skip
+        txn.init_transactions(60)
+        return txn
 
     def _produce(self, producer: Producer, topic: str, partition: int, key: bytes | None) -> None:
         value = self._next(topic, partition)
@@ -145,16 +160,17 @@ class Load:
 
     def _end_transaction(self, txn: Producer, abort: bool) -> None:
         """Commit (or abort) the open transaction; its records count as sent once the commit succeeded. A commit
-        that fails (the source down past the transaction's timeout) is aborted: its records never show."""
+        that fails is aborted, its records never show; one that cannot be aborted either raises, and the caller
+        starts over with a new producer."""
         try:
             if abort:
                 txn.abort_transaction(60)
             else:
                 txn.commit_transaction(60)  # serves every delivery report of the transaction first
         except KafkaException:
-            with contextlib.suppress(KafkaException):
-                txn.abort_transaction(60)
-            abort = True
+            self._in_txn.clear()
+            txn.abort_transaction(60)
+            return
         if not abort:
             for p, value, offset in self._in_txn:
                 self._acked(self.topics.transactional, p, value, offset)
@@ -189,6 +205,12 @@ class Groups:
             self._thread.join(120)
 
     def _run(self) -> None:
+        try:
+            self._write()
+        except BaseException as err:  # noqa: BLE001 - the run's outcome says the load stopped, and why
+            self.error = repr(err)
+
+    def _write(self) -> None:
         rng = random.Random(self.seed)
         at: dict[tuple[str, str, int], int] = {}
         while not self._stop.wait(2.0):

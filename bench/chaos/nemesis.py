@@ -33,7 +33,7 @@ from bench.testbed.kafka_cluster import EVENTHUBS_USER, KafkaCluster, MultiBroke
 from .load import Topics
 from .process import MirrorProcess
 
-HOLD_S = (3.0, 12.0)  # how long a fault is held, drawn at random
+HOLD_S = (3.0, 12.0)  # how long a fault is held, drawn at random (by default)
 OFFLINE_BROKER = 2  # the source broker stopped: it alone holds partition 1 of every topic
 SLOW_TARGET_BYTES_S = 20_000
 
@@ -64,6 +64,7 @@ class Nemesis:
     scene: Scene
     seed: int
     events: list[str] = field(default_factory=list)
+    hold_s: tuple[float, float] = HOLD_S
     active: Fault | None = None
     rng: random.Random = field(init=False)
 
@@ -92,11 +93,11 @@ class Nemesis:
     def run(self, until: float, every_s: float) -> int:
         """Inject faults until `until` (monotonic), one every `every_s` on average; returns how many."""
         menu, count = self.menu(), 0
-        while time.monotonic() + HOLD_S[1] < until:
+        while time.monotonic() + self.hold_s[1] < until:
             fault = self.rng.choice(menu)
             self.active = fault
             did = fault.inject()
-            hold = self.rng.uniform(*HOLD_S)
+            hold = self.rng.uniform(*self.hold_s)
             self.events.append(f"{time.strftime('%H:%M:%S')} {fault.name}: {did}; held {hold:.0f} s")
             time.sleep(hold)
             self.heal()

@@ -18,7 +18,7 @@ from spark_app.policy import event_hubs_topics, target_topic
 
 from .check import Report, check_partition, read_partition, reported_losses
 from .load import Groups, Load, Topics
-from .nemesis import Nemesis, Remote, Scene, placement
+from .nemesis import HOLD_S, Nemesis, Remote, Scene, placement
 from .process import MirrorProcess
 
 # At least once: a fault that stops a copy mid-way copies again what it wrote since its last saved position (the
@@ -43,6 +43,7 @@ class Outcome:
     exit_code: int | None
     starts: int
     extra: dict[str, int] = field(default_factory=dict)
+    load_error: str | None = None  # the generator stopped early: the run proves less
 
 
 def duplicate_bound(outcome: Outcome) -> int:
@@ -72,18 +73,19 @@ def chaos_config(source: MultiBrokerCluster, target: KafkaCluster, topics: Topic
 def prepare(source: MultiBrokerCluster, target: KafkaCluster, topics: Topics, config: MirrorConfig) -> None:
     """The source topics (partition 1 of each on the broker the nemesis stops), and every target hub infra would make
     (the Event Hubs-like target takes no topic from the mirror)."""
-    placement = {t: placement(topics.partitions) for t in topics.all if t != topics.compacted}
-    clients.create_placed_topics(source.admin, placement)
+    placed = {t: placement(topics.partitions) for t in topics.all if t != topics.compacted}
+    clients.create_placed_topics(source.admin, placed)
     clients.create_placed_topics(source.admin, {topics.compacted: placement(topics.partitions)},
                                  {"cleanup.policy": "compact"})  # fmt: skip
-    hubs, compacted = event_hubs_topics(config)[TARGET], compacted_topics(config)[TARGET]
+    there = set(clients.admin(target.admin).list_topics(timeout=30).topics)  # the heartbeats copy, from a run before
+    hubs, compacted = set(event_hubs_topics(config)[TARGET]) - there, compacted_topics(config)[TARGET]
     clients.create_topics(target.admin, {h: topics.partitions for h in hubs if h not in compacted})
-    clients.create_topics(target.admin, dict.fromkeys(compacted & set(hubs), 1), {"cleanup.policy": "compact"})
+    clients.create_topics(target.admin, dict.fromkeys(compacted & hubs, 1), {"cleanup.policy": "compact"})
 
 
 def run_chaos(
     source: MultiBrokerCluster, target: KafkaCluster, folder: Path, mode: str, seed: int, duration_s: float,
-    fault_every_s: float, rate: int, suffix: str,
+    fault_every_s: float, rate: int, suffix: str, hold_s: tuple[float, float] = HOLD_S,
 ) -> Outcome:  # fmt: skip
     """Run the mirror through `duration_s` of random faults and check both clusters at the end."""
     topics = Topics(f"chaos-plain-{suffix}", f"chaos-txn-{suffix}", f"chaos-compact-{suffix}", f"chaos-remade-{suffix}")
@@ -98,7 +100,7 @@ def run_chaos(
         return target_topic(flow, topic)
 
     group_names = [f"chaos-group-{suffix}-{i}" for i in range(3)]
-    nemesis = Nemesis(Scene(source, target, mirror, topics, remote), seed)
+    nemesis = Nemesis(Scene(source, target, mirror, topics, remote), seed, hold_s=hold_s)
     load = Load(source.client, topics, rate, seed)
     groups = Groups(source.client, [topics.plain, topics.transactional], topics.partitions, group_names, seed)
     mirror.start()
@@ -121,7 +123,8 @@ def run_chaos(
     _check_translation(config, source, target, topics, remote, report)
     sent = sum(len(v) for v in load.acknowledged().values())
     return Outcome(mode, seed, rate, faults, nemesis.events, sent, report, drained_in, exit_code, mirror.starts,
-                   {"group_commits": groups.commits, "failed_sends": load.failed})  # fmt: skip
+                   {"group_commits": groups.commits, "failed_sends": load.failed,
+                    "transactional_restarts": load.txn_restarts}, load.error)  # fmt: skip
 
 
 def _drain(source: MultiBrokerCluster, target: KafkaCluster, topics: Topics, remote: Remote, mirror: MirrorProcess,
