@@ -27,6 +27,7 @@ from .process import MirrorProcess
 # adversary).
 DUPLICATE_WINDOW_S = 30.0
 DRAIN_S = 420.0  # after the last fault, how long the mirror gets to copy what it owes (a held topic retries each 60 s)
+WARM_UP_S = 180.0  # how long the mirror may take to start and copy a first record of every partition
 SOURCE, TARGET = "src", "dr"
 
 
@@ -106,7 +107,7 @@ def run_chaos(
     mirror.start()
     try:
         with load, groups:
-            time.sleep(10.0)  # the mirror starts and copies a first stretch before the first fault
+            _warm_up(target, topics, remote, time.monotonic() + WARM_UP_S)
             faults = nemesis.run(time.monotonic() + duration_s, fault_every_s)
         if not mirror.alive():
             mirror.start()
@@ -125,6 +126,17 @@ def run_chaos(
     return Outcome(mode, seed, rate, faults, nemesis.events, sent, report, drained_in, exit_code, mirror.starts,
                    {"group_commits": groups.commits, "failed_sends": load.failed,
                     "transactional_restarts": load.txn_restarts}, load.error)  # fmt: skip
+
+
+def _warm_up(target: KafkaCluster, topics: Topics, remote: Remote, deadline: float) -> None:
+    """Wait until the mirror has copied something of every partition, so that every fault meets a mirror that
+    holds positions: records deleted before it ever read a partition are not its to report."""
+    wanted = [(remote(t), p) for t in topics.all for p in range(topics.partitions)]
+    while time.monotonic() < deadline:
+        if all(end > 0 for end in clients.end_offsets(target.client, wanted).values()):
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"the mirror copied nothing of some partitions within {WARM_UP_S:.0f} s of its start")
 
 
 def _drain(source: MultiBrokerCluster, target: KafkaCluster, topics: Topics, remote: Remote, mirror: MirrorProcess,
