@@ -28,7 +28,6 @@ from .process import MirrorProcess
 DUPLICATE_WINDOW_S = 30.0
 DRAIN_S = 420.0  # after the last fault, how long the mirror gets to copy what it owes (a held topic retries each 60 s)
 WARM_UP_S = 180.0  # how long the mirror may take to start and copy a first record of every partition
-SOURCE, TARGET = "src", "dr"
 
 
 @dataclass
@@ -59,10 +58,11 @@ def entry(cluster: KafkaCluster | MultiBrokerCluster, alias: str) -> dict[str, o
 
 def chaos_config(source: MultiBrokerCluster, target: KafkaCluster, topics: Topics, mode: str, folder: Path,
                  suffix: str) -> MirrorConfig:  # fmt: skip
+    # Aliases of the run's own: the flow's internal topics, its DR lease and its names on the target are its alone.
     raw = {
-        "clusters": [entry(source, SOURCE), entry(target, TARGET)],
+        "clusters": [entry(source, f"src-{suffix}"), entry(target, f"dr-{suffix}")],
         "flows": [{
-            "source": SOURCE, "target": TARGET, "topics": {"include": topics.all},
+            "source": f"src-{suffix}", "target": f"dr-{suffix}", "topics": {"include": topics.all},
             "groups": {"include": [f"chaos-group-{suffix}-.*"]}, "checkpoint_location": str(folder / "checkpoint"),
             "mode": mode, "emit_heartbeats": False, "realtime_tasks": 2,
         }],
@@ -78,8 +78,8 @@ def prepare(source: MultiBrokerCluster, target: KafkaCluster, topics: Topics, co
     clients.create_placed_topics(source.admin, placed)
     clients.create_placed_topics(source.admin, {topics.compacted: placement(topics.partitions)},
                                  {"cleanup.policy": "compact"})  # fmt: skip
-    there = set(clients.admin(target.admin).list_topics(timeout=30).topics)  # the heartbeats copy, from a run before
-    hubs, compacted = set(event_hubs_topics(config)[TARGET]) - there, compacted_topics(config)[TARGET]
+    alias = config.flows[0].target
+    hubs, compacted = set(event_hubs_topics(config)[alias]), compacted_topics(config)[alias]
     clients.create_topics(target.admin, {h: topics.partitions for h in hubs if h not in compacted})
     clients.create_topics(target.admin, dict.fromkeys(compacted & hubs, 1), {"cleanup.policy": "compact"})
 
