@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from confluent_kafka import KafkaException
 
 from bench.testbed import clients
 from bench.testbed.kafka_cluster import KafkaCluster, MultiBrokerCluster
@@ -133,8 +134,11 @@ def _warm_up(target: KafkaCluster, topics: Topics, remote: Remote, deadline: flo
     holds positions: records deleted before it ever read a partition are not its to report."""
     wanted = [(remote(t), p) for t in topics.all for p in range(topics.partitions)]
     while time.monotonic() < deadline:
-        if all(end > 0 for end in clients.end_offsets(target.client, wanted).values()):
-            return
+        try:
+            if all(end > 0 for end in clients.end_offsets(target.client, wanted).values()):
+                return
+        except KafkaException:  # a hub made a moment ago whose leader is still being elected
+            pass
         time.sleep(1.0)
     raise AssertionError(f"the mirror copied nothing of some partitions within {WARM_UP_S:.0f} s of its start")
 
