@@ -103,7 +103,7 @@ def test_adopt_and_handback_round_trip_with_mm2_with_no_gap_and_groups_carry_on(
             assert mm2.poll() is None, f"MM2 exited: {(tmp_path / 'mm2.log').read_text()[-3000:]}"
             assert time.monotonic() < deadline, "MM2 never committed every partition and checkpointed the group"
             time.sleep(1)
-            mm2_checkpoints = mm2_translate(dst.client, "primary", [group], tmp_path)
+            mm2_checkpoints = mm2_translate(dst.client, "primary", [group], tmp_path, before_checkpoints=True)
 
         # While MM2 runs (members in its Connect group, fresh heartbeats), adopting is refused.
         assert cli_main(["adopt", "--config", str(config_file), "--flow", "primary->dr"]) == 1
