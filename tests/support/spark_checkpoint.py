@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from spark_app.planner import Planned
+
 Offsets = dict[str, dict[str, int]]  # the mirror's source offsets: {"topic": {"partition": next offset}}
 
 
 def checkpoint_logs(checkpoint: Path) -> tuple[dict[int, Offsets], set[int]]:
-    """The offset log (batch id -> where the batch ends) and the ids of the committed batches; empty before the
-    query's first batch."""
+    """The offset log (batch id -> where the batch ends, read as the planner reads it: offsets only) and the ids of
+    the committed batches; empty before the query's first batch."""
     offsets = {
-        int(f.name): json.loads(f.read_text().splitlines()[-1])
+        int(f.name): Planned.parse(json.loads(f.read_text().splitlines()[-1])).offsets
         for f in (checkpoint / "offsets").glob("[0-9]*")
     }  # fmt: skip
     commits = {int(f.name) for f in (checkpoint / "commits").glob("[0-9]*")}
