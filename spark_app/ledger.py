@@ -174,6 +174,14 @@ class FlowLedger:
         """Per partition the ledger knows, the first source offset the target still lacks."""
         return owed_from(self.state.adopted | self.state.positions, self.held)
 
+    def expect(self, starts: PartitionOffsets) -> None:
+        """A copy starts reading these partitions here: those the ledger has no position of yet stand there from now
+        (saved with the next filing, before any of their records is read). A crash before their first report then
+        resumes there, and records deleted at the source meanwhile are reported; without it the restart would meet
+        them as new partitions, from their log start, and say nothing of what lay below it."""
+        for key, offset in starts.items():
+            self.state.positions.setdefault(key, offset)
+
     def note_topic_ids(self, ids: dict[str, str]) -> set[str]:
         """Remember which topic the positions belong to (saved with the next filing); returns the topics whose id
         changed, deleted and made again: their positions mean nothing in the new log."""

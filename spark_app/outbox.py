@@ -180,19 +180,19 @@ def _first_event(cursor: Cursor, offset: int) -> None:
 
 def _outside_the_log(consumer: Consumer, cursor: Cursor, key: Partition, outbox: Outbox) -> None:
     """The partition's position lies outside its log now: move to the log start. Below it, retention deleted what
-    lay between: a landing of its own starts at the log start (the ledger reports the gap from the one before). Past
-    the log's end, its offsets went backwards."""
+    lay between: a landing of its own starts at the log start, and the one before ends where the copy stood (empty
+    if it had read nothing yet), so the ledger reports the gap even where it had not saved that position (a batch
+    replayed after a crash before its first filing). Past the log's end, its offsets went backwards."""
     low, high = consumer.get_watermark_offsets(TopicPartition(*key), timeout=METADATA_WAIT_S, cached=False)
     if cursor.next > high:
         _went_back(cursor, key, low, outbox)
-    elif cursor.seen:
+    else:
         outbox.flush(300)  # what was sent lands in the landing it was sent under
         outbox.settle()
+        _first_event(cursor, cursor.next)
         cursor.landing.end_offset = cursor.next
         cursor.retired.append(cursor.landing)
-        cursor.landing = Landing(key[0], key[1], low, low)
-    else:
-        _first_event(cursor, low)
+        cursor.landing = _next_landing(cursor, key, low)
     cursor.next = low
     cursor.done = cursor.done or (cursor.stop is not None and low >= cursor.stop)
     if not cursor.done:  # a partition stopped by this error takes no seek: it is assigned again where it goes on
@@ -206,7 +206,15 @@ def _went_back(cursor: Cursor, key: Partition, offset: int, outbox: Outbox) -> N
     outbox.settle()
     cursor.landing.end_offset = cursor.next
     cursor.retired.append(cursor.landing)
-    cursor.landing = Landing(key[0], key[1], offset, offset, reset_from=cursor.next)
+    cursor.landing = _next_landing(cursor, key, offset, reset_from=cursor.next)
+
+
+def _next_landing(cursor: Cursor, key: Partition, first: int, reset_from: int = -1) -> Landing:
+    """The landing a partition goes on with from `first` after its last one was retired: up to its stop where it has
+    one (a range's end; a real-time report sets where it ends), and never starting past it."""
+    stop = cursor.stop
+    return Landing(key[0], key[1], first if stop is None else min(first, stop), first if stop is None else stop,
+                   reset_from=reset_from)  # fmt: skip
 
 
 def end_of_log(flow: FlowConfig, msg: Record) -> None:

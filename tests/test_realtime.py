@@ -6,10 +6,14 @@ import collections
 from types import SimpleNamespace
 
 from spark_app.config import ClusterConfig, FlowConfig, TopicSelection, parse_config
+from spark_app.ledger import LedgerState
 from spark_app.metrics import MirrorMetrics
+from spark_app.ranges import DataLoss, Landing
+from spark_app.realtime import flow as realtime_flow
 from spark_app.realtime.flow import RealtimeRunner
 from spark_app.realtime.task import Assignment, CopierTask, LiveCopy
-from spark_app.topics import TargetRules
+from spark_app.storage import checkpoint_files
+from spark_app.topics import TargetRules, TopicPlan
 
 SOURCE = ClusterConfig(alias="a", bootstrap_servers="127.0.0.1:9", profile="kafka")
 TARGET = ClusterConfig(alias="b", bootstrap_servers="127.0.0.1:9", profile="kafka")
@@ -114,3 +118,36 @@ def test_tasks_that_fail_are_started_again_with_a_backoff_and_only_a_terminal_ca
     assert run.failure() is not None, "bad credentials would fail again at once: the mirror stops, naming them"
     run.job, run._available_now = FailedJob("DeliveryFailed: x"), True
     assert run.failure() == "DeliveryFailed: x", "an available-now run that failed says so"
+
+
+def test_a_start_saves_where_new_partitions_start_so_a_crash_before_the_first_report_still_reports_retention(
+    tmp_path, monkeypatch
+):
+    """Found by the fault checker: killed between its first records landing and its first report, a real-time mirror
+    met its partitions as new at the restart, started at their log start, and said nothing of the records retention
+    had deleted meanwhile."""
+    clusters = [{"alias": a, "bootstrap_servers": "127.0.0.1:1", "profile": "kafka"} for a in ("a", "b")]
+    flow = {"source": "a", "target": "b", "topics": {"include": ["t"]}, "checkpoint_location": str(tmp_path),
+            "mode": "realtime"}  # fmt: skip
+    config = parse_config({"clusters": clusters, "flows": [flow]})
+    log_start = [40]
+    monkeypatch.setattr(realtime_flow.clients, "admin", lambda cluster: None)
+    monkeypatch.setattr(realtime_flow.clients, "topic_ids", lambda admin, topics: {"t": "id-1"})
+    monkeypatch.setattr(realtime_flow, "OffsetSpec", SimpleNamespace(latest=lambda: "end", earliest=lambda: "start"))
+    monkeypatch.setattr(realtime_flow, "_answered", lambda admin, partitions, spec, wait_s, read_committed=True: {
+        tp: log_start[0] if spec == "start" else 100 for tp in partitions})  # fmt: skip
+    sync = SimpleNamespace(earliest_offsets=lambda partitions: dict.fromkeys(partitions, log_start[0]))
+
+    first = RealtimeRunner(None, config, config.flows[0], MirrorMetrics(), topic_sync=sync)  # type: ignore[arg-type]
+    first.plan = TopicPlan(mirrored={"t": 2}, wanted={"t": 2})
+    assert first._assign((("t", 2),), available_now=False).starts == {("t", 0): 40, ("t", 1): 40}
+    # Killed before a task reported anything: only what was saved survives.
+    assert LedgerState.load(checkpoint_files(str(tmp_path))).positions == {("t", 0): 40, ("t", 1): 40}
+
+    log_start[0] = 70  # retention, while the mirror was down
+    again = RealtimeRunner(None, config, config.flows[0], MirrorMetrics(), topic_sync=sync)  # type: ignore[arg-type]
+    again.plan = first.plan
+    assert again._assign((("t", 2),), available_now=False).starts == {("t", 0): 40, ("t", 1): 40}
+    # Each task's consumer finds 40 below the log start and moves there (spark_app.outbox): its first report.
+    again.ledger.file([Landing("t", p, 70, 75, records=5) for p in (0, 1)])
+    assert again.ledger.data_loss == [DataLoss("t", 0, 40, 69), DataLoss("t", 1, 40, 69)]

@@ -100,6 +100,9 @@ class RealtimeRunner(FlowRunner):
         quarantined, or the target lacks the partition) is held at that start, so its topic catches up from there; a
         topic the target lacks a partition of is quarantined whole.
 
+        Where each partition new to the ledger starts is saved before the tasks start, so a crash before their first
+        report resumes there (and reports what retention deleted meanwhile) rather than meeting them as new.
+
         A partition whose leader does not answer never stops the others. With a start it is assigned (its consumer
         waits for the leader; a log start that does not answer is read as 0, from which the consumer moves to the log
         start). Without one (a new topic at `start_from: latest`), or in an available-now run that needs its end
@@ -137,9 +140,10 @@ class RealtimeRunner(FlowRunner):
         holds = [Landing(t, p, starts[(t, p)], starts[(t, p)]) for t, p in held]
         for row in holds:
             row.hold(row.first_offset)
-        self.ledger.file(resets + holds)
         short = {t for t, _ in lacking}
         writable = {tp: offset for tp, offset in starts.items() if tp[0] in ready and tp[0] not in short}
+        self.ledger.expect(writable)
+        self.ledger.file(resets + holds)  # saves the new starts too
         self._report_recopies(writable)
         return Assignment(writable, {tp: ends[tp] for tp in writable} if available_now else None)
 
