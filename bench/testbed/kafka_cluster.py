@@ -10,6 +10,11 @@ operator) and one client listener of a chosen kind:
 - `eventhubs`: like Azure Event Hubs' Kafka endpoint: SASL_SSL PLAIN with username `$ConnectionString` and a
   connection string as password, a 1 MB message cap, and topic creation denied to the client;
 - `msk-scram`: like MSK's SASL/SCRAM listener: SASL_SSL SCRAM-SHA-512 with a user created at format time.
+
+A broker started with a Toxiproxy server (bench/testbed/toxiproxy.py) has a third listener, PROXIED, of the same
+security as CLIENT, bound on its own port and advertised at its proxy's, so a client that bootstraps through the
+proxy (`proxied`) learns only proxy addresses from metadata and every connection it makes crosses the proxy, where
+`faults` breaks it. `client` stays direct.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from spark_app.config import ClusterConfig, Profile, SecretRef
 
 from .ports import free_ports
 from .tls import TlsFiles
+from .toxiproxy import Faults, Proxy, ToxiproxyServer
 
 LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
 READY_TIMEOUT_S = 60.0
@@ -73,7 +79,8 @@ class KafkaCluster:
     """One broker JVM. `start` formats and launches it; `stop`, `kill` and `start` again serve fault tests.
 
     Alone it is a whole cluster, its own controller. Given a `quorum` (the controller node of a multi-broker cluster)
-    it is a broker only, node `node_id` of that node's cluster.
+    it is a broker only, node `node_id` of that node's cluster. Given a `toxiproxy` server it gets a proxy there, named
+    as the broker, and the PROXIED listener behind it.
     """
 
     name: str
@@ -87,6 +94,9 @@ class KafkaCluster:
     admin_port: int = 0
     client_port: int = 0
     controller_port: int = 0
+    proxied_port: int = 0  # the PROXIED listener's own port, which the proxy forwards to
+    toxiproxy: ToxiproxyServer | None = field(default=None, repr=False)
+    proxy: Proxy | None = None
     started_in_s: float = 0.0
     cluster_id: str = ""
     _process: subprocess.Popen | None = None
@@ -103,7 +113,25 @@ class KafkaCluster:
     def client(self) -> ClusterConfig:
         """What the mirror and the applications under test use, as the mirror's config describes a cluster: the secret
         stays in a 0600 file next to the broker's, as a Kubernetes Secret mount gives it."""
-        bootstrap = f"127.0.0.1:{self.client_port}"
+        return self._config(f"127.0.0.1:{self.client_port}")
+
+    @property
+    def proxied(self) -> ClusterConfig:
+        """As `client`, same credentials and TLS, but bootstrapped through this broker's proxy: the TLS name holds,
+        as the proxy listens on 127.0.0.1 too."""
+        return self._config(self._proxy().listen)
+
+    @property
+    def faults(self) -> Faults:
+        """Network faults between `proxied` clients and this broker."""
+        return Faults([self._proxy()])
+
+    def _proxy(self) -> Proxy:
+        if self.proxy is None:
+            raise RuntimeError(f"broker {self.name} has no proxy: start it with `proxied=True` (TestBed.start)")
+        return self.proxy
+
+    def _config(self, bootstrap: str) -> ClusterConfig:
         if self.kind is ListenerKind.PLAINTEXT:
             return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
         signed_in = {"password": SecretRef(file=str(self.folder / "client-secret")), "ca_file": str(self.tls.ca_pem)}
@@ -148,7 +176,8 @@ class KafkaCluster:
         self._write_secret()
         for attempt in range(1, attempts + 1):
             if not self._formatted:
-                self.admin_port, self.client_port, self.controller_port = free_ports(3)
+                self.admin_port, self.client_port, self.controller_port, self.proxied_port = free_ports(4)
+                self._place_proxy()
                 self._write_properties()
                 self._format()
             began = time.monotonic()
@@ -216,6 +245,16 @@ class KafkaCluster:
         path.write_text(self.secret)
         path.chmod(0o600)
 
+    def _place_proxy(self) -> None:
+        """Point the proxy at the PROXIED listener's port, making the proxy on the first start; its own port stays."""
+        if self.toxiproxy is None:
+            return
+        upstream = f"127.0.0.1:{self.proxied_port}"
+        if self.proxy is None:
+            self.proxy = self.toxiproxy.proxy(self.name, upstream)
+        else:
+            self.proxy.point_at(upstream)
+
     def _client_protocol(self) -> str:
         return "PLAINTEXT" if self.kind is ListenerKind.PLAINTEXT else "SASL_SSL"
 
@@ -224,7 +263,17 @@ class KafkaCluster:
         if data.exists():
             shutil.rmtree(data)
         self.folder.mkdir(parents=True, exist_ok=True)
-        listeners = f"ADMIN://127.0.0.1:{self.admin_port},CLIENT://127.0.0.1:{self.client_port}"
+        listeners = [f"ADMIN://127.0.0.1:{self.admin_port}", f"CLIENT://127.0.0.1:{self.client_port}"]
+        advertised = list(listeners)
+        protocols = ["ADMIN:PLAINTEXT", f"CLIENT:{self._client_protocol()}", "CONTROLLER:PLAINTEXT"]
+        client_listeners = ["client"]
+        if self.proxy is not None:
+            listeners.append(f"PROXIED://127.0.0.1:{self.proxied_port}")
+            advertised.append(f"PROXIED://{self.proxy.listen}")
+            protocols.append(f"PROXIED:{self._client_protocol()}")
+            client_listeners.append("proxied")
+        if not self.quorum:
+            listeners.append(f"CONTROLLER://127.0.0.1:{self.controller_port}")
         controller = self.quorum or self
         props = {
             "process.roles": "broker" if self.quorum else "broker,controller",
@@ -232,9 +281,9 @@ class KafkaCluster:
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller.controller_port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "ADMIN",
-            "listeners": listeners if self.quorum else f"{listeners},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"ADMIN://127.0.0.1:{self.admin_port},CLIENT://127.0.0.1:{self.client_port}",
-            "listener.security.protocol.map": f"ADMIN:PLAINTEXT,CLIENT:{self._client_protocol()},CONTROLLER:PLAINTEXT",
+            "listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertised),
+            "listener.security.protocol.map": ",".join(protocols),
             "log.dirs": str(data),
             "num.partitions": "1",
             "auto.create.topics.enable": "false",
@@ -252,23 +301,27 @@ class KafkaCluster:
         if self.kind is not ListenerKind.PLAINTEXT:
             props |= {"ssl.keystore.type": "PEM", "ssl.keystore.location": str(self.tls.server_pem)}
         if self.kind is ListenerKind.EVENTHUBS:
+            for listener in client_listeners:
+                props |= {
+                    f"listener.name.{listener}.sasl.enabled.mechanisms": "PLAIN",
+                    f"listener.name.{listener}.plain.sasl.jaas.config": (
+                        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                        f'user_{EVENTHUBS_USER}="{self.connection_string}";'
+                    ),
+                }
             props |= {
-                "listener.name.client.sasl.enabled.mechanisms": "PLAIN",
-                "listener.name.client.plain.sasl.jaas.config": (
-                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                    f'user_{EVENTHUBS_USER}="{self.connection_string}";'
-                ),
                 "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
                 "super.users": "User:ANONYMOUS",
                 "allow.everyone.if.no.acl.found": "true",
             }
         if self.kind is ListenerKind.MSK_SCRAM:
-            props |= {
-                "listener.name.client.sasl.enabled.mechanisms": "SCRAM-SHA-512",
-                "listener.name.client.scram-sha-512.sasl.jaas.config": (
-                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-                ),
-            }
+            for listener in client_listeners:
+                props |= {
+                    f"listener.name.{listener}.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                    f"listener.name.{listener}.scram-sha-512.sasl.jaas.config": (
+                        "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                    ),
+                }
         lines = [f"{k}={_escape_property(v)}" for k, v in props.items()]
         properties = self.folder / "server.properties"
         properties.write_text("\n".join(lines) + "\n")
@@ -374,6 +427,17 @@ class MultiBrokerCluster:
     def client(self) -> ClusterConfig:
         bootstrap = ",".join(b.client.bootstrap_servers for b in self.brokers)
         return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+
+    @property
+    def proxied(self) -> ClusterConfig:
+        """As `client`, through each broker's own proxy."""
+        bootstrap = ",".join(b.proxied.bootstrap_servers for b in self.brokers)
+        return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+
+    @property
+    def faults(self) -> Faults:
+        """Network faults on every broker's proxy at once; `broker(n).faults` for one broker's alone."""
+        return Faults([p for b in self.brokers for p in b.faults.proxies])
 
     def broker(self, node_id: int) -> KafkaCluster:
         return next(b for b in self.brokers if b.node_id == node_id)
