@@ -2,7 +2,9 @@
 the `kafka`, `spark` and `kube` marks that say which tests need them.
 
 Brokers and the API server start once per session; each test isolates itself with its own topic names (see `unique`)
-or namespaces.
+or namespaces. The four clusters below are proxied (bench/testbed/toxiproxy.py): beside `client`, each offers
+`proxied`, the same access through Toxiproxy, and `faults`, which breaks that path; a test that breaks it heals it
+before it ends.
 """
 
 from __future__ import annotations
@@ -44,26 +46,26 @@ def testbed() -> Iterator[TestBed]:
 @pytest.fixture(scope="session")
 def plaintext_cluster(testbed: TestBed) -> KafkaCluster:
     """On-prem style Kafka (PLAINTEXT)."""
-    return testbed.start("onprem", ListenerKind.PLAINTEXT)
+    return testbed.start("onprem", ListenerKind.PLAINTEXT, proxied=True)
 
 
 @pytest.fixture(scope="session")
 def source_cluster(testbed: TestBed) -> KafkaCluster:
     """The MSK-like source: SASL_SSL with SCRAM-SHA-512."""
-    return testbed.start("msk", ListenerKind.MSK_SCRAM)
+    return testbed.start("msk", ListenerKind.MSK_SCRAM, proxied=True)
 
 
 @pytest.fixture(scope="session")
 def target_cluster(testbed: TestBed) -> KafkaCluster:
     """The Event Hubs-like target: SASL_SSL PLAIN with `$ConnectionString`, 1 MB cap, no topic creation."""
-    return testbed.start("eventhubs", ListenerKind.EVENTHUBS)
+    return testbed.start("eventhubs", ListenerKind.EVENTHUBS, proxied=True)
 
 
 @pytest.fixture(scope="session")
 def multi_broker_cluster(testbed: TestBed) -> MultiBrokerCluster:
     """A plaintext cluster of two brokers, node 1 also its controller, for leader and broker faults: stopping broker 2
     takes the partitions it leads offline. A test that stops a broker starts it again before it ends."""
-    return testbed.start_multi("multi", brokers=2)
+    return testbed.start_multi("multi", brokers=2, proxied=True)
 
 
 @pytest.fixture(scope="session")
