@@ -25,10 +25,12 @@ def create_event_hubs(admin: ClusterConfig, config: MirrorConfig, alias: str, si
     create_topics(admin, dict.fromkeys(compacted & set(hubs), 1), {"cleanup.policy": "compact"})
 
 
-def cluster_entry(cluster: Cluster, alias: str) -> dict:
+def cluster_entry(cluster: Cluster, alias: str, proxied: bool = False) -> dict:
     """The `clusters[]` entry for a test-bed cluster under `alias`: its client `ClusterConfig` as a config file gives
-    it, the secret still in the 0600 file next to the broker's."""
-    return cluster.client.model_copy(update={"alias": alias}).model_dump(mode="json", exclude_defaults=True)
+    it, the secret still in the 0600 file next to the broker's. `proxied` takes its `proxied` config instead, so the
+    mirror reaches the cluster through Toxiproxy, where the cluster's `faults` act."""
+    access = cluster.proxied if proxied else cluster.client
+    return access.model_copy(update={"alias": alias}).model_dump(mode="json", exclude_defaults=True)
 
 
 def one_flow_config(
