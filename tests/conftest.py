@@ -20,10 +20,10 @@ import pytest
 from bench.testbed.kafka_cluster import KafkaCluster, ListenerKind, MultiBrokerCluster
 from bench.testbed.ports import free_port
 from bench.testbed.s3 import S3Server, moto_server
+from bench.testbed.spark_standalone import SparkStandalone
 from bench.testbed.testbed import TestBed
 from tests.support.kube_api import KubeApiServer
 from tests.support.mirror_cli import MirrorCli
-from tests.support.spark_cluster import SparkStandalone
 
 CLUSTER_FIXTURES = frozenset(
     {"testbed", "plaintext_cluster", "source_cluster", "target_cluster", "multi_broker_cluster"}

@@ -7,8 +7,8 @@ import json
 import yaml
 
 from bench.testbed.clients import create_topics
+from bench.testbed.kafka_cluster import cluster_entry
 from spark_app.cli import main as cli_main
-from tests.support.mirror_config import cluster_entry
 
 
 def test_describe_lists_each_flows_topics_as_named_on_the_target_with_secrets_redacted(

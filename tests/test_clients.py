@@ -12,11 +12,11 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ListOffsetsResultInfo, OffsetSpec
 
 from bench.testbed.clients import Record, create_topics, produce
+from bench.testbed.kafka_cluster import cluster_entry
 from spark_app import clients
 from spark_app.clients import auth_error_callback, list_offsets_each, read_topic
 from spark_app.config import ClusterConfig
 from spark_app.errors import AuthenticationFailed
-from tests.support.mirror_config import cluster_entry
 
 CLUSTER = ClusterConfig(alias="dr", bootstrap_servers="127.0.0.1:9093", profile="kafka")
 

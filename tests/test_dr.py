@@ -16,7 +16,7 @@ from confluent_kafka import TopicPartition
 
 from bench.testbed import clients
 from bench.testbed.clients import Record, commit, committed, create_topics, java_settings, produce
-from bench.testbed.kafka_cluster import kafka_classpath, require_java
+from bench.testbed.kafka_cluster import cluster_entry, kafka_classpath, require_java
 from bench.testbed.ports import free_port
 from spark_app import clients as spark_clients
 from spark_app.cli import main as cli_main
@@ -29,7 +29,7 @@ from spark_app.dr.views import failover_plan
 from spark_app.errors import MirrorFailed
 from spark_app.mirror import Mirror
 from spark_app.policy import checkpoints_topic, offset_syncs_topic, target_topic
-from tests.support.mirror_config import cluster_entry, create_event_hubs, one_flow_config
+from tests.support.mirror_config import create_event_hubs, one_flow_config
 
 TRANSLATE_OFFSETS = Path(__file__).parent / "support" / "TranslateOffsets.java"
 

@@ -10,13 +10,13 @@ import pytest
 
 from bench.testbed import clients
 from bench.testbed.clients import Record, commit, create_topics, produce, read_all
+from bench.testbed.kafka_cluster import cluster_entry
 from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
 from spark_app.clients import watermarks
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from tests.support.assertions import assert_each_record_once_in_order, stamped
-from tests.support.mirror_config import cluster_entry
 from tests.support.running import mirror_running
 
 PER_SIDE = 150

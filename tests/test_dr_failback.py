@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from bench.testbed import clients
 from bench.testbed.clients import Record, commit, committed, create_topics, produce
+from bench.testbed.kafka_cluster import cluster_entry
 from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
 from spark_app.config import ClusterConfig, parse_config
@@ -20,7 +21,6 @@ from spark_app.dr.groups import ClusterGroups, Committed
 from spark_app.dr.lease import DrLease
 from spark_app.mirror import Mirror
 from spark_app.policy import checkpoints_topic
-from tests.support.mirror_config import cluster_entry
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.testbed.clients import Record, create_topics, produce
+from bench.testbed.kafka_cluster import cluster_entry
 from spark_app import clients
 from spark_app.config import ClusterConfig
 from spark_app.metrics import LagPoller, LagSource, MetricsPortError, MirrorMetrics
 from spark_app.ranges import LANDED_SCHEMA, LATENCY_BUCKETS_S
-from tests.support.mirror_config import cluster_entry
 
 FLOW = "msk->eh"
 LANDED_COLUMNS = [column.split()[0] for column in LANDED_SCHEMA.split(",")]

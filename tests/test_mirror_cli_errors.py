@@ -5,9 +5,10 @@ from __future__ import annotations
 import subprocess
 import time
 
+from bench.testbed.kafka_cluster import cluster_entry
 from bench.testbed.ports import free_ports
 from tests.support.mirror_cli import CONSOLE_SCRIPT, MirrorCli
-from tests.support.mirror_config import cluster_entry, one_flow_config
+from tests.support.mirror_config import one_flow_config
 
 
 def run_cli(cli: MirrorCli, config: dict) -> tuple[subprocess.CompletedProcess, float]:

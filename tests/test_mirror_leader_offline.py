@@ -9,12 +9,13 @@ import time
 from confluent_kafka import KafkaException
 
 from bench.testbed.clients import Record, create_placed_topics, end_offsets, produce, read_all
+from bench.testbed.kafka_cluster import cluster_entry
 from bench.testbed.ports import free_port
 from spark_app import quarantine
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.mirror_config import cluster_entry, one_flow_config
+from tests.support.mirror_config import one_flow_config
 from tests.support.running import mirror_running
 from tests.test_mirror_topic_faults import wait_until
 

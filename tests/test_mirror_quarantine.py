@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
+from bench.testbed.kafka_cluster import cluster_entry
 from spark_app.config import parse_config
 from spark_app.dr.views import flow_status
 from spark_app.ledger import STATE_FILE, STATE_VERSION
@@ -18,7 +19,7 @@ from spark_app.metrics import LagPoller
 from spark_app.mirror import Mirror
 from spark_app.policy import offset_syncs_topic
 from tests.support.assertions import assert_each_record_once_in_order
-from tests.support.mirror_config import cluster_entry, one_flow_config
+from tests.support.mirror_config import one_flow_config
 
 BIG = 1_200_000  # over the Event Hubs-like target's 1 MB cap
 

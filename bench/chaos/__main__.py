@@ -2,7 +2,10 @@
 the result in bench/results/chaos-<stamp>.md and .json.
 
 Usage: .venv/bin/python -m bench.chaos [--modes throughput,realtime] [--minutes 30] [--fault-every 6] [--rate 300]
-       [--seed 1]
+       [--seed 1] [--hold 3,12] [--local]
+
+The mirror's executors run on a Spark standalone cluster of two one-core workers, so the nemesis can lose and stop
+them; `--local` runs them in Spark's local mode instead.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import time
 from pathlib import Path
 
 from bench.testbed.kafka_cluster import ListenerKind
+from bench.testbed.spark_standalone import SparkStandalone
 from bench.testbed.testbed import TestBed
 
+from .nemesis import HOLD_S
 from .run import Outcome, duplicate_bound, run_chaos
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -29,21 +34,28 @@ def main() -> int:
     parser.add_argument("--fault-every", type=float, default=6.0, help="seconds between faults, on average")
     parser.add_argument("--rate", type=int, default=300, help="records/s the generator writes")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--hold", default=",".join(f"{s:g}" for s in HOLD_S), help="seconds a fault is held: low,high")
+    parser.add_argument("--local", action="store_true", help="executors in Spark's local mode")
     args = parser.parse_args()
+    low, high = (float(s) for s in args.hold.split(","))
     bed = TestBed()
-    source = bed.start_multi("chaos-src")
-    target = bed.start("chaos-dr", ListenerKind.EVENTHUBS)
+    source = bed.start_multi("chaos-src", proxied=True)
+    target = bed.start("chaos-dr", ListenerKind.EVENTHUBS, proxied=True)
+    root = Path(__file__).resolve().parents[2]
+    spark = None if args.local else SparkStandalone(bed.root / "spark", env={"PYTHONPATH": str(root)}).start()
     outcomes: list[Outcome] = []
     for i, mode in enumerate(args.modes.split(",")):
         folder = Path(tempfile.mkdtemp(prefix=f"mirrorkit-chaos-{mode}-"))
         outcome = run_chaos(source, target, folder, mode, args.seed + i, args.minutes * 60, args.fault_every,
-                            args.rate, f"{mode[:2]}{args.seed + i}")  # fmt: skip
+                            args.rate, f"{mode[:2]}{args.seed + i}", (low, high), spark)  # fmt: skip
         outcomes.append(outcome)
         print(render([outcome]))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"chaos-{stamp}.json").write_text(json.dumps([_plain(o) for o in outcomes], indent=1))
     (RESULTS / f"chaos-{stamp}.md").write_text(render(outcomes, args))
+    if spark is not None:
+        spark.close()
     bed.close()
     return 0 if all(o.report.ok and o.report.total("duplicates") <= duplicate_bound(o) for o in outcomes) else 1
 
@@ -57,8 +69,10 @@ def _plain(outcome: Outcome) -> dict[str, object]:
 def render(outcomes: list[Outcome], args: argparse.Namespace | None = None) -> str:
     lines = ["# The mirror against an adversary", ""]
     if args is not None:
+        local = " --local" if args.local else ""
         lines += [f"`python -m bench.chaos --modes {args.modes} --minutes {args.minutes:g} --fault-every"
-                  f" {args.fault_every:g} --rate {args.rate} --seed {args.seed}`", ""]  # fmt: skip
+                  f" {args.fault_every:g} --rate {args.rate} --seed {args.seed} --hold {args.hold}{local}`",
+                  ""]  # fmt: skip
     lines += ["| mode | faults | sent | on source | lost | out of order | duplicates (bound) | deleted unmirrored,"
               " reported | silent losses | translation checks | skips | mirror starts | drained in |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip

@@ -1,10 +1,14 @@
 """The nemesis: faults picked at random (a seed makes a run repeatable) from a menu, each with its own undo.
 
-A fault is injected, held for a few seconds, then healed, one at a time. The menu covers the process (the driver
-killed or stopped, a Python worker killed), the brokers (a source broker stopped: the partitions it leads go
-offline; the whole target stopped), the target refusing writes (an ACL denied, a topic made to refuse records
-without a key), and the source changing under the mirror (a topic deleted and made again; records deleted before
-they were mirrored, as retention would while the mirror is down). Every fault and its outcome is logged in `events`.
+A fault is injected, held for a few seconds, then healed, one at a time. The menu covers the processes (the driver
+killed or stopped; on a standalone cluster an executor lost with its worker or stopped, in local mode a Python
+worker killed), the brokers (a source broker stopped: the partitions it leads go
+offline; the whole target stopped), the network between the mirror and each cluster (Toxiproxy: a cut, latency with
+a bandwidth cap, connections reset, a black hole that drops what is sent until healed), the target refusing writes
+(an ACL denied, a topic made to refuse records without a key), and the source changing under the mirror (a topic
+deleted and made again; records deleted before they were mirrored, as retention would while the mirror is down).
+Network faults act on the mirror's path alone: the generator, the groups and the checker reach the clusters
+directly. Every fault and its outcome is logged in `events`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from confluent_kafka.admin import (
 
 from bench.testbed import clients
 from bench.testbed.kafka_cluster import EVENTHUBS_USER, KafkaCluster, MultiBrokerCluster
+from bench.testbed.spark_standalone import SparkStandalone
+from bench.testbed.toxiproxy import Faults
 
 from .load import Topics
 from .process import MirrorProcess
@@ -36,6 +42,9 @@ from .process import MirrorProcess
 HOLD_S = (3.0, 12.0)  # how long a fault is held, drawn at random (by default)
 OFFLINE_BROKER = 2  # the source broker stopped: it alone holds partition 1 of every topic
 SLOW_TARGET_BYTES_S = 20_000
+# A WAN gone bad: each chunk delayed (with jitter) and the rate capped, on the way back from the brokers.
+WAN_LATENCY_MS, WAN_JITTER_MS, WAN_KB_S = 400, 150, 64
+RESET_AFTER_MS = (200, 3_000)  # connections reset this long after data first flows on them, drawn at random
 
 
 Remote = Callable[[str], str]  # a source topic's name on the target
@@ -57,6 +66,7 @@ class Scene:
     mirror: MirrorProcess
     topics: Topics
     remote: Remote
+    spark: SparkStandalone | None = None  # the mirror's executors run there; None: Spark's local mode
 
 
 @dataclass
@@ -76,18 +86,53 @@ class Nemesis:
         return [
             Fault("kill the driver", self._kill_driver, s.mirror.start),
             Fault("stop the driver (SIGTERM)", self._term_driver, s.mirror.start),
-            Fault("kill a Python worker", self._kill_worker, lambda: None),
+            *self._executor_faults(),
             Fault(
                 "stop a source broker (its partitions' leader offline)",
                 self._stop_source_broker,
                 lambda: s.source.broker(OFFLINE_BROKER).start(),
             ),  # fmt: skip
             Fault("stop the target", self._stop_target, lambda: s.target.start()),
-            Fault("deny the mirror's writes to a target topic", self._deny_write, self._allow_write),
+            Fault("cut the mirror's network to the source", self._cut(s.source.faults), s.source.faults.heal),
+            Fault("cut the mirror's network to the target", self._cut(s.target.faults), s.target.faults.heal),
+            Fault("a slow, narrow network to the source", self._slow(s.source.faults), s.source.faults.heal),
+            Fault("a slow, narrow network to the target", self._slow(s.target.faults), s.target.faults.heal),
+            Fault("reset the mirror's connections to the source", self._reset(s.source.faults), s.source.faults.heal),
+            Fault("reset the mirror's connections to the target", self._reset(s.target.faults), s.target.faults.heal),
+            Fault("black-hole the network to the target", self._black_hole(s.target.faults), s.target.faults.heal),
+            self._acl_fault("deny the mirror's writes to a target topic", AclOperation.WRITE),
+            self._acl_fault("deny the mirror describing a target topic", AclOperation.DESCRIBE),
             Fault("make a target topic refuse records without a key", self._compact_target, self._uncompact_target),
             Fault("delete a source topic and make it again", self._recreate, lambda: None),
             Fault("delete records not yet mirrored (retention)", self._retention, s.mirror.start),
             Fault("slow the target (a produce quota)", self._slow_target, s.target.unlimit_producers),
+        ]
+
+    def _executor_faults(self) -> list[Fault]:
+        """On a standalone cluster, an executor lost with its worker (SIGKILL) or stopped (SIGTERM); in local mode,
+        where tasks run in the driver's JVM, one of its Python workers killed."""
+        spark = self.scene.spark
+        if spark is None:
+            return [Fault("kill a Python worker", self._kill_worker, lambda: None)]
+        lost: list[int] = []
+
+        def kill_node() -> str:
+            index = self.rng.randrange(len(spark.workers))
+            spark.kill_worker(index)
+            lost.append(index)
+            return f"worker {index} and its executor SIGKILLed"
+
+        def restart_nodes() -> None:
+            while lost:
+                spark.start_worker(lost.pop())
+
+        def stop_executor() -> str:
+            index = self.rng.randrange(len(spark.workers))
+            return f"worker {index}'s executor " + ("SIGTERMed" if spark.stop_executor(index) else "not running")
+
+        return [
+            Fault("kill an executor with its worker (a node lost)", kill_node, restart_nodes),
+            Fault("stop an executor (SIGTERM)", stop_executor, lambda: None),
         ]
 
     def run(self, until: float, every_s: float) -> int:
@@ -132,28 +177,61 @@ class Nemesis:
         self.scene.target.stop()
         return "stopped"
 
+    @staticmethod
+    def _cut(faults: Faults) -> Callable[[], str]:
+        def inject() -> str:
+            faults.cut()
+            return "connections dropped, new ones refused"
+
+        return inject
+
+    @staticmethod
+    def _slow(faults: Faults) -> Callable[[], str]:
+        def inject() -> str:
+            faults.latency(WAN_LATENCY_MS, WAN_JITTER_MS)
+            faults.bandwidth(WAN_KB_S)
+            return f"{WAN_LATENCY_MS}±{WAN_JITTER_MS} ms, {WAN_KB_S} KB/s"
+
+        return inject
+
+    def _reset(self, faults: Faults) -> Callable[[], str]:
+        def inject() -> str:
+            after = self.rng.randint(*RESET_AFTER_MS)
+            faults.reset_peer(after_ms=after)
+            return f"each connection reset {after} ms after data flows"
+
+        return inject
+
+    @staticmethod
+    def _black_hole(faults: Faults) -> Callable[[], str]:
+        def inject() -> str:
+            faults.timeout(0)
+            return "what the brokers send is dropped, connections held open"
+
+        return inject
+
     def _slow_target(self) -> str:
         self.scene.target.limit_producers(SLOW_TARGET_BYTES_S)
         return f"{SLOW_TARGET_BYTES_S} B/s per client"
 
-    def _acl(self) -> AclBinding:
+    def _acl_fault(self, name: str, operation: AclOperation) -> Fault:
+        """A DENY for the mirror's principal on the target copy of the plain topic, and its removal."""
         topic = self.scene.remote(self.scene.topics.plain)
-        return AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{EVENTHUBS_USER}", "*",
-                          AclOperation.WRITE, AclPermissionType.DENY)  # fmt: skip
+        deny = AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{EVENTHUBS_USER}", "*",
+                          operation, AclPermissionType.DENY)  # fmt: skip
+        match = AclBindingFilter(deny.restype, deny.name, deny.resource_pattern_type, deny.principal, deny.host,
+                                 deny.operation, deny.permission_type)  # fmt: skip
 
-    def _deny_write(self) -> str:
-        admin = clients.admin(self.scene.target.admin)
-        for future in admin.create_acls([self._acl()]).values():
-            future.result()
-        return self._acl().name
+        def inject() -> str:
+            for future in clients.admin(self.scene.target.admin).create_acls([deny]).values():
+                future.result()
+            return f"{operation.name} on {topic}"
 
-    def _allow_write(self) -> None:
-        b = self._acl()
-        match = AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation,
-                                 b.permission_type)  # fmt: skip
-        admin = clients.admin(self.scene.target.admin)
-        for future in admin.delete_acls([match]).values():
-            future.result()
+        def heal() -> None:
+            for future in clients.admin(self.scene.target.admin).delete_acls([match]).values():
+                future.result()
+
+        return Fault(name, inject, heal)
 
     def _set_cleanup(self, policy: str) -> str:
         topic = self.scene.remote(self.scene.topics.plain)

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.testbed.spark_standalone import session_processes
+
 STOP_WAIT_S = 180.0  # a SIGTERM lets the batch in flight finish; past this the process is killed
 
 
@@ -46,6 +48,10 @@ class MirrorProcess:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._proc.pid, signal.SIGKILL)
+        # PySpark's worker daemon leads a process group of its own; the session holds everything the pod would.
+        for pid, _, _ in session_processes(self._proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self._proc.wait(60)
 
     def term(self) -> int | None:
@@ -67,7 +73,9 @@ class MirrorProcess:
         if self._proc is None:
             return False
         session = os.getsid(self._proc.pid)
-        workers = [pid for pid, cmd, parent_cmd in _processes(session) if "pyspark" in cmd and "pyspark" in parent_cmd]
+        workers = [
+            pid for pid, cmd, parent_cmd in session_processes(session) if "pyspark" in cmd and "pyspark" in parent_cmd
+        ]
         if not workers:
             return False
         try:
@@ -75,27 +83,3 @@ class MirrorProcess:
         except ProcessLookupError:
             return False
         return True
-
-
-def _processes(session: int) -> list[tuple[int, str, str]]:
-    """(pid, command line, parent's command line) of every process in `session`, from /proc."""
-
-    def cmdline(pid: int) -> str:
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return ""
-
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        try:
-            if os.getsid(pid) != session:
-                continue
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        out.append((pid, cmdline(pid), cmdline(parent)))
-    return out

@@ -11,8 +11,9 @@ import yaml
 from confluent_kafka import KafkaException
 
 from bench.testbed import clients
-from bench.testbed.kafka_cluster import KafkaCluster, MultiBrokerCluster
+from bench.testbed.kafka_cluster import KafkaCluster, MultiBrokerCluster, cluster_entry
 from bench.testbed.ports import free_port
+from bench.testbed.spark_standalone import SparkStandalone
 from spark_app.config import MirrorConfig, parse_config
 from spark_app.dr.internal import compacted_topics, read_checkpoints
 from spark_app.policy import event_hubs_topics, target_topic
@@ -52,16 +53,12 @@ def duplicate_bound(outcome: Outcome) -> int:
     return int(outcome.faults * outcome.rate * DUPLICATE_WINDOW_S)
 
 
-def entry(cluster: KafkaCluster | MultiBrokerCluster, alias: str) -> dict[str, object]:
-    """A `clusters[]` entry for a test-bed cluster, under `alias`."""
-    return cluster.client.model_copy(update={"alias": alias}).model_dump(mode="json", exclude_defaults=True)
-
-
 def chaos_config(source: MultiBrokerCluster, target: KafkaCluster, topics: Topics, mode: str, folder: Path,
                  suffix: str) -> MirrorConfig:  # fmt: skip
     # Aliases of the run's own: the flow's internal topics, its DR lease and its names on the target are its alone.
     raw = {
-        "clusters": [entry(source, f"src-{suffix}"), entry(target, f"dr-{suffix}")],
+        "clusters": [cluster_entry(source, f"src-{suffix}", proxied=True),
+                     cluster_entry(target, f"dr-{suffix}", proxied=True)],
         "flows": [{
             "source": f"src-{suffix}", "target": f"dr-{suffix}", "topics": {"include": topics.all},
             "groups": {"include": [f"chaos-group-{suffix}-.*"]}, "checkpoint_location": str(folder / "checkpoint"),
@@ -88,21 +85,23 @@ def prepare(source: MultiBrokerCluster, target: KafkaCluster, topics: Topics, co
 def run_chaos(
     source: MultiBrokerCluster, target: KafkaCluster, folder: Path, mode: str, seed: int, duration_s: float,
     fault_every_s: float, rate: int, suffix: str, hold_s: tuple[float, float] = HOLD_S,
+    spark: SparkStandalone | None = None,
 ) -> Outcome:  # fmt: skip
-    """Run the mirror through `duration_s` of random faults and check both clusters at the end."""
+    """Run the mirror through `duration_s` of random faults and check both clusters at the end; its executors on
+    `spark`, or in Spark's local mode."""
     topics = Topics(f"chaos-plain-{suffix}", f"chaos-txn-{suffix}", f"chaos-compact-{suffix}", f"chaos-remade-{suffix}")
     config = chaos_config(source, target, topics, mode, folder, suffix)
     prepare(source, target, topics, config)
     config_file = folder / "mirror.yaml"
     config_file.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)))
-    mirror = MirrorProcess(config_file, folder / "mirror.log")
+    mirror = MirrorProcess(config_file, folder / "mirror.log", spark.master_url if spark else "local[4]")
     flow = config.flows[0]
 
     def remote(topic: str) -> str:
         return target_topic(flow, topic)
 
     group_names = [f"chaos-group-{suffix}-{i}" for i in range(3)]
-    nemesis = Nemesis(Scene(source, target, mirror, topics, remote), seed, hold_s=hold_s)
+    nemesis = Nemesis(Scene(source, target, mirror, topics, remote, spark), seed, hold_s=hold_s)
     load = Load(source.client, topics, rate, seed)
     groups = Groups(source.client, [topics.plain, topics.transactional], topics.partitions, group_names, seed)
     mirror.start()

@@ -455,3 +455,11 @@ class BrokerStartError(RuntimeError):
 
 def _escape_property(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def cluster_entry(cluster: KafkaCluster | MultiBrokerCluster, alias: str, proxied: bool = False) -> dict[str, object]:
+    """The `clusters[]` entry for a test-bed cluster under `alias`: its client `ClusterConfig` as a config file gives
+    it, the secret still in the 0600 file next to the broker's. `proxied` takes its `proxied` config instead, so the
+    mirror reaches the cluster through Toxiproxy, where the cluster's `faults` act."""
+    access = cluster.proxied if proxied else cluster.client
+    return access.model_copy(update={"alias": alias}).model_dump(mode="json", exclude_defaults=True)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.testbed.clients import ClusterConfig, create_topics
-from bench.testbed.kafka_cluster import KafkaCluster, MultiBrokerCluster
+from bench.testbed.kafka_cluster import KafkaCluster, MultiBrokerCluster, cluster_entry
 from spark_app.config import FlowConfig, MirrorConfig
 from spark_app.dr.internal import compacted_topics
 from spark_app.policy import event_hubs_topics
@@ -23,14 +23,6 @@ def create_event_hubs(admin: ClusterConfig, config: MirrorConfig, alias: str, si
     hubs, compacted = event_hubs_topics(config)[alias], compacted_topics(config)[alias]
     create_topics(admin, {h: sizes.get(h, 1) for h in hubs if h not in compacted})
     create_topics(admin, dict.fromkeys(compacted & set(hubs), 1), {"cleanup.policy": "compact"})
-
-
-def cluster_entry(cluster: Cluster, alias: str, proxied: bool = False) -> dict:
-    """The `clusters[]` entry for a test-bed cluster under `alias`: its client `ClusterConfig` as a config file gives
-    it, the secret still in the 0600 file next to the broker's. `proxied` takes its `proxied` config instead, so the
-    mirror reaches the cluster through Toxiproxy, where the cluster's `faults` act."""
-    access = cluster.proxied if proxied else cluster.client
-    return access.model_copy(update={"alias": alias}).model_dump(mode="json", exclude_defaults=True)
 
 
 def one_flow_config(

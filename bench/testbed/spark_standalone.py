@@ -7,6 +7,7 @@ starts (its executors and their Python workers), so `kill_worker` loses all of t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -79,6 +80,18 @@ class SparkStandalone:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
         self.workers[index] = None
+
+    def stop_executor(self, index: int) -> bool:
+        """SIGTERM the executor JVMs worker `index` runs, as a node drained or a pod evicted stops them; the worker
+        starts the application new executors. False when it runs none now."""
+        process = self.workers[index]
+        if process is None or process.poll() is not None:
+            return False
+        executors = [pid for pid, cmd, _ in session_processes(process.pid) if "CoarseGrainedExecutorBackend" in cmd]
+        for pid in executors:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        return bool(executors)
 
     def alive_workers(self) -> int:
         """Workers the master counts alive, from its web UI's JSON."""
@@ -155,3 +168,27 @@ def running_tasks(driver_ui_port: int) -> list[str]:
 def _json(port: int, path: str) -> Any:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as answer:
         return json.load(answer)
+
+
+def session_processes(session: int) -> list[tuple[int, str, str]]:
+    """(pid, command line, parent's command line) of every process in `session`, from /proc."""
+
+    def cmdline(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return ""
+
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            if os.getsid(pid) != session:
+                continue
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        out.append((pid, cmdline(pid), cmdline(parent)))
+    return out
