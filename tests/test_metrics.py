@@ -14,6 +14,7 @@ from spark_app import clients
 from spark_app.config import ClusterConfig
 from spark_app.metrics import LagPoller, LagSource, MetricsPortError, MirrorMetrics
 from spark_app.ranges import LANDED_SCHEMA, LATENCY_BUCKETS_S
+from tests.support.clock import Clock
 
 FLOW = "msk->eh"
 LANDED_COLUMNS = [column.split()[0] for column in LANDED_SCHEMA.split(",")]
@@ -43,14 +44,6 @@ def scrape(text: str) -> dict[tuple[str, frozenset], float]:
 
 def labels(**kv: str) -> frozenset:
     return frozenset(kv.items())
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_landing_rows_add_up_per_partition_and_latency_becomes_a_cumulative_histogram():

@@ -20,6 +20,7 @@ from spark_app.progress import (
     count_backlog,
     progress_line,
 )
+from tests.support.clock import Clock
 
 FLOW = "msk->eh"
 
@@ -32,14 +33,6 @@ class Counter:
 
     def __call__(self) -> int:
         return self.done
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_line_says_done_of_backlog_rate_and_eta_and_dashes_what_is_not_known():
@@ -57,7 +50,7 @@ def test_the_line_says_done_of_backlog_rate_and_eta_and_dashes_what_is_not_known
 
 
 def test_rate_is_taken_over_the_window_and_the_eta_is_what_remains_at_that_rate():
-    done, clock = Counter(), Clock()
+    done, clock = Counter(), Clock(100.0)
     backlog: list[int | None] = [None]  # not countable until the query has its topics
     flow = FlowProgress(FLOW, done, lambda: backlog[0])
 
@@ -88,7 +81,7 @@ def test_rate_is_taken_over_the_window_and_the_eta_is_what_remains_at_that_rate(
 
 
 def test_a_terminal_gets_one_line_redrawn_in_place_with_every_flow():
-    out, clock = io.StringIO(), Clock()
+    out, clock = io.StringIO(), Clock(100.0)
     a, b = Counter(), Counter()
     flows = [FlowProgress("a->b", a, lambda: 1_000), FlowProgress("b->a", b, lambda: None)]
     report = ProgressReport(flows, out, live=True, clock=clock)
@@ -104,7 +97,7 @@ def test_a_terminal_gets_one_line_redrawn_in_place_with_every_flow():
 
 
 def test_without_a_terminal_each_flow_logs_a_line_every_interval(caplog):
-    done, clock, out = Counter(), Clock(), io.StringIO()
+    done, clock, out = Counter(), Clock(100.0), io.StringIO()
     report = ProgressReport([FlowProgress(FLOW, done, lambda: 600)], out, live=False, clock=clock)
     caplog.set_level(logging.INFO, logger="spark_app.progress")
     for _ in range(int(LOG_EVERY_S) * 2 + 1):  # a tick a second, as the thread does
@@ -123,7 +116,7 @@ def test_without_a_terminal_each_flow_logs_a_line_every_interval(caplog):
 def test_the_final_figures_are_shown_when_the_run_ends(live, caplog):
     done, out = Counter(), io.StringIO()
     caplog.set_level(logging.INFO, logger="spark_app.progress")
-    with ProgressReport([FlowProgress(FLOW, done, lambda: 10)], out, live=live, clock=Clock()):
+    with ProgressReport([FlowProgress(FLOW, done, lambda: 10)], out, live=live, clock=Clock(100.0)):
         done.done = 10
     final = "flow msk->eh: 10 of 10 records (100.0%), - records/s, ETA 0:00:00"
     if live:

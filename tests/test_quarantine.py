@@ -13,6 +13,7 @@ from spark_app.ledger import STATE_FILE, STATE_VERSION, FlowLedger, LedgerState
 from spark_app.quarantine import RECORD_RETRY_S, Hold, Quarantine
 from spark_app.ranges import Landing, OffsetRange
 from spark_app.storage import checkpoint_files
+from tests.support.clock import Clock
 
 TOPIC = "orders"
 
@@ -49,14 +50,6 @@ class FakeSource:
 
     def earliest(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         return {tp: self.log_start.get(tp, 0) for tp in partitions}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def keeper(tmp_path, fake: FakeSource, clock: Clock | None = None, **flow_overrides: object) -> FlowLedger:

@@ -13,6 +13,7 @@ from spark_app.metrics import MirrorMetrics
 from spark_app.ranges import Landing
 from spark_app.runner import FlowRunner
 from spark_app.topics import TopicPlan
+from tests.support.clock import Clock
 
 PARTITIONS = 2
 SYNC_S = TOPIC_GONE_GRACE_S / 60  # rounds this far apart: a topic gone is forgotten 60 rounds later
@@ -33,14 +34,6 @@ class FakeTopicSync:
 
     def earliest_offsets(self, partitions):
         return dict.fromkeys(partitions, 0)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class MemoryFiles:

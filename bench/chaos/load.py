@@ -12,6 +12,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Self
 
 from confluent_kafka import KafkaException, Message, Producer
 
@@ -43,27 +44,18 @@ def value_of(topic: str, partition: int, seq: int) -> bytes:
     return f"{topic}:{partition}:{seq}".encode()
 
 
-@dataclass
-class Load:
-    """Writes `rate` records/s across `topics` from a thread until `stop`; `sent` counts what was acknowledged."""
+class Background:
+    """A loop (`_write`) on a thread of its own from `with` until `stop`; `error` says why it ended early."""
 
-    source: ClusterConfig
-    topics: Topics
-    rate: int
-    seed: int
-    # Per partition, each acknowledged record's value with the source offset it was written at.
-    sent: dict[tuple[str, int], dict[bytes, int]] = field(default_factory=dict)
-    failed: int = 0  # records whose delivery failed (e.g. to the topic while it was deleted)
-    txn_restarts: int = 0  # transactional producers replaced after a fatal error
-    error: str | None = None  # why the generator stopped early
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _seq: dict[tuple[str, int], int] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _in_txn: list[tuple[int, bytes, int]] = field(default_factory=list)  # (partition, value, offset) delivered so far
-    _thread: threading.Thread | None = None
+    thread_name = "chaos"
+    error: str | None = None
 
-    def __enter__(self) -> Load:
-        self._thread = threading.Thread(target=self._run, name="chaos-load", daemon=True)
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Self:
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
         return self
 
@@ -74,6 +66,33 @@ class Load:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(120)
+
+    def _run(self) -> None:
+        try:
+            self._write()
+        except BaseException as err:  # noqa: BLE001 - the run's outcome says the loop stopped, and why
+            self.error = repr(err)
+
+    def _write(self) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class Load(Background):
+    """Writes `rate` records/s across `topics` from a thread until `stop`; `sent` counts what was acknowledged."""
+
+    source: ClusterConfig
+    topics: Topics
+    rate: int
+    seed: int
+    # Per partition, each acknowledged record's value with the source offset it was written at.
+    sent: dict[tuple[str, int], dict[bytes, int]] = field(default_factory=dict)
+    failed: int = 0  # records whose delivery failed (e.g. to the topic while it was deleted)
+    txn_restarts: int = 0  # transactional producers replaced after a fatal error
+    thread_name = "chaos-load"
+    _seq: dict[tuple[str, int], int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _in_txn: list[tuple[int, bytes, int]] = field(default_factory=list)  # (partition, value, offset) delivered so far
 
     def _next(self, topic: str, partition: int) -> bytes:
         seq = self._seq.get((topic, partition), 0)
@@ -87,12 +106,6 @@ class Load:
     def acknowledged(self) -> dict[tuple[str, int], dict[bytes, int]]:
         with self._lock:
             return {key: dict(values) for key, values in self.sent.items()}
-
-    def _run(self) -> None:
-        try:
-            self._write()
-        except BaseException as err:  # noqa: BLE001 - the run's outcome says the load stopped, and why
-            self.error = repr(err)
 
     def _write(self) -> None:
         rng = random.Random(self.seed)
@@ -178,7 +191,7 @@ class Load:
 
 
 @dataclass
-class Groups:
+class Groups(Background):
     """Consumer groups of the source that move on at random, committing offsets the mirror's checkpoints translate:
     each commits, every couple of seconds, a random offset between its last one and the partition's end."""
 
@@ -188,27 +201,7 @@ class Groups:
     names: list[str]
     seed: int
     commits: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def __enter__(self) -> Groups:
-        self._thread = threading.Thread(target=self._run, name="chaos-groups", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(120)
-
-    def _run(self) -> None:
-        try:
-            self._write()
-        except BaseException as err:  # noqa: BLE001 - the run's outcome says the load stopped, and why
-            self.error = repr(err)
+    thread_name = "chaos-groups"
 
     def _write(self) -> None:
         rng = random.Random(self.seed)

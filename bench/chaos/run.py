@@ -45,7 +45,7 @@ class Outcome:
     exit_code: int | None
     starts: int
     extra: dict[str, int] = field(default_factory=dict)
-    load_error: str | None = None  # the generator stopped early: the run proves less
+    load_error: str | None = None  # the generator or the groups stopped early: the run proves less
 
 
 def duplicate_bound(outcome: Outcome) -> int:
@@ -125,7 +125,7 @@ def run_chaos(
     sent = sum(len(v) for v in load.acknowledged().values())
     return Outcome(mode, seed, rate, faults, nemesis.events, sent, report, drained_in, exit_code, mirror.starts,
                    {"group_commits": groups.commits, "failed_sends": load.failed,
-                    "transactional_restarts": load.txn_restarts}, load.error)  # fmt: skip
+                    "transactional_restarts": load.txn_restarts}, load.error or groups.error)  # fmt: skip
 
 
 def _warm_up(target: KafkaCluster, topics: Topics, remote: Remote, deadline: float) -> None:
