@@ -14,6 +14,7 @@ from pathlib import Path
 from bench.testbed.spark_standalone import session_processes
 
 STOP_WAIT_S = 180.0  # a SIGTERM lets the batch in flight finish; past this the process is killed
+DAEMON = "pyspark.daemon"  # the module Spark runs to fork Python workers
 
 
 class MirrorProcess:
@@ -73,9 +74,9 @@ class MirrorProcess:
         if self._proc is None:
             return False
         session = os.getsid(self._proc.pid)
-        workers = [
-            pid for pid, cmd, parent_cmd in session_processes(session) if "pyspark" in cmd and "pyspark" in parent_cmd
-        ]
+        # A worker is a fork of PySpark's daemon, so it shows the daemon's command line, as does its parent. (Spark's
+        # JVM shows the pyspark install in its class path and so does its launcher script: not a worker.)
+        workers = [pid for pid, cmd, parent in session_processes(session) if DAEMON in cmd and DAEMON in parent]
         if not workers:
             return False
         try:
