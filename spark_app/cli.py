@@ -381,7 +381,7 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
         log.info(
             "flow %s: %d records, %d bytes in %d batches; dropped %d, dead-lettered %d, lost at source %d,"
             " quarantined %s", running.flow.name, t.records_total, t.bytes_total, t.batches, t.dropped,
-            t.dead_lettered, sum(loss.count for loss in ledger.data_loss), ledger.quarantined or "none",
+            t.dead_lettered, ledger.lost_records, ledger.quarantined or "none",
         )  # fmt: skip
     spark.stop()
     return 0

@@ -22,6 +22,7 @@ positions are records it still owes.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import time
@@ -47,6 +48,9 @@ STATE_FILE = "mirrorkit-state.json"
 # deleted or deselected. Counted from the first round this process missed it, so a restart only puts it off. The
 # planner keeps a throughput query's positions of such a topic as long (spark_app.planner).
 TOPIC_GONE_GRACE_S = 7 * 86_400.0
+# How many of the newest data-loss and offsets-reset events a flow keeps for its summary and tests: the log and the
+# metrics have each one; a flow that runs for months must not keep them all.
+RECENT_EVENTS = 100
 
 # The source's log start per partition.
 EarliestOffsets = Callable[[list[Partition]], PartitionOffsets]
@@ -153,12 +157,23 @@ class FlowLedger:
         self.quarantines = Quarantines(flow, state.quarantined, clock)
         self.totals = FlowTotals()
         self.metrics = metrics or MirrorMetrics()
-        self.data_loss: list[DataLoss] = []
-        self.resets: list[OffsetsReset] = []
+        self.lost_records = 0  # records reported deleted before they were mirrored, over this process's life
+        self._losses: collections.deque[DataLoss] = collections.deque(maxlen=RECENT_EVENTS)
+        self._resets: collections.deque[OffsetsReset] = collections.deque(maxlen=RECENT_EVENTS)
         self._earliest = earliest
         self._on_landed = on_landed
         self._clock = clock
         self._missing_since: dict[str, float] = {}  # known topic missing from topic sync -> when first missed
+
+    @property
+    def data_loss(self) -> list[DataLoss]:
+        """The newest RECENT_EVENTS ranges reported deleted before they were mirrored (`lost_records` counts all)."""
+        return list(self._losses)
+
+    @property
+    def resets(self) -> list[OffsetsReset]:
+        """The newest RECENT_EVENTS partitions whose offsets went backwards."""
+        return list(self._resets)
 
     @property
     def quarantined(self) -> dict[str, str]:
@@ -233,7 +248,7 @@ class FlowLedger:
             if row.held_from >= 0:
                 self.quarantines.hold(row)
         self._report_loss(lost)
-        self.resets += resets
+        self._resets.extend(resets)
         if resets:
             self.metrics.error(self.flow.name, "offsets_reset", len(resets))
         self.state.mode = self.flow.mode
@@ -294,7 +309,8 @@ class FlowLedger:
             if end <= expected:
                 continue  # offsets that never held a record (compaction, transaction markers)
             loss = DataLoss(topic, partition, expected, end - 1)
-            self.data_loss.append(loss)
+            self._losses.append(loss)
+            self.lost_records += loss.count
             log.error(
                 "flow %s: %d record(s) of '%s' partition %d, offsets %d..%d, were deleted at the source before they"
                 " were mirrored%s", self.flow.name, loss.count, topic, partition, loss.first_offset, loss.last_offset,

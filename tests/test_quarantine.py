@@ -9,7 +9,7 @@ import pytest
 
 from spark_app.config import FlowConfig
 from spark_app.errors import MirrorFailed, StateError
-from spark_app.ledger import STATE_FILE, STATE_VERSION, FlowLedger, LedgerState
+from spark_app.ledger import RECENT_EVENTS, STATE_FILE, STATE_VERSION, FlowLedger, LedgerState
 from spark_app.quarantine import RECORD_RETRY_S, Hold, Quarantine
 from spark_app.ranges import Landing, OffsetRange
 from spark_app.storage import checkpoint_files
@@ -170,6 +170,27 @@ def test_records_deleted_at_the_source_before_they_were_read_are_reported_once_w
     assert [(x.topic, x.partition, x.first_offset, x.last_offset, x.count) for x in q.data_loss] == [
         (TOPIC, 0, 10, 14, 5)
     ]
+
+
+def test_a_flow_that_loses_records_for_months_keeps_the_newest_events_and_counts_them_all(tmp_path):
+    """2,000 batches each finding 3 records deleted before they were read, and a reset every 10th: the ledger keeps
+    the newest RECENT_EVENTS of each, and its total counts every lost record."""
+    fake = FakeSource()
+    q = keeper(tmp_path, fake)
+    q.file([landing(0, 0, 10)])
+    at, newest = 10, -1
+    for batch in range(2_000):
+        fake.log_start[(TOPIC, 0)] = at + 3
+        row = landing(0, at + 3, at + 10)
+        if batch % 10 == 9:
+            row.reset_from = at + 3  # the row says it went back to where it starts: no gap is counted before it
+        else:
+            newest = at
+        q.file([row])
+        at += 10
+    assert len(q.data_loss) == RECENT_EVENTS and q.data_loss[-1].first_offset == newest
+    assert len(q.resets) == RECENT_EVENTS
+    assert q.lost_records == 3 * (2_000 - 200)
 
 
 def test_fail_on_data_loss_stops_the_flow_naming_the_lost_range(tmp_path):
