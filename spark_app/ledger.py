@@ -13,8 +13,7 @@ source's log start is checked: records below it that were never read were delete
 Topics gone. Topic sync tells the ledger which topics the source has now (`topics_seen`). A topic missing from
 every round for TOPIC_GONE_GRACE_S is forgotten: its positions, landings, adopted offsets and per-topic totals, so
 the state, rewritten at every save, holds the topics that exist rather than every topic ever copied. A topic missing
-for less keeps everything and resumes where it stood. A quarantined topic is never forgotten: its holds and
-positions are records it still owes.
+for less keeps everything and resumes where it stood; a quarantined one keeps its holds as long.
 
 `LedgerState` is a small versioned JSON file in the flow's Spark checkpoint folder, local or in object storage
 (spark_app.storage), so it survives exactly when the checkpoint does.
@@ -206,16 +205,23 @@ class FlowLedger:
 
     def topics_seen(self, present: Collection[str]) -> None:
         """Topic sync found `present` at the source: forget each topic the ledger knows that has been missing from
-        every round since TOPIC_GONE_GRACE_S ago, unless it is quarantined."""
+        every round since TOPIC_GONE_GRACE_S ago. A quarantined one gives up its holds then, saying so: what it
+        still owed went with it (deleted) or is no longer wanted (deselected)."""
         now = self._clock()
-        known = self.state.topics() | set(self.totals.records)
-        missing = known - set(present) - set(self.quarantines.topics)
+        known = self.state.topics() | set(self.totals.records) | set(self.quarantines.topics)
+        missing = known - set(present)
         self._missing_since = {t: self._missing_since.get(t, now) for t in missing}
         gone = sorted(t for t, since in self._missing_since.items() if now - since >= TOPIC_GONE_GRACE_S)
         if not gone:
             return
         for topic in gone:
             del self._missing_since[topic]
+            if topic in self.quarantines.topics:
+                reason, held = self.quarantines.reasons()[topic], self.quarantines.held()[topic]
+                self.quarantines.release(topic)
+                log.error("flow %s: quarantined topic '%s' (%s) has been missing at the source for %.0f s; its held"
+                          " records (first held offset per partition: %s) are given up", self.flow.name, topic, reason,
+                          TOPIC_GONE_GRACE_S, held or "none")  # fmt: skip
         self.state.forget(gone)
         self.totals.forget(gone)
         log.info("flow %s: forgetting the positions of %d topic(s) missing at the source for %.0f s: %s",

@@ -5,6 +5,7 @@ while keeps its positions."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 
 from spark_app.config import parse_config
@@ -128,7 +129,7 @@ def series_topics(metrics: MirrorMetrics) -> set[str]:
     }
 
 
-def test_a_topic_missing_for_a_while_keeps_its_positions_and_one_gone_past_the_grace_is_forgotten(tmp_path):
+def test_a_topic_missing_for_a_while_keeps_its_positions_and_one_gone_past_the_grace_is_forgotten(tmp_path, caplog):
     clock = Clock()
     run, sync = runner(tmp_path, clock)
     sync.present = {"orders", "held"}
@@ -169,10 +170,17 @@ def test_a_topic_missing_for_a_while_keeps_its_positions_and_one_gone_past_the_g
     saved = json.loads((tmp_path / STATE_FILE).read_text())
     assert set(saved["positions"]) == {"held"}, "the saved state forgets it too"
 
-    clock.now += 10 * TOPIC_GONE_GRACE_S  # a quarantined topic gone for good still owes its records: it stays
+    clock.now += TOPIC_GONE_GRACE_S / 2  # a quarantined topic missing for less than the grace still owes its records
     run.sync_topics()
     assert run.ledger.held == {"held": {0: 0}} and ("held", 0) in run.ledger.state.positions
     assert set(json.loads((tmp_path / STATE_FILE).read_text())["quarantined"]) == {"held"}
+    clock.now += TOPIC_GONE_GRACE_S  # gone for good: it gives up its holds, saying so, and its alert clears
+    with caplog.at_level(logging.ERROR):
+        run.sync_topics()
+    assert run.ledger.held == {} and run.ledger.quarantined == {} and not run.ledger.state.positions
+    assert json.loads((tmp_path / STATE_FILE).read_text())["quarantined"] == {}
+    assert "quarantined topic 'held' (no such hub on the target) has been missing" in caplog.text
+    assert "{0: 0}" in caplog.text, "the log says from where its records are given up"
 
 
 def test_state_totals_and_series_stay_bounded_by_the_topics_there_now_over_thousands_of_rounds(tmp_path):
