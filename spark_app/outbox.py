@@ -142,7 +142,7 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
             continue
         offset, stop = msg.offset(), cursor.stop
         if (err := msg.error()) is not None and err.code() == KafkaError._AUTO_OFFSET_RESET:
-            _outside_the_log(consumer, cursor, key, outbox)
+            _outside_the_log(consumer, cursors, key, outbox)
             continue
         if err is not None:  # the log's end: no record, but the position moves past markers
             end_of_log(outbox.flow, msg)
@@ -154,7 +154,7 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
             cursor.done = True
             continue
         if cursor.seen and offset < cursor.next:
-            _went_back(cursor, key, offset, outbox)
+            _went_back(cursors, key, offset, outbox)
         _first_event(cursor, offset)
         cursor.next = offset + 1
         taken += 1
@@ -164,9 +164,7 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
     outbox.raise_failures()  # a delivery failed for the target: stop sending before later records land ahead of it
     # A partition refused mid-copy sends no more: only what was in flight lands past the refused record.
     if outbox.refusals_pending:
-        for key in outbox.settle():
-            if key in cursors:
-                cursors[key].done = True
+        _hold_refused(cursors, outbox)
     return taken
 
 
@@ -178,21 +176,21 @@ def _first_event(cursor: Cursor, offset: int) -> None:
         cursor.landing.first_offset = offset if cursor.stop is None else min(offset, cursor.stop)
 
 
-def _outside_the_log(consumer: Consumer, cursor: Cursor, key: Partition, outbox: Outbox) -> None:
+def _outside_the_log(consumer: Consumer, cursors: Mapping[Partition, Cursor], key: Partition, outbox: Outbox) -> None:
     """The partition's position lies outside its log now: move to the log start. Below it, retention deleted what
-    lay between: a landing of its own starts at the log start, and the one before ends where the copy stood (empty
-    if it had read nothing yet), so the ledger reports the gap even where it had not saved that position (a batch
-    replayed after a crash before its first filing). Past the log's end, its offsets went backwards."""
+    lay between: a landing of its own starts at the log start (the ledger reports the gap from the one before). Past
+    the log's end, its offsets went backwards."""
+    cursor = cursors[key]
     low, high = consumer.get_watermark_offsets(TopicPartition(*key), timeout=METADATA_WAIT_S, cached=False)
     if cursor.next > high:
-        _went_back(cursor, key, low, outbox)
-    else:
-        outbox.flush(300)  # what was sent lands in the landing it was sent under
-        outbox.settle()
-        _first_event(cursor, cursor.next)
+        _went_back(cursors, key, low, outbox)
+    elif cursor.seen:
+        _deliver_sent(cursors, outbox)
         cursor.landing.end_offset = cursor.next
         cursor.retired.append(cursor.landing)
-        cursor.landing = _next_landing(cursor, key, low)
+        cursor.landing = Landing(key[0], key[1], low, low)
+    else:
+        _first_event(cursor, low)
     cursor.next = low
     cursor.done = cursor.done or (cursor.stop is not None and low >= cursor.stop)
     if not cursor.done:  # a partition stopped by this error takes no seek: it is assigned again where it goes on
@@ -200,21 +198,27 @@ def _outside_the_log(consumer: Consumer, cursor: Cursor, key: Partition, outbox:
         consumer.incremental_assign([TopicPartition(key[0], key[1], low)])
 
 
-def _went_back(cursor: Cursor, key: Partition, offset: int, outbox: Outbox) -> None:
+def _went_back(cursors: Mapping[Partition, Cursor], key: Partition, offset: int, outbox: Outbox) -> None:
     """Deliver what was sent, retire the partition's landing where it stood, and start one that says it went back."""
-    outbox.flush(300)
-    outbox.settle()
+    cursor = cursors[key]
+    _deliver_sent(cursors, outbox)
     cursor.landing.end_offset = cursor.next
     cursor.retired.append(cursor.landing)
-    cursor.landing = _next_landing(cursor, key, offset, reset_from=cursor.next)
+    cursor.landing = Landing(key[0], key[1], offset, offset, reset_from=cursor.next)
 
 
-def _next_landing(cursor: Cursor, key: Partition, first: int, reset_from: int = -1) -> Landing:
-    """The landing a partition goes on with from `first` after its last one was retired: up to its stop where it has
-    one (a range's end; a real-time report sets where it ends), and never starting past it."""
-    stop = cursor.stop
-    return Landing(key[0], key[1], first if stop is None else min(first, stop), first if stop is None else stop,
-                   reset_from=reset_from)  # fmt: skip
+def _deliver_sent(cursors: Mapping[Partition, Cursor], outbox: Outbox) -> None:
+    """Let what was sent land in the landings it was sent under, before one is retired; a partition a refusal among
+    them holds reads no further (as after `copy_some`'s own settling), so nothing of it lands past the refusal."""
+    outbox.flush(300)
+    _hold_refused(cursors, outbox)
+
+
+def _hold_refused(cursors: Mapping[Partition, Cursor], outbox: Outbox) -> None:
+    """Settle the refusals reported so far; the partitions they hold read no further."""
+    for held in outbox.settle():
+        if held in cursors:
+            cursors[held].done = True
 
 
 def end_of_log(flow: FlowConfig, msg: Record) -> None:

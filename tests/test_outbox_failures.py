@@ -3,12 +3,14 @@ later record is written ahead of the failed one's retry, and the error says what
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from bench.testbed.clients import plaintext, producer
 from spark_app.config import FlowConfig, TopicSelection
 from spark_app.errors import DeliveryFailed
-from spark_app.outbox import Outbox
+from spark_app.outbox import Cursor, Outbox, _outside_the_log
 from spark_app.ranges import Landing
 
 FLOW = FlowConfig(source="a", target="b", topics=TopicSelection(include=["t"]), checkpoint_location="/tmp/x")
@@ -53,3 +55,34 @@ def test_a_timed_out_delivery_purges_what_is_queued_behind_it_and_fails_naming_t
         outbox.raise_failures()
     assert len(writer) == 0, "nothing is left queued to be written after the failed record"
     assert landing.last_target_offset < 0, "and none of it counts as landed"
+
+
+class Watermarks:
+    """A consumer as `_outside_the_log` uses it: the partition's log bounds now, and its re-assignment."""
+
+    def __init__(self, low: int, high: int) -> None:
+        self.bounds = (low, high)
+        self.assigned: list[tuple[str, int, int]] = []
+
+    def get_watermark_offsets(self, _tp, timeout, cached) -> tuple[int, int]:
+        return self.bounds
+
+    def incremental_unassign(self, _tps) -> None:
+        pass
+
+    def incremental_assign(self, tps) -> None:
+        self.assigned += [(tp.topic, tp.partition, tp.offset) for tp in tps]
+
+
+def test_a_refusal_settled_while_another_partition_moves_past_retention_still_holds_its_own_partition():
+    """Moving a partition to its log start first delivers what was sent; a refusal among those deliveries holds its
+    partition there and then, or records after it would land before its catch-up."""
+    cursors = {("t", 0): Cursor(Landing("t", 0, 5, 5), 10, seen=True),
+               ("t", 1): Cursor(Landing("t", 1, 0, 0), 3, seen=True)}  # fmt: skip
+    outbox = SimpleNamespace(flush=lambda _timeout: 0, settle=lambda: {("t", 1)})
+    consumer = Watermarks(20, 50)
+    _outside_the_log(consumer, cursors, ("t", 0), outbox)  # type: ignore[arg-type]
+    assert cursors[("t", 1)].done, "the refused partition reads no further"
+    moved = cursors[("t", 0)]
+    assert not moved.done and moved.next == 20 and consumer.assigned == [("t", 0, 20)]
+    assert [(r.first_offset, r.end_offset) for r in moved.retired] == [(5, 10)] and moved.landing.first_offset == 20

@@ -151,3 +151,24 @@ def test_a_start_saves_where_new_partitions_start_so_a_crash_before_the_first_re
     # Each task's consumer finds 40 below the log start and moves there (spark_app.outbox): its first report.
     again.ledger.file([Landing("t", p, 70, 75, records=5) for p in (0, 1)])
     assert again.ledger.data_loss == [DataLoss("t", 0, 40, 69), DataLoss("t", 1, 40, 69)]
+
+
+def test_a_new_partition_whose_log_start_did_not_answer_is_started_at_0_but_not_saved_there(tmp_path, monkeypatch):
+    """Its consumer moves from 0 to the real log start; saved at 0, that move would read as a gap, and a topic kept
+    for years would report millions of records lost that were never the flow's."""
+    clusters = [{"alias": a, "bootstrap_servers": "127.0.0.1:1", "profile": "kafka"} for a in ("a", "b")]
+    flow = {"source": "a", "target": "b", "topics": {"include": ["t"]}, "checkpoint_location": str(tmp_path),
+            "mode": "realtime"}  # fmt: skip
+    config = parse_config({"clusters": clusters, "flows": [flow]})
+    monkeypatch.setattr(realtime_flow.clients, "admin", lambda cluster: None)
+    monkeypatch.setattr(realtime_flow.clients, "topic_ids", lambda admin, topics: {"t": "id-1"})
+    monkeypatch.setattr(realtime_flow, "OffsetSpec", SimpleNamespace(latest=lambda: "end", earliest=lambda: "start"))
+    monkeypatch.setattr(realtime_flow, "_answered", lambda admin, partitions, spec, wait_s, read_committed=True: {
+        tp: 500 if spec == "start" else 900 for tp in partitions if spec == "end" or tp == ("t", 0)})  # fmt: skip
+    sync = SimpleNamespace(earliest_offsets=lambda partitions: dict.fromkeys(partitions, 500))
+    run = RealtimeRunner(None, config, config.flows[0], MirrorMetrics(), topic_sync=sync)  # type: ignore[arg-type]
+    run.plan = TopicPlan(mirrored={"t": 2}, wanted={"t": 2})
+    assert run._assign((("t", 2),), available_now=False).starts == {("t", 0): 500, ("t", 1): 0}
+    assert LedgerState.load(checkpoint_files(str(tmp_path))).positions == {("t", 0): 500}
+    run.ledger.file([Landing("t", 1, 500, 510, records=10)])  # its task found the log start
+    assert run.ledger.data_loss == []
