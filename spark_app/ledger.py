@@ -47,8 +47,8 @@ STATE_FILE = "mirrorkit-state.json"
 # deleted or deselected. Counted from the first round this process missed it, so a restart only puts it off. The
 # planner keeps a throughput query's positions of such a topic as long (spark_app.planner).
 TOPIC_GONE_GRACE_S = 7 * 86_400.0
-# How many of the newest data-loss and offsets-reset events a flow keeps for its summary and tests: the log and the
-# metrics have each one; a flow that runs for months must not keep them all.
+# How many of the newest data-loss and offsets-reset events a flow keeps to be looked at (the log and the metrics have
+# each one): a flow that runs for months must not keep them all.
 RECENT_EVENTS = 100
 
 # The source's log start per partition.
@@ -218,7 +218,7 @@ class FlowLedger:
             del self._missing_since[topic]
             if topic in self.quarantines.topics:
                 reason, held = self.quarantines.reasons()[topic], self.quarantines.held()[topic]
-                self.quarantines.release(topic)
+                del self.quarantines.topics[topic]
                 log.error("flow %s: quarantined topic '%s' (%s) has been missing at the source for %.0f s; its held"
                           " records (first held offset per partition: %s) are given up", self.flow.name, topic, reason,
                           TOPIC_GONE_GRACE_S, held or "none")  # fmt: skip
@@ -271,9 +271,16 @@ class FlowLedger:
         """After copying what a quarantined topic owed: count it, report records deleted meanwhile, and let the topic
         rejoin or stay held from where the copy held it again."""
         self._count(landed)
-        rows = {row.partition: row for row in landed}
-        self._report_loss([(topic, r.partition, r.start, rows[r.partition].first_offset if r.partition in rows
-                            else r.end) for r in owed])  # fmt: skip
+        gaps: list[tuple[str, int, int, int]] = []
+        for r in owed:  # a partition's rows in order: retention may have moved it on between two of them
+            rows = [row for row in landed if row.partition == r.partition]
+            expected = r.start
+            for row in rows:
+                gaps.append((topic, r.partition, expected, row.first_offset))
+                expected = max(expected, row.end_offset)
+            if not rows:
+                gaps.append((topic, r.partition, r.start, r.end))
+        self._report_loss(gaps)
         self.quarantines.caught_up(topic, owed, landed)
         self._save()
 

@@ -107,7 +107,10 @@ class Quarantines:
         """After copying `owed`: each partition's hold moves past what was copied; the topic rejoins once nothing is
         owed, and stays quarantined from where the copy held it again (tried in RECORD_RETRY_S) or, with more owed,
         goes on at the next step. Returns the records copied."""
+        # Per partition the row it held at first, if it held, else its last: a copy that moved past retention has two.
         q, rows = self.topics[topic], {row.partition: row for row in landed}
+        for held in sorted((r for r in landed if r.held_from >= 0), key=lambda r: r.held_from, reverse=True):
+            rows[held.partition] = held
         copied = sum(r.records for r in landed)
         again: dict[int, Hold] = {}
         for r in owed:

@@ -172,6 +172,26 @@ def test_records_deleted_at_the_source_before_they_were_read_are_reported_once_w
     ]
 
 
+def test_a_catch_up_that_meets_retention_midway_reports_only_what_it_never_read_and_keeps_its_first_hold(tmp_path):
+    """A catch-up step's copy comes back in two rows for one partition: what it copied, then (retention moved the log
+    start meanwhile) a row from the log start. Only the offsets between them are lost; a hold in the first row
+    stands though the second row held nothing."""
+    fake = FakeSource()
+    q = keeper(tmp_path, fake)
+    q.refused({TOPIC: "event hub 'a.orders' does not exist on 'b'; infra must create it"})
+    q.file([landing(0, 0, 20, held_from=0)])
+    fake.log_start[(TOPIC, 0)] = 12
+    q.catch_up({TOPIC: 1}, lambda ranges, ready: [landing(0, 0, 8), landing(0, 12, 20)])
+    assert [(x.first_offset, x.last_offset) for x in q.data_loss] == [(8, 11)], "0..7 were copied"
+    assert q.quarantined == {}
+
+    q.refused({TOPIC: "event hub 'a.orders' does not exist on 'b'; infra must create it"})
+    q.file([landing(0, 20, 40, held_from=20)])
+    fake.log_start[(TOPIC, 0)] = 30
+    q.catch_up({TOPIC: 1}, lambda ranges, ready: [landing(0, 20, 25, held_from=24, refused=9), landing(0, 30, 40)])
+    assert q.held == {TOPIC: {0: 24}}, "held from the record the target refused, not past it"
+
+
 def test_a_flow_that_loses_records_for_months_keeps_the_newest_events_and_counts_them_all(tmp_path):
     """2,000 batches each finding 3 records deleted before they were read, and a reset every 10th: the ledger keeps
     the newest RECENT_EVENTS of each, and its total counts every lost record."""
