@@ -57,7 +57,14 @@ def main() -> int:
     if spark is not None:
         spark.close()
     bed.close()
-    return 0 if all(o.report.ok and o.report.total("duplicates") <= duplicate_bound(o) for o in outcomes) else 1
+    return 0 if all(passed(o) for o in outcomes) else 1
+
+
+def passed(outcome: Outcome) -> bool:
+    """Nothing lost, reordered or silently deleted, translation never skipped, duplicates within the bound, the load
+    whole, and the mirror stopped cleanly by the last SIGTERM."""
+    return (outcome.report.ok and outcome.report.total("duplicates") <= duplicate_bound(outcome)
+            and outcome.load_error is None and outcome.exit_code == 0)  # fmt: skip
 
 
 def _plain(outcome: Outcome) -> dict[str, object]:
@@ -83,6 +90,9 @@ def render(outcomes: list[Outcome], args: argparse.Namespace | None = None) -> s
             f" {s['duplicates']} ({duplicate_bound(o)}) | {s['deleted_unmirrored']} | {s['silent_losses']} |"
             f" {s['translation_checks']} | {s['translation_skips']} | {o.starts} | {o.drained_in_s:.0f} s |"
         )
+    for o in outcomes:
+        lines += ["", f"{o.mode}: {'passed' if passed(o) else 'FAILED'}; the mirror's exit on the last SIGTERM"
+                  f" {o.exit_code}; the generator {o.load_error or 'ran to the end'}; {o.extra}"]  # fmt: skip
     for o in outcomes:
         lines += ["", f"## {o.mode}: faults", "", *[f"- {e}" for e in o.events]]
         lines += [f"- translation skip: {s}" for s in o.report.translation_skips]

@@ -34,7 +34,7 @@ from confluent_kafka.admin import (
 from bench.testbed import clients
 from bench.testbed.kafka_cluster import EVENTHUBS_USER, KafkaCluster, MultiBrokerCluster
 from bench.testbed.spark_standalone import SparkStandalone
-from bench.testbed.toxiproxy import Faults
+from bench.testbed.toxiproxy import Faults, Stream
 
 from .load import Topics
 from .process import MirrorProcess
@@ -53,7 +53,7 @@ Remote = Callable[[str], str]  # a source topic's name on the target
 @dataclass(frozen=True)
 class Fault:
     name: str
-    inject: Callable[[], str]  # returns what it did, for the log
+    inject: Callable[[], str | None]  # returns what it did, for the log; None: nothing to act on (not counted)
     heal: Callable[[], None]
 
 
@@ -126,9 +126,9 @@ class Nemesis:
             while lost:
                 spark.start_worker(lost.pop())
 
-        def stop_executor() -> str:
+        def stop_executor() -> str | None:
             index = self.rng.randrange(len(spark.workers))
-            return f"worker {index}'s executor " + ("SIGTERMed" if spark.stop_executor(index) else "not running")
+            return f"worker {index}'s executor SIGTERMed" if spark.stop_executor(index) else None
 
         return [
             Fault("kill an executor with its worker (a node lost)", kill_node, restart_nodes),
@@ -143,10 +143,11 @@ class Nemesis:
             self.active = fault
             did = fault.inject()
             hold = self.rng.uniform(*self.hold_s)
-            self.events.append(f"{time.strftime('%H:%M:%S')} {fault.name}: {did}; held {hold:.0f} s")
+            self.events.append(f"{time.strftime('%H:%M:%S')} {fault.name}: {did or 'nothing to act on, not counted'};"
+                               f" held {hold:.0f} s")  # fmt: skip
             time.sleep(hold)
             self.heal()
-            count += 1
+            count += did is not None
             time.sleep(self.rng.uniform(0.5, 1.5) * every_s)
         return count
 
@@ -166,8 +167,8 @@ class Nemesis:
         code = self.scene.mirror.term()
         return f"exited {code}" if code is not None else "did not stop in time; killed"
 
-    def _kill_worker(self) -> str:
-        return "killed one" if self.scene.mirror.kill_worker() else "none running"
+    def _kill_worker(self) -> str | None:
+        return "killed one" if self.scene.mirror.kill_worker() else None
 
     def _stop_source_broker(self) -> str:
         self.scene.source.broker(OFFLINE_BROKER).stop()
@@ -188,9 +189,10 @@ class Nemesis:
     @staticmethod
     def _slow(faults: Faults) -> Callable[[], str]:
         def inject() -> str:
-            faults.latency(WAN_LATENCY_MS, WAN_JITTER_MS)
-            faults.bandwidth(WAN_KB_S)
-            return f"{WAN_LATENCY_MS}±{WAN_JITTER_MS} ms, {WAN_KB_S} KB/s"
+            for stream in Stream:  # both ways: a target is slow to take what is sent, a source to send it
+                faults.latency(WAN_LATENCY_MS, WAN_JITTER_MS, stream)
+                faults.bandwidth(WAN_KB_S, stream)
+            return f"{WAN_LATENCY_MS}±{WAN_JITTER_MS} ms, {WAN_KB_S} KB/s each way"
 
         return inject
 

@@ -4,14 +4,13 @@ it again on the same checkpoint."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.testbed.spark_standalone import session_processes
+from bench.testbed.processes import kill_session, session_processes
 
 STOP_WAIT_S = 180.0  # a SIGTERM lets the batch in flight finish; past this the process is killed
 DAEMON = "pyspark.daemon"  # the module Spark runs to fork Python workers
@@ -47,12 +46,7 @@ class MirrorProcess:
         """SIGKILL the driver and everything it started (its JVM, Spark's Python workers): a pod killed."""
         if self._proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        # PySpark's worker daemon leads a process group of its own; the session holds everything the pod would.
-        for pid, _, _ in session_processes(self._proc.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_session(self._proc.pid)
         self._proc.wait(60)
 
     def term(self) -> int | None:

@@ -1,8 +1,8 @@
 """A Spark standalone cluster on loopback, started from the pyspark install: a master and workers, each its own JVM.
 
 Each worker offers one core and 1 GB, so an application gets one 1 GB executor per worker (Spark's default executor
-memory), in a JVM of its own that the worker starts. A worker runs in a process group of its own with everything it
-starts (its executors and their Python workers), so `kill_worker` loses all of them at once, as a node lost would.
+memory), in a JVM of its own that the worker starts. A worker runs in a session of its own with everything it starts
+(its executors and their Python workers), so `kill_worker` loses all of them at once, as a node lost would.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pyspark
 
 from bench.testbed.kafka_cluster import require_java
 from bench.testbed.ports import free_ports
+from bench.testbed.processes import kill_session, session_processes
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 READY_TIMEOUT_S = 90.0
@@ -77,7 +78,7 @@ class SparkStandalone:
         """SIGKILL worker `index` with its executors and their Python workers: a node lost."""
         process = self.workers[index]
         if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+            kill_session(process.pid)
             process.wait(10)
         self.workers[index] = None
 
@@ -168,27 +169,3 @@ def running_tasks(driver_ui_port: int) -> list[str]:
 def _json(port: int, path: str) -> Any:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as answer:
         return json.load(answer)
-
-
-def session_processes(session: int) -> list[tuple[int, str, str]]:
-    """(pid, command line, parent's command line) of every process in `session`, from /proc."""
-
-    def cmdline(pid: int) -> str:
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return ""
-
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        try:
-            if os.getsid(pid) != session:
-                continue
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        out.append((pid, cmdline(pid), cmdline(parent)))
-    return out

@@ -182,14 +182,6 @@ class Proxy:
         """Let no data through; close the connection after `ms` (never, if 0)."""
         return self.add_toxic("timeout", stream, timeout=ms)
 
-    def slow_close(self, ms: int, stream: Stream = Stream.DOWNSTREAM) -> Toxic:
-        """Delay the close of a connection by `ms`."""
-        return self.add_toxic("slow_close", stream, delay=ms)
-
-    def limit_data(self, size: int, stream: Stream = Stream.DOWNSTREAM) -> Toxic:
-        """Close each connection once `size` bytes have passed."""
-        return self.add_toxic("limit_data", stream, bytes=size)
-
     def toxics(self) -> list[Toxic]:
         return [_toxic(t) for t in self.server.request("GET", f"/proxies/{self.name}/toxics")]
 
@@ -214,8 +206,15 @@ class Faults:
             proxy.disable()
 
     def heal(self) -> None:
+        """Heal every proxy, even past one that fails (its error is raised once the others are healed)."""
+        errors = []
         for proxy in self.proxies:
-            proxy.heal()
+            try:
+                proxy.heal()
+            except ToxiproxyError as err:
+                errors.append(err)
+        if errors:
+            raise errors[0]
 
     def latency(self, ms: int, jitter_ms: int = 0, stream: Stream = Stream.DOWNSTREAM) -> None:
         for proxy in self.proxies:
