@@ -39,24 +39,27 @@ def main() -> int:
     args = parser.parse_args()
     low, high = (float(s) for s in args.hold.split(","))
     bed = TestBed()
-    source = bed.start_multi("chaos-src", proxied=True)
-    target = bed.start("chaos-dr", ListenerKind.EVENTHUBS, proxied=True)
-    root = Path(__file__).resolve().parents[2]
-    spark = None if args.local else SparkStandalone(bed.root / "spark", env={"PYTHONPATH": str(root)}).start()
+    spark: SparkStandalone | None = None
     outcomes: list[Outcome] = []
-    for i, mode in enumerate(args.modes.split(",")):
-        folder = Path(tempfile.mkdtemp(prefix=f"mirrorkit-chaos-{mode}-"))
-        outcome = run_chaos(source, target, folder, mode, args.seed + i, args.minutes * 60, args.fault_every,
-                            args.rate, f"{mode[:2]}{args.seed + i}", (low, high), spark)  # fmt: skip
-        outcomes.append(outcome)
-        print(render([outcome]))
+    try:
+        source = bed.start_multi("chaos-src", proxied=True)
+        target = bed.start("chaos-dr", ListenerKind.EVENTHUBS, proxied=True)
+        root = Path(__file__).resolve().parents[2]
+        spark = None if args.local else SparkStandalone(bed.root / "spark", env={"PYTHONPATH": str(root)}).start()
+        for i, mode in enumerate(args.modes.split(",")):
+            folder = Path(tempfile.mkdtemp(prefix=f"mirrorkit-chaos-{mode}-"))
+            outcome = run_chaos(source, target, folder, mode, args.seed + i, args.minutes * 60, args.fault_every,
+                                args.rate, f"{mode[:2]}{args.seed + i}", (low, high), spark)  # fmt: skip
+            outcomes.append(outcome)
+            print(render([outcome]))
+    finally:
+        if spark is not None:
+            spark.close()
+        bed.close()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"chaos-{stamp}.json").write_text(json.dumps([_plain(o) for o in outcomes], indent=1))
     (RESULTS / f"chaos-{stamp}.md").write_text(render(outcomes, args))
-    if spark is not None:
-        spark.close()
-    bed.close()
     return 0 if all(passed(o) for o in outcomes) else 1
 
 

@@ -29,7 +29,9 @@ from .process import MirrorProcess
 # adversary).
 DUPLICATE_WINDOW_S = 30.0
 DRAIN_S = 420.0  # after the last fault, how long the mirror gets to copy what it owes (a held topic retries each 60 s)
-WARM_UP_S = 180.0  # how long the mirror may take to start and copy a first record of every partition
+# How long the mirror may take to start and copy a first record of every partition: about a minute on a quiet
+# machine; two long runs side by side on two cores took over three.
+WARM_UP_S = 600.0
 
 
 @dataclass
