@@ -204,3 +204,23 @@ def test_an_assignment_and_landings_cross_the_channel_exactly_and_are_filed_in_o
     assert run.filed == [landed, held, done]
     assert run.job.reached == {("tópico.ü", 0): 9, ("t", 3): 2**40 + 2, ("t", 12): 0}
     assert run.job.held_any()
+
+
+def test_both_ends_of_a_channel_probe_a_silent_peer_so_a_vanished_one_ends_its_reader():
+    """A task on a node that is lost sends no FIN: without keepalive its reader would wait for the job's end."""
+    key, listener = channel.new_key(), channel.Listener()
+    accepted: list[channel.Channel] = []
+    threading.Thread(target=lambda: accepted.append(channel.challenge(listener.accept(), key)), daemon=True).start()
+    try:
+        with channel.connect(("127.0.0.1", listener.port), key) as task_end:
+            deadline = time.monotonic() + 5
+            while not accepted and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for end in (task_end, accepted[0]):
+                sock = end._sock
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == channel.KEEPALIVE["TCP_KEEPIDLE"]
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == channel.KEEPALIVE["TCP_KEEPCNT"]
+            accepted[0].close()
+    finally:
+        listener.close()

@@ -9,7 +9,7 @@ driver sends a random nonce, the task answers HMAC-SHA256(key, "task" + nonce) a
 driver answers that with HMAC-SHA256(key, "driver" + nonce), so each side knows the other holds the key. The
 handshake must end within HANDSHAKE_TIMEOUT_S, and the driver runs each one in its own thread
 (spark_app.realtime.job), so a peer that connects and says nothing, or answers wrong, is dropped without holding up
-the tasks that connect after it.
+the tasks that connect after it. After it, TCP keepalive ends a connection whose peer vanished without closing it.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ HANDSHAKE_TIMEOUT_S = 5.0  # a peer that has not proved it holds the key by then
 # echoes: about 5 KB each at most, so thousands of partitions fit.
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 KEY_BYTES = NONCE_BYTES = 32
+# A silent connection is probed after a minute, then every 10 s; six probes unanswered (two minutes in all) end it.
+KEEPALIVE = {"TCP_KEEPIDLE": 60, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 6}
 _DIGEST_BYTES = hashlib.sha256().digest_size
 _HEADER = struct.Struct(">I")
 # What each side's answer is for, so that one side's answer can never pass as the other's.
@@ -50,6 +52,12 @@ class Channel:
 
     def __init__(self, sock: socket.socket, peer: str) -> None:
         sock.settimeout(None)  # after the handshake a task reports at its own pace, for as long as it runs
+        # But a peer whose host is gone (a node lost, a cut network) sends no FIN: keepalive probes find it, so the
+        # thread that reads it ends instead of waiting for the job's end.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in KEEPALIVE.items():
+            if hasattr(socket, option):  # Linux names them all; elsewhere the system's defaults stand
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
         self.peer = peer
         self._sock = sock
 
