@@ -84,14 +84,15 @@ def render(outcomes: list[Outcome], args: argparse.Namespace | None = None) -> s
                   f" {args.fault_every:g} --rate {args.rate} --seed {args.seed} --hold {args.hold}{local}`",
                   ""]  # fmt: skip
     lines += ["| mode | faults | sent | on source | lost | out of order | duplicates (bound) | deleted unmirrored,"
-              " reported | silent losses | translation checks | skips | mirror starts | drained in |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              " reported | silent losses | reported but copied | translation checks | skips | mirror starts |"
+              " drained in |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for o in outcomes:
         s = o.report.summary()
         lines.append(
             f"| {o.mode} | {o.faults} | {o.sent} | {s['on_source']} | {s['lost']} | {s['out_of_order']} |"
             f" {s['duplicates']} ({duplicate_bound(o)}) | {s['deleted_unmirrored']} | {s['silent_losses']} |"
-            f" {s['translation_checks']} | {s['translation_skips']} | {o.starts} | {o.drained_in_s:.0f} s |"
+            f" {s['reported_but_copied']} | {s['translation_checks']} | {s['translation_skips']} | {o.starts} |"
+            f" {o.drained_in_s:.0f} s |"
         )
     for o in outcomes:
         lines += ["", f"{o.mode}: {'passed' if passed(o) else 'FAILED'}; the mirror's exit on the last SIGTERM"
