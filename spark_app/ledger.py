@@ -203,17 +203,17 @@ class FlowLedger:
         self.state.topic_ids.update(ids)
         return remade
 
-    def topics_seen(self, present: Collection[str]) -> None:
+    def topics_seen(self, present: Collection[str]) -> list[str]:
         """Topic sync found `present` at the source: forget each topic the ledger knows that has been missing from
-        every round since TOPIC_GONE_GRACE_S ago. A quarantined one gives up its holds then, saying so: what it
-        still owed went with it (deleted) or is no longer wanted (deselected)."""
+        every round since TOPIC_GONE_GRACE_S ago, and return them. A quarantined one gives up its holds then, saying
+        so: what it still owed went with it (deleted) or is no longer wanted (deselected)."""
         now = self._clock()
         known = self.state.topics() | set(self.totals.records) | set(self.quarantines.topics)
         missing = known - set(present)
         self._missing_since = {t: self._missing_since.get(t, now) for t in missing}
         gone = sorted(t for t, since in self._missing_since.items() if now - since >= TOPIC_GONE_GRACE_S)
         if not gone:
-            return
+            return gone
         for topic in gone:
             del self._missing_since[topic]
             if topic in self.quarantines.topics:
@@ -227,6 +227,7 @@ class FlowLedger:
         log.info("flow %s: forgetting the positions of %d topic(s) missing at the source for %.0f s: %s",
                  self.flow.name, len(gone), TOPIC_GONE_GRACE_S, ", ".join(gone[:10]))  # fmt: skip
         self._save()
+        return gone
 
     def file(self, landed: list[Landing]) -> None:
         """After a batch or a report: count what landed, quarantine what was held, note resets and records deleted

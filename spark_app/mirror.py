@@ -51,7 +51,7 @@ class Mirror:
         self.dr = {f.name: DrSync(config, f, self.metrics) for f in config.flows}  # offset syncs, checkpoints
         self.flows: list[FlowRunner] = [
             (RealtimeRunner if f.mode is FlowMode.REALTIME else ThroughputRunner)(
-                spark, config, f, self.metrics, on_landed=self.dr[f.name].on_landed
+                spark, config, f, self.metrics, on_landed=self.dr[f.name].on_landed, on_forgotten=self.dr[f.name].forget
             )
             for f in config.flows
         ]

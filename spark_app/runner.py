@@ -32,6 +32,7 @@ class FlowRunner(abc.ABC):
     def __init__(
         self, spark: SparkSession, config: MirrorConfig, flow: FlowConfig, metrics: MirrorMetrics,
         on_landed: Callable[[list[Landing]], None] | None = None, topic_sync: TopicSync | None = None,
+        on_forgotten: Callable[[list[str]], None] | None = None,
     ) -> None:  # fmt: skip
         self.spark = spark
         self.config = config
@@ -44,6 +45,7 @@ class FlowRunner(abc.ABC):
             flow, LedgerState.load(checkpoint_files(flow.checkpoint_location, spark)), self.topic_sync.earliest_offsets,
             metrics, on_landed,
         )  # fmt: skip
+        self._on_forgotten = on_forgotten  # told the topics the ledger forgot, gone for good (DR drops their history)
         self.plan = TopicPlan()
         self.subscription: Subscription = ()
         self.lock = threading.Lock()  # between copies: a batch, a report's filing, a catch-up, a topic-sync update
@@ -61,7 +63,9 @@ class FlowRunner(abc.ABC):
             self.plan = plan
             self.metrics.topics_selected(self.flow.name, plan.wanted)
             self.ledger.refused(plan.quarantined)
-            self.ledger.topics_seen(plan.wanted)
+            gone = self.ledger.topics_seen(plan.wanted)
+        if gone and self._on_forgotten is not None:
+            self._on_forgotten(gone)
         return tuple(sorted(plan.wanted.items()))
 
     def next_offsets(self) -> PartitionOffsets:

@@ -132,6 +132,8 @@ def series_topics(metrics: MirrorMetrics) -> set[str]:
 def test_a_topic_missing_for_a_while_keeps_its_positions_and_one_gone_past_the_grace_is_forgotten(tmp_path, caplog):
     clock = Clock()
     run, sync = runner(tmp_path, clock)
+    forgotten: list[list[str]] = []  # what the DR service is told to drop the history of
+    run._on_forgotten = forgotten.append
     sync.present = {"orders", "held"}
     sync.refused = {"held": "no such hub on the target"}  # quarantined whole: all its records are owed
     run.sync_topics()
@@ -167,6 +169,7 @@ def test_a_topic_missing_for_a_while_keeps_its_positions_and_one_gone_past_the_g
     run.sync_topics()
     assert {t for t, _ in run.ledger.state.positions} == {"held"}
     assert "orders" not in run.totals.records and run.totals.records_total == 40
+    assert forgotten == [["orders"]], "its offset-sync history goes too"
     saved = json.loads((tmp_path / STATE_FILE).read_text())
     assert set(saved["positions"]) == {"held"}, "the saved state forgets it too"
 
@@ -181,6 +184,7 @@ def test_a_topic_missing_for_a_while_keeps_its_positions_and_one_gone_past_the_g
     assert json.loads((tmp_path / STATE_FILE).read_text())["quarantined"] == {}
     assert "quarantined topic 'held' (no such hub on the target) has been missing" in caplog.text
     assert "{0: 0}" in caplog.text, "the log says from where its records are given up"
+    assert forgotten == [["orders"], ["held"]]
 
 
 def test_state_totals_and_series_stay_bounded_by_the_topics_there_now_over_thousands_of_rounds(tmp_path):

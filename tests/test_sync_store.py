@@ -272,3 +272,28 @@ def test_without_the_guard_a_group_would_skip_a_local_record_it_never_read():
         assert translation.guarded is guard
         store.echo("t", 0, Run(20, 10, 20))  # the echo of B's 10 arrived on A at 20 ...
         assert store.translate("t", 0, 21) == Translation(21, 1)  # ... and once the group read it, nothing is held
+
+
+def test_a_topic_gone_for_good_leaves_no_history_in_the_store_nor_on_the_topic_once_compacted():
+    """Topics come and go for years: the history of one the flow's ledger forgot goes from memory, and every slot
+    it held gets a tombstone, so a restart does not read it back."""
+    store, topic = SyncStore(local_writes=True), CompactedTopic()
+    for p in (0, 1):
+        store.record("gone", p, Run(0, 0, 9))
+        store.record("gone", p, Run(20, 15, 29))  # a gap: two runs, two slots
+        store.record("kept", p, Run(0, 0, 9))
+    store.echo("gone", 0, Run(10, 12, 12))
+    topic.write(list(store.take_changed()))
+    store.forget(["gone"])
+    tombstones = list(store.take_changed())
+    assert sorted((s.partition, s.slot, s.kind) for s in tombstones) == sorted(
+        (s.partition, s.slot, s.kind) for s in topic.records.values() if s.topic == "gone"
+    ), "one tombstone per slot the topic held, of each kind"
+    assert all(s.topic == "gone" and s.run is None for s in tombstones)
+    topic.write(tombstones)
+    assert store.partitions() == [("kept", 0), ("kept", 1)] and store.runs("gone", 0) == []
+    assert store.translate("gone", 0, 5) is None
+    assert list(store.take_changed()) == [], "nothing of it is left to write"
+    rebuilt = SyncStore(local_writes=True)
+    rebuilt.load(topic.records.values())
+    assert rebuilt.partitions() == [("kept", 0), ("kept", 1)]

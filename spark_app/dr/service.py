@@ -136,6 +136,12 @@ class DrSync:
         """The stream's after-batch hook: record where each range landed (written to the topic at the next round)."""
         self.offset_syncs.on_landed(rows)
 
+    def forget(self, topics: list[str]) -> None:
+        """Topics the flow's ledger forgot, gone from the source for good: their history goes, and the offset-syncs
+        topic gets its tombstones at the next round, so neither grows with every topic ever mirrored."""
+        with self._lock:
+            self.syncs.forget(topics)
+
     def checkpoint_once(self) -> list[Checkpoint]:
         """Write the offset syncs that changed, then the checkpoints that changed (after the syncs they rest on)."""
         self.prepare(self.emit_heartbeats)

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import bisect
 import operator
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ..clients import Partition
@@ -193,6 +193,14 @@ class RunHistory:
         if part is not None and part.slots:
             self._tombstones.setdefault((topic, partition), set()).update(part.slots.values())
         self._parts[(topic, partition)] = _PartitionRuns(pinned=True)  # groups start over too: wait for keep_for
+
+    def forget(self, topics: Collection[str]) -> None:
+        """Drop every partition of `topics`, gone from the source for good; each slot they held gets a tombstone at
+        the next `take_changed`, so neither this store nor the topic keeps their runs."""
+        for key in [key for key in self._parts if key[0] in topics]:
+            part = self._parts.pop(key)
+            if part.slots:
+                self._tombstones.setdefault(key, set()).update(part.slots.values())
 
     def keep_for(self, needed: Mapping[Partition, Iterable[int]]) -> None:
         """The committed offsets groups have now, per partition: the runs holding them, and the runs above the
@@ -371,6 +379,11 @@ class LocalSpans:
             self._add(part, span[0], span[1], slot)
         part.dirty.clear()
 
+    def forget(self, topics: Collection[str]) -> None:
+        """Drop the spans of every partition of `topics`; their slots get tombstones at the next `take_changed`."""
+        for key in [key for key in self._parts if key[0] in topics]:
+            self._parts[key] = _Spans(tombstones=set(self._parts[key].slots))
+
     def set_high(self, key: Partition, high: int) -> None:
         """Where the flow's newest write ended, from history read back."""
         part = self._parts.setdefault(key, _Spans())
@@ -385,6 +398,8 @@ class LocalSpans:
                 if slot in part.dirty:
                     yield SlottedRun(topic, partition, slot, Run(start, start, end - 1), LOCAL)
             part.dirty.clear()
+        for key in [key for key, part in self._parts.items() if not part.spans and part.high is None]:
+            del self._parts[key]  # forgotten, its tombstones written: nothing of it is left to keep
 
     def rebase(self, older: LocalSpans) -> None:
         """Put `older` spans (read back at start) under this store's; the stretch between the older history's last
@@ -491,6 +506,13 @@ class SyncStore:
         Local spans stay: they are target offsets, and the target kept its records."""
         self._mirrored.reset(topic, partition)
         self._echoes.reset(topic, partition)
+
+    def forget(self, topics: Collection[str]) -> None:
+        """Drop all history of `topics`, gone from the source for good (the flow's ledger forgot them): what groups
+        committed on them can no longer be read, and the offset-syncs topic gets tombstones for every slot."""
+        self._mirrored.forget(topics)
+        self._echoes.forget(topics)
+        self._local.forget(topics)
 
     def keep_for(self, needed: Mapping[Partition, Iterable[int]]) -> None:
         """The committed offsets groups have now, per partition: the history they rest on outlives the bounds."""
