@@ -225,12 +225,14 @@ class Nemesis:
                                  deny.operation, deny.permission_type)  # fmt: skip
 
         def inject() -> str:
-            for future in clients.admin(self.scene.target.admin).create_acls([deny]).values():
+            admin = clients.admin(self.scene.target.admin)  # held until its answer: a dropped client fails it
+            for future in admin.create_acls([deny]).values():
                 future.result()
             return f"{operation.name} on {topic}"
 
         def heal() -> None:
-            for future in clients.admin(self.scene.target.admin).delete_acls([match]).values():
+            admin = clients.admin(self.scene.target.admin)
+            for future in admin.delete_acls([match]).values():
                 future.result()
 
         return Fault(name, inject, heal)
