@@ -420,18 +420,20 @@ class MultiBrokerCluster:
 
     @property
     def admin(self) -> ClusterConfig:
-        bootstrap = ",".join(b.admin.bootstrap_servers for b in self.brokers)
-        return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+        return self._bootstrapped([b.admin for b in self.brokers])
 
     @property
     def client(self) -> ClusterConfig:
-        bootstrap = ",".join(b.client.bootstrap_servers for b in self.brokers)
-        return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+        return self._bootstrapped([b.client for b in self.brokers])
 
     @property
     def proxied(self) -> ClusterConfig:
         """As `client`, through each broker's own proxy."""
-        bootstrap = ",".join(b.proxied.bootstrap_servers for b in self.brokers)
+        return self._bootstrapped([b.proxied for b in self.brokers])
+
+    def _bootstrapped(self, each: list[ClusterConfig]) -> ClusterConfig:
+        """The cluster reached through every broker's address of one kind."""
+        bootstrap = ",".join(c.bootstrap_servers for c in each)
         return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
 
     @property
