@@ -184,11 +184,15 @@ class KafkaCluster:
             self._launch()
             try:
                 self._wait_ready()
-            except BrokerStartError:
+            except BrokerStartError as err:
                 self.kill()
                 address_taken = "Address already in use" in self.log_tail(200)
                 if address_taken and attempt < attempts and not self.started_in_s:
                     self._formatted = False  # another run took a port between our probe and the bind: pick anew
+                    continue
+                if self.started_in_s and attempt < attempts:  # a restart: try again, the failure kept in the log
+                    print(f"test bed: broker {self.name} failed to start again (attempt {attempt}): {err}", flush=True)
+                    time.sleep(2.0)
                     continue
                 raise
             self.started_in_s = time.monotonic() - began
@@ -354,6 +358,8 @@ class KafkaCluster:
 
     def _launch(self) -> None:
         with self.log_file.open("ab") as log:
+            log.write(f"=== test bed: launching broker {self.name} at {time.strftime('%H:%M:%S')} ===\n".encode())
+            log.flush()
             self._process = subprocess.Popen(
                 self._java("kafka.Kafka", str(self.folder / "server.properties")),
                 stdout=log,
