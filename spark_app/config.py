@@ -273,6 +273,10 @@ class FlowConfig(StrictModel):
     # as it comes (spark_app.realtime), for MirrorMaker 2-class latency; each of its `realtime_tasks` holds a core.
     mode: FlowMode = FlowMode.THROUGHPUT
     realtime_tasks: Annotated[int, Field(ge=1, le=256)] = 1
+    # Each task's records and its partitions' next source offsets in one transaction on the target
+    # (spark_app.transactions): a read_committed consumer of the target sees every record once, through any crash.
+    # Needs transactions on the target (Kafka 3.x or later, MSK; Event Hubs Premium or Dedicated only).
+    exactly_once: bool = False
 
     @property
     def name(self) -> str:

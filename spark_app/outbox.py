@@ -34,6 +34,7 @@ from .errors import DeliveryFailed
 from .policy import PROVENANCE_HEADER, drops_record, origin, provenance, target_topic
 from .ranges import LATENCY_BOUNDS_MS, Landing
 from .topics import TargetRule, TargetRules
+from .transactions import FENCED_ERRORS, Fenced
 
 DLQ_PREFIX = "mirrorkit.dlq."
 # Throughput settings measured in bench/; acks=all and idempotence keep order and avoid duplicates on retry.
@@ -256,7 +257,11 @@ class Outbox:
         self._refused: list[Refused] = []
         self._blocked: list[tuple[Partition, int, str]] = []  # (source partition, offset, error): refused for its topic
         self._failures: list[str] = []
+        # Source partitions a delivery report refused a record of since `take_refused`: in a transaction any such
+        # report aborts all of it (spark_app.transactions), so the slot knows which partitions to hold.
+        self._refused_partitions: set[Partition] = set()
         self._fatal = False  # a failure librdkafka calls fatal: the producer is unusable from then on
+        self._fenced = False  # a newer attempt of the slot started (spark_app.transactions): this one is a zombie
         self._identity = flow.replication_policy == "identity"
         self._stamp = self._identity and flow.provenance_header
         self._produce_now = producer.produce  # looked up once: `send` runs for every record
@@ -325,11 +330,14 @@ class Outbox:
                 landing.latency_sum_ms += latency_ms
         elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
             self._refused.append(Refused.of(source[0], offset, msg))
+            self._refused_partitions.add(source)
         elif err.code() in TOPIC_SCOPED_ERRORS:
             self._blocked.append((source, offset, self._refusal(err)))
+            self._refused_partitions.add(source)
         else:
             self._failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.name()}: {err.str()}")
             self._fatal = self._fatal or err.fatal()
+            self._fenced = self._fenced or err.code() in FENCED_ERRORS
 
     def _refusal(self, err: KafkaError) -> str:
         return f"target '{self.flow.target}' refused it ({err.name()}: {err.str()}); fix it on the target"
@@ -360,7 +368,13 @@ class Outbox:
         self.producer.poll(0)  # the purged records' reports: none of them counts as landed
         if self._fatal:
             clients.discard_producer(self.producer)
-        raise DeliveryFailed(f"flow {self.flow.name}: delivery failed; first errors: {self._failures[:3]}")
+        failed = Fenced if self._fenced else DeliveryFailed
+        raise failed(f"flow {self.flow.name}: delivery failed; first errors: {self._failures[:3]}")
+
+    def take_refused(self) -> set[Partition]:
+        """The source partitions a delivery report refused a record of since the last call."""
+        taken, self._refused_partitions = self._refused_partitions, set()
+        return taken
 
     @property
     def refusals_pending(self) -> bool:

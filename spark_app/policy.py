@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .config import FlowConfig, MirrorConfig
+from .config import FlowConfig, FlowMode, MirrorConfig
 
 PROVENANCE_HEADER = "mirrorkit.source"
 HEARTBEATS_TOPIC = "heartbeats"
@@ -126,6 +126,9 @@ def _offset_syncs(prefix: str, flow: FlowConfig, location: str) -> str:
 
 
 LEASE_GROUP_PREFIX = "mirrorkit-lease."
+POSITIONS_GROUP_PREFIX = "mirrorkit-positions."  # spark_app.transactions: an exactly-once flow's committed positions
+# The mirror's own groups on a cluster, which DR sync never treats as a consumer's.
+MIRROR_GROUP_PREFIXES = (LEASE_GROUP_PREFIX, POSITIONS_GROUP_PREFIX)
 
 
 def lease_group(flow: FlowConfig) -> str:
@@ -133,11 +136,22 @@ def lease_group(flow: FlowConfig) -> str:
     return f"{LEASE_GROUP_PREFIX}{flow.source}.{flow.target}"
 
 
+def positions_group(flow: FlowConfig) -> str:
+    """The consumer group on the target whose offsets are an exactly-once flow's committed source positions (never
+    joined: spark_app.transactions)."""
+    return f"{POSITIONS_GROUP_PREFIX}{flow.source}.{flow.target}"
+
+
+def transactional_id_prefix(flow: FlowConfig) -> str:
+    """What every transactional id of the flow's copier slots starts with (the prefix infra grants)."""
+    return f"mirrorkit.{flow.source}.{flow.target}."
+
+
 @dataclass(frozen=True)
 class Access:
     """What the mirror of some flows does on one cluster. Topics and groups are full-match regexes, as flows select
-    them; a single name is escaped (`re.escape`), so `literal_prefix` gives it back whole. A new kind of right (a
-    transactional id, say) is one more field here, filled in by `access`."""
+    them; a single name is escaped (`re.escape`), so `literal_prefix` gives it back whole. A new kind of right is one
+    more field here, filled in by `access`."""
 
     read: frozenset[str] = frozenset()  # source topics: read
     written: frozenset[str] = frozenset()  # copies on a target: created, configured and written
@@ -145,10 +159,14 @@ class Access:
     dead_letters: frozenset[str] = frozenset()  # created and written, never read
     groups_described: frozenset[str] = frozenset()  # source groups whose committed offsets it reads
     groups_altered: frozenset[str] = frozenset()  # target groups whose offsets it sets (sync_group_offsets)
-    groups_joined: frozenset[str] = frozenset()  # its own groups on a target: the DR lease, joined and committed
+    # its own groups on a target: the DR lease, joined and committed; an exactly-once flow's positions, committed
+    groups_joined: frozenset[str] = frozenset()
     # Copies on a target that those groups' offsets are committed on: an OffsetCommit needs Read on each topic it
     # names as well as on the group.
     offsets_committed: frozenset[str] = frozenset()
+    # The transactional ids its copier slots write with, one regex per flow: real-time tasks fence their zombies with
+    # them, and exactly-once flows commit through them (spark_app.transactions).
+    transactional_ids: frozenset[str] = frozenset()
 
     @property
     def created(self) -> frozenset[str]:
@@ -163,7 +181,8 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
     (written there, then read back to be mirrored like any topic), and the offset syncs when they live there. On a
     target: write the copies under the flow's naming policy; own the checkpoints, the heartbeats' copy and the offset
     syncs; join the flow's DR lease group; write dead letters; set the selected groups' offsets when the flow syncs
-    them, which reads the copies.
+    them, which reads the copies; write with the flow's transactional ids when its tasks use them (real time, or
+    exactly once), and commit an exactly-once flow's positions, which reads the copies too.
     """
     read: set[str] = set()
     written: set[str] = set()
@@ -173,6 +192,7 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
     altered: set[str] = set()
     committed: set[str] = set()
     joined: set[str] = set()
+    transactional: set[str] = set()
     for flow in flows:
         if flow.source == alias:
             read |= _source_topics(flow)
@@ -193,6 +213,11 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
             if flow.sync_group_offsets:
                 altered |= set(flow.groups.include)
                 committed |= copies
+            if flow.exactly_once or flow.mode is FlowMode.REALTIME:
+                transactional.add(re.escape(transactional_id_prefix(flow)) + r"\d+")
+            if flow.exactly_once:
+                joined.add(re.escape(positions_group(flow)))
+                committed |= copies
     return Access(
         read=frozenset(read),
         written=frozenset(written),
@@ -202,6 +227,7 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
         groups_altered=frozenset(altered),
         offsets_committed=frozenset(committed),
         groups_joined=frozenset(joined),
+        transactional_ids=frozenset(transactional),
     )
 
 

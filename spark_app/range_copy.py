@@ -21,15 +21,17 @@ import time
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from pyspark import TaskContext
 
 from . import clients
-from .clients import Partition
+from .clients import Partition, PartitionOffsets
 from .config import ClusterConfig, FlowConfig
 from .errors import DeliveryFailed
 from .outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
 from .ranges import Landing, OffsetRange, landed_arrow_schema
 from .topics import TargetRules
+from .transactions import SlotTransactions, transactional
 
 CONSUME_BATCH = 10_000
 CONSUME_WAIT_S = 0.1
@@ -65,27 +67,74 @@ class RangeCopier:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         ranges = [OffsetRange(**row) for batch in batches for row in batch.to_pylist()]
-        landings = self.copy(ranges)
+        context = TaskContext.get()
+        landings = self.copy(ranges, context.partitionId() if context is not None else 0)
         yield pa.RecordBatch.from_pylist([x.to_row() for x in landings], schema=landed_arrow_schema())
 
-    def copy(self, ranges: list[OffsetRange]) -> list[Landing]:
-        """Copy every range, each partition in order; one landing per range."""
+    def copy(self, ranges: list[OffsetRange], slot: int = 0) -> list[Landing]:
+        """Copy every range, each partition in order; one landing per range. A flow that writes in transactions
+        copies them in one transaction of the task's `slot` (spark_app.transactions)."""
+        if transactional(self.flow, self.target):
+            cursors = self._copy_in_transaction(ranges, slot)
+        else:
+            cursors = self._cursors(ranges, {})
+            if any(not c.done for c in cursors.values()):
+                self._copy_open(cursors, clients.shared_producer(self.target, self.producer_settings))
+        return [landing for c in cursors.values() for landing in (*c.retired, c.landing)]
+
+    def _cursors(self, ranges: list[OffsetRange], cut: dict[Partition, int]) -> dict[Partition, Cursor]:
+        """A cursor per range; a range of a topic not `ready` holds whole, one `cut` stops at its offset there."""
         cursors: dict[Partition, Cursor] = {}
         for r in ranges:
+            key = (r.topic, r.partition)
             landing = Landing(r.topic, r.partition, r.end, r.end, reset_from=r.reset_from)
-            cursors[(r.topic, r.partition)] = Cursor(landing, r.start, r.end, done=r.end <= r.start)
+            stop = min(r.end, cut.get(key, r.end))
+            cursors[key] = Cursor(landing, r.start, stop, done=stop <= r.start)
             if self.ready is not None and r.partition >= self.ready.get(r.topic, 0):
                 landing.first_offset = r.start
                 landing.hold(r.start)
-                cursors[(r.topic, r.partition)].done = True
-        if any(not c.done for c in cursors.values()):
-            self._copy_open(cursors)
-        return [landing for c in cursors.values() for landing in (*c.retired, c.landing)]
+                cursors[key].done = True
+        return cursors
 
-    def _copy_open(self, cursors: dict[Partition, Cursor]) -> None:
-        producer = clients.shared_producer(self.target, self.producer_settings)
-        consumer = clients.shared_consumer(self.source, CONSUMER_DEFAULTS)
+    def _copy_in_transaction(self, ranges: list[OffsetRange], slot: int) -> dict[Partition, Cursor]:
+        """Copy the ranges in one transaction of the slot, with their next offsets when the flow is exactly-once.
+
+        The slot's producer is started for each task: that fences every earlier attempt (a zombie of this batch, or
+        of the batch before it in another worker), and a producer kept for the next task would be fenced by the next
+        worker that takes the slot.
+
+        An exactly-once copy first skips what the slot's positions say was committed (a batch that runs again after a
+        crash between its commit and Spark's). When the target refuses a record, the transaction is aborted whole:
+        the ranges are copied again in a new one up to the refused records, whose partitions hold from there."""
+        slot_txn = SlotTransactions(self.flow, self.target, self.producer_settings, slot)
+        cut: dict[Partition, tuple[int, int, str]] = {}  # a refused partition: its first refused offset, size, why
+        try:
+            while True:
+                cursors = self._cursors(ranges, {key: offset for key, (offset, _, _) in cut.items()})
+                if self.flow.exactly_once:
+                    _skip_committed(cursors, ranges, slot_txn.committed(k for k, c in cursors.items() if not c.done))
+                slot_txn.begin()
+                outbox = self._copy_open(cursors, slot_txn.producer)
+                for key, (offset, size, error) in cut.items():
+                    cursors[key].landing.first_offset = min(cursors[key].landing.first_offset, offset)
+                    cursors[key].landing.hold(offset, size, error)
+                refused = outbox.take_refused() if outbox is not None else set()
+                if not refused:
+                    slot_txn.commit({key: _position(c) for key, c in cursors.items()})
+                    return cursors
+                slot_txn.abort()
+                for key in refused:
+                    landing = cursors[key].landing
+                    cut[key] = (landing.held_from, landing.refused_bytes, landing.held_error)
+        finally:  # a transaction left open is aborted by the task's retry, which starts the slot again
+            slot_txn.close()
+
+    def _copy_open(self, cursors: dict[Partition, Cursor], producer: Producer) -> Outbox | None:
+        """Copy the cursors not done with `producer`; the outbox they went through (None: nothing to copy)."""
         open_ = {key: c for key, c in cursors.items() if not c.done}
+        if not open_:
+            return None
+        consumer = clients.shared_consumer(self.source, CONSUMER_DEFAULTS)
         consumer.assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
         outbox = Outbox(self.flow, producer, lambda key: cursors[key].landing, self.rules)
         for key in open_:
@@ -117,6 +166,7 @@ class RangeCopier:
         consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
         outbox.flush(300)
         outbox.settle()
+        return outbox
 
     @staticmethod
     def _leaders(consumer: Consumer, idle: Iterable[Partition]) -> dict[Partition, int] | None:
@@ -130,6 +180,27 @@ class RangeCopier:
         except KafkaException:
             return None
         return leaders
+
+
+def _skip_committed(cursors: dict[Partition, Cursor], ranges: list[OffsetRange], committed: PartitionOffsets) -> None:
+    """Start each range past what its partition's committed position says was copied already; its landing still
+    covers the range from its start. A range whose offsets went backwards starts over whatever the old life
+    committed."""
+    for r in ranges:
+        key = (r.topic, r.partition)
+        offset, cursor = committed.get(key, -1), cursors[key]
+        if r.reset_from < 0 and offset > cursor.next and not cursor.done:
+            stop = r.end if cursor.stop is None else cursor.stop
+            cursor.landing.first_offset = r.start
+            cursor.seen = True
+            cursor.next = min(offset, stop)
+            cursor.done = cursor.next >= stop
+
+
+def _position(cursor: Cursor) -> int:
+    """Where a range's partition goes on from: its first held offset, else the range's end."""
+    landing = cursor.landing
+    return landing.held_from if landing.held_from >= 0 else landing.end_offset
 
 
 class PartitionWatch:

@@ -21,8 +21,8 @@ FLOW = FlowConfig(source="a", target="b", topics=TopicSelection(include=["t"]), 
 
 
 def live_copy(starts: dict[tuple[str, int], int]) -> LiveCopy:
-    task = CopierTask(FLOW, SOURCE, TARGET, ("127.0.0.1", 9), b"key", TargetRules())
-    return LiveCopy(task, Assignment(starts, None))
+    task = CopierTask(FLOW, SOURCE, TARGET, ("127.0.0.1", 9), b"key", TargetRules(), 1.0)
+    return LiveCopy(task, Assignment(starts, None), 0)
 
 
 def outbox(in_flight: dict[tuple[str, int], list[int]]) -> SimpleNamespace:

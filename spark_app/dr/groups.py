@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from .. import clients
 from ..clients import Partition
 from ..config import ClusterConfig, GroupSelection
-from ..policy import LEASE_GROUP_PREFIX
+from ..policy import MIRROR_GROUP_PREFIXES
 
 
 @dataclass(frozen=True)
@@ -74,15 +74,15 @@ class ClusterGroups:
         return self._admin
 
     def groups(self, selection: GroupSelection) -> list[str]:
-        """The groups on the cluster that `selection` matches, sorted, but the mirrors' DR leases (no consumer's: a
-        running mirror is their member); raises when any broker did not answer."""
+        """The groups on the cluster that `selection` matches, sorted, but the mirrors' own (DR leases, whose member is
+        a running mirror, and exactly-once positions: no consumer's); raises when any broker did not answer."""
         listing = self.admin.list_consumer_groups(request_timeout=clients.REQUEST_TIMEOUT_S).result()
         if listing.errors:  # a broker did not answer: its groups are missing, and a missing group gets tombstones
             raise KafkaException(listing.errors[0])  # a KafkaError, which `except Exception` would not catch
         return sorted(
             g.group_id
             for g in listing.valid
-            if selection.matches(g.group_id) and not g.group_id.startswith(LEASE_GROUP_PREFIX)
+            if selection.matches(g.group_id) and not g.group_id.startswith(MIRROR_GROUP_PREFIXES)
         )
 
     def committed(self, group: str) -> dict[Partition, Committed]:

@@ -25,12 +25,14 @@ from collections.abc import Callable
 
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from .. import clients
+from .. import clients, transactions
 from ..clients import Partition, PartitionOffsets
 from ..config import STOP_BATCH_TIMEOUT_S
+from ..outbox import producer_settings
 from ..policy import target_topic
 from ..ranges import Landing
 from ..runner import FlowRunner, Subscription
+from ..transactions import fence, transactional
 from .job import CopyJob
 from .task import Assignment
 
@@ -81,6 +83,9 @@ class RealtimeRunner(FlowRunner):
             log.warning("flow %s: no topic to mirror yet", self.flow.name)
             self.job = None
             return
+        if transactional(self.flow, self.target):  # slots this run leaves idle: no zombie of theirs writes on
+            tasks = self.flow.realtime_tasks
+            fence(self.flow, self.target, producer_settings(self.plan.rules), min(tasks, len(assignment.starts)), tasks)
         self.job = CopyJob(
             self.spark, self.flow, self.source, self.target, assignment, self.flow.realtime_tasks,
             self.plan.rules, self.config.realtime_commit_interval_s, self._file,
@@ -145,6 +150,8 @@ class RealtimeRunner(FlowRunner):
         writable = {tp: offset for tp, offset in starts.items() if tp[0] in ready and tp[0] not in short}
         # Not a log start that did not answer (read as 0): saved, the move to the real one would report a gap.
         self.ledger.expect({tp: o for tp, o in writable.items() if tp not in from_start or tp in log_starts})
+        if self.flow.exactly_once:  # positions the old life of a topic committed would skip the new one's records
+            transactions.reset_positions(self.flow, self.target, {tp: starts[tp] for tp in back if tp in writable})
         self.ledger.file(resets + holds)  # saves the new starts too
         self._report_recopies(writable)
         return Assignment(writable, {tp: ends[tp] for tp in writable} if available_now else None)

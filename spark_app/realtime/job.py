@@ -71,7 +71,7 @@ class CopyJob:
         self._key = channel.new_key()
         self._listener = channel.Listener()
         address = (spark.conf.get("spark.driver.host") or "127.0.0.1", self._listener.port)
-        self._task = CopierTask(flow, source, target, address, self._key, rules)
+        self._task = CopierTask(flow, source, target, address, self._key, rules, commit_interval_s)
 
     def start(self) -> CopyJob:
         for target in (self._accept, self._run, self._file_every):

@@ -10,6 +10,7 @@ authenticated with a key made for the job's run.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -23,8 +24,11 @@ from ..config import ClusterConfig, FlowConfig
 from ..outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
 from ..ranges import Landing
 from ..topics import TargetRules
+from ..transactions import Aborted, SlotTransactions, transactional
 from . import channel
 from .channel import Channel
+
+log = logging.getLogger(__name__)
 
 REPORT_S = 0.5  # how often a task tells the driver where its partitions stand
 # A task's consumer returns what it has after at most this long, so a record waits for at most that before it is sent.
@@ -72,7 +76,7 @@ class CopierTask:
 
     def __init__(
         self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, address: tuple[str, int],
-        key: bytes, rules: TargetRules,
+        key: bytes, rules: TargetRules, commit_s: float,
     ) -> None:  # fmt: skip
         self.flow = flow
         self.source = source
@@ -81,10 +85,11 @@ class CopierTask:
         self.key = key
         self.rules = rules
         self.producer_settings = producer_settings(rules) | {"linger.ms": LINGER_MS}
+        self.commit_s = commit_s
 
     def __call__(self, slot: int, _rows: Iterable[int]) -> Iterator[int]:
         with channel.connect(self.address, self.key) as conn:
-            yield LiveCopy(self, hello(conn, slot)).run(conn)
+            yield LiveCopy(self, hello(conn, slot), slot).run(conn)
 
 
 def hello(conn: Channel, slot: int) -> Assignment:
@@ -96,9 +101,10 @@ def hello(conn: Channel, slot: int) -> Assignment:
 class LiveCopy:
     """One task's copy loop over its assigned partitions."""
 
-    def __init__(self, task: CopierTask, assignment: Assignment) -> None:
+    def __init__(self, task: CopierTask, assignment: Assignment, slot: int) -> None:
         self.flow = task.flow
         self.task = task
+        self.slot = slot
         stops = assignment.stops or {}
         self.cursors = {
             key: Cursor(
@@ -107,37 +113,107 @@ class LiveCopy:
             for key, start in assignment.starts.items()
         }
         self.copied = 0
+        self._committed: dict[Partition, int] = {}  # where the slot's last commit left each partition
         self._reported: set[Partition] = set()
         self._held_from: dict[Partition, int] = {}  # the first offset held back: nothing from there on is reported
 
     def run(self, conn: Channel) -> int:
-        """Copy until every partition reached its stop (available-now) or the driver says stop; returns the count."""
-        producer = clients.shared_producer(self.task.target, self.task.producer_settings)
+        """Copy until every partition reached its stop (available-now) or the driver says stop; returns the count.
+
+        A slot that writes in transactions (spark_app.transactions) starts its producer first, which fences every
+        earlier attempt of the slot, and commits every `commit_s`; only then does it report, so the driver never
+        hears of records a crash can still abort. An exactly-once slot resumes where its positions were committed,
+        when that is past where the driver says it starts (a crash after a commit, before its report)."""
+        slot_txn = self._start_slot()
+        producer = slot_txn.producer if slot_txn is not None else clients.shared_producer(
+            self.task.target, self.task.producer_settings)  # fmt: skip
         eof = {"enable.partition.eof": any(c.stop is not None for c in self.cursors.values())}
         consumer = clients.consumer(self.task.source, CONSUMER_SETTINGS | eof)  # its own: a task pauses what it holds
         outbox = Outbox(self.flow, producer, lambda key: self.cursors[key].landing, self.task.rules)
         for key in self.cursors:
             outbox.open(key)
-        open_ = {key: c for key, c in sorted(self.cursors.items()) if not c.done}
-        consumer.assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
-        report_at = time.monotonic() + REPORT_S
+        open_ = self._assign(consumer)
+        commit_s = self.task.commit_s if self.flow.exactly_once else REPORT_S
+        report_at = time.monotonic() + commit_s
         stopped = False
         try:
-            while open_ and not stopped:
-                self.copied += copy_some(consumer, open_, outbox, CONSUME_BATCH, CONSUME_WAIT_S)
-                if time.monotonic() >= report_at:
-                    report_at = time.monotonic() + REPORT_S
-                    self._hold(outbox.settle())
-                    outbox.raise_failures()
-                    self._send_report(conn, LANDED, outbox)
-                    stopped = conn.poll() and conn.recv() == STOP
-                open_ = _still_open(open_, consumer)
-            outbox.flush(300)
-            self._hold(outbox.settle())
+            while True:
+                while open_ and not stopped:
+                    self.copied += copy_some(consumer, open_, outbox, CONSUME_BATCH, CONSUME_WAIT_S)
+                    if time.monotonic() >= report_at:
+                        report_at = time.monotonic() + commit_s
+                        self._hold(outbox.settle())
+                        outbox.raise_failures()
+                        if slot_txn is not None and not self._commit(slot_txn, outbox):
+                            open_ = self._assign(consumer)
+                            continue
+                        self._send_report(conn, LANDED, outbox)
+                        stopped = conn.poll() and conn.recv() == STOP
+                    open_ = _still_open(open_, consumer)
+                outbox.flush(300)
+                self._hold(outbox.settle())
+                if slot_txn is None or self._commit(slot_txn, outbox):
+                    break
+                open_ = self._assign(consumer)  # the last transaction was aborted: copy it again
         finally:
             consumer.close()
+            if slot_txn is not None:
+                slot_txn.close()
         self._send_report(conn, DONE, outbox)
         return self.copied
+
+    def _start_slot(self) -> SlotTransactions | None:
+        """The slot's transactional producer, started (fencing its earlier attempts), when the flow writes in
+        transactions; an exactly-once slot's partitions move to their committed positions where those are ahead."""
+        if not transactional(self.flow, self.task.target):
+            return None
+        slot_txn = SlotTransactions(self.flow, self.task.target, self.task.producer_settings, self.slot)
+        if self.flow.exactly_once:
+            for key, offset in slot_txn.committed(self.cursors).items():
+                cursor = self.cursors[key]
+                if offset > cursor.next:  # copied by an attempt that crashed before it reported: no record again
+                    cursor.landing.end_offset = cursor.next = offset
+                    cursor.seen = True  # the landing starts where the driver said, and covers what was committed
+                    cursor.done = cursor.stop is not None and offset >= cursor.stop
+        self._committed = {key: c.next for key, c in self.cursors.items()}
+        slot_txn.begin()
+        return slot_txn
+
+    def _assign(self, consumer: Consumer) -> dict[Partition, Cursor]:
+        """Read the partitions not done from where their cursors stand; those open."""
+        open_ = {key: c for key, c in sorted(self.cursors.items()) if not c.done}
+        consumer.assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
+        return open_
+
+    def _commit(self, slot_txn: SlotTransactions, outbox: Outbox) -> bool:
+        """Commit what was sent (with each partition's next offset, exactly-once) and begin the next transaction;
+        False when the target refused a record of it: then all of it was aborted, every cursor is back where the
+        last commit left it, and the refused partitions hold from there (their topic catches up later)."""
+        outbox.flush(300)
+        self._hold(outbox.settle())
+        refused = outbox.take_refused()
+        if not refused:
+            try:
+                slot_txn.commit({key: _position(c) for key, c in self.cursors.items()})
+            except Aborted:
+                refused = set()
+            else:
+                self._committed = {key: _position(c) for key, c in self.cursors.items()}
+                slot_txn.begin()
+                return True
+        errors = {key: self.cursors[key].landing.held_error for key in refused}
+        slot_txn.abort()
+        for key, cursor in self.cursors.items():
+            start = self._committed[key]
+            cursor.next, cursor.retired, cursor.seen = start, [], False
+            cursor.landing = Landing(key[0], key[1], start, start)
+            cursor.done = key in refused or (cursor.stop is not None and start >= cursor.stop)
+            if key in refused:
+                cursor.landing.hold(start, error=errors[key])
+        log.warning("flow %s: slot %d's transaction was aborted (the target refused a record of %s); copying again"
+                    " from its last commit", self.flow.name, self.slot, sorted(refused) or "it")  # fmt: skip
+        slot_txn.begin()
+        return False
 
     def _send_report(self, conn: Channel, kind: str, outbox: Outbox) -> None:
         conn.send([kind, [row.to_row() for row in self._report(outbox)]])
@@ -175,6 +251,11 @@ def _still_open(open_: dict[Partition, Cursor], consumer: Consumer) -> dict[Part
         return open_
     consumer.pause(done)
     return {key: c for key, c in open_.items() if not c.done}
+
+
+def _position(cursor: Cursor) -> int:
+    """The next offset of a partition to copy: its first held one, if it holds."""
+    return cursor.landing.held_from if cursor.landing.held_from >= 0 else cursor.next
 
 
 def _changed(landing: Landing) -> bool:

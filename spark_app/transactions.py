@@ -1,0 +1,198 @@
+"""Transactions on the target: a copier slot's fenced producer, and the source positions it commits with its records.
+
+A slot (a real-time task, or the n-th task of a micro-batch) writes through a transactional producer whose
+`transactional.id` is the flow's and the slot's (`transactional_id`). Starting it fences every earlier producer of
+that id (KIP-98): a zombie attempt that still reaches the target, or its retry, gets PRODUCER_FENCED on its next
+write or commit, and its open transaction is aborted, so a read_committed consumer never sees its records.
+
+With `exactly_once` the slot also commits, inside each transaction, the next source offset of every partition it
+copied: as the offsets of the flow's positions group (`positions_group`) on the copies' topic-partitions, by
+TxnOffsetCommit (KIP-447). Records and positions land together or not at all, and a slot reads its partitions'
+positions back after it started (`committed`): a copy resumes there, whatever an older Spark checkpoint or ledger
+says. The group's offsets are keyed by partition, read in one request and compacted by the broker's offsets topic,
+so their size is the number of partitions, whatever the history.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from . import clients
+from .clients import Partition, PartitionOffsets
+from .config import ClusterConfig, FlowConfig, FlowMode
+from .errors import DeliveryFailed, MirrorFailed
+from .policy import positions_group, target_topic, transactional_id_prefix
+
+log = logging.getLogger(__name__)
+
+TRANSACTION_TIMEOUT_S = 30.0  # how long init, commit and abort wait for the transaction coordinator
+# The broker aborts a transaction left open this long (a slot that died mid-transaction); its partitions' last
+# stable offset waits for it, so read_committed consumers see nothing past it until then.
+TRANSACTION_TIMEOUT_MS = 60_000
+# Errors at the first start of a slot's producer that mean the target cannot do transactions for the mirror at all.
+_CANNOT = {
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "the mirror's principal may not write its transactional ids"
+    " (Kafka ACLs: TransactionalId Write and Describe on prefix '{prefix}'; MSK IAM:"
+    " kafka-cluster:AlterTransactionalId and DescribeTransactionalId)",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "the mirror's principal may not make idempotent writes",
+    KafkaError.UNSUPPORTED_VERSION: "the cluster does not support transactions (Kafka 3.x or later does;"
+    " Event Hubs only on Premium and Dedicated)",
+    KafkaError._UNSUPPORTED_FEATURE: "the cluster does not support transactions (Kafka 3.x or later does;"
+    " Event Hubs only on Premium and Dedicated)",
+}
+
+
+# What a producer hears once a newer attempt of its transactional id started.
+FENCED_ERRORS = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
+
+
+class Fenced(DeliveryFailed):
+    """A newer attempt of the same slot started: this one must write nothing more."""
+
+
+class Aborted(DeliveryFailed):
+    """The target refused a record of the transaction, so all of it was aborted: nothing of it is visible."""
+
+
+class TransactionsRefused(MirrorFailed):
+    """The target cannot do transactions for this flow; the message names the cluster, the flow and the key."""
+
+
+def transactional(flow: FlowConfig, target: ClusterConfig) -> bool:
+    """Whether the flow's copier slots write in transactions: every exactly-once flow, and every real-time flow, whose
+    long-running tasks must not leave zombies writing beside their successors, unless its target is Event Hubs (only
+    its Premium and Dedicated tiers have transactions, in preview: there a flow asks for them with `exactly_once`)."""
+    return flow.exactly_once or (flow.mode is FlowMode.REALTIME and not target.is_eventhubs)
+
+
+def transactional_id(flow: FlowConfig, slot: int) -> str:
+    """A slot's id: the same for every attempt of the slot, so each fences the ones before it."""
+    return f"{transactional_id_prefix(flow)}{slot}"
+
+
+class SlotTransactions:
+    """One slot's transactional producer on the flow's target, started (so fencing its earlier attempts), and the
+    positions it commits with its records when the flow is `exactly_once`."""
+
+    def __init__(self, flow: FlowConfig, target: ClusterConfig, settings: Mapping[str, object], slot: int) -> None:
+        self.flow = flow
+        self.target = target
+        self.slot = slot
+        self.id = transactional_id(flow, slot)
+        self.producer = clients.producer(
+            target, dict(settings) | {"transactional.id": self.id, "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}
+        )
+        self._group = clients.consumer(target, _positions_reader(flow))
+        self._open = False
+        try:
+            self.producer.init_transactions(TRANSACTION_TIMEOUT_S)
+        except KafkaException as err:
+            self.close()
+            raise _refused(flow, target, err) from None
+
+    def committed(self, partitions: Iterable[Partition]) -> PartitionOffsets:
+        """Where each source partition's records were committed up to (the next offset to copy), for those that have
+        a position; read after this slot started, so no earlier attempt can commit past it unless it is fenced."""
+        copies = {(target_topic(self.flow, t), p): (t, p) for t, p in partitions}
+        if not copies:
+            return {}
+        request = [TopicPartition(t, p) for t, p in copies]
+        try:
+            found = self._group.committed(request, timeout=clients.REQUEST_TIMEOUT_S)
+        except KafkaException as err:
+            raise DeliveryFailed(f"flow {self.flow.name}: reading its positions on target '{self.target.alias}':"
+                                 f" {err.args[0].str()}") from None  # fmt: skip
+        return {copies[(tp.topic, tp.partition)]: tp.offset for tp in found if tp.offset >= 0 and tp.error is None}
+
+    def begin(self) -> None:
+        if not self._open:
+            self._call(self.producer.begin_transaction)
+            self._open = True
+
+    def commit(self, positions: PartitionOffsets) -> None:
+        """Commit what was sent since `begin`, with each source partition's next offset when the flow is
+        `exactly_once`. Raises `Fenced` when a newer attempt took the slot over, DeliveryFailed when the target
+        refused a record (the transaction is aborted then: nothing of it is visible)."""
+        if not self._open:
+            return
+        if self.flow.exactly_once and positions:
+            offsets = [TopicPartition(target_topic(self.flow, t), p, o) for (t, p), o in sorted(positions.items())]
+            metadata = self._group.consumer_group_metadata()
+            self._call(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, TRANSACTION_TIMEOUT_S))
+        self._call(lambda: self.producer.commit_transaction(TRANSACTION_TIMEOUT_S))
+        self._open = False
+
+    def abort(self) -> None:
+        """Drop what was sent since `begin`: purged if still queued, aborted (invisible to read_committed) if not."""
+        if not self._open:
+            return
+        self._open = False
+        self.producer.purge(in_queue=True, in_flight=False)
+        self.producer.poll(0)
+        self._call(lambda: self.producer.abort_transaction(TRANSACTION_TIMEOUT_S))
+
+    def close(self) -> None:
+        """Let go of the slot (its transaction committed or aborted already)."""
+        self._group.close()
+        self.producer.flush(0)
+
+    def _call(self, step: object) -> None:
+        """Run one transaction step; a fatal error (fenced, or a state the producer cannot leave) as `Fenced` or
+        DeliveryFailed, an abortable one after aborting."""
+        assert callable(step)
+        try:
+            step()
+        except KafkaException as err:
+            error: KafkaError = err.args[0]
+            if error.code() in FENCED_ERRORS:
+                raise Fenced(f"flow {self.flow.name}: slot {self.slot} was taken over by a newer attempt"
+                             f" ({error.name()}); this one writes nothing more") from None  # fmt: skip
+            if error.txn_requires_abort() and self._open:
+                self._open = False
+                self.producer.abort_transaction(TRANSACTION_TIMEOUT_S)
+                raise Aborted(f"flow {self.flow.name}: the transaction of slot {self.slot} was aborted:"
+                              f" {error.name()}: {error.str()}") from None  # fmt: skip
+            raise DeliveryFailed(f"flow {self.flow.name}: transaction of slot {self.slot} on target"
+                                 f" '{self.target.alias}' failed: {error.name()}: {error.str()}") from None  # fmt: skip
+
+
+def _positions_reader(flow: FlowConfig) -> dict[str, object]:
+    """A consumer of the positions group: it never subscribes, so it never joins; it reads and names the group."""
+    return {"group.id": positions_group(flow), "enable.auto.commit": False, "isolation.level": "read_committed"}
+
+
+def _refused(flow: FlowConfig, target: ClusterConfig, err: KafkaException) -> MirrorFailed:
+    error: KafkaError = err.args[0]
+    why = _CANNOT.get(error.code())
+    if why is None:
+        return DeliveryFailed(f"flow {flow.name}: starting a transactional producer on target '{target.alias}'"
+                              f" failed: {error.name()}: {error.str()}")  # fmt: skip
+    return TransactionsRefused(
+        f"flow {flow.name}: 'exactly_once' (and fencing its copier tasks) needs transactions on target"
+        f" '{target.alias}', which refused them: {why.format(prefix=transactional_id_prefix(flow))}"
+        f" ({error.name()})"
+    )
+
+
+def fence(flow: FlowConfig, target: ClusterConfig, settings: Mapping[str, object], first: int, end: int) -> None:
+    """Start and drop a producer for each of the flow's slot ids from `first` up to `end`: every earlier attempt of
+    them (a zombie of a run before this one) is fenced, and its open transaction aborted."""
+    for slot in range(first, end):
+        SlotTransactions(flow, target, settings, slot).close()
+
+
+def reset_positions(flow: FlowConfig, target: ClusterConfig, starts: PartitionOffsets) -> None:
+    """Set the positions of partitions that start over (their topic made again, their offsets gone backwards): a
+    position of the old life would skip the new one's records. The group has no members, so a plain commit does."""
+    if not starts:
+        return
+    reader = clients.consumer(target, _positions_reader(flow))
+    try:
+        offsets = [TopicPartition(target_topic(flow, t), p, o) for (t, p), o in sorted(starts.items())]
+        reader.commit(offsets=offsets, asynchronous=False)
+    finally:
+        reader.close()
+    log.info("flow %s: %d partition(s) start over; their committed positions moved there", flow.name, len(starts))

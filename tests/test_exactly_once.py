@@ -1,0 +1,141 @@
+"""Fenced writers against real brokers: a real-time task cut off from its driver, still reaching both clusters, is
+fenced the moment its successor starts, and a read_committed reader of the target sees what the successor promises:
+each record once with `exactly_once`, and at least once, never interleaved, without it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from bench.testbed import clients
+from bench.testbed.clients import Record
+from spark_app.config import FlowConfig, FlowMode, TopicSelection
+from spark_app.realtime.task import LANDED, STOP, Assignment, CopierTask, LiveCopy
+from spark_app.topics import TargetRules
+from spark_app.transactions import Fenced
+from tests.support.assertions import assert_each_record_once_in_order
+
+PARTITIONS = 2
+COMMIT_S = 0.5
+
+
+class DriverGone:
+    """A report channel whose driver is gone while its socket still takes what is sent (half open): a zombie's."""
+
+    def __init__(self) -> None:
+        self.reports: list[Any] = []
+
+    def send(self, message: Any) -> None:
+        self.reports.append(message)
+
+    def poll(self) -> bool:
+        return False
+
+    def recv(self) -> object:
+        raise AssertionError("a zombie hears nothing from its driver")
+
+
+class Driver(DriverGone):
+    """A live driver that says STOP once `stop` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stop = threading.Event()
+
+    def poll(self) -> bool:
+        return self.stop.is_set()
+
+    def recv(self) -> object:
+        return STOP
+
+
+def records(topic_tag: str, first: int, count: int) -> list[Record]:
+    return [Record(i % PARTITIONS, f"k{i}".encode(), f"{topic_tag}-{i}".encode()) for i in range(first, first + count)]
+
+
+def reached(conn: DriverGone) -> dict[int, int]:
+    """Per partition, the end of the newest landing the task reported (committed, as it reports after commits)."""
+    out: dict[int, int] = {}
+    for kind, rows in list(conn.reports):
+        for row in rows if kind == LANDED else ():
+            out[row["partition"]] = max(out.get(row["partition"], 0), row["end_offset"])
+    return out
+
+
+def wait_until_reached(conn: DriverGone, ends: dict[int, int], within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if all(reached(conn).get(p, 0) >= end for p, end in ends.items()):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the task reported {reached(conn)}, short of {ends}, after {within_s:.0f} s")
+
+
+def in_thread(run, conn) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            run(conn)
+        except BaseException as err:  # noqa: BLE001 - the test asserts on it
+            errors.append(err)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
+def test_a_real_time_task_cut_off_from_its_driver_is_fenced_when_its_successor_starts(
+    exactly_once, plaintext_cluster, source_cluster, unique, tmp_path
+):
+    source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
+    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
+    topic = f"zombie-{unique}"
+    flow = FlowConfig(
+        source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]), mode=FlowMode.REALTIME,
+        exactly_once=exactly_once, checkpoint_location=str(tmp_path),
+    )  # fmt: skip
+    copy_topic = f"{source.alias}.{topic}"
+    clients.create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
+    clients.create_topics(source_cluster.admin, {copy_topic: PARTITIONS})
+    first = records(topic, 0, 2_000)
+    clients.produce(source, topic, first)
+    task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", TargetRules(), COMMIT_S)
+    starts = {(topic, p): 0 for p in range(PARTITIONS)}
+
+    zombie_conn = DriverGone()
+    zombie, zombie_errors = in_thread(LiveCopy(task, Assignment(starts, None), 0).run, zombie_conn)
+    wait_until_reached(zombie_conn, {p: len(first) // PARTITIONS for p in range(PARTITIONS)}, 60)
+
+    # Its driver heard none of it: the successor starts where the driver last knew, the partitions' starts.
+    successor_conn = Driver()
+    successor, successor_errors = in_thread(LiveCopy(task, Assignment(starts, None), 0).run, successor_conn)
+    more = records(topic, len(first), 3_000)
+    for i in range(0, len(more), 300):  # records keep coming while both run
+        clients.produce(source, topic, more[i : i + 300])
+        time.sleep(0.05)
+    zombie.join(30)
+    assert not zombie.is_alive(), "the zombie still writes after its successor started"
+    assert zombie_errors and isinstance(zombie_errors[0], Fenced), zombie_errors
+
+    sent = first + more
+    wait_until_reached(successor_conn, {p: len(sent) // PARTITIONS for p in range(PARTITIONS)}, 60)
+    successor_conn.stop.set()
+    successor.join(60)
+    assert not successor_errors, successor_errors
+    got = clients.read_all(target, copy_topic, len(sent), exact=False)  # read_committed, librdkafka's default
+    if exactly_once:
+        assert_each_record_once_in_order(copy_topic, got, sent)
+        return
+    # At least once: the zombie's committed records, then the successor's whole copy from the starts; the zombie's
+    # records after the successor started were aborted, so none of them comes between the successor's.
+    for partition in range(PARTITIONS):
+        values = [r.value for r in got if r.partition == partition]
+        expected = [r.value for r in sent if r.partition == partition]
+        restart = len(values) - len(expected)
+        assert restart >= 0 and values[restart:] == expected, f"partition {partition}: the copies interleave"
+        assert values[:restart] == expected[:restart], f"partition {partition}: the zombie's copies are not a prefix"
