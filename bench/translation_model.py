@@ -17,7 +17,7 @@ from pathlib import Path
 from hypothesis import seed, settings
 from hypothesis.stateful import get_state_machine_test
 
-from bench.testbed.translation_model import IdentityTranslation, Translation
+from bench.testbed.translation_model import ExactlyOnceTranslation, IdentityTranslation, Translation
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, object] = {"examples": opts.examples, "steps_per_example": opts.steps, "seed": opts.seed}
     result["machines"] = {}
     failed = False
-    for machine in (Translation, IdentityTranslation):
+    for machine in (Translation, ExactlyOnceTranslation, IdentityTranslation):
         steps = [0]
         original = machine.check
 

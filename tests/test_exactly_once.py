@@ -1,6 +1,7 @@
-"""Fenced writers against real brokers: a real-time task cut off from its driver, still reaching both clusters, is
-fenced the moment its successor starts, and a read_committed reader of the target sees what the successor promises:
-each record once with `exactly_once`, and at least once, never interleaved, without it."""
+"""Transactions on the target against real brokers. A real-time task cut off from its driver, still reaching both
+clusters, is fenced the moment its successor starts, and a read_committed reader of the target sees what the
+successor promises: each record once with `exactly_once`, and at least once, never interleaved, without it. A
+micro-batch that runs again after its commit (a crash before Spark's) writes nothing twice."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from bench.testbed import clients
 from bench.testbed.clients import Record
 from spark_app.config import FlowConfig, FlowMode, TopicSelection
+from spark_app.range_copy import RangeCopier
+from spark_app.ranges import OffsetRange
 from spark_app.realtime.task import LANDED, STOP, Assignment, CopierTask, LiveCopy
 from spark_app.topics import TargetRules
 from spark_app.transactions import Fenced
@@ -139,3 +142,34 @@ def test_a_real_time_task_cut_off_from_its_driver_is_fenced_when_its_successor_s
         restart = len(values) - len(expected)
         assert restart >= 0 and values[restart:] == expected, f"partition {partition}: the copies interleave"
         assert values[:restart] == expected[:restart], f"partition {partition}: the zombie's copies are not a prefix"
+
+
+def test_a_micro_batch_run_again_after_its_commit_writes_nothing_twice_and_the_next_goes_on_from_it(
+    plaintext_cluster, source_cluster, unique, tmp_path
+):
+    source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
+    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
+    topic = f"replay-{unique}"
+    flow = FlowConfig(
+        source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]), exactly_once=True,
+        checkpoint_location=str(tmp_path),
+    )  # fmt: skip
+    copy_topic = f"{source.alias}.{topic}"
+    clients.create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
+    clients.create_topics(source_cluster.admin, {copy_topic: PARTITIONS})
+    sent = records(topic, 0, 4_000)  # 2,000 a partition
+    clients.produce(source, topic, sent)
+    copier = RangeCopier(flow, source, target)
+    batch = [OffsetRange(topic, p, 0, 1_500) for p in range(PARTITIONS)]
+
+    first = copier.copy(batch, slot=0)
+    replayed = copier.copy(batch, slot=1)  # the same batch again, as Spark runs it after a crash before its commit
+    following = copier.copy([OffsetRange(topic, p, 1_000, 2_000) for p in range(PARTITIONS)], slot=0)
+
+    assert [(r.first_offset, r.end_offset, r.records) for r in first] == [(0, 1_500, 1_500)] * PARTITIONS
+    # Its landings still cover the batch, so the positions move on; none of its records is written again.
+    assert [(r.first_offset, r.end_offset, r.records) for r in replayed] == [(0, 1_500, 0)] * PARTITIONS
+    assert [(r.first_offset, r.end_offset, r.records) for r in following] == [(1_000, 2_000, 500)] * PARTITIONS
+    positions = clients.committed(target, f"mirrorkit-positions.{source.alias}.{target.alias}", copy_topic, PARTITIONS)
+    assert positions == dict.fromkeys(range(PARTITIONS), 2_000)
+    assert_each_record_once_in_order(copy_topic, clients.read_all(target, copy_topic, len(sent)), sent)

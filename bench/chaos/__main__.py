@@ -2,10 +2,12 @@
 the result in bench/results/chaos-<stamp>.md and .json.
 
 Usage: .venv/bin/python -m bench.chaos [--modes throughput,realtime] [--minutes 30] [--fault-every 6] [--rate 300]
-       [--seed 1] [--hold 3,12] [--local]
+       [--seed 1] [--hold 3,12] [--local] [--exactly-once] [--only "kill the driver"]
 
 The mirror's executors run on a Spark standalone cluster of two one-core workers, so the nemesis can lose and stop
-them; `--local` runs them in Spark's local mode instead.
+them; `--local` runs them in Spark's local mode instead. `--exactly-once` makes the flow exactly-once, and then the
+checker allows no duplicate; `--only` limits the nemesis to the faults whose names contain one of its
+comma-separated words.
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hold", default=",".join(f"{s:g}" for s in HOLD_S), help="seconds a fault is held: low,high")
     parser.add_argument("--local", action="store_true", help="executors in Spark's local mode")
+    parser.add_argument("--exactly-once", action="store_true", help="an exactly-once flow: no duplicate allowed")
+    parser.add_argument("--only", default="", help="only the faults whose names contain one of these (a,b)")
     args = parser.parse_args()
+    only = tuple(w.strip() for w in args.only.split(",") if w.strip())
     low, high = (float(s) for s in args.hold.split(","))
     bed = TestBed()
     spark: SparkStandalone | None = None
@@ -49,7 +54,8 @@ def main() -> int:
         for i, mode in enumerate(args.modes.split(",")):
             folder = Path(tempfile.mkdtemp(prefix=f"mirrorkit-chaos-{mode}-"))
             outcome = run_chaos(source, target, folder, mode, args.seed + i, args.minutes * 60, args.fault_every,
-                                args.rate, f"{mode[:2]}{args.seed + i}", (low, high), spark)  # fmt: skip
+                                args.rate, f"{mode[:2]}{args.seed + i}", (low, high), spark, args.exactly_once,
+                                only)  # fmt: skip
             outcomes.append(outcome)
             print(render([outcome]))
     finally:
@@ -79,17 +85,19 @@ def _plain(outcome: Outcome) -> dict[str, object]:
 def render(outcomes: list[Outcome], args: argparse.Namespace | None = None) -> str:
     lines = ["# The mirror against an adversary", ""]
     if args is not None:
-        local = " --local" if args.local else ""
+        options = (" --local" if args.local else "") + (" --exactly-once" if args.exactly_once else "")
+        options += f' --only "{args.only}"' if args.only else ""
         lines += [f"`python -m bench.chaos --modes {args.modes} --minutes {args.minutes:g} --fault-every"
-                  f" {args.fault_every:g} --rate {args.rate} --seed {args.seed} --hold {args.hold}{local}`",
+                  f" {args.fault_every:g} --rate {args.rate} --seed {args.seed} --hold {args.hold}{options}`",
                   ""]  # fmt: skip
     lines += ["| mode | faults | sent | on source | lost | out of order | duplicates (bound) | deleted unmirrored,"
               " reported | silent losses | reported but copied | translation checks | skips | mirror starts |"
               " drained in |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for o in outcomes:
         s = o.report.summary()
+        mode = f"{o.mode} exactly once" if o.exactly_once else o.mode
         lines.append(
-            f"| {o.mode} | {o.faults} | {o.sent} | {s['on_source']} | {s['lost']} | {s['out_of_order']} |"
+            f"| {mode} | {o.faults} | {o.sent} | {s['on_source']} | {s['lost']} | {s['out_of_order']} |"
             f" {s['duplicates']} ({duplicate_bound(o)}) | {s['deleted_unmirrored']} | {s['silent_losses']} |"
             f" {s['reported_but_copied']} | {s['translation_checks']} | {s['translation_skips']} | {o.starts} |"
             f" {o.drained_in_s:.0f} s |"

@@ -75,6 +75,7 @@ class Nemesis:
     seed: int
     events: list[str] = field(default_factory=list)
     hold_s: tuple[float, float] = HOLD_S
+    only: tuple[str, ...] = ()  # when given, only the faults whose names contain one of these
     active: Fault | None = None
     rng: random.Random = field(init=False)
 
@@ -82,6 +83,14 @@ class Nemesis:
         self.rng = random.Random(self.seed)
 
     def menu(self) -> list[Fault]:
+        """The faults it draws from: every one, or those `only` names."""
+        every = self._every_fault()
+        chosen = [f for f in every if not self.only or any(name in f.name for name in self.only)]
+        if not chosen:
+            raise ValueError(f"no fault matches {self.only}; the menu: {[f.name for f in every]}")
+        return chosen
+
+    def _every_fault(self) -> list[Fault]:
         s = self.scene
         return [
             Fault("kill the driver", self._kill_driver, s.mirror.start),

@@ -48,15 +48,17 @@ class Outcome:
     starts: int
     extra: dict[str, int] = field(default_factory=dict)
     load_error: str | None = None  # the generator or the groups stopped early: the run proves less
+    exactly_once: bool = False  # the flow was `exactly_once`: a read_committed reader may see no duplicate at all
 
 
 def duplicate_bound(outcome: Outcome) -> int:
-    """The duplicates a run may leave: DUPLICATE_WINDOW_S of load per fault."""
-    return int(outcome.faults * outcome.rate * DUPLICATE_WINDOW_S)
+    """The duplicates a run may leave: none exactly once (the checker reads read_committed), else DUPLICATE_WINDOW_S
+    of load per fault."""
+    return 0 if outcome.exactly_once else int(outcome.faults * outcome.rate * DUPLICATE_WINDOW_S)
 
 
 def chaos_config(source: MultiBrokerCluster, target: KafkaCluster, topics: Topics, mode: str, folder: Path,
-                 suffix: str) -> MirrorConfig:  # fmt: skip
+                 suffix: str, exactly_once: bool = False) -> MirrorConfig:  # fmt: skip
     # Aliases of the run's own: the flow's internal topics, its DR lease and its names on the target are its alone.
     raw = {
         "clusters": [cluster_entry(source, f"src-{suffix}", proxied=True),
@@ -64,7 +66,7 @@ def chaos_config(source: MultiBrokerCluster, target: KafkaCluster, topics: Topic
         "flows": [{
             "source": f"src-{suffix}", "target": f"dr-{suffix}", "topics": {"include": topics.all},
             "groups": {"include": [f"chaos-group-{suffix}-.*"]}, "checkpoint_location": str(folder / "checkpoint"),
-            "mode": mode, "emit_heartbeats": False, "realtime_tasks": 2,
+            "mode": mode, "emit_heartbeats": False, "realtime_tasks": 2, "exactly_once": exactly_once,
         }],
         "metrics_port": free_port(),
     }  # fmt: skip
@@ -87,12 +89,12 @@ def prepare(source: MultiBrokerCluster, target: KafkaCluster, topics: Topics, co
 def run_chaos(
     source: MultiBrokerCluster, target: KafkaCluster, folder: Path, mode: str, seed: int, duration_s: float,
     fault_every_s: float, rate: int, suffix: str, hold_s: tuple[float, float] = HOLD_S,
-    spark: SparkStandalone | None = None,
+    spark: SparkStandalone | None = None, exactly_once: bool = False, only: tuple[str, ...] = (),
 ) -> Outcome:  # fmt: skip
-    """Run the mirror through `duration_s` of random faults and check both clusters at the end; its executors on
-    `spark`, or in Spark's local mode."""
+    """Run the mirror through `duration_s` of random faults (those whose names contain one of `only`, when given)
+    and check both clusters at the end; its executors on `spark`, or in Spark's local mode."""
     topics = Topics(f"chaos-plain-{suffix}", f"chaos-txn-{suffix}", f"chaos-compact-{suffix}", f"chaos-remade-{suffix}")
-    config = chaos_config(source, target, topics, mode, folder, suffix)
+    config = chaos_config(source, target, topics, mode, folder, suffix, exactly_once)
     prepare(source, target, topics, config)
     config_file = folder / "mirror.yaml"
     config_file.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)))
@@ -103,7 +105,7 @@ def run_chaos(
         return target_topic(flow, topic)
 
     group_names = [f"chaos-group-{suffix}-{i}" for i in range(3)]
-    nemesis = Nemesis(Scene(source, target, mirror, topics, remote, spark), seed, hold_s=hold_s)
+    nemesis = Nemesis(Scene(source, target, mirror, topics, remote, spark), seed, hold_s=hold_s, only=only)
     load = Load(source.client, topics, rate, seed)
     groups = Groups(source.client, [topics.plain, topics.transactional], topics.partitions, group_names, seed)
     mirror.start()
@@ -127,7 +129,7 @@ def run_chaos(
     sent = sum(len(v) for v in load.acknowledged().values())
     return Outcome(mode, seed, rate, faults, nemesis.events, sent, report, drained_in, exit_code, mirror.starts,
                    {"group_commits": groups.commits, "failed_sends": load.failed,
-                    "transactional_restarts": load.txn_restarts}, load.error or groups.error)  # fmt: skip
+                    "transactional_restarts": load.txn_restarts}, load.error or groups.error, exactly_once)  # fmt: skip
 
 
 def _warm_up(target: KafkaCluster, topics: Topics, remote: Remote, deadline: float) -> None:

@@ -250,3 +250,17 @@ class IdentityTranslation(Translation):
     def target_already_holds_data(self, records: int) -> None:
         """The target topic held records of its own before the flow's first write."""
         self.tgt += [("loc", 0, 0)] * records
+
+
+class ExactlyOnceTranslation(Translation):
+    """An exactly-once flow (spark_app.transactions): every batch is a transaction on the target, so a commit marker
+    follows its records there and every batch is a run of its own; a batch that crashes is aborted, its records
+    left in the target's log, where a read_committed group never reads them."""
+
+    @rule(size=st.integers(1, BATCH), crash=st.sampled_from([False] * 9 + [True]))
+    def mirror_batch(self, size: int, crash: bool) -> None:
+        written = len(self.tgt)
+        super().mirror_batch(size, crash)
+        if crash:  # aborted: not a copy any group reads
+            self.tgt[written:] = [("abt", epoch, offset) for _, epoch, offset in self.tgt[written:]]
+        self.tgt.append(("mark", 0, 0))  # the commit's (or the abort's) control marker
