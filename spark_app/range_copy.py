@@ -107,27 +107,32 @@ class RangeCopier:
         crash between its commit and Spark's). When the target refuses a record, the transaction is aborted whole:
         the ranges are copied again in a new one up to the refused records, whose partitions hold from there."""
         slot_txn = SlotTransactions(self.flow, self.target, self.producer_settings, slot)
-        cut: dict[Partition, tuple[int, int, str]] = {}  # a refused partition: its first refused offset, size, why
         try:
-            while True:
-                cursors = self._cursors(ranges, {key: offset for key, (offset, _, _) in cut.items()})
-                if self.flow.exactly_once:
-                    _skip_committed(cursors, ranges, slot_txn.committed(k for k, c in cursors.items() if not c.done))
-                slot_txn.begin()
-                outbox = self._copy_open(cursors, slot_txn.producer)
-                for key, (offset, size, error) in cut.items():
-                    cursors[key].landing.first_offset = min(cursors[key].landing.first_offset, offset)
-                    cursors[key].landing.hold(offset, size, error)
-                refused = outbox.take_refused() if outbox is not None else set()
-                if not refused:
-                    slot_txn.commit({key: _position(c) for key, c in cursors.items()})
-                    return cursors
-                slot_txn.abort()
-                for key in refused:
-                    landing = cursors[key].landing
-                    cut[key] = (landing.held_from, landing.refused_bytes, landing.held_error)
+            with slot_txn.fenced_raises():
+                return self._transactions(ranges, slot_txn)
         finally:  # a transaction left open is aborted by the task's retry, which starts the slot again
             slot_txn.close()
+
+    def _transactions(self, ranges: list[OffsetRange], slot_txn: SlotTransactions) -> dict[Partition, Cursor]:
+        """Copy the ranges in transactions of `slot_txn` until one commits (see `_copy_in_transaction`)."""
+        cut: dict[Partition, tuple[int, int, str]] = {}  # a refused partition: its first refused offset, size, why
+        while True:
+            cursors = self._cursors(ranges, {key: offset for key, (offset, _, _) in cut.items()})
+            if self.flow.exactly_once:
+                _skip_committed(cursors, ranges, slot_txn.committed(k for k, c in cursors.items() if not c.done))
+            slot_txn.begin()
+            outbox = self._copy_open(cursors, slot_txn.producer)
+            for key, (offset, size, error) in cut.items():
+                cursors[key].landing.first_offset = min(cursors[key].landing.first_offset, offset)
+                cursors[key].landing.hold(offset, size, error)
+            refused = outbox.take_refused() if outbox is not None else set()
+            if not refused:
+                slot_txn.commit({key: _position(c) for key, c in cursors.items()})
+                return cursors
+            slot_txn.abort()
+            for key in refused:
+                landing = cursors[key].landing
+                cut[key] = (landing.held_from, landing.refused_bytes, landing.held_error)
 
     def _copy_open(self, cursors: dict[Partition, Cursor], producer: Producer) -> Outbox | None:
         """Copy the cursors not done with `producer`; the outbox they went through (None: nothing to copy)."""

@@ -15,8 +15,9 @@ so their size is the number of partitions, whatever the history.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -135,9 +136,23 @@ class SlotTransactions:
         self._call(lambda: self.producer.abort_transaction(TRANSACTION_TIMEOUT_S))
 
     def close(self) -> None:
-        """Let go of the slot (its transaction committed or aborted already)."""
+        """Let go of the slot (its transaction committed or aborted already, or the slot fenced, when the producer
+        answers every call with that error)."""
         self._group.close()
-        self.producer.flush(0)
+        with contextlib.suppress(KafkaException):
+            self.producer.flush(0)
+
+    @contextlib.contextmanager
+    def fenced_raises(self) -> Iterator[None]:
+        """Around a copy with the slot's producer: once fenced, librdkafka raises the fatal error from any call
+        (`poll`, `produce`, `flush`); it leaves as `Fenced`."""
+        try:
+            yield
+        except KafkaException as err:
+            if err.args[0].code() not in FENCED_ERRORS:
+                raise
+            raise Fenced(f"flow {self.flow.name}: slot {self.slot} was taken over by a newer attempt"
+                         f" ({err.args[0].name()}); this one writes nothing more") from None  # fmt: skip
 
     def _call(self, step: object) -> None:
         """Run one transaction step; a fatal error (fenced, or a state the producer cannot leave) as `Fenced` or

@@ -56,7 +56,12 @@ class Driver(DriverGone):
 
 
 def records(topic_tag: str, first: int, count: int) -> list[Record]:
-    return [Record(i % PARTITIONS, f"k{i}".encode(), f"{topic_tag}-{i}".encode()) for i in range(first, first + count)]
+    """Records i = first, first + 1, ... round the partitions, each with a value and a timestamp of its own."""
+    now_ms = int(time.time() * 1000)
+    return [
+        Record(i % PARTITIONS, f"k{i}".encode(), f"{topic_tag}-{i}".encode(), timestamp_ms=now_ms + i)
+        for i in range(first, first + count)
+    ]
 
 
 def reached(conn: DriverGone) -> dict[int, int]:

@@ -10,6 +10,7 @@ authenticated with a key made for the job's run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -136,25 +137,27 @@ class LiveCopy:
         commit_s = self.task.commit_s if self.flow.exactly_once else REPORT_S
         report_at = time.monotonic() + commit_s
         stopped = False
+        fencing = slot_txn.fenced_raises() if slot_txn is not None else contextlib.nullcontext()
         try:
-            while True:
-                while open_ and not stopped:
-                    self.copied += copy_some(consumer, open_, outbox, CONSUME_BATCH, CONSUME_WAIT_S)
-                    if time.monotonic() >= report_at:
-                        report_at = time.monotonic() + commit_s
-                        self._hold(outbox.settle())
-                        outbox.raise_failures()
-                        if slot_txn is not None and not self._commit(slot_txn, outbox):
-                            open_ = self._assign(consumer)
-                            continue
-                        self._send_report(conn, LANDED, outbox)
-                        stopped = conn.poll() and conn.recv() == STOP
-                    open_ = _still_open(open_, consumer)
-                outbox.flush(300)
-                self._hold(outbox.settle())
-                if slot_txn is None or self._commit(slot_txn, outbox):
-                    break
-                open_ = self._assign(consumer)  # the last transaction was aborted: copy it again
+            with fencing:
+                while True:
+                    while open_ and not stopped:
+                        self.copied += copy_some(consumer, open_, outbox, CONSUME_BATCH, CONSUME_WAIT_S)
+                        if time.monotonic() >= report_at:
+                            report_at = time.monotonic() + commit_s
+                            self._hold(outbox.settle())
+                            outbox.raise_failures()
+                            if slot_txn is not None and not self._commit(slot_txn, outbox):
+                                open_ = self._assign(consumer)
+                                continue
+                            self._send_report(conn, LANDED, outbox)
+                            stopped = conn.poll() and conn.recv() == STOP
+                        open_ = _still_open(open_, consumer)
+                    outbox.flush(300)
+                    self._hold(outbox.settle())
+                    if slot_txn is None or self._commit(slot_txn, outbox):
+                        break
+                    open_ = self._assign(consumer)  # the last transaction was aborted: copy it again
         finally:
             consumer.close()
             if slot_txn is not None:
