@@ -1,5 +1,6 @@
 """Cross-key checks: the rules no one stack key can check alone (where each flow runs, the credentials its clusters
-need, what each site must have to reach them, the hubs a namespace must hold), each error at the key to change."""
+need, what each site must have to reach them, the hubs a namespace must hold, what a flow asks of its target), each
+error at the key to change."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from infra.schema import (
     ExecutorResources,
     SiteSpec,
     StackModel,
+    Tier,
 )
 from spark_app.config import ConfigError, FlowConfig, FlowMode, MirrorConfig, cores_needed
 from spark_app.policy import HEARTBEATS_TOPIC
@@ -32,6 +34,7 @@ def check(model: StackModel, mirror: MirrorConfig, part: Part | None = None) -> 
     errors += missing_credentials(model, _credentials_used(model, mirror, site_of_flow, part))
     errors += hubs_over_tier(model, mirror)
     errors += missing_source_sizes(model, mirror)
+    errors += exactly_once_without_transactions(model, mirror)
     errors += kept_policy_statements(model, mirror, site_of_flow)
     for i, site in enumerate(model.sites):
         flows = [f for f in mirror.flows if site_of_flow.get(f.name) == site.name]
@@ -149,6 +152,23 @@ def missing_source_sizes(model: StackModel, mirror: MirrorConfig) -> list[str]:
             for t in flow.topics.literal_names() or []
             if t not in src.source_topic_sizes and t != HEARTBEATS_TOPIC
         ]
+    return errors
+
+
+def exactly_once_without_transactions(model: StackModel, mirror: MirrorConfig) -> list[str]:
+    """An exactly-once flow commits in transactions on its target, which an Event Hubs namespace of tier Standard
+    does not have."""
+    clusters = {c.alias: (i, c) for i, c in enumerate(model.clusters)}
+    errors = []
+    for j, flow in enumerate(mirror.flows):
+        i, target = clusters[flow.target]
+        if flow.exactly_once and target.eventhubs is not None and target.eventhubs.tier is Tier.STANDARD:
+            errors.append(
+                f"{PROJECT}:flows[{j}].exactly_once: exactly_once commits in Kafka transactions on the flow's"
+                f" target, Event Hubs cluster '{flow.target}', whose namespace is of tier Standard"
+                f" ({PROJECT}:clusters[{i}].eventhubs.tier); Event Hubs has Kafka transactions only on Premium and"
+                " Dedicated, in preview. Turn exactly_once off, or give the namespace tier Premium or Dedicated"
+            )
     return errors
 
 

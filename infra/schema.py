@@ -230,8 +230,8 @@ class MskSpec(StrictModel):
     def port(self) -> int:
         return MSK_PORTS[self.auth]
 
-    def arn_of(self, kind: Literal["topic", "group"], name: str) -> str:
-        """IAM resource ARN of a topic or group on this cluster (`name` may end in `*`)."""
+    def arn_of(self, kind: Literal["topic", "group", "transactional-id"], name: str) -> str:
+        """IAM resource ARN of a topic, group or transactional id on this cluster (`name` may end in `*`)."""
         return self.cluster_arn.replace(":cluster/", f":{kind}/", 1) + f"/{name}"
 
 

@@ -26,10 +26,14 @@ WRITE = [*READ, "kafka-cluster:CreateTopic", "kafka-cluster:AlterTopic", "kafka-
 WRITE_CONFIGS = [*WRITE, "kafka-cluster:AlterTopicDynamicConfiguration"]
 GROUP_READ = ["kafka-cluster:DescribeGroup"]
 GROUP_USE = ["kafka-cluster:DescribeGroup", "kafka-cluster:AlterGroup"]
+# A copier slot's transactional producer: Alter to init (and fence), add to, commit and abort its transactions; it
+# takes Describe besides, and WriteData on the topics written, which the copies' grant gives.
+TRANSACTIONS = ["kafka-cluster:DescribeTransactionalId", "kafka-cluster:AlterTransactionalId"]
 
 
 def regex_to_glob(pattern: str) -> str:
-    """The narrowest IAM wildcard covering a topic or group regex: its literal prefix, then `*` unless that is all."""
+    """The narrowest IAM wildcard covering a topic, group or transactional id regex: its literal prefix, then `*`
+    unless that is all."""
     prefix, whole = literal_prefix(pattern)
     return prefix if whole else f"{prefix}*"
 
@@ -48,6 +52,7 @@ def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> d
         writes = {regex_to_glob(t) for t in grant.created}
         groups_read = {regex_to_glob(g) for g in grant.groups_described}
         groups_use = {*OWN_GROUPS, *(regex_to_glob(g) for g in grant.groups_altered)}
+        transactional_ids = {regex_to_glob(i) for i in grant.transactional_ids}
         if not (reads or writes):
             continue
         on_cluster = [
@@ -67,6 +72,8 @@ def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> d
         if groups_read - groups_use:
             statements.append(_statement(GROUP_READ, [msk.arn_of("group", g) for g in groups_read - groups_use]))
         statements.append(_statement(GROUP_USE, [msk.arn_of("group", g) for g in groups_use]))
+        if transactional_ids:
+            statements.append(_statement(TRANSACTIONS, [msk.arn_of("transactional-id", i) for i in transactional_ids]))
     return {"Version": "2012-10-17", "Statement": statements}
 
 

@@ -1,7 +1,8 @@
 """The mirror's ACLs on a Kafka cluster (self-managed, or MSK with SCRAM), least privilege, rendered from its
 access set there (spark_app.policy.access): read the source topics and describe their groups; write the target
 copies; its own internal topics and DR lease group; heartbeats on the source when the flow emits them; and read the
-copies whose group offsets it commits. The program sets them with an admin credential of its own."""
+copies whose group offsets it commits; write with its copier slots' transactional ids. The program sets them with an
+admin credential of its own."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ EMIT = ("Write", "Describe", "Create")
 
 @dataclass(frozen=True, order=True)
 class AclSpec:
-    resource_type: str  # Topic | Group
+    resource_type: str  # Topic | Group | TransactionalID (the Kafka provider's spelling)
     pattern: str  # Literal | Prefixed
     name: str
     operation: str
@@ -49,7 +50,11 @@ def mirror_acls(alias: str, flows: Sequence[FlowConfig]) -> list[AclSpec]:
         ("Topic", grant.offsets_committed, ("Read", "Describe")),  # an OffsetCommit needs Read on its topics
         ("Group", grant.groups_described, ("Describe",)),  # committed offsets, to translate them
         ("Group", grant.groups_altered, ("Read", "Describe")),  # altering a group's offsets needs Read on it
-        ("Group", grant.groups_joined, ("Read", "Describe")),  # the DR lease: join, commit who holds it
+        # the DR lease: join, commit who holds it; an exactly-once flow's positions: TxnOffsetCommit needs Read
+        ("Group", grant.groups_joined, ("Read", "Describe")),
+        # the copier slots' transactions: Write to init (and fence), add to, commit and abort them; Describe to find
+        # their coordinator
+        ("TransactionalID", grant.transactional_ids, ("Write", "Describe")),
     )
     return sorted({AclSpec(kind, *_pattern(p), op) for kind, patterns, ops in rights for p in patterns for op in ops})
 

@@ -88,3 +88,18 @@ def test_iam_and_acls_both_let_a_target_that_syncs_group_offsets_read_the_copies
     acl_reads = {a.name for a in mirror_acls("dst", synced) if a.resource_type == "Topic" and a.operation == "Read"}
     assert "src.orders" in iam_reads and "src.orders" in acl_reads
     assert acl_reads <= iam_reads
+
+
+def test_iam_and_acls_grant_the_same_transactional_ids_on_a_target():
+    for changes in ({"exactly_once": True}, {"mode": "realtime"}, {}):
+        flow = FlowConfig.model_validate(
+            {"source": "src", "target": "dst", "topics": {"include": ["orders"]}, "checkpoint_location": "/c"} | changes
+        )
+        iam_ids = {
+            r.rsplit("/", 1)[1]
+            for s in kafka_policy([flow], {"dst": MSK})["Statement"]
+            for r in s["Resource"]
+            if ":transactional-id/" in r
+        }
+        prefixes = {a.name for a in mirror_acls("dst", [flow]) if a.resource_type == "TransactionalID"}
+        assert iam_ids == {f"{p}*" for p in prefixes} == ({"mirrorkit.src.dst.*"} if changes else set())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -369,6 +370,34 @@ def test_kafka_policy_allows_only_the_flows_topics_and_groups():
         for r in resources
     )
     assert not any(r.endswith(("/*", ":*")) for r in resources)
+
+
+def test_kafka_policy_lets_transactional_flows_use_their_transactional_ids_on_their_target_only():
+    us = MSK.model_copy(update={"cluster_arn": "arn:aws:kafka:us-east-1:222222222222:cluster/us/def-1"})
+
+    def flow(source: str, target: str, **changes: Any) -> FlowConfig:
+        return FlowConfig(source=source, target=target, topics={"include": ["t"]}, checkpoint_location="/c", **changes)
+
+    def transactional(*flows: FlowConfig) -> set[tuple[str, str]]:
+        """(resource, action) of every grant on a transactional id, or of a transactional-id action."""
+        policy = kafka_policy(flows, {"us": us, "eu": MSK})
+        return {
+            (r, a)
+            for s in policy["Statement"]
+            for r in s["Resource"]
+            for a in s["Action"]
+            if ":transactional-id/" in r or "TransactionalId" in a
+        }
+
+    def granted(resource: str) -> set[tuple[str, str]]:
+        return {(resource, f"kafka-cluster:{a}TransactionalId") for a in ("Alter", "Describe")}
+
+    into_eu = granted("arn:aws:kafka:eu-west-1:222222222222:transactional-id/dr/abc-1/mirrorkit.us.eu.*")
+    into_us = granted("arn:aws:kafka:us-east-1:222222222222:transactional-id/us/def-1/mirrorkit.eu.us.*")
+    assert transactional(flow("us", "eu", exactly_once=True)) == into_eu
+    assert transactional(flow("eu", "us", mode="realtime")) == into_us
+    assert transactional(flow("us", "eu", exactly_once=True), flow("eu", "us", mode="realtime")) == into_eu | into_us
+    assert transactional(flow("us", "eu"), flow("eu", "us")) == set()
 
 
 def test_mirror_role_uses_pod_identity_or_irsa():

@@ -10,7 +10,8 @@ import pytest
 
 from infra.kafka.acls import AclSpec, mirror_acls
 from infra.settings import load_settings
-from spark_app.config import ConfigError
+from spark_app.config import ConfigError, FlowConfig
+from spark_app.transactions import transactional_id
 from tests.infra.harness import (
     BOOTSTRAPS,
     ROOT,
@@ -94,6 +95,49 @@ def test_a_target_that_does_not_sync_group_offsets_gets_no_read_on_the_copies():
     values["mirrorkit:flows"][0]["sync_group_offsets"] = False
     got = acls(run_values(values))
     assert not [a for a in got if a[2] in ("aws.orders", "aws.payments") and a[3] == "Read"]
+
+
+def transactional_acls(flow: FlowConfig, alias: str) -> set[AclSpec]:
+    return {a for a in mirror_acls(alias, [flow]) if a.resource_type == "TransactionalID"}
+
+
+@pytest.mark.parametrize(
+    "changes", [{"exactly_once": True}, {"mode": "realtime"}, {"mode": "realtime", "exactly_once": True}]
+)
+def test_a_flow_whose_slots_write_in_transactions_may_write_its_transactional_ids_on_its_target_only(changes):
+    # Every slot's id is the flow's prefix and the slot's number (spark_app.transactions.transactional_id).
+    flow = FlowConfig(source="dc1", target="aws", topics={"include": ["orders"]}, checkpoint_location="/c", **changes)
+    assert transactional_acls(flow, "aws") == {
+        AclSpec("TransactionalID", "Prefixed", "mirrorkit.dc1.aws.", "Write"),
+        AclSpec("TransactionalID", "Prefixed", "mirrorkit.dc1.aws.", "Describe"),
+    }
+    assert transactional_id(flow, 7).startswith("mirrorkit.dc1.aws.")
+    assert transactional_acls(flow, "dc1") == set()
+
+
+def test_an_exactly_once_flow_may_commit_its_positions_with_its_records():
+    # TxnOffsetCommit for the positions group on a copy needs Read on both.
+    flow = FlowConfig(
+        source="dc1", target="aws", topics={"include": ["orders"]}, checkpoint_location="/c", exactly_once=True
+    )
+    got = set(mirror_acls("aws", [flow]))
+    assert {AclSpec("Group", "Literal", "mirrorkit-positions.dc1.aws", op) for op in ("Read", "Describe")} <= got
+    assert AclSpec("Topic", "Literal", "dc1.orders", "Read") in got
+
+
+def test_a_throughput_flow_without_exactly_once_gets_no_transactional_rights():
+    flow = FlowConfig(source="dc1", target="aws", topics={"include": ["orders"]}, checkpoint_location="/c")
+    assert transactional_acls(flow, "aws") == transactional_acls(flow, "dc1") == set()
+    assert not [a for a in mirror_acls("aws", [flow]) if a.name.startswith("mirrorkit-positions.")]
+
+
+def test_the_program_sets_the_transactional_id_acls_of_an_exactly_once_flow_into_its_cluster():
+    values = onprem(reverse=True)
+    values["mirrorkit:flows"][0]["exactly_once"] = True
+    got = acls(run_values(values))
+    assert {a for a in got if a[0] == "TransactionalID"} == {
+        ("TransactionalID", "Prefixed", "mirrorkit.aws.dc1.", op) for op in ("Write", "Describe")
+    }
 
 
 def test_a_self_managed_scram_cluster_gets_the_mirrors_acls_under_its_scram_user():

@@ -75,6 +75,23 @@ def test_more_partitions_than_the_tier_allows_is_refused():
     ) in message
 
 
+def test_an_exactly_once_flow_into_a_standard_event_hubs_namespace_is_refused_naming_the_key_and_the_cluster():
+    values = edited(
+        DR,
+        clusters=lambda c: c[1]["eventhubs"].update(tier="Standard"),
+        flows=lambda f: f[0].update(exactly_once=True),
+    )
+    assert (
+        f"{PROJECT}:flows[0].exactly_once: exactly_once commits in Kafka transactions on the flow's target, Event Hubs"
+        f" cluster 'dr', whose namespace is of tier Standard ({PROJECT}:clusters[1].eventhubs.tier); Event Hubs has"
+        " Kafka transactions only on Premium and Dedicated, in preview."
+    ) in refused(values)
+    set_config(edited(DR, flows=lambda f: f[0].update(exactly_once=True)))  # Premium
+    assert load_settings().mirror_config.flows[0].exactly_once
+    set_config(edited(DR, clusters=lambda c: c[1]["eventhubs"].update(tier="Standard")))
+    assert not load_settings().mirror_config.flows[0].exactly_once
+
+
 def test_an_unknown_cluster_alias_in_a_flow_is_named():
     values = edited(DR, flows=lambda f: f[0].update(target="dr2"))
     assert f"{PROJECT}:flows[0].target: unknown cluster 'dr2' (clusters: primary, dr)" in refused(values)
