@@ -359,6 +359,7 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
     from .clients import check_reachable
     from .mirror import Mirror, build_session
     from .progress import FlowProgress, ProgressReport
+    from .transactions import check_transactions
 
     for flow in config.flows:
         src, dst = config.cluster(flow.source), config.cluster(flow.target)
@@ -368,6 +369,7 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
             flow.replication_policy, flow.topics.include, flow.topics.exclude,
         )  # fmt: skip
     check_reachable(config.clusters, PREFLIGHT_TIMEOUT_S)  # before Spark: a wrong address or password fails fast
+    check_transactions(config)  # and a target that cannot do the transactions a flow needs
     spark = build_session(master)
     mirror = Mirror(spark, config)
     mirror.stop_on_sigterm()

@@ -23,7 +23,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from . import clients
 from .clients import Partition, PartitionOffsets
-from .config import ClusterConfig, FlowConfig, FlowMode
+from .config import ClusterConfig, FlowConfig, FlowMode, MirrorConfig
 from .errors import DeliveryFailed, MirrorFailed
 from .policy import positions_group, target_topic, transactional_id_prefix
 
@@ -185,10 +185,10 @@ def _refused(flow: FlowConfig, target: ClusterConfig, err: KafkaException) -> Mi
     if why is None:
         return DeliveryFailed(f"flow {flow.name}: starting a transactional producer on target '{target.alias}'"
                               f" failed: {error.name()}: {error.str()}")  # fmt: skip
+    needs = "'exactly_once'" if flow.exactly_once else "'mode: realtime' (its copier tasks are fenced)"
     return TransactionsRefused(
-        f"flow {flow.name}: 'exactly_once' (and fencing its copier tasks) needs transactions on target"
-        f" '{target.alias}', which refused them: {why.format(prefix=transactional_id_prefix(flow))}"
-        f" ({error.name()})"
+        f"flow {flow.name}: {needs} needs transactions on target '{target.alias}', which refused them:"
+        f" {why.format(prefix=transactional_id_prefix(flow))} ({error.name()})"
     )
 
 
@@ -197,6 +197,21 @@ def fence(flow: FlowConfig, target: ClusterConfig, settings: Mapping[str, object
     them (a zombie of a run before this one) is fenced, and its open transaction aborted."""
     for slot in range(first, end):
         SlotTransactions(flow, target, settings, slot).close()
+
+
+def check_transactions(config: MirrorConfig) -> None:
+    """Before Spark starts: each flow whose slots write in transactions starts its slot ids on its target (every
+    real-time task's, the first of a micro-batch's), which fences the zombies of a mirror before this one and fails
+    at once, naming the flow's key and the cluster, where the target cannot do transactions for it."""
+    for i, flow in enumerate(config.flows):
+        target = config.cluster(flow.target)
+        if not transactional(flow, target):
+            continue
+        key = f"flows[{i}].{'exactly_once' if flow.exactly_once else 'mode'}"
+        try:
+            fence(flow, target, {}, 0, flow.realtime_tasks if flow.mode is FlowMode.REALTIME else 1)
+        except TransactionsRefused as err:
+            raise TransactionsRefused(f"{key}: {err}") from None
 
 
 def reset_positions(flow: FlowConfig, target: ClusterConfig, starts: PartitionOffsets) -> None:

@@ -10,15 +10,24 @@ import time
 from typing import Any
 
 import pytest
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from bench.testbed import clients
 from bench.testbed.clients import Record
-from spark_app.config import FlowConfig, FlowMode, TopicSelection
+from bench.testbed.kafka_cluster import EVENTHUBS_USER, cluster_entry
+from spark_app.config import FlowConfig, FlowMode, TopicSelection, parse_config
 from spark_app.range_copy import RangeCopier
 from spark_app.ranges import OffsetRange
 from spark_app.realtime.task import LANDED, STOP, Assignment, CopierTask, LiveCopy
 from spark_app.topics import TargetRules
-from spark_app.transactions import Fenced
+from spark_app.transactions import Fenced, TransactionsRefused, check_transactions
 from tests.support.assertions import assert_each_record_once_in_order
 
 PARTITIONS = 2
@@ -178,3 +187,43 @@ def test_a_micro_batch_run_again_after_its_commit_writes_nothing_twice_and_the_n
     positions = clients.committed(target, f"mirrorkit-positions.{source.alias}.{target.alias}", copy_topic, PARTITIONS)
     assert positions == dict.fromkeys(range(PARTITIONS), 2_000)
     assert_each_record_once_in_order(copy_topic, clients.read_all(target, copy_topic, len(sent)), sent)
+
+
+def test_a_target_that_refuses_the_flows_transactional_ids_stops_the_mirror_at_start_naming_the_key_and_cluster(
+    plaintext_cluster, target_cluster, unique, tmp_path
+):
+    """The Event Hubs-like target has an authorizer: a DENY on the flow's transactional-id prefix is what a cluster
+    whose ACLs lack TransactionalId Write looks like to the mirror."""
+    source_alias, target_alias = f"on{unique[-6:]}", f"eh{unique[-6:]}"
+    config = parse_config({
+        "clusters": [cluster_entry(plaintext_cluster, source_alias), cluster_entry(target_cluster, target_alias)],
+        "flows": [{"source": source_alias, "target": target_alias, "topics": {"include": ["t"]},
+                   "checkpoint_location": str(tmp_path), "exactly_once": True}],
+    })  # fmt: skip
+    deny = AclBinding(ResourceType.TRANSACTIONAL_ID, f"mirrorkit.{source_alias}.{target_alias}.",
+                      ResourcePatternType.PREFIXED, f"User:{EVENTHUBS_USER}", "*", AclOperation.WRITE,
+                      AclPermissionType.DENY)  # fmt: skip
+    admin = clients.admin(target_cluster.admin)
+    for future in admin.create_acls([deny]).values():
+        future.result()
+    try:
+        with pytest.raises(TransactionsRefused) as refused:
+            check_transactions(config)
+    finally:
+        match = AclBindingFilter(deny.restype, deny.name, deny.resource_pattern_type, deny.principal, deny.host,
+                                 deny.operation, deny.permission_type)  # fmt: skip
+        for future in admin.delete_acls([match]).values():
+            future.result()
+    message = str(refused.value)
+    assert message.startswith("flows[0].exactly_once: "), message
+    assert f"target '{target_alias}'" in message and "TransactionalId Write" in message, message
+    assert target_cluster.secret not in message
+    deadline = time.monotonic() + 30
+    while True:  # the DENY gone, the flow starts (once the brokers' authorizer has heard of it)
+        try:
+            check_transactions(config)
+            return
+        except TransactionsRefused:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
