@@ -118,16 +118,24 @@ class RangeCopier:
         cut: dict[Partition, tuple[int, int, str]] = {}  # a refused partition: its first refused offset, size, why
         while True:
             cursors = self._cursors(ranges, {key: offset for key, (offset, _, _) in cut.items()})
+            committed: PartitionOffsets = {}
             if self.flow.exactly_once:
-                _skip_committed(cursors, ranges, slot_txn.committed(k for k, c in cursors.items() if not c.done))
+                committed = slot_txn.committed(k for k, c in cursors.items() if not c.done)
+                _skip_committed(cursors, ranges, committed)
+            copying = {key for key, c in cursors.items() if not c.done}  # a range held whole writes no position
             slot_txn.begin()
             outbox = self._copy_open(cursors, slot_txn.producer)
             for key, (offset, size, error) in cut.items():
                 cursors[key].landing.first_offset = min(cursors[key].landing.first_offset, offset)
                 cursors[key].landing.hold(offset, size, error)
             refused = outbox.take_refused() if outbox is not None else set()
-            if not refused:
-                slot_txn.commit({key: _position(c) for key, c in cursors.items()})
+            if not refused:  # a position never goes back, but where the partition's offsets did
+                reset = {(r.topic, r.partition) for r in ranges if r.reset_from >= 0}
+                slot_txn.commit({
+                    key: _position(c) if key in reset else max(_position(c), committed.get(key, -1))
+                    for key, c in cursors.items()
+                    if key in copying
+                })  # fmt: skip
                 return cursors
             slot_txn.abort()
             for key in refused:
