@@ -54,6 +54,18 @@ def test_a_held_partition_reports_its_hold_once_and_its_end_never_passes_the_hel
     assert copy._report(outbox({("t", 0): []})) == []  # the hold is reported once; nothing more moves
 
 
+def test_a_held_partition_goes_on_from_its_first_held_offset_before_and_after_its_report():
+    """What a transaction commits as a held partition's position: never past the held record, or an exactly-once
+    restart would skip it (records read past it were sent before the hold, or skipped after it)."""
+    copy = live_copy({("t", 0): 0, ("t", 1): 0})
+    copy.cursors[("t", 0)].next = 8
+    copy.cursors[("t", 0)].landing.hold(5, error="refused")
+    copy.cursors[("t", 1)].next = 3
+    assert (copy._next_to_copy(("t", 0)), copy._next_to_copy(("t", 1))) == (5, 3)
+    copy._report(outbox({("t", 0): [], ("t", 1): []}))  # each partition goes on with a new landing
+    assert (copy._next_to_copy(("t", 0)), copy._next_to_copy(("t", 1))) == (5, 3)
+
+
 def test_a_report_over_thousands_of_rounds_never_goes_back_and_covers_every_offset_once():
     """Positions a driver saves must only grow, and consecutive landings must tile the partition's offsets."""
     import random

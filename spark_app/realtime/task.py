@@ -197,11 +197,12 @@ class LiveCopy:
         refused = outbox.take_refused()
         if not refused:
             try:
-                slot_txn.commit({key: _position(c) for key, c in self.cursors.items()})
+                positions = {key: self._next_to_copy(key) for key in self.cursors}
+                slot_txn.commit(positions)
             except Aborted:
                 refused = set()
             else:
-                self._committed = {key: _position(c) for key, c in self.cursors.items()}
+                self._committed = positions
                 slot_txn.begin()
                 return True
         errors = {key: self.cursors[key].landing.held_error for key in refused}
@@ -217,6 +218,13 @@ class LiveCopy:
                     " from its last commit", self.flow.name, self.slot, sorted(refused) or "it")  # fmt: skip
         slot_txn.begin()
         return False
+
+    def _next_to_copy(self, key: Partition) -> int:
+        """Where a partition goes on from: its first held offset, if it holds (records read past it, sent before
+        the hold or skipped after it, do not count), else the offset after the last one read."""
+        cursor = self.cursors[key]
+        held = [o for o in (cursor.landing.held_from, self._held_from.get(key, -1)) if o >= 0]
+        return min([cursor.next, *held])
 
     def _send_report(self, conn: Channel, kind: str, outbox: Outbox) -> None:
         conn.send([kind, [row.to_row() for row in self._report(outbox)]])
@@ -254,11 +262,6 @@ def _still_open(open_: dict[Partition, Cursor], consumer: Consumer) -> dict[Part
         return open_
     consumer.pause(done)
     return {key: c for key, c in open_.items() if not c.done}
-
-
-def _position(cursor: Cursor) -> int:
-    """The next offset of a partition to copy: its first held one, if it holds."""
-    return cursor.landing.held_from if cursor.landing.held_from >= 0 else cursor.next
 
 
 def _changed(landing: Landing) -> bool:
