@@ -22,15 +22,18 @@ HOLD_S = (2.0, 8.0)  # shorter than the long run's, for a handful of faults in t
 RATE = 150
 
 
-@pytest.mark.parametrize("mode", ["throughput", "realtime"])
+@pytest.mark.parametrize(("mode", "exactly_once"), [("throughput", False), ("realtime", True)],
+                         ids=["throughput", "realtime-exactly-once"])  # fmt: skip
 def test_under_random_faults_nothing_is_lost_or_reordered_and_translation_never_skips(
-    mode, mirror_cli, multi_broker_cluster, target_cluster, tmp_path, unique, request
+    mode, exactly_once, mirror_cli, multi_broker_cluster, target_cluster, tmp_path, unique, request
 ):
     """Throughput mode runs its executors on the session's standalone cluster (the nemesis loses and stops them),
-    real time in local mode (its two copier tasks take the standalone cluster's two cores whole)."""
+    real time in local mode (its two copier tasks take the standalone cluster's two cores whole). The real-time flow
+    is exactly-once: a read_committed reader of the target must find no duplicate at all; the long runs
+    (`python -m bench.chaos`) take each mode both ways."""
     spark = request.getfixturevalue("spark_standalone") if mode == "throughput" else None
     outcome = run_chaos(multi_broker_cluster, target_cluster, tmp_path, mode, SEEDS[mode], DURATION_S, FAULT_EVERY_S,
-                        RATE, unique[-8:], HOLD_S, spark)  # fmt: skip
+                        RATE, unique[-8:], HOLD_S, spark, exactly_once)  # fmt: skip
     print(render([outcome]))
     report = outcome.report
     assert outcome.load_error is None, f"the generator stopped early: {outcome.load_error}"
