@@ -33,16 +33,17 @@ TRANSACTION_TIMEOUT_S = 30.0  # how long init, commit and abort wait for the tra
 # The broker aborts a transaction left open this long (a slot that died mid-transaction); its partitions' last
 # stable offset waits for it, so read_committed consumers see nothing past it until then.
 TRANSACTION_TIMEOUT_MS = 60_000
+_NO_TRANSACTIONS = (
+    "the cluster does not support transactions (Kafka 3.x or later does; Event Hubs only on Premium and Dedicated)"
+)
 # Errors at the first start of a slot's producer that mean the target cannot do transactions for the mirror at all.
 _CANNOT = {
     KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "the mirror's principal may not write its transactional ids"
     " (Kafka ACLs: TransactionalId Write and Describe on prefix '{prefix}'; MSK IAM:"
     " kafka-cluster:AlterTransactionalId and DescribeTransactionalId)",
     KafkaError.CLUSTER_AUTHORIZATION_FAILED: "the mirror's principal may not make idempotent writes",
-    KafkaError.UNSUPPORTED_VERSION: "the cluster does not support transactions (Kafka 3.x or later does;"
-    " Event Hubs only on Premium and Dedicated)",
-    KafkaError._UNSUPPORTED_FEATURE: "the cluster does not support transactions (Kafka 3.x or later does;"
-    " Event Hubs only on Premium and Dedicated)",
+    KafkaError.UNSUPPORTED_VERSION: _NO_TRANSACTIONS,
+    KafkaError._UNSUPPORTED_FEATURE: _NO_TRANSACTIONS,
 }
 
 
