@@ -20,6 +20,9 @@ DURATION_S = 75.0
 FAULT_EVERY_S = 4.0
 HOLD_S = (2.0, 8.0)  # shorter than the long run's, for a handful of faults in the suite's minute and a quarter
 RATE = 150
+# The fewest faults that prove anything; a loaded machine heals slowly (a lost worker takes a minute to come back),
+# so the nemesis goes on past DURATION_S for them.
+AT_LEAST = 3
 
 
 @pytest.mark.parametrize(("mode", "exactly_once"), [("throughput", False), ("realtime", True)],
@@ -33,11 +36,11 @@ def test_under_random_faults_nothing_is_lost_or_reordered_and_translation_never_
     (`python -m bench.chaos`) take each mode both ways."""
     spark = request.getfixturevalue("spark_standalone") if mode == "throughput" else None
     outcome = run_chaos(multi_broker_cluster, target_cluster, tmp_path, mode, SEEDS[mode], DURATION_S, FAULT_EVERY_S,
-                        RATE, unique[-8:], HOLD_S, spark, exactly_once)  # fmt: skip
+                        RATE, unique[-8:], HOLD_S, spark, exactly_once, at_least=AT_LEAST)  # fmt: skip
     print(render([outcome]))
     report = outcome.report
     assert outcome.load_error is None, f"the generator stopped early: {outcome.load_error}"
-    assert outcome.faults >= 3, outcome.events  # a SIGTERM waits for the batch in flight, which takes fault time
+    assert outcome.faults >= AT_LEAST, outcome.events
     assert report.total("on_source") > 1_000, "the generator wrote too little to prove anything"
     assert report.translation_checks > 0, "no group was checkpointed: translation went unchecked"
     assert report.ok, render([outcome]) + "\n" + "\n".join(str(v) for v in report.partitions)

@@ -40,6 +40,7 @@ from .load import Topics
 from .process import MirrorProcess
 
 HOLD_S = (3.0, 12.0)  # how long a fault is held, drawn at random (by default)
+OVERRUN_S = 300.0  # how long past its end a run goes on for the faults it was asked for at least
 OFFLINE_BROKER = 2  # the source broker stopped: it alone holds partition 1 of every topic
 SLOW_TARGET_BYTES_S = 20_000
 # A WAN gone bad: each chunk delayed (with jitter) and the rate capped, on the way back from the brokers.
@@ -144,10 +145,12 @@ class Nemesis:
             Fault("stop an executor (SIGTERM)", stop_executor, lambda: None),
         ]
 
-    def run(self, until: float, every_s: float) -> int:
-        """Inject faults until `until` (monotonic), one every `every_s` on average; returns how many."""
+    def run(self, until: float, every_s: float, at_least: int = 0) -> int:
+        """Inject faults until `until` (monotonic), one every `every_s` on average, and on past it until `at_least`
+        have acted (a loaded machine makes each heal slower: an executor's worker takes longer to come back), for
+        at most OVERRUN_S more; returns how many."""
         menu, count = self.menu(), 0
-        while time.monotonic() + self.hold_s[1] < until:
+        while time.monotonic() + self.hold_s[1] < until or (count < at_least and time.monotonic() < until + OVERRUN_S):
             fault = self.rng.choice(menu)
             self.active = fault
             did = fault.inject()

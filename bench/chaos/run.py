@@ -90,9 +90,11 @@ def run_chaos(
     source: MultiBrokerCluster, target: KafkaCluster, folder: Path, mode: str, seed: int, duration_s: float,
     fault_every_s: float, rate: int, suffix: str, hold_s: tuple[float, float] = HOLD_S,
     spark: SparkStandalone | None = None, exactly_once: bool = False, only: tuple[str, ...] = (),
+    at_least: int = 0,
 ) -> Outcome:  # fmt: skip
-    """Run the mirror through `duration_s` of random faults (those whose names contain one of `only`, when given)
-    and check both clusters at the end; its executors on `spark`, or in Spark's local mode."""
+    """Run the mirror through `duration_s` of random faults (those whose names contain one of `only`, when given;
+    past it until `at_least` have acted) and check both clusters at the end; its executors on `spark`, or in Spark's
+    local mode."""
     topics = Topics(f"chaos-plain-{suffix}", f"chaos-txn-{suffix}", f"chaos-compact-{suffix}", f"chaos-remade-{suffix}")
     config = chaos_config(source, target, topics, mode, folder, suffix, exactly_once)
     prepare(source, target, topics, config)
@@ -112,7 +114,7 @@ def run_chaos(
     try:
         with load, groups:
             _warm_up(target, topics, remote, time.monotonic() + WARM_UP_S)
-            faults = nemesis.run(time.monotonic() + duration_s, fault_every_s)
+            faults = nemesis.run(time.monotonic() + duration_s, fault_every_s, at_least)
         if not mirror.alive():
             mirror.start()
         started = time.monotonic()
