@@ -404,13 +404,9 @@ def latency_lines(rows: list[dict], meta: dict) -> list[str]:
     ]
 
 
-def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "latency": latencies}, indent=2))
+def throughput_lines(results: list[dict]) -> list[str]:
+    """The Markdown table of the copies: per scenario and candidate, each figure with its ratio to MM2 and the limit."""
     lines = [
-        f"# Benchmark {meta['stamp']}",
-        "",
-        f"{meta['machine']}; {meta['records']:,} records x {meta['size']} B per scenario; plaintext loopback.",
         "",
         "| scenario | candidate | records/s | vs MM2 | vs limit | MB/s | start-up s | CPU s | peak RSS MB | counts"
         " | records equal |",
@@ -430,15 +426,15 @@ def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: P
                 f" {r['mb_per_s']} | {r['startup_s']} | {r['cpu_s']} | {r['peak_rss_mb']} |"
                 f" {'yes' if r.get('counts_ok') else 'NO'} | {r.get('records_equal', 'not sampled')} |"
             )
-    lines += [
+    return lines + [
         "",
         "records/s: first to last record on the target; start-up: launch to first record on the target; CPU and",
         "peak RSS: the candidate's whole process tree (JVM, Python workers) sampled from /proc every 0.25 s.",
     ]
-    if latencies:
-        lines += latency_lines(latencies, meta)
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
+
+def plot(results: list[dict], latencies: list[dict], meta: dict, path: Path) -> None:
+    """Bars of the parts that ran: records/s, start-up and peak RSS per copy; percentiles per latency run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -446,25 +442,44 @@ def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: P
 
     ok = [r for r in results if "error" not in r]
     measured = [r for r in latencies if r.get("p50_ms") is not None]
-    fig, axes = plt.subplots(1, 4 if measured else 3, figsize=(20 if measured else 15, 4.5))
-    labels = [f"{r['candidate']}\n{r['scenario']}" for r in ok]
-    for ax, key, title in zip(
-        axes[:3], ("records_per_s", "startup_s", "peak_rss_mb"), ("records/s", "start-up s", "peak RSS MB"), strict=True
-    ):
-        ax.bar(range(len(ok)), [r[key] for r in ok])
-        ax.set_xticks(range(len(ok)), labels, fontsize=7, rotation=60)
-        ax.set_title(title)
+    panels = (3 if ok else 0) + (1 if measured else 0)
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.5), squeeze=False)
+    if ok:
+        labels = [f"{r['candidate']}\n{r['scenario']}" for r in ok]
+        for ax, key, title in zip(
+            axes[0][:3], ("records_per_s", "startup_s", "peak_rss_mb"), ("records/s", "start-up s", "peak RSS MB"),
+            strict=True,
+        ):  # fmt: skip
+            ax.bar(range(len(ok)), [r[key] for r in ok])
+            ax.set_xticks(range(len(ok)), labels, fontsize=7, rotation=60)
+            ax.set_title(title)
     if measured:
-        ax = axes[3]
+        ax = axes[0][-1]
         for i, (key, label) in enumerate((("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9"))):
             ax.bar([x + (i - 1) * 0.27 for x in range(len(measured))], [r[key] for r in measured], 0.27, label=label)
         ax.set_xticks(range(len(measured)), [f"{r['candidate']}\n{r['rate']:,}/s" for r in measured], fontsize=7)
         ax.set_yscale("log")
         ax.set_title("replication latency ms")
         ax.legend()
-    fig.suptitle(f"{meta['machine']}, {meta['records']:,} x {meta['size']} B")
+    fig.suptitle(f"{meta['machine']}, {meta['records']:,} x {meta['size']} B" if ok else meta["machine"])
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=100)
+    fig.savefig(path, dpi=100)
+
+
+def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: Path) -> None:
+    """The run as JSON, Markdown and PNG; a part that did not run (no --candidates, no latency runs) is left out."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "latency": latencies}, indent=2))
+    scope = f"{meta['records']:,} records x {meta['size']} B per scenario; " if results else ""
+    lines = [f"# Benchmark {meta['stamp']}", "", f"{meta['machine']}; {scope}plaintext loopback."]
+    if results:
+        lines += throughput_lines(results)
+    if latencies:
+        lines += latency_lines(latencies, meta)
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    plot(results, latencies, meta, out.with_suffix(".png"))
 
 
 def main() -> None:
