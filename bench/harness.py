@@ -16,21 +16,29 @@ A copy counts only if every target partition ends exactly at the source's end of
 records equal the source's (key, value, headers, timestamp). `--topics-scale 1,10,100` repeats the copy at each
 topic count to show how start-up, throughput and memory grow.
 
-Then it measures end-to-end replication latency at a steady rate for each of `--latency-candidates`: the mirror
-in continuous mode (`run` without --available-now, the shipped trigger_interval_s) and tuned MM2, each started
-first on fresh topics of the same shape. Once a warm-up record has crossed every partition, bench/latency.py's
-probe sends `--latency-rate` records/s of `--size` B for `--latency-seconds`, stamped with their send time as
-CreateTime, and reads the target: per record, receive time minus that timestamp. Records sent in the first
-`--latency-warmup` seconds do not count. It reports the achieved send rate, records sent and received, p50, p99,
-p99.9 and max, and the candidate's CPU seconds over the counted window.
+Then it measures end-to-end replication latency at a steady rate for each of `--latency-candidates`
+(LATENCY_CANDIDATES), each started first on fresh topics of the same shape:
+
+- `mirror`: throughput mode run continuously (`run` without --available-now, the shipped trigger_interval_s);
+- `mirror-realtime`, `mirror-realtime-eos`: `mode: realtime`, at least once (its transactions only fence zombie
+  tasks) or with `exactly_once: true` (records and positions committed every realtime_commit_interval_s);
+- `mm2`, `mm2-eos`: tuned MM2, at least once or with KIP-618 exactly-once source support.
+
+Once a warm-up record has crossed every partition, bench/latency.py's probe sends `--latency-rate` records/s of
+`--size` B for `--latency-seconds`, stamped with their send time as CreateTime, and reads the target as the
+candidate's consumers would: read_committed for an exactly-once candidate, read_uncommitted (the Java consumer's
+default) for the others. Per record: receive time minus that timestamp. Records sent in the first
+`--latency-warmup` seconds do not count. It reports the isolation level read at, when the candidate commits on the
+target, the achieved send rate, records sent and received, p50, p99, p99.9 and max, and the candidate's CPU seconds
+over the counted window.
 
 Results go to bench/results/<stamp>.json, .md (each figure with its ratio to MM2 and to the limit; p99 with its
-ratio to MM2) and .png.
+ratio to MM2 of the same guarantee) and .png.
 
 Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--topics 4] [--partitions 4]
        [--candidates mirror,mm2,mm2-untuned,limit] [--topics-scale 1,10,100 --scale-records 100000]
-       [--latency-candidates mirror,mirror-realtime,mm2] [--latency-rates 10000,50000] [--latency-seconds 60]
-       [--latency-warmup 15]
+       [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mm2,mm2-eos] [--latency-rates 10000,50000]
+       [--latency-seconds 60] [--latency-warmup 15]
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -62,12 +72,37 @@ from bench.testbed.clients import plaintext  # noqa: E402
 from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
-from spark_app.config import MirrorConfig  # noqa: E402
+from spark_app.config import FlowMode, MirrorConfig  # noqa: E402
+from spark_app.realtime.task import REPORT_S  # noqa: E402
+from spark_app.transactions import transactional  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 COPY_LOOP = ROOT / "bench" / "java"
 MM2_TUNED = {"target.producer.linger.ms": "20", "target.producer.batch.size": "1048576"}
-LATENCY_CANDIDATES = ("mirror", "mirror-realtime", "mm2")
+READ_COMMITTED, READ_UNCOMMITTED = "read_committed", "read_uncommitted"
+
+
+@dataclass(frozen=True)
+class LatencyCandidate:
+    """A copier under the latency probe, and the isolation level the probe reads its target at: the one its
+    consumers would use. Exactly once holds only for read_committed readers, who wait for each commit; at least once,
+    read as Kafka's Java consumer does by default (read_uncommitted), not as librdkafka's (read_committed)."""
+
+    copier: Literal["mirror", "mm2"]
+    isolation: str
+    mode: FlowMode = FlowMode.THROUGHPUT  # the mirror's
+    exactly_once: bool = False
+
+
+LATENCY_CANDIDATES = {
+    "mirror": LatencyCandidate("mirror", READ_UNCOMMITTED),
+    "mirror-realtime": LatencyCandidate("mirror", READ_UNCOMMITTED, FlowMode.REALTIME),
+    "mirror-realtime-eos": LatencyCandidate("mirror", READ_COMMITTED, FlowMode.REALTIME, exactly_once=True),
+    "mm2": LatencyCandidate("mm2", READ_UNCOMMITTED),
+    "mm2-eos": LatencyCandidate("mm2", READ_COMMITTED, exactly_once=True),
+}
+# When Connect commits an exactly-once task's transaction: after each poll, its default `transaction.boundary`.
+MM2_EOS_COMMITS = "per poll"
 
 
 def end_offsets(admin: AdminClient, topics: list[str], partitions: int) -> dict[tuple[str, int], int]:
@@ -147,19 +182,19 @@ def run_candidate(
     }
 
 
-def mirror_command(
+def mirror_config(
     alias: str,
     source: str,
     target: str,
     topics: list[str],
     work: Path,
-    available_now: bool,
-    mode: str = "throughput",
+    mode: FlowMode = FlowMode.THROUGHPUT,
     realtime_tasks: int = 1,
-) -> list[str]:
-    """The mirror's CLI on a config with the shipped defaults in `mode` (real time: with `realtime_tasks`); a
-    continuous run gets a free metrics port."""
-    config: dict = {
+    exactly_once: bool = False,
+) -> dict:
+    """A config with the shipped defaults and one flow from `alias` to `tgt` in `mode` (real time: with
+    `realtime_tasks`), exactly once or not."""
+    return {
         "clusters": [
             {"alias": alias, "bootstrap_servers": source, "profile": "kafka"},
             {"alias": "tgt", "bootstrap_servers": target, "profile": "kafka"},
@@ -170,23 +205,45 @@ def mirror_command(
                 "target": "tgt",
                 "topics": {"include": topics},
                 "checkpoint_location": str(work / alias),
-                "mode": mode,
+                "mode": mode.value,
                 "realtime_tasks": realtime_tasks,
+                "exactly_once": exactly_once,
             }
         ],
     }
+
+
+def mirror_command(config: dict, work: Path, available_now: bool) -> list[str]:
+    """The mirror's CLI on `config`, written to `work`; a continuous run gets a free metrics port."""
     if not available_now:
-        config["metrics_port"] = free_port()
-    path = work / f"{alias}.yaml"
+        config = config | {"metrics_port": free_port()}
+    path = work / f"{config['flows'][0]['source']}.yaml"
     path.write_text(yaml.safe_dump(config))
     run = [sys.executable, "-m", "spark_app", "run", "--config", str(path), "--master", "local[2]"]
     return run + ["--available-now"] if available_now else run
 
 
-def mm2_command(alias: str, source: str, target: str, topics: list[str], tuned: bool, work: Path) -> list[str]:
-    """MirrorMaker 2 in dedicated mode into the cluster aliased `target`, tuned as FACTS.md says a user would."""
+def mirror_commits(config: dict) -> str:
+    """When the mirror's flow commits on the target, which is when a read_committed reader sees its records: never
+    (no transactions), per micro-batch, or every so many seconds in real time (at least once, its transactions only
+    fence zombie tasks and commit with each report)."""
+    mirror = MirrorConfig.model_validate(config)
+    flow = mirror.flows[0]
+    target = next(c for c in mirror.clusters if c.alias == flow.target)
+    if not transactional(flow, target):
+        return "none"
+    if flow.mode is not FlowMode.REALTIME:
+        return "per batch"
+    return f"every {mirror.realtime_commit_interval_s if flow.exactly_once else REPORT_S} s"
+
+
+def mm2_command(
+    alias: str, source: str, target: str, topics: list[str], tuned: bool, work: Path, exactly_once: bool = False
+) -> list[str]:
+    """MirrorMaker 2 in dedicated mode into the cluster aliased `target`, tuned as FACTS.md says a user would, with
+    exactly-once source support or not."""
     tuning = MM2_TUNED | {f"{alias}.consumer.max.poll.records": "10000"} if tuned else {}
-    return mm2.mm2_command(alias, source, "target", target, topics, work, tuning)
+    return mm2.mm2_command(alias, source, "target", target, topics, work, tuning, exactly_once)
 
 
 def show(result: dict) -> None:
@@ -217,7 +274,7 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
         exits = True
         run_env = env
         if name == "mirror":
-            cmd = mirror_command(alias, source, target, topics, work, available_now=True)
+            cmd = mirror_command(mirror_config(alias, source, target, topics, work), work, available_now=True)
         elif name in ("mm2", "mm2-untuned"):
             cmd, exits = mm2_command(alias, source, target, topics, name == "mm2", work), False
         elif name == "limit":
@@ -256,24 +313,28 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
 def run_latency(
     args: argparse.Namespace, name: str, rate: int, n: int, source: str, target: str, work: Path
 ) -> dict:  # fmt: skip
-    """One candidate running continuously on fresh topics, under the probe's steady `rate` (bench/latency.py)."""
+    """One candidate running continuously on fresh topics, under the probe's steady `rate` (bench/latency.py), read
+    at the candidate's isolation level."""
+    spec = LATENCY_CANDIDATES[name]
     alias = f"lat{n}"
     topics = [f"{alias}-{t}" for t in range(args.topics)]
     out_topics = [f"{alias}.{t}" for t in topics]
     wp.create_topics(source, topics, args.partitions)
     wp.create_topics(target, out_topics, args.partitions)
-    if name.startswith("mirror"):
-        mode = "realtime" if name == "mirror-realtime" else "throughput"
-        cmd = mirror_command(alias, source, target, topics, work, False, mode, args.realtime_tasks)
+    if spec.copier == "mirror":
+        config = mirror_config(alias, source, target, topics, work, spec.mode, args.realtime_tasks, spec.exactly_once)
+        cmd, commits = mirror_command(config, work, available_now=False), mirror_commits(config)
     else:
-        cmd = mm2_command(alias, source, target, topics, True, work)
+        cmd = mm2_command(alias, source, target, topics, True, work, spec.exactly_once)
+        commits = MM2_EOS_COMMITS if spec.exactly_once else "none"
     log = work / f"{alias}.log"
     result: dict = {"candidate": name, "scenario": f"{args.topics}x{args.partitions}", "rate": rate}
+    result |= {"exactly_once": spec.exactly_once, "isolation": spec.isolation, "commits": commits}
     proc, monitor = launch(cmd, candidate_env(), log)
     try:
         result |= latency.measure(
             source, target, topics, out_topics, args.partitions, rate, args.latency_seconds,
-            args.latency_warmup, args.size, monitor.cpu_s, lambda: proc.poll() is None, args.timeout,
+            args.latency_warmup, args.size, spec.isolation, monitor.cpu_s, lambda: proc.poll() is None, args.timeout,
         )  # fmt: skip
     except RuntimeError as err:
         result["error"] = f"{err} (exit {proc.poll()}); log tail:\n{log_tail(log)}"
@@ -291,7 +352,8 @@ def ratio(value: float | None, base: float | None) -> str:
 
 
 def latency_lines(rows: list[dict], meta: dict) -> list[str]:
-    """The Markdown section of the latency runs: one table per rate, each p99 as a ratio to MM2's at that rate."""
+    """The Markdown section of the latency runs: one table per rate, each p99 as a ratio to MM2's of the same
+    guarantee at that rate (`mm2` for at-least-once rows, `mm2-eos` for exactly-once ones)."""
     lat = meta["latency"]
     lines = [
         "",
@@ -300,45 +362,51 @@ def latency_lines(rows: list[dict], meta: dict) -> list[str]:
         f"Over {rows[0]['scenario']} for {lat['seconds']} s at each rate, {meta['size']} B records; records sent in the"
         f" first {lat['warmup_s']} s are not counted. `mirror`: throughput mode (micro-batches) run continuously at the"
         f" shipped trigger_interval_s ({lat['mirror_trigger_interval_s']} s); `mirror-realtime`: `mode: realtime` with"
-        f" {lat.get('realtime_tasks', 1)} task(s);"
-        " MM2 tuned.",
+        f" {lat.get('realtime_tasks', 1)} task(s), at least once; `mirror-realtime-eos`: the same with"
+        f" `exactly_once: true` (realtime_commit_interval_s {lat.get('realtime_commit_interval_s')} s); MM2 tuned;"
+        " `mm2-eos`: the same with exactly-once source support (KIP-618). Each row is read at the isolation level its"
+        " consumers would use: read_committed for exactly-once candidates, else read_uncommitted (the Java consumer's"
+        " default). Commits: when the candidate's transactions commit on the target, which is when a read_committed"
+        " reader sees its records.",
     ]
     for rate in dict.fromkeys(r["rate"] for r in rows):
         at_rate = [r for r in rows if r["rate"] == rate]
-        mm2 = next((r.get("p99_ms") for r in at_rate if r["candidate"] == "mm2"), None)
+        mm2 = {
+            r["exactly_once"]: r.get("p99_ms") for r in at_rate if LATENCY_CANDIDATES[r["candidate"]].copier == "mm2"
+        }
         lines += [
             "",
             f"### {rate:,} records/s",
             "",
-            "| candidate | sent/s | sent | received | duplicates | p50 ms | p99 ms | p99 vs MM2 | p99.9 ms | max ms"
-            " | CPU s in window | window s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| candidate | isolation | commits | sent/s | sent | received | duplicates | p50 ms | p99 ms | p99 vs MM2"
+            " | p99.9 ms | max ms | CPU s in window | window s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in at_rate:
             if "error" in r:
-                lines.append(f"| {r['candidate']} | failed: {r['error'].splitlines()[0]} |")
+                lines.append(
+                    f"| {r['candidate']} | {r['isolation']} | {r['commits']} | failed: {r['error'].splitlines()[0]} |"
+                )
                 continue
             lines.append(
-                f"| {r['candidate']} | {r['send_rate']:,} | {r['sent']:,} | {r['received']:,} | {r['duplicates']:,} |"
-                f" {r['p50_ms']} | {r['p99_ms']} | {ratio(r['p99_ms'], mm2)} | {r['p999_ms']} | {r['max_ms']} |"
-                f" {r['cpu_s']} | {r['window_s']} |"
+                f"| {r['candidate']} | {r['isolation']} | {r['commits']} | {r['send_rate']:,} | {r['sent']:,} |"
+                f" {r['received']:,} | {r['duplicates']:,} | {r['p50_ms']} | {r['p99_ms']} |"
+                f" {ratio(r['p99_ms'], mm2.get(r['exactly_once']))} | {r['p999_ms']} | {r['max_ms']} | {r['cpu_s']} |"
+                f" {r['window_s']} |"
             )
         lines += [f"\n{r['candidate']}: {r['warning']}" for r in at_rate if r.get("warning")]
     return lines + [
         "",
         "Latency: the probe consumer's receive wall time minus the target record's timestamp (the source CreateTime,",
         "set when the probe producer sent it); probe producer, consumer and candidate on this machine, one clock, 1 ms",
-        "resolution. CPU s: the candidate's process tree over the counted window.",
+        "resolution. p99 vs MM2: against `mm2` for at-least-once rows, `mm2-eos` for exactly-once ones. CPU s: the",
+        "candidate's process tree over the counted window.",
     ]
 
 
-def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "latency": latencies}, indent=2))
+def throughput_lines(results: list[dict]) -> list[str]:
+    """The Markdown table of the copies: per scenario and candidate, each figure with its ratio to MM2 and the limit."""
     lines = [
-        f"# Benchmark {meta['stamp']}",
-        "",
-        f"{meta['machine']}; {meta['records']:,} records x {meta['size']} B per scenario; plaintext loopback.",
         "",
         "| scenario | candidate | records/s | vs MM2 | vs limit | MB/s | start-up s | CPU s | peak RSS MB | counts"
         " | records equal |",
@@ -358,15 +426,15 @@ def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: P
                 f" {r['mb_per_s']} | {r['startup_s']} | {r['cpu_s']} | {r['peak_rss_mb']} |"
                 f" {'yes' if r.get('counts_ok') else 'NO'} | {r.get('records_equal', 'not sampled')} |"
             )
-    lines += [
+    return lines + [
         "",
         "records/s: first to last record on the target; start-up: launch to first record on the target; CPU and",
         "peak RSS: the candidate's whole process tree (JVM, Python workers) sampled from /proc every 0.25 s.",
     ]
-    if latencies:
-        lines += latency_lines(latencies, meta)
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
+
+def plot(results: list[dict], latencies: list[dict], meta: dict, path: Path) -> None:
+    """Bars of the parts that ran: records/s, start-up and peak RSS per copy; percentiles per latency run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -374,25 +442,44 @@ def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: P
 
     ok = [r for r in results if "error" not in r]
     measured = [r for r in latencies if r.get("p50_ms") is not None]
-    fig, axes = plt.subplots(1, 4 if measured else 3, figsize=(20 if measured else 15, 4.5))
-    labels = [f"{r['candidate']}\n{r['scenario']}" for r in ok]
-    for ax, key, title in zip(
-        axes[:3], ("records_per_s", "startup_s", "peak_rss_mb"), ("records/s", "start-up s", "peak RSS MB"), strict=True
-    ):
-        ax.bar(range(len(ok)), [r[key] for r in ok])
-        ax.set_xticks(range(len(ok)), labels, fontsize=7, rotation=60)
-        ax.set_title(title)
+    panels = (3 if ok else 0) + (1 if measured else 0)
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.5), squeeze=False)
+    if ok:
+        labels = [f"{r['candidate']}\n{r['scenario']}" for r in ok]
+        for ax, key, title in zip(
+            axes[0][:3], ("records_per_s", "startup_s", "peak_rss_mb"), ("records/s", "start-up s", "peak RSS MB"),
+            strict=True,
+        ):  # fmt: skip
+            ax.bar(range(len(ok)), [r[key] for r in ok])
+            ax.set_xticks(range(len(ok)), labels, fontsize=7, rotation=60)
+            ax.set_title(title)
     if measured:
-        ax = axes[3]
+        ax = axes[0][-1]
         for i, (key, label) in enumerate((("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9"))):
             ax.bar([x + (i - 1) * 0.27 for x in range(len(measured))], [r[key] for r in measured], 0.27, label=label)
         ax.set_xticks(range(len(measured)), [f"{r['candidate']}\n{r['rate']:,}/s" for r in measured], fontsize=7)
         ax.set_yscale("log")
         ax.set_title("replication latency ms")
         ax.legend()
-    fig.suptitle(f"{meta['machine']}, {meta['records']:,} x {meta['size']} B")
+    fig.suptitle(f"{meta['machine']}, {meta['records']:,} x {meta['size']} B" if ok else meta["machine"])
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=100)
+    fig.savefig(path, dpi=100)
+
+
+def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: Path) -> None:
+    """The run as JSON, Markdown and PNG; a part that did not run (no --candidates, no latency runs) is left out."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "latency": latencies}, indent=2))
+    scope = f"{meta['records']:,} records x {meta['size']} B per scenario; " if results else ""
+    lines = [f"# Benchmark {meta['stamp']}", "", f"{meta['machine']}; {scope}plaintext loopback."]
+    if results:
+        lines += throughput_lines(results)
+    if latencies:
+        lines += latency_lines(latencies, meta)
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    plot(results, latencies, meta, out.with_suffix(".png"))
 
 
 def main() -> None:
@@ -411,7 +498,8 @@ def main() -> None:
     args = parser.parse_args()
     latency_candidates = [c for c in args.latency_candidates.split(",") if c]
     if unknown := set(latency_candidates) - set(LATENCY_CANDIDATES):
-        parser.error(f"--latency-candidates: unknown {', '.join(sorted(unknown))}; choose from {LATENCY_CANDIDATES}")
+        choices = ", ".join(LATENCY_CANDIDATES)
+        parser.error(f"--latency-candidates: unknown {', '.join(sorted(unknown))}; choose from {choices}")
     if latency_candidates and not 0 <= args.latency_warmup < args.latency_seconds:
         parser.error("--latency-warmup must be shorter than --latency-seconds")
 
@@ -427,6 +515,7 @@ def main() -> None:
         "warmup_s": args.latency_warmup,
         "realtime_tasks": args.realtime_tasks,
         "mirror_trigger_interval_s": MirrorConfig.model_fields["trigger_interval_s"].default,
+        "realtime_commit_interval_s": MirrorConfig.model_fields["realtime_commit_interval_s"].default,
     }
     bed = TestBed()
     work = Path(tempfile.mkdtemp(prefix="mirrorkit-bench-"))

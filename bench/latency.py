@@ -4,7 +4,9 @@ The producer sends records at a fixed rate, round-robin over every source partit
 time as CreateTime (the first 8 bytes of the value carry it too); the key is the record's sequence number. The
 consumer reads the candidate's target topics from the start and takes, per record, its receive wall time minus the
 target record's timestamp: both mirrors keep CreateTime, so that is the send time. The consumer checks it against
-the value, so a candidate that restamps records is reported, not measured.
+the value, so a candidate that restamps records is reported, not measured. It reads with the `isolation` it is given
+(`isolation.level`), never librdkafka's default (read_committed): an exactly-once candidate's records reach a
+read_committed reader only when their transaction commits, and that wait is part of the latency such readers see.
 
 Producer and consumer each run in their own spawned process, so neither waits on the other's GIL or on the
 caller's /proc sampler, and both read this machine's one clock. Timestamps have 1 ms resolution, and the probe
@@ -78,14 +80,17 @@ def _produce(bootstrap: str, topics: list[str], partitions: int, rate: float, to
     conn.send({"first": first, "last": last, "sent": total - failed - left, "failed": failed + left})
 
 
-def _consume(bootstrap: str, topics: list[str], partitions: int, total: int, warm: Synchronized,
+def _consume(bootstrap: str, topics: list[str], partitions: int, total: int, isolation: str, warm: Synchronized,
              conn: Connection) -> None:  # fmt: skip
-    """Read the target topics from the start; per load record keep its sequence number, send time and latency.
+    """Read the target topics from the start at `isolation`; per load record keep its sequence number, send time and
+    latency.
 
     Stops when told how many records were delivered and all have arrived, or after `quiet_s` with no new record.
     """
     consumer = kafka_clients.consumer(
-        plaintext(bootstrap), f"latency-probe-{os.getpid()}", {"enable.auto.commit": False}
+        plaintext(bootstrap),
+        f"latency-probe-{os.getpid()}",
+        {"enable.auto.commit": False, "isolation.level": isolation},
     )
     consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in _slots(topics, partitions)])
     conn.send("assigned")
@@ -152,9 +157,10 @@ def _wait_warm(warm: Synchronized, slots: int, alive: Callable[[], bool], timeou
 
 
 def measure(source: str, target: str, source_topics: list[str], target_topics: list[str], partitions: int,
-            rate: float, seconds: float, warmup_s: float, size: int, cpu_s: Callable[[], float],
+            rate: float, seconds: float, warmup_s: float, size: int, isolation: str, cpu_s: Callable[[], float],
             alive: Callable[[], bool], timeout: float, quiet_s: float = 30.0) -> dict:  # fmt: skip
-    """Latency figures of the candidate copying `source_topics` to `target_topics` (same order, same partitions).
+    """Latency figures of the candidate copying `source_topics` to `target_topics` (same order, same partitions),
+    read at `isolation` (read_committed or read_uncommitted).
 
     `cpu_s` reads the candidate's CPU seconds so far: the result has its CPU over the measured window (the load
     after the warm-up period). `alive` says whether the candidate still runs.
@@ -163,7 +169,7 @@ def measure(source: str, target: str, source_topics: list[str], target_topics: l
     warm = SPAWN.Value("i", 0)
     to_consumer, consumer_end = SPAWN.Pipe()
     consumer = SPAWN.Process(
-        target=_consume, args=(target, target_topics, partitions, total, warm, consumer_end), daemon=True
+        target=_consume, args=(target, target_topics, partitions, total, isolation, warm, consumer_end), daemon=True
     )
     consumer.start()
     producer: BaseProcess | None = None

@@ -6,6 +6,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .kafka_cluster import LOG4J2_CONFIG, kafka_classpath, require_java
+from .ports import free_port
+
+
+def exactly_once_properties(source_alias: str, target_alias: str) -> dict[str, str]:
+    """KIP-618 exactly-once source support as MirrorMaker's dedicated mode takes it (Kafka 3.5 and later): records and
+    source offsets in one transaction per task poll (Connect's default `transaction.boundary`).
+
+    A worker setting reaches the flow's Connect workers only with the target's prefix (MirrorMakerConfig.workerConfig
+    copies `<target>.*` and a few storage and converter prefixes, nothing else). The upstream docs also ask for the
+    internal REST server, over which followers reach the leader that fences zombie tasks, and for a read_committed
+    source consumer, so aborted source transactions are not copied (MirrorSourceConnector reports exactly-once
+    support only then)."""
+    return {
+        f"{target_alias}.exactly.once.source.support": "enabled",
+        "dedicated.mode.enable.internal.rest": "true",
+        "listeners": f"http://127.0.0.1:{free_port()}",
+        f"{source_alias}.consumer.isolation.level": "read_committed",
+    }
 
 
 def mm2_command(
@@ -16,9 +34,11 @@ def mm2_command(
     topics: Sequence[str],
     work: Path,
     extra: Mapping[str, str] | None = None,
+    exactly_once: bool = False,
 ) -> list[str]:
     """The command that runs one MM2 flow `source_alias -> target_alias` (the reverse disabled), every internal
-    topic with replication factor 1; `extra` adds or overrides MM2 properties. The properties file goes to `work`."""
+    topic with replication factor 1, `exactly_once` as `exactly_once_properties` says; `extra` adds or overrides MM2
+    properties. The properties file goes to `work`."""
     props = {
         "clusters": f"{source_alias}, {target_alias}",
         f"{source_alias}.bootstrap.servers": source_bootstrap,
@@ -34,6 +54,7 @@ def mm2_command(
             for t in ("checkpoints.topic", "heartbeats.topic", "offset-syncs.topic")
             + ("offset.storage", "status.storage", "config.storage")
         },
+        **(exactly_once_properties(source_alias, target_alias) if exactly_once else {}),
         **(extra or {}),
     }
     path = work / f"mm2-{source_alias}-{target_alias}.properties"
