@@ -95,8 +95,12 @@ class SparkStandalone:
         return bool(executors)
 
     def alive_workers(self) -> int:
-        """Workers the master counts alive, from its web UI's JSON."""
-        return int(_json(self.ui_port, "/json/")["aliveworkers"])
+        """Workers the master counts alive, from its web UI's JSON; none while the UI answers with its HTML page
+        instead (seen on a loaded machine, as the master was starting)."""
+        try:
+            return int(_json(self.ui_port, "/json/")["aliveworkers"])
+        except json.JSONDecodeError:
+            return 0
 
     def cores_used(self) -> list[int]:
         """Per worker the master counts alive, the cores its executors hold now."""
