@@ -37,10 +37,15 @@ READ_BATCH = 10_000  # records asked of each consume() in whole-topic reads
 METADATA_CHECK_S = 5.0  # how long a check that the cluster answers at all waits for its metadata
 # What a partition answers while its leader is being elected, e.g. just after the topic was created.
 LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+# What a group's coordinator answers while it loads or moves, e.g. on a broker just started.
+COORDINATOR_MOVING = frozenset(
+    {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
+)
 _AUTH_FAILED = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
 _TRANSPORT_FAILURE = "Broker transport failure"
 # A reader of internal topics: it assigns partitions itself, never joins a group and never commits.
 _READER = {"group.id": "mirrorkit-reader", "enable.auto.commit": False, "enable.partition.eof": True}
+_T = TypeVar("_T")
 
 # Shared producers, and shared consumers, kept per process. A Spark worker runs one task at a time, with one producer
 # and one consumer, so this covers the flows and modes a worker serves in turn; past it the least recently used is
@@ -64,6 +69,20 @@ def auth_error_callback(cluster: ClusterConfig) -> Callable[[KafkaError], None]:
             raise AuthenticationFailed(cluster)
 
     return on_error
+
+
+def while_coordinator_moves(call: Callable[[], _T], within_s: float = REQUEST_TIMEOUT_S) -> _T:
+    """`call()`, made again every half second while it fails because a group's coordinator loads or moves (a broker
+    just started or restarted; librdkafka hands those to the caller of a group request), for up to `within_s`."""
+    began = time.monotonic()
+    while True:
+        try:
+            return call()
+        except KafkaException as err:
+            moving = err.args[0].retriable() or err.args[0].code() in COORDINATOR_MOVING
+            if not moving or time.monotonic() - began > within_s:
+                raise
+            time.sleep(0.5)
 
 
 def _settings(cluster: ClusterConfig, role: Role, extra: Mapping[str, object]) -> Settings:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator, Mapping
+from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -103,7 +104,9 @@ class SlotTransactions:
             return {}
         request = [TopicPartition(t, p) for t, p in copies]
         try:
-            found = self._group.committed(request, timeout=clients.REQUEST_TIMEOUT_S)
+            found = clients.while_coordinator_moves(
+                lambda: self._group.committed(request, timeout=clients.REQUEST_TIMEOUT_S)
+            )
         except KafkaException as err:
             raise DeliveryFailed(f"flow {self.flow.name}: reading its positions on target '{self.target.alias}':"
                                  f" {err.args[0].str()}") from None  # fmt: skip
@@ -150,10 +153,10 @@ class SlotTransactions:
         try:
             yield
         except KafkaException as err:
-            if err.args[0].code() not in FENCED_ERRORS:
+            error = self._cause(err.args[0])
+            if error.code() not in FENCED_ERRORS:
                 raise
-            raise Fenced(f"flow {self.flow.name}: slot {self.slot} was taken over by a newer attempt"
-                         f" ({err.args[0].name()}); this one writes nothing more") from None  # fmt: skip
+            raise self._fenced(error) from None
 
     def _call(self, step: object) -> None:
         """Run one transaction step; a fatal error (fenced, or a state the producer cannot leave) as `Fenced` or
@@ -162,10 +165,9 @@ class SlotTransactions:
         try:
             step()
         except KafkaException as err:
-            error: KafkaError = err.args[0]
+            error = self._cause(err.args[0])
             if error.code() in FENCED_ERRORS:
-                raise Fenced(f"flow {self.flow.name}: slot {self.slot} was taken over by a newer attempt"
-                             f" ({error.name()}); this one writes nothing more") from None  # fmt: skip
+                raise self._fenced(error) from None
             if error.txn_requires_abort() and self._open:
                 self._open = False
                 self.producer.abort_transaction(TRANSACTION_TIMEOUT_S)
@@ -173,6 +175,22 @@ class SlotTransactions:
                               f" {error.name()}: {error.str()}") from None  # fmt: skip
             raise DeliveryFailed(f"flow {self.flow.name}: transaction of slot {self.slot} on target"
                                  f" '{self.target.alias}' failed: {error.name()}: {error.str()}") from None  # fmt: skip
+
+    def _cause(self, error: KafkaError) -> KafkaError:
+        """The error that stopped the producer, where `error` only says it stopped (_FATAL: every call after the
+        first that heard the cause, say a produce retried after the one that was fenced); the transaction API
+        answers with the cause itself."""
+        if error.code() != KafkaError._FATAL:
+            return error
+        try:
+            self.producer.abort_transaction(0)
+        except KafkaException as err:
+            return cast(KafkaError, err.args[0])
+        return error
+
+    def _fenced(self, error: KafkaError) -> Fenced:
+        return Fenced(f"flow {self.flow.name}: slot {self.slot} was taken over by a newer attempt ({error.name()});"
+                      " this one writes nothing more")  # fmt: skip
 
 
 def _positions_reader(flow: FlowConfig) -> dict[str, object]:
@@ -223,7 +241,7 @@ def reset_positions(flow: FlowConfig, target: ClusterConfig, starts: PartitionOf
     reader = clients.consumer(target, _positions_reader(flow))
     try:
         offsets = [TopicPartition(target_topic(flow, t), p, o) for (t, p), o in sorted(starts.items())]
-        reader.commit(offsets=offsets, asynchronous=False)
+        clients.while_coordinator_moves(lambda: reader.commit(offsets=offsets, asynchronous=False))
     finally:
         reader.close()
     log.info("flow %s: %d partition(s) start over; their committed positions moved there", flow.name, len(starts))

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -27,7 +28,7 @@ from spark_app.range_copy import RangeCopier
 from spark_app.ranges import OffsetRange
 from spark_app.realtime.task import LANDED, STOP, Assignment, CopierTask, LiveCopy
 from spark_app.topics import TargetRules
-from spark_app.transactions import Fenced, TransactionsRefused, check_transactions
+from spark_app.transactions import Fenced, SlotTransactions, TransactionsRefused, check_transactions, fence
 from tests.support.assertions import assert_each_record_once_in_order
 
 PARTITIONS = 2
@@ -82,13 +83,13 @@ def reached(conn: DriverGone) -> dict[int, int]:
     return out
 
 
-def wait_until_reached(conn: DriverGone, ends: dict[int, int], within_s: float) -> None:
+def wait_until_reached(conn: DriverGone, ends: dict[int, int], within_s: float, errors: list[BaseException]) -> None:
     deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not errors:
         if all(reached(conn).get(p, 0) >= end for p, end in ends.items()):
             return
         time.sleep(0.1)
-    raise AssertionError(f"the task reported {reached(conn)}, short of {ends}, after {within_s:.0f} s")
+    raise AssertionError(f"the task reported {reached(conn)}, short of {ends}, after {within_s:.0f} s: {errors}")
 
 
 def in_thread(run, conn) -> tuple[threading.Thread, list[BaseException]]:
@@ -126,7 +127,7 @@ def test_a_real_time_task_cut_off_from_its_driver_is_fenced_when_its_successor_s
 
     zombie_conn = DriverGone()
     zombie, zombie_errors = in_thread(LiveCopy(task, Assignment(starts, None), 0).run, zombie_conn)
-    wait_until_reached(zombie_conn, {p: len(first) // PARTITIONS for p in range(PARTITIONS)}, 60)
+    wait_until_reached(zombie_conn, {p: len(first) // PARTITIONS for p in range(PARTITIONS)}, 60, zombie_errors)
 
     # Its driver heard none of it: the successor starts where the driver last knew, the partitions' starts.
     successor_conn = Driver()
@@ -140,7 +141,7 @@ def test_a_real_time_task_cut_off_from_its_driver_is_fenced_when_its_successor_s
     assert zombie_errors and isinstance(zombie_errors[0], Fenced), zombie_errors
 
     sent = first + more
-    wait_until_reached(successor_conn, {p: len(sent) // PARTITIONS for p in range(PARTITIONS)}, 60)
+    wait_until_reached(successor_conn, {p: len(sent) // PARTITIONS for p in range(PARTITIONS)}, 60, successor_errors)
     successor_conn.stop.set()
     successor.join(60)
     assert not successor_errors, successor_errors
@@ -156,6 +157,33 @@ def test_a_real_time_task_cut_off_from_its_driver_is_fenced_when_its_successor_s
         restart = len(values) - len(expected)
         assert restart >= 0 and values[restart:] == expected, f"partition {partition}: the copies interleave"
         assert values[:restart] == expected[:restart], f"partition {partition}: the zombie's copies are not a prefix"
+
+
+def test_a_fenced_slot_leaves_as_fenced_from_a_call_that_only_hears_the_producer_is_dead(
+    plaintext_cluster, source_cluster, unique, tmp_path
+):
+    """librdkafka gives the cause (fenced) to the first call that hears it; every call after that, say the produce
+    a copy retries at once, only hears _FATAL. The slot still leaves as `Fenced`, not as a failure of the target."""
+    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
+    flow = FlowConfig(source="on", target=target.alias, topics=TopicSelection(include=["t"]), exactly_once=True,
+                      checkpoint_location=str(tmp_path))  # fmt: skip
+    topic = f"fatal-{unique}"
+    clients.create_topics(source_cluster.admin, {topic: 1})
+    zombie = SlotTransactions(flow, target, {}, 0)
+    zombie.begin()
+    fence(flow, target, {}, 0, 1)  # its successor starts
+    heard = []
+    deadline = time.monotonic() + 30
+    while len(heard) < 2 and time.monotonic() < deadline:  # the cause, then "fatal"
+        try:
+            zombie.producer.produce(topic, b"late")
+            zombie.producer.poll(0.1)
+        except KafkaException as err:
+            heard.append(err.args[0].name())
+    assert heard == ["_FENCED", "_FATAL"], heard
+    with pytest.raises(Fenced, match="taken over by a newer attempt"), zombie.fenced_raises():
+        zombie.producer.produce(topic, b"later")
+    zombie.close()
 
 
 def test_a_micro_batch_run_again_after_its_commit_writes_nothing_twice_and_the_next_goes_on_from_it(

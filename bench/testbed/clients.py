@@ -25,10 +25,6 @@ from spark_app.profiles import librdkafka_settings
 
 from .kafka_cluster import kafka_classpath, require_java
 
-# What a group's coordinator answers while it loads the group's offsets or moves, e.g. on a broker just started.
-_COORDINATOR_MOVING = frozenset(
-    {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
-)
 Headers = tuple[tuple[str, bytes | None], ...]
 
 
@@ -141,17 +137,9 @@ def produce(cluster: ClusterConfig, topic: str, records: Iterable[Record], **ove
 def commit(cluster: ClusterConfig, group: str, topic: str, offsets: dict[int, int]) -> None:
     """Commit a group's offsets (partition -> next offset to read) as its consumer would, without joining it."""
     member = consumer(cluster, group, {"enable.auto.commit": False})
-    deadline = time.monotonic() + 30
+    request = [TopicPartition(topic, p, o) for p, o in offsets.items()]
     try:
-        while True:
-            try:
-                member.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
-                return
-            except KafkaException as err:
-                error = err.args[0]
-                if not (error.retriable() or error.code() in _COORDINATOR_MOVING) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        clients.while_coordinator_moves(lambda: member.commit(offsets=request, asynchronous=False))
     finally:
         member.close()
 
@@ -161,7 +149,8 @@ def committed(cluster: ClusterConfig, group: str, topic: str, partitions: int) -
     left out."""
     member = consumer(cluster, group, {"enable.auto.commit": False})
     try:
-        got = member.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+        request = [TopicPartition(topic, p) for p in range(partitions)]
+        got = clients.while_coordinator_moves(lambda: member.committed(request, timeout=30))
     finally:
         member.close()
     return {tp.partition: tp.offset for tp in got if tp.offset >= 0}

@@ -33,10 +33,6 @@ from .syncs import SyncStore
 log = logging.getLogger(__name__)
 
 STATUS_SOURCE_TIMEOUT_S = 10.0
-# What a group's coordinator answers while it loads or moves, e.g. on a broker just started.
-COORDINATOR_MOVING = frozenset(
-    {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
-)
 
 
 class Refused(MirrorFailed):
@@ -128,14 +124,7 @@ def running_mirror(config: MirrorConfig, flow: FlowConfig, wait_s: float = SESSI
     crashed holds it until its session lapses, so this waits up to `wait_s` for that."""
     began = time.monotonic()
     while True:
-        try:
-            running = holder(config, flow)
-        except KafkaException as err:  # e.g. the group coordinator still loading on a broker just started
-            transient = err.args[0].retriable() or err.args[0].code() in COORDINATOR_MOVING
-            if not transient or time.monotonic() - began > clients.REQUEST_TIMEOUT_S:
-                raise
-            time.sleep(0.5)
-            continue
+        running = clients.while_coordinator_moves(lambda: holder(config, flow))
         if running is None:
             return None
         if time.monotonic() - began >= wait_s:
