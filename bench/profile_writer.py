@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
 from bench import harness  # noqa: E402
 from bench import write_paths as wp  # noqa: E402
 from bench.write_paths import create_topics, load_source, watermarks  # noqa: E402
-from spark_app.config import ClusterConfig, FlowConfig  # noqa: E402
+from spark_app.config import ClusterConfig, FlowConfig, Profile, TopicSelection  # noqa: E402
 from spark_app.range_copy import RangeCopier  # noqa: E402
 from spark_app.ranges import OffsetRange  # noqa: E402
 
@@ -55,9 +55,10 @@ CORE_PREFIXES = {"python": "src.", "rust": "rust.", "java": "java."}
 
 def python_copier(bootstrap: str) -> RangeCopier:
     """The mirror's copier of SOURCE_TOPIC, from and to `bootstrap`."""
-    flow = FlowConfig(source="src", target="tgt", topics={"include": [SOURCE_TOPIC]}, checkpoint_location="/unused")
-    source = ClusterConfig(alias="src", bootstrap_servers=bootstrap, profile="kafka")
-    target = ClusterConfig(alias="tgt", bootstrap_servers=bootstrap, profile="kafka")
+    topics = TopicSelection(include=[SOURCE_TOPIC])
+    flow = FlowConfig(source="src", target="tgt", topics=topics, checkpoint_location="/unused")
+    source = ClusterConfig(alias="src", bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+    target = ClusterConfig(alias="tgt", bootstrap_servers=bootstrap, profile=Profile.KAFKA)
     return RangeCopier(flow, source, target)
 
 
