@@ -259,13 +259,24 @@ def candidate_env() -> dict[str, str]:
     }
 
 
+def copy_loop_command(work: Path, source: str, target: str, prefix: str, records: int, topics: list[str]) -> list[str]:
+    """The command that runs bench/java's CopyLoop (compiled into `work` on first use): every partition of `topics`
+    from `source` to `<prefix><topic>` on `target`, exiting once it has copied `records`."""
+    kafka = list(cached_jars("kafka"))
+    jar = work / "copy-loop.jar"
+    if not jar.exists():
+        wp.build_jar(COPY_LOOP, kafka, work, jar.name)
+    cp = os.pathsep.join(str(j) for j in [jar, *kafka])
+    return ["java", "-Xmx1g", "-cp", cp, "io.mirrorkit.bench.CopyLoop", source, target, prefix, str(records),
+            ",".join(topics)]  # fmt: skip
+
+
 def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], records: int, tag: str) -> list[dict]:
     """Every candidate over one loaded topic set; each into its own fresh target topics."""
     source = bed.clusters["src"].client.bootstrap_servers
     target = bed.clusters["tgt"].client.bootstrap_servers
     source_hw = {t: wp.watermarks(source, t, args.partitions) for t in topics}
     env = candidate_env()
-    copy_loop = None
     results = []
     for n, name in enumerate(c for c in args.candidates.split(",") if c):
         alias = f"{tag}c{n}"
@@ -278,11 +289,7 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
         elif name in ("mm2", "mm2-untuned"):
             cmd, exits = mm2_command(alias, source, target, topics, name == "mm2", work), False
         elif name == "limit":
-            kafka = list(cached_jars("kafka"))
-            copy_loop = copy_loop or wp.build_jar(COPY_LOOP, kafka, work, "copy-loop.jar")
-            cp = os.pathsep.join(str(j) for j in [copy_loop, *kafka])
-            cmd = ["java", "-Xmx1g", "-cp", cp, "io.mirrorkit.bench.CopyLoop", source, target, alias + ".",
-                   str(records), ",".join(topics)]  # fmt: skip
+            cmd = copy_loop_command(work, source, target, alias + ".", records, topics)
         elif name.startswith("wp:"):
             ns = argparse.Namespace(max_offsets_per_trigger=0, partitions=args.partitions, py_producer=[],
                                     java_producer=[])  # fmt: skip

@@ -4,8 +4,23 @@ No Spark: one call copies every partition's whole range, as one Spark task would
 the librdkafka consumer and the producer show without Spark's own costs, and a change to the loop shows in seconds.
 `--profile` adds a cProfile listing of where the time goes.
 
+`--cores python,rust,java` copies the same loaded records with each copy core in turn, each into its own fresh
+target topic, to weigh a compiled core against the Python loop on CPU per record:
+
+- `python`: `RangeCopier.copy`, as above;
+- `rust`: `mirrorkit_core_proto.copy_ranges` (bench/cores/rust, rust-rdkafka under PyO3), in this process with the
+  GIL released;
+- `java`: bench/java's CopyLoop, the harness's "limit" (bench/harness.py), in a child JVM.
+
+Python and Rust are charged this process's CPU (librdkafka's threads included), Java its child's, JVM start-up
+included. Each core's target must end where the source does and hold the same records at both ends of every
+partition (bench/write_paths.py's check); the target topic is deleted afterwards.
+
 Usage: .venv/bin/python bench/profile_writer.py --records 200000 --size 512 --partitions 4 [--profile]
+       [--cores python,rust,java]
        (starts a plaintext broker with the test bed, or uses --bootstrap HOST:PORT as source and target)
+       The rust core needs its module built first: cd bench/cores/rust && maturin build --release, then
+       pip install the wheel from target/wheels into this Python.
 """
 
 from __future__ import annotations
@@ -14,7 +29,10 @@ import argparse
 import cProfile
 import io
 import pstats
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,10 +40,99 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
+from bench import write_paths as wp  # noqa: E402
 from bench.write_paths import create_topics, load_source, watermarks  # noqa: E402
-from spark_app.config import ClusterConfig, FlowConfig  # noqa: E402
+from spark_app.config import ClusterConfig, FlowConfig, Profile, TopicSelection  # noqa: E402
 from spark_app.range_copy import RangeCopier  # noqa: E402
 from spark_app.ranges import OffsetRange  # noqa: E402
+
+SOURCE_TOPIC = "bench"
+# Each core's target topic prefix. The Python core's is the default policy's name for a source cluster aliased "src",
+# so source and target can share the broker.
+CORE_PREFIXES = {"python": "src.", "rust": "rust.", "java": "java."}
+
+
+def python_copier(bootstrap: str) -> RangeCopier:
+    """The mirror's copier of SOURCE_TOPIC, from and to `bootstrap`."""
+    topics = TopicSelection(include=[SOURCE_TOPIC])
+    flow = FlowConfig(source="src", target="tgt", topics=topics, checkpoint_location="/unused")
+    source = ClusterConfig(alias="src", bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+    target = ClusterConfig(alias="tgt", bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+    return RangeCopier(flow, source, target)
+
+
+def copy_python(bootstrap: str, partitions: int, per_partition: int, profiler: cProfile.Profile | None) -> bool:
+    """Copy with `RangeCopier.copy`; whether every range's landing names the partition's last record."""
+    copier = python_copier(bootstrap)
+    ranges = [OffsetRange(SOURCE_TOPIC, p, 0, per_partition) for p in range(partitions)]
+    if profiler:
+        profiler.enable()
+    landed = copier.copy(ranges)
+    if profiler:
+        profiler.disable()
+    return all(x.last_target_offset == per_partition - 1 for x in landed)
+
+
+def copy_rust(bootstrap: str, partitions: int, per_partition: int) -> bool:
+    """Copy with the Rust core; whether every range landed whole, from the target's offset 0."""
+    import mirrorkit_core_proto
+
+    ranges = [(SOURCE_TOPIC, p, 0, per_partition) for p in range(partitions)]
+    landed = mirrorkit_core_proto.copy_ranges(bootstrap, bootstrap, ranges, CORE_PREFIXES["rust"])
+    return all(row[2:] == (per_partition, 0, per_partition - 1) for row in landed)
+
+
+def copy_java(cmd: list[str], log: Path) -> float:
+    """Run CopyLoop to its end; its CPU seconds (user and system, from the reaped child's rusage)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with log.open("wb") as out:
+        subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=1800)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def compare_cores(bootstrap: str, cores: list[str], partitions: int, per_partition: int, size: int) -> bool:
+    """Copy the loaded source with each core in turn into its own fresh target topic; one line per core. Whether
+    every core's copy was right."""
+    total = per_partition * partitions
+    source_hw = {SOURCE_TOPIC: watermarks(bootstrap, SOURCE_TOPIC, partitions)}
+    print(f"{total} records x {size} B, {partitions} partitions; cores in this order: {', '.join(cores)}")
+    all_ok = True
+    with tempfile.TemporaryDirectory(prefix="cores-") as tmp:
+        work = Path(tmp)
+        for core in cores:
+            prefix = CORE_PREFIXES[core]
+            create_topics(bootstrap, [prefix + SOURCE_TOPIC], partitions)
+            landings = "n/a"
+            if core == "java":
+                cmd = harness.copy_loop_command(work, bootstrap, bootstrap, prefix, total, [SOURCE_TOPIC])
+                began = time.monotonic()
+                cpu = copy_java(cmd, work / "copy-loop.log")
+                wall = time.monotonic() - began
+            else:
+                began_cpu, began = time.process_time(), time.monotonic()
+                if core == "rust":
+                    landed_ok = copy_rust(bootstrap, partitions, per_partition)
+                else:
+                    landed_ok = copy_python(bootstrap, partitions, per_partition, None)
+                cpu, wall = time.process_time() - began_cpu, time.monotonic() - began
+                landings = "right" if landed_ok else "WRONG"
+                all_ok &= landed_ok
+            check = wp.Result(core)
+            spec = {"topics": [SOURCE_TOPIC], "prefix": prefix, "target": bootstrap, "source": bootstrap}
+            wp.verify(check, spec, source_hw, partitions)
+            records_ok = check.data_ok and check.ts_kept and check.headers_kept
+            all_ok &= check.counts_ok and records_ok
+            print(
+                f"{core:>6}: {wall:6.2f} s wall, {cpu:6.2f} s CPU, {total / wall:9,.0f} records/s, "
+                f"{cpu * 1e6 / total:5.2f} CPU us/record; target ends {'right' if check.counts_ok else 'WRONG'}, "
+                f"records {'right' if records_ok else 'WRONG'}, landings {landings}"
+                + "".join(f"; {note}" for note in check.notes),
+                flush=True,
+            )
+            wp.delete_topics(bootstrap, [prefix + SOURCE_TOPIC])
+    return all_ok
 
 
 def main() -> None:
@@ -35,7 +142,13 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--bootstrap", help="write here instead of a fresh test-bed broker")
     parser.add_argument("--profile", action="store_true", help="print a cProfile listing of the write")
+    parser.add_argument("--cores", help=f"compare these copy cores, in this order: some of {', '.join(CORE_PREFIXES)}")
     args = parser.parse_args()
+    cores = [c for c in (args.cores or "").split(",") if c]
+    if unknown := [c for c in cores if c not in CORE_PREFIXES]:
+        parser.error(f"unknown cores {unknown}; known: {', '.join(CORE_PREFIXES)}")
+    if cores and args.profile:
+        parser.error("--profile times the Python loop alone: leave out --cores")
 
     bed = None
     if args.bootstrap is None:
@@ -46,30 +159,21 @@ def main() -> None:
     try:
         per_partition = args.records // args.partitions
         total = per_partition * args.partitions
-        create_topics(args.bootstrap, ["bench"], args.partitions)
-        load_source(args.bootstrap, ["bench"], args.partitions, total, args.size, int(time.time() * 1000) - 86_400_000)
-        flow = FlowConfig(
-            source="src",
-            target="tgt",
-            topics={"include": ["bench"]},
-            checkpoint_location="/unused",
+        create_topics(args.bootstrap, [SOURCE_TOPIC], args.partitions)
+        load_source(
+            args.bootstrap, [SOURCE_TOPIC], args.partitions, total, args.size, int(time.time() * 1000) - 86_400_000
         )
-        source = ClusterConfig(alias="src", bootstrap_servers=args.bootstrap, profile="kafka")
-        target = ClusterConfig(alias="tgt", bootstrap_servers=args.bootstrap, profile="kafka")
-        out_topic = "src.bench"  # the default policy's name: source and target can share the broker
+        if cores:
+            if not compare_cores(args.bootstrap, cores, args.partitions, per_partition, args.size):
+                raise SystemExit(1)
+            return
+        out_topic = CORE_PREFIXES["python"] + SOURCE_TOPIC
         create_topics(args.bootstrap, [out_topic], args.partitions)
-        copier = RangeCopier(flow, source, target)
-        ranges = [OffsetRange("bench", p, 0, per_partition) for p in range(args.partitions)]
         profiler = cProfile.Profile() if args.profile else None
         began = time.process_time(), time.monotonic()
-        if profiler:
-            profiler.enable()
-        landed = copier.copy(ranges)
-        if profiler:
-            profiler.disable()
+        landed_right = copy_python(args.bootstrap, args.partitions, per_partition, profiler)
         cpu, wall = time.process_time() - began[0], time.monotonic() - began[1]
         ends = watermarks(args.bootstrap, out_topic, args.partitions)
-        landed_right = all(x.last_target_offset == per_partition - 1 for x in landed)
         ok = ends == [per_partition] * args.partitions and landed_right
         print(
             f"{total} records x {args.size} B, {args.partitions} partitions, "
