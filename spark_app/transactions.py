@@ -179,13 +179,14 @@ class SlotTransactions:
     def _cause(self, error: KafkaError) -> KafkaError:
         """The error that stopped the producer, where `error` only says it stopped (_FATAL: every call after the
         first that heard the cause, say a produce retried after the one that was fenced); the transaction API
-        answers with the cause itself."""
+        answers a stopped producer with the cause itself."""
         if error.code() != KafkaError._FATAL:
             return error
         try:
             self.producer.abort_transaction(0)
         except KafkaException as err:
-            return cast(KafkaError, err.args[0])
+            cause = cast(KafkaError, err.args[0])
+            return cause if cause.fatal() else error
         return error
 
     def _fenced(self, error: KafkaError) -> Fenced:
