@@ -76,7 +76,13 @@ def copy_python(bootstrap: str, partitions: int, per_partition: int, profiler: c
 
 def copy_rust(bootstrap: str, partitions: int, per_partition: int) -> bool:
     """Copy with the Rust core; whether every range landed whole, from the target's offset 0."""
-    import mirrorkit_core_proto
+    try:
+        import mirrorkit_core_proto
+    except ImportError:
+        raise SystemExit(
+            "--cores rust needs the Rust core's module: cd bench/cores/rust && maturin build --release, then"
+            f" {sys.executable} -m pip install target/wheels/mirrorkit_core_proto-*.whl"
+        ) from None
 
     ranges = [(SOURCE_TOPIC, p, 0, per_partition) for p in range(partitions)]
     landed = mirrorkit_core_proto.copy_ranges(bootstrap, bootstrap, ranges, CORE_PREFIXES["rust"])
