@@ -5,7 +5,8 @@ callback that turns a failed sign-in into `AuthenticationFailed` at once: librdk
 on that callback, and otherwise retries until a request times out. Requests and whole-topic reads wait at most
 `REQUEST_TIMEOUT_S`. Clients that outlive a Spark task (the copier's) are kept one per cluster and settings per
 process, as Spark reuses its Python workers, at most SHARED_CLIENTS of each kind: the least recently used beyond
-that is closed, so a changed override (a new key each time) never piles up producers.
+that is closed, so a changed override (a new key each time) never piles up producers. The compiled copy core's
+consumer and producer (a `Copier`, spark_app.copy_core) are made and kept here the same way.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import (
     Consumer,
@@ -31,6 +32,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, Resou
 from .config import ClusterConfig
 from .errors import AuthenticationFailed, ClusterUnreachable
 from .profiles import Role, Settings, librdkafka_settings
+
+if TYPE_CHECKING:
+    from mirrorkit_copy_core import Copier
 
 REQUEST_TIMEOUT_S = 30.0
 READ_BATCH = 10_000  # records asked of each consume() in whole-topic reads
@@ -111,20 +115,18 @@ C = TypeVar("C", bound=_Closable)
 
 
 class _Shared(Generic[C]):
-    """Clients of one kind kept in this process by cluster and settings: the SHARED_CLIENTS most recently used."""
+    """Clients of one kind kept in this process by what makes them: the SHARED_CLIENTS most recently used."""
 
-    def __init__(self, make: Callable[[ClusterConfig, Mapping[str, object]], C]) -> None:
-        self._make = make
-        self._clients: OrderedDict[tuple[str, str], C] = OrderedDict()
+    def __init__(self) -> None:
+        self._clients: OrderedDict[tuple[str, ...], C] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, cluster: ClusterConfig, defaults: Mapping[str, object]) -> C:
-        key = cluster.model_dump_json(), repr(sorted(defaults.items()))
+    def get(self, key: tuple[str, ...], make: Callable[[], C]) -> C:
         with self._lock:
             if key in self._clients:
                 self._clients.move_to_end(key)
                 return self._clients[key]
-            client = self._clients[key] = self._make(cluster, defaults)
+            client = self._clients[key] = make()
             while len(self._clients) > SHARED_CLIENTS:
                 self._clients.popitem(last=False)[1].close()
             return client
@@ -136,20 +138,59 @@ class _Shared(Generic[C]):
                 del self._clients[key]
 
 
-_consumers = _Shared(consumer)
-_producers = _Shared(producer)
+_consumers: _Shared[Consumer] = _Shared()
+_producers: _Shared[Producer] = _Shared()
+_copiers: _Shared[Copier] = _Shared()
+
+
+def _key(cluster: ClusterConfig, defaults: Mapping[str, object]) -> tuple[str, str]:
+    return cluster.model_dump_json(), repr(sorted(defaults.items()))
 
 
 def shared_consumer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> Consumer:
     """One consumer per cluster and settings in this process (SHARED_CLIENTS at most); each user assigns it what it
     reads."""
-    return _consumers.get(cluster, defaults)
+    return _consumers.get(_key(cluster, defaults), lambda: consumer(cluster, defaults))
 
 
 def shared_producer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> Producer:
     """One producer per cluster and settings in this process (a changed override, e.g. a raised cap, gets its own;
     SHARED_CLIENTS at most)."""
-    return _producers.get(cluster, defaults)
+    return _producers.get(_key(cluster, defaults), lambda: producer(cluster, defaults))
+
+
+def shared_copier(
+    source: ClusterConfig, target: ClusterConfig, consumer_defaults: Mapping[str, object],
+    producer_defaults: Mapping[str, object], policy: tuple[Any, ...],
+) -> Copier | None:  # fmt: skip
+    """The compiled copy core's consumer and producer for a flow's `policy` (spark_app.compiled_copy), kept like the
+    shared clients; None when a cluster's login needs a Python callback (an OAUTHBEARER token), which only
+    confluent-kafka's clients take."""
+    consumer_conf = _plain(dict(consumer_defaults) | librdkafka_settings(source, "consumer"))
+    producer_conf = _plain(dict(producer_defaults) | librdkafka_settings(target, "producer"))
+    if consumer_conf is None or producer_conf is None:
+        return None
+    try:  # here, not at the top: only a worker that copies needs the compiled module
+        from mirrorkit_copy_core import Copier
+    except ImportError as err:
+        raise ImportError(
+            "copy_core 'compiled' needs the mirrorkit_copy_core module: `bash .ci/setup` builds and installs it, and"
+            " the mirror image ships it; or set the flow's copy_core to 'python'"
+        ) from err
+    key = (*_key(source, consumer_defaults), *_key(target, producer_defaults), repr(policy))
+    return _copiers.get(key, lambda: Copier(consumer_conf, producer_conf, *policy))
+
+
+def discard_copier(copier: Copier) -> None:
+    """Forget a copier whose producer cannot be used again (a fatal error); the next user gets a new one."""
+    _copiers.discard(copier)
+
+
+def _plain(settings: Mapping[str, object]) -> list[tuple[str, str]] | None:
+    """Settings as librdkafka's strings; None when one is a callback."""
+    if any(callable(v) for v in settings.values()):
+        return None
+    return [(k, ("true" if v else "false") if isinstance(v, bool) else str(v)) for k, v in settings.items()]
 
 
 def discard_producer(client: Producer) -> None:

@@ -2,10 +2,11 @@
 
 Both modes drive it (spark_app.range_copy for micro-batches, spark_app.realtime for long-running tasks) through one
 narrow function, `copy_some`: take what the consumer has, pass each record through the `Outbox`, and account every
-delivery into its partition's `Landing`. A compiled core would replace `copy_some` and the `Outbox` under it and keep
-their contract: per source partition a `Cursor` (its landing, its next offset, where it stops); records written in
-source order with the source's key, value, headers (order and duplicates), partition and timestamp, and the identity
-policy's provenance header; echoes dropped; a record the target refuses held, or dead-lettered.
+delivery into its partition's `Landing`. The compiled core (spark_app.compiled_copy) does the same for throughput
+mode's plain copies and keeps this contract: per source partition a `Cursor` (its landing, its next offset, where it
+stops); records written in source order with the source's key, value, headers (order and duplicates), partition and
+timestamp, and the identity policy's provenance header; echoes dropped; a record the target refuses held, or
+dead-lettered. This loop stays the reference, and takes over from the compiled core at every rare event.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
             cursor.done = True
             continue
         if cursor.seen and offset < cursor.next:
-            _went_back(cursors, key, offset, outbox)
+            went_back(cursors, key, offset, outbox)
         _first_event(cursor, offset)
         cursor.next = offset + 1
         taken += 1
@@ -184,7 +185,7 @@ def _outside_the_log(consumer: Consumer, cursors: Mapping[Partition, Cursor], ke
     cursor = cursors[key]
     low, high = consumer.get_watermark_offsets(TopicPartition(*key), timeout=METADATA_WAIT_S, cached=False)
     if cursor.next > high:
-        _went_back(cursors, key, low, outbox)
+        went_back(cursors, key, low, outbox)
     elif cursor.seen:
         _deliver_sent(cursors, outbox)
         cursor.landing.end_offset = cursor.next
@@ -199,7 +200,7 @@ def _outside_the_log(consumer: Consumer, cursors: Mapping[Partition, Cursor], ke
         consumer.incremental_assign([TopicPartition(key[0], key[1], low)])
 
 
-def _went_back(cursors: Mapping[Partition, Cursor], key: Partition, offset: int, outbox: Outbox) -> None:
+def went_back(cursors: Mapping[Partition, Cursor], key: Partition, offset: int, outbox: Outbox) -> None:
     """Deliver what was sent, retire the partition's landing where it stood, and start one that says it went back."""
     cursor = cursors[key]
     _deliver_sent(cursors, outbox)
@@ -226,7 +227,12 @@ def end_of_log(flow: FlowConfig, msg: Record) -> None:
     """Pass a consumed event that is the end of a partition's log (or a record); any other read error fails."""
     err = msg.error()
     if err is not None and err.code() != KafkaError._PARTITION_EOF:
-        raise DeliveryFailed(f"flow {flow.name}: reading {msg.topic()}[{msg.partition()}]: {err.str()}")
+        raise DeliveryFailed(read_error(flow, (msg.topic(), msg.partition()), err.str()))
+
+
+def read_error(flow: FlowConfig, source: Partition, reason: str) -> str:
+    """What a failed read of a source partition says."""
+    return f"flow {flow.name}: reading {source[0]}[{source[1]}]: {reason}"
 
 
 class Outbox:
@@ -328,14 +334,22 @@ class Outbox:
                 latency_ms = max(0.0, time.time() * 1000 - ts)
                 landing.latency_counts[bisect_left(LATENCY_BOUNDS_MS, latency_ms)] += 1
                 landing.latency_sum_ms += latency_ms
-        elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-            self._refused.append(Refused.of(source[0], offset, msg))
+        else:
+            self.refused(err, Refused.of(source[0], offset, msg), f"{msg.topic()}[{msg.partition()}]")
+
+    def refused(self, err: KafkaError, record: Refused, where: str) -> None:
+        """File a delivery report's error for `record` (written to `where` on the target): a record too large or
+        refused for its topic waits for `settle`; any other error fails the task at the next `raise_failures`. The
+        compiled core (spark_app.compiled_copy) files its producer's errors here too."""
+        source = (record.topic, record.partition)
+        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            self._refused.append(record)
             self._refused_partitions.add(source)
         elif err.code() in TOPIC_SCOPED_ERRORS:
-            self._blocked.append((source, offset, self._refusal(err)))
+            self._blocked.append((source, record.offset, self._refusal(err)))
             self._refused_partitions.add(source)
         else:
-            self._failures.append(f"{msg.topic()}[{msg.partition()}] offset {offset}: {err.name()}: {err.str()}")
+            self._failures.append(f"{where} offset {record.offset}: {err.name()}: {err.str()}")
             self._fatal = self._fatal or err.fatal()
             self._fenced = self._fenced or err.code() in FENCED_ERRORS
 

@@ -26,6 +26,7 @@ from pyspark import TaskContext
 
 from . import clients
 from .clients import Partition, PartitionOffsets
+from .compiled_copy import copy_compiled
 from .config import ClusterConfig, FlowConfig
 from .errors import DeliveryFailed
 from .outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
@@ -78,8 +79,10 @@ class RangeCopier:
             cursors = self._copy_in_transaction(ranges, slot)
         else:
             cursors = self._cursors(ranges, {})
-            if any(not c.done for c in cursors.values()):
-                self._copy_open(cursors, clients.shared_producer(self.target, self.producer_settings))
+            outbox = self._outbox(cursors, clients.shared_producer(self.target, self.producer_settings))
+            if self.flow.copy_core == "compiled" and any(not c.done for c in cursors.values()):
+                copy_compiled(self.flow, self.source, self.target, cursors, self.rules, self.producer_settings, outbox)
+            self._copy_open(cursors, outbox)
         return [landing for c in cursors.values() for landing in (*c.retired, c.landing)]
 
     def _cursors(self, ranges: list[OffsetRange], cut: dict[Partition, int]) -> dict[Partition, Cursor]:
@@ -124,11 +127,12 @@ class RangeCopier:
                 _skip_committed(cursors, ranges, committed)
             copying = {key for key, c in cursors.items() if not c.done}  # a range held whole writes no position
             slot_txn.begin()
-            outbox = self._copy_open(cursors, slot_txn.producer)
+            outbox = self._outbox(cursors, slot_txn.producer)
+            self._copy_open(cursors, outbox)
             for key, (offset, size, error) in cut.items():
                 cursors[key].landing.first_offset = min(cursors[key].landing.first_offset, offset)
                 cursors[key].landing.hold(offset, size, error)
-            refused = outbox.take_refused() if outbox is not None else set()
+            refused = outbox.take_refused()
             if not refused:  # a position never goes back, but where the partition's offsets did
                 reset = {(r.topic, r.partition) for r in ranges if r.reset_from >= 0}
                 slot_txn.commit({
@@ -142,14 +146,17 @@ class RangeCopier:
                 landing = cursors[key].landing
                 cut[key] = (landing.held_from, landing.refused_bytes, landing.held_error)
 
-    def _copy_open(self, cursors: dict[Partition, Cursor], producer: Producer) -> Outbox | None:
-        """Copy the cursors not done with `producer`; the outbox they went through (None: nothing to copy)."""
+    def _outbox(self, cursors: dict[Partition, Cursor], producer: Producer) -> Outbox:
+        """An outbox that writes with `producer` and files what lands into the cursors' landings."""
+        return Outbox(self.flow, producer, lambda key: cursors[key].landing, self.rules)
+
+    def _copy_open(self, cursors: dict[Partition, Cursor], outbox: Outbox) -> None:
+        """Copy the cursors not done through `outbox` (its landings are the cursors')."""
         open_ = {key: c for key, c in cursors.items() if not c.done}
         if not open_:
-            return None
+            return
         consumer = clients.shared_consumer(self.source, CONSUMER_DEFAULTS)
         consumer.assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
-        outbox = Outbox(self.flow, producer, lambda key: cursors[key].landing, self.rules)
         for key in open_:
             outbox.open(key)
         watch = PartitionWatch({key: c.next for key, c in open_.items()}, time.monotonic())
@@ -179,7 +186,6 @@ class RangeCopier:
         consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
         outbox.flush(300)
         outbox.settle()
-        return outbox
 
     @staticmethod
     def _leaders(consumer: Consumer, idle: Iterable[Partition]) -> dict[Partition, int] | None:

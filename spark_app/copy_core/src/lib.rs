@@ -1,0 +1,885 @@
+//! The mirror's compiled copy core: the per-record path of spark_app.outbox, with no Python per record.
+//!
+//! `Copier.copy` copies offset ranges (one per source partition) from the source to the target as the Python loop
+//! does: records in source order with the source's key, value, headers (order, duplicates and null values kept),
+//! partition and timestamp; identity echoes dropped and the provenance header stamped; each delivery filed into its
+//! range's landing (runs, replication-latency histogram). The GIL is released for the whole copy.
+//!
+//! It takes the common case only. At the first event the Python loop treats with more care (a record the target
+//! refuses or would refuse, a delivery error, offsets that went back or a position outside the log, a read error, a
+//! partition that reads nothing, a refused login) it stops producing, lets what it sent land (purging what is only
+//! queued when a delivery failed for the target), and returns the event with every range's cursor and landing: the
+//! Python loop (spark_app.compiled_copy) goes on from there. So the rare paths have one implementation.
+
+use std::collections::VecDeque;
+use std::ffi::{c_void, CStr};
+use std::os::raw::c_char;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use rdkafka::bindings as rdsys;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{
+    BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig,
+};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+/// Delivery reports are served after this many records sent, and whenever the consumer waits.
+const POLL_EVERY: u32 = 1024;
+/// How long one wait for the source lasts before the copy looks at its clock again.
+const WAIT: Duration = Duration::from_millis(100);
+
+/// A record the target refused in a delivery report, for the dead-letter topic or a hold. A report carries the
+/// record's key and value, not its headers, and no timestamp once it failed: the Python loop's has no more
+/// (spark_app.outbox.Refused.of).
+struct Refused {
+    range: usize,
+    offset: i64,
+    code: i32,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    timestamp: i64,
+}
+
+/// What one range's delivery reports said, as spark_app.ranges.Landing keeps it.
+#[derive(Clone)]
+struct Landed {
+    last_offset: i64,
+    last_target_offset: i64,
+    runs: Vec<[i64; 3]>,
+    latency_counts: Vec<i64>,
+    latency_sum_ms: f64,
+    in_flight: VecDeque<i64>,
+}
+
+/// The producer's context: the landings, the refused records, and a refused login.
+struct Deliveries {
+    landed: Mutex<Vec<Landed>>,
+    refused: Mutex<Vec<Refused>>,
+    auth_failed: Mutex<Option<String>>,
+    latency_bounds_ms: Vec<f64>,
+    max_runs: usize,
+}
+
+/// Whether a client error is the cluster refusing the credentials, not a connection lost during the handshake
+/// (spark_app.clients.auth_error_callback says the same).
+fn is_auth_failure(code: RDKafkaErrorCode, reason: &str) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed
+    ) && !reason.contains("Broker transport failure")
+}
+
+impl ClientContext for Deliveries {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let Some(code) = error.rdkafka_error_code() {
+            if is_auth_failure(code, reason) {
+                self.auth_failed
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(|| reason.to_string());
+            }
+        }
+    }
+}
+
+/// spark_app.ranges.extend_runs: `offset` -> `target` added to runs that grow in order.
+fn extend_runs(runs: &mut Vec<[i64; 3]>, offset: i64, target: i64, max_runs: usize) {
+    if let Some(run) = runs.last_mut() {
+        if offset == run[2] + 1 && target == run[1] + offset - run[0] {
+            run[2] = offset;
+            return;
+        }
+        if runs.len() >= max_runs {
+            *runs.last_mut().unwrap() = [offset, target, offset];
+            return;
+        }
+    }
+    runs.push([offset, target, offset]);
+}
+
+fn now_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
+}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, range: usize) {
+        let mut landed = self.landed.lock().unwrap();
+        let l = &mut landed[range];
+        let Some(offset) = l.in_flight.pop_front() else {
+            return;
+        };
+        match result {
+            Ok(msg) => {
+                l.last_offset = offset;
+                l.last_target_offset = msg.offset();
+                extend_runs(&mut l.runs, offset, msg.offset(), self.max_runs);
+                if let rdkafka::Timestamp::CreateTime(ts) = msg.timestamp() {
+                    // An append-time target has replaced the source's timestamp: no latency from it.
+                    let latency = (now_ms() - ts as f64).max(0.0);
+                    let bucket = self.latency_bounds_ms.partition_point(|b| *b < latency);
+                    l.latency_counts[bucket] += 1;
+                    l.latency_sum_ms += latency;
+                }
+            }
+            Err((err, msg)) => {
+                let code = err.rdkafka_error_code().map(|c| c as i32).unwrap_or(-1);
+                self.refused.lock().unwrap().push(Refused {
+                    range,
+                    offset,
+                    code,
+                    key: msg.key().map(<[u8]>::to_vec),
+                    value: msg.payload().map(<[u8]>::to_vec),
+                    timestamp: msg.timestamp().to_millis().unwrap_or(-1),
+                });
+            }
+        }
+    }
+}
+
+/// What a target topic refuses that a record shows (spark_app.topics.TargetRule).
+#[derive(Clone, Copy)]
+struct Rule {
+    compacted: bool,
+    before_max_ms: Option<i64>,
+    after_max_ms: Option<i64>,
+    clock_slack_ms: i64,
+}
+
+impl Rule {
+    fn refuses(&self, key: Option<&[u8]>, timestamp_ms: i64) -> bool {
+        if self.compacted && key.is_none() {
+            return true;
+        }
+        if self.before_max_ms.is_none() && self.after_max_ms.is_none() {
+            return false;
+        }
+        let skew = now_ms() as i64 - timestamp_ms;
+        self.before_max_ms
+            .is_some_and(|m| skew > m + self.clock_slack_ms)
+            || self
+                .after_max_ms
+                .is_some_and(|m| -skew > m + self.clock_slack_ms)
+    }
+}
+
+/// One range's cursor (spark_app.outbox.Cursor) and the counts its sends add to its landing.
+struct Range {
+    topic: String,
+    partition: i32,
+    target: String,
+    rule: Option<Rule>,
+    next: i64,
+    stop: i64,
+    seen: bool,
+    done: bool,
+    first_offset: i64,
+    records: i64,
+    bytes: i64,
+    dropped: i64,
+    last_offset: i64,
+    echoes: Vec<[i64; 3]>,
+    read_at: Instant,
+}
+
+/// A consumed event, read off librdkafka's message: a record, the end of a partition's log, or an error.
+struct Event {
+    err: RDKafkaRespErr,
+    topic: String,
+    partition: i32,
+    offset: i64,
+    key: Option<&'static [u8]>,
+    value: Option<&'static [u8]>,
+    timestamp: Option<i64>,
+    headers: *mut rdsys::rd_kafka_headers_t,
+    reason: String,
+}
+
+unsafe fn bytes(ptr: *mut c_void, len: usize) -> Option<&'static [u8]> {
+    if ptr.is_null() {
+        None
+    } else {
+        Some(std::slice::from_raw_parts(ptr as *const u8, len))
+    }
+}
+
+unsafe fn c_str(ptr: *const c_char) -> String {
+    if ptr.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(ptr).to_string_lossy().into_owned()
+    }
+}
+
+/// Why the copy stopped early, and on what; None when every range reached its stop.
+#[derive(Default)]
+struct Stopped {
+    kind: &'static str,
+    range: i64,
+    offset: i64,
+    detail: String,
+}
+
+/// The compiled copy core of one flow's source and target clients, kept per worker like the Python loop's clients.
+#[pyclass(module = "mirrorkit_copy_core")]
+struct Copier {
+    consumer: BaseConsumer,
+    queue: *mut rdsys::rd_kafka_queue_t,
+    producer: BaseProducer<Deliveries>,
+    source_alias: Vec<u8>,
+    target_alias: Vec<u8>,
+    identity: bool,
+    stamp: bool,
+    provenance_header: String,
+    idle: Duration,
+    purge_codes: Vec<i32>,
+}
+
+// The raw queue is librdkafka's, which is thread-safe; the copier is used by one task at a time.
+unsafe impl Send for Copier {}
+unsafe impl Sync for Copier {}
+
+fn config(settings: Vec<(String, String)>) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    for (k, v) in settings {
+        config.set(k, v);
+    }
+    config
+}
+
+type RangeIn = (
+    String,
+    i32,
+    String,
+    i64,
+    i64,
+    Option<(bool, Option<i64>, Option<i64>, i64)>,
+);
+/// A range's cursor (next, seen, done, first offset), then its landing (records, bytes, dropped, last offset, last
+/// target offset, runs, echoes, latency counts, latency sum).
+type RangeOut = (
+    (i64, bool, bool, i64),
+    (
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        Vec<[i64; 3]>,
+        Vec<[i64; 3]>,
+        Vec<i64>,
+        f64,
+    ),
+);
+/// A record refused in a delivery report: range index, offset, error code, key, value, timestamp.
+type RefusedOut = (usize, i64, i32, Option<Vec<u8>>, Option<Vec<u8>>, i64);
+
+#[pymethods]
+impl Copier {
+    /// Clients from librdkafka settings (strings only); the flow's policy: `identity` names, with the provenance
+    /// header `provenance_header` stamped and its echoes of `target_alias` dropped when `stamp`. `latency_bounds_ms`
+    /// and `max_runs` are spark_app.ranges'. A partition with records left that reads nothing for `idle_s` ends the
+    /// copy, and so does a delivery error: those with a code in `refusal_codes` only stop it, any other purges what
+    /// is queued first.
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        consumer_settings: Vec<(String, String)>,
+        producer_settings: Vec<(String, String)>,
+        source_alias: String,
+        target_alias: String,
+        identity: bool,
+        stamp: bool,
+        provenance_header: String,
+        latency_bounds_ms: Vec<f64>,
+        max_runs: usize,
+        idle_s: f64,
+        refusal_codes: Vec<i32>,
+    ) -> PyResult<Self> {
+        let consumer: BaseConsumer = config(consumer_settings)
+            .create()
+            .map_err(|e| PyRuntimeError::new_err(format!("source consumer: {e}")))?;
+        let deliveries = Deliveries {
+            landed: Mutex::new(Vec::new()),
+            refused: Mutex::new(Vec::new()),
+            auth_failed: Mutex::new(None),
+            latency_bounds_ms,
+            max_runs,
+        };
+        let producer: BaseProducer<Deliveries> = config(producer_settings)
+            .create_with_context(deliveries)
+            .map_err(|e| PyRuntimeError::new_err(format!("target producer: {e}")))?;
+        let queue = unsafe { rdsys::rd_kafka_queue_get_consumer(consumer.client().native_ptr()) };
+        if queue.is_null() {
+            return Err(PyRuntimeError::new_err(
+                "source consumer: no consumer queue (group.id unset?)",
+            ));
+        }
+        Ok(Copier {
+            consumer,
+            queue,
+            producer,
+            source_alias: source_alias.into_bytes(),
+            target_alias: target_alias.into_bytes(),
+            identity,
+            stamp,
+            provenance_header,
+            idle: Duration::from_secs_f64(idle_s),
+            purge_codes: refusal_codes,
+        })
+    }
+
+    /// Copy the ranges `(source topic, partition, target topic, next, stop, rule)`, each from `next` up to `stop`
+    /// (a rule: compacted, before.max.ms, after.max.ms, clock slack). Returns, per range, its cursor and landing
+    /// (RangeOut); then why it stopped early (`""` when it did not): kind, range index, offset, detail; the
+    /// records refused in delivery reports; and how many records did not land within `flush_s`.
+    #[allow(clippy::type_complexity)]
+    fn copy(
+        &self,
+        py: Python<'_>,
+        ranges: Vec<RangeIn>,
+        flush_s: f64,
+    ) -> PyResult<(
+        Vec<RangeOut>,
+        (String, i64, i64, String),
+        Vec<RefusedOut>,
+        i32,
+    )> {
+        let (out, stopped, refused, undelivered) = py.detach(|| self.run(ranges, flush_s));
+        let stopped = (
+            stopped.kind.to_string(),
+            stopped.range,
+            stopped.offset,
+            stopped.detail,
+        );
+        Ok((out?, stopped, refused, undelivered))
+    }
+
+    /// Whether the producer hit an error librdkafka calls fatal: it cannot be used again.
+    fn fatal(&self) -> bool {
+        let mut buf = [0 as c_char; 256];
+        let code = unsafe {
+            rdsys::rd_kafka_fatal_error(self.producer.client().native_ptr(), buf.as_mut_ptr(), 256)
+        };
+        code != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR
+    }
+
+    /// Let what was sent land, and close the clients.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| {
+            let _ = self.producer.flush(Duration::from_secs(30));
+            let _ = self.consumer.unassign();
+        })
+    }
+}
+
+impl Drop for Copier {
+    fn drop(&mut self) {
+        unsafe { rdsys::rd_kafka_queue_destroy(self.queue) };
+    }
+}
+
+impl Copier {
+    #[allow(clippy::type_complexity)]
+    fn run(
+        &self,
+        ranges_in: Vec<RangeIn>,
+        flush_s: f64,
+    ) -> (PyResult<Vec<RangeOut>>, Stopped, Vec<RefusedOut>, i32) {
+        let now = Instant::now();
+        let mut ranges: Vec<Range> = Vec::with_capacity(ranges_in.len());
+        for (topic, partition, target, next, stop, rule) in ranges_in {
+            ranges.push(Range {
+                topic,
+                partition,
+                target,
+                rule: rule.map(
+                    |(compacted, before_max_ms, after_max_ms, clock_slack_ms)| Rule {
+                        compacted,
+                        before_max_ms,
+                        after_max_ms,
+                        clock_slack_ms,
+                    },
+                ),
+                next,
+                stop,
+                seen: false,
+                done: next >= stop,
+                first_offset: stop,
+                records: 0,
+                bytes: 0,
+                dropped: 0,
+                last_offset: -1,
+                echoes: Vec::new(),
+                read_at: now,
+            });
+        }
+        {
+            let ctx = self.producer.context();
+            let bounds = ctx.latency_bounds_ms.len();
+            *ctx.landed.lock().unwrap() = ranges
+                .iter()
+                .map(|_| Landed {
+                    last_offset: -1,
+                    last_target_offset: -1,
+                    runs: Vec::new(),
+                    latency_counts: vec![0; bounds + 1],
+                    latency_sum_ms: 0.0,
+                    in_flight: VecDeque::new(),
+                })
+                .collect();
+            ctx.refused.lock().unwrap().clear();
+            *ctx.auth_failed.lock().unwrap() = None;
+        }
+        let mut stopped = match self.assign(&ranges) {
+            Ok(()) => self.copy_until_stopped(&mut ranges),
+            Err(e) => Stopped {
+                kind: "read_error",
+                range: -1,
+                offset: -1,
+                detail: e,
+            },
+        };
+        let _ = self.consumer.unassign();
+        let ctx = self.producer.context();
+        let failed = ctx
+            .refused
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| !self.purge_codes.contains(&r.code));
+        if failed {
+            // What is only queued must not land ahead of the failed record's retry; what is in flight may.
+            self.producer.purge(PurgeConfig::default().queue());
+        }
+        let undelivered = match self.producer.flush(Duration::from_secs_f64(flush_s)) {
+            Ok(()) => 0,
+            Err(_) => self.producer.in_flight_count(),
+        };
+        if let Some(reason) = ctx.auth_failed.lock().unwrap().take() {
+            stopped = Stopped {
+                kind: "auth_target",
+                range: -1,
+                offset: -1,
+                detail: reason,
+            };
+        }
+        let landed = std::mem::take(&mut *ctx.landed.lock().unwrap());
+        let refused = std::mem::take(&mut *ctx.refused.lock().unwrap())
+            .into_iter()
+            .map(|r| (r.range, r.offset, r.code, r.key, r.value, r.timestamp))
+            .collect();
+        let out = ranges
+            .into_iter()
+            .zip(landed)
+            .map(|(r, l)| {
+                (
+                    (r.next, r.seen, r.done, r.first_offset),
+                    (
+                        r.records,
+                        r.bytes,
+                        r.dropped,
+                        r.last_offset.max(l.last_offset),
+                        l.last_target_offset,
+                        l.runs,
+                        r.echoes,
+                        l.latency_counts,
+                        l.latency_sum_ms,
+                    ),
+                )
+            })
+            .collect();
+        (Ok(out), stopped, refused, undelivered)
+    }
+
+    fn assign(&self, ranges: &[Range]) -> Result<(), String> {
+        let mut assignment = TopicPartitionList::new();
+        for r in ranges.iter().filter(|r| !r.done) {
+            assignment
+                .add_partition_offset(&r.topic, r.partition, Offset::Offset(r.next))
+                .map_err(|e| e.to_string())?;
+        }
+        self.consumer
+            .assign(&assignment)
+            .map_err(|e| format!("assign: {e}"))
+    }
+
+    /// Read and send until every range is done or an event stops the copy.
+    fn copy_until_stopped(&self, ranges: &mut [Range]) -> Stopped {
+        let mut open = ranges.iter().filter(|r| !r.done).count();
+        let mut unpolled = 0u32;
+        let mut idle_check = Instant::now();
+        while open > 0 {
+            if !self.producer.context().refused.lock().unwrap().is_empty() {
+                return Stopped {
+                    kind: "refused",
+                    range: -1,
+                    offset: -1,
+                    detail: String::new(),
+                };
+            }
+            if self
+                .producer
+                .context()
+                .auth_failed
+                .lock()
+                .unwrap()
+                .is_some()
+            {
+                return Stopped {
+                    kind: "auth_target",
+                    ..Stopped::default()
+                };
+            }
+            let event = unsafe { rdsys::rd_kafka_queue_poll(self.queue, WAIT.as_millis() as i32) };
+            if event.is_null() {
+                self.producer.poll(Duration::ZERO);
+                if idle_check.elapsed() >= Duration::from_secs(1) {
+                    idle_check = Instant::now();
+                    if let Some(i) = ranges
+                        .iter()
+                        .position(|r| !r.done && r.read_at.elapsed() >= self.idle)
+                    {
+                        return Stopped {
+                            kind: "idle",
+                            range: i as i64,
+                            offset: ranges[i].next,
+                            ..Stopped::default()
+                        };
+                    }
+                }
+                continue;
+            }
+            let stop = unsafe { self.serve(event, ranges, &mut open, &mut unpolled) };
+            unsafe { rdsys::rd_kafka_event_destroy(event) };
+            if let Some(stop) = stop {
+                return stop;
+            }
+        }
+        Stopped::default()
+    }
+
+    /// Serve one event of the consumer queue; Some when it stops the copy.
+    unsafe fn serve(
+        &self,
+        event: *mut rdsys::rd_kafka_event_t,
+        ranges: &mut [Range],
+        open: &mut usize,
+        unpolled: &mut u32,
+    ) -> Option<Stopped> {
+        match rdsys::rd_kafka_event_type(event) {
+            rdsys::RD_KAFKA_EVENT_FETCH => loop {
+                let msg = rdsys::rd_kafka_event_message_next(event);
+                if msg.is_null() {
+                    return None;
+                }
+                let e = read_event(msg);
+                if let Some(stop) = self.take(e, ranges, open, unpolled) {
+                    return Some(stop);
+                }
+            },
+            rdsys::RD_KAFKA_EVENT_ERROR => {
+                let code = rdsys::rd_kafka_event_error(event);
+                let reason = c_str(rdsys::rd_kafka_event_error_string(event));
+                let tp = rdsys::rd_kafka_event_topic_partition(event);
+                if tp.is_null() {
+                    // A client error: a refused login stops the copy; librdkafka retries the rest (a broker down).
+                    if is_auth_failure(RDKafkaErrorCode::from(code), &reason) {
+                        return Some(Stopped {
+                            kind: "auth_source",
+                            detail: reason,
+                            ..Stopped::default()
+                        });
+                    }
+                    return None;
+                }
+                // A partition's event: the end of its log, a position outside it, or a read error.
+                let e = Event {
+                    err: code,
+                    topic: c_str((*tp).topic),
+                    partition: (*tp).partition,
+                    offset: (*tp).offset,
+                    key: None,
+                    value: None,
+                    timestamp: None,
+                    headers: std::ptr::null_mut(),
+                    reason,
+                };
+                rdsys::rd_kafka_topic_partition_destroy(tp);
+                self.take(e, ranges, open, unpolled)
+            }
+            _ => None,
+        }
+    }
+
+    /// Take one consumed event (spark_app.outbox.copy_some's loop body); Some when it stops the copy.
+    unsafe fn take(
+        &self,
+        e: Event,
+        ranges: &mut [Range],
+        open: &mut usize,
+        unpolled: &mut u32,
+    ) -> Option<Stopped> {
+        let Some(i) = ranges
+            .iter()
+            .position(|r| r.partition == e.partition && r.topic == e.topic)
+        else {
+            return None; // a partition no range reads
+        };
+        let r = &mut ranges[i];
+        if r.done {
+            return None; // fetched past its stop
+        }
+        let here = |kind: &'static str, detail: String| {
+            Some(Stopped {
+                kind,
+                range: i as i64,
+                offset: e.offset,
+                detail,
+            })
+        };
+        if e.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET {
+            return here("outside", e.reason);
+        }
+        if e.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__PARTITION_EOF {
+            first_event(r, e.offset);
+            r.next = r.next.max(e.offset);
+            r.read_at = Instant::now();
+            if r.next >= r.stop {
+                r.done = true;
+                *open -= 1;
+            }
+            return None;
+        }
+        if e.err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            let name = c_str(rdsys::rd_kafka_err2name(e.err));
+            return here("read_error", format!("{name}: {}", e.reason));
+        }
+        if e.offset >= r.stop {
+            r.done = true;
+            *open -= 1;
+            return None;
+        }
+        if r.seen && e.offset < r.next {
+            return here("went_back", String::new());
+        }
+        // The identity policy: drop an echo of the target's own record, stamp where a record came from.
+        let mut stamp: Option<Vec<u8>> = None;
+        if self.identity {
+            let came_from = provenance_of(e.headers, &self.provenance_header);
+            if self.stamp {
+                if let Some((alias, offset)) = came_from.as_ref().and_then(|v| origin(v)) {
+                    if alias == self.target_alias.as_slice() {
+                        first_event(r, e.offset);
+                        r.next = e.offset + 1;
+                        r.read_at = Instant::now();
+                        r.dropped += 1;
+                        r.last_offset = r.last_offset.max(e.offset);
+                        if offset >= 0 {
+                            extend_runs(
+                                &mut r.echoes,
+                                e.offset,
+                                offset,
+                                self.producer.context().max_runs,
+                            );
+                        }
+                        if r.next >= r.stop {
+                            r.done = true;
+                            *open -= 1;
+                        }
+                        return None;
+                    }
+                }
+                if came_from.is_none() {
+                    let mut value = self.source_alias.clone();
+                    value.extend_from_slice(format!(":{}", e.offset).as_bytes());
+                    stamp = Some(value);
+                }
+            }
+        }
+        let ts = e.timestamp.unwrap_or(-1);
+        if r.rule.is_some_and(|rule| rule.refuses(e.key, ts)) {
+            return here("refused", String::new()); // the Python loop holds it with the rule's own words
+        }
+        let headers = owned_headers(e.headers, &self.provenance_header, stamp.as_deref());
+        {
+            let mut landed = self.producer.context().landed.lock().unwrap();
+            landed[i].in_flight.push_back(e.offset);
+        }
+        let mut record =
+            BaseRecord::<[u8], [u8], usize>::with_opaque_to(&r.target, i).partition(e.partition);
+        record.key = e.key;
+        record.payload = e.value;
+        record.headers = headers;
+        record.timestamp = e.timestamp;
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    self.producer.poll(Duration::from_millis(50));
+                }
+                Err((err, _)) => {
+                    // Refused before it was sent (too large, its topic or partition unknown or denied): the Python
+                    // loop reads it again and decides.
+                    self.producer.context().landed.lock().unwrap()[i]
+                        .in_flight
+                        .pop_back();
+                    return here("refused", err.to_string());
+                }
+            }
+        }
+        first_event(r, e.offset);
+        r.next = e.offset + 1;
+        r.read_at = Instant::now();
+        r.records += 1;
+        r.bytes += (e.key.map_or(0, <[u8]>::len) + e.value.map_or(0, <[u8]>::len)) as i64;
+        if r.next >= r.stop {
+            r.done = true;
+            *open -= 1;
+        }
+        *unpolled += 1;
+        if *unpolled >= POLL_EVERY {
+            self.producer.poll(Duration::ZERO);
+            *unpolled = 0;
+        }
+        None
+    }
+}
+
+/// The first event read fixes where the landing starts (spark_app.outbox._first_event).
+fn first_event(r: &mut Range, offset: i64) {
+    if !r.seen {
+        r.seen = true;
+        r.first_offset = offset.min(r.stop);
+    }
+}
+
+unsafe fn read_event(msg: *const rdsys::rd_kafka_message_t) -> Event {
+    let m = &*msg;
+    let topic = if m.rkt.is_null() {
+        String::new()
+    } else {
+        c_str(rdsys::rd_kafka_topic_name(m.rkt))
+    };
+    let mut headers: *mut rdsys::rd_kafka_headers_t = std::ptr::null_mut();
+    let mut timestamp = None;
+    let mut reason = String::new();
+    if m.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+        if rdsys::rd_kafka_message_headers(msg, &mut headers)
+            != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR
+        {
+            headers = std::ptr::null_mut();
+        }
+        let mut kind = rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
+        let ts = rdsys::rd_kafka_message_timestamp(msg, &mut kind);
+        if kind != rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE {
+            timestamp = Some(ts);
+        }
+    } else if !m.payload.is_null() {
+        reason = String::from_utf8_lossy(std::slice::from_raw_parts(m.payload as *const u8, m.len))
+            .into_owned();
+    }
+    Event {
+        err: m.err,
+        topic,
+        partition: m.partition,
+        offset: m.offset,
+        key: if m.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            bytes(m.key, m.key_len)
+        } else {
+            None
+        },
+        value: if m.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            bytes(m.payload, m.len)
+        } else {
+            None
+        },
+        timestamp,
+        headers,
+        reason,
+    }
+}
+
+/// Each header of a consumed record, in order, as (name, value or None).
+unsafe fn each_header(
+    headers: *mut rdsys::rd_kafka_headers_t,
+) -> Vec<(String, Option<&'static [u8]>)> {
+    let mut out = Vec::new();
+    if headers.is_null() {
+        return out;
+    }
+    let mut idx = 0;
+    loop {
+        let mut name: *const c_char = std::ptr::null();
+        let mut value: *const c_void = std::ptr::null();
+        let mut size: usize = 0;
+        let err = rdsys::rd_kafka_header_get_all(headers, idx, &mut name, &mut value, &mut size);
+        if err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return out;
+        }
+        out.push((c_str(name), bytes(value as *mut c_void, size)));
+        idx += 1;
+    }
+}
+
+/// The first provenance header's value, when it has one (a null value counts as none, as in the Python loop).
+unsafe fn provenance_of(headers: *mut rdsys::rd_kafka_headers_t, name: &str) -> Option<Vec<u8>> {
+    each_header(headers)
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .and_then(|(_, v)| v.map(<[u8]>::to_vec))
+}
+
+/// spark_app.policy.origin: a provenance value's alias and source offset, None for a value it did not make.
+fn origin(value: &[u8]) -> Option<(&[u8], i64)> {
+    let colon = value.iter().position(|b| *b == b':')?;
+    let (alias, offset) = (&value[..colon], &value[colon + 1..]);
+    if offset.is_empty() || !offset.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(offset)
+        .ok()?
+        .parse::<i64>()
+        .ok()
+        .map(|o| (alias, o))
+}
+
+/// The record's headers to send: the source's, in order, then the stamp when there is one.
+unsafe fn owned_headers(
+    headers: *mut rdsys::rd_kafka_headers_t,
+    provenance_header: &str,
+    stamp: Option<&[u8]>,
+) -> Option<OwnedHeaders> {
+    let source = each_header(headers);
+    if source.is_empty() && stamp.is_none() {
+        return None;
+    }
+    let mut out = OwnedHeaders::new_with_capacity(source.len() + 1);
+    for (key, value) in &source {
+        out = out.insert(Header { key, value: *value });
+    }
+    if let Some(stamp) = stamp {
+        out = out.insert(Header {
+            key: provenance_header,
+            value: Some(stamp),
+        });
+    }
+    Some(out)
+}
+
+#[pymodule]
+fn mirrorkit_copy_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Copier>()
+}
