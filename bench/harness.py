@@ -4,7 +4,8 @@ It starts two plaintext clusters with the test bed, loads the source (bench/writ
 headers, null keys, explicit timestamps), and copies everything into empty, pre-created target topics with each
 candidate in turn:
 
-- `mirror`: `python -m spark_app run --available-now --master local[2]`, the real CLI and the shipped write path;
+- `mirror`: `python -m spark_app run --available-now --master local[2]`, the real CLI and the shipped write path
+  (the compiled copy core); `mirror-python`: the same with the flow's `copy_core: python`, the per-record Python loop;
 - `wp:<path>`: a write path of bench/write_paths.py (e.g. `wp:sink+interceptor`), in its own Spark child;
 - `mm2`, `mm2-untuned`: MirrorMaker 2 in dedicated mode (org.apache.kafka.connect.mirror.MirrorMaker), tasks.max=2,
   with the tuned batching of FACTS.md or Connect's defaults;
@@ -36,7 +37,7 @@ Results go to bench/results/<stamp>.json, .md (each figure with its ratio to MM2
 ratio to MM2 of the same guarantee) and .png.
 
 Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--topics 4] [--partitions 4]
-       [--candidates mirror,mm2,mm2-untuned,limit] [--topics-scale 1,10,100 --scale-records 100000]
+       [--candidates mirror,mirror-python,mm2,mm2-untuned,limit] [--topics-scale 1,10,100 --scale-records 100000]
        [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mm2,mm2-eos] [--latency-rates 10000,50000]
        [--latency-seconds 60] [--latency-warmup 15]
 """
@@ -191,9 +192,10 @@ def mirror_config(
     mode: FlowMode = FlowMode.THROUGHPUT,
     realtime_tasks: int = 1,
     exactly_once: bool = False,
+    copy_core: str = "compiled",
 ) -> dict:
     """A config with the shipped defaults and one flow from `alias` to `tgt` in `mode` (real time: with
-    `realtime_tasks`), exactly once or not."""
+    `realtime_tasks`), exactly once or not, copied by `copy_core`."""
     return {
         "clusters": [
             {"alias": alias, "bootstrap_servers": source, "profile": "kafka"},
@@ -208,6 +210,7 @@ def mirror_config(
                 "mode": mode.value,
                 "realtime_tasks": realtime_tasks,
                 "exactly_once": exactly_once,
+                "copy_core": copy_core,
             }
         ],
     }
@@ -284,8 +287,10 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
         wp.create_topics(target, out_topics, args.partitions)
         exits = True
         run_env = env
-        if name == "mirror":
-            cmd = mirror_command(mirror_config(alias, source, target, topics, work), work, available_now=True)
+        if name in ("mirror", "mirror-python"):
+            core = "python" if name == "mirror-python" else "compiled"
+            config = mirror_config(alias, source, target, topics, work, copy_core=core)
+            cmd = mirror_command(config, work, available_now=True)
         elif name in ("mm2", "mm2-untuned"):
             cmd, exits = mm2_command(alias, source, target, topics, name == "mm2", work), False
         elif name == "limit":

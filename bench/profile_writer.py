@@ -4,23 +4,21 @@ No Spark: one call copies every partition's whole range, as one Spark task would
 the librdkafka consumer and the producer show without Spark's own costs, and a change to the loop shows in seconds.
 `--profile` adds a cProfile listing of where the time goes.
 
-`--cores python,rust,java` copies the same loaded records with each copy core in turn, each into its own fresh
-target topic, to weigh a compiled core against the Python loop on CPU per record:
+`--cores python,compiled,java` copies the same loaded records with each copy core in turn, each into its own fresh
+target topic, to weigh the compiled core against the Python loop on CPU per record:
 
-- `python`: `RangeCopier.copy`, as above;
-- `rust`: `mirrorkit_core_proto.copy_ranges` (bench/cores/rust, rust-rdkafka under PyO3), in this process with the
-  GIL released;
+- `python`: `RangeCopier.copy` with the flow's `copy_core: python`, the per-record Python loop (spark_app.outbox);
+- `compiled`: `RangeCopier.copy` with `copy_core: compiled`, the Rust core (spark_app.compiled_copy), the GIL
+  released;
 - `java`: bench/java's CopyLoop, the harness's "limit" (bench/harness.py), in a child JVM.
 
-Python and Rust are charged this process's CPU (librdkafka's threads included), Java its child's, JVM start-up
+Python and compiled are charged this process's CPU (librdkafka's threads included), Java its child's, JVM start-up
 included. Each core's target must end where the source does and hold the same records at both ends of every
 partition (bench/write_paths.py's check); the target topic is deleted afterwards.
 
 Usage: .venv/bin/python bench/profile_writer.py --records 200000 --size 512 --partitions 4 [--profile]
-       [--cores python,rust,java]
+       [--cores python,compiled,java]
        (starts a plaintext broker with the test bed, or uses --bootstrap HOST:PORT as source and target)
-       The rust core needs its module built first: cd bench/cores/rust && maturin build --release, then
-       pip install the wheel from target/wheels into this Python.
 """
 
 from __future__ import annotations
@@ -48,23 +46,26 @@ from spark_app.range_copy import RangeCopier  # noqa: E402
 from spark_app.ranges import OffsetRange  # noqa: E402
 
 SOURCE_TOPIC = "bench"
-# Each core's target topic prefix. The Python core's is the default policy's name for a source cluster aliased "src",
-# so source and target can share the broker.
-CORE_PREFIXES = {"python": "src.", "rust": "rust.", "java": "java."}
+# Each core's target topic prefix: the default policy's name for a source cluster aliased "src" or "core", so source
+# and target can share the broker.
+CORE_PREFIXES = {"python": "src.", "compiled": "core.", "java": "java."}
 
 
-def python_copier(bootstrap: str) -> RangeCopier:
-    """The mirror's copier of SOURCE_TOPIC, from and to `bootstrap`."""
+def python_copier(bootstrap: str, core: str = "python") -> RangeCopier:
+    """The mirror's copier of SOURCE_TOPIC with a copy `core`, from and to `bootstrap`."""
+    alias = CORE_PREFIXES[core].rstrip(".")
     topics = TopicSelection(include=[SOURCE_TOPIC])
-    flow = FlowConfig(source="src", target="tgt", topics=topics, checkpoint_location="/unused")
-    source = ClusterConfig(alias="src", bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+    flow = FlowConfig(source=alias, target="tgt", topics=topics, checkpoint_location="/unused", copy_core=core)
+    source = ClusterConfig(alias=alias, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
     target = ClusterConfig(alias="tgt", bootstrap_servers=bootstrap, profile=Profile.KAFKA)
     return RangeCopier(flow, source, target)
 
 
-def copy_python(bootstrap: str, partitions: int, per_partition: int, profiler: cProfile.Profile | None) -> bool:
+def copy_python(
+    bootstrap: str, partitions: int, per_partition: int, profiler: cProfile.Profile | None, core: str = "python"
+) -> bool:
     """Copy with `RangeCopier.copy`; whether every range's landing names the partition's last record."""
-    copier = python_copier(bootstrap)
+    copier = python_copier(bootstrap, core)
     ranges = [OffsetRange(SOURCE_TOPIC, p, 0, per_partition) for p in range(partitions)]
     if profiler:
         profiler.enable()
@@ -72,21 +73,6 @@ def copy_python(bootstrap: str, partitions: int, per_partition: int, profiler: c
     if profiler:
         profiler.disable()
     return all(x.last_target_offset == per_partition - 1 for x in landed)
-
-
-def copy_rust(bootstrap: str, partitions: int, per_partition: int) -> bool:
-    """Copy with the Rust core; whether every range landed whole, from the target's offset 0."""
-    try:
-        import mirrorkit_core_proto
-    except ImportError:
-        raise SystemExit(
-            "--cores rust needs the Rust core's module: cd bench/cores/rust && maturin build --release, then"
-            f" {sys.executable} -m pip install target/wheels/mirrorkit_core_proto-*.whl"
-        ) from None
-
-    ranges = [(SOURCE_TOPIC, p, 0, per_partition) for p in range(partitions)]
-    landed = mirrorkit_core_proto.copy_ranges(bootstrap, bootstrap, ranges, CORE_PREFIXES["rust"])
-    return all(row[2:] == (per_partition, 0, per_partition - 1) for row in landed)
 
 
 def copy_java(cmd: list[str], log: Path) -> float:
@@ -118,10 +104,7 @@ def compare_cores(bootstrap: str, cores: list[str], partitions: int, per_partiti
                 wall = time.monotonic() - began
             else:
                 began_cpu, began = time.process_time(), time.monotonic()
-                if core == "rust":
-                    landed_ok = copy_rust(bootstrap, partitions, per_partition)
-                else:
-                    landed_ok = copy_python(bootstrap, partitions, per_partition, None)
+                landed_ok = copy_python(bootstrap, partitions, per_partition, None, core)
                 cpu, wall = time.process_time() - began_cpu, time.monotonic() - began
                 landings = "right" if landed_ok else "WRONG"
                 all_ok &= landed_ok

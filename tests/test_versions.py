@@ -47,8 +47,8 @@ def test_python_is_3_11_wherever_it_is_named():
     assert "sys.version_info >= (3, 11)" in (ROOT / ".ci" / "setup").read_text()
     assert f'PYTHON_VERSION: "{floor}"' in (ROOT / ".github" / "workflows" / "infra.yml").read_text()
     assert f"--python-version {floor} " in (ROOT / "requirements.lock").read_text()
-    installs = re.findall(r"uv python install (\S+)", DOCKERFILE.read_text())
-    assert installs == [floor]
+    installs = re.findall(r"uv python install (\S+)", DOCKERFILE.read_text())  # the runtime's, the core builder's
+    assert installs and set(installs) == {floor}
 
 
 def test_the_benchmarks_spark_connector_is_at_the_pyspark_pin():
