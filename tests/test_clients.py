@@ -142,3 +142,32 @@ def test_shared_clients_stay_within_their_bound_over_thousands_of_changed_overri
             assert steady.setdefault(flow, (producer, consumer)) == (producer, consumer), "reused, not made again"
         assert sum(not c.closed for c in made) <= clients.SHARED_CLIENTS + 1  # producers, plus the one consumer
     assert len(made) > 200  # a producer per cap, all closed but the few kept
+
+
+def test_the_compiled_core_gets_librdkafka_strings_and_serves_no_cluster_whose_login_needs_a_token_callback(
+    monkeypatch,
+):
+    """A Copier takes librdkafka's settings as strings; a token callback (MSK IAM, Entra ID) is a Python function,
+    which only confluent-kafka's clients can call, so such a flow's copy stays with the Python loop."""
+    import mirrorkit_copy_core
+
+    made: list[tuple[list[tuple[str, str]], list[tuple[str, str]]]] = []
+
+    class FakeCopier:
+        def __init__(self, consumer_settings, producer_settings, *policy):
+            made.append((consumer_settings, producer_settings))
+
+    monkeypatch.setattr(mirrorkit_copy_core, "Copier", FakeCopier)
+    monkeypatch.setattr(clients._copiers, "_clients", OrderedDict())
+    iam = ClusterConfig(alias="msk", bootstrap_servers="b-1.msk:9098", profile="msk-iam", region="us-east-1")
+    policy = ("src", "dr", False, False, "h", [10.0], 64, 5.0, [10])
+    assert clients.shared_copier(iam, CLUSTER, {"enable.auto.commit": False}, {}, policy) is None
+    assert clients.shared_copier(CLUSTER, iam, {}, {"acks": "all"}, policy) is None
+    assert made == []
+
+    copier = clients.shared_copier(CLUSTER, CLUSTER, {"enable.auto.commit": False}, {"linger.ms": 20}, policy)
+    assert clients.shared_copier(CLUSTER, CLUSTER, {"enable.auto.commit": False}, {"linger.ms": 20}, policy) is copier
+    consumer_settings, producer_settings = made[0]
+    assert ("enable.auto.commit", "false") in consumer_settings and ("linger.ms", "20") in producer_settings
+    assert ("bootstrap.servers", "127.0.0.1:9093") in consumer_settings
+    assert all(isinstance(v, str) for _, v in consumer_settings + producer_settings)
