@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+from confluent_kafka import KafkaException
+
 from .clients import Partition, PartitionOffsets
 from .config import FlowConfig, FlowMode
 from .errors import MirrorFailed, StateError
@@ -51,7 +53,7 @@ TOPIC_GONE_GRACE_S = 7 * 86_400.0
 # each one): a flow that runs for months must not keep them all.
 RECENT_EVENTS = 100
 
-# The source's log start per partition.
+# The source's log start of each partition that answers; one whose leader is offline is left out.
 EarliestOffsets = Callable[[list[Partition]], PartitionOffsets]
 # Copy these ranges with a copy that may write the given topics (name -> partitions on the target).
 CopyRanges = Callable[[list[OffsetRange], dict[str, int]], list[Landing]]
@@ -163,6 +165,9 @@ class FlowLedger:
         self._on_landed = on_landed
         self._clock = clock
         self._missing_since: dict[str, float] = {}  # known topic missing from topic sync -> when first missed
+        # Gaps (expected, first read) of partitions whose log start did not answer (their leader offline, the source
+        # unreachable): looked up again at the next filing, at most RECENT_EVENTS per partition.
+        self._unresolved: dict[Partition, list[tuple[int, int]]] = {}
 
     @property
     def data_loss(self) -> list[DataLoss]:
@@ -313,12 +318,25 @@ class FlowLedger:
         """Gaps (topic, partition, expected, first read) below the source's log start are records lost to retention.
 
         Only real gaps are looked up: a partition held before it read anything (its leader offline) is no gap, and
-        its log start would not answer."""
+        its log start would not answer. A gap whose log start does not answer now (its leader went offline since the
+        copy read past it) is looked up again at the next filing: the filing itself never fails for it."""
         gaps = [gap for gap in gaps if gap[3] > gap[2]]
+        gaps += [(t, p, expected, first) for (t, p), pending in self._unresolved.items() for expected, first in pending]
+        self._unresolved = {}
         if not gaps:
             return
-        earliest = self._earliest([(t, p) for t, p, _, _ in gaps])
+        try:
+            earliest = self._earliest(sorted({(t, p) for t, p, _, _ in gaps}))
+        except KafkaException as err:
+            log.warning("flow %s: the source's log starts did not answer (%s); gaps checked at the next filing",
+                        self.flow.name, err.args[0])  # fmt: skip
+            earliest = {}
         for topic, partition, expected, first_read in gaps:
+            if (topic, partition) not in earliest:
+                pending = self._unresolved.setdefault((topic, partition), [])
+                if len(pending) < RECENT_EVENTS:
+                    pending.append((expected, first_read))
+                continue
             end = min(earliest[(topic, partition)], first_read)
             if end <= expected:
                 continue  # offsets that never held a record (compaction, transaction markers)

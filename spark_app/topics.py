@@ -226,5 +226,6 @@ class TopicSync:
         return configs
 
     def earliest_offsets(self, partitions: list[Partition]) -> PartitionOffsets:
-        """The source's first available offset per partition (its log start, moved on by retention)."""
-        return clients.list_offsets(self._source_admin, partitions, OffsetSpec.earliest())
+        """The source's first available offset of each partition that answers (its log start, moved on by
+        retention); one whose leader is offline is left out."""
+        return clients.list_offsets_each(self._source_admin, partitions, OffsetSpec.earliest())[0]

@@ -41,7 +41,7 @@ class FakeSource:
     def __init__(self) -> None:
         self.copied: list[OffsetRange] = []
         self.refuse_at: dict[int, int] = {}  # partition -> offset the target still refuses
-        self.log_start: dict[tuple[str, int], int] = {}
+        self.log_start: dict[tuple[str, int], int | None] = {}
 
     def copy(self, ranges: list[OffsetRange], ready: dict[str, int]) -> list[Landing]:
         assert set(ready) == {r.topic for r in ranges}
@@ -49,7 +49,8 @@ class FakeSource:
         return [landing(r.partition, r.start, r.end, self.refuse_at.get(r.partition, -1), 9) for r in ranges]
 
     def earliest(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
-        return {tp: self.log_start.get(tp, 0) for tp in partitions}
+        """The log starts of the partitions whose leader answers (a log start of None: it does not)."""
+        return {tp: start for tp in partitions if (start := self.log_start.get(tp, 0)) is not None}
 
 
 def keeper(tmp_path, fake: FakeSource, clock: Clock | None = None, **flow_overrides: object) -> FlowLedger:
@@ -222,6 +223,26 @@ def test_fail_on_data_loss_stops_the_flow_naming_the_lost_range(tmp_path):
         MirrorFailed, match="records deleted before they were mirrored.*first_offset=10, last_offset=11"
     ):
         q.file([landing(0, 12, 20)])
+
+
+def test_a_gap_whose_log_start_does_not_answer_never_fails_the_filing_and_is_reported_once_it_answers(tmp_path):
+    """Seen under faults: real time with exactly once files a gap at every commit marker, and the source broker
+    leading the partition stopped between the read and the filing; the lookup's error stopped the whole mirror."""
+    fake = FakeSource()
+    q = keeper(tmp_path, fake)
+    q.file([landing(0, 0, 10), landing(1, 0, 10)])
+    fake.log_start[(TOPIC, 0)] = None  # its leader offline
+    fake.log_start[(TOPIC, 1)] = 14
+    q.file([landing(0, 15, 20), landing(1, 16, 20)])  # 10..14 deleted on partition 0, 10..13 on partition 1
+    assert [(x.partition, x.first_offset, x.last_offset) for x in q.data_loss] == [(1, 10, 13)]
+    q.file([landing(0, 20, 30)])  # still no answer: still no report, and no failure
+    assert q.lost_records == 4
+    fake.log_start[(TOPIC, 0)] = 15
+    q.file([landing(0, 30, 40)])
+    assert [(x.partition, x.first_offset, x.last_offset) for x in q.data_loss] == [(1, 10, 13), (0, 10, 14)]
+    assert q.lost_records == 9
+    q.file([landing(0, 40, 50)])
+    assert q.lost_records == 9, "reported once"
 
 
 def test_state_stays_one_entry_per_partition_over_thousands_of_batches_with_holds_coming_and_going(tmp_path):
