@@ -243,7 +243,7 @@ struct Copier {
     stamp: bool,
     provenance_header: String,
     idle: Duration,
-    purge_codes: Vec<i32>,
+    refusal_codes: Vec<i32>,
 }
 
 // The raw queue is librdkafka's, which is thread-safe; the copier is used by one task at a time.
@@ -336,7 +336,7 @@ impl Copier {
             stamp,
             provenance_header,
             idle: Duration::from_secs_f64(idle_s),
-            purge_codes: refusal_codes,
+            refusal_codes,
         })
     }
 
@@ -458,7 +458,7 @@ impl Copier {
             .lock()
             .unwrap()
             .iter()
-            .any(|r| !self.purge_codes.contains(&r.code));
+            .any(|r| !self.refusal_codes.contains(&r.code));
         if failed {
             // What is only queued must not land ahead of the failed record's retry; what is in flight may.
             self.producer.purge(PurgeConfig::default().queue());
@@ -681,9 +681,7 @@ impl Copier {
             if self.stamp {
                 if let Some((alias, offset)) = came_from.as_ref().and_then(|v| origin(v)) {
                     if alias == self.target_alias.as_slice() {
-                        first_event(r, e.offset);
-                        r.next = e.offset + 1;
-                        r.read_at = Instant::now();
+                        taken(r, e.offset, open);
                         r.dropped += 1;
                         r.last_offset = r.last_offset.max(e.offset);
                         if offset >= 0 {
@@ -693,10 +691,6 @@ impl Copier {
                                 offset,
                                 self.producer.context().max_runs,
                             );
-                        }
-                        if r.next >= r.stop {
-                            r.done = true;
-                            *open -= 1;
                         }
                         return None;
                     }
@@ -740,21 +734,26 @@ impl Copier {
                 }
             }
         }
-        first_event(r, e.offset);
-        r.next = e.offset + 1;
-        r.read_at = Instant::now();
+        taken(r, e.offset, open);
         r.records += 1;
         r.bytes += (e.key.map_or(0, <[u8]>::len) + e.value.map_or(0, <[u8]>::len)) as i64;
-        if r.next >= r.stop {
-            r.done = true;
-            *open -= 1;
-        }
         *unpolled += 1;
         if *unpolled >= POLL_EVERY {
             self.producer.poll(Duration::ZERO);
             *unpolled = 0;
         }
         None
+    }
+}
+
+/// A record at `offset` was passed on (sent or dropped as an echo): the cursor moves past it, and is done at its stop.
+fn taken(r: &mut Range, offset: i64, open: &mut usize) {
+    first_event(r, offset);
+    r.next = offset + 1;
+    r.read_at = Instant::now();
+    if r.next >= r.stop {
+        r.done = true;
+        *open -= 1;
     }
 }
 
