@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
 
-from .config import FlowMode, MirrorConfig, cores_needed
+from .config import SPARK_JVM_CONF, FlowMode, MirrorConfig, cores_needed
 from .dr.service import DrSync
 from .errors import ClusterUnreachable, MirrorFailed
 from .metrics import LagPoller, MirrorMetrics
@@ -30,12 +30,15 @@ log = logging.getLogger(__name__)
 
 
 def build_session(master: str | None = None, app_name: str = "mirrorkit") -> SparkSession:
-    """The session `run` uses; spark-submit's own settings win inside the image."""
+    """The session `run` uses; spark-submit's own settings win inside the image. Given a master, this process starts
+    the JVM itself, with the mirror's JVM options (inside the image, infra's SparkApplication sets them)."""
     builder = SparkSession.builder.appName(app_name)
     # Spark's console progress bar would draw over the mirror's own progress line (spark_app.progress).
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
+        for key, value in SPARK_JVM_CONF.items():
+            builder = builder.config(key, value)
     session = builder.config("spark.task.maxFailures", "4").getOrCreate()
     session.dataSource.register(OffsetRangeSource)
     return session

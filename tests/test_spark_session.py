@@ -1,0 +1,19 @@
+"""The mirror's Spark session: what its JVM and the Python processes Spark starts for it run with."""
+
+from __future__ import annotations
+
+from spark_app.config import SPARK_JVM_OPTIONS
+
+
+def test_python_workers_import_the_installed_pyspark_not_sparks_source_zip(spark):
+    # Spark puts $SPARK_HOME/python/lib/pyspark.zip first on each worker's PYTHONPATH; importing from it compiles
+    # every module again in every process (.ci/setup and the image remove it).
+    files = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("pyspark").__file__).collect()
+    assert len(files) == 1 and ".zip" not in files[0], files
+
+
+def test_the_jvm_the_mirror_starts_runs_with_the_mirrors_jvm_options(spark):
+    jvm = spark.sparkContext._jvm
+    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert set(SPARK_JVM_OPTIONS.split()) <= set(arguments), arguments
+    assert spark.conf.get("spark.executor.extraJavaOptions") == SPARK_JVM_OPTIONS
