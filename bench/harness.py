@@ -169,7 +169,8 @@ def run_candidate(
     finally:
         terminate(proc)
         cpu, peak = monitor.stop()
-    result = {"candidate": name, "records": expected, "cpu_s": round(cpu, 1), "peak_rss_mb": round(peak)}
+    result = {"candidate": name, "records": expected, "cpu_s": round(cpu, 1), "peak_rss_mb": round(peak),
+              "peak_pss_mb": round(monitor.peak_pss / 1e6)}  # fmt: skip
     if done is None or first is None:
         tail = log_tail(log)
         return result | {"error": f"copied {total} of {expected} (exit {proc.returncode}); log tail:\n{tail}"}
@@ -420,9 +421,9 @@ def throughput_lines(results: list[dict]) -> list[str]:
     """The Markdown table of the copies: per scenario and candidate, each figure with its ratio to MM2 and the limit."""
     lines = [
         "",
-        "| scenario | candidate | records/s | vs MM2 | vs limit | MB/s | start-up s | CPU s | peak RSS MB | counts"
-        " | records equal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | candidate | records/s | vs MM2 | vs limit | MB/s | start-up s | CPU s | peak RSS MB"
+        " | peak PSS MB | counts | records equal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for scenario in dict.fromkeys(r["scenario"] for r in results):
         rows = [r for r in results if r["scenario"] == scenario]
@@ -435,13 +436,14 @@ def throughput_lines(results: list[dict]) -> list[str]:
             rate = r["records_per_s"]
             lines.append(
                 f"| {scenario} | {r['candidate']} | {rate:,} | {ratio(rate, mm2)} | {ratio(rate, limit)} |"
-                f" {r['mb_per_s']} | {r['startup_s']} | {r['cpu_s']} | {r['peak_rss_mb']} |"
+                f" {r['mb_per_s']} | {r['startup_s']} | {r['cpu_s']} | {r['peak_rss_mb']} | {r['peak_pss_mb']} |"
                 f" {'yes' if r.get('counts_ok') else 'NO'} | {r.get('records_equal', 'not sampled')} |"
             )
     return lines + [
         "",
-        "records/s: first to last record on the target; start-up: launch to first record on the target; CPU and",
-        "peak RSS: the candidate's whole process tree (JVM, Python workers) sampled from /proc every 0.25 s.",
+        "records/s: first to last record on the target; start-up: launch to first record on the target; CPU, peak",
+        "RSS and peak PSS: the candidate's whole process tree (JVM, Python workers) sampled from /proc every 0.25 s.",
+        "RSS counts a page shared by several processes (shared libraries, forked workers) once in each; PSS splits it.",
     ]
 
 
