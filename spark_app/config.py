@@ -32,9 +32,10 @@ EVENTHUBS_CODECS = ("none", "gzip")
 STOP_BATCH_TIMEOUT_S = 120
 STOP_GRACE_S = 300
 # The driver's and executors' JVMs only schedule: records never cross into them. Spark's C2 compiles of its own planner
-# cost a 1M-record copy half its JVM CPU and do not pay back even over hours of batches; C1 alone and the serial
-# collector (one small heap, no GC threads) cost less from the start (bench/results/20261127-*-jvm.txt). Set where a
-# JVM is started: `build_session` for a JVM it launches, infra's SparkApplication for the deployed driver and executors.
+# cost a 200,000-record copy 14 of its JVM's 31 CPU s, and did not pay back over a minute of continuous batches; C1
+# alone and the serial collector (a small heap, no GC threads) cost less from the start and in steady state
+# (bench/results/20261127-startup-profile.txt). Set where a JVM starts: by `build_session` for a JVM it launches, by
+# infra's SparkApplication for the deployed driver and executors.
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 SPARK_JVM_CONF = {f"spark.{role}.extraJavaOptions": SPARK_JVM_OPTIONS for role in ("driver", "executor")}
 # Kafka Java client names users carry over from MirrorMaker 2 configs, with what librdkafka (every client the mirror
