@@ -6,7 +6,7 @@ Both copy through the throughput copy (`RangeCopier`) on real brokers, from the 
 `copy_core` differs. The input has keys and null keys, tombstones, duplicate, binary and null-valued headers,
 timestamps old and new, echoes of the target's own records and a third cluster's stamps (identity policy), a record
 over the target's cap (dead-lettered), a record the target topic would refuse (its partition held), and a range that
-ends in transaction markers with an aborted transaction inside it.
+ends in transaction markers with an aborted transaction inside it. A third profile, mTLS, has a test of its own.
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ import time
 from dataclasses import replace
 
 import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
 
 import spark_app.range_copy
 from bench.testbed import clients as testbed_clients
-from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
+from bench.testbed.clients import Record, by_partition, create_topics, end_offsets, produce, read_all
+from bench.testbed.kafka_cluster import ListenerKind
 from spark_app.config import FlowConfig, TopicSelection
 from spark_app.policy import PROVENANCE_HEADER
 from spark_app.range_copy import RangeCopier
@@ -156,3 +159,38 @@ def _comparable(landing: Landing) -> dict:
 def _bytes(r: Record) -> tuple:
     """A target record whole, in an order that sorts by partition and offset."""
     return r.partition, r.offset, r.key or b"", r.key is None, r.value, r.headers, r.timestamp_ms
+
+
+def test_the_compiled_core_reads_and_writes_with_a_client_certificate(testbed, unique, tmp_path, monkeypatch):
+    """The `mtls` profile: the core's consumer and producer both present the client certificate, to a listener that
+    refuses a TLS client without one."""
+    cluster = testbed.start(f"mtls-{unique}"[:40], ListenerKind.MTLS)
+    with pytest.raises(KafkaException):  # the listener demands a certificate: TLS alone does not get in
+        AdminClient({"bootstrap.servers": cluster.client.bootstrap_servers, "security.protocol": "SSL",
+                     "ssl.ca.location": str(cluster.tls.ca_pem)}).list_topics(timeout=5)  # fmt: skip
+    source = cluster.client
+    target = source.model_copy(update={"alias": "mtls-dr"})  # the same broker, written as another cluster
+    topic = f"certs-{unique}"
+    create_topics(cluster.admin, {topic: 2, f"{source.alias}.{topic}": 2})
+    now_ms = int(time.time() * 1000)
+    records = [
+        Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (("h", bytes([i % 256])),), now_ms + i) for i in range(300)
+    ]
+    produce(source, topic, records)  # the test's own producer signs in with the certificate too
+
+    by_core = [0]
+    compiled = spark_app.range_copy.copy_compiled
+
+    def spy(flow, source, target, cursors, *rest):
+        done = compiled(flow, source, target, cursors, *rest)
+        by_core[0] += sum(c.landing.records for c in cursors.values())
+        return done
+
+    monkeypatch.setattr(spark_app.range_copy, "copy_compiled", spy)
+    flow = FlowConfig(source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]),
+                      checkpoint_location=str(tmp_path))  # fmt: skip
+    landings = RangeCopier(flow, source, target).copy([OffsetRange(topic, p, 0, 150) for p in (0, 1)])
+
+    assert by_core[0] == sum(x.records for x in landings) == 300, "the compiled core copied every record"
+    copied = read_all(cluster.admin, f"{source.alias}.{topic}", 300)
+    assert by_partition(copied) == by_partition(records), "each record whole, in its partition's order"

@@ -60,6 +60,7 @@ class ListenerKind(enum.StrEnum):
     PLAINTEXT = "plaintext"
     EVENTHUBS = "eventhubs"
     MSK_SCRAM = "msk-scram"
+    MTLS = "mtls"  # TLS with a client certificate the broker requires (the mirror's `mtls` profile)
 
 
 def require_java() -> str:
@@ -134,6 +135,11 @@ class KafkaCluster:
     def _config(self, bootstrap: str) -> ClusterConfig:
         if self.kind is ListenerKind.PLAINTEXT:
             return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+        if self.kind is ListenerKind.MTLS:
+            return ClusterConfig(
+                alias=self.name, bootstrap_servers=bootstrap, profile=Profile.MTLS, ca_file=str(self.tls.ca_pem),
+                client_cert_file=str(self.tls.client_cert_pem), client_key=SecretRef(file=str(self.tls.client_key_pem)),
+            )  # fmt: skip
         signed_in = {"password": SecretRef(file=str(self.folder / "client-secret")), "ca_file": str(self.tls.ca_pem)}
         if self.kind is ListenerKind.EVENTHUBS:
             return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.EVENTHUBS, **signed_in)
@@ -143,8 +149,9 @@ class KafkaCluster:
 
     @property
     def secret(self) -> str | None:
-        """What the client signs in with: the connection string (Event Hubs-like) or the password (MSK-like)."""
-        if self.kind is ListenerKind.PLAINTEXT:
+        """What the client signs in with: the connection string (Event Hubs-like) or the password (MSK-like); None for
+        no login or a client certificate (its key stays in its file)."""
+        if self.kind in (ListenerKind.PLAINTEXT, ListenerKind.MTLS):
             return None
         return self.connection_string if self.kind is ListenerKind.EVENTHUBS else self.password
 
@@ -260,7 +267,7 @@ class KafkaCluster:
             self.proxy.point_at(upstream)
 
     def _client_protocol(self) -> str:
-        return "PLAINTEXT" if self.kind is ListenerKind.PLAINTEXT else "SASL_SSL"
+        return {ListenerKind.PLAINTEXT: "PLAINTEXT", ListenerKind.MTLS: "SSL"}.get(self.kind, "SASL_SSL")
 
     def _write_properties(self) -> None:
         data = self.folder / "data"
@@ -304,6 +311,9 @@ class KafkaCluster:
         }
         if self.kind is not ListenerKind.PLAINTEXT:
             props |= {"ssl.keystore.type": "PEM", "ssl.keystore.location": str(self.tls.server_pem)}
+        if self.kind is ListenerKind.MTLS:
+            props |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.tls.ca_pem)}
+            props |= {f"listener.name.{listener}.ssl.client.auth": "required" for listener in client_listeners}
         if self.kind is ListenerKind.EVENTHUBS:
             for listener in client_listeners:
                 props |= {

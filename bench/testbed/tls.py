@@ -1,7 +1,7 @@
-"""A throwaway certificate authority and a loopback server certificate, made at test time.
+"""A throwaway certificate authority, a loopback server certificate and a client certificate, made at test time.
 
 Kafka reads PEM directly, so no keytool step is needed: the broker gets one PEM file holding its key and chain, the
-clients get the CA file.
+clients get the CA file, and a client of an mTLS listener its own certificate and key.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from cryptography.x509.oid import NameOID
 class TlsFiles:
     ca_pem: Path  # what clients trust
     server_pem: Path  # the broker's private key followed by its certificate chain
+    client_cert_pem: Path  # what an mTLS client presents (CN=mirror), signed by the CA
+    client_key_pem: Path  # its private key
 
 
 def make_loopback_tls(folder: Path) -> TlsFiles:
@@ -48,15 +50,34 @@ def make_loopback_tls(folder: Path) -> TlsFiles:
         .sign(ca_key, hashes.SHA256())
     )
 
-    files = TlsFiles(ca_pem=folder / "ca.pem", server_pem=folder / "server.pem")
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client_cert = (
+        _builder(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mirror")]), ca_name, client_key.public_key(), validity
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    files = TlsFiles(
+        ca_pem=folder / "ca.pem", server_pem=folder / "server.pem", client_cert_pem=folder / "client.pem",
+        client_key_pem=folder / "client-key.pem",
+    )  # fmt: skip
     files.ca_pem.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    key_pem = server_key.private_bytes(
+    chain = server_cert.public_bytes(serialization.Encoding.PEM) + ca_cert.public_bytes(serialization.Encoding.PEM)
+    files.server_pem.write_bytes(_key_pem(server_key) + chain)
+    files.client_cert_pem.write_bytes(client_cert.public_bytes(serialization.Encoding.PEM))
+    files.client_key_pem.write_bytes(_key_pem(client_key))
+    for secret in (files.server_pem, files.client_key_pem):
+        secret.chmod(0o600)
+    return files
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    chain = server_cert.public_bytes(serialization.Encoding.PEM) + ca_cert.public_bytes(serialization.Encoding.PEM)
-    files.server_pem.write_bytes(key_pem + chain)
-    files.server_pem.chmod(0o600)
-    return files
 
 
 def _builder(subject: x509.Name, issuer: x509.Name, public_key, validity) -> x509.CertificateBuilder:
