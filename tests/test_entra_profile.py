@@ -1,8 +1,9 @@
-"""The eventhubs-entra profile: OAUTHBEARER settings librdkafka accepts, and the workload identity token exchange
-run against a real HTTP token endpoint on loopback."""
+"""The eventhubs-entra profile: OAUTHBEARER settings librdkafka accepts, the workload identity token exchange run
+against a real HTTP token endpoint on loopback, and a broker that validates the token it hands out."""
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -13,8 +14,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from bench.testbed import clients
-from spark_app.config import ClusterConfig, parse_config
+from bench.testbed.kafka_cluster import ListenerKind
+from spark_app.config import ClusterConfig, FlowConfig, TopicSelection, parse_config
 from spark_app.profiles import SecretError, librdkafka_settings
+from spark_app.range_copy import RangeCopier
+from spark_app.ranges import OffsetRange
 from tests.support.mirror_config import one_flow_config
 
 ENTRA = {"alias": "dr", "bootstrap_servers": "dr-ns.servicebus.windows.net:9093", "profile": "eventhubs-entra"}
@@ -25,12 +29,13 @@ class TokenEndpoint(BaseHTTPRequestHandler):
 
     posts: list[tuple[str, dict[str, str]]] = []
     status = 200
+    access_token = "entra-access-token"
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
         TokenEndpoint.posts.append((self.path, form))
         body = (
-            {"access_token": "entra-access-token", "expires_in": 3599, "token_type": "Bearer"}
+            {"access_token": TokenEndpoint.access_token, "expires_in": 3599, "token_type": "Bearer"}
             if TokenEndpoint.status == 200
             else {"error": "invalid_client", "error_description": "AADSTS700213: no matching federated identity"}
         )
@@ -57,7 +62,7 @@ def workload_identity(tmp_path, monkeypatch) -> Iterator[str]:
     monkeypatch.setenv("AZURE_TENANT_ID", "tenant-1")
     monkeypatch.setenv("AZURE_FEDERATED_TOKEN_FILE", str(token_file))
     monkeypatch.setenv("AZURE_AUTHORITY_HOST", f"http://127.0.0.1:{server.server_port}/")
-    TokenEndpoint.posts, TokenEndpoint.status = [], 200
+    TokenEndpoint.posts, TokenEndpoint.status, TokenEndpoint.access_token = [], 200, "entra-access-token"
     yield str(token_file)
     server.shutdown()
     thread.join(timeout=10)
@@ -122,3 +127,31 @@ def test_an_entra_cluster_is_a_valid_source_and_target_without_a_java_login_hand
     # Written to through librdkafka only: no Java handler needed; its hubs are made ahead, so it is Event Hubs.
     config = parse_config(one_flow_config(kafka, ENTRA, ["orders"], "/c"))
     assert config.cluster("dr").is_eventhubs
+
+
+def test_the_mirror_copies_into_a_broker_that_signs_it_in_with_the_token_the_endpoint_handed_out(
+    workload_identity, testbed, plaintext_cluster, unique, tmp_path
+):
+    """A token-callback login end to end: the copy's producer (the Python loop's; the compiled core serves no token
+    callback) gets its token from the endpoint and a real OAUTHBEARER listener accepts it."""
+    target = testbed.start(f"oauth-{unique}"[:40], ListenerKind.OAUTHBEARER)
+    now = int(time.time())
+    claims = {"sub": "mirror", "iat": now, "exp": now + 3600}
+    TokenEndpoint.access_token = ".".join(_b64url(part) for part in ({"alg": "none"}, claims)) + "."  # unsigned
+    topic = f"entra-{unique}"
+    clients.create_topics(plaintext_cluster.admin, {topic: 1})
+    clients.create_topics(target.admin, {f"{plaintext_cluster.client.alias}.{topic}": 1})
+    records = [clients.Record(0, f"k{i}".encode(), f"v{i}".encode(), (("h", b"1"),), now * 1000 + i) for i in range(50)]
+    clients.produce(plaintext_cluster.admin, topic, records)
+    flow = FlowConfig(source=plaintext_cluster.client.alias, target=target.client.alias,
+                      topics=TopicSelection(include=[topic]), checkpoint_location=str(tmp_path))  # fmt: skip
+
+    (landing,) = RangeCopier(flow, plaintext_cluster.client, target.client).copy([OffsetRange(topic, 0, 0, 50)])
+
+    assert landing.records == 50
+    assert clients.read_all(target.admin, f"{plaintext_cluster.client.alias}.{topic}", 50) == records
+    assert TokenEndpoint.posts and TokenEndpoint.posts[0][1]["scope"] == "https://127.0.0.1/.default"
+
+
+def _b64url(part: dict) -> str:
+    return base64.urlsafe_b64encode(json.dumps(part).encode()).rstrip(b"=").decode()

@@ -61,6 +61,9 @@ class ListenerKind(enum.StrEnum):
     EVENTHUBS = "eventhubs"
     MSK_SCRAM = "msk-scram"
     MTLS = "mtls"  # TLS with a client certificate the broker requires (the mirror's `mtls` profile)
+    # SASL_SSL OAUTHBEARER with Kafka's unsecured token validator: any unsigned JWT with `sub` and `exp` signs in. A
+    # stand-in for Entra ID and MSK IAM, whose token callbacks run against a loopback token endpoint in the tests.
+    OAUTHBEARER = "oauthbearer"
 
 
 def require_java() -> str:
@@ -135,6 +138,13 @@ class KafkaCluster:
     def _config(self, bootstrap: str) -> ClusterConfig:
         if self.kind is ListenerKind.PLAINTEXT:
             return ClusterConfig(alias=self.name, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+        if self.kind is ListenerKind.OAUTHBEARER:  # the token comes from the workload identity the test points at
+            return ClusterConfig(
+                alias=self.name,
+                bootstrap_servers=bootstrap,
+                profile=Profile.EVENTHUBS_ENTRA,
+                ca_file=str(self.tls.ca_pem),
+            )
         if self.kind is ListenerKind.MTLS:
             return ClusterConfig(
                 alias=self.name, bootstrap_servers=bootstrap, profile=Profile.MTLS, ca_file=str(self.tls.ca_pem),
@@ -151,7 +161,7 @@ class KafkaCluster:
     def secret(self) -> str | None:
         """What the client signs in with: the connection string (Event Hubs-like) or the password (MSK-like); None for
         no login or a client certificate (its key stays in its file)."""
-        if self.kind in (ListenerKind.PLAINTEXT, ListenerKind.MTLS):
+        if self.kind in (ListenerKind.PLAINTEXT, ListenerKind.MTLS, ListenerKind.OAUTHBEARER):
             return None
         return self.connection_string if self.kind is ListenerKind.EVENTHUBS else self.password
 
@@ -314,6 +324,15 @@ class KafkaCluster:
         if self.kind is ListenerKind.MTLS:
             props |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.tls.ca_pem)}
             props |= {f"listener.name.{listener}.ssl.client.auth": "required" for listener in client_listeners}
+        if self.kind is ListenerKind.OAUTHBEARER:
+            for listener in client_listeners:
+                props |= {
+                    f"listener.name.{listener}.sasl.enabled.mechanisms": "OAUTHBEARER",
+                    f"listener.name.{listener}.oauthbearer.sasl.jaas.config": (
+                        "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required"
+                        ' unsecuredLoginStringClaim_sub="broker";'
+                    ),
+                }
         if self.kind is ListenerKind.EVENTHUBS:
             for listener in client_listeners:
                 props |= {
