@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .config import ClusterConfig
+from .config import ClusterConfig, Profile
 
 
 class MirrorFailed(RuntimeError):
@@ -18,12 +18,21 @@ class ClusterUnreachable(MirrorFailed):
         )
 
 
+# What to check when a cluster refuses the mirror's login, by how it logs in.
+_LOGIN_HINTS = {
+    Profile.EVENTHUBS: "check the connection string its secret names",
+    Profile.EVENTHUBS_ENTRA: "the broker refused the Entra ID token: check the workload identity's namespace role",
+    Profile.MSK_SCRAM: "check its username and the password its secret names",
+    Profile.MSK_IAM: "the broker refused the IAM token: check the role's kafka-cluster permissions and region",
+    Profile.MTLS: "check its client certificate and key, and that the broker trusts their CA",
+}
+
+
 class AuthenticationFailed(ClusterUnreachable):
     def __init__(self, cluster: ClusterConfig) -> None:
+        hint = _LOGIN_HINTS.get(cluster.profile, "check its credentials")
         MirrorFailed.__init__(
-            self,
-            f"authentication failed for cluster '{cluster.alias}' ({cluster.bootstrap_servers}):"
-            " check its username and the secret it names",
+            self, f"authentication failed for cluster '{cluster.alias}' ({cluster.bootstrap_servers}): {hint}"
         )
 
 

@@ -16,6 +16,7 @@ import pytest
 from bench.testbed import clients
 from bench.testbed.kafka_cluster import ListenerKind
 from spark_app.config import ClusterConfig, FlowConfig, TopicSelection, parse_config
+from spark_app.errors import AuthenticationFailed
 from spark_app.profiles import SecretError, librdkafka_settings
 from spark_app.range_copy import RangeCopier
 from spark_app.ranges import OffsetRange
@@ -151,6 +152,14 @@ def test_the_mirror_copies_into_a_broker_that_signs_it_in_with_the_token_the_end
     assert landing.records == 50
     assert clients.read_all(target.admin, f"{plaintext_cluster.client.alias}.{topic}", 50) == records
     assert TokenEndpoint.posts and TokenEndpoint.posts[0][1]["scope"] == "https://127.0.0.1/.default"
+
+    claims["exp"] = now - 60  # a token the broker must refuse: the copy stops, saying which login failed
+    TokenEndpoint.access_token = ".".join(_b64url(part) for part in ({"alg": "none"}, claims)) + "."
+    # Another client id, so the copy gets a producer of its own (shared ones are kept per cluster and settings) and
+    # signs in again rather than reuse the one the good token signed in.
+    fresh = target.client.model_copy(update={"client_overrides": {"client.id": f"refused-{unique}"}})
+    with pytest.raises(AuthenticationFailed, match=f"cluster '{fresh.alias}'.*Entra ID token"):
+        RangeCopier(flow, plaintext_cluster.client, fresh).copy([OffsetRange(topic, 0, 0, 50)])
 
 
 def _b64url(part: dict) -> str:
