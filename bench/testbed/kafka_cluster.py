@@ -324,37 +324,30 @@ class KafkaCluster:
         if self.kind is ListenerKind.MTLS:
             props |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.tls.ca_pem)}
             props |= {f"listener.name.{listener}.ssl.client.auth": "required" for listener in client_listeners}
-        if self.kind is ListenerKind.OAUTHBEARER:
+        module = "org.apache.kafka.common.security"
+        logins = {  # each SASL kind's one mechanism, and the broker's login module for it
+            ListenerKind.EVENTHUBS: (
+                "PLAIN", f'{module}.plain.PlainLoginModule required user_{EVENTHUBS_USER}="{self.connection_string}";'
+            ),
+            ListenerKind.MSK_SCRAM: ("SCRAM-SHA-512", f"{module}.scram.ScramLoginModule required;"),
+            ListenerKind.OAUTHBEARER: (
+                "OAUTHBEARER",
+                f'{module}.oauthbearer.OAuthBearerLoginModule required unsecuredLoginStringClaim_sub="broker";',
+            ),
+        }  # fmt: skip
+        if self.kind in logins:
+            mechanism, jaas = logins[self.kind]
             for listener in client_listeners:
                 props |= {
-                    f"listener.name.{listener}.sasl.enabled.mechanisms": "OAUTHBEARER",
-                    f"listener.name.{listener}.oauthbearer.sasl.jaas.config": (
-                        "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required"
-                        ' unsecuredLoginStringClaim_sub="broker";'
-                    ),
+                    f"listener.name.{listener}.sasl.enabled.mechanisms": mechanism,
+                    f"listener.name.{listener}.{mechanism.lower()}.sasl.jaas.config": jaas,
                 }
         if self.kind is ListenerKind.EVENTHUBS:
-            for listener in client_listeners:
-                props |= {
-                    f"listener.name.{listener}.sasl.enabled.mechanisms": "PLAIN",
-                    f"listener.name.{listener}.plain.sasl.jaas.config": (
-                        "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                        f'user_{EVENTHUBS_USER}="{self.connection_string}";'
-                    ),
-                }
             props |= {
                 "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
                 "super.users": "User:ANONYMOUS",
                 "allow.everyone.if.no.acl.found": "true",
             }
-        if self.kind is ListenerKind.MSK_SCRAM:
-            for listener in client_listeners:
-                props |= {
-                    f"listener.name.{listener}.sasl.enabled.mechanisms": "SCRAM-SHA-512",
-                    f"listener.name.{listener}.scram-sha-512.sasl.jaas.config": (
-                        "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-                    ),
-                }
         lines = [f"{k}={_escape_property(v)}" for k, v in props.items()]
         properties = self.folder / "server.properties"
         properties.write_text("\n".join(lines) + "\n")
