@@ -17,13 +17,12 @@ from dataclasses import replace
 
 import pytest
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
 
 import spark_app.range_copy
 from bench.testbed import clients as testbed_clients
 from bench.testbed.clients import Record, by_partition, create_topics, end_offsets, produce, read_all
 from bench.testbed.kafka_cluster import ListenerKind
-from spark_app.config import FlowConfig, TopicSelection
+from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
 from spark_app.policy import PROVENANCE_HEADER
 from spark_app.range_copy import RangeCopier
 from spark_app.ranges import Landing, OffsetRange
@@ -77,16 +76,7 @@ def test_the_compiled_core_writes_and_accounts_exactly_what_the_python_loop_does
     records = _generated(rng, target.client.alias, now_ms)
     refusing = [Record(0, None if i == 5 else f"k{i}".encode(), f"v{i}".encode(), (), now_ms) for i in range(10)]
 
-    used: list[bool] = []
-    by_core = [0]  # records the compiled core wrote before it handed over to the Python loop, if it did
-    compiled = spark_app.range_copy.copy_compiled
-
-    def spy(flow, source, target, cursors, *rest):
-        used.append(compiled(flow, source, target, cursors, *rest))
-        by_core[0] += sum(c.landing.records for c in cursors.values())
-        return used[-1]
-
-    monkeypatch.setattr(spark_app.range_copy, "copy_compiled", spy)
+    used, by_core = _spy_on_the_core(monkeypatch)
 
     results: dict[str, tuple[list[list[Record]], list[Record], list[dict]]] = {}
     c_end = 0
@@ -138,6 +128,22 @@ def test_the_compiled_core_writes_and_accounts_exactly_what_the_python_loop_does
     assert all(r.headers[-1][0] == PROVENANCE_HEADER for r in stamped), "each record says where it came from"
 
 
+def _spy_on_the_core(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], list[int]]:
+    """Whether each call of the compiled core served its flow, and how many records it wrote before it handed over
+    to the Python loop, if it did (one counter, in a list)."""
+    used: list[bool] = []
+    by_core = [0]
+    compiled = spark_app.range_copy.copy_compiled
+
+    def spy(flow, source, target, cursors, *rest):
+        used.append(compiled(flow, source, target, cursors, *rest))
+        by_core[0] += sum(c.landing.records for c in cursors.values())
+        return used[-1]
+
+    monkeypatch.setattr(spark_app.range_copy, "copy_compiled", spy)
+    return used, by_core
+
+
 def _dead_letter(r: Record) -> tuple:
     """A dead letter whole, with the refused record's topic named by role."""
     role = tuple((k, v.split(b"-", 1)[0] if k == "mirrorkit.dlq.topic" and v else v) for k, v in r.headers)
@@ -165,9 +171,10 @@ def test_the_compiled_core_reads_and_writes_with_a_client_certificate(testbed, u
     """The `mtls` profile: the core's consumer and producer both present the client certificate, to a listener that
     refuses a TLS client without one."""
     cluster = testbed.start(f"mtls-{unique}"[:40], ListenerKind.MTLS)
+    tls_alone = ClusterConfig(alias="tls-alone", bootstrap_servers=cluster.client.bootstrap_servers,
+                              profile="kafka", tls=True, ca_file=cluster.client.ca_file)  # fmt: skip
     with pytest.raises(KafkaException):  # the listener demands a certificate: TLS alone does not get in
-        AdminClient({"bootstrap.servers": cluster.client.bootstrap_servers, "security.protocol": "SSL",
-                     "ssl.ca.location": str(cluster.tls.ca_pem)}).list_topics(timeout=5)  # fmt: skip
+        testbed_clients.admin(tls_alone).list_topics(timeout=5)
     source = cluster.client
     target = source.model_copy(update={"alias": "mtls-dr"})  # the same broker, written as another cluster
     topic = f"certs-{unique}"
@@ -178,15 +185,7 @@ def test_the_compiled_core_reads_and_writes_with_a_client_certificate(testbed, u
     ]
     produce(source, topic, records)  # the test's own producer signs in with the certificate too
 
-    by_core = [0]
-    compiled = spark_app.range_copy.copy_compiled
-
-    def spy(flow, source, target, cursors, *rest):
-        done = compiled(flow, source, target, cursors, *rest)
-        by_core[0] += sum(c.landing.records for c in cursors.values())
-        return done
-
-    monkeypatch.setattr(spark_app.range_copy, "copy_compiled", spy)
+    _, by_core = _spy_on_the_core(monkeypatch)
     flow = FlowConfig(source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]),
                       checkpoint_location=str(tmp_path))  # fmt: skip
     landings = RangeCopier(flow, source, target).copy([OffsetRange(topic, p, 0, 150) for p in (0, 1)])
