@@ -11,8 +11,10 @@ For every range it hands back one landing row (spark_app.ranges): where its reco
 replication-latency histogram. A partition the target refuses a record of is held from that record on, and the row
 says which offsets were held (`held_from`, `held_until`), so the driver quarantines the topic and catches it up
 later. A range of a topic that is not `ready` (quarantined, or not yet that many partitions on the target) is held
-whole the same way, without reading it. So is the rest of a range whose source partition serves nothing while the
-source answers (its leader offline): the batch ends, and the topic catches up once the partition is back.
+whole the same way, without reading it. So is the rest of a range whose source partition serves nothing (its leader
+offline, or the whole source silent for PARTITION_STALL_S): the batch ends, and the topic catches up once the
+partition is back. A batch therefore never waits on a source outage for longer than that, so a stop in the middle of
+one ends within the stop's own bound (spark_app.config.STOP_BATCH_TIMEOUT_S).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from . import clients
 from .clients import Partition, PartitionOffsets
 from .compiled_copy import copy_compiled
 from .config import ClusterConfig, FlowConfig
-from .errors import DeliveryFailed
 from .outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
 from .ranges import Landing, OffsetRange, landed_arrow_schema
 from .topics import TargetRules
@@ -36,15 +37,14 @@ from .transactions import SlotTransactions, transactional
 
 CONSUME_BATCH = 10_000
 CONSUME_WAIT_S = 0.1
-READ_STALL_S = 300.0  # a range that makes no progress this long fails the batch (the source stopped answering)
 
 # A partition with records left that reads nothing this long is looked up in the source's metadata, and held at once
 # when it has no leader (its broker offline). A fetch waits at most 500 ms (librdkafka's fetch.wait.max.ms), so 5 s
 # of silence is well past a normal fetch; the look-up alone holds nothing.
 LEADER_CHECK_S = 5.0
 # A partition whose named leader serves nothing this long is held too (a broker the controller sees but the mirror
-# cannot reach). Well above a slow fetch across a WAN, and far below READ_STALL_S, which still fails the batch when
-# the whole source stops answering (its metadata too): then no partition is held.
+# cannot reach), and so is every idle partition of a source whose metadata does not answer either (the whole source
+# down). Well above a slow fetch across a WAN, or a broker's restart, which the batch rides out.
 PARTITION_STALL_S = 60.0
 
 
@@ -160,7 +160,6 @@ class RangeCopier:
         for key in open_:
             outbox.open(key)
         watch = PartitionWatch({key: c.next for key, c in open_.items()}, time.monotonic())
-        progress_at = time.monotonic()
         # consume() returns once it has as many messages as asked, or at its timeout: ask for no more than the
         # ranges still hold, so a small batch (continuous mode) does not wait out the timeout.
         left = sum((c.stop or c.next) - c.next for c in open_.values())
@@ -172,16 +171,7 @@ class RangeCopier:
                     cursor.landing.first_offset = min(cursor.landing.first_offset, cursor.next)
                     cursor.landing.hold(cursor.next, error=why)
                     cursor.done = True
-            reached = sum(c.next for c in open_.values())
-            taken = copy_some(consumer, open_, outbox, min(CONSUME_BATCH, left), CONSUME_WAIT_S)
-            left -= taken
-            if taken or sum(c.next for c in open_.values()) != reached:
-                progress_at = time.monotonic()
-            elif time.monotonic() - progress_at > READ_STALL_S:
-                raise DeliveryFailed(
-                    f"flow {self.flow.name}: no progress reading cluster '{self.source.alias}'"
-                    f" ({self.source.bootstrap_servers}) for {READ_STALL_S:.0f}s; still open: {sorted(open_)[:3]}"
-                )
+            left -= copy_some(consumer, open_, outbox, min(CONSUME_BATCH, left), CONSUME_WAIT_S)
             open_ = {key: c for key, c in open_.items() if not c.done}
         consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
         outbox.flush(300)
@@ -190,7 +180,7 @@ class RangeCopier:
     @staticmethod
     def _leaders(consumer: Consumer, idle: Iterable[Partition]) -> dict[Partition, int] | None:
         """Each partition of the idle partitions' topics with its leader as the source's metadata names it now (-1:
-        none); None when the source does not answer (READ_STALL_S covers that)."""
+        none); None when the source does not answer."""
         leaders: dict[Partition, int] = {}
         try:
             for topic in {t for t, _ in idle}:
@@ -246,13 +236,17 @@ class PartitionWatch:
 
 def unreadable(idle: dict[Partition, float], leaders: dict[Partition, int] | None, source: str) -> dict[Partition, str]:
     """Which idle partitions (seconds without a read) to hold, with why: those the source's metadata gives no leader,
-    and those whose named leader served nothing for PARTITION_STALL_S. None of them when the source's metadata did not
-    answer either (`leaders` None): the whole source is down, and the batch waits (READ_STALL_S)."""
-    if leaders is None:
-        return {}
+    and those whose named leader served nothing for PARTITION_STALL_S. When the source's metadata did not answer
+    either (`leaders` None), the whole source is down: a partition idle for PARTITION_STALL_S is held, so the batch
+    ends and its topics catch up once the source is back (the planner stops the mirror if it never is)."""
     out: dict[Partition, str] = {}
     for key, seconds in idle.items():
-        leader, stalled = leaders.get(key, -1), f"no progress reading partition for {seconds:.0f} s"
+        stalled = f"no progress reading partition for {seconds:.0f} s"
+        if leaders is None:
+            if seconds >= PARTITION_STALL_S:
+                out[key] = f"{stalled}: source '{source}' does not answer"
+            continue
+        leader = leaders.get(key, -1)
         if leader < 0:
             out[key] = f"{stalled}: source '{source}' names no leader for it (leader offline?)"
         elif seconds >= PARTITION_STALL_S:

@@ -21,7 +21,7 @@ from bench.testbed.ports import free_port
 from spark_app import clients as spark_clients
 from spark_app.cli import main as cli_main
 from spark_app.clients import read_topic, topic_configs, watermarks
-from spark_app.config import ClusterConfig, parse_config
+from spark_app.config import STOP_GRACE_S, ClusterConfig, parse_config
 from spark_app.dr.formats import Checkpoint, OffsetSync
 from spark_app.dr.internal import INTERNAL_TOPIC_CONFIG, ensure_topic, read_checkpoints
 from spark_app.dr.service import DrSync
@@ -306,7 +306,8 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
     stop.set()
     mirror.stopping.set()
     for t in threads:
-        t.join(300)
+        t.join(STOP_GRACE_S)
+    assert not threads[-1].is_alive(), "the mirror did not stop within the pod's grace period after its source died"
     for flow_mirror in mirror.flows:  # the loop may have ended on the unreachable source; stop what is left
         flow_mirror.stop()
     for dr in mirror.dr.values():
