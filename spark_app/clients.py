@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 REQUEST_TIMEOUT_S = 30.0
 READ_BATCH = 10_000  # records asked of each consume() in whole-topic reads
+# What `mean_record_bytes` reads of each partition it samples: this many records, or about this many bytes of them.
+SAMPLE_RECORDS = 500
+SAMPLE_BYTES = 4 << 20
 METADATA_CHECK_S = 5.0  # how long a check that the cluster answers at all waits for its metadata
 # What a partition answers while its leader is being elected, e.g. just after the topic was created.
 LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
@@ -428,6 +431,41 @@ def records(
                     ends.pop(partition, None)
     finally:
         reader.close()
+
+
+def mean_record_bytes(
+    cluster: ClusterConfig, starts: Mapping[Partition, int], timeout_s: float = REQUEST_TIMEOUT_S
+) -> dict[str, float]:
+    """Per topic, the mean size (key and value bytes) of the records read from `starts`: up to SAMPLE_RECORDS or
+    SAMPLE_BYTES of each partition. A topic of which nothing was read within `timeout_s` (its partitions empty there,
+    or silent) is left out: this is an estimate, and the caller has a fallback."""
+    read: dict[Partition, tuple[int, int]] = dict.fromkeys(starts, (0, 0))  # records, bytes
+    todo = set(starts)
+    if not todo:
+        return {}
+    reader = consumer(cluster)
+    try:
+        reader.assign([TopicPartition(t, p, offset) for (t, p), offset in starts.items()])
+        deadline = time.monotonic() + timeout_s
+        while todo and time.monotonic() < deadline:
+            for msg in reader.consume(READ_BATCH, 0.1):
+                tp = (msg.topic() or "", msg.partition() or 0)
+                if tp not in todo:
+                    continue
+                if msg.error() is not None:  # its end, or an error: what was read so far is the sample
+                    todo.discard(tp)
+                    continue
+                records, size = read[tp]
+                read[tp] = records + 1, size + len(msg.key() or b"") + len(msg.value() or b"")
+                if records + 1 >= SAMPLE_RECORDS or read[tp][1] >= SAMPLE_BYTES:
+                    todo.discard(tp)
+    finally:
+        reader.close()
+    by_topic: dict[str, tuple[int, int]] = {}
+    for (topic, _), (records, size) in read.items():
+        was = by_topic.get(topic, (0, 0))
+        by_topic[topic] = was[0] + records, was[1] + size
+    return {topic: size / records for topic, (records, size) in by_topic.items() if records}
 
 
 def read_at(

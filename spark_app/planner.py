@@ -65,10 +65,12 @@ GONE_KEY = "#gone"  # per topic the flow no longer selects, since when (epoch se
 
 PAUSE_FILE = "pause"
 RECORD_BYTES_FILE = "record-bytes.json"
-# A topic none of whose records has landed since the mirror started has no mean record size: each of its records
-# counts as `max_bytes / FIRST_BATCH_RECORDS`, so a batch takes at most this many of them (plus one per partition),
-# as a flow's first batch did before any mean was known. Not the flow's mean: a 1 MB topic joining a flow of 1 KB
-# ones would be planned as 1 KB records, the very overshoot the per-topic bound is there to prevent.
+# A topic none of whose records has landed since the mirror started has no mean record size yet. The planner reads a
+# sample of the records it is about to copy (clients.mean_record_bytes, once per topic and query run), so the first
+# batch is held to max_bytes like the others, not cut short. Where the sample read nothing, each of its records counts
+# as `max_bytes / FIRST_BATCH_RECORDS`, so a batch takes at most this many of them (plus one per partition). Not the
+# flow's mean: a 1 MB topic joining a flow of 1 KB ones would be planned as 1 KB records, the very overshoot the
+# per-topic bound is there to prevent.
 FIRST_BATCH_RECORDS = 10_000
 
 
@@ -177,6 +179,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_ids: dict[str, str] = {}
         self._down_since: float | None = None
         self._offline: dict[Partition, float] = {}  # partitions that did not answer -> when to ask again
+        self._sampled: dict[str, float | None] = {}  # per topic sampled, its mean record size (None: nothing read)
 
     def initialOffset(self) -> SparkOffsets:
         return {}  # every partition starts where `_starts` says: the checkpoint holds no position yet
@@ -215,7 +218,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return start  # no new batch until the source answers
             self._down_since = None
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_records
-        limited = limit_offsets(starts, end.offsets, max_rows, self.max_bytes, self._mean_bytes())
+        limited = limit_offsets(starts, end.offsets, max_rows, self.max_bytes, self._record_bytes(starts, end.offsets))
         return Planned(limited, end.ids, end.gone).dump()
 
     def end_of(self, start: Planned, latest: SparkOffsets, ids: dict[str, str], now: float) -> Planned:
@@ -244,6 +247,24 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         except (OSError, ValueError):
             return {}
         return means
+
+    def _record_bytes(self, starts: SparkOffsets, latest: SparkOffsets) -> dict[str, float]:
+        """Each topic's mean record size: as the driver wrote it last, else from a sample of the records its partition
+        furthest behind is about to copy. A topic is sampled once per query run, and only with a backlog."""
+        landed = self._mean_bytes()
+        furthest: dict[str, tuple[int, str]] = {}  # per topic to sample: its largest backlog, and that partition
+        for topic, offsets in latest.items():
+            if topic in landed or topic in self._sampled:
+                continue
+            for p, end in offsets.items():
+                behind = end - starts[topic][p]
+                if behind > furthest.get(topic, (0, ""))[0] and (topic, int(p)) not in self._offline:
+                    furthest[topic] = behind, p
+        if furthest:
+            at = {(t, int(p)): starts[t][p] for t, (_, p) in furthest.items()}
+            found = clients.mean_record_bytes(self.source, at, timeout_s=OFFLINE_ASK_S)
+            self._sampled.update({t: found.get(t) for t in furthest})
+        return {t: mean for t, mean in self._sampled.items() if mean is not None} | landed
 
     def _until_answered(self, call: Callable[[], T]) -> T:
         while True:

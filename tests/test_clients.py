@@ -1,5 +1,5 @@
-"""The Kafka client module: which errors mean the credentials were refused, whole-topic reads in bulk, offsets
-listed per partition, and the shared clients a worker keeps, within their bound."""
+"""The Kafka client module: which errors mean the credentials were refused, whole-topic reads in bulk, a sample of
+record sizes, offsets listed per partition, and the shared clients a worker keeps, within their bound."""
 
 from __future__ import annotations
 
@@ -58,6 +58,26 @@ def test_a_whole_internal_topic_is_read_in_bulk_to_its_end_and_its_tail_alone_on
         (r.partition, r.value) for p in range(3) for r in [r for r in sent if r.partition == p][-5:]
     )
     assert read_topic(cluster, f"absent-{unique}") == []
+
+
+def test_a_sample_of_records_gives_each_topics_mean_key_and_value_size_from_where_it_starts(plaintext_cluster, unique):
+    """Topic a holds 100 small records, then 1,000 of 1 KB keys and values, null keys and tombstones among them; the
+    sample starts past the small ones and reads SAMPLE_RECORDS records, headers not counted. Topic b is empty where
+    the sample starts: it gets no mean, so the planner falls back to its first-batch bound."""
+    a, b = f"sample-a-{unique}", f"sample-b-{unique}"
+    create_topics(plaintext_cluster.admin, {a: 2, b: 1})
+    small = [Record(0, b"k", b"v") for _ in range(100)]
+    big = [
+        Record(0, None if i % 7 == 0 else b"k" * 24, None if i % 11 == 0 else b"v" * 1000, ((f"h{i}", b"x" * 500),))
+        for i in range(1_000)
+    ]
+    produce(plaintext_cluster.client, a, small + big)
+    produce(plaintext_cluster.client, b, [Record(0, b"k", b"v")])
+    cluster = ClusterConfig.model_validate(cluster_entry(plaintext_cluster, "onprem"))
+
+    got = clients.mean_record_bytes(cluster, {(a, 0): 100, (a, 1): 0, (b, 0): 1}, timeout_s=10.0)
+    read = big[: clients.SAMPLE_RECORDS]
+    assert got == {a: sum(len(r.key or b"") + len(r.value or b"") for r in read) / len(read)}
 
 
 class FakeAdmin:

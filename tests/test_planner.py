@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from fractions import Fraction
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,6 +35,15 @@ from spark_app.ranges import Landing, OffsetRange
 
 SEED = 20261124
 CASES = 3_000
+
+
+@pytest.fixture(autouse=True)
+def samples_read_nothing(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """No broker here: a topic's sample of records reads nothing, as from a silent source, unless a test says what
+    it reads. Each sample asked for is kept: the partitions and where it starts."""
+    asked: list[dict] = []
+    monkeypatch.setattr(planner.clients, "mean_record_bytes", lambda _c, at, **_: asked.append(dict(at)) or {})
+    return asked
 
 
 def ranges_of(*sizes: int, start: int = 100) -> list[OffsetRange]:
@@ -279,6 +289,44 @@ def test_a_topic_without_a_mean_takes_at_most_a_first_batch_until_the_driver_wri
     assert planned() == {"a": {"0": 9_962}, "b": {"0": 9_962}}
     write_record_bytes(tmp_path, {"a": 100.0, "b": 100.0})
     assert planned() == {"a": {"0": 125_000}, "b": {"0": 125_000}}, "small records: the record bound holds"
+
+
+def test_a_first_batch_is_held_to_the_byte_bound_by_a_sample_of_the_records_it_is_about_to_copy(
+    tmp_path, monkeypatch, samples_read_nothing
+):
+    """Nothing has landed yet. Topic a's sample reads 512 B records, b's 64 KB ones, c's nothing (its source was
+    silent). A batch of 256 MB then counts a's and b's records at those sizes, and c's as FIRST_BATCH_RECORDS says:
+    it takes far more of a than a first batch without a sample could (10,000 records), and stays within 256 MB. Each
+    topic is sampled once per query run, at the start of its partition furthest behind; once its records land, the
+    driver's mean wins."""
+    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
+    options = plan_source_options(source, {"a": 2, "b": 1, "c": 1}, "earliest", 2, 10**6, 256 * MB, tmp_path)
+    reader = OffsetRangeReader(options)
+    reader._admin = object()  # type: ignore[assignment]  # never used: the table answers
+    ends = {("a", 0): 300_000, ("a", 1): 200_000, ("b", 0): 1_000, ("c", 0): 1_000}
+    monkeypatch.setattr(planner.clients, "list_offsets_each", OffsetTable(ends))
+    monkeypatch.setattr(planner.clients, "topic_ids", lambda *_, **__: {})  # ids are another test's
+    sizes = {"a": 512.0, "b": 64.0 * 1024}
+
+    def sample(_cluster, at, **_):
+        samples_read_nothing.append(dict(at))
+        return {t: sizes[t] for t, _ in at if t in sizes}
+
+    monkeypatch.setattr(planner.clients, "mean_record_bytes", sample)
+    start = {"a": {"0": 0, "1": 0}, "b": {"0": 0}, "c": {"0": 0}}
+    latest = {t: {str(p): e for (topic, p), e in ends.items() if topic == t} for t in "abc"}
+
+    end = Planned.parse(reader.latestOffset(start, ReadMaxRows(10**6))).offsets
+    assert samples_read_nothing == [{("a", 0): 0, ("b", 0): 0, ("c", 0): 0}]
+    assert end == limit_offsets(start, latest, 10**6, 256 * MB, sizes)
+    taken = {t: sum(end[t].values()) for t in "abc"}
+    assert taken["a"] > 10 * FIRST_BATCH_RECORDS
+    cost = sizes | {"c": 256 * MB / FIRST_BATCH_RECORDS}
+    assert sum(taken[t] * cost[t] for t in "abc") <= 256 * MB
+    assert Planned.parse(reader.latestOffset(start, ReadMaxRows(10**6))).offsets == end
+    assert len(samples_read_nothing) == 1, "sampled once per query run"
+    write_record_bytes(tmp_path, {"a": 100.0, "b": 100.0, "c": 100.0})  # what landed says they are small
+    assert Planned.parse(reader.latestOffset(start, ReadMaxRows(10**6))).offsets == latest
 
 
 def test_adopted_positions_start_partitions_the_checkpoint_does_not_hold_and_never_override_it(tmp_path):
