@@ -31,6 +31,13 @@ EVENTHUBS_CODECS = ("none", "gzip")
 # pod's terminationGracePeriodSeconds is STOP_GRACE_S (infra/k8s/mirror_app.py), so Kubernetes does not kill it sooner.
 STOP_BATCH_TIMEOUT_S = 120
 STOP_GRACE_S = 300
+# How long a topic must be missing from every topic-sync round before its state is forgotten. A topic drops out of a
+# round while its metadata has an error or it is not authorized for a while (a leader election, a broker restart,
+# ACLs being replaced, a fault over a weekend), after which it must resume from its positions: forgotten, it would
+# come back as a new topic, and `start_from: latest` would skip what it got meanwhile. Missing for a week, it was
+# deleted or deselected. Counted from the first round this process missed it, so a restart only puts it off
+# (spark_app.ledger). The planner keeps a throughput query's positions of such a topic as long (spark_app.planner).
+TOPIC_GONE_GRACE_S = 7 * 86_400.0
 # The driver's and executors' JVMs only schedule: records never cross into them. Spark's C2 compiles of its own planner
 # cost a 200,000-record copy 14 of its JVM's 31 CPU s, and did not pay back over a minute of continuous batches; C1
 # alone and the serial collector (a small heap, no GC threads) cost less from the start and in steady state

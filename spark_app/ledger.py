@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaException
 
 from .clients import Partition, PartitionOffsets
-from .config import FlowConfig, FlowMode
+from .config import TOPIC_GONE_GRACE_S, FlowConfig, FlowMode
 from .errors import MirrorFailed, StateError
 from .metrics import FlowTotals, MirrorMetrics, owed_from
 from .quarantine import Hold, Quarantine, Quarantines
@@ -42,13 +42,6 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 STATE_FILE = "mirrorkit-state.json"
-# How long a topic must be missing from every topic-sync round before its state is forgotten. A topic drops out of a
-# round while its metadata has an error or it is not authorized for a while (a leader election, a broker restart,
-# ACLs being replaced, a fault over a weekend), after which it must resume from its positions: forgotten, it would
-# come back as a new topic, and `start_from: latest` would skip what it got meanwhile. Missing for a week, it was
-# deleted or deselected. Counted from the first round this process missed it, so a restart only puts it off. The
-# planner keeps a throughput query's positions of such a topic as long (spark_app.planner).
-TOPIC_GONE_GRACE_S = 7 * 86_400.0
 # How many of the newest data-loss and offsets-reset events a flow keeps to be looked at (the log and the metrics have
 # each one): a flow that runs for months must not keep them all.
 RECENT_EVENTS = 100

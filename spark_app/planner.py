@@ -42,9 +42,8 @@ from pyspark.sql.types import StructType
 
 from . import clients
 from .clients import Partition, PartitionOffsets
-from .config import ClusterConfig
+from .config import TOPIC_GONE_GRACE_S, ClusterConfig
 from .errors import ClusterUnreachable
-from .ledger import TOPIC_GONE_GRACE_S
 from .ranges import RANGE_SCHEMA, OffsetRange
 
 log = logging.getLogger(__name__)

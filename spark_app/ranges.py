@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 RANGE_SCHEMA = "topic string, partition int, start long, end long, reset_from long"
 LANDED_SCHEMA = (
@@ -147,7 +148,10 @@ class OffsetsReset:
 
 
 def landed_arrow_schema() -> pa.Schema:
-    """LANDED_SCHEMA as Arrow types, for the batches `mapInArrow` yields."""
+    """LANDED_SCHEMA as Arrow types, for the batches `mapInArrow` yields. pyarrow is imported here, in the copy's
+    tasks: the planner's processes import this module too and never need it (it is about a third of their imports)."""
+    import pyarrow as pa
+
     return pa.schema(
         [
             ("topic", pa.string()),

@@ -8,8 +8,8 @@ import json
 import logging
 import random
 
-from spark_app.config import parse_config
-from spark_app.ledger import STATE_FILE, TOPIC_GONE_GRACE_S, FlowLedger
+from spark_app.config import TOPIC_GONE_GRACE_S, parse_config
+from spark_app.ledger import STATE_FILE, FlowLedger
 from spark_app.metrics import MirrorMetrics
 from spark_app.ranges import Landing
 from spark_app.runner import FlowRunner
