@@ -303,6 +303,9 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
         else:
             raise SystemExit(f"unknown candidate '{name}'")
         log = work / f"{alias}.log"
+        # The load (or the previous candidate's copy) leaves hundreds of MB of the brokers' writes in the page cache:
+        # written back during a candidate, they cost it seconds of start-up and throughput that the next one is spared.
+        os.sync()
         result = run_candidate(name, cmd, run_env, target, out_topics, args.partitions, records, exits, log,
                                args.timeout)  # fmt: skip
         result["scenario"] = f"{len(topics)}x{args.partitions}"
