@@ -31,6 +31,9 @@ from .policy import positions_group, target_topic, transactional_id_prefix
 log = logging.getLogger(__name__)
 
 TRANSACTION_TIMEOUT_S = 30.0  # how long init, commit and abort wait for the transaction coordinator
+# How long asking a stopped producer for its cause may wait. librdkafka answers from its own thread, at once when the
+# producer is stopped; asked with no wait, a busy thread answers _TIMED_OUT instead (5 of 25 tries on a loaded machine).
+CAUSE_WAIT_S = 5.0
 # The broker aborts a transaction left open this long (a slot that died mid-transaction); its partitions' last
 # stable offset waits for it, so read_committed consumers see nothing past it until then.
 TRANSACTION_TIMEOUT_MS = 60_000
@@ -183,7 +186,7 @@ class SlotTransactions:
         if error.code() != KafkaError._FATAL:
             return error
         try:
-            self.producer.abort_transaction(0)
+            self.producer.abort_transaction(CAUSE_WAIT_S)
         except KafkaException as err:
             cause = cast(KafkaError, err.args[0])
             return cause if cause.fatal() else error
