@@ -1,6 +1,7 @@
 """A source partition whose leader goes offline mid-run holds its own topic only: the planner plans the other
 partitions, the writer holds the range it can no longer read, that topic is quarantined and the others flow on; once
-the broker is back the topic catches up in order, with nothing lost."""
+the broker is back the topic catches up in order, with nothing lost. A whole source down past the stall bound ends
+the batch in flight the same way, rather than holding it (and any stop) for as long as the source is down."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import time
 
 from confluent_kafka import KafkaException
 
-from bench.testbed.clients import Record, create_placed_topics, end_offsets, produce, read_all
-from bench.testbed.kafka_cluster import cluster_entry
+from bench.testbed.clients import Record, create_placed_topics, create_topics, end_offsets, produce, read_all
+from bench.testbed.kafka_cluster import KafkaCluster, MultiBrokerCluster, cluster_entry
 from bench.testbed.ports import free_port
 from spark_app import quarantine
 from spark_app.config import parse_config
@@ -28,6 +29,37 @@ RECORD_BYTES = 1000
 FETCH_BYTES_PER_S = 20_000
 FETCH_BYTES = "16384"
 SMALL_BATCHES = {"batch.size": "4000", "linger.ms": "0"}
+# How long the whole source stays silent before the range being read is held: the compiled core's idle bound, then the
+# Python loop's stall bound (spark_app.range_copy.PARTITION_STALL_S, in Spark's workers), then a slow machine's slack.
+OUTAGE_HOLD_S = 150.0
+
+
+def throttled_overrides(cluster: KafkaCluster, client_id: str) -> dict[str, str]:
+    """The mirror's client overrides that make `cluster` serve its fetches slowly, in small pieces (see above)."""
+    cluster.limit_consumer(client_id, FETCH_BYTES_PER_S)
+    return {"client.id": client_id, "message.max.bytes": FETCH_BYTES, "fetch.max.bytes": FETCH_BYTES,
+            "max.partition.fetch.bytes": FETCH_BYTES}  # fmt: skip
+
+
+def send(
+    source: KafkaCluster | MultiBrokerCluster, sent: dict[str, list[Record]], topic: str, partitions: tuple[int, ...],
+    count: int, size: int = 10, **producer: str,
+) -> None:  # fmt: skip
+    """Produce `count` numbered records to each partition, noting them in `sent`."""
+    now = int(time.time() * 1000)
+    for p in partitions:
+        at = sum(1 for r in sent[topic] if r.partition == p)
+        records = [Record(p, f"{p}-{at + i}".encode(), f"{at + i}".encode().ljust(size, b"."), (), now + i)
+                   for i in range(count)]  # fmt: skip
+        produce(source.client, topic, records, **producer)
+        sent[topic] += records
+
+
+def landed_on_target(target: KafkaCluster, topic: str, partition: int) -> int:
+    try:
+        return end_offsets(target.client, [(topic, partition)])[(topic, partition)]
+    except KafkaException:
+        return 0  # not created on the target yet
 
 
 def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alone_and_it_catches_up_in_order(
@@ -38,10 +70,7 @@ def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alo
     steady, bad = f"steady-{unique}", f"bad-{unique}"
     # Every partition on broker 1 (the controller, which stays up) but bad's partition 1, which broker 2 alone holds.
     create_placed_topics(source.admin, {steady: [1, 1], bad: [1, 2]})
-    client_id = f"mirror-{unique}"
-    source.broker(1).limit_consumer(client_id, FETCH_BYTES_PER_S)
-    overrides = {"client.id": client_id, "message.max.bytes": FETCH_BYTES, "fetch.max.bytes": FETCH_BYTES,
-                 "max.partition.fetch.bytes": FETCH_BYTES}  # fmt: skip
+    overrides = throttled_overrides(source.broker(1), f"mirror-{unique}")
     config = parse_config(
         one_flow_config(
             cluster_entry(source, "multi") | {"client_overrides": overrides},
@@ -53,38 +82,23 @@ def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alo
         )  # fmt: skip
     )
     sent: dict[str, list[Record]] = {steady: [], bad: []}
-
-    def send(topic: str, partitions: tuple[int, ...], count: int, size: int = 10, **producer: str) -> None:
-        now = int(time.time() * 1000)
-        for p in partitions:
-            at = sum(1 for r in sent[topic] if r.partition == p)
-            records = [Record(p, f"{p}-{at + i}".encode(), f"{at + i}".encode().ljust(size, b"."), (), now + i)
-                       for i in range(count)]  # fmt: skip
-            produce(source.client, topic, records, **producer)
-            sent[topic] += records
-
-    def landed_on_target(topic: str, partition: int) -> int:
-        try:
-            return end_offsets(plaintext_cluster.client, [(f"multi.{topic}", partition)])[(f"multi.{topic}", partition)]
-        except KafkaException:
-            return 0  # not created on the target yet
-
-    send(bad, (1,), BACKLOG, RECORD_BYTES, **SMALL_BATCHES)
-    send(bad, (0,), PER_ROUND)
-    send(steady, (0, 1), PER_ROUND)
+    send(source, sent, bad, (1,), BACKLOG, RECORD_BYTES, **SMALL_BATCHES)
+    send(source, sent, bad, (0,), PER_ROUND)
+    send(source, sent, steady, (0, 1), PER_ROUND)
     mirror = Mirror(spark, config)
     flow = mirror.flows[0]
     try:
         with mirror_running(mirror) as errors:
-            wait_until(lambda: landed_on_target(bad, 1) > 0, errors, f"'{bad}' partition 1 to start landing")
+            wait_until(lambda: landed_on_target(plaintext_cluster, f"multi.{bad}", 1) > 0, errors,
+                       f"'{bad}' partition 1 to start landing")  # fmt: skip
             source.broker(2).stop()
-            on_target = landed_on_target(bad, 1)
+            on_target = landed_on_target(plaintext_cluster, f"multi.{bad}", 1)
             assert on_target < BACKLOG, f"the whole backlog ({on_target}) landed before the broker stopped"
             stopped_at = time.monotonic()
 
             for _ in range(3):  # the other topic, and bad's partition on the broker that stays up, go on
-                send(steady, (0, 1), PER_ROUND)
-                send(bad, (0,), PER_ROUND)
+                send(source, sent, steady, (0, 1), PER_ROUND)
+                send(source, sent, bad, (0,), PER_ROUND)
                 time.sleep(1)
             wait_until(lambda: bad in flow.ledger.quarantined, errors, f"'{bad}' to be quarantined")
             reason = flow.ledger.quarantined[bad]
@@ -97,8 +111,8 @@ def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alo
             print(f"'{steady}' caught up {time.monotonic() - stopped_at:.1f} s after broker 2 stopped")
 
             source.broker(2).start()
-            send(bad, (0, 1), PER_ROUND)
-            send(steady, (0, 1), PER_ROUND)
+            send(source, sent, bad, (0, 1), PER_ROUND)
+            send(source, sent, steady, (0, 1), PER_ROUND)
             wait_until(lambda: bad not in flow.ledger.quarantined, errors, f"'{bad}' to catch up and rejoin")
             wait_until(lambda: flow.totals.records.get(bad, 0) >= len(sent[bad]), errors, f"every '{bad}' record")
             wait_until(lambda: flow.totals.records.get(steady, 0) >= len(sent[steady]), errors, "every steady record")
@@ -109,6 +123,54 @@ def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alo
         got = read_all(plaintext_cluster.client, f"multi.{topic}", expected=len(sent[topic]))
         assert_each_record_once_in_order(f"multi.{topic}", got, sent[topic])  # 0 lost, none twice, in order
         print(f"'{topic}': {len(sent[topic])} records sent, {len(got)} on the target, in order")
+
+
+def test_a_source_down_past_the_stall_bound_ends_the_batch_in_flight_and_its_topic_catches_up_in_order_once_back(
+    spark, testbed, plaintext_cluster, tmp_path, unique, monkeypatch
+):
+    """The source's only broker stops while a range is being read, and stays down past the stall bound. The batch in
+    flight ends holding what it could not read (so a stop meanwhile would not wait for the source) and the topic is
+    quarantined saying the source does not answer; the mirror itself keeps running. Once the source is back, the
+    topic catches up in order, with nothing lost or copied twice."""
+    monkeypatch.setattr(quarantine, "RECORD_RETRY_S", 2.0)  # try a held topic again every 2 s, not every 60 s
+    source = testbed.start(f"outage-{unique[-8:]}", "plaintext")
+    topic = f"outage-{unique}"
+    create_topics(source.admin, {topic: 1})
+    config = parse_config(
+        one_flow_config(
+            cluster_entry(source, "down") | {"client_overrides": throttled_overrides(source, f"mirror-{unique}")},
+            plaintext_cluster,
+            [topic],
+            tmp_path / "ckpt",
+            emit_heartbeats=False,
+            metrics_port=free_port(),
+        )  # fmt: skip
+    )
+    sent: dict[str, list[Record]] = {topic: []}
+    send(source, sent, topic, (0,), BACKLOG, RECORD_BYTES, **SMALL_BATCHES)
+    mirror = Mirror(spark, config)
+    flow = mirror.flows[0]
+    try:
+        with mirror_running(mirror) as errors:
+            wait_until(lambda: landed_on_target(plaintext_cluster, f"down.{topic}", 0) > 0, errors,
+                       f"'{topic}' to start landing")  # fmt: skip
+            source.stop()
+            on_target = landed_on_target(plaintext_cluster, f"down.{topic}", 0)
+            assert on_target < BACKLOG, f"the whole backlog ({on_target}) landed before the source stopped"
+            wait_until(lambda: topic in flow.ledger.quarantined, errors, f"'{topic}' to be held", OUTAGE_HOLD_S)
+            reason = flow.ledger.quarantined[topic]
+            assert "does not answer" in reason and "no progress reading partition" in reason, reason
+            assert flow.ledger.held[topic].get(0, -1) >= on_target, flow.ledger.held
+
+            source.start()
+            send(source, sent, topic, (0,), PER_ROUND)
+            wait_until(lambda: topic not in flow.ledger.quarantined, errors, f"'{topic}' to catch up and rejoin")
+            wait_until(lambda: flow.totals.records.get(topic, 0) >= len(sent[topic]), errors, f"every '{topic}' record")
+    finally:
+        source.start()
+
+    got = read_all(plaintext_cluster.client, f"down.{topic}", expected=len(sent[topic]))
+    assert_each_record_once_in_order(f"down.{topic}", got, sent[topic])  # 0 lost, none twice, in order
 
 
 def test_a_real_time_mirror_started_while_a_leader_is_offline_copies_the_rest_and_that_partition_once_it_is_back(
