@@ -6,6 +6,7 @@ the batch in flight the same way, rather than holding it (and any stop) for as l
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from confluent_kafka import KafkaException
 
@@ -62,6 +63,20 @@ def landed_on_target(target: KafkaCluster, topic: str, partition: int) -> int:
         return 0  # not created on the target yet
 
 
+def stopped_mid_range(
+    stop: Callable[[], None], target: KafkaCluster, copy: str, partition: int, errors: list[BaseException]
+) -> int:
+    """Call `stop` once the throttled backlog's copy has started landing on `target`, and before it all has; how
+    many records had landed."""
+    wait_until(
+        lambda: landed_on_target(target, copy, partition) > 0, errors, f"'{copy}' [{partition}] to start landing"
+    )
+    stop()
+    on_target = landed_on_target(target, copy, partition)
+    assert on_target < BACKLOG, f"the whole backlog ({on_target}) landed before the broker stopped"
+    return on_target
+
+
 def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alone_and_it_catches_up_in_order(
     spark, multi_broker_cluster, plaintext_cluster, tmp_path, unique, monkeypatch
 ):
@@ -89,11 +104,7 @@ def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alo
     flow = mirror.flows[0]
     try:
         with mirror_running(mirror) as errors:
-            wait_until(lambda: landed_on_target(plaintext_cluster, f"multi.{bad}", 1) > 0, errors,
-                       f"'{bad}' partition 1 to start landing")  # fmt: skip
-            source.broker(2).stop()
-            on_target = landed_on_target(plaintext_cluster, f"multi.{bad}", 1)
-            assert on_target < BACKLOG, f"the whole backlog ({on_target}) landed before the broker stopped"
+            on_target = stopped_mid_range(source.broker(2).stop, plaintext_cluster, f"multi.{bad}", 1, errors)
             stopped_at = time.monotonic()
 
             for _ in range(3):  # the other topic, and bad's partition on the broker that stays up, go on
@@ -152,11 +163,7 @@ def test_a_source_down_past_the_stall_bound_ends_the_batch_in_flight_and_its_top
     flow = mirror.flows[0]
     try:
         with mirror_running(mirror) as errors:
-            wait_until(lambda: landed_on_target(plaintext_cluster, f"down.{topic}", 0) > 0, errors,
-                       f"'{topic}' to start landing")  # fmt: skip
-            source.stop()
-            on_target = landed_on_target(plaintext_cluster, f"down.{topic}", 0)
-            assert on_target < BACKLOG, f"the whole backlog ({on_target}) landed before the source stopped"
+            on_target = stopped_mid_range(source.stop, plaintext_cluster, f"down.{topic}", 0, errors)
             wait_until(lambda: topic in flow.ledger.quarantined, errors, f"'{topic}' to be held", OUTAGE_HOLD_S)
             reason = flow.ledger.quarantined[topic]
             assert "does not answer" in reason and "no progress reading partition" in reason, reason
