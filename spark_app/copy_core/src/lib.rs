@@ -116,7 +116,10 @@ impl ProducerContext for Deliveries {
 
     fn delivery(&self, result: &DeliveryResult<'_>, range: usize) {
         let mut landed = self.landed.lock().unwrap();
-        let l = &mut landed[range];
+        // A report after its copy returned (one that did not land within its flush) has no landing to file into.
+        let Some(l) = landed.get_mut(range) else {
+            return;
+        };
         let Some(offset) = l.in_flight.pop_front() else {
             return;
         };
@@ -242,8 +245,11 @@ struct Copier {
     identity: bool,
     stamp: bool,
     provenance_header: String,
-    idle: Duration,
+    idle: Option<Duration>,
     refusal_codes: Vec<i32>,
+    /// The (topic, partition, next offset) the consumer was left reading by a copy that ran out of time; a copy
+    /// that goes on from exactly there keeps the assignment, and what the consumer fetched meanwhile.
+    kept: Mutex<Vec<(String, i32, i64)>>,
 }
 
 // The raw queue is librdkafka's, which is thread-safe; the copier is used by one task at a time.
@@ -289,9 +295,10 @@ type RefusedOut = (usize, i64, i32, Option<Vec<u8>>, Option<Vec<u8>>, i64);
 impl Copier {
     /// Clients from librdkafka settings (strings only); the flow's policy: `identity` names, with the provenance
     /// header `provenance_header` stamped and its echoes of `target_alias` dropped when `stamp`. `latency_bounds_ms`
-    /// and `max_runs` are spark_app.ranges'. A partition with records left that reads nothing for `idle_s` ends the
-    /// copy, and so does a delivery error: those with a code in `refusal_codes` only stop it, any other purges what
-    /// is queued first.
+    /// and `max_runs` are spark_app.ranges'. A partition with records left that reads nothing for `idle_s` (None:
+    /// never) ends the copy, and so does a delivery error: those with a code in `refusal_codes` only stop it, any
+    /// other purges what is queued first. A `transactional.id` in the producer settings makes the producer
+    /// transactional: its transaction methods below then frame what `copy` sends.
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -304,7 +311,7 @@ impl Copier {
         provenance_header: String,
         latency_bounds_ms: Vec<f64>,
         max_runs: usize,
-        idle_s: f64,
+        idle_s: Option<f64>,
         refusal_codes: Vec<i32>,
     ) -> PyResult<Self> {
         let consumer: BaseConsumer = config(consumer_settings)
@@ -335,28 +342,34 @@ impl Copier {
             identity,
             stamp,
             provenance_header,
-            idle: Duration::from_secs_f64(idle_s),
+            idle: idle_s.map(Duration::from_secs_f64),
             refusal_codes,
+            kept: Mutex::new(Vec::new()),
         })
     }
 
     /// Copy the ranges `(source topic, partition, target topic, next, stop, rule)`, each from `next` up to `stop`
-    /// (a rule: compacted, before.max.ms, after.max.ms, clock slack). Returns, per range, its cursor and landing
-    /// (RangeOut); then why it stopped early (`""` when it did not): kind, range index, offset, detail; the
-    /// records refused in delivery reports; and how many records did not land within `flush_s`.
+    /// (a rule: compacted, before.max.ms, after.max.ms, clock slack), for at most `until_s` (None: until every
+    /// range is done). Returns, per range, its cursor and landing (RangeOut); then why it stopped early (`""` when
+    /// it did not, or ran out of time): kind, range index, offset, detail; the records refused in delivery
+    /// reports; and how many records did not land within `flush_s`. Whatever stops it, what it sent has landed
+    /// (or failed) by the time it returns.
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (ranges, flush_s, until_s=None))]
     fn copy(
         &self,
         py: Python<'_>,
         ranges: Vec<RangeIn>,
         flush_s: f64,
+        until_s: Option<f64>,
     ) -> PyResult<(
         Vec<RangeOut>,
         (String, i64, i64, String),
         Vec<RefusedOut>,
         i32,
     )> {
-        let (out, stopped, refused, undelivered) = py.detach(|| self.run(ranges, flush_s));
+        let until = until_s.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+        let (out, stopped, refused, undelivered) = py.detach(|| self.run(ranges, flush_s, until));
         let stopped = (
             stopped.kind.to_string(),
             stopped.range,
@@ -380,9 +393,130 @@ impl Copier {
         py.detach(|| {
             let _ = self.producer.flush(Duration::from_secs(30));
             let _ = self.consumer.unassign();
+            self.kept.lock().unwrap().clear();
         })
     }
+
+    /// Start the transactional producer: every earlier producer of its `transactional.id` is fenced.
+    fn init_transactions(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
+        py.detach(|| self.producer.init_transactions(Duration::from_secs_f64(timeout_s)))
+            .map_err(transaction_error)
+    }
+
+    fn begin_transaction(&self) -> PyResult<()> {
+        self.producer.begin_transaction().map_err(transaction_error)
+    }
+
+    /// Commit `offsets` (topic, partition, next offset) in the open transaction for the group whose metadata
+    /// `group_metadata` is, as librdkafka serializes it (confluent-kafka's `consumer_group_metadata()`).
+    fn send_offsets_to_transaction(
+        &self,
+        py: Python<'_>,
+        offsets: Vec<(String, i32, i64)>,
+        group_metadata: Vec<u8>,
+        timeout_s: f64,
+    ) -> PyResult<()> {
+        let mut list = TopicPartitionList::new();
+        for (topic, partition, offset) in &offsets {
+            list.add_partition_offset(topic, *partition, Offset::Offset(*offset))
+                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        }
+        let rk = self.producer.client().native_ptr() as usize;
+        let list_ptr = list.ptr() as usize;
+        let timeout_ms = (timeout_s * 1000.0) as i32;
+        let code = py.detach(move || unsafe {
+            let mut cgmd: *mut rdsys::rd_kafka_consumer_group_metadata_t = std::ptr::null_mut();
+            let read = rdsys::rd_kafka_consumer_group_metadata_read(
+                &mut cgmd,
+                group_metadata.as_ptr() as *const c_void,
+                group_metadata.len(),
+            );
+            if !read.is_null() {
+                return Err(read as usize);
+            }
+            let error = rdsys::rd_kafka_send_offsets_to_transaction(
+                rk as *mut rdsys::rd_kafka_t,
+                list_ptr as *const rdsys::rd_kafka_topic_partition_list_t,
+                cgmd,
+                timeout_ms,
+            );
+            rdsys::rd_kafka_consumer_group_metadata_destroy(cgmd);
+            if error.is_null() {
+                Ok(())
+            } else {
+                Err(error as usize)
+            }
+        });
+        code.map_err(|error| unsafe { native_error(error as *mut rdsys::rd_kafka_error_t) })
+    }
+
+    fn commit_transaction(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
+        py.detach(|| {
+            self.producer
+                .commit_transaction(Duration::from_secs_f64(timeout_s))
+        })
+        .map_err(transaction_error)
+    }
+
+    fn abort_transaction(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
+        py.detach(|| {
+            self.producer
+                .abort_transaction(Duration::from_secs_f64(timeout_s))
+        })
+        .map_err(transaction_error)
+    }
+
+    /// Drop what is only queued, not what is in flight.
+    fn purge_queue(&self) {
+        self.producer.purge(PurgeConfig::default().queue());
+    }
+
+    /// Serve the producer's delivery reports (one after its copy returned is dropped: it has no landing).
+    fn poll(&self) {
+        self.producer.poll(Duration::ZERO);
+    }
 }
+
+/// A transaction call's error as the Python exception `TransactionError(code, reason, fatal, retriable,
+/// txn_requires_abort)`, which spark_app.compiled_copy turns into confluent-kafka's KafkaException.
+fn transaction_error(err: KafkaError) -> PyErr {
+    match err {
+        KafkaError::Transaction(e) => TransactionError::new_err((
+            e.code() as i32,
+            e.string(),
+            e.is_fatal(),
+            e.is_retriable(),
+            e.txn_requires_abort(),
+        )),
+        other => TransactionError::new_err((
+            other.rdkafka_error_code().map(|c| c as i32).unwrap_or(-1),
+            other.to_string(),
+            false,
+            false,
+            false,
+        )),
+    }
+}
+
+/// librdkafka's error object as `TransactionError`; it is destroyed here.
+unsafe fn native_error(error: *mut rdsys::rd_kafka_error_t) -> PyErr {
+    let err = TransactionError::new_err((
+        rdsys::rd_kafka_error_code(error) as i32,
+        c_str(rdsys::rd_kafka_error_string(error)),
+        rdsys::rd_kafka_error_is_fatal(error) != 0,
+        rdsys::rd_kafka_error_is_retriable(error) != 0,
+        rdsys::rd_kafka_error_txn_requires_abort(error) != 0,
+    ));
+    rdsys::rd_kafka_error_destroy(error);
+    err
+}
+
+pyo3::create_exception!(
+    mirrorkit_copy_core,
+    TransactionError,
+    pyo3::exceptions::PyException,
+    "A transaction call failed: (code, reason, fatal, retriable, txn_requires_abort)."
+);
 
 impl Drop for Copier {
     fn drop(&mut self) {
@@ -396,6 +530,7 @@ impl Copier {
         &self,
         ranges_in: Vec<RangeIn>,
         flush_s: f64,
+        until: Option<Instant>,
     ) -> (PyResult<Vec<RangeOut>>, Stopped, Vec<RefusedOut>, i32) {
         let now = Instant::now();
         let mut ranges: Vec<Range> = Vec::with_capacity(ranges_in.len());
@@ -443,7 +578,7 @@ impl Copier {
             *ctx.auth_failed.lock().unwrap() = None;
         }
         let mut stopped = match self.assign(&ranges) {
-            Ok(()) => self.copy_until_stopped(&mut ranges),
+            Ok(()) => self.copy_until_stopped(&mut ranges, until),
             Err(e) => Stopped {
                 kind: "read_error",
                 range: -1,
@@ -451,7 +586,14 @@ impl Copier {
                 detail: e,
             },
         };
-        let _ = self.consumer.unassign();
+        let mut kept = self.kept.lock().unwrap();
+        kept.clear();
+        if stopped.kind.is_empty() && ranges.iter().any(|r| !r.done) {
+            *kept = open_positions(&ranges); // out of time: the next copy may go on from here
+        } else {
+            let _ = self.consumer.unassign();
+        }
+        drop(kept);
         let ctx = self.producer.context();
         let failed = ctx
             .refused
@@ -504,6 +646,10 @@ impl Copier {
     }
 
     fn assign(&self, ranges: &[Range]) -> Result<(), String> {
+        let kept = std::mem::take(&mut *self.kept.lock().unwrap());
+        if !kept.is_empty() && kept == open_positions(ranges) {
+            return Ok(()); // the consumer reads on from where the last copy left each range
+        }
         let mut assignment = TopicPartitionList::new();
         for r in ranges.iter().filter(|r| !r.done) {
             assignment
@@ -515,12 +661,12 @@ impl Copier {
             .map_err(|e| format!("assign: {e}"))
     }
 
-    /// Read and send until every range is done or an event stops the copy.
-    fn copy_until_stopped(&self, ranges: &mut [Range]) -> Stopped {
+    /// Read and send until every range is done, an event stops the copy, or it is `until`.
+    fn copy_until_stopped(&self, ranges: &mut [Range], until: Option<Instant>) -> Stopped {
         let mut open = ranges.iter().filter(|r| !r.done).count();
         let mut unpolled = 0u32;
         let mut idle_check = Instant::now();
-        while open > 0 {
+        while open > 0 && until.is_none_or(|u| Instant::now() < u) {
             if !self.producer.context().refused.lock().unwrap().is_empty() {
                 return Stopped {
                     kind: "refused",
@@ -542,14 +688,15 @@ impl Copier {
                     ..Stopped::default()
                 };
             }
-            let event = unsafe { rdsys::rd_kafka_queue_poll(self.queue, WAIT.as_millis() as i32) };
+            let wait = until.map_or(WAIT, |u| WAIT.min(u.saturating_duration_since(Instant::now())));
+            let event = unsafe { rdsys::rd_kafka_queue_poll(self.queue, wait.as_millis() as i32) };
             if event.is_null() {
                 self.producer.poll(Duration::ZERO);
-                if idle_check.elapsed() >= Duration::from_secs(1) {
+                if let Some(idle) = self.idle.filter(|_| idle_check.elapsed() >= Duration::from_secs(1)) {
                     idle_check = Instant::now();
                     if let Some(i) = ranges
                         .iter()
-                        .position(|r| !r.done && r.read_at.elapsed() >= self.idle)
+                        .position(|r| !r.done && r.read_at.elapsed() >= idle)
                     {
                         return Stopped {
                             kind: "idle",
@@ -746,6 +893,15 @@ impl Copier {
     }
 }
 
+/// The ranges not done, each with where it reads next.
+fn open_positions(ranges: &[Range]) -> Vec<(String, i32, i64)> {
+    ranges
+        .iter()
+        .filter(|r| !r.done)
+        .map(|r| (r.topic.clone(), r.partition, r.next))
+        .collect()
+}
+
 /// A record at `offset` was passed on (sent or dropped as an echo): the cursor moves past it, and is done at its stop.
 fn taken(r: &mut Range, offset: i64, open: &mut usize) {
     first_event(r, offset);
@@ -880,5 +1036,6 @@ unsafe fn owned_headers(
 
 #[pymodule]
 fn mirrorkit_copy_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<Copier>()
+    m.add_class::<Copier>()?;
+    m.add("TransactionError", m.py().get_type::<TransactionError>())
 }
