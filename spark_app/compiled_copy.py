@@ -8,21 +8,20 @@ what it sent land, and hands back every cursor as far as it got. Its delivery re
 and the Python loop (spark_app.range_copy) goes on from there with its own consumer and producer: so each rare path
 has one implementation, and a differential test holds the two cores to the same output.
 
-Real-time tasks use it too, each with a copier of its own (`live_copier`), whose consumer keeps its assignment
-from one copy to the next: a task copies until its next report (`copy_with`), and goes on with the Python loop for
-good once the core stopped at an event. A real-time slot that writes in transactions makes the core's producer its
-transactional one (`CoreProducer`, behind spark_app.transactions.SlotTransactions); at an event the core does not
-take, the transaction is aborted and the Python loop copies it again (`copy_in_transaction`), since no other producer
-can write into that transaction. A throughput flow's transactions, and a cluster whose login needs a token callback
-(Entra ID, MSK IAM), go through confluent-kafka's clients.
+Real-time tasks that write no transactions use it too, each with a copier of its own (`live_copier`), whose
+consumer keeps its assignment from one copy to the next: a task copies until its next report (`copy_with`), and goes
+on with the Python loop for good once the core stopped at an event. A flow's transactions (a slot's producer; every
+real-time flow into Kafka writes in them), and a cluster whose login needs a token callback (Entra ID, MSK IAM), go
+through confluent-kafka's clients: the core with the slot's producer was measured slower than the Python loop in
+real time (README, Benchmarks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError
 
 from . import clients
 from .clients import Partition
@@ -42,7 +41,7 @@ from .ranges import LATENCY_BOUNDS_MS, MAX_RUNS_PER_RANGE
 from .topics import CLOCK_SLACK_MS, TargetRules
 
 if TYPE_CHECKING:
-    from mirrorkit_copy_core import Copier, Landed, RefusedOut
+    from mirrorkit_copy_core import Copier, Landed
 
 # A partition with records left that reads nothing this long goes to the Python loop, which looks up its leader
 # (spark_app.range_copy.LEADER_CHECK_S) and holds it when the source does not serve it.
@@ -81,9 +80,18 @@ def copy_with(
     copier: Copier, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, cursors: Mapping[Partition, Cursor],
     rules: TargetRules, outbox: Outbox, until_s: float | None = None,
 ) -> tuple[int, bool]:  # fmt: skip
-    """`copy_compiled` with `copier`, for at most `until_s` (None: until the cursors are done): how many records it
-    passed on, and whether it stopped at an event the Python loop goes on from."""
-    keys, taken, (kind, index, offset, detail), refused, undelivered = _copy(copier, flow, cursors, rules, until_s)
+    """Copy the open cursors with `copier` as `copy_compiled` does, for at most `until_s` (None: until they are
+    done): how many records it passed on, and whether it stopped at an event the Python loop goes on from."""
+    keys = [key for key, c in cursors.items() if not c.done]
+    ranges = [
+        (key[0], key[1], target_topic(flow, key[0]), cursors[key].next, _stop(cursors[key]), _rule(rules, key[0]))
+        for key in keys
+    ]
+    results, (kind, index, offset, detail), refused, undelivered = copier.copy(ranges, FLUSH_S, until_s)
+    taken = 0
+    for key, ((next_, seen, done, first_offset), landed) in zip(keys, results, strict=True):
+        taken += landed[0] + landed[2]  # records sent and echoes dropped
+        _file(cursors[key], next_, seen, done, first_offset, landed)
     for i, at, code, key_bytes, value, ts in refused:
         record = Refused(keys[i][0], keys[i][1], at, key_bytes, value, None, ts)
         outbox.refused(KafkaError(code), record, f"{target_topic(flow, keys[i][0])}[{keys[i][1]}]")
@@ -108,72 +116,6 @@ def copy_with(
     return taken, bool(kind or refused)
 
 
-def copy_in_transaction(
-    copier: Copier, flow: FlowConfig, cursors: Mapping[Partition, Cursor], rules: TargetRules, until_s: float
-) -> tuple[int, bool]:  # fmt: skip
-    """Copy the open cursors for at most `until_s` in the open transaction of `copier`'s producer: how many records
-    it passed on, and whether it stopped at an event it does not take (a refusal, a read error, a delivery failure,
-    a refused login). Then the caller aborts the transaction and the Python loop copies it again: it meets that event
-    and deals with it. A producer that stopped (fenced) raises KafkaException(_FATAL), whose cause the slot's
-    `fenced_raises` finds."""
-    _keys, taken, (kind, _index, _offset, _detail), refused, undelivered = _copy(copier, flow, cursors, rules, until_s)
-    if copier.fatal():
-        raise KafkaException(KafkaError(KafkaError._FATAL, "the compiled core's producer stopped", fatal=True))
-    return taken, bool(kind or refused or undelivered)
-
-
-class CoreProducer:
-    """A copier's transactional producer behind the calls a slot's transactions make
-    (spark_app.transactions.TransactionalProducer), failing with confluent-kafka's KafkaException as that one does."""
-
-    def __init__(self, copier: Copier) -> None:
-        self.copier = copier
-
-    def init_transactions(self, timeout: float = -1) -> None:
-        _as_kafka(self.copier.init_transactions, timeout)
-
-    def begin_transaction(self) -> None:
-        _as_kafka(self.copier.begin_transaction)
-
-    def send_offsets_to_transaction(
-        self, positions: list[TopicPartition], group_metadata: Any, timeout: float = -1
-    ) -> None:  # fmt: skip
-        offsets = [(tp.topic, tp.partition, tp.offset) for tp in positions]
-        _as_kafka(self.copier.send_offsets_to_transaction, offsets, bytes(group_metadata), timeout)
-
-    def commit_transaction(self, timeout: float = -1) -> None:
-        _as_kafka(self.copier.commit_transaction, timeout)
-
-    def abort_transaction(self, timeout: float = -1) -> None:
-        _as_kafka(self.copier.abort_transaction, timeout)
-
-    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
-        """Drops what is queued; what is in flight is left to land or fail (each copy waits for it anyway)."""
-        if in_queue:
-            self.copier.purge_queue()
-
-    def poll(self, timeout: float = -1) -> int:
-        self.copier.poll()
-        return 0
-
-    def flush(self, timeout: float = -1) -> int:
-        """Nothing to wait for: each copy returns once what it sent has landed or failed."""
-        self.copier.poll()
-        return 0
-
-
-def _as_kafka(call: Callable[..., None], *args: object) -> None:
-    """`call`, its TransactionError raised as confluent-kafka's KafkaException, with the same flags."""
-    from mirrorkit_copy_core import TransactionError
-
-    try:
-        call(*args)
-    except TransactionError as err:
-        code, reason, fatal, retriable, txn_requires_abort = err.args
-        error = KafkaError(code, reason, fatal=fatal, retriable=retriable, txn_requires_abort=txn_requires_abort)
-        raise KafkaException(error) from None
-
-
 def _policy(flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, idle_s: float | None) -> tuple[Any, ...]:
     """The flow's per-record policy, as the core's constructor takes it after the clients' settings."""
     identity = flow.replication_policy == "identity"
@@ -181,24 +123,6 @@ def _policy(flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, idle
         source.alias, target.alias, identity, identity and flow.provenance_header, PROVENANCE_HEADER,
         list(LATENCY_BOUNDS_MS), MAX_RUNS_PER_RANGE, idle_s, _REFUSALS,
     )  # fmt: skip
-
-
-def _copy(
-    copier: Copier, flow: FlowConfig, cursors: Mapping[Partition, Cursor], rules: TargetRules, until_s: float | None
-) -> tuple[list[Partition], int, tuple[str, int, int, str], list[RefusedOut], int]:  # fmt: skip
-    """Run the core over the open cursors and file what it did into them: the open cursors' keys, how many records
-    it passed on, why it stopped, the records refused in delivery reports, and how many did not land."""
-    keys = [key for key, c in cursors.items() if not c.done]
-    ranges = [
-        (key[0], key[1], target_topic(flow, key[0]), cursors[key].next, _stop(cursors[key]), _rule(rules, key[0]))
-        for key in keys
-    ]
-    results, stopped, refused, undelivered = copier.copy(ranges, FLUSH_S, until_s)
-    taken = 0
-    for key, ((next_, seen, done, first_offset), landed) in zip(keys, results, strict=True):
-        taken += landed[0] + landed[2]
-        _file(cursors[key], next_, seen, done, first_offset, landed)
-    return keys, taken, stopped, refused, undelivered
 
 
 def _stop(cursor: Cursor) -> int:

@@ -33,7 +33,7 @@ from .config import ClusterConfig, FlowConfig
 from .outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
 from .ranges import Landing, OffsetRange, landed_arrow_schema
 from .topics import TargetRules
-from .transactions import SlotTransactions, slot_transactions, transactional
+from .transactions import SlotTransactions, transactional
 
 CONSUME_BATCH = 10_000
 CONSUME_WAIT_S = 0.1
@@ -109,14 +109,14 @@ class RangeCopier:
         An exactly-once copy first skips what the slot's positions say was committed (a batch that runs again after a
         crash between its commit and Spark's). When the target refuses a record, the transaction is aborted whole:
         the ranges are copied again in a new one up to the refused records, whose partitions hold from there."""
-        slot_txn = slot_transactions(self.flow, self.target, self.producer_settings, slot)
+        slot_txn = SlotTransactions(self.flow, self.target, self.producer_settings, slot)
         try:
             with slot_txn.fenced_raises():
                 return self._transactions(ranges, slot_txn)
         finally:  # a transaction left open is aborted by the task's retry, which starts the slot again
             slot_txn.close()
 
-    def _transactions(self, ranges: list[OffsetRange], slot_txn: SlotTransactions[Producer]) -> dict[Partition, Cursor]:
+    def _transactions(self, ranges: list[OffsetRange], slot_txn: SlotTransactions) -> dict[Partition, Cursor]:
         """Copy the ranges in transactions of `slot_txn` until one commits (see `_copy_in_transaction`)."""
         cut: dict[Partition, tuple[int, int, str]] = {}  # a refused partition: its first refused offset, size, why
         while True:

@@ -18,9 +18,9 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import cast
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from . import clients
 from .clients import Partition, PartitionOffsets
@@ -79,40 +79,18 @@ def transactional_id(flow: FlowConfig, slot: int) -> str:
     return f"{transactional_id_prefix(flow)}{slot}"
 
 
-def slot_settings(flow: FlowConfig, slot: int) -> dict[str, object]:
-    """What makes a producer the slot's: its transactional id, and how long the broker lets a transaction stay open."""
-    return {"transactional.id": transactional_id(flow, slot), "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}
+class SlotTransactions:
+    """One slot's transactional producer on the flow's target, started (so fencing its earlier attempts), and the
+    positions it commits with its records when the flow is `exactly_once`."""
 
-
-class TransactionalProducer(Protocol):
-    """The producer calls a slot's transactions make: confluent-kafka's Producer has them, and so does the compiled
-    core's (spark_app.compiled_copy.CoreProducer). Each fails with confluent-kafka's KafkaException."""
-
-    def init_transactions(self, timeout: float = -1) -> None: ...
-    def begin_transaction(self) -> None: ...
-    def send_offsets_to_transaction(
-        self, positions: list[TopicPartition], group_metadata: Any, timeout: float = -1
-    ) -> None: ...
-    def commit_transaction(self, timeout: float = -1) -> None: ...
-    def abort_transaction(self, timeout: float = -1) -> None: ...
-    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None: ...
-    def poll(self, timeout: float = -1) -> int: ...
-    def flush(self, timeout: float = -1) -> int: ...
-
-
-P = TypeVar("P", bound=TransactionalProducer, covariant=True)  # a slot of confluent-kafka's producer is a slot
-
-
-class SlotTransactions(Generic[P]):
-    """One slot's transactional producer on the flow's target (made with `slot_settings`), started (so fencing its
-    earlier attempts), and the positions it commits with its records when the flow is `exactly_once`."""
-
-    def __init__(self, flow: FlowConfig, target: ClusterConfig, slot: int, producer: P) -> None:
+    def __init__(self, flow: FlowConfig, target: ClusterConfig, settings: Mapping[str, object], slot: int) -> None:
         self.flow = flow
         self.target = target
         self.slot = slot
         self.id = transactional_id(flow, slot)
-        self.producer = producer
+        self.producer = clients.producer(
+            target, dict(settings) | {"transactional.id": self.id, "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}
+        )
         self._group = clients.consumer(target, _positions_reader(flow))
         self._open = False
         try:
@@ -219,13 +197,6 @@ class SlotTransactions(Generic[P]):
                       " this one writes nothing more")  # fmt: skip
 
 
-def slot_transactions(
-    flow: FlowConfig, target: ClusterConfig, settings: Mapping[str, object], slot: int
-) -> SlotTransactions[Producer]:
-    """A slot's transactions through confluent-kafka's producer, with the write path's `settings`."""
-    return SlotTransactions(flow, target, slot, clients.producer(target, dict(settings) | slot_settings(flow, slot)))
-
-
 def _positions_reader(flow: FlowConfig) -> dict[str, object]:
     """A consumer of the positions group: it never subscribes, so it never joins; it reads and names the group."""
     return {"group.id": positions_group(flow), "enable.auto.commit": False, "isolation.level": "read_committed"}
@@ -248,7 +219,7 @@ def fence(flow: FlowConfig, target: ClusterConfig, settings: Mapping[str, object
     """Start and drop a producer for each of the flow's slot ids from `first` up to `end`: every earlier attempt of
     them (a zombie of a run before this one) is fenced, and its open transaction aborted."""
     for slot in range(first, end):
-        slot_transactions(flow, target, settings, slot).close()
+        SlotTransactions(flow, target, settings, slot).close()
 
 
 def check_transactions(config: MirrorConfig) -> None:

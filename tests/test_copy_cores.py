@@ -19,13 +19,15 @@ import pytest
 from confluent_kafka import KafkaException
 
 import spark_app.range_copy
+import spark_app.realtime.task
 from bench.testbed import clients as testbed_clients
 from bench.testbed.clients import Record, by_partition, create_topics, end_offsets, produce, read_all
 from bench.testbed.kafka_cluster import ListenerKind
-from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
+from spark_app.config import ClusterConfig, FlowConfig, FlowMode, TopicSelection
 from spark_app.policy import PROVENANCE_HEADER
 from spark_app.range_copy import RangeCopier
 from spark_app.ranges import Landing, OffsetRange
+from spark_app.realtime.task import DONE, LANDED, Assignment, CopierTask, LiveCopy
 from spark_app.topics import TargetRule, TargetRules
 
 CAP = 10_000  # the target topics' max.message.bytes
@@ -81,21 +83,9 @@ def test_the_compiled_core_writes_and_accounts_exactly_what_the_python_loop_does
     results: dict[str, tuple[list[list[Record]], list[Record], list[dict]]] = {}
     c_end = 0
     for core in ("python", "compiled"):
-        a, b, c, dlq = (f"{name}-{core}-{unique}" for name in ("a", "b", "c", "dlq"))
-        create_topics(source.admin, {a: 2, b: 1, c: 1})
-        create_topics(target.admin, {a: 2, c: 1, dlq: 1}, {"max.message.bytes": str(CAP)})
-        create_topics(target.admin, {b: 1}, {"max.message.bytes": str(CAP), "cleanup.policy": "compact"})
-        produce(source.admin, a, records)
-        produce(source.admin, b, refusing)
-        _transactional(source, c, unique, now_ms)
-        flow = FlowConfig(
-            source=source.client.alias, target=target.client.alias, topics=TopicSelection(include=[a, b, c]),
-            checkpoint_location=str(tmp_path / core), replication_policy="identity", dead_letter_topic=dlq,
-            copy_core=core,
-        )  # fmt: skip
-        rules = TargetRules(max_message_bytes=CAP, topics={b: TargetRule(compacted=True)})
+        flow, rules, ends = _inputs(source, target, core, unique, tmp_path, records, refusing, now_ms)
+        a, b, c = flow.topics.include
         copier = RangeCopier(flow, source.client, target.client, None, rules)
-        ends = end_offsets(source.admin, [(a, 0), (a, 1), (b, 0), (c, 0)])
         c_end = ends[(c, 0)]
         landings: list[Landing] = []
         for task in ([(a, 0), (a, 1)], [(b, 0)], [(c, 0)]):  # one task each, as Spark would hand them out
@@ -105,7 +95,7 @@ def test_the_compiled_core_writes_and_accounts_exactly_what_the_python_loop_does
         copied = [read_all(target.admin, t, _landed(landings, t)) for t in (a, b, c)]
         assert sum(map(len, copied)) == written - sum(x.dead_lettered for x in landings)
         rows = [_comparable(x) for x in landings]
-        results[core] = (copied, read_all(target.admin, dlq, 1), rows)
+        results[core] = (copied, read_all(target.admin, flow.dead_letter_topic or "", 1), rows)
 
     assert used == [True, True, True], "the compiled core copied every task of its flow, the Python loop none"
     python, compiled_ = results["python"], results["compiled"]
@@ -126,6 +116,102 @@ def test_the_compiled_core_writes_and_accounts_exactly_what_the_python_loop_does
     assert rows[("c", 0)]["records"] == 80 and rows[("c", 0)]["end_offset"] == c_end, "aborted ones skipped"
     stamped = python[0][0]
     assert all(r.headers[-1][0] == PROVENANCE_HEADER for r in stamped), "each record says where it came from"
+
+
+def test_a_real_time_task_with_the_compiled_core_writes_and_reports_what_the_python_loop_does(
+    source_cluster, target_cluster, unique, tmp_path, monkeypatch
+):
+    """The same input, copied in real time (`run --available-now`, one task per topic, as `LiveCopy` runs in a Spark
+    task) into the Event Hubs-like target, whose slots write no transactions: the core copies until its first event
+    (the record over the cap, the null key), then the Python loop goes on from there. The target records, the dead
+    letter and what the reports add up to per partition are the Python loop's."""
+    source, target = source_cluster, target_cluster
+    rng = random.Random(11)
+    now_ms = int(time.time() * 1000)
+    records = _generated(rng, target.client.alias, now_ms)
+    refusing = [Record(0, None if i == 5 else f"k{i}".encode(), f"v{i}".encode(), (), now_ms) for i in range(10)]
+    copies: list[tuple[int, bool]] = []
+    copy_with = spark_app.realtime.task.copy_with
+    monkeypatch.setattr(spark_app.realtime.task, "copy_with", lambda *a: copies.append(copy_with(*a)) or copies[-1])
+
+    results = {}
+    for core in ("python", "compiled"):
+        flow, rules, ends = _inputs(source, target, core, unique, tmp_path, records, refusing, now_ms, realtime=True)
+        task = CopierTask(flow, source.client, target.client, ("127.0.0.1", 9), b"unused", rules, 1.0)
+        reports: list[dict] = []
+        for slot, topic in enumerate(flow.topics.include or ()):  # one task each
+            keys = [key for key in ends if key[0] == topic]
+            conn = _Reports()
+            LiveCopy(task, Assignment(dict.fromkeys(keys, 0), {key: ends[key] for key in keys}), slot).run(conn)
+            reports += conn.rows
+        copied = [read_all(target.admin, t, _landed_rows(reports, t)) for t in flow.topics.include or ()]
+        results[core] = (copied, read_all(target.admin, flow.dead_letter_topic or "", 1), _per_partition(reports))
+
+    assert sum(n for n, _ in copies) >= 0.9 * len(records), "the core copied most records, not its fallback"
+    assert sum(event for _, event in copies) == 2, "the core stopped at the record over the cap and at the null key"
+    python, compiled_ = results["python"], results["compiled"]
+    for got, want in zip(compiled_[0], python[0], strict=True):
+        assert sorted(map(_bytes, got)) == sorted(map(_bytes, want))
+    assert [_dead_letter(r) for r in compiled_[1]] == [_dead_letter(r) for r in python[1]], "the same dead letter"
+    assert compiled_[2] == python[2], "the same reports, partition by partition"
+    assert python[2][("b", 0)]["held_from"] == 5 and python[2][("a", 1)]["dead_lettered"] == 1
+
+
+class _Reports:
+    """A real-time task's report channel whose driver never says stop: the rows it was sent."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def send(self, message: list) -> None:
+        self.rows += message[1] if message[0] in (LANDED, DONE) else []
+
+    def poll(self) -> bool:
+        return False
+
+    def recv(self) -> object:
+        raise AssertionError("an available-now task hears nothing from its driver")
+
+
+def _per_partition(rows: list[dict]) -> dict[tuple[str, int], dict]:
+    """What a task's reports add up to for each partition (topic named by role): records, drops and dead letters,
+    where it ended and where it first held."""
+    out: dict[tuple[str, int], dict] = {}
+    for row in rows:
+        key = (row["topic"].split("-", 1)[0], row["partition"])
+        got = out.setdefault(key, {"records": 0, "dropped": 0, "dead_lettered": 0, "end_offset": 0, "held_from": -1})
+        for name in ("records", "dropped", "dead_lettered"):
+            got[name] += row[name]
+        got["end_offset"] = max(got["end_offset"], row["end_offset"])
+        if row["held_from"] >= 0 and got["held_from"] < 0:
+            got["held_from"] = row["held_from"]
+    return out
+
+
+def _landed_rows(rows: list[dict], topic: str) -> int:
+    return sum(row["records"] - row["dead_lettered"] for row in rows if row["topic"] == topic)
+
+
+def _inputs(
+    source, target, core: str, unique: str, tmp_path, records: list[Record], refusing: list[Record], now_ms: int,
+    realtime: bool = False,
+) -> tuple[FlowConfig, TargetRules, dict[tuple[str, int], int]]:  # fmt: skip
+    """Topics a, b and c of `core`'s run on both clusters, loaded (a: `records`, b: `refusing`, c: transactions), and
+    its flow, the target's rules and each source partition's end."""
+    a, b, c, dlq = (f"{name}-{core}-{'rt-' if realtime else ''}{unique}" for name in ("a", "b", "c", "dlq"))
+    create_topics(source.admin, {a: 2, b: 1, c: 1})
+    create_topics(target.admin, {a: 2, c: 1, dlq: 1}, {"max.message.bytes": str(CAP)})
+    create_topics(target.admin, {b: 1}, {"max.message.bytes": str(CAP), "cleanup.policy": "compact"})
+    produce(source.admin, a, records)
+    produce(source.admin, b, refusing)
+    _transactional(source, c, f"{unique}-{realtime}", now_ms)
+    flow = FlowConfig(
+        source=source.client.alias, target=target.client.alias, topics=TopicSelection(include=[a, b, c]),
+        checkpoint_location=str(tmp_path / f"{core}-{realtime}"), replication_policy="identity", dead_letter_topic=dlq,
+        copy_core=core, mode=FlowMode.REALTIME if realtime else FlowMode.THROUGHPUT,
+    )  # fmt: skip
+    rules = TargetRules(max_message_bytes=CAP, topics={b: TargetRule(compacted=True)})
+    return flow, rules, end_offsets(source.admin, [(a, 0), (a, 1), (b, 0), (c, 0)])
 
 
 def _spy_on_the_core(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], list[int]]:

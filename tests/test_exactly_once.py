@@ -20,7 +20,6 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-import spark_app.realtime.task
 from bench.testbed import clients
 from bench.testbed.clients import Record
 from bench.testbed.kafka_cluster import EVENTHUBS_USER, cluster_entry
@@ -28,8 +27,8 @@ from spark_app.config import FlowConfig, FlowMode, TopicSelection, parse_config
 from spark_app.range_copy import RangeCopier
 from spark_app.ranges import OffsetRange
 from spark_app.realtime.task import LANDED, STOP, Assignment, CopierTask, LiveCopy
-from spark_app.topics import TargetRule, TargetRules
-from spark_app.transactions import Fenced, TransactionsRefused, check_transactions, fence, slot_transactions
+from spark_app.topics import TargetRules
+from spark_app.transactions import Fenced, SlotTransactions, TransactionsRefused, check_transactions, fence
 from tests.support.assertions import assert_each_record_once_in_order
 
 PARTITIONS = 2
@@ -107,34 +106,17 @@ def in_thread(run, conn) -> tuple[threading.Thread, list[BaseException]]:
     return thread, errors
 
 
-def core_copies(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
-    """Each copy of a real-time slot's compiled core in a transaction, as it happens: how many records it took, and
-    whether it stopped at an event it leaves to the Python loop."""
-    taken: list[tuple[int, bool]] = []
-    copy = spark_app.realtime.task.copy_in_transaction
-
-    def spy(*args: Any) -> tuple[int, bool]:
-        result = copy(*args)
-        taken.append(result)
-        return result
-
-    monkeypatch.setattr(spark_app.realtime.task, "copy_in_transaction", spy)
-    return taken
-
-
-@pytest.mark.parametrize("core", ["compiled", "python"])
 @pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
 def test_a_real_time_task_cut_off_from_its_driver_is_fenced_when_its_successor_starts(
-    exactly_once, core, plaintext_cluster, source_cluster, unique, tmp_path, monkeypatch
+    exactly_once, plaintext_cluster, source_cluster, unique, tmp_path
 ):
     source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
     target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
     topic = f"zombie-{unique}"
     flow = FlowConfig(
         source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]), mode=FlowMode.REALTIME,
-        exactly_once=exactly_once, checkpoint_location=str(tmp_path), copy_core=core,
+        exactly_once=exactly_once, checkpoint_location=str(tmp_path),
     )  # fmt: skip
-    by_core = core_copies(monkeypatch)
     copy_topic = f"{source.alias}.{topic}"
     clients.create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
     clients.create_topics(source_cluster.admin, {copy_topic: PARTITIONS})
@@ -163,10 +145,6 @@ def test_a_real_time_task_cut_off_from_its_driver_is_fenced_when_its_successor_s
     successor_conn.stop.set()
     successor.join(60)
     assert not successor_errors, successor_errors
-    if core == "compiled":  # both copied with the core, in transactions of its producer
-        assert sum(n for n, _ in by_core) >= len(sent) and not any(event for _, event in by_core), by_core
-    else:
-        assert by_core == []
     got = clients.read_all(target, copy_topic, len(sent), exact=False)  # read_committed, librdkafka's default
     if exactly_once:
         assert_each_record_once_in_order(copy_topic, got, sent)
@@ -181,52 +159,6 @@ def test_a_real_time_task_cut_off_from_its_driver_is_fenced_when_its_successor_s
         assert values[:restart] == expected[:restart], f"partition {partition}: the zombie's copies are not a prefix"
 
 
-def test_a_real_time_slot_whose_compiled_core_meets_a_refused_record_aborts_and_the_python_loop_holds_it_exactly_once(
-    plaintext_cluster, source_cluster, unique, tmp_path, monkeypatch
-):
-    """The core copies in its producer's transactions until it meets a record the target topic refuses (a null key
-    into a compacted topic); only its producer can write into that transaction, so it is aborted, and a new
-    producer of the slot (fencing the core's) copies again from the last commit with the Python loop, which holds
-    the partition at the refused record. Read committed: every record before it once and in order, none after it,
-    and the other partition whole."""
-    source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
-    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
-    topic = f"refuse-{unique}"
-    flow = FlowConfig(
-        source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]), mode=FlowMode.REALTIME,
-        exactly_once=True, checkpoint_location=str(tmp_path),
-    )  # fmt: skip
-    copy_topic = f"{source.alias}.{topic}"
-    clients.create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
-    clients.create_topics(source_cluster.admin, {copy_topic: PARTITIONS}, {"cleanup.policy": "compact"})
-    by_core = core_copies(monkeypatch)
-    first = records(topic, 0, 2_000)
-    clients.produce(source, topic, first)
-    rules = TargetRules(topics={topic: TargetRule(compacted=True)})
-    task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", rules, COMMIT_S)
-    conn = Driver()
-    run, errors = in_thread(LiveCopy(task, Assignment({(topic, p): 0 for p in range(PARTITIONS)}, None), 0).run, conn)
-    wait_until_reached(conn, {p: len(first) // PARTITIONS for p in range(PARTITIONS)}, 60, errors)
-    assert sum(n for n, _ in by_core) >= len(first), "the core copied the first records"
-
-    more = records(topic, len(first), 400)
-    refused = more[101]  # partition 1, its offset 1,050
-    more[101] = Record(refused.partition, None, refused.value, timestamp_ms=refused.timestamp_ms)
-    clients.produce(source, topic, more)
-    sent = first + more
-    held_at = len(first) // PARTITIONS + 101 // PARTITIONS
-    wait_until_reached(conn, {0: len(sent) // PARTITIONS, 1: held_at}, 60, errors)
-    conn.stop.set()
-    run.join(60)
-    assert not errors, errors
-
-    assert [event for _, event in by_core].index(True) == len(by_core) - 1, "the Python loop went on from there"
-    holds = [row for _, rows in conn.reports for row in rows if row["partition"] == 1 and row["held_from"] >= 0]
-    assert holds and holds[0]["held_from"] == held_at, holds
-    kept = [r for i, r in enumerate(sent) if r.partition == 0 or i < len(first) + 101]
-    assert_each_record_once_in_order(copy_topic, clients.read_all(target, copy_topic, len(kept)), kept)
-
-
 def test_a_fenced_slot_leaves_as_fenced_from_a_call_that_only_hears_the_producer_is_dead(
     plaintext_cluster, source_cluster, unique, tmp_path
 ):
@@ -237,7 +169,7 @@ def test_a_fenced_slot_leaves_as_fenced_from_a_call_that_only_hears_the_producer
                       checkpoint_location=str(tmp_path))  # fmt: skip
     topic = f"fatal-{unique}"
     clients.create_topics(source_cluster.admin, {topic: 1})
-    zombie = slot_transactions(flow, target, {}, 0)
+    zombie = SlotTransactions(flow, target, {}, 0)
     zombie.begin()
     fence(flow, target, {}, 0, 1)  # its successor starts
     heard = []

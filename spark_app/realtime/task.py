@@ -2,39 +2,33 @@
 
 A task asks the driver which source partitions it copies and from where (an `Assignment`), reads them with one
 librdkafka consumer, and writes each record as it comes with a producer linger of a few milliseconds: through the
-compiled copy core (spark_app.compiled_copy) where the flow's `copy_core` and clusters allow, else (and for good
-once the core met an event it leaves to Python) through the per-record path (spark_app.outbox). Every REPORT_S it
-sends the driver one landing per partition, covering its offsets since the last report up to the first record not
-delivered yet, until the driver says STOP or (an available-now run) every partition reached its stop. The channel
-(spark_app.realtime.channel) carries JSON messages, authenticated with a key made for the job's run.
+compiled copy core (spark_app.compiled_copy) when its slot writes no transactions and the flow's `copy_core` and
+clusters allow, else (and for good once the core met an event it leaves to Python) through the per-record path
+(spark_app.outbox). Every REPORT_S it sends the driver one landing per partition, covering its offsets since the last
+report up to the first record not delivered yet, until the driver says STOP or (an available-now run) every partition
+reached its stop. The channel (spark_app.realtime.channel) carries JSON messages, authenticated with a key made for
+the job's run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from .. import clients
 from ..clients import Partition
-from ..compiled_copy import CoreProducer, copy_in_transaction, copy_with, live_copier
+from ..compiled_copy import copy_with, live_copier
 from ..config import ClusterConfig, FlowConfig
 from ..outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
 from ..ranges import Landing
 from ..topics import TargetRules
-from ..transactions import (
-    Aborted,
-    P,
-    SlotTransactions,
-    TransactionalProducer,
-    slot_settings,
-    slot_transactions,
-    transactional,
-)
+from ..transactions import Aborted, SlotTransactions, transactional
 from . import channel
 from .channel import Channel
 
@@ -129,13 +123,8 @@ class LiveCopy:
         self._committed: dict[Partition, int] = {}  # where the slot's last commit left each partition
         self._reported: set[Partition] = set()
         self._held_from: dict[Partition, int] = {}  # the first offset held back: nothing from there on is reported
-        eof = {"enable.partition.eof": any(c.stop is not None for c in self.cursors.values())}
-        self._consumer_settings = CONSUMER_SETTINGS | eof
-        # The compiled core's copier while the task copies with it; its slot's producer when the flow writes in
-        # transactions. The Python loop's consumer is assigned only once the task copies with the Python loop.
+        # The compiled core's copier while the task copies with it; the Python loop's consumer reads nothing till then.
         self.core: Copier | None = None
-        self.slot_txn: SlotTransactions[TransactionalProducer] | None = None
-        self.outbox: Outbox
 
     def run(self, conn: Channel) -> int:
         """Copy until every partition reached its stop (available-now) or the driver says stop; returns the count.
@@ -144,104 +133,56 @@ class LiveCopy:
         earlier attempt of the slot, and commits every `commit_s`; only then does it report, so the driver never
         hears of records a crash can still abort. An exactly-once slot resumes where its positions were committed,
         when that is past where the driver says it starts (a crash after a commit, before its report)."""
-        self._start()
-        consumer = clients.consumer(self.task.source, self._consumer_settings)  # its own: it pauses what it holds
-        open_ = self._open(consumer)
+        slot_txn = self._start_slot()
+        producer = slot_txn.producer if slot_txn is not None else clients.shared_producer(
+            self.task.target, self.task.producer_settings)  # fmt: skip
+        eof = {"enable.partition.eof": any(c.stop is not None for c in self.cursors.values())}
+        if slot_txn is None:  # a slot's transactions stay with confluent-kafka's producer (README, Benchmarks)
+            source, target, settings = self.task.source, self.task.target, self.task.producer_settings
+            self.core = live_copier(self.flow, source, target, CONSUMER_SETTINGS | eof, settings)
+        consumer = clients.consumer(self.task.source, CONSUMER_SETTINGS | eof)  # its own: a task pauses what it holds
+        outbox = Outbox(self.flow, producer, lambda key: self.cursors[key].landing, self.task.rules)
+        for key in self.cursors:
+            outbox.open(key)
+        open_ = self._assign(consumer)
         commit_s = self.task.commit_s if self.flow.exactly_once else REPORT_S
         report_at = time.monotonic() + commit_s
         stopped = False
+        fencing = slot_txn.fenced_raises() if slot_txn is not None else contextlib.nullcontext()
         try:
-            while True:
-                while open_ and not stopped:
-                    if not self._copy(consumer, open_, report_at):
-                        open_ = self._to_python_loop(consumer)
-                        continue
-                    if time.monotonic() >= report_at:
-                        report_at = time.monotonic() + commit_s
-                        self._hold(self.outbox.settle())
-                        self.outbox.raise_failures()
-                        if self.slot_txn is not None and not self._commit(self.slot_txn):
-                            open_ = self._open(consumer)
-                            continue
-                        self._send_report(conn, LANDED)
-                        stopped = conn.poll() and conn.recv() == STOP
-                    open_ = _still_open(open_, consumer if self.core is None else None)
-                self.outbox.flush(300)
-                self._hold(self.outbox.settle())
-                if self.slot_txn is None or self._commit(self.slot_txn):
-                    break
-                open_ = self._open(consumer)  # the last transaction was aborted: copy it again
-        except KafkaException:
-            if self.slot_txn is None:
-                raise
-            with self.slot_txn.fenced_raises():  # once fenced, any call raises: it leaves as Fenced
-                raise
+            with fencing:
+                while True:
+                    while open_ and not stopped:
+                        self.copied += self._copy(consumer, open_, outbox, report_at)
+                        if time.monotonic() >= report_at:
+                            report_at = time.monotonic() + commit_s
+                            self._hold(outbox.settle())
+                            outbox.raise_failures()
+                            if slot_txn is not None and not self._commit(slot_txn, outbox):
+                                open_ = self._assign(consumer)
+                                continue
+                            self._send_report(conn, LANDED, outbox)
+                            stopped = conn.poll() and conn.recv() == STOP
+                        open_ = _still_open(open_, consumer)
+                    outbox.flush(300)
+                    self._hold(outbox.settle())
+                    if slot_txn is None or self._commit(slot_txn, outbox):
+                        break
+                    open_ = self._assign(consumer)  # the last transaction was aborted: copy it again
         finally:
             consumer.close()
-            if self.slot_txn is not None:
-                self.slot_txn.close()
             self.core = None
-        self._send_report(conn, DONE)
+            if slot_txn is not None:
+                slot_txn.close()
+        self._send_report(conn, DONE, outbox)
         return self.copied
 
-    def _start(self) -> None:
-        """The task's copier, its slot's transactions (started, so fencing its earlier attempts) when the flow writes
-        in them, and its outbox: the compiled core's where it serves the flow, else the Python loop's."""
-        target, settings = self.task.target, self.task.producer_settings
-        txn = transactional(self.flow, target)
-        self.core = live_copier(self.flow, self.task.source, target, self._consumer_settings,
-                                settings | slot_settings(self.flow, self.slot) if txn else settings)  # fmt: skip
-        if txn and self.core is not None:
-            self.slot_txn = self._start_slot(SlotTransactions(self.flow, target, self.slot, CoreProducer(self.core)))
-        elif txn:
-            self.slot_txn = slot = self._start_slot(slot_transactions(self.flow, target, settings, self.slot))
-            self._outbox(slot.producer)
-            return
-        self._outbox(None)
-
-    def _outbox(self, producer: Producer | None) -> None:
-        """A new outbox for every partition, writing with `producer` (the slot's), else the worker's shared producer
-        (which the compiled core's task only needs for its dead letters)."""
-        if producer is None:
-            producer = clients.shared_producer(self.task.target, self.task.producer_settings)
-        self.outbox = Outbox(self.flow, producer, lambda key: self.cursors[key].landing, self.task.rules)
-        for key in self.cursors:
-            self.outbox.open(key)
-
-    def _copy(self, consumer: Consumer, open_: dict[Partition, Cursor], until: float) -> bool:
-        """Copy some of the open partitions, with the core until `until` or with the Python loop for a moment; False
-        when the core stopped at an event it leaves to the Python loop."""
-        if self.core is None:
-            self.copied += copy_some(consumer, open_, self.outbox, CONSUME_BATCH, CONSUME_WAIT_S)
-            return True
-        left = max(0.0, until - time.monotonic())
-        if self.slot_txn is None:
-            source, target = self.task.source, self.task.target
-            taken, event = copy_with(self.core, self.flow, source, target, open_, self.task.rules, self.outbox, left)
-        else:
-            taken, event = copy_in_transaction(self.core, self.flow, open_, self.task.rules, left)
-        self.copied += taken
-        return not event
-
-    def _to_python_loop(self, consumer: Consumer) -> dict[Partition, Cursor]:
-        """Leave the compiled core for good: the Python loop goes on where it stopped, or, in a transaction (which
-        only the core's producer can write into), the transaction is aborted and copied again from the last commit
-        by a new producer of the slot, which fences the core's. Returns the open partitions."""
-        log.warning("flow %s: slot %d goes on with the Python loop (the compiled core met a record or event it leaves"
-                    " to it)", self.flow.name, self.slot)  # fmt: skip
-        if self.slot_txn is not None:
-            self.slot_txn.abort()
-            self._roll_back(set(), {})
-            self.slot_txn.close()
-            settings = self.task.producer_settings
-            self.slot_txn = slot = self._start_slot(slot_transactions(self.flow, self.task.target, settings, self.slot))
-            self._outbox(slot.producer)
-        self.core = None
-        return self._open(consumer)
-
-    def _start_slot(self, slot_txn: SlotTransactions[P]) -> SlotTransactions[P]:
-        """The slot's transactions, begun; an exactly-once slot's partitions move to their committed positions where
-        those are ahead."""
+    def _start_slot(self) -> SlotTransactions | None:
+        """The slot's transactional producer, started (fencing its earlier attempts), when the flow writes in
+        transactions; an exactly-once slot's partitions move to their committed positions where those are ahead."""
+        if not transactional(self.flow, self.task.target):
+            return None
+        slot_txn = SlotTransactions(self.flow, self.task.target, self.task.producer_settings, self.slot)
         if self.flow.exactly_once:
             for key, offset in slot_txn.committed(self.cursors).items():
                 cursor = self.cursors[key]
@@ -253,19 +194,33 @@ class LiveCopy:
         slot_txn.begin()
         return slot_txn
 
-    def _open(self, consumer: Consumer) -> dict[Partition, Cursor]:
-        """The partitions not done; the Python loop's consumer reads them from where their cursors stand (the core's
-        reads from there at its next copy)."""
+    def _assign(self, consumer: Consumer) -> dict[Partition, Cursor]:
+        """The partitions not done; the Python loop's consumer reads them from where their cursors stand, unless the
+        core copies them (it reads from there at its next copy)."""
         open_ = {key: c for key, c in sorted(self.cursors.items()) if not c.done}
         if self.core is None:
             consumer.assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
         return open_
 
-    def _commit(self, slot_txn: SlotTransactions[TransactionalProducer]) -> bool:
+    def _copy(self, consumer: Consumer, open_: dict[Partition, Cursor], outbox: Outbox, until: float) -> int:
+        """Copy some of the open partitions: with the core until `until`, else with the Python loop for a moment;
+        how many records it passed on. Once the core stops at an event it leaves to the Python loop, the Python loop
+        goes on from there for the rest of the task's run."""
+        if self.core is None:
+            return copy_some(consumer, open_, outbox, CONSUME_BATCH, CONSUME_WAIT_S)
+        task, left = self.task, max(0.0, until - time.monotonic())
+        taken, event = copy_with(self.core, self.flow, task.source, task.target, open_, task.rules, outbox, left)
+        if event:
+            log.warning("flow %s: slot %d goes on with the Python loop (the compiled core met a record or event it"
+                        " leaves to it)", self.flow.name, self.slot)  # fmt: skip
+            self.core = None
+            self._assign(consumer)
+        return taken
+
+    def _commit(self, slot_txn: SlotTransactions, outbox: Outbox) -> bool:
         """Commit what was sent (with each partition's next offset, exactly-once) and begin the next transaction;
         False when the target refused a record of it: then all of it was aborted, every cursor is back where the
         last commit left it, and the refused partitions hold from there (their topic catches up later)."""
-        outbox = self.outbox
         outbox.flush(300)
         self._hold(outbox.settle())
         refused = outbox.take_refused()
@@ -281,15 +236,6 @@ class LiveCopy:
                 return True
         errors = {key: self.cursors[key].landing.held_error for key in refused}
         slot_txn.abort()
-        self._roll_back(refused, errors)
-        log.warning("flow %s: slot %d's transaction was aborted (the target refused a record of %s); copying again"
-                    " from its last commit", self.flow.name, self.slot, sorted(refused) or "it")  # fmt: skip
-        slot_txn.begin()
-        return False
-
-    def _roll_back(self, refused: set[Partition], errors: dict[Partition, str]) -> None:
-        """Every cursor back where the last commit left it (its transaction was aborted); the `refused` partitions
-        hold from there, with their `errors`."""
         for key, cursor in self.cursors.items():
             start = self._committed[key]
             cursor.next, cursor.retired, cursor.seen = start, [], False
@@ -297,6 +243,10 @@ class LiveCopy:
             cursor.done = key in refused or (cursor.stop is not None and start >= cursor.stop)
             if key in refused:
                 cursor.landing.hold(start, error=errors[key])
+        log.warning("flow %s: slot %d's transaction was aborted (the target refused a record of %s); copying again"
+                    " from its last commit", self.flow.name, self.slot, sorted(refused) or "it")  # fmt: skip
+        slot_txn.begin()
+        return False
 
     def _next_to_copy(self, key: Partition) -> int:
         """Where a partition goes on from: its first held offset, if it holds (records read past it, sent before
@@ -305,8 +255,8 @@ class LiveCopy:
         held = [o for o in (cursor.landing.held_from, self._held_from.get(key, -1)) if o >= 0]
         return min([cursor.next, *held])
 
-    def _send_report(self, conn: Channel, kind: str) -> None:
-        conn.send([kind, [row.to_row() for row in self._report(self.outbox)]])
+    def _send_report(self, conn: Channel, kind: str, outbox: Outbox) -> None:
+        conn.send([kind, [row.to_row() for row in self._report(outbox)]])
 
     def _hold(self, held: set[Partition]) -> None:
         """Partitions refused by the target after later records were sent: read no further."""
@@ -334,14 +284,12 @@ class LiveCopy:
         return rows
 
 
-def _still_open(open_: dict[Partition, Cursor], consumer: Consumer | None) -> dict[Partition, Cursor]:
-    """The open partitions that are not done; the Python loop's consumer, if it reads them, stops fetching those
-    that are (the core's copies only the open ones)."""
+def _still_open(open_: dict[Partition, Cursor], consumer: Consumer) -> dict[Partition, Cursor]:
+    """The open partitions that are not done; the consumer stops fetching those that are."""
     done = [TopicPartition(*key) for key, c in open_.items() if c.done]
     if not done:
         return open_
-    if consumer is not None:
-        consumer.pause(done)
+    consumer.pause(done)
     return {key: c for key, c in open_.items() if not c.done}
 
 

@@ -30,10 +30,16 @@ use rdkafka::producer::{
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-/// Delivery reports are served after this many records sent, and whenever the consumer waits.
+/// Delivery reports are served after this many records sent, at least this often while records are sent (so a
+/// landing's replication latency is timed when it lands, not when a later poll came), and whenever the consumer waits.
 const POLL_EVERY: u32 = 1024;
+const POLL_AFTER: Duration = Duration::from_millis(5);
 /// How long one wait for the source lasts before the copy looks at its clock again.
 const WAIT: Duration = Duration::from_millis(100);
+/// How long one wait for delivery reports lasts. rdkafka's `BaseProducer::poll` waits out its whole timeout even
+/// once the reports it waits for came, and its `flush` polls 100 ms at a time: a copy that flushed with it paid up
+/// to 100 ms each time it ended, which a real-time task does every report.
+const REPORT_WAIT: Duration = Duration::from_millis(1);
 
 /// A record the target refused in a delivery report, for the dead-letter topic or a hold. A report carries the
 /// record's key and value, not its headers, and no timestamp once it failed: the Python loop's has no more
@@ -239,6 +245,8 @@ struct Stopped {
 struct Copier {
     consumer: BaseConsumer,
     queue: *mut rdsys::rd_kafka_queue_t,
+    /// The producer's main queue, where its delivery reports wait to be served.
+    reports: *mut rdsys::rd_kafka_queue_t,
     producer: BaseProducer<Deliveries>,
     source_alias: Vec<u8>,
     target_alias: Vec<u8>,
@@ -297,8 +305,7 @@ impl Copier {
     /// header `provenance_header` stamped and its echoes of `target_alias` dropped when `stamp`. `latency_bounds_ms`
     /// and `max_runs` are spark_app.ranges'. A partition with records left that reads nothing for `idle_s` (None:
     /// never) ends the copy, and so does a delivery error: those with a code in `refusal_codes` only stop it, any
-    /// other purges what is queued first. A `transactional.id` in the producer settings makes the producer
-    /// transactional: its transaction methods below then frame what `copy` sends.
+    /// other purges what is queued first.
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -336,6 +343,7 @@ impl Copier {
         Ok(Copier {
             consumer,
             queue,
+            reports: unsafe { rdsys::rd_kafka_queue_get_main(producer.client().native_ptr()) },
             producer,
             source_alias: source_alias.into_bytes(),
             target_alias: target_alias.into_bytes(),
@@ -391,136 +399,19 @@ impl Copier {
     /// Let what was sent land, and close the clients.
     fn close(&self, py: Python<'_>) {
         py.detach(|| {
-            let _ = self.producer.flush(Duration::from_secs(30));
+            self.flush(Duration::from_secs(30));
             let _ = self.consumer.unassign();
             self.kept.lock().unwrap().clear();
         })
     }
-
-    /// Start the transactional producer: every earlier producer of its `transactional.id` is fenced.
-    fn init_transactions(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
-        py.detach(|| self.producer.init_transactions(Duration::from_secs_f64(timeout_s)))
-            .map_err(transaction_error)
-    }
-
-    fn begin_transaction(&self) -> PyResult<()> {
-        self.producer.begin_transaction().map_err(transaction_error)
-    }
-
-    /// Commit `offsets` (topic, partition, next offset) in the open transaction for the group whose metadata
-    /// `group_metadata` is, as librdkafka serializes it (confluent-kafka's `consumer_group_metadata()`).
-    fn send_offsets_to_transaction(
-        &self,
-        py: Python<'_>,
-        offsets: Vec<(String, i32, i64)>,
-        group_metadata: Vec<u8>,
-        timeout_s: f64,
-    ) -> PyResult<()> {
-        let mut list = TopicPartitionList::new();
-        for (topic, partition, offset) in &offsets {
-            list.add_partition_offset(topic, *partition, Offset::Offset(*offset))
-                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        }
-        let rk = self.producer.client().native_ptr() as usize;
-        let list_ptr = list.ptr() as usize;
-        let timeout_ms = (timeout_s * 1000.0) as i32;
-        let code = py.detach(move || unsafe {
-            let mut cgmd: *mut rdsys::rd_kafka_consumer_group_metadata_t = std::ptr::null_mut();
-            let read = rdsys::rd_kafka_consumer_group_metadata_read(
-                &mut cgmd,
-                group_metadata.as_ptr() as *const c_void,
-                group_metadata.len(),
-            );
-            if !read.is_null() {
-                return Err(read as usize);
-            }
-            let error = rdsys::rd_kafka_send_offsets_to_transaction(
-                rk as *mut rdsys::rd_kafka_t,
-                list_ptr as *const rdsys::rd_kafka_topic_partition_list_t,
-                cgmd,
-                timeout_ms,
-            );
-            rdsys::rd_kafka_consumer_group_metadata_destroy(cgmd);
-            if error.is_null() {
-                Ok(())
-            } else {
-                Err(error as usize)
-            }
-        });
-        code.map_err(|error| unsafe { native_error(error as *mut rdsys::rd_kafka_error_t) })
-    }
-
-    fn commit_transaction(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
-        py.detach(|| {
-            self.producer
-                .commit_transaction(Duration::from_secs_f64(timeout_s))
-        })
-        .map_err(transaction_error)
-    }
-
-    fn abort_transaction(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
-        py.detach(|| {
-            self.producer
-                .abort_transaction(Duration::from_secs_f64(timeout_s))
-        })
-        .map_err(transaction_error)
-    }
-
-    /// Drop what is only queued, not what is in flight.
-    fn purge_queue(&self) {
-        self.producer.purge(PurgeConfig::default().queue());
-    }
-
-    /// Serve the producer's delivery reports (one after its copy returned is dropped: it has no landing).
-    fn poll(&self) {
-        self.producer.poll(Duration::ZERO);
-    }
 }
-
-/// A transaction call's error as the Python exception `TransactionError(code, reason, fatal, retriable,
-/// txn_requires_abort)`, which spark_app.compiled_copy turns into confluent-kafka's KafkaException.
-fn transaction_error(err: KafkaError) -> PyErr {
-    match err {
-        KafkaError::Transaction(e) => TransactionError::new_err((
-            e.code() as i32,
-            e.string(),
-            e.is_fatal(),
-            e.is_retriable(),
-            e.txn_requires_abort(),
-        )),
-        other => TransactionError::new_err((
-            other.rdkafka_error_code().map(|c| c as i32).unwrap_or(-1),
-            other.to_string(),
-            false,
-            false,
-            false,
-        )),
-    }
-}
-
-/// librdkafka's error object as `TransactionError`; it is destroyed here.
-unsafe fn native_error(error: *mut rdsys::rd_kafka_error_t) -> PyErr {
-    let err = TransactionError::new_err((
-        rdsys::rd_kafka_error_code(error) as i32,
-        c_str(rdsys::rd_kafka_error_string(error)),
-        rdsys::rd_kafka_error_is_fatal(error) != 0,
-        rdsys::rd_kafka_error_is_retriable(error) != 0,
-        rdsys::rd_kafka_error_txn_requires_abort(error) != 0,
-    ));
-    rdsys::rd_kafka_error_destroy(error);
-    err
-}
-
-pyo3::create_exception!(
-    mirrorkit_copy_core,
-    TransactionError,
-    pyo3::exceptions::PyException,
-    "A transaction call failed: (code, reason, fatal, retriable, txn_requires_abort)."
-);
 
 impl Drop for Copier {
     fn drop(&mut self) {
-        unsafe { rdsys::rd_kafka_queue_destroy(self.queue) };
+        unsafe {
+            rdsys::rd_kafka_queue_destroy(self.queue);
+            rdsys::rd_kafka_queue_destroy(self.reports);
+        }
     }
 }
 
@@ -605,9 +496,10 @@ impl Copier {
             // What is only queued must not land ahead of the failed record's retry; what is in flight may.
             self.producer.purge(PurgeConfig::default().queue());
         }
-        let undelivered = match self.producer.flush(Duration::from_secs_f64(flush_s)) {
-            Ok(()) => 0,
-            Err(_) => self.producer.in_flight_count(),
+        let undelivered = if self.flush(Duration::from_secs_f64(flush_s)) {
+            0
+        } else {
+            self.producer.in_flight_count()
         };
         if let Some(reason) = ctx.auth_failed.lock().unwrap().take() {
             stopped = Stopped {
@@ -645,6 +537,31 @@ impl Copier {
         (Ok(out), stopped, refused, undelivered)
     }
 
+    /// Serve every delivery report waiting. rdkafka's `poll(0)` serves one event, and a report event covers one
+    /// partition's batch: polled once per fetch, reports of many small batches piled up unserved (seen: thousands
+    /// of records at the end of a real-time copy, and a flush of a second).
+    fn serve_reports(&self) {
+        while unsafe { rdsys::rd_kafka_queue_length(self.reports) } > 0 {
+            self.producer.poll(Duration::ZERO);
+        }
+    }
+
+    /// Wait up to `timeout` for every record sent to land or fail, serving delivery reports as they come; whether
+    /// they all did.
+    fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let rk = self.producer.client().native_ptr();
+        loop {
+            if unsafe { rdsys::rd_kafka_flush(rk, 0) } == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            self.producer.poll(REPORT_WAIT);
+        }
+    }
+
     fn assign(&self, ranges: &[Range]) -> Result<(), String> {
         let kept = std::mem::take(&mut *self.kept.lock().unwrap());
         if !kept.is_empty() && kept == open_positions(ranges) {
@@ -665,6 +582,7 @@ impl Copier {
     fn copy_until_stopped(&self, ranges: &mut [Range], until: Option<Instant>) -> Stopped {
         let mut open = ranges.iter().filter(|r| !r.done).count();
         let mut unpolled = 0u32;
+        let mut polled_at = Instant::now();
         let mut idle_check = Instant::now();
         while open > 0 && until.is_none_or(|u| Instant::now() < u) {
             if !self.producer.context().refused.lock().unwrap().is_empty() {
@@ -691,7 +609,7 @@ impl Copier {
             let wait = until.map_or(WAIT, |u| WAIT.min(u.saturating_duration_since(Instant::now())));
             let event = unsafe { rdsys::rd_kafka_queue_poll(self.queue, wait.as_millis() as i32) };
             if event.is_null() {
-                self.producer.poll(Duration::ZERO);
+                self.serve_reports();
                 if let Some(idle) = self.idle.filter(|_| idle_check.elapsed() >= Duration::from_secs(1)) {
                     idle_check = Instant::now();
                     if let Some(i) = ranges
@@ -712,6 +630,11 @@ impl Copier {
             unsafe { rdsys::rd_kafka_event_destroy(event) };
             if let Some(stop) = stop {
                 return stop;
+            }
+            if unpolled > 0 && polled_at.elapsed() >= POLL_AFTER {
+                self.serve_reports();
+                unpolled = 0;
+                polled_at = Instant::now();
             }
         }
         Stopped::default()
@@ -869,7 +792,7 @@ impl Copier {
                 Ok(()) => break,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     record = back;
-                    self.producer.poll(Duration::from_millis(50));
+                    self.producer.poll(REPORT_WAIT);
                 }
                 Err((err, _)) => {
                     // Refused before it was sent (too large, its topic or partition unknown or denied): the Python
@@ -886,7 +809,7 @@ impl Copier {
         r.bytes += (e.key.map_or(0, <[u8]>::len) + e.value.map_or(0, <[u8]>::len)) as i64;
         *unpolled += 1;
         if *unpolled >= POLL_EVERY {
-            self.producer.poll(Duration::ZERO);
+            self.serve_reports();
             *unpolled = 0;
         }
         None
@@ -1036,6 +959,5 @@ unsafe fn owned_headers(
 
 #[pymodule]
 fn mirrorkit_copy_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<Copier>()?;
-    m.add("TransactionError", m.py().get_type::<TransactionError>())
+    m.add_class::<Copier>()
 }
