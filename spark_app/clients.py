@@ -167,17 +167,11 @@ def shared_copier(
     producer_defaults: Mapping[str, object], policy: tuple[Any, ...],
 ) -> Copier | None:  # fmt: skip
     """A `copier` kept like the shared clients; None where `copier` gives none."""
-    if not copier_serves(source, target):
+    settings = _copier_settings(source, target, consumer_defaults, producer_defaults)
+    if settings is None:
         return None
     key = (*_key(source, consumer_defaults), *_key(target, producer_defaults), repr(policy))
-    return _copiers.get(key, lambda: _copier(source, target, consumer_defaults, producer_defaults, policy))
-
-
-def copier_serves(source: ClusterConfig, target: ClusterConfig) -> bool:
-    """Whether the compiled copy core can log in to both clusters: not where a login needs a Python callback (an
-    OAUTHBEARER token), which only confluent-kafka's clients take."""
-    consumer_conf = _plain(librdkafka_settings(source, "consumer"))
-    return consumer_conf is not None and _plain(librdkafka_settings(target, "producer")) is not None
+    return _copiers.get(key, lambda: _copier_class()(*settings, *policy))
 
 
 def copier(
@@ -185,19 +179,23 @@ def copier(
     producer_defaults: Mapping[str, object], policy: tuple[Any, ...],
 ) -> Copier | None:  # fmt: skip
     """The compiled copy core's consumer and producer for a flow's `policy` (spark_app.compiled_copy), its own; None
-    when the core cannot log in to a cluster (`copier_serves`)."""
-    if not copier_serves(source, target):
-        return None
-    return _copier(source, target, consumer_defaults, producer_defaults, policy)
+    when a cluster's login needs a Python callback (an OAUTHBEARER token), which only confluent-kafka's clients
+    take."""
+    settings = _copier_settings(source, target, consumer_defaults, producer_defaults)
+    return None if settings is None else _copier_class()(*settings, *policy)
 
 
-def _copier(
+def _copier_settings(
     source: ClusterConfig, target: ClusterConfig, consumer_defaults: Mapping[str, object],
-    producer_defaults: Mapping[str, object], policy: tuple[Any, ...],
-) -> Copier:  # fmt: skip
+    producer_defaults: Mapping[str, object],
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]] | None:  # fmt: skip
+    """The core's consumer and producer settings as librdkafka's strings; None when one is a callback."""
     consumer_conf = _plain(dict(consumer_defaults) | librdkafka_settings(source, "consumer"))
     producer_conf = _plain(dict(producer_defaults) | librdkafka_settings(target, "producer"))
-    assert consumer_conf is not None and producer_conf is not None  # copier_serves said so
+    return None if consumer_conf is None or producer_conf is None else (consumer_conf, producer_conf)
+
+
+def _copier_class() -> type[Copier]:
     try:  # here, not at the top: only a worker that copies needs the compiled module
         from mirrorkit_copy_core import Copier
     except ImportError as err:
@@ -205,7 +203,7 @@ def _copier(
             "copy_core 'compiled' needs the mirrorkit_copy_core module: `bash .ci/setup` builds and installs it, and"
             " the mirror image ships it; or set the flow's copy_core to 'python'"
         ) from err
-    return Copier(consumer_conf, producer_conf, *policy)
+    return Copier
 
 
 def discard_copier(copier: Copier) -> None:
