@@ -44,7 +44,20 @@ TOPIC_GONE_GRACE_S = 7 * 86_400.0
 # (bench/results/20261127-startup-profile.txt). Set where a JVM starts: by `build_session` for a JVM it launches, by
 # infra's SparkApplication for the deployed driver and executors.
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-SPARK_JVM_CONF = {f"spark.{role}.extraJavaOptions": SPARK_JVM_OPTIONS for role in ("driver", "executor")}
+# Spark's own classes, mapped from one class-data-sharing archive in Spark's home instead of read from its jars and
+# verified again at each JVM start: 2-3 s of the mirror's start here (bench/results/20261128-startup-cds.txt). Set-up
+# and the image make it once per Spark install (images/spark_classes.py). A JVM that finds no archive there, or runs on
+# another class path than it was made for, starts without it, as before.
+SPARK_CLASS_ARCHIVE = "mirrorkit-classes.jsa"
+IMAGE_SPARK_HOME = "/opt/spark"  # the image's Spark (images/mirror/Dockerfile)
+
+
+def spark_jvm_conf(spark_home: str) -> dict[str, str]:
+    """The driver's and executors' JVM options, for a Spark installed in `spark_home`."""
+    options = f"{SPARK_JVM_OPTIONS} -XX:SharedArchiveFile={spark_home}/{SPARK_CLASS_ARCHIVE}"
+    return {f"spark.{role}.extraJavaOptions": options for role in ("driver", "executor")}
+
+
 # Kafka Java client names users carry over from MirrorMaker 2 configs, with what librdkafka (every client the mirror
 # runs) calls them; None when librdkafka has no such setting.
 JAVA_CLIENT_NAMES = {

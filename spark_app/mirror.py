@@ -14,10 +14,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from pyspark.find_spark_home import _find_spark_home
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
 
-from .config import SPARK_JVM_CONF, FlowMode, MirrorConfig, cores_needed
+from .config import FlowMode, MirrorConfig, cores_needed, spark_jvm_conf
 from .dr.service import DrSync
 from .errors import ClusterUnreachable, MirrorFailed
 from .metrics import LagPoller, MirrorMetrics
@@ -37,7 +38,7 @@ def build_session(master: str | None = None, app_name: str = "mirrorkit") -> Spa
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
-        for key, value in SPARK_JVM_CONF.items():
+        for key, value in spark_jvm_conf(_find_spark_home()).items():  # where pyspark finds the Spark it starts
             builder = builder.config(key, value)
     session = builder.config("spark.task.maxFailures", "4").getOrCreate()
     session.dataSource.register(OffsetRangeSource)

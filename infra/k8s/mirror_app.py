@@ -30,7 +30,7 @@ from infra.k8s.series import (
 )
 from infra.naming import CHECKPOINT_DIR, SECRETS_DIR
 from infra.schema import Alerts, CheckpointStore, ExecutorResources, Resources
-from spark_app.config import SPARK_JVM_CONF, STOP_GRACE_S
+from spark_app.config import IMAGE_SPARK_HOME, STOP_GRACE_S, spark_jvm_conf
 
 CONFIG_DIR = "/etc/mirrorkit/config"
 CONFIG_FILE = "mirror.yaml"
@@ -133,7 +133,11 @@ def spark_application_spec(
             "onFailureRetryInterval": 30,
             "onSubmissionFailureRetryInterval": 60,
         },
-        "sparkConf": {"spark.kubernetes.executor.deleteOnTermination": "true", **SPARK_JVM_CONF, **args.spark_conf},
+        "sparkConf": {
+            "spark.kubernetes.executor.deleteOnTermination": "true",
+            **spark_jvm_conf(IMAGE_SPARK_HOME),
+            **args.spark_conf,
+        },
         "volumes": volumes,
         "driver": {
             **pod,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pyspark
 
 from images.fetch_jars import load_manifest
+from spark_app.config import IMAGE_SPARK_HOME
 from tests.infra.harness import ROOT
 
 DOCKERFILE = ROOT / "images" / "mirror" / "Dockerfile"
@@ -61,3 +62,11 @@ def test_the_image_bakes_the_hadoop_cloud_connectors_at_sparks_hadoop_version():
     assert "bundle" in by_name and by_name["bundle"].group == "software.amazon.awssdk"
     text = DOCKERFILE.read_text()
     assert "fetch_jars.py --image" in text and "/opt/spark/jars" in text
+
+
+def test_the_image_makes_sparks_class_archive_in_the_spark_home_the_jvm_options_name():
+    lines = DOCKERFILE.read_text().splitlines()
+    env = max(i for i, line in enumerate(lines) if line.startswith("ENV "))
+    made = [i for i, line in enumerate(lines) if line.startswith("RUN ") and "images/spark_classes.py" in line]
+    assert made and made[0] > env, "the archive is made after the ENV that sets SPARK_HOME and PYTHONPATH"
+    assert f"SPARK_HOME={IMAGE_SPARK_HOME}" in "\n".join(lines[env : made[0]])
