@@ -134,7 +134,7 @@ def test_a_real_time_task_with_the_compiled_core_writes_and_reports_what_the_pyt
     copy_with = spark_app.realtime.task.copy_with
     monkeypatch.setattr(spark_app.realtime.task, "copy_with", lambda *a: copies.append(copy_with(*a)) or copies[-1])
 
-    results = {}
+    results, python_consumers = {}, {}
     for core in ("python", "compiled"):
         flow, rules, ends = _inputs(source, target, core, unique, tmp_path, records, refusing, now_ms, realtime=True)
         task = CopierTask(flow, source.client, target.client, ("127.0.0.1", 9), b"unused", rules, 1.0)
@@ -142,13 +142,17 @@ def test_a_real_time_task_with_the_compiled_core_writes_and_reports_what_the_pyt
         for slot, topic in enumerate(flow.topics.include or ()):  # one task each
             keys = [key for key in ends if key[0] == topic]
             conn = _Reports()
-            LiveCopy(task, Assignment(dict.fromkeys(keys, 0), {key: ends[key] for key in keys}), slot).run(conn)
+            live = LiveCopy(task, Assignment(dict.fromkeys(keys, 0), {key: ends[key] for key in keys}), slot)
+            live.run(conn)
             reports += conn.rows
+            python_consumers[core, topic.split("-", 1)[0]] = live.consumer is not None
         copied = [read_all(target.admin, t, _landed_rows(reports, t)) for t in flow.topics.include or ()]
         results[core] = (copied, read_all(target.admin, flow.dead_letter_topic or "", 1), _per_partition(reports))
 
     assert sum(n for n, _ in copies) >= 0.9 * len(records), "the core copied most records, not its fallback"
     assert sum(event for _, event in copies) == 2, "the core stopped at the record over the cap and at the null key"
+    made = {role for (core, role), made in python_consumers.items() if core == "compiled" and made}
+    assert made == {"a", "b"}, "only a task whose core met an event makes the Python loop's consumer"
     python, compiled_ = results["python"], results["compiled"]
     for got, want in zip(compiled_[0], python[0], strict=True):
         assert sorted(map(_bytes, got)) == sorted(map(_bytes, want))

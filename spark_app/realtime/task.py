@@ -123,8 +123,14 @@ class LiveCopy:
         self._committed: dict[Partition, int] = {}  # where the slot's last commit left each partition
         self._reported: set[Partition] = set()
         self._held_from: dict[Partition, int] = {}  # the first offset held back: nothing from there on is reported
-        # The compiled core's copier while the task copies with it; the Python loop's consumer reads nothing till then.
+        # The compiled core's copier while the task copies with it; the Python loop's consumer is made only once the
+        # core is not (or no longer) used: `_consumer`.
         self.core: Copier | None = None
+        self.consumer: Consumer | None = None
+        # End-of-log events only where a partition has a stop (available-now): they say where its log ends.
+        self.consumer_settings = CONSUMER_SETTINGS | {
+            "enable.partition.eof": any(c.stop is not None for c in self.cursors.values())
+        }
 
     def run(self, conn: Channel) -> int:
         """Copy until every partition reached its stop (available-now) or the driver says stop; returns the count.
@@ -136,15 +142,13 @@ class LiveCopy:
         slot_txn = self._start_slot()
         producer = slot_txn.producer if slot_txn is not None else clients.shared_producer(
             self.task.target, self.task.producer_settings)  # fmt: skip
-        eof = {"enable.partition.eof": any(c.stop is not None for c in self.cursors.values())}
         if slot_txn is None:  # a slot's transactions stay with confluent-kafka's producer (README, Benchmarks)
             source, target, settings = self.task.source, self.task.target, self.task.producer_settings
-            self.core = live_copier(self.flow, source, target, CONSUMER_SETTINGS | eof, settings)
-        consumer = clients.consumer(self.task.source, CONSUMER_SETTINGS | eof)  # its own: a task pauses what it holds
+            self.core = live_copier(self.flow, source, target, self.consumer_settings, settings)
         outbox = Outbox(self.flow, producer, lambda key: self.cursors[key].landing, self.task.rules)
         for key in self.cursors:
             outbox.open(key)
-        open_ = self._assign(consumer)
+        open_ = self._assign()
         commit_s = self.task.commit_s if self.flow.exactly_once else REPORT_S
         report_at = time.monotonic() + commit_s
         stopped = False
@@ -153,24 +157,25 @@ class LiveCopy:
             with fencing:
                 while True:
                     while open_ and not stopped:
-                        self.copied += self._copy(consumer, open_, outbox, report_at)
+                        self.copied += self._copy(open_, outbox, report_at)
                         if time.monotonic() >= report_at:
                             report_at = time.monotonic() + commit_s
                             self._hold(outbox.settle())
                             outbox.raise_failures()
                             if slot_txn is not None and not self._commit(slot_txn, outbox):
-                                open_ = self._assign(consumer)
+                                open_ = self._assign()
                                 continue
                             self._send_report(conn, LANDED, outbox)
                             stopped = conn.poll() and conn.recv() == STOP
-                        open_ = _still_open(open_, consumer)
+                        open_ = self._still_open(open_)
                     outbox.flush(300)
                     self._hold(outbox.settle())
                     if slot_txn is None or self._commit(slot_txn, outbox):
                         break
-                    open_ = self._assign(consumer)  # the last transaction was aborted: copy it again
+                    open_ = self._assign()  # the last transaction was aborted: copy it again
         finally:
-            consumer.close()
+            if self.consumer is not None:
+                self.consumer.close()
             self.core = None
             if slot_txn is not None:
                 slot_txn.close()
@@ -194,27 +199,43 @@ class LiveCopy:
         slot_txn.begin()
         return slot_txn
 
-    def _assign(self, consumer: Consumer) -> dict[Partition, Cursor]:
+    def _consumer(self) -> Consumer:
+        """The Python loop's consumer, the task's own (it pauses what the task holds), made at its first use."""
+        if self.consumer is None:
+            self.consumer = clients.consumer(self.task.source, self.consumer_settings)
+        return self.consumer
+
+    def _assign(self) -> dict[Partition, Cursor]:
         """The partitions not done; the Python loop's consumer reads them from where their cursors stand, unless the
         core copies them (it reads from there at its next copy)."""
         open_ = {key: c for key, c in sorted(self.cursors.items()) if not c.done}
         if self.core is None:
-            consumer.assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
+            self._consumer().assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
         return open_
 
-    def _copy(self, consumer: Consumer, open_: dict[Partition, Cursor], outbox: Outbox, until: float) -> int:
+    def _still_open(self, open_: dict[Partition, Cursor]) -> dict[Partition, Cursor]:
+        """The open partitions that are not done; the Python loop's consumer, if any, stops fetching those that are
+        (the core copies only what it is given)."""
+        done = [TopicPartition(*key) for key, c in open_.items() if c.done]
+        if not done:
+            return open_
+        if self.consumer is not None:
+            self.consumer.pause(done)
+        return {key: c for key, c in open_.items() if not c.done}
+
+    def _copy(self, open_: dict[Partition, Cursor], outbox: Outbox, until: float) -> int:
         """Copy some of the open partitions: with the core until `until`, else with the Python loop for a moment;
         how many records it passed on. Once the core stops at an event it leaves to the Python loop, the Python loop
         goes on from there for the rest of the task's run."""
         if self.core is None:
-            return copy_some(consumer, open_, outbox, CONSUME_BATCH, CONSUME_WAIT_S)
+            return copy_some(self._consumer(), open_, outbox, CONSUME_BATCH, CONSUME_WAIT_S)
         task, left = self.task, max(0.0, until - time.monotonic())
         taken, event = copy_with(self.core, self.flow, task.source, task.target, open_, task.rules, outbox, left)
         if event:
             log.warning("flow %s: slot %d goes on with the Python loop (the compiled core met a record or event it"
                         " leaves to it)", self.flow.name, self.slot)  # fmt: skip
             self.core = None
-            self._assign(consumer)
+            self._assign()
         return taken
 
     def _commit(self, slot_txn: SlotTransactions, outbox: Outbox) -> bool:
@@ -282,15 +303,6 @@ class LiveCopy:
                 cursor.landing = Landing(key[0], key[1], landing.end_offset, landing.end_offset)
             self._reported.add(key)
         return rows
-
-
-def _still_open(open_: dict[Partition, Cursor], consumer: Consumer) -> dict[Partition, Cursor]:
-    """The open partitions that are not done; the consumer stops fetching those that are."""
-    done = [TopicPartition(*key) for key, c in open_.items() if c.done]
-    if not done:
-        return open_
-    consumer.pause(done)
-    return {key: c for key, c in open_.items() if not c.done}
 
 
 def _changed(landing: Landing) -> bool:
