@@ -1,7 +1,7 @@
 """Make Spark's class-data-sharing archive for the mirror's JVMs, once per Spark install.
 
 A Spark JVM reads and verifies some 15,000 classes from Spark's jars at every start. Mapped from one archive
-instead, the mirror starts 2-3 s sooner on a 2-core machine (bench/results/20261128-startup-cds.txt). The archive
+instead, the mirror starts 3-5 s sooner on a 2-core machine (bench/results/20261128-startup-cds.txt). The archive
 must list the classes a mirror's start loads, and be made by the same `java` on the same class path as the JVM
 that maps it.
 

@@ -45,7 +45,7 @@ TOPIC_GONE_GRACE_S = 7 * 86_400.0
 # infra's SparkApplication for the deployed driver and executors.
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 # Spark's own classes, mapped from one class-data-sharing archive in Spark's home instead of read from its jars and
-# verified again at each JVM start: 2-3 s of the mirror's start here (bench/results/20261128-startup-cds.txt). Set-up
+# verified again at each JVM start: 3-5 s of the mirror's start here (bench/results/20261128-startup-cds.txt). Set-up
 # and the image make it once per Spark install (images/spark_classes.py). A JVM that finds no archive there, or runs on
 # another class path than it was made for, starts without it, as before.
 SPARK_CLASS_ARCHIVE = "mirrorkit-classes.jsa"
