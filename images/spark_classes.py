@@ -27,15 +27,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pyspark.find_spark_home import _find_spark_home  # noqa: E402
-
 from spark_app.config import SPARK_CLASS_ARCHIVE  # noqa: E402
+from spark_app.mirror import spark_home  # noqa: E402
 
 CLASS_LIST, CLASS_PATH = "classes.lst", "classpath"
 
 
 def main() -> None:
-    archive = Path(_find_spark_home()) / SPARK_CLASS_ARCHIVE
+    archive = Path(spark_home()) / SPARK_CLASS_ARCHIVE
     archive.unlink(missing_ok=True)  # the job's JVM must load every class from the jars, to list it
     with tempfile.TemporaryDirectory(prefix="mirrorkit-spark-classes-") as tmp:
         work = Path(tmp)

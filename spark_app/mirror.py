@@ -8,13 +8,15 @@ catch-up.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from pyspark.find_spark_home import _find_spark_home
+import pyspark
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
 
@@ -38,11 +40,16 @@ def build_session(master: str | None = None, app_name: str = "mirrorkit") -> Spa
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
-        for key, value in spark_jvm_conf(_find_spark_home()).items():  # where pyspark finds the Spark it starts
+        for key, value in spark_jvm_conf(spark_home()).items():
             builder = builder.config(key, value)
     session = builder.config("spark.task.maxFailures", "4").getOrCreate()
     session.dataSource.register(OffsetRangeSource)
     return session
+
+
+def spark_home() -> str:
+    """The Spark that pyspark starts for `build_session`: $SPARK_HOME, else the installed pyspark's own."""
+    return os.environ.get("SPARK_HOME") or str(Path(pyspark.__file__).parent)
 
 
 class Mirror:

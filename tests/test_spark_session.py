@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pyspark.find_spark_home import _find_spark_home
-
 from spark_app.config import SPARK_CLASS_ARCHIVE, SPARK_JVM_OPTIONS, spark_jvm_conf
+from spark_app.mirror import spark_home
 
 
 def test_python_workers_import_the_installed_pyspark_not_sparks_source_zip(spark):
@@ -17,14 +16,14 @@ def test_python_workers_import_the_installed_pyspark_not_sparks_source_zip(spark
 def test_the_jvm_the_mirror_starts_runs_with_the_mirrors_jvm_options(spark):
     jvm = spark.sparkContext._jvm
     arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
-    options = spark_jvm_conf(_find_spark_home())["spark.driver.extraJavaOptions"]
+    options = spark_jvm_conf(spark_home())["spark.driver.extraJavaOptions"]
     assert set(SPARK_JVM_OPTIONS.split()) < set(options.split()) <= set(arguments), arguments
     assert spark.conf.get("spark.executor.extraJavaOptions") == options
 
 
 def test_the_jvm_maps_sparks_classes_from_the_archive_set_up_made(spark):
     # Without the archive, or on a class path it was not made for, the JVM starts without it, silently: slower.
-    archive = f"{_find_spark_home()}/{SPARK_CLASS_ARCHIVE}"
+    archive = f"{spark_home()}/{SPARK_CLASS_ARCHIVE}"
     jvm = spark.sparkContext._jvm
     diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
