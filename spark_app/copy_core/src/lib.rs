@@ -13,7 +13,10 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_void, CStr};
+use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::raw::c_char;
+use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -36,10 +39,11 @@ const POLL_EVERY: u32 = 1024;
 const POLL_AFTER: Duration = Duration::from_millis(5);
 /// How long one wait for the source lasts before the copy looks at its clock again.
 const WAIT: Duration = Duration::from_millis(100);
-/// How long one wait for delivery reports lasts. rdkafka's `BaseProducer::poll` waits out its whole timeout even
-/// once the reports it waits for came, and its `flush` polls 100 ms at a time: a copy that flushed with it paid up
-/// to 100 ms each time it ended, which a real-time task does every report.
-const REPORT_WAIT: Duration = Duration::from_millis(1);
+/// Waits for delivery reports never go through rdkafka's `BaseProducer::poll` with a timeout: it waits out its whole
+/// timeout even once the reports came, spinning on the clock for the last millisecond (its `flush` polls 100 ms at a
+/// time). Polled 1 ms at a time, a real-time task's flush after every report and a wait for room in a full queue kept
+/// a core busy (bench/results/20261128-core-wait.txt). The core polls without a timeout and waits on librdkafka's
+/// own wake-up instead (`wait_for_reports`).
 
 /// A record the target refused in a delivery report, for the dead-letter topic or a hold. A report carries the
 /// record's key and value, not its headers, and no timestamp once it failed: the Python loop's has no more
@@ -247,6 +251,10 @@ struct Copier {
     queue: *mut rdsys::rd_kafka_queue_t,
     /// The producer's main queue, where its delivery reports wait to be served.
     reports: *mut rdsys::rd_kafka_queue_t,
+    /// Readable once a report lands in an empty `reports`: librdkafka writes a byte to its pair,
+    /// `_report_writer`, kept open for it.
+    report_signal: UnixStream,
+    _report_writer: UnixStream,
     producer: BaseProducer<Deliveries>,
     source_alias: Vec<u8>,
     target_alias: Vec<u8>,
@@ -340,10 +348,24 @@ impl Copier {
                 "source consumer: no consumer queue (group.id unset?)",
             ));
         }
+        let (report_signal, _report_writer) = UnixStream::pair()
+            .and_then(|pair| pair.1.set_nonblocking(true).map(|()| pair))
+            .map_err(|e| PyRuntimeError::new_err(format!("target producer: report signal: {e}")))?;
+        let reports = unsafe { rdsys::rd_kafka_queue_get_main(producer.client().native_ptr()) };
+        unsafe {
+            rdsys::rd_kafka_queue_io_event_enable(
+                reports,
+                _report_writer.as_raw_fd(),
+                b"r".as_ptr() as *const c_void,
+                1,
+            );
+        }
         Ok(Copier {
             consumer,
             queue,
-            reports: unsafe { rdsys::rd_kafka_queue_get_main(producer.client().native_ptr()) },
+            reports,
+            report_signal,
+            _report_writer,
             producer,
             source_alias: source_alias.into_bytes(),
             target_alias: target_alias.into_bytes(),
@@ -410,6 +432,8 @@ impl Drop for Copier {
     fn drop(&mut self) {
         unsafe {
             rdsys::rd_kafka_queue_destroy(self.queue);
+            // librdkafka writes to `_report_writer` no more before it is closed (after this, with the fields).
+            rdsys::rd_kafka_queue_io_event_enable(self.reports, -1, std::ptr::null(), 0);
             rdsys::rd_kafka_queue_destroy(self.reports);
         }
     }
@@ -546,6 +570,18 @@ impl Copier {
         }
     }
 
+    /// Wait until a delivery report waits to be served, or for at most `timeout`; woken by librdkafka, so a wait
+    /// costs no CPU. A byte left from a report served meanwhile ends one wait early, no more.
+    fn wait_for_reports(&self, timeout: Duration) {
+        if timeout.is_zero() || unsafe { rdsys::rd_kafka_queue_length(self.reports) } > 0 {
+            return;
+        }
+        let mut signal = &self.report_signal;
+        if signal.set_read_timeout(Some(timeout)).is_ok() {
+            let _ = signal.read(&mut [0u8; 64]); // a wake-up, or the timeout
+        }
+    }
+
     /// Wait up to `timeout` for every record sent to land or fail, serving delivery reports as they come; whether
     /// they all did.
     fn flush(&self, timeout: Duration) -> bool {
@@ -555,10 +591,12 @@ impl Copier {
             if unsafe { rdsys::rd_kafka_flush(rk, 0) } == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
                 return true;
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return false;
             }
-            self.producer.poll(REPORT_WAIT);
+            self.wait_for_reports((deadline - now).min(WAIT));
+            self.serve_reports();
         }
     }
 
@@ -792,7 +830,8 @@ impl Copier {
                 Ok(()) => break,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     record = back;
-                    self.producer.poll(REPORT_WAIT);
+                    self.wait_for_reports(WAIT); // room comes with the reports of what landed
+                    self.serve_reports();
                 }
                 Err((err, _)) => {
                     // Refused before it was sent (too large, its topic or partition unknown or denied): the Python
