@@ -73,7 +73,7 @@ from bench.testbed.clients import plaintext  # noqa: E402
 from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
-from spark_app.config import FlowMode, MirrorConfig  # noqa: E402
+from spark_app.config import ClusterConfig, FlowMode, MirrorConfig  # noqa: E402
 from spark_app.realtime.task import REPORT_S  # noqa: E402
 from spark_app.transactions import transactional  # noqa: E402
 
@@ -187,7 +187,7 @@ def run_candidate(
 def mirror_config(
     alias: str,
     source: str,
-    target: str,
+    target: ClusterConfig,
     topics: list[str],
     work: Path,
     mode: FlowMode = FlowMode.THROUGHPUT,
@@ -195,17 +195,17 @@ def mirror_config(
     exactly_once: bool = False,
     copy_core: str = "compiled",
 ) -> dict:
-    """A config with the shipped defaults and one flow from `alias` to `tgt` in `mode` (real time: with
+    """A config with the shipped defaults and one flow from `alias` to the `target` cluster in `mode` (real time: with
     `realtime_tasks`), exactly once or not, copied by `copy_core`."""
     return {
         "clusters": [
             {"alias": alias, "bootstrap_servers": source, "profile": "kafka"},
-            {"alias": "tgt", "bootstrap_servers": target, "profile": "kafka"},
+            target.model_dump(mode="json", exclude_none=True, exclude_defaults=True),
         ],
         "flows": [
             {
                 "source": alias,
-                "target": "tgt",
+                "target": target.alias,
                 "topics": {"include": topics},
                 "checkpoint_location": str(work / alias),
                 "mode": mode.value,
@@ -242,12 +242,15 @@ def mirror_commits(config: dict) -> str:
 
 
 def mm2_command(
-    alias: str, source: str, target: str, topics: list[str], tuned: bool, work: Path, exactly_once: bool = False
-) -> list[str]:
-    """MirrorMaker 2 in dedicated mode into the cluster aliased `target`, tuned as FACTS.md says a user would, with
-    exactly-once source support or not."""
+    alias: str, source: str, target: ClusterConfig, topics: list[str], tuned: bool, work: Path,
+    exactly_once: bool = False,
+) -> list[str]:  # fmt: skip
+    """MirrorMaker 2 in dedicated mode into the `target` cluster (aliased `target` there, signed in as the mirror
+    is), tuned as FACTS.md says a user would, with exactly-once source support or not."""
+    signed_in = {f"target.{k}": v for k, v in kafka_clients.java_settings(target).items() if k != "bootstrap.servers"}
     tuning = MM2_TUNED | {f"{alias}.consumer.max.poll.records": "10000"} if tuned else {}
-    return mm2.mm2_command(alias, source, "target", target, topics, work, tuning, exactly_once)
+    return mm2.mm2_command(alias, source, "target", target.bootstrap_servers, topics, work, signed_in | tuning,
+                           exactly_once)  # fmt: skip
 
 
 def show(result: dict) -> None:
@@ -278,7 +281,7 @@ def copy_loop_command(work: Path, source: str, target: str, prefix: str, records
 def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], records: int, tag: str) -> list[dict]:
     """Every candidate over one loaded topic set; each into its own fresh target topics."""
     source = bed.clusters["src"].client.bootstrap_servers
-    target = bed.clusters["tgt"].client.bootstrap_servers
+    target, target_client = bed.clusters["tgt"].admin.bootstrap_servers, bed.clusters["tgt"].client
     source_hw = {t: wp.watermarks(source, t, args.partitions) for t in topics}
     env = candidate_env()
     results = []
@@ -290,10 +293,10 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
         run_env = env
         if name in ("mirror", "mirror-python"):
             core = "python" if name == "mirror-python" else "compiled"
-            config = mirror_config(alias, source, target, topics, work, copy_core=core)
+            config = mirror_config(alias, source, target_client, topics, work, copy_core=core)
             cmd = mirror_command(config, work, available_now=True)
         elif name in ("mm2", "mm2-untuned"):
-            cmd, exits = mm2_command(alias, source, target, topics, name == "mm2", work), False
+            cmd, exits = mm2_command(alias, source, target_client, topics, name == "mm2", work), False
         elif name == "limit":
             cmd = copy_loop_command(work, source, target, alias + ".", records, topics)
         elif name.startswith("wp:"):
@@ -327,7 +330,8 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
 
 
 def run_latency(
-    args: argparse.Namespace, name: str, rate: int, n: int, source: str, target: str, work: Path
+    args: argparse.Namespace, name: str, rate: int, n: int, source: str, target: str, target_client: ClusterConfig,
+    work: Path,
 ) -> dict:  # fmt: skip
     """One candidate running continuously on fresh topics, under the probe's steady `rate` (bench/latency.py), read
     at the candidate's isolation level."""
@@ -338,10 +342,11 @@ def run_latency(
     wp.create_topics(source, topics, args.partitions)
     wp.create_topics(target, out_topics, args.partitions)
     if spec.copier == "mirror":
-        config = mirror_config(alias, source, target, topics, work, spec.mode, args.realtime_tasks, spec.exactly_once)
+        config = mirror_config(alias, source, target_client, topics, work, spec.mode, args.realtime_tasks,
+                               spec.exactly_once)  # fmt: skip
         cmd, commits = mirror_command(config, work, available_now=False), mirror_commits(config)
     else:
-        cmd = mm2_command(alias, source, target, topics, True, work, spec.exactly_once)
+        cmd = mm2_command(alias, source, target_client, topics, True, work, spec.exactly_once)
         commits = MM2_EOS_COMMITS if spec.exactly_once else "none"
     log = work / f"{alias}.log"
     result: dict = {"candidate": name, "scenario": f"{args.topics}x{args.partitions}", "rate": rate}
@@ -490,7 +495,8 @@ def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: P
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "latency": latencies}, indent=2))
     scope = f"{meta['records']:,} records x {meta['size']} B per scenario; " if results else ""
-    lines = [f"# Benchmark {meta['stamp']}", "", f"{meta['machine']}; {scope}plaintext loopback."]
+    reach = "plaintext" if meta["target_kind"] == "plaintext" else "the target in SASL_SSL PLAIN as Event Hubs',"
+    lines = [f"# Benchmark {meta['stamp']}", "", f"{meta['machine']}; {scope}{reach} loopback."]
     if results:
         lines += throughput_lines(results)
     if latencies:
@@ -512,11 +518,17 @@ def main() -> None:
     parser.add_argument("--latency-warmup", type=float, default=15, help="first seconds of the load not counted")
     parser.add_argument("--latency-candidates", default=",".join(LATENCY_CANDIDATES), help="empty: no latency runs")
     parser.add_argument("--out", type=Path, default=None, help="result path without suffix")
+    parser.add_argument("--target-kind", choices=["plaintext", "eventhubs"], default="plaintext",
+                        help="how the copiers reach the target: eventhubs is SASL_SSL PLAIN as Event Hubs' Kafka"
+                        " endpoint, where the mirror writes no transactions")  # fmt: skip
     args = parser.parse_args()
     latency_candidates = [c for c in args.latency_candidates.split(",") if c]
     if unknown := set(latency_candidates) - set(LATENCY_CANDIDATES):
         choices = ", ".join(LATENCY_CANDIDATES)
         parser.error(f"--latency-candidates: unknown {', '.join(sorted(unknown))}; choose from {choices}")
+    if args.target_kind != "plaintext" and (bare := [c for c in args.candidates.split(",") if c == "limit" or
+                                                     c.startswith("wp:")]):  # fmt: skip
+        parser.error(f"--target-kind {args.target_kind}: {', '.join(bare)} write(s) in PLAINTEXT only")
     if latency_candidates and not 0 <= args.latency_warmup < args.latency_seconds:
         parser.error("--latency-warmup must be shorter than --latency-seconds")
 
@@ -525,7 +537,7 @@ def main() -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     meta = {"stamp": stamp, "machine": f"{os.cpu_count()} cores, {mem_gb:.0f} GB", "records": args.records}
-    meta |= {"size": args.size, "argv": sys.argv[1:]}
+    meta |= {"size": args.size, "argv": sys.argv[1:], "target_kind": args.target_kind}
     meta["latency"] = {
         "rates": [int(r) for r in args.latency_rates.split(",")],
         "seconds": args.latency_seconds,
@@ -540,7 +552,7 @@ def main() -> None:
     latencies: list[dict] = []
     try:
         bed.start("src", "plaintext")
-        bed.start("tgt", "plaintext")
+        bed.start("tgt", args.target_kind)
         source = bed.clusters["src"].client.bootstrap_servers
         base_ts = int(time.time() * 1000) - 86_400_000
         scales = [(args.topics, args.records)]
@@ -554,9 +566,10 @@ def main() -> None:
             print(f"loaded {records} x {args.size} B into {count} x {args.partitions} in {took:.0f}s", flush=True)
             results += run_all(args, bed, work, topics, records, f"s{i}")
             wp.delete_topics(source, topics)
-        target = bed.clusters["tgt"].client.bootstrap_servers
+        target, target_client = bed.clusters["tgt"].admin.bootstrap_servers, bed.clusters["tgt"].client
         runs = [(rate, c) for rate in meta["latency"]["rates"] for c in latency_candidates]
-        latencies = [run_latency(args, c, rate, n, source, target, work) for n, (rate, c) in enumerate(runs)]
+        latencies = [run_latency(args, c, rate, n, source, target, target_client, work)
+                     for n, (rate, c) in enumerate(runs)]  # fmt: skip
     finally:
         bed.close()
     out = args.out or RESULTS / stamp
