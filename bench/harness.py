@@ -73,7 +73,7 @@ from bench.testbed.clients import plaintext  # noqa: E402
 from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
-from spark_app.config import ClusterConfig, FlowMode, MirrorConfig  # noqa: E402
+from spark_app.config import ClusterConfig, FlowMode, MirrorConfig, Profile  # noqa: E402
 from spark_app.realtime.task import REPORT_S  # noqa: E402
 from spark_app.transactions import transactional  # noqa: E402
 
@@ -253,6 +253,17 @@ def mm2_command(
                            exactly_once)  # fmt: skip
 
 
+def make_mm2_topics(target: str, target_client: ClusterConfig, alias: str) -> list[str]:
+    """On a target where topics cannot be made from Kafka (an Event Hubs-like one), MM2's own topics there, made first
+    through the bench's admin access as an operator would; the names made, to delete after the run."""
+    if target_client.profile is Profile.KAFKA:
+        return []
+    existing = kafka_clients.admin(plaintext(target)).list_topics(timeout=15).topics
+    wanted = {name: n for name, n in mm2.target_topics(alias).items() if name not in existing}
+    kafka_clients.create_topics(plaintext(target), wanted, {"cleanup.policy": "compact"})
+    return list(wanted)
+
+
 def show(result: dict) -> None:
     """One line of JSON per candidate as it finishes, then its error (with the log tail) if it failed."""
     print(json.dumps({k: v for k, v in result.items() if k != "error"}), result.get("error", ""), flush=True)
@@ -289,6 +300,7 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
         alias = f"{tag}c{n}"
         out_topics = [f"{alias}.{t}" for t in topics]
         wp.create_topics(target, out_topics, args.partitions)
+        made = make_mm2_topics(target, target_client, alias) if name.startswith("mm2") else []
         exits = True
         run_env = env
         if name in ("mirror", "mirror-python"):
@@ -325,7 +337,7 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
                 result["records_equal"] = check.data_ok and check.ts_kept and check.headers_kept
         show(result)
         results.append(result)
-        wp.delete_topics(target, out_topics)
+        wp.delete_topics(target, out_topics + made)
     return results
 
 
@@ -341,11 +353,13 @@ def run_latency(
     out_topics = [f"{alias}.{t}" for t in topics]
     wp.create_topics(source, topics, args.partitions)
     wp.create_topics(target, out_topics, args.partitions)
+    made: list[str] = []
     if spec.copier == "mirror":
         config = mirror_config(alias, source, target_client, topics, work, spec.mode, args.realtime_tasks,
                                spec.exactly_once)  # fmt: skip
         cmd, commits = mirror_command(config, work, available_now=False), mirror_commits(config)
     else:
+        made = make_mm2_topics(target, target_client, alias)
         cmd = mm2_command(alias, source, target_client, topics, True, work, spec.exactly_once)
         commits = MM2_EOS_COMMITS if spec.exactly_once else "none"
     log = work / f"{alias}.log"
@@ -364,7 +378,7 @@ def run_latency(
         monitor.stop()
     show(result)
     wp.delete_topics(source, topics)
-    wp.delete_topics(target, out_topics)
+    wp.delete_topics(target, out_topics + made)
     return result
 
 
