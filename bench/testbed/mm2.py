@@ -28,10 +28,11 @@ def exactly_once_properties(source_alias: str, target_alias: str) -> dict[str, s
 
 def target_topics(source_alias: str) -> dict[str, int]:
     """The topics dedicated-mode MM2 keeps on the target of a flow from `source_alias`, by partition count, all
-    compacted: the worker's configs, offsets and status, the checkpoints and the heartbeats. Where topics cannot be
-    made from Kafka (Event Hubs), an operator makes them first."""
+    compacted: the worker's configs, offsets and status, the checkpoints, the heartbeats, and the copy of the source's
+    heartbeats (MM2 copies any it finds there, the mirror's own among them). Where topics cannot be made from Kafka
+    (Event Hubs), an operator makes them first."""
     worker = {f"mm2-{kind}.{source_alias}.internal": n for kind, n in (("configs", 1), ("offsets", 25), ("status", 5))}
-    return worker | {f"{source_alias}.checkpoints.internal": 1, "heartbeats": 1}
+    return worker | {f"{source_alias}.checkpoints.internal": 1, "heartbeats": 1, f"{source_alias}.heartbeats": 1}
 
 
 def mm2_command(
