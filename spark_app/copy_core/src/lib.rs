@@ -39,11 +39,6 @@ const POLL_EVERY: u32 = 1024;
 const POLL_AFTER: Duration = Duration::from_millis(5);
 /// How long one wait for the source lasts before the copy looks at its clock again.
 const WAIT: Duration = Duration::from_millis(100);
-/// Waits for delivery reports never go through rdkafka's `BaseProducer::poll` with a timeout: it waits out its whole
-/// timeout even once the reports came, spinning on the clock for the last millisecond (its `flush` polls 100 ms at a
-/// time). Polled 1 ms at a time, a real-time task's flush after every report and a wait for room in a full queue kept
-/// a core busy (bench/results/20261128-core-wait.txt). The core polls without a timeout and waits on librdkafka's
-/// own wake-up instead (`wait_for_reports`).
 
 /// A record the target refused in a delivery report, for the dead-letter topic or a hold. A report carries the
 /// record's key and value, not its headers, and no timestamp once it failed: the Python loop's has no more
@@ -570,8 +565,11 @@ impl Copier {
         }
     }
 
-    /// Wait until a delivery report waits to be served, or for at most `timeout`; woken by librdkafka, so a wait
-    /// costs no CPU. A byte left from a report served meanwhile ends one wait early, no more.
+    /// Wait until a delivery report waits to be served, or for at most `timeout`: woken by librdkafka, so a wait
+    /// costs no CPU. Never rdkafka's `BaseProducer::poll` with a timeout: it waits that out even once reports came,
+    /// spinning on the clock for its last millisecond, so polled 1 ms at a time a real-time task's flush after each
+    /// report and a wait for room in a full queue kept a core busy (bench/results/20261128-core-wait.txt). A byte
+    /// left from a report served meanwhile ends one wait early, no more.
     fn wait_for_reports(&self, timeout: Duration) {
         if timeout.is_zero() || unsafe { rdsys::rd_kafka_queue_length(self.reports) } > 0 {
             return;
