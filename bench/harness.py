@@ -23,7 +23,11 @@ Then it measures end-to-end replication latency at a steady rate for each of `--
 - `mirror`: throughput mode run continuously (`run` without --available-now, the shipped trigger_interval_s);
 - `mirror-realtime`, `mirror-realtime-eos`: `mode: realtime`, at least once (its transactions only fence zombie
   tasks) or with `exactly_once: true` (records and positions committed every realtime_commit_interval_s);
-- `mm2`, `mm2-eos`: tuned MM2, at least once or with KIP-618 exactly-once source support.
+- `mm2`, `mm2-eos`: tuned MM2, at least once or with KIP-618 exactly-once source support;
+- `limit`, `limit-txn`: bench/java's CopyLoop, `loop`, `loop-txn`: bench/copy_loop.py's librdkafka loop, each in
+  `--realtime-tasks` slots with the real-time task's linger, without transactions or committing every REPORT_S as a
+  real-time slot does: the floor of each client library, with and without the slot's transactions. They write
+  through the target's plaintext listener.
 
 Once a warm-up record has crossed every partition, bench/latency.py's probe sends `--latency-rate` records/s of
 `--size` B for `--latency-seconds`, stamped with their send time as CreateTime, and reads the target as the
@@ -38,7 +42,8 @@ ratio to MM2 of the same guarantee) and .png.
 
 Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--topics 4] [--partitions 4]
        [--candidates mirror,mirror-python,mm2,mm2-untuned,limit] [--topics-scale 1,10,100 --scale-records 100000]
-       [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mm2,mm2-eos] [--latency-rates 10000,50000]
+       [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mm2,mm2-eos,limit,limit-txn,loop,loop-txn]
+       [--latency-rates 10000,50000]
        [--latency-seconds 60] [--latency-warmup 15]
 """
 
@@ -74,7 +79,7 @@ from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
 from spark_app.config import ClusterConfig, FlowMode, MirrorConfig, Profile  # noqa: E402
-from spark_app.realtime.task import REPORT_S  # noqa: E402
+from spark_app.realtime.task import LINGER_MS, REPORT_S  # noqa: E402
 from spark_app.transactions import transactional  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -89,10 +94,11 @@ class LatencyCandidate:
     consumers would use. Exactly once holds only for read_committed readers, who wait for each commit; at least once,
     read as Kafka's Java consumer does by default (read_uncommitted), not as librdkafka's (read_committed)."""
 
-    copier: Literal["mirror", "mm2"]
+    copier: Literal["mirror", "mm2", "limit", "loop"]
     isolation: str
     mode: FlowMode = FlowMode.THROUGHPUT  # the mirror's
     exactly_once: bool = False
+    transactions: bool = False  # the copy loops': commit every REPORT_S, as a real-time slot of the mirror does
 
 
 LATENCY_CANDIDATES = {
@@ -101,6 +107,10 @@ LATENCY_CANDIDATES = {
     "mirror-realtime-eos": LatencyCandidate("mirror", READ_COMMITTED, FlowMode.REALTIME, exactly_once=True),
     "mm2": LatencyCandidate("mm2", READ_UNCOMMITTED),
     "mm2-eos": LatencyCandidate("mm2", READ_COMMITTED, exactly_once=True),
+    "limit": LatencyCandidate("limit", READ_UNCOMMITTED),
+    "limit-txn": LatencyCandidate("limit", READ_UNCOMMITTED, transactions=True),
+    "loop": LatencyCandidate("loop", READ_UNCOMMITTED),
+    "loop-txn": LatencyCandidate("loop", READ_UNCOMMITTED, transactions=True),
 }
 # When Connect commits an exactly-once task's transaction: after each poll, its default `transaction.boundary`.
 MM2_EOS_COMMITS = "per poll"
@@ -277,16 +287,34 @@ def candidate_env() -> dict[str, str]:
     }
 
 
-def copy_loop_command(work: Path, source: str, target: str, prefix: str, records: int, topics: list[str]) -> list[str]:
+def copy_loop_command(
+    work: Path, source: str, target: str, prefix: str, records: int, topics: list[str], linger_ms: int = 20,
+    commit_ms: int = 0, slots: int = 1,
+) -> list[str]:  # fmt: skip
     """The command that runs bench/java's CopyLoop (compiled into `work` on first use): every partition of `topics`
-    from `source` to `<prefix><topic>` on `target`, exiting once it has copied `records`."""
+    from `source` to `<prefix><topic>` on `target`, exiting once it has copied `records` (0: copying until stopped);
+    in `slots` threads, transactions committed every `commit_ms` when set."""
     kafka = list(cached_jars("kafka"))
     jar = work / "copy-loop.jar"
     if not jar.exists():
         wp.build_jar(COPY_LOOP, kafka, work, jar.name)
     cp = os.pathsep.join(str(j) for j in [jar, *kafka])
     return ["java", "-Xmx1g", "-cp", cp, "io.mirrorkit.bench.CopyLoop", source, target, prefix, str(records),
-            ",".join(topics)]  # fmt: skip
+            ",".join(topics), str(linger_ms), str(commit_ms), str(slots)]  # fmt: skip
+
+
+def copy_loop_latency_command(
+    spec: LatencyCandidate, work: Path, source: str, target: str, prefix: str, topics: list[str], slots: int
+) -> tuple[list[str], str]:
+    """A copy loop's command as a latency candidate, and when it commits: in `slots` slots with the real-time task's
+    linger, committing every REPORT_S as a real-time slot does when `spec.transactions`."""
+    commit_ms = int(REPORT_S * 1000) if spec.transactions else 0
+    if spec.copier == "limit":
+        cmd = copy_loop_command(work, source, target, prefix, 0, topics, LINGER_MS, commit_ms, slots)
+    else:
+        cmd = [sys.executable, str(ROOT / "bench" / "copy_loop.py"), source, target, prefix, ",".join(topics),
+               "--slots", str(slots), "--commit-ms", str(commit_ms)]  # fmt: skip
+    return cmd, f"every {REPORT_S} s" if spec.transactions else "none"
 
 
 def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], records: int, tag: str) -> list[dict]:
@@ -358,10 +386,12 @@ def run_latency(
         config = mirror_config(alias, source, target_client, topics, work, spec.mode, args.realtime_tasks,
                                spec.exactly_once)  # fmt: skip
         cmd, commits = mirror_command(config, work, available_now=False), mirror_commits(config)
-    else:
+    elif spec.copier == "mm2":
         made = make_mm2_topics(target, target_client, alias)
         cmd = mm2_command(alias, source, target_client, topics, True, work, spec.exactly_once)
         commits = MM2_EOS_COMMITS if spec.exactly_once else "none"
+    else:
+        cmd, commits = copy_loop_latency_command(spec, work, source, target, f"{alias}.", topics, args.realtime_tasks)
     log = work / f"{alias}.log"
     result: dict = {"candidate": name, "scenario": f"{args.topics}x{args.partitions}", "rate": rate}
     result |= {"exactly_once": spec.exactly_once, "isolation": spec.isolation, "commits": commits}
@@ -530,7 +560,11 @@ def main() -> None:
     parser.add_argument("--realtime-tasks", type=int, default=1, help="mirror-realtime's realtime_tasks")
     parser.add_argument("--latency-seconds", type=float, default=60, help="how long the probe sends")
     parser.add_argument("--latency-warmup", type=float, default=15, help="first seconds of the load not counted")
-    parser.add_argument("--latency-candidates", default=",".join(LATENCY_CANDIDATES), help="empty: no latency runs")
+    parser.add_argument(
+        "--latency-candidates",
+        default="mirror,mirror-realtime,mirror-realtime-eos,mm2,mm2-eos",
+        help="empty: no latency runs",
+    )
     parser.add_argument("--out", type=Path, default=None, help="result path without suffix")
     parser.add_argument("--target-kind", choices=["plaintext", "eventhubs"], default="plaintext",
                         help="how the copiers reach the target: eventhubs is SASL_SSL PLAIN as Event Hubs' Kafka"

@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import mirror_commits, mirror_config, mm2_command
+from bench.harness import (
+    LATENCY_CANDIDATES,
+    ROOT,
+    copy_loop_latency_command,
+    mirror_commits,
+    mirror_config,
+    mm2_command,
+)
 from spark_app.config import ClusterConfig, FlowMode, MirrorConfig, Profile, SecretRef
+from spark_app.realtime.task import LINGER_MS
 
 SOURCE = "127.0.0.1:9092"
 KAFKA = ClusterConfig(alias="tgt", bootstrap_servers="127.0.0.1:9093", profile=Profile.KAFKA)
@@ -48,3 +56,27 @@ def test_mm2_signs_in_to_the_target_as_the_mirror_does_and_its_secret_stays_in_i
     assert (props["target.security.protocol"], props["target.sasl.mechanism"]) == ("SASL_SSL", "PLAIN")
     assert "$ConnectionString" in props["target.sasl.jaas.config"] and secret in props["target.sasl.jaas.config"]
     assert props["target.producer.linger.ms"] == "20"
+
+
+def test_copy_loops_run_as_a_real_time_slot_does_with_and_without_its_transactions(tmp_path: Path) -> None:
+    (tmp_path / "copy-loop.jar").touch()  # built by javac on first use; the command is what is checked here
+    seen = {}
+    for name in ("limit", "limit-txn", "loop", "loop-txn"):
+        cmd, commits = copy_loop_latency_command(
+            LATENCY_CANDIDATES[name], tmp_path, SOURCE, "127.0.0.1:9093", "lat0.", ["a", "b"], slots=2
+        )
+        if name.startswith("limit"):  # CopyLoop's arguments: ... expected records, topics, linger, commit ms, slots
+            assert cmd[cmd.index("io.mirrorkit.bench.CopyLoop") + 1 :] == [
+                SOURCE, "127.0.0.1:9093", "lat0.", "0", "a,b", str(LINGER_MS), cmd[-2], "2"
+            ]  # fmt: skip
+            seen[name] = (cmd[-2], commits)
+        else:
+            assert cmd[1:6] == [str(ROOT / "bench" / "copy_loop.py"), SOURCE, "127.0.0.1:9093", "lat0.", "a,b"]
+            assert cmd[cmd.index("--slots") + 1] == "2"
+            seen[name] = (cmd[cmd.index("--commit-ms") + 1], commits)
+    assert seen == {
+        "limit": ("0", "none"),
+        "limit-txn": ("500", "every 0.5 s"),
+        "loop": ("0", "none"),
+        "loop-txn": ("500", "every 0.5 s"),
+    }
