@@ -47,11 +47,14 @@ public final class CopyLoop {
                     failed.compareAndSet(null, error);
                 }
             });
+            thread.setDaemon(true); // a slot that fails ends the loop, whatever the others are doing
             thread.start();
             threads.add(thread);
         }
         for (Thread thread : threads) {
-            thread.join();
+            while (thread.isAlive() && failed.get() == null) {
+                thread.join(100);
+            }
         }
         if (failed.get() != null) {
             throw failed.get();
