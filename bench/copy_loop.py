@@ -32,8 +32,7 @@ from bench.testbed import clients as kafka_clients  # noqa: E402
 from bench.testbed.clients import plaintext  # noqa: E402
 from spark_app.outbox import Record  # noqa: E402
 from spark_app.realtime.task import CONSUME_BATCH, CONSUME_WAIT_S, CONSUMER_SETTINGS, LINGER_MS  # noqa: E402
-
-TRANSACTION_TIMEOUT_S = 30.0
+from spark_app.transactions import TRANSACTION_TIMEOUT_S  # noqa: E402
 
 
 def copy(source: str, target: str, prefix: str, topics: list[str], slot: int, slots: int, commit_ms: int) -> None:
