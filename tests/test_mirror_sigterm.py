@@ -17,6 +17,7 @@ from pathlib import Path
 import pyspark
 
 from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
+from bench.testbed.kafka_cluster import cluster_entry
 from bench.testbed.ports import free_port
 from spark_app.config import STOP_GRACE_S
 from tests.support.assertions import assert_each_record_once_in_order
@@ -29,6 +30,7 @@ ENTRYPOINT = ROOT / "images" / "mirror" / "entrypoint.sh"
 MAIN_FILE = ROOT / "images" / "mirror" / "main.py"
 SPARK_SUBMIT = Path(pyspark.__file__).parent / "bin" / "spark-submit"
 PARTITIONS, PER_PARTITION, BATCH = 3, 20_000, 20_000  # a 120,000-record backlog over two topics, batches of ~20,000
+SOURCE_KB_S = 2_000  # real time, per connection: two tasks take over 15 s to read the backlog's ~65 MB
 # Spark's image entrypoint (/opt/entrypoint.sh), reduced to what it does with `driver`: spark-submit in client mode,
 # exec'd. The real one execs it under tini, which hands the pod's SIGTERM to spark-submit's JVM, as here.
 SPARK_ENTRYPOINT = """#!/bin/sh
@@ -97,7 +99,11 @@ def test_sigterm_to_spark_submit_stops_real_time_tasks_after_they_flush_exits_0_
     plaintext_cluster, target_cluster, mirror_cli, tmp_path, unique
 ):
     """Real-time mode: each task flushes and reports before it ends, so the saved positions are exactly what
-    landed, and a resumed run copies the rest once."""
+    landed, and a resumed run copies the rest once.
+
+    The mirror reads the source through Toxiproxy, slowed to SOURCE_KB_S, so the stop lands mid-copy whatever the
+    mirror's speed: a task notices a stop at its next report (within half a second), and unthrottled the compiled
+    core copies the whole backlog in about that time."""
     topics = [f"rt-sigterm-a-{unique}", f"rt-sigterm-b-{unique}"]
     sent = {t: backlog(t) for t in topics}
     targets = [(f"onprem.{t}", p) for t in topics for p in range(PARTITIONS)]
@@ -106,19 +112,23 @@ def test_sigterm_to_spark_submit_stops_real_time_tasks_after_they_flush_exits_0_
     for topic, records in sent.items():
         produce(plaintext_cluster.client, topic, records)
     config = one_flow_config(
-        plaintext_cluster, target_cluster, topics, tmp_path / "ckpt",
+        cluster_entry(plaintext_cluster, "onprem", proxied=True), target_cluster, topics, tmp_path / "ckpt",
         emit_heartbeats=False, metrics_port=free_port(), mode="realtime",
     )  # fmt: skip
     path, command, env = driver_pod(mirror_cli, config)
     total = sum(len(r) for r in sent.values())
-    with open(tmp_path / "driver.log", "w+") as out, driver_running(command, env, out) as driver:
-        landed = 0
-        while not landed and driver.poll() is None:  # SIGTERM as soon as the tasks are copying
-            time.sleep(0.02)
-            landed = sum(end_offsets(target_cluster.client, targets).values())
-        assert 0 < landed < total, f"SIGTERM could not land mid-copy ({landed} of {total}):\n{_tail(out)}"
-        code, took = terminate_within_grace(driver, out)
-        output = _tail(out)
+    plaintext_cluster.faults.bandwidth(SOURCE_KB_S)
+    try:
+        with open(tmp_path / "driver.log", "w+") as out, driver_running(command, env, out) as driver:
+            landed = 0
+            while not landed and driver.poll() is None:  # SIGTERM as soon as the tasks are copying
+                time.sleep(0.02)
+                landed = sum(end_offsets(target_cluster.client, targets).values())
+            assert 0 < landed < total, f"SIGTERM could not land mid-copy ({landed} of {total}):\n{_tail(out)}"
+            code, took = terminate_within_grace(driver, out)
+            output = _tail(out)
+    finally:
+        plaintext_cluster.faults.heal()
     assert code == 0, output
     copied = sum(end_offsets(target_cluster.client, targets).values())
     print(f"real time: SIGTERM with {landed} of {total} landed; exit {code} after {took:.1f} s, {copied} on the target")
