@@ -25,9 +25,9 @@ Then it measures end-to-end replication latency at a steady rate for each of `--
   tasks) or with `exactly_once: true` (records and positions committed every realtime_commit_interval_s);
 - `mm2`, `mm2-eos`: tuned MM2, at least once or with KIP-618 exactly-once source support;
 - `limit`, `limit-txn`: bench/java's CopyLoop, `loop`, `loop-txn`: bench/copy_loop.py's librdkafka loop, each in
-  `--realtime-tasks` slots with the real-time task's linger, without transactions or committing every REPORT_S as a
-  real-time slot does: the floor of each client library, with and without the slot's transactions. They write
-  through the target's plaintext listener.
+  `--realtime-tasks` slots with the real-time task's linger, without transactions or committing every TXN_COMMIT_S as
+  an at-least-once real-time slot does: the floor of each client library, with and without the slot's transactions.
+  They write through the target's plaintext listener.
 
 Once a warm-up record has crossed every partition, bench/latency.py's probe sends `--latency-rate` records/s of
 `--size` B for `--latency-seconds`, stamped with their send time as CreateTime, and reads the target as the
@@ -79,7 +79,7 @@ from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
 from spark_app.config import ClusterConfig, FlowMode, MirrorConfig, Profile  # noqa: E402
-from spark_app.realtime.task import LINGER_MS, REPORT_S  # noqa: E402
+from spark_app.realtime.task import LINGER_MS, TXN_COMMIT_S  # noqa: E402
 from spark_app.transactions import transactional  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -98,7 +98,7 @@ class LatencyCandidate:
     isolation: str
     mode: FlowMode = FlowMode.THROUGHPUT  # the mirror's
     exactly_once: bool = False
-    transactions: bool = False  # the copy loops': commit every REPORT_S, as a real-time slot of the mirror does
+    transactions: bool = False  # the copy loops': commit every TXN_COMMIT_S, as a real-time slot of the mirror does
 
 
 LATENCY_CANDIDATES = {
@@ -248,7 +248,7 @@ def mirror_commits(config: dict) -> str:
         return "none"
     if flow.mode is not FlowMode.REALTIME:
         return "per batch"
-    return f"every {mirror.realtime_commit_interval_s if flow.exactly_once else REPORT_S} s"
+    return f"every {mirror.realtime_commit_interval_s if flow.exactly_once else TXN_COMMIT_S} s"
 
 
 def mm2_command(
@@ -307,14 +307,14 @@ def copy_loop_latency_command(
     spec: LatencyCandidate, work: Path, source: str, target: str, prefix: str, topics: list[str], slots: int
 ) -> tuple[list[str], str]:
     """A copy loop's command as a latency candidate, and when it commits: in `slots` slots with the real-time task's
-    linger, committing every REPORT_S as a real-time slot does when `spec.transactions`."""
-    commit_ms = int(REPORT_S * 1000) if spec.transactions else 0
+    linger, committing every TXN_COMMIT_S as an at-least-once real-time slot does when `spec.transactions`."""
+    commit_ms = int(TXN_COMMIT_S * 1000) if spec.transactions else 0
     if spec.copier == "limit":
         cmd = copy_loop_command(work, source, target, prefix, 0, topics, LINGER_MS, commit_ms, slots)
     else:
         cmd = [sys.executable, str(ROOT / "bench" / "copy_loop.py"), source, target, prefix, ",".join(topics),
                "--slots", str(slots), "--commit-ms", str(commit_ms)]  # fmt: skip
-    return cmd, f"every {REPORT_S} s" if spec.transactions else "none"
+    return cmd, f"every {TXN_COMMIT_S} s" if spec.transactions else "none"
 
 
 def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], records: int, tag: str) -> list[dict]:

@@ -35,7 +35,7 @@ def test_real_time_into_kafka_writes_fencing_transactions_and_into_event_hubs_no
         flow = MirrorConfig.model_validate(config).flows[0]
         assert (flow.target, flow.realtime_tasks, flow.copy_core) == ("tgt", 2, "compiled")
         seen[target.profile] = mirror_commits(config)
-    assert seen == {Profile.KAFKA: "every 0.5 s", Profile.EVENTHUBS: "none"}
+    assert seen == {Profile.KAFKA: "every 5.0 s", Profile.EVENTHUBS: "none"}
     exactly_once = mirror_config("src", SOURCE, KAFKA, ["orders"], tmp_path, FlowMode.REALTIME, exactly_once=True)
     assert mirror_commits(exactly_once) == "every 1.0 s"
     assert mirror_commits(mirror_config("src", SOURCE, KAFKA, ["orders"], tmp_path)) == "none"
@@ -76,7 +76,7 @@ def test_copy_loops_run_as_a_real_time_slot_does_with_and_without_its_transactio
             seen[name] = (cmd[cmd.index("--commit-ms") + 1], commits)
     assert seen == {
         "limit": ("0", "none"),
-        "limit-txn": ("500", "every 0.5 s"),
+        "limit-txn": ("5000", "every 5.0 s"),
         "loop": ("0", "none"),
-        "loop-txn": ("500", "every 0.5 s"),
+        "loop-txn": ("5000", "every 5.0 s"),
     }

@@ -1,6 +1,7 @@
 """The real-time report channel serves the job's tasks whatever else reaches its port: a peer that connects and says
 nothing, answers the challenge with the wrong key, claims a gigabyte frame or sends a pickle is dropped and logged
-(never with the key) and holds up no task; and an assignment and landings cross it exactly.
+(never with the key) and holds up no task; and an assignment, landings and how far the tasks reached between commits
+cross it exactly.
 
 No Spark: the job runs on a stand-in session whose Spark job is the test's own connections, made as a task makes them.
 """
@@ -25,7 +26,7 @@ from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
 from spark_app.ranges import Landing
 from spark_app.realtime import channel
 from spark_app.realtime.job import CopyJob
-from spark_app.realtime.task import DONE, LANDED, STOP, Assignment, CopierTask, hello
+from spark_app.realtime.task import DONE, LANDED, REACHED, STOP, Assignment, CopierTask, hello, offsets_to_json
 from spark_app.topics import TargetRules
 
 SOURCE = ClusterConfig(alias="a", bootstrap_servers="127.0.0.1:9", profile="kafka")
@@ -182,6 +183,8 @@ def test_a_pickle_is_refused_as_not_json_and_never_unpickled(start_job, caplog):
 
 
 def test_an_assignment_and_landings_cross_the_channel_exactly_and_are_filed_in_order_after_stop(start_job):
+    """Between a slot's commits it says how far it reached: that moves the lag gauge's positions, never the positions
+    a retried task restarts from, which only landings (committed) move."""
     starts = {("tópico.ü", 0): 5, ("t", 3): 2**40, ("t", 12): 0}
     assignment = Assignment(starts, {key: offset + 7 for key, offset in starts.items()})
     run = start_job(assignment, tasks=1)
@@ -194,6 +197,9 @@ def test_an_assignment_and_landings_cross_the_channel_exactly_and_are_filed_in_o
     done = Landing("t", 12, 0, 0, held_error='target: topic "t" refused: TOPIC_AUTHORIZATION_FAILED', reset_from=3)
     with channel.connect(run.task.address, run.task.key) as conn:
         assert hello(conn, 0) == assignment
+        conn.send([REACHED, offsets_to_json({("t", 3): 2**40 + 1, ("t", 12): 4})])
+        eventually(lambda: run.job.lag_positions() == starts | {("t", 3): 2**40 + 1, ("t", 12): 4})
+        assert run.job.reached == starts
         conn.send([LANDED, [landed.to_row(), held.to_row()]])
         stopping = threading.Thread(target=run.job.stop)
         stopping.start()
@@ -203,6 +209,7 @@ def test_an_assignment_and_landings_cross_the_channel_exactly_and_are_filed_in_o
     stopping.join(WAIT_S)
     assert run.filed == [landed, held, done]
     assert run.job.reached == {("tópico.ü", 0): 9, ("t", 3): 2**40 + 2, ("t", 12): 0}
+    assert run.job.lag_positions() == {("tópico.ü", 0): 9, ("t", 3): 2**40 + 2, ("t", 12): 4}
     assert run.job.held_any()
 
 

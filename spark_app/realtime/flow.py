@@ -195,7 +195,7 @@ class RealtimeRunner(FlowRunner):
         return job.error if job.terminal or self._available_now else None
 
     def _positions(self) -> PartitionOffsets:
-        return dict(self.job.reached) if self.job is not None else {}
+        return self.job.lag_positions() if self.job is not None else {}
 
     def catch_up(self) -> None:
         """Restart the job when a quarantined topic may rejoin (read from its first held offsets), when a task held

@@ -28,7 +28,7 @@ from ..ranges import Landing
 from ..topics import TargetRules
 from . import channel
 from .channel import Channel
-from .task import STOP, Assignment, CopierTask
+from .task import REACHED, STOP, Assignment, CopierTask, offsets_from_json
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class CopyJob:
         self.spark = spark
         self.flow = flow
         self.reached = dict(assignment.starts)  # per partition, where its newest report ended
+        self._delivered: dict[Partition, int] = {}  # per partition, how far the tasks last said it reached the target
         self.error: str | None = None
         # Whether `error` would fail again at once, so the flow must stop: bad credentials, or a filing that failed
         # (the state cannot be saved, or records were lost under `fail_on_data_loss`). Else the tasks failed past
@@ -84,6 +85,12 @@ class CopyJob:
 
     def running(self) -> bool:
         return not self._done.is_set()
+
+    def lag_positions(self) -> dict[Partition, int]:
+        """Per partition, the first offset not yet on the target as the tasks last said, committed or not: between a
+        transactional slot's commits (seconds apart) the landings say less, and restarts go from those."""
+        with self._lock:
+            return {key: max(offset, self._delivered.get(key, offset)) for key, offset in self.reached.items()}
 
     def held_any(self) -> bool:
         """Whether a task held a partition: its topic is quarantined, and its other partitions stop at a restart."""
@@ -165,7 +172,11 @@ class CopyJob:
                     if self._stopping.is_set():
                         _send(conn, STOP)
                 while True:
-                    _kind, message = conn.recv()
+                    kind, message = conn.recv()
+                    if kind == REACHED:
+                        with self._lock:
+                            self._delivered.update(offsets_from_json(message))
+                        continue
                     rows = [Landing.from_row(row) for row in message]
                     with self._lock:
                         for row in rows:

@@ -4,10 +4,11 @@ A task asks the driver which source partitions it copies and from where (an `Ass
 librdkafka consumer, and writes each record as it comes with a producer linger of a few milliseconds: through the
 compiled copy core (spark_app.compiled_copy) when its slot writes no transactions and the flow's `copy_core` and
 clusters allow, else (and for good once the core met an event it leaves to Python) through the per-record path
-(spark_app.outbox). Every REPORT_S it sends the driver one landing per partition, covering its offsets since the last
-report up to the first record not delivered yet, until the driver says STOP or (an available-now run) every partition
-reached its stop. The channel (spark_app.realtime.channel) carries JSON messages, authenticated with a key made for
-the job's run.
+(spark_app.outbox). At each commit of its slot's transaction (without transactions: every REPORT_S) it sends the
+driver one landing per partition, covering its offsets since the last one up to the first record not delivered yet;
+between commits, every REPORT_S, it says how far each partition reached the target. So until the driver says STOP or
+(an available-now run) every partition reached its stop. The channel (spark_app.realtime.channel) carries JSON
+messages, authenticated with a key made for the job's run.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REPORT_S = 0.5  # how often a task tells the driver where its partitions stand
+# How often an at-least-once slot that writes in transactions (to fence its zombie attempts) commits, and so reports
+# landings: librdkafka's producer registers each new transaction's partitions with the coordinator in rounds, and
+# their records wait meanwhile. Committing every REPORT_S tripled the p99 at 10,000 records/s, every 5 s it was at
+# MirrorMaker 2's (bench/results/20261129-realtime-commits.txt). A crash copies again what landed since the last
+# commit (MirrorMaker 2: since its last source offset commit, every 60 s by default).
+TXN_COMMIT_S = 5.0
 # A task's consumer returns what it has after at most this long, so a record waits for at most that before it is sent.
 CONSUME_WAIT_S = 0.005
 CONSUME_BATCH = 2_000
@@ -47,9 +54,10 @@ LINGER_MS = 2
 # End-of-log events tell an available-now run where each partition ends (past transaction markers); a continuous run
 # has no use for them, and they cost about a tenth more events at a steady rate.
 CONSUMER_SETTINGS = CONSUMER_DEFAULTS | {"group.id": "mirrorkit-realtime", "enable.partition.eof": False}
-# The channel's messages, as JSON. Task to driver: [HELLO, slot], then [LANDED, rows] per report and [DONE, rows] at
-# the end, each row a landing's `to_row`. Driver to task: the `Assignment`'s `to_json`, then at most STOP.
-HELLO, LANDED, DONE, STOP = "hello", "landed", "done", "stop"
+# The channel's messages, as JSON. Task to driver: [HELLO, slot], then [LANDED, rows] per commit, [REACHED, offsets]
+# between commits and [DONE, rows] at the end, each row a landing's `to_row`, the offsets as an `Assignment` gives
+# them. Driver to task: the `Assignment`'s `to_json`, then at most STOP.
+HELLO, LANDED, REACHED, DONE, STOP = "hello", "landed", "reached", "done", "stop"
 
 
 @dataclass(frozen=True)
@@ -61,20 +69,20 @@ class Assignment:
 
     def to_json(self) -> dict[str, Any]:
         """As the channel carries it: each partition as [[topic, partition], offset]."""
-        stops = None if self.stops is None else _offsets_to_json(self.stops)
-        return {"starts": _offsets_to_json(self.starts), "stops": stops}
+        stops = None if self.stops is None else offsets_to_json(self.stops)
+        return {"starts": offsets_to_json(self.starts), "stops": stops}
 
     @classmethod
     def from_json(cls, value: Any) -> Assignment:
         stops = value["stops"]
-        return cls(_offsets_from_json(value["starts"]), None if stops is None else _offsets_from_json(stops))
+        return cls(offsets_from_json(value["starts"]), None if stops is None else offsets_from_json(stops))
 
 
-def _offsets_to_json(offsets: dict[Partition, int]) -> list[list[Any]]:
+def offsets_to_json(offsets: dict[Partition, int]) -> list[list[Any]]:
     return [[list(key), offset] for key, offset in offsets.items()]
 
 
-def _offsets_from_json(pairs: Any) -> dict[Partition, int]:
+def offsets_from_json(pairs: Any) -> dict[Partition, int]:
     return {(topic, partition): offset for (topic, partition), offset in pairs}
 
 
@@ -136,9 +144,10 @@ class LiveCopy:
         """Copy until every partition reached its stop (available-now) or the driver says stop; returns the count.
 
         A slot that writes in transactions (spark_app.transactions) starts its producer first, which fences every
-        earlier attempt of the slot, and commits every `commit_s`; only then does it report, so the driver never
-        hears of records a crash can still abort. An exactly-once slot resumes where its positions were committed,
-        when that is past where the driver says it starts (a crash after a commit, before its report)."""
+        earlier attempt of the slot, and commits every `commit_s` (exactly once) or TXN_COMMIT_S; only then does it
+        report landings, so the driver never hears of records a crash can still abort. An exactly-once slot resumes
+        where its positions were committed, when that is past where the driver says it starts (a crash after a
+        commit, before its report)."""
         slot_txn = self._start_slot()
         producer = slot_txn.producer if slot_txn is not None else clients.shared_producer(
             self.task.target, self.task.producer_settings)  # fmt: skip
@@ -149,8 +158,10 @@ class LiveCopy:
         for key in self.cursors:
             outbox.open(key)
         open_ = self._assign()
-        commit_s = self.task.commit_s if self.flow.exactly_once else REPORT_S
-        report_at = time.monotonic() + commit_s
+        commit_s = self.task.commit_s if self.flow.exactly_once else TXN_COMMIT_S if slot_txn else REPORT_S
+        tick_s = min(REPORT_S, commit_s)
+        started = time.monotonic()
+        report_at, commit_at = started + tick_s, started + commit_s
         stopped = False
         fencing = slot_txn.fenced_raises() if slot_txn is not None else contextlib.nullcontext()
         try:
@@ -158,14 +169,19 @@ class LiveCopy:
                 while True:
                     while open_ and not stopped:
                         self.copied += self._copy(open_, outbox, report_at)
-                        if time.monotonic() >= report_at:
-                            report_at = time.monotonic() + commit_s
+                        now = time.monotonic()
+                        if now >= report_at:
+                            report_at = now + tick_s
                             self._hold(outbox.settle())
                             outbox.raise_failures()
-                            if slot_txn is not None and not self._commit(slot_txn, outbox):
-                                open_ = self._assign()
-                                continue
-                            self._send_report(conn, LANDED, outbox)
+                            if now < commit_at:
+                                conn.send([REACHED, offsets_to_json(self._reached(outbox))])
+                            else:
+                                commit_at = now + commit_s
+                                if slot_txn is not None and not self._commit(slot_txn, outbox):
+                                    open_ = self._assign()
+                                    continue
+                                self._send_report(conn, LANDED, outbox)
                             stopped = conn.poll() and conn.recv() == STOP
                         open_ = self._still_open(open_)
                     outbox.flush(300)
@@ -284,15 +300,24 @@ class LiveCopy:
         for key in held:
             self.cursors[key].done = True
 
+    def _reached(self, outbox: Outbox) -> dict[Partition, int]:
+        """Per partition, the first offset the target lacks as far as the slot knows, committed or not: its first
+        record not delivered yet, or its first held one."""
+        reached = {}
+        for key in self.cursors:
+            in_flight = outbox.in_flight.get(key)
+            reached[key] = min(self._next_to_copy(key), in_flight[0]) if in_flight else self._next_to_copy(key)
+        return reached
+
     def _report(self, outbox: Outbox) -> list[Landing]:
         """Each partition's landing up to its first record not delivered yet; each goes on with a new landing."""
         rows = []
-        for key, cursor in self.cursors.items():
+        for key, end in self._reached(outbox).items():
+            cursor = self.cursors[key]
             rows += cursor.retired
             cursor.retired = []
             landing = cursor.landing
-            in_flight = outbox.in_flight.get(key)
-            landing.end_offset = in_flight[0] if in_flight else cursor.next
+            landing.end_offset = end
             if landing.held_from >= 0:  # nothing from there on is read: the hold is its first offset only
                 self._held_from[key] = min(landing.held_from, self._held_from.get(key, landing.held_from))
                 landing.held_until = self._held_from[key]
