@@ -213,6 +213,17 @@ def test_an_assignment_and_landings_cross_the_channel_exactly_and_are_filed_in_o
     assert run.job.held_any()
 
 
+def test_a_retried_task_shows_lag_from_the_last_landings_again_not_from_where_its_dead_attempt_reached(start_job):
+    run = start_job(tasks=1)
+    with channel.connect(run.task.address, run.task.key) as dead:
+        hello(dead, 0)
+        dead.send([REACHED, offsets_to_json({("a", 0): 500, ("b", 0): 700})])
+        eventually(lambda: run.job.lag_positions() == STARTS | {("a", 0): 500, ("b", 0): 700})
+    with channel.connect(run.task.address, run.task.key) as retried:
+        assert hello(retried, 0) == Assignment(STARTS, None)
+        assert run.job.lag_positions() == STARTS
+
+
 def test_both_ends_of_a_channel_probe_a_silent_peer_so_a_vanished_one_ends_its_reader():
     """A task on a node that is lost sends no FIN: without keepalive its reader would wait for the job's end."""
     key, listener = channel.new_key(), channel.Listener()

@@ -167,6 +167,8 @@ class CopyJob:
                 with self._lock:
                     keys = [k for k in self._slots[slot] if k not in self._held]
                     stops = {k: self._stops[k] for k in keys} if self._stops is not None else None
+                    for key in self._slots[slot]:  # a retried task copies again from its last landings
+                        self._delivered.pop(key, None)
                     _send(conn, Assignment({k: self.reached[k] for k in keys}, stops).to_json())
                     self._conns.append(conn)
                     if self._stopping.is_set():
