@@ -6,9 +6,9 @@ compiled copy core (spark_app.compiled_copy) when its slot writes no transaction
 clusters allow, else (and for good once the core met an event it leaves to Python) through the per-record path
 (spark_app.outbox). At each commit of its slot's transaction (without transactions: every REPORT_S) it sends the
 driver one landing per partition, covering its offsets since the last one up to the first record not delivered yet;
-between commits, every REPORT_S, it says how far each partition reached the target. So until the driver says STOP or
-(an available-now run) every partition reached its stop. The channel (spark_app.realtime.channel) carries JSON
-messages, authenticated with a key made for the job's run.
+between commits, every REPORT_S, it says how far each partition reached the target. It copies until the driver says
+STOP or (an available-now run) every partition reached its stop. The channel (spark_app.realtime.channel) carries
+JSON messages, authenticated with a key made for the job's run.
 """
 
 from __future__ import annotations
