@@ -2,12 +2,14 @@
 the result in bench/results/chaos-<stamp>.md and .json.
 
 Usage: .venv/bin/python -m bench.chaos [--modes throughput,realtime] [--minutes 30] [--fault-every 6] [--rate 300]
-       [--seed 1] [--hold 3,12] [--local] [--exactly-once] [--only "kill the driver"]
+       [--seed 1] [--hold 3,12] [--local] [--exactly-once] [--target eventhubs] [--only "kill the driver"]
 
 The mirror's executors run on a Spark standalone cluster of two one-core workers, so the nemesis can lose and stop
 them; `--local` runs them in Spark's local mode instead. `--exactly-once` makes the flow exactly-once, and then the
 checker allows no duplicate; `--only` limits the nemesis to the faults whose names contain one of its
-comma-separated words.
+comma-separated words. `--target msk-scram` mirrors into an MSK-like cluster instead of the Event Hubs-like one:
+there real-time slots write transactions even at least once (they fence their zombies with them), and the mirror
+makes its own topics.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def main() -> int:
     parser.add_argument("--local", action="store_true", help="executors in Spark's local mode")
     parser.add_argument("--exactly-once", action="store_true", help="an exactly-once flow: no duplicate allowed")
     parser.add_argument("--only", default="", help="only the faults whose names contain one of these (a,b)")
+    parser.add_argument("--target", default=ListenerKind.EVENTHUBS.value,
+                        choices=[ListenerKind.EVENTHUBS.value, ListenerKind.MSK_SCRAM.value])  # fmt: skip
     args = parser.parse_args()
     only = tuple(w.strip() for w in args.only.split(",") if w.strip())
     low, high = (float(s) for s in args.hold.split(","))
@@ -48,7 +52,7 @@ def main() -> int:
     outcomes: list[Outcome] = []
     try:
         source = bed.start_multi("chaos-src", proxied=True)
-        target = bed.start("chaos-dr", ListenerKind.EVENTHUBS, proxied=True)
+        target = bed.start("chaos-dr", ListenerKind(args.target), proxied=True)
         root = Path(__file__).resolve().parents[2]
         spark = None if args.local else SparkStandalone(bed.root / "spark", env={"PYTHONPATH": str(root)}).start()
         for i, mode in enumerate(args.modes.split(",")):
@@ -87,6 +91,7 @@ def render(outcomes: list[Outcome], args: argparse.Namespace | None = None) -> s
     if args is not None:
         options = (" --local" if args.local else "") + (" --exactly-once" if args.exactly_once else "")
         options += f' --only "{args.only}"' if args.only else ""
+        options += f" --target {args.target}" if args.target != ListenerKind.EVENTHUBS.value else ""
         lines += [f"`python -m bench.chaos --modes {args.modes} --minutes {args.minutes:g} --fault-every"
                   f" {args.fault_every:g} --rate {args.rate} --seed {args.seed} --hold {args.hold}{options}`",
                   ""]  # fmt: skip

@@ -32,7 +32,7 @@ from confluent_kafka.admin import (
 )
 
 from bench.testbed import clients
-from bench.testbed.kafka_cluster import EVENTHUBS_USER, KafkaCluster, MultiBrokerCluster
+from bench.testbed.kafka_cluster import PRINCIPALS, KafkaCluster, MultiBrokerCluster
 from bench.testbed.spark_standalone import SparkStandalone
 from bench.testbed.toxiproxy import Faults, Stream
 
@@ -63,7 +63,7 @@ class Scene:
     """What the nemesis acts on."""
 
     source: MultiBrokerCluster
-    target: KafkaCluster  # the Event Hubs-like cluster: ACLs, no topic creation by the mirror
+    target: KafkaCluster  # Event Hubs-like (no topic creation by the mirror) or MSK-like; both check ACLs
     mirror: MirrorProcess
     topics: Topics
     remote: Remote
@@ -229,22 +229,28 @@ class Nemesis:
         return f"{SLOW_TARGET_BYTES_S} B/s per client"
 
     def _acl_fault(self, name: str, operation: AclOperation) -> Fault:
-        """A DENY for the mirror's principal on the target copy of the plain topic, and its removal."""
+        """A DENY for the mirror's principal on the target copy of the plain topic, and its removal. An ALLOW of
+        everything else goes with it: where the DENY would be the topic's only ACL, the broker would refuse the
+        principal every operation on it, not just the one denied."""
         topic = self.scene.remote(self.scene.topics.plain)
-        deny = AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{EVENTHUBS_USER}", "*",
-                          operation, AclPermissionType.DENY)  # fmt: skip
-        match = AclBindingFilter(deny.restype, deny.name, deny.resource_pattern_type, deny.principal, deny.host,
-                                 deny.operation, deny.permission_type)  # fmt: skip
+        principal = PRINCIPALS[self.scene.target.kind]
+
+        def binding(op: AclOperation, permission: AclPermissionType) -> AclBinding:
+            return AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, principal, "*", op, permission)
+
+        bindings = [binding(AclOperation.ALL, AclPermissionType.ALLOW), binding(operation, AclPermissionType.DENY)]
+        matches = [AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation,
+                                    b.permission_type) for b in bindings]  # fmt: skip
 
         def inject() -> str:
             admin = clients.admin(self.scene.target.admin)  # held until its answer: a dropped client fails it
-            for future in admin.create_acls([deny]).values():
+            for future in admin.create_acls(bindings).values():
                 future.result()
             return f"{operation.name} on {topic}"
 
         def heal() -> None:
             admin = clients.admin(self.scene.target.admin)
-            for future in admin.delete_acls([match]).values():
+            for future in admin.delete_acls(matches).values():
                 future.result()
 
         return Fault(name, inject, heal)

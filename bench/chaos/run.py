@@ -74,14 +74,16 @@ def chaos_config(source: MultiBrokerCluster, target: KafkaCluster, topics: Topic
 
 
 def prepare(source: MultiBrokerCluster, target: KafkaCluster, topics: Topics, config: MirrorConfig) -> None:
-    """The source topics (partition 1 of each on the broker the nemesis stops), and every target hub infra would make
-    (the Event Hubs-like target takes no topic from the mirror)."""
+    """The source topics (partition 1 of each on the broker the nemesis stops), and on an Event Hubs-like target,
+    which takes no topic from the mirror, every hub infra would make. On an MSK-like target the mirror makes its own."""
     placed = {t: placement(topics.partitions) for t in topics.all if t != topics.compacted}
     clients.create_placed_topics(source.admin, placed)
     clients.create_placed_topics(source.admin, {topics.compacted: placement(topics.partitions)},
                                  {"cleanup.policy": "compact"})  # fmt: skip
     alias = config.flows[0].target
-    hubs, compacted = set(event_hubs_topics(config)[alias]), compacted_topics(config)[alias]
+    if alias not in (hubs_on := event_hubs_topics(config)):
+        return
+    hubs, compacted = set(hubs_on[alias]), compacted_topics(config)[alias]
     clients.create_topics(target.admin, {h: topics.partitions for h in hubs if h not in compacted})
     clients.create_topics(target.admin, dict.fromkeys(compacted & hubs, 1), {"cleanup.policy": "compact"})
 

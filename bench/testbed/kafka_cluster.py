@@ -66,6 +66,10 @@ class ListenerKind(enum.StrEnum):
     OAUTHBEARER = "oauthbearer"
 
 
+# The mirror's principal on each SASL kind whose broker checks ACLs (everything is allowed where no ACL is found).
+PRINCIPALS = {ListenerKind.EVENTHUBS: f"User:{EVENTHUBS_USER}", ListenerKind.MSK_SCRAM: f"User:{MSK_USER}"}
+
+
 def require_java() -> str:
     java = shutil.which("java")
     if java is None:
@@ -342,7 +346,7 @@ class KafkaCluster:
                     f"listener.name.{listener}.sasl.enabled.mechanisms": mechanism,
                     f"listener.name.{listener}.{mechanism.lower()}.sasl.jaas.config": jaas,
                 }
-        if self.kind is ListenerKind.EVENTHUBS:
+        if self.kind in PRINCIPALS:  # ACLs, as the services have: a test may deny the mirror's principal something
             props |= {
                 "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
                 "super.users": "User:ANONYMOUS",
@@ -409,7 +413,7 @@ class KafkaCluster:
 
     def _deny_topic_creation_to_client(self) -> None:
         """Event Hubs makes topics through ARM only: the client may do everything but create."""
-        principal = f"User:{EVENTHUBS_USER}"
+        principal = PRINCIPALS[ListenerKind.EVENTHUBS]
 
         def acl(rtype: ResourceType, name: str, op: AclOperation, perm: AclPermissionType) -> AclBinding:
             return AclBinding(rtype, name, ResourcePatternType.LITERAL, principal, "*", op, perm)
