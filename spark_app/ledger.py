@@ -8,7 +8,8 @@ so a crash replays at most what was filed after the last save (at least once, ne
 
 Data loss. Per partition the state keeps the next offset the flow expects. When a landing starts further on, the
 source's log start is checked: records below it that were never read were deleted by retention. They are reported
-(log, `data_loss`) and mirroring goes on, unless the flow sets `fail_on_data_loss`.
+(log, `data_loss`) and mirroring goes on, unless the flow sets `fail_on_data_loss`. A gap whose log start does not
+answer (its leader offline) is saved with the positions that moved past it and checked at each filing until it does.
 
 Topics gone. Topic sync tells the ledger which topics the source has now (`topics_seen`). A topic missing from
 every round for TOPIC_GONE_GRACE_S is forgotten: its positions, landings, adopted offsets and per-topic totals, so
@@ -25,8 +26,9 @@ import collections
 import json
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from confluent_kafka import KafkaException
 
@@ -39,6 +41,8 @@ from .ranges import DataLoss, Landing, OffsetRange, OffsetsReset
 from .storage import CheckpointFiles
 
 log = logging.getLogger(__name__)
+
+_Value = TypeVar("_Value")
 
 STATE_VERSION = 1
 STATE_FILE = "mirrorkit-state.json"
@@ -69,6 +73,10 @@ class LedgerState:
     # The mode whose copies saved `positions` last: a throughput run after a real-time one starts past its older Spark
     # checkpoint, at `positions` (spark_app.planner).
     mode: FlowMode = FlowMode.THROUGHPUT
+    # Gaps (expected, first read) the positions have moved past whose log start did not answer (the partition's leader
+    # offline, the source unreachable): looked up at each filing until it answers, at most RECENT_EVENTS per partition.
+    # Saved with the positions, or a restart meanwhile would never report what retention deleted in them.
+    unresolved: dict[Partition, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
@@ -96,6 +104,8 @@ class LedgerState:
         state.landed = _by_partition(raw.get("landed", {}))
         state.topic_ids = dict(raw.get("topic_ids", {}))
         state.mode = FlowMode(raw.get("mode", FlowMode.THROUGHPUT))
+        unresolved = _by_partition(raw.get("unresolved", {}))
+        state.unresolved = {tp: [(expected, first) for expected, first in gaps] for tp, gaps in unresolved.items()}
         return state
 
     def save(self) -> None:
@@ -111,6 +121,7 @@ class LedgerState:
             "landed": by_topic(self.landed),
             "topic_ids": dict(sorted(self.topic_ids.items())),
             "mode": self.mode.value,
+            "unresolved": by_topic(self.unresolved),
         }
         self.files.write(STATE_FILE, json.dumps(raw, indent=1).encode())
 
@@ -119,23 +130,24 @@ class LedgerState:
         return {t for offsets in (self.positions, self.landed, self.adopted) for t, _ in offsets} | set(self.topic_ids)
 
     def forget(self, topics: Collection[str]) -> None:
-        """Drop the positions, landings, adopted offsets and ids of `topics`; holds are left alone (records owed)."""
-        for offsets in (self.positions, self.landed, self.adopted):
+        """Drop the positions, landings, adopted offsets, unresolved gaps and ids of `topics`; holds are left alone
+        (records owed)."""
+        for offsets in (self.positions, self.landed, self.adopted, self.unresolved):
             for tp in [tp for tp in offsets if tp[0] in topics]:
                 del offsets[tp]
         for topic in topics:
             self.topic_ids.pop(topic, None)
 
 
-def by_topic(offsets: PartitionOffsets) -> dict[str, dict[str, int]]:
+def by_topic(offsets: Mapping[Partition, _Value]) -> dict[str, dict[str, _Value]]:
     """{(topic, partition): offset} as `{"topic": {"partition": offset}}`, the shape of the file and of Spark's."""
-    out: dict[str, dict[str, int]] = {}
+    out: dict[str, dict[str, _Value]] = {}
     for (topic, partition), offset in sorted(offsets.items()):
         out.setdefault(topic, {})[str(partition)] = offset
     return out
 
 
-def _by_partition(offsets: dict[str, dict[str, int]]) -> PartitionOffsets:
+def _by_partition(offsets: dict[str, dict[str, _Value]]) -> dict[Partition, _Value]:
     return {(t, int(p)): o for t, parts in offsets.items() for p, o in parts.items()}
 
 
@@ -158,9 +170,6 @@ class FlowLedger:
         self._on_landed = on_landed
         self._clock = clock
         self._missing_since: dict[str, float] = {}  # known topic missing from topic sync -> when first missed
-        # Gaps (expected, first read) of partitions whose log start did not answer (their leader offline, the source
-        # unreachable): looked up again at the next filing, at most RECENT_EVENTS per partition.
-        self._unresolved: dict[Partition, list[tuple[int, int]]] = {}
 
     @property
     def data_loss(self) -> list[DataLoss]:
@@ -314,8 +323,9 @@ class FlowLedger:
         its log start would not answer. A gap whose log start does not answer now (its leader went offline since the
         copy read past it) is looked up again at the next filing: the filing itself never fails for it."""
         gaps = [gap for gap in gaps if gap[3] > gap[2]]
-        gaps += [(t, p, expected, first) for (t, p), pending in self._unresolved.items() for expected, first in pending]
-        self._unresolved = {}
+        unresolved = self.state.unresolved
+        gaps += [(t, p, expected, first) for (t, p), pending in unresolved.items() for expected, first in pending]
+        unresolved.clear()
         if not gaps:
             return
         try:
@@ -326,7 +336,7 @@ class FlowLedger:
             earliest = {}
         for topic, partition, expected, first_read in gaps:
             if (topic, partition) not in earliest:
-                pending = self._unresolved.setdefault((topic, partition), [])
+                pending = unresolved.setdefault((topic, partition), [])
                 if len(pending) < RECENT_EVENTS:
                     pending.append((expected, first_read))
                 continue

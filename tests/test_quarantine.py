@@ -64,11 +64,13 @@ def test_the_state_file_round_trips_holds_and_positions_and_is_replaced_whole(tm
     state.quarantined[TOPIC] = Quarantine("too big", {0: Hold(5, 11), 3: Hold(7, 8)})
     state.positions = {(TOPIC, 0): 11, (TOPIC, 3): 8, ("other", 1): 42}
     state.adopted = {(TOPIC, 0): 9, ("other", 1): 40}
+    state.unresolved = {(TOPIC, 3): [(2, 5), (6, 7)]}
     state.save()
     assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE]  # no temporary file left behind
     again = LedgerState.load(checkpoint_files(str(tmp_path)))
     assert again.quarantined == {TOPIC: Quarantine("too big", {0: Hold(5, 11), 3: Hold(7, 8)})}
     assert again.positions == state.positions and again.adopted == state.adopted
+    assert again.unresolved == state.unresolved
     assert json.loads((tmp_path / STATE_FILE).read_text())["version"] == STATE_VERSION
 
 
@@ -243,6 +245,20 @@ def test_a_gap_whose_log_start_does_not_answer_never_fails_the_filing_and_is_rep
     assert q.lost_records == 9
     q.file([landing(0, 40, 50)])
     assert q.lost_records == 9, "reported once"
+
+
+def test_a_gap_whose_log_start_does_not_answer_is_saved_and_reported_after_a_restart(tmp_path):
+    """Seen under faults: the positions were saved past the gap, and the mirror restarted before its partition's log
+    start answered; the gap was only in memory, and its records went unreported."""
+    fake = FakeSource()
+    keeper(tmp_path, fake).file([landing(0, 0, 10)])
+    fake.log_start[(TOPIC, 0)] = None
+    keeper(tmp_path, fake).file([landing(0, 15, 20)])
+    fake.log_start[(TOPIC, 0)] = 15
+    after_restart = keeper(tmp_path, fake)
+    after_restart.file([])
+    assert [(x.first_offset, x.last_offset) for x in after_restart.data_loss] == [(10, 14)]
+    assert after_restart.state.unresolved == {}
 
 
 def test_state_stays_one_entry_per_partition_over_thousands_of_batches_with_holds_coming_and_going(tmp_path):
