@@ -52,7 +52,7 @@ def main() -> int:
     outcomes: list[Outcome] = []
     try:
         source = bed.start_multi("chaos-src", proxied=True)
-        target = bed.start("chaos-dr", ListenerKind(args.target), proxied=True)
+        target = bed.start("chaos-dr", ListenerKind(args.target), proxied=True, acls=True)
         root = Path(__file__).resolve().parents[2]
         spark = None if args.local else SparkStandalone(bed.root / "spark", env={"PYTHONPATH": str(root)}).start()
         for i, mode in enumerate(args.modes.split(",")):

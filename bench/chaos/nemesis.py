@@ -63,7 +63,7 @@ class Scene:
     """What the nemesis acts on."""
 
     source: MultiBrokerCluster
-    target: KafkaCluster  # Event Hubs-like (no topic creation by the mirror) or MSK-like; both check ACLs
+    target: KafkaCluster  # Event Hubs-like (no topic creation by the mirror) or MSK-like, checking ACLs
     mirror: MirrorProcess
     topics: Topics
     remote: Remote

@@ -66,7 +66,7 @@ class ListenerKind(enum.StrEnum):
     OAUTHBEARER = "oauthbearer"
 
 
-# The mirror's principal on each SASL kind whose broker checks ACLs (everything is allowed where no ACL is found).
+# The mirror's principal on each SASL kind whose broker can check ACLs (it allows everything where no ACL is found).
 PRINCIPALS = {ListenerKind.EVENTHUBS: f"User:{EVENTHUBS_USER}", ListenerKind.MSK_SCRAM: f"User:{MSK_USER}"}
 
 
@@ -99,6 +99,7 @@ class KafkaCluster:
     quorum: KafkaCluster | None = None
     password: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     message_max_bytes: int = 1048576
+    acls: bool = False  # the broker checks ACLs (an Event Hubs-like one always does): a test may deny the mirror
     admin_port: int = 0
     client_port: int = 0
     controller_port: int = 0
@@ -346,7 +347,7 @@ class KafkaCluster:
                     f"listener.name.{listener}.sasl.enabled.mechanisms": mechanism,
                     f"listener.name.{listener}.{mechanism.lower()}.sasl.jaas.config": jaas,
                 }
-        if self.kind in PRINCIPALS:  # ACLs, as the services have: a test may deny the mirror's principal something
+        if self.kind is ListenerKind.EVENTHUBS or self.acls:
             props |= {
                 "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
                 "super.users": "User:ANONYMOUS",
