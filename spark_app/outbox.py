@@ -35,7 +35,7 @@ from .errors import DeliveryFailed
 from .policy import PROVENANCE_HEADER, drops_record, origin, provenance, target_topic
 from .ranges import LATENCY_BOUNDS_MS, Landing
 from .topics import TargetRule, TargetRules
-from .transactions import FENCED_ERRORS, Fenced
+from .transactions import FENCED_ERRORS, Fenced, TransactionFailed
 
 DLQ_PREFIX = "mirrorkit.dlq."
 # Throughput settings measured in bench/; acks=all and idempotence keep order and avoid duplicates on retry.
@@ -70,6 +70,9 @@ CONSUMER_DEFAULTS = {
 }
 # How long a produce to a partition the producer's metadata does not know yet waits for the partition to appear.
 METADATA_WAIT_S = 60.0
+# A record purged from the producer by the mirror itself: after a failure (the records after it must not land ahead
+# of its retry), or with a transaction it aborts. Its report says so.
+PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 # Delivery errors that concern one topic or record, not the target: the partition holds from the refused record and
 # its topic is quarantined (spark_app.quarantine) while the others go on. Any other delivery error fails the batch.
 TOPIC_SCOPED_ERRORS = frozenset(
@@ -342,6 +345,8 @@ class Outbox:
         refused for its topic waits for `settle`; any other error fails the task at the next `raise_failures`. The
         compiled core (spark_app.compiled_copy) files its producer's errors here too."""
         source = (record.topic, record.partition)
+        if err.code() in PURGED:  # the mirror's own doing: not landed, and no failure of its own
+            return
         if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
             self._refused.append(record)
             self._refused_partitions.add(source)
@@ -436,6 +441,8 @@ class Outbox:
                 code = err.args[0].code()
                 if code == KafkaError.MSG_SIZE_TOO_LARGE or code in TOPIC_SCOPED_ERRORS:
                     return cast(KafkaError, err.args[0])
+                if code == KafkaError._STATE:  # only a transactional producer has a state that refuses records
+                    raise TransactionFailed(f"flow {self.flow.name}: {err.args[0].str()}") from None
                 if code != KafkaError._UNKNOWN_PARTITION or time.monotonic() > deadline:
                     raise
                 self.producer.list_topics(topic, timeout=10)

@@ -63,6 +63,11 @@ class Aborted(DeliveryFailed):
     """The target refused a record of the transaction, so all of it was aborted: nothing of it is visible."""
 
 
+class TransactionFailed(DeliveryFailed):
+    """A record of the open transaction failed (the target refused it), so the producer takes no more records until
+    the transaction is aborted."""
+
+
 class TransactionsRefused(MirrorFailed):
     """The target cannot do transactions for this flow; the message names the cluster, the flow and the key."""
 
@@ -134,13 +139,14 @@ class SlotTransactions:
         self._open = False
 
     def abort(self) -> None:
-        """Drop what was sent since `begin`: purged if still queued, aborted (invisible to read_committed) if not."""
-        if not self._open:
-            return
-        self._open = False
-        self.producer.purge(in_queue=True, in_flight=False)
+        """Drop what was sent since `begin`: purged if still queued, aborted (invisible to read_committed) if not.
+        Then the reports of all of it are served, so none arrives among the records copied next."""
+        if self._open:
+            self._open = False
+            self.producer.purge(in_queue=True, in_flight=False)
+            self.producer.poll(0)
+            self._call(lambda: self.producer.abort_transaction(TRANSACTION_TIMEOUT_S))
         self.producer.poll(0)
-        self._call(lambda: self.producer.abort_transaction(TRANSACTION_TIMEOUT_S))
 
     def close(self) -> None:
         """Let go of the slot (its transaction committed or aborted already, or the slot fenced, when the producer

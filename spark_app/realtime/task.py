@@ -29,7 +29,7 @@ from ..config import ClusterConfig, FlowConfig
 from ..outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
 from ..ranges import Landing
 from ..topics import TargetRules
-from ..transactions import Aborted, SlotTransactions, transactional
+from ..transactions import Aborted, SlotTransactions, TransactionFailed, transactional
 from . import channel
 from .channel import Channel
 
@@ -162,24 +162,31 @@ class LiveCopy:
         tick_s = min(REPORT_S, commit_s)
         started = time.monotonic()
         report_at, commit_at = started + tick_s, started + commit_s
-        stopped = False
+        # A record the target refused fails the slot's open transaction (librdkafka sends nothing more of it): it is
+        # aborted at once, not at its commit, and copied again.
+        stopped, failed = False, False
         fencing = slot_txn.fenced_raises() if slot_txn is not None else contextlib.nullcontext()
         try:
             with fencing:
                 while True:
                     while open_ and not stopped:
-                        self.copied += self._copy(open_, outbox, report_at)
+                        try:
+                            self.copied += self._copy(open_, outbox, report_at)
+                        except TransactionFailed:  # the producer takes no more of it: abort it now
+                            failed, report_at = True, 0.0
                         now = time.monotonic()
                         if now >= report_at:
                             report_at = now + tick_s
-                            self._hold(outbox.settle())
+                            held = outbox.settle()
+                            self._hold(held)
                             outbox.raise_failures()
-                            if now < commit_at:
+                            failed = failed or (slot_txn is not None and bool(held))
+                            if now < commit_at and not failed:
                                 conn.send([REACHED, offsets_to_json(self._reached(outbox))])
                             else:
                                 commit_at = now + commit_s
-                                if slot_txn is not None and not self._commit(slot_txn, outbox):
-                                    open_ = self._assign()
+                                if slot_txn is not None and not self._commit(slot_txn, outbox, failed):
+                                    open_, failed = self._assign(), False
                                     continue
                                 self._send_report(conn, LANDED, outbox)
                             stopped = conn.poll() and conn.recv() == STOP
@@ -254,25 +261,31 @@ class LiveCopy:
             self._assign()
         return taken
 
-    def _commit(self, slot_txn: SlotTransactions, outbox: Outbox) -> bool:
+    def _commit(self, slot_txn: SlotTransactions, outbox: Outbox, failed: bool = False) -> bool:
         """Commit what was sent (with each partition's next offset, exactly-once) and begin the next transaction;
         False when the target refused a record of it: then all of it was aborted, every cursor is back where the
-        last commit left it, and the refused partitions hold from there (their topic catches up later)."""
-        outbox.flush(300)
+        last commit left it, and the refused partitions hold from there (their topic catches up later).
+
+        A transaction that `failed` is aborted without waiting for what it still queues, which would never be sent."""
+        refused: set[Partition] = set()
+        if not failed:
+            outbox.flush(300)
+            self._hold(outbox.settle())
+            refused = outbox.take_refused()
+            if not refused:
+                try:
+                    positions = {key: self._next_to_copy(key) for key in self.cursors}
+                    slot_txn.commit(positions)
+                except Aborted:
+                    pass
+                else:
+                    self._committed = positions
+                    slot_txn.begin()
+                    return True
+        slot_txn.abort()  # and the reports of all it had sent are served: the refusals among them
         self._hold(outbox.settle())
-        refused = outbox.take_refused()
-        if not refused:
-            try:
-                positions = {key: self._next_to_copy(key) for key in self.cursors}
-                slot_txn.commit(positions)
-            except Aborted:
-                refused = set()
-            else:
-                self._committed = positions
-                slot_txn.begin()
-                return True
+        refused |= outbox.take_refused()
         errors = {key: self.cursors[key].landing.held_error for key in refused}
-        slot_txn.abort()
         for key, cursor in self.cursors.items():
             start = self._committed[key]
             cursor.next, cursor.retired, cursor.seen = start, [], False
