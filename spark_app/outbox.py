@@ -396,6 +396,12 @@ class Outbox:
         return taken
 
     @property
+    def delivery_refused(self) -> bool:
+        """Whether a delivery report refused a record since the last `take_refused`: in a transaction, that failed it
+        (a record librdkafka refuses before sending it fails nothing)."""
+        return bool(self._refused_partitions)
+
+    @property
     def refusals_pending(self) -> bool:
         """Whether a delivery report refused a record that `settle` has not acted on yet."""
         return bool(self._refused or self._blocked)

@@ -1,18 +1,22 @@
-"""A real-time task whose slot writes transactions, against a real broker that starts refusing one partition's
-records mid-run: the refusal fails the slot's transaction, the task aborts it and copies again from its last commit,
-the refused partition held from there, while the task and its other partitions go on. No Spark: the task's copy loop
-runs in a thread, with a stand-in for the driver's end of the report channel."""
+"""A real-time task whose slot writes transactions, against a real broker that refuses some records: a record the
+broker refuses fails the slot's transaction, so the task aborts it and copies again from its last commit, the
+refused partition held from there; a record librdkafka refuses before sending it (too large) fails nothing, and only
+its partition holds. Either way the task and its other partitions go on. No Spark: the task's copy loop runs in a
+thread, with a stand-in for the driver's end of the report channel."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from bench.testbed import clients
 from bench.testbed.clients import Record
-from spark_app.config import FlowConfig, TopicSelection
+from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
 from spark_app.ranges import Landing
 from spark_app.realtime.task import LANDED, STOP, Assignment, CopierTask, LiveCopy
 from spark_app.topics import TargetRules
@@ -20,12 +24,13 @@ from spark_app.topics import TargetRules
 BATCH = 40
 
 
+@dataclass
 class Driver:
     """The driver's end of one task's channel: it keeps the task's reports and says stop when asked."""
 
-    def __init__(self) -> None:
-        self.sent: list[object] = []
-        self.stopping = threading.Event()
+    sent: list[object] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None  # what the task raised, if it did
 
     def send(self, message: object) -> None:
         self.sent.append(message)
@@ -36,67 +41,99 @@ class Driver:
     def recv(self) -> object:
         return STOP
 
-    def landings(self) -> list[Landing]:
-        return [Landing.from_row(row) for kind, rows in self.sent if kind == LANDED for row in rows]  # type: ignore[misc]
+    def held(self, partition: int) -> list[Landing]:
+        rows = [Landing.from_row(row) for kind, rows in self.sent if kind == LANDED for row in rows]  # type: ignore[misc]
+        return [r for r in rows if r.partition == partition and r.held_from >= 0]
 
 
-def test_a_record_refused_inside_a_slots_transaction_aborts_it_holds_its_partition_and_the_task_goes_on(
-    plaintext_cluster, unique
-):
-    cluster = plaintext_cluster.client
-    source, target = cluster.model_copy(update={"alias": "a"}), cluster.model_copy(update={"alias": "b"})
-    topic = f"refusal-{unique}"
-    copy_topic = f"a.{topic}"
-    clients.create_topics(source, {topic: 2})
-    clients.create_topics(target, {copy_topic: 2})
-    flow = FlowConfig(source="a", target="b", topics=TopicSelection(include=[topic]), checkpoint_location="/unused",
-                      mode="realtime")  # fmt: skip
+@dataclass(frozen=True)
+class Flow:
+    source: ClusterConfig
+    target: ClusterConfig
+    topic: str
 
-    def load(start: int, partitions: tuple[int, ...] = (0, 1)) -> None:  # partition 0 keyless, 1 keyed
-        records = [Record(0, None, f"p0-{i}".encode()) for i in range(start, start + BATCH) if 0 in partitions]
-        records += [
-            Record(1, f"k{i}".encode(), f"p1-{i}".encode()) for i in range(start, start + BATCH) if 1 in partitions
-        ]
-        clients.produce(source, topic, records)
+    @property
+    def copy_topic(self) -> str:
+        return f"a.{self.topic}"
 
-    # Rules that do not know the target topic will be compacted: the broker refuses, not the mirror's own check.
-    task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", TargetRules(), 1.0)
-    copy = LiveCopy(task, Assignment({(topic, 0): 0, (topic, 1): 0}, None), slot=0)
-    driver, outcome = Driver(), {}
+    def load(self, partition: int, start: int, count: int = BATCH, size: int = 0) -> None:
+        """Records `start` .. `start + count` of a partition: keyless on partition 0, keyed on 1; `size` pads them."""
+        clients.produce(self.source, self.topic, [
+            Record(partition, f"k{i}".encode() if partition else None, f"p{partition}-{i}".encode() + b"." * size)
+            for i in range(start, start + count)
+        ])  # fmt: skip
+
+    def copied(self, expected: int, driver: Driver) -> dict[int, list[bytes]]:
+        """What the target holds, read_committed (so after a commit of the slot), by partition."""
+        try:
+            records = clients.read_all(self.target, self.copy_topic, expected, timeout_s=60)
+        except AssertionError as err:
+            raise AssertionError(f"{err}; the task: {driver.error!r}") from None
+        return {p: [r.value.split(b".")[0] for r in records if r.partition == p and r.value] for p in (0, 1)}
+
+
+@contextmanager
+def copying(cluster: ClusterConfig, unique: str, rules: TargetRules) -> Iterator[tuple[Flow, Driver]]:
+    """A two-partition topic and its target copy, and one real-time task copying it, stopped on the way out."""
+    flow = Flow(cluster.model_copy(update={"alias": "a"}), cluster.model_copy(update={"alias": "b"}), f"rf-{unique}")
+    clients.create_topics(flow.source, {flow.topic: 2})
+    clients.create_topics(flow.target, {flow.copy_topic: 2})
+    config = FlowConfig(source="a", target="b", topics=TopicSelection(include=[flow.topic]),
+                        checkpoint_location="/unused", mode="realtime")  # fmt: skip
+    task = CopierTask(config, flow.source, flow.target, ("127.0.0.1", 9), b"unused", rules, 1.0)
+    copy, driver = LiveCopy(task, Assignment({(flow.topic, 0): 0, (flow.topic, 1): 0}, None), slot=0), Driver()
 
     def run() -> None:
         try:
-            outcome["copied"] = copy.run(driver)  # type: ignore[arg-type]
-        except Exception as err:  # noqa: BLE001 - the test's verdict
-            outcome["error"] = err
+            copy.run(driver)  # type: ignore[arg-type]
+        except BaseException as err:  # noqa: BLE001 - the test's verdict
+            driver.error = err
 
-    load(0)
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    clients.read_all(target, copy_topic, 2 * BATCH, timeout_s=60)  # read_committed: after the slot's first commit
-    entry = ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)
-    admin = clients.admin(target)
-    for future in admin.incremental_alter_configs(
-        [ConfigResource(ResourceType.TOPIC, copy_topic, incremental_configs=[entry])]
-    ).values():
-        future.result()
-    time.sleep(1.0)  # the broker applies the new policy to the next appends
-    load(BATCH, (0,))
-    time.sleep(1.5)  # refused by now, well inside the slot's transaction: the records after it come to a failed one
-    load(BATCH, (1,))
     try:
-        copied = clients.read_all(target, copy_topic, 3 * BATCH, timeout_s=60)
-    except AssertionError as err:
-        raise AssertionError(f"{err}; the task: {outcome.get('error')!r}") from None
+        yield flow, driver
     finally:
         driver.stopping.set()
         thread.join(60)
-
     assert not thread.is_alive(), "the task did not stop"
-    assert "error" not in outcome, f"the task failed instead of holding the refused partition: {outcome['error']!r}"
-    by_partition = {p: [r.value for r in copied if r.partition == p] for p in (0, 1)}
-    assert by_partition[0] == [f"p0-{i}".encode() for i in range(BATCH)], "partition 0: only what came before"
-    assert by_partition[1] == [f"p1-{i}".encode() for i in range(2 * BATCH)], "partition 1: all of it, in order"
-    held = [row for row in driver.landings() if row.partition == 0 and row.held_from >= 0]
-    assert held and held[0].held_from == BATCH, [vars(r) for r in driver.landings()]
-    assert "INVALID_RECORD" in held[0].held_error
+    assert driver.error is None, f"the task failed instead of holding the refused partition: {driver.error!r}"
+
+
+def test_a_record_the_broker_refuses_aborts_the_slots_transaction_holds_its_partition_and_the_task_goes_on(
+    plaintext_cluster, unique
+):
+    # Rules that do not know the target topic will be compacted: the broker refuses, not the mirror's own check.
+    with copying(plaintext_cluster.client, unique, TargetRules()) as (flow, driver):
+        flow.load(0, 0)
+        flow.load(1, 0)
+        flow.copied(2 * BATCH, driver)
+        entry = ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)
+        admin = clients.admin(flow.target)  # held until its answer: a dropped client fails it
+        topic = ConfigResource(ResourceType.TOPIC, flow.copy_topic, incremental_configs=[entry])
+        for future in admin.incremental_alter_configs([topic]).values():
+            future.result()
+        time.sleep(1.0)  # the broker applies the new policy to the next appends
+        flow.load(0, BATCH)  # keyless: refused now
+        time.sleep(1.5)  # refused by then, well inside the slot's transaction: what comes next meets a failed one
+        flow.load(1, BATCH)
+        copied = flow.copied(3 * BATCH, driver)
+    assert copied[0] == [f"p0-{i}".encode() for i in range(BATCH)], "partition 0: only what came before"
+    assert copied[1] == [f"p1-{i}".encode() for i in range(2 * BATCH)], "partition 1: all of it, in order"
+    held = driver.held(0)
+    assert held and held[0].held_from == BATCH and "INVALID_RECORD" in held[0].held_error, held
+
+
+def test_a_record_too_large_to_send_holds_only_its_partition_and_the_slot_still_commits(plaintext_cluster, unique):
+    """librdkafka refuses it at produce (over the target's cap), so the open transaction has not failed: aborting it
+    would only meet the same record again, for ever."""
+    with copying(plaintext_cluster.client, unique, TargetRules(max_message_bytes=10_000)) as (flow, driver):
+        flow.load(0, 0, 20)
+        flow.load(0, 20, 1, size=20_000)
+        flow.load(0, 21, 20)
+        flow.load(1, 0)
+        copied = flow.copied(20 + BATCH, driver)
+    assert copied[0] == [f"p0-{i}".encode() for i in range(20)], "partition 0: up to the record too large"
+    assert copied[1] == [f"p1-{i}".encode() for i in range(BATCH)]
+    held = driver.held(0)
+    assert held and held[0].held_from == 20 and held[0].refused_bytes > 20_000, held

@@ -177,10 +177,9 @@ class LiveCopy:
                         now = time.monotonic()
                         if now >= report_at:
                             report_at = now + tick_s
-                            held = outbox.settle()
-                            self._hold(held)
+                            self._hold(outbox.settle())
                             outbox.raise_failures()
-                            failed = failed or (slot_txn is not None and bool(held))
+                            failed = failed or (slot_txn is not None and outbox.delivery_refused)
                             if now < commit_at and not failed:
                                 conn.send([REACHED, offsets_to_json(self._reached(outbox))])
                             else:
