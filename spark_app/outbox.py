@@ -79,6 +79,7 @@ TOPIC_SCOPED_ERRORS = frozenset(
     {
         KafkaError.TOPIC_AUTHORIZATION_FAILED,
         KafkaError.INVALID_RECORD,
+        KafkaError._INVALID_DIFFERENT_RECORD,  # refused for another record of its batch (INVALID_RECORD's neighbours)
         KafkaError.INVALID_TIMESTAMP,
         KafkaError.INVALID_MSG,  # CORRUPT_MESSAGE
         KafkaError.UNKNOWN_TOPIC_OR_PART,

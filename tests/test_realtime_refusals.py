@@ -57,9 +57,12 @@ class Flow:
         return f"a.{self.topic}"
 
     def load(self, partition: int, start: int, count: int = BATCH, size: int = 0) -> None:
-        """Records `start` .. `start + count` of a partition: keyless on partition 0, keyed on 1; `size` pads them."""
+        """Records `start` .. `start + count` of a partition: on partition 0 every other one keyless, starting with
+        the first (so a compacted target refuses those, and the others of their batch with them); keyed on 1. `size`
+        pads them."""
         clients.produce(self.source, self.topic, [
-            Record(partition, f"k{i}".encode() if partition else None, f"p{partition}-{i}".encode() + b"." * size)
+            Record(partition, f"k{i}".encode() if partition or i % 2 else None,
+                   f"p{partition}-{i}".encode() + b"." * size)
             for i in range(start, start + count)
         ])  # fmt: skip
 
@@ -114,7 +117,7 @@ def test_a_record_the_broker_refuses_aborts_the_slots_transaction_holds_its_part
         for future in admin.incremental_alter_configs([topic]).values():
             future.result()
         time.sleep(1.0)  # the broker applies the new policy to the next appends
-        flow.load(0, BATCH)  # keyless: refused now
+        flow.load(0, BATCH)  # refused now
         time.sleep(1.5)  # refused by then, well inside the slot's transaction: what comes next meets a failed one
         flow.load(1, BATCH)
         copied = flow.copied(3 * BATCH, driver)
