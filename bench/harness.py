@@ -29,6 +29,9 @@ Then it measures end-to-end replication latency at a steady rate for each of `--
   an at-least-once real-time slot does: the floor of each client library, with and without the slot's transactions.
   They write through the target's plaintext listener.
 
+Before the first of them, the plain `loop` copies under the same load for `--latency-broker-warmup` seconds (120),
+not counted: freshly started brokers answer slowly for minutes, and the first candidate paid for it.
+
 Once a warm-up record has crossed every partition, bench/latency.py's probe sends `--latency-rate` records/s of
 `--size` B for `--latency-seconds`, stamped with their send time as CreateTime, and reads the target as the
 candidate's consumers would: read_committed for an exactly-once candidate, read_uncommitted (the Java consumer's
@@ -412,6 +415,20 @@ def run_latency(
     return result
 
 
+def warm_brokers(
+    args: argparse.Namespace, rate: int, source: str, target: str, target_client: ClusterConfig, work: Path
+) -> None:  # fmt: skip
+    """Run the plain copy loop under the probe's load for `--latency-broker-warmup` seconds, not counted.
+
+    Freshly started brokers answer slowly for their first minutes of load (their JIT compiles, their page cache
+    fills): whichever candidate ran first had twice to four times its p99 when it ran later in the same run, MirrorMaker
+    2 included (bench/results/20261129-latency-order.txt)."""
+    warm = argparse.Namespace(**vars(args) | {"latency_seconds": args.latency_broker_warmup, "latency_warmup": 0.0})
+    print(f"warming the brokers up: the copy loop at {rate} records/s for {args.latency_broker_warmup:.0f} s, not"
+          " counted", flush=True)  # fmt: skip
+    run_latency(warm, "loop", rate, -1, source, target, target_client, work)
+
+
 def ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}" if value and base else "-"
 
@@ -425,8 +442,10 @@ def latency_lines(rows: list[dict], meta: dict) -> list[str]:
         "## Replication latency",
         "",
         f"Over {rows[0]['scenario']} for {lat['seconds']} s at each rate, {meta['size']} B records; records sent in the"
-        f" first {lat['warmup_s']} s are not counted. `mirror`: throughput mode (micro-batches) run continuously at the"
-        f" shipped trigger_interval_s ({lat['mirror_trigger_interval_s']} s); `mirror-realtime`: `mode: realtime` with"
+        f" first {lat['warmup_s']} s are not counted, and before the first candidate the plain copy loop ran under the"
+        f" same load for {lat.get('broker_warmup_s', 0)} s to warm the brokers up. `mirror`: throughput mode"
+        f" (micro-batches) run continuously at the shipped trigger_interval_s ({lat['mirror_trigger_interval_s']} s);"
+        " `mirror-realtime`: `mode: realtime` with"
         f" {lat.get('realtime_tasks', 1)} task(s), at least once; `mirror-realtime-eos`: the same with"
         f" `exactly_once: true` (realtime_commit_interval_s {lat.get('realtime_commit_interval_s')} s); MM2 tuned;"
         " `mm2-eos`: the same with exactly-once source support (KIP-618). Each row is read at the isolation level its"
@@ -561,6 +580,9 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=60, help="how long the probe sends")
     parser.add_argument("--latency-warmup", type=float, default=15, help="first seconds of the load not counted")
     parser.add_argument(
+        "--latency-broker-warmup", type=float, default=120, help="seconds of load before the first candidate; 0: none"
+    )
+    parser.add_argument(
         "--latency-candidates",
         default="mirror,mirror-realtime,mirror-realtime-eos,mm2,mm2-eos",
         help="empty: no latency runs",
@@ -590,6 +612,7 @@ def main() -> None:
         "rates": [int(r) for r in args.latency_rates.split(",")],
         "seconds": args.latency_seconds,
         "warmup_s": args.latency_warmup,
+        "broker_warmup_s": args.latency_broker_warmup,
         "realtime_tasks": args.realtime_tasks,
         "mirror_trigger_interval_s": MirrorConfig.model_fields["trigger_interval_s"].default,
         "realtime_commit_interval_s": MirrorConfig.model_fields["realtime_commit_interval_s"].default,
@@ -616,6 +639,8 @@ def main() -> None:
             wp.delete_topics(source, topics)
         target, target_client = bed.clusters["tgt"].admin.bootstrap_servers, bed.clusters["tgt"].client
         runs = [(rate, c) for rate in meta["latency"]["rates"] for c in latency_candidates]
+        if runs and args.latency_broker_warmup:
+            warm_brokers(args, runs[0][0], source, target, target_client, work)
         latencies = [run_latency(args, c, rate, n, source, target, target_client, work)
                      for n, (rate, c) in enumerate(runs)]  # fmt: skip
     finally:
