@@ -420,9 +420,9 @@ def warm_brokers(
 ) -> None:  # fmt: skip
     """Run the plain copy loop under the probe's load for `--latency-broker-warmup` seconds, not counted.
 
-    Freshly started brokers answer slowly for their first minutes of load (their JIT compiles, their page cache
-    fills): whichever candidate ran first had twice to four times its p99 when it ran later in the same run, MirrorMaker
-    2 included (bench/results/20261129-latency-order.txt)."""
+    The test bed starts fresh brokers for each run, and the first candidate paid for it: in all eight runs without
+    this it had the highest p99 of its run, 1.7 to 4.5 times what the same candidate had later in the same run,
+    MirrorMaker 2 included (bench/results/20261129-latency-order.txt). Why the brokers start slow is not taken apart."""
     warm = argparse.Namespace(**vars(args) | {"latency_seconds": args.latency_broker_warmup, "latency_warmup": 0.0})
     print(f"warming the brokers up: the copy loop at {rate} records/s for {args.latency_broker_warmup:.0f} s, not"
           " counted", flush=True)  # fmt: skip
@@ -601,6 +601,8 @@ def main() -> None:
         parser.error(f"--target-kind {args.target_kind}: {', '.join(bare)} write(s) in PLAINTEXT only")
     if latency_candidates and not 0 <= args.latency_warmup < args.latency_seconds:
         parser.error("--latency-warmup must be shorter than --latency-seconds")
+    if args.latency_broker_warmup < 0:
+        parser.error("--latency-broker-warmup must be 0 (none) or more seconds")
 
     from bench.testbed.testbed import TestBed
 
