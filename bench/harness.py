@@ -421,8 +421,8 @@ def warm_brokers(
     """Run the plain copy loop under the probe's load for `--latency-broker-warmup` seconds, not counted.
 
     The test bed starts fresh brokers for each run, and the first candidate paid for it: in all eight runs without
-    this it had the highest p99 of its run, 1.7 to 4.5 times what the same candidate had later in the same run,
-    MirrorMaker 2 included (bench/results/20261129-latency-order.txt). Why the brokers start slow is not taken apart."""
+    this it had the highest p99 of its run; MirrorMaker 2 run first had 4.5 times its p99 of later in the same run
+    (bench/results/20261129-latency-order.txt). Why the brokers start slow is not taken apart."""
     warm = argparse.Namespace(**vars(args) | {"latency_seconds": args.latency_broker_warmup, "latency_warmup": 0.0})
     print(f"warming the brokers up: the copy loop at {rate} records/s for {args.latency_broker_warmup:.0f} s, not"
           " counted", flush=True)  # fmt: skip
