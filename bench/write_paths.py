@@ -186,24 +186,23 @@ def run_child(spec: dict) -> dict:
         )
     elif path == "ranges":
         from spark_app.config import ClusterConfig
-        from spark_app.planner import OffsetRangeSource, plan_source_options, write_record_bytes
+        from spark_app.planner import OffsetRangeSource, plan_source_options, write_copier, write_record_bytes
         from spark_app.range_copy import RangeCopier
-        from spark_app.ranges import LANDED_SCHEMA
 
         spark.dataSource.register(OffsetRangeSource)
         flow, target = writer_parts(spec["writer"])
         source = ClusterConfig(alias=flow.source, bootstrap_servers=spec["source"], profile="kafka")
-        copier = RangeCopier(flow, source, target)
         driver_dir = Path(tempfile.mkdtemp(prefix="bench-ranges-"))
         # No byte bound here: batches take `max_offsets` records, or all.
         write_record_bytes(driver_dir, dict.fromkeys(spec["topics"], 1.0))
+        write_copier(driver_dir, RangeCopier(flow, source, target))
         options = plan_source_options(
             source, dict.fromkeys(spec["topics"], spec["partitions"]), "earliest",
             spark.sparkContext.defaultParallelism, spec["max_offsets"] or 2**62, 2**62, driver_dir,
         )  # fmt: skip
 
         def each_batch(batch_df, batch_id: int) -> None:
-            landed.extend(r.asDict() for r in batch_df.mapInArrow(copier, LANDED_SCHEMA).collect())
+            landed.extend(r.asDict() for r in batch_df.collect())  # the source's tasks copy as they read
 
         query = (
             spark.readStream.format(OffsetRangeSource.name())

@@ -2,9 +2,11 @@
 
 Spark Structured Streaming keeps the mirror's positions: each batch's end offsets go to the query's offset log
 before the batch runs, and a restart resumes from the last committed batch. The offsets are the Kafka source's
-own shape, `{"topic": {"partition": next offset}}`. The source yields one row per range (RANGE_SCHEMA) and reads
-no records: the copy happens in the tasks (spark_app.range_copy), which reads each range with librdkafka, so records
-never pass through the JVM.
+own shape, `{"topic": {"partition": next offset}}`. Each task the source plans copies its ranges as it reads them:
+the driver hands the planner the batch's copier (spark_app.range_copy) as a pickle in COPIER_FILE, each planned
+partition carries it, and the task's read runs it and yields one landing row per range (LANDED_SCHEMA). Records are
+read and written with librdkafka inside that task, so they never pass through the JVM, and a batch takes one Python
+worker per task, not one to read the ranges and another to copy them.
 
 Where a partition starts: at the offset adopted from MirrorMaker 2 (spark_app.dr.adopt) when the flow has one for it,
 else at the flow's `start_from` (earliest or latest) for a topic the query meets for the first time, and at its
@@ -27,15 +29,17 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
+from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
@@ -44,7 +48,7 @@ from . import clients
 from .clients import Partition, PartitionOffsets
 from .config import TOPIC_GONE_GRACE_S, ClusterConfig
 from .errors import ClusterUnreachable
-from .ranges import RANGE_SCHEMA, OffsetRange
+from .ranges import LANDED_SCHEMA, Landing, OffsetRange
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,6 +68,7 @@ GONE_KEY = "#gone"  # per topic the flow no longer selects, since when (epoch se
 
 PAUSE_FILE = "pause"
 RECORD_BYTES_FILE = "record-bytes.json"
+COPIER_FILE = "copier.pickle"
 # A topic none of whose records has landed since the mirror started has no mean record size yet. The planner reads a
 # sample of the records it is about to copy (clients.mean_record_bytes, once per topic and query run), so the first
 # batch is held to max_bytes like the others, not cut short. Where the sample read nothing, each of its records counts
@@ -96,11 +101,19 @@ class Planned:
         return out
 
 
-class RangeGroup(InputPartition):
-    """The ranges one Spark task copies, with one consumer and one producer."""
+class RangeCopy(Protocol):
+    """What copies a batch's ranges in its tasks (spark_app.range_copy.RangeCopier): one landing per range."""
 
-    def __init__(self, ranges: list[OffsetRange]) -> None:
+    def copy(self, ranges: list[OffsetRange], slot: int = 0) -> list[Landing]: ...
+
+
+class RangeGroup(InputPartition):
+    """The ranges one Spark task copies, with one consumer and one producer, and the pickled `RangeCopy` that copies
+    them: the planner never unpickles it, so its process does not import the copy's modules."""
+
+    def __init__(self, ranges: list[OffsetRange], copier: bytes) -> None:
         self.ranges = ranges
+        self.copier = copier
 
 
 def plan_source_options(
@@ -109,11 +122,12 @@ def plan_source_options(
 ) -> dict[str, str]:  # fmt: skip
     """The options `spark.readStream.format(OffsetRangeSource.name())` takes (all strings, no secret).
 
-    The source is planned in a Python worker, not in the driver's process, so the driver talks to it through two
+    The source is planned in a Python worker, not in the driver's process, so the driver talks to it through three
     files in `driver_dir`: while PAUSE_FILE exists a continuous query plans no new batch (the driver stops it
-    between batches), and RECORD_BYTES_FILE holds each topic's mean record size so far, by which a batch is held to
-    `max_bytes`. `adopted` starts partitions the checkpoint does not hold where MirrorMaker 2 stopped; `resume` starts
-    partitions where a real-time run of the flow got to, past its older checkpoint (spark_app.realtime).
+    between batches, or catches up a quarantined topic), RECORD_BYTES_FILE holds each topic's mean record size so
+    far, by which a batch is held to `max_bytes`, and COPIER_FILE the copier of the next batch (`write_copier`).
+    `adopted` starts partitions the checkpoint does not hold where MirrorMaker 2 stopped; `resume` starts partitions
+    where a real-time run of the flow got to, past its older checkpoint (spark_app.realtime).
     """
     return {
         "source": source.model_dump_json(),
@@ -136,6 +150,14 @@ def write_record_bytes(driver_dir: Path, mean_bytes: Mapping[str, float]) -> Non
     tmp.replace(driver_dir / RECORD_BYTES_FILE)
 
 
+def write_copier(driver_dir: Path, copier: RangeCopy) -> None:
+    """Hand the planner the copier of the batches it plans from now on, atomically: the topics they may write (those
+    not quarantined) and what the target topics take. Like RECORD_BYTES_FILE, written and read by the same release."""
+    tmp = driver_dir / f"{COPIER_FILE}.tmp"
+    tmp.write_bytes(pickle.dumps(copier))
+    tmp.replace(driver_dir / COPIER_FILE)
+
+
 def split_ranges(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
     """At most `tasks` groups of whole ranges, balanced by record count (largest first to the lightest group)."""
     groups: list[list[OffsetRange]] = [[] for _ in range(max(1, min(tasks, len(ranges))))]
@@ -153,7 +175,7 @@ class OffsetRangeSource(DataSource):
         return "mirrorkit-offset-ranges"
 
     def schema(self) -> str:
-        return RANGE_SCHEMA
+        return LANDED_SCHEMA
 
     def streamReader(self, schema: StructType) -> OffsetRangeReader:
         return OffsetRangeReader(dict(self.options))
@@ -171,6 +193,7 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_bytes = int(options["max_bytes_per_trigger"])
         self.pause_file = Path(options["driver_dir"]) / PAUSE_FILE
         self.record_bytes_file = Path(options["driver_dir"]) / RECORD_BYTES_FILE
+        self.copier_file = Path(options["driver_dir"]) / COPIER_FILE
         self.adopted: SparkOffsets = json.loads(options.get("adopted") or "{}")
         self.resume: SparkOffsets = json.loads(options.get("resume") or "{}")
         self._admin: AdminClient | None = None
@@ -304,12 +327,17 @@ class OffsetRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for p, offset in offsets.items()
             if offset > starts[topic][p] or reset_from(start, end, topic, p) >= 0  # an empty one too: it is reported
         ]
-        return [RangeGroup(g) for g in split_ranges(ranges, self.tasks)]
+        copier = self.copier_file.read_bytes()
+        return [RangeGroup(g, copier) for g in split_ranges(ranges, self.tasks)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, int, int]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        """Copy the task's ranges; their landings. The task's index is its slot, as a transactional flow's producer
+        is named (spark_app.transactions)."""
         assert isinstance(partition, RangeGroup)  # Spark hands back what `partitions` planned
-        for r in partition.ranges:
-            yield r.topic, r.partition, r.start, r.end, r.reset_from
+        copier: RangeCopy = pickle.loads(partition.copier)
+        context = TaskContext.get()
+        for landing in copier.copy(partition.ranges, context.partitionId() if context is not None else 0):
+            yield landing.to_tuple()
 
     def _starts(self, start: Planned, end: Planned) -> SparkOffsets:
         """Each end partition's start: the checkpoint's, else the adopted one, else `start_from` (new topic) or

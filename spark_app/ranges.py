@@ -102,6 +102,10 @@ class Landing:
         """The landing's fields by name, as an Arrow batch and the real-time report channel's JSON carry them."""
         return vars(self)
 
+    def to_tuple(self) -> tuple[Any, ...]:
+        """The landing's fields in LANDED_SCHEMA's order, as a row the planner's source yields."""
+        return tuple(vars(self).values())
+
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Landing:
         """A landing from a collected Spark row's `asDict()`, or from a row `to_row` made."""

@@ -1,11 +1,16 @@
 """Throughput mode: a flow as one Structured Streaming query whose micro-batches copy planned offset ranges.
 
 The query plans batches over every source topic the flow subscribes to, quarantined ones included
-(spark_app.planner), and copies them with `RangeCopier` (spark_app.range_copy). When the subscription changes (a new
-topic, a partition added) the query is stopped between batches and started again on the same checkpoint; the planner
-starts the new partitions at their earliest offset, so records produced before the mirror noticed a topic are copied
-too. After each batch, and after each quarantine catch-up (copied outside the stream), the landings go to the flow's
-ledger.
+(spark_app.planner), and its tasks copy them as they read them, with the `RangeCopier` (spark_app.range_copy) the
+driver handed the planner last. When the subscription changes (a new topic, a partition added) the query is stopped
+between batches and started again on the same checkpoint; the planner starts the new partitions at their earliest
+offset, so records produced before the mirror noticed a topic are copied too. After each batch, and after each
+quarantine catch-up (copied outside the stream), the landings go to the flow's ledger.
+
+A batch's copier is fixed when the batch is planned, so it holds the topics quarantined then. The driver therefore
+catches up a quarantined topic only between a batch and the planning of the next: after each batch, in the batch's
+own turn, and on an idle stream with planning paused. A topic that rejoins is then written by the very next batch,
+and never held again by a batch planned before it rejoined.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from .clients import PartitionOffsets
 from .config import STOP_BATCH_TIMEOUT_S, FlowMode
 from .errors import first_cause
 from .ledger import by_topic
-from .planner import PAUSE_FILE, OffsetRangeSource, Planned, plan_source_options, write_record_bytes
+from .planner import PAUSE_FILE, OffsetRangeSource, Planned, plan_source_options, write_copier, write_record_bytes
 from .range_copy import RangeCopier
 from .ranges import LANDED_SCHEMA, RANGE_SCHEMA, Landing, OffsetRange
 from .runner import FlowRunner, Subscription
@@ -50,13 +55,12 @@ class ThroughputRunner(FlowRunner):
             self.query = None
             return
         self._driver_dir = Path(tempfile.mkdtemp(prefix="mirrorkit-flow-"))
-        self._note_record_bytes()
+        self._hand_to_planner()
 
         def write_batch(frame: DataFrame, batch_id: int) -> None:
-            with self.lock:
+            with self.lock:  # `frame` is the batch's landings: collecting it copies the batch (once)
+                self.ledger.file([Landing.from_row(row.asDict()) for row in frame.collect()])
                 self._catch_up()
-                self.ledger.file(self._copy(frame))
-                self._note_record_bytes()
 
         names = tuple(t for t, _ in subscription)
         stream = self._batches(subscription).writeStream.queryName(f"mirror {self.flow.name}")
@@ -95,18 +99,23 @@ class ThroughputRunner(FlowRunner):
         if self.query is None or not self.query.isActive:
             self._drop_driver_dir()
             return
-        assert self._driver_dir is not None  # a running query has its folder
-        pause = self._driver_dir / PAUSE_FILE
-        pause.touch()
+        if not self._pause(timeout_s):
+            log.warning("flow %s: the batch in flight did not end within %.0f s; cancelling it, it runs"
+                        " again when the query restarts", self.flow.name, timeout_s)  # fmt: skip
+        self.query.stop()
+        self._drop_driver_dir()
+
+    def _pause(self, timeout_s: float) -> bool:
+        """Plan no new batch (the planner reads PAUSE_FILE) and wait up to `timeout_s` for the one in flight to end;
+        whether it did."""
+        assert self.query is not None and self._driver_dir is not None  # a running query has its folder
+        (self._driver_dir / PAUSE_FILE).touch()
         deadline = time.monotonic() + timeout_s
         while self.query.status.get("isTriggerActive"):
             if time.monotonic() > deadline:
-                log.warning("flow %s: the batch in flight did not end within %.0f s; cancelling it, it runs"
-                            " again when the query restarts", self.flow.name, timeout_s)  # fmt: skip
-                break
+                return False
             time.sleep(0.05)
-        self.query.stop()
-        self._drop_driver_dir()
+        return True
 
     def running(self) -> bool:
         return self.query is not None and self.query.isActive
@@ -122,8 +131,20 @@ class ThroughputRunner(FlowRunner):
         return None if error is None else first_cause(str(error))
 
     def catch_up(self) -> None:
+        """Catch up the quarantined topics that are due, and hand the planner what topic sync found since. A running
+        query's planning is paused meanwhile (see the module's docstring); if its batch in flight does not end within
+        STOP_BATCH_TIMEOUT_S, the catch-up waits for that batch's own turn."""
         with self.lock:
-            self._catch_up()
+            if not self.running() or not self.ledger.quarantines.due(self.plan.mirrored):
+                self._catch_up()
+                return
+        assert self._driver_dir is not None  # a running query has its folder
+        try:
+            if self._pause(STOP_BATCH_TIMEOUT_S):
+                with self.lock:
+                    self._catch_up()
+        finally:
+            (self._driver_dir / PAUSE_FILE).unlink(missing_ok=True)
 
     def _positions(self) -> PartitionOffsets:
         """Where the query's last batch ended."""
@@ -135,25 +156,25 @@ class ThroughputRunner(FlowRunner):
         return reached
 
     def _catch_up(self) -> None:
-        """Copy what each quarantined topic that may rejoin owes, outside the stream (under `lock`)."""
+        """Copy what each quarantined topic that may rejoin owes, outside the stream (under `lock`), and hand the
+        planner the copier of the next batch."""
         self.ledger.catch_up(self.plan.mirrored, self._copy_outside)
-        self._note_record_bytes()
+        self._hand_to_planner()
 
     def _copy_outside(self, ranges: list[OffsetRange], ready: dict[str, int]) -> list[Landing]:
-        """Copy ranges outside the stream, one Spark task each."""
+        """Copy ranges outside the stream, one Spark task each, writing only the topics `ready`."""
         rows = [(r.topic, r.partition, r.start, r.end, r.reset_from) for r in ranges]
-        return self._copy(self.spark.createDataFrame(rows, RANGE_SCHEMA).repartition(len(rows)), ready)
-
-    def _copy(self, ranges: DataFrame, ready: dict[str, int] | None = None) -> list[Landing]:
-        """Copy the ranges (writing only the topics `ready`, by default those not quarantined); their landings."""
-        ready = self.ledger.quarantines.ready(self.plan.mirrored) if ready is None else ready
+        frame = self.spark.createDataFrame(rows, RANGE_SCHEMA).repartition(len(rows))
         copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.rules)
-        return [Landing.from_row(row.asDict()) for row in ranges.mapInArrow(copier, LANDED_SCHEMA).collect()]
+        return [Landing.from_row(row.asDict()) for row in frame.mapInArrow(copier, LANDED_SCHEMA).collect()]
 
-    def _note_record_bytes(self) -> None:
-        """Tell the planner each topic's mean record size, by which it holds a batch to max_bytes_per_trigger."""
+    def _hand_to_planner(self) -> None:
+        """Tell the planner each topic's mean record size, by which it holds a batch to max_bytes_per_trigger, and
+        hand it the copier of the batches it plans next: one that writes the topics not quarantined now."""
         if self._driver_dir is not None:
             write_record_bytes(self._driver_dir, self.ledger.totals.mean_record_bytes())
+            ready = self.ledger.quarantines.ready(self.plan.mirrored)
+            write_copier(self._driver_dir, RangeCopier(self.flow, self.source, self.target, ready, self.plan.rules))
 
     def _drop_driver_dir(self) -> None:
         if self._driver_dir is not None:

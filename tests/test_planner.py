@@ -1,6 +1,6 @@
 """The planner's range math on its own: how a batch's ranges are shared among tasks, how far a read limit lets each
-partition go, and what a partition that does not answer gets. No Spark session and no broker (offsets come from a
-table)."""
+partition go, what a partition that does not answer gets, and how a planned task copies its ranges. No Spark session
+and no broker (offsets come from a table)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,15 @@ from spark_app.planner import (
     TOPIC_GONE_GRACE_S,
     OffsetRangeReader,
     Planned,
+    RangeGroup,
     kept_where_unanswered,
     limit_offsets,
     plan_source_options,
     split_ranges,
+    write_copier,
     write_record_bytes,
 )
-from spark_app.ranges import Landing, OffsetRange
+from spark_app.ranges import LANDED_SCHEMA, Landing, OffsetRange
 
 SEED = 20261124
 CASES = 3_000
@@ -44,6 +46,33 @@ def samples_read_nothing(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     asked: list[dict] = []
     monkeypatch.setattr(planner.clients, "mean_record_bytes", lambda _c, at, **_: asked.append(dict(at)) or {})
     return asked
+
+
+class CopyNothing:
+    """A copier for planning tests: it lands each range's end and writes nothing, saying which slot it ran in."""
+
+    def copy(self, ranges: list[OffsetRange], slot: int = 0) -> list[Landing]:
+        return [Landing(r.topic, r.partition, r.end, r.end, records=slot, reset_from=r.reset_from) for r in ranges]
+
+
+@pytest.fixture(autouse=True)
+def copier_handed(tmp_path) -> None:
+    """The driver hands the planner a copier before its query starts; the tests' driver folder is `tmp_path`."""
+    write_copier(tmp_path, CopyNothing())
+
+
+def test_a_planned_task_copies_its_ranges_with_the_copier_the_driver_handed_and_yields_their_landings(tmp_path):
+    """The pickled copier travels in each planned task (the planner never unpickles it), and the task's read yields
+    one row per range in LANDED_SCHEMA's column order; outside Spark there is no task, so the slot is 0."""
+    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
+    reader = OffsetRangeReader(plan_source_options(source, {"a": 2}, "earliest", 1, 1000, 1 << 28, tmp_path))
+    (group,) = reader.partitions({"a": {"0": 5, "1": 7}}, {"a": {"0": 9, "1": 7}})
+    assert isinstance(group, RangeGroup) and isinstance(group.copier, bytes)
+    assert group.ranges == [OffsetRange("a", 0, 5, 9)], "a partition with nothing new gets no range"
+
+    rows = list(reader.read(group))
+    columns = [column.split()[0] for column in LANDED_SCHEMA.split(",")]
+    assert [dict(zip(columns, row, strict=True)) for row in rows] == [Landing("a", 0, 9, 9, records=0).to_row()]
 
 
 def ranges_of(*sizes: int, start: int = 100) -> list[OffsetRange]:
