@@ -1,11 +1,12 @@
 """Throughput mode's copy: the planned source offset ranges of one micro-batch, each in source order.
 
-Spark plans every micro-batch as offset ranges, one per source topic-partition (spark_app.planner), and hands
-them to `RangeCopier` through `mapInArrow`, so a batch's ranges are copied in parallel. Each Python task reads its
-ranges with one librdkafka consumer and writes them through the per-record path (spark_app.outbox) with one
-idempotent producer: records never cross from the JVM to Python and back, which is what made this path about twice
-as fast as reading with Spark's Kafka source and writing from Arrow batches (bench/). Secrets are resolved on the
-worker from the same env vars and files as on the driver, so they never travel in a task.
+Spark plans every micro-batch as offset ranges, one per source topic-partition (spark_app.planner), in groups, one
+per task, and each task's read runs `RangeCopier.copy` on its group, so a batch's ranges are copied in parallel; a
+quarantine's catch-up hands its ranges to the same copier through `mapInArrow`. Each Python task reads its ranges
+with one librdkafka consumer and writes them through the compiled core or the per-record path (spark_app.outbox)
+with one idempotent producer: records never cross from the JVM to Python and back, which is what made this path
+about twice as fast as reading with Spark's Kafka source and writing from Arrow batches (bench/). Secrets are
+resolved on the worker from the same env vars and files as on the driver, so they never travel in a task.
 
 For every range it hands back one landing row (spark_app.ranges): where its records landed, with counts and a
 replication-latency histogram. A partition the target refuses a record of is held from that record on, and the row
@@ -49,7 +50,8 @@ PARTITION_STALL_S = 60.0
 
 
 class RangeCopier:
-    """A picklable `mapInArrow` function for one flow: its input rows are offset ranges (RANGE_SCHEMA).
+    """A flow's copy of offset ranges, picklable into a task: `copy` for a batch's planned group, and as a
+    `mapInArrow` function whose input rows are offset ranges (RANGE_SCHEMA) for a catch-up's.
 
     `ready` maps each source topic that may be written to its partition count on the target; ranges of other
     topics or partitions are held, not read. None writes everything. `rules` say what the target topics take.
