@@ -9,9 +9,9 @@ no timestamp column, so this script measures it against ways around that:
   header into the record's timestamp;
 - `batch+interceptor`: the same, as a batch write inside foreachBatch, followed by reading the target's end
   offsets, which give the landing offset of each batch's last record;
-- `ranges`: the mirror's own path as it ships: Spark plans offset ranges (spark_app.planner) and
-  foreachBatch + mapInArrow hands them to spark_app.range_copy.RangeCopier, which reads each range with librdkafka and
-  writes it with an idempotent producer, so records never pass through the JVM.
+- `ranges`: the mirror's own path as it ships: Spark plans offset ranges (spark_app.planner), and each task's read
+  runs spark_app.range_copy.RangeCopier on its ranges, reading each with librdkafka and writing it with an idempotent
+  producer, so records never pass through the JVM.
 
 Earlier rounds also measured Python writers fed by Spark's Kafka source (Arrow batches through mapInArrow, pickled
 Rows, a Python data source sink): at 18k-55k records/s they were all slower than `ranges` and are gone.
