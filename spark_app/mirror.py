@@ -24,7 +24,7 @@ from .config import FlowMode, MirrorConfig, cores_needed, spark_jvm_conf
 from .dr.service import DrSync
 from .errors import ClusterUnreachable, MirrorFailed
 from .metrics import LagPoller, MirrorMetrics
-from .planner import UNREACHABLE_GIVE_UP_S, OffsetRangeSource
+from .planner import UNREACHABLE_GIVE_UP_S
 from .realtime.flow import RealtimeRunner
 from .runner import FlowRunner
 from .throughput import ThroughputRunner
@@ -42,9 +42,7 @@ def build_session(master: str | None = None, app_name: str = "mirrorkit") -> Spa
         builder = builder.master(master)
         for key, value in spark_jvm_conf(spark_home()).items():
             builder = builder.config(key, value)
-    session = builder.config("spark.task.maxFailures", "4").getOrCreate()
-    session.dataSource.register(OffsetRangeSource)
-    return session
+    return builder.config("spark.task.maxFailures", "4").getOrCreate()
 
 
 def spark_home() -> str:

@@ -1,9 +1,9 @@
 """Throughput mode's copy: the planned source offset ranges of one micro-batch, each in source order.
 
-Spark plans every micro-batch as offset ranges, one per source topic-partition (spark_app.planner), in groups, one
-per task, and each task's read runs `RangeCopier.copy` on its group, so a batch's ranges are copied in parallel; a
-quarantine's catch-up hands its ranges to the same copier through `mapInArrow`. Each Python task reads its ranges
-with one librdkafka consumer and writes them through the compiled core or the per-record path (spark_app.outbox)
+The driver plans every micro-batch as offset ranges, one per source topic-partition (spark_app.planner), in groups,
+one per task of the batch's Spark job, and each task runs `RangeCopier.copy` on its group, so a batch's ranges are
+copied in parallel; a quarantine's catch-up hands its ranges to the same copier, one per task. Each task reads its
+ranges with one librdkafka consumer and writes them through the compiled core or the per-record path (spark_app.outbox)
 with one idempotent producer: records never cross from the JVM to Python and back, which is what made this path
 about twice as fast as reading with Spark's Kafka source and writing from Arrow batches (bench/). Secrets are
 resolved on the worker from the same env vars and files as on the driver, so they never travel in a task.
@@ -21,18 +21,16 @@ one ends within the stop's own bound (spark_app.config.STOP_BATCH_TIMEOUT_S).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
-import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from pyspark import TaskContext
 
 from . import clients
 from .clients import Partition, PartitionOffsets
 from .compiled_copy import copy_compiled
 from .config import ClusterConfig, FlowConfig
 from .outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
-from .ranges import Landing, OffsetRange, landed_arrow_schema
+from .ranges import Landing, OffsetRange
 from .topics import TargetRules
 from .transactions import SlotTransactions, transactional
 
@@ -50,8 +48,7 @@ PARTITION_STALL_S = 60.0
 
 
 class RangeCopier:
-    """A flow's copy of offset ranges, picklable into a task: `copy` for a batch's planned group, and as a
-    `mapInArrow` function whose input rows are offset ranges (RANGE_SCHEMA) for a catch-up's.
+    """A flow's copy of offset ranges, picklable into a task: `copy` for a batch's planned group, or a catch-up's.
 
     `ready` maps each source topic that may be written to its partition count on the target; ranges of other
     topics or partitions are held, not read. None writes everything. `rules` say what the target topics take.
@@ -67,12 +64,6 @@ class RangeCopier:
         self.ready = ready
         self.rules = rules or TargetRules()
         self.producer_settings = producer_settings(self.rules)
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        ranges = [OffsetRange(**row) for batch in batches for row in batch.to_pylist()]
-        context = TaskContext.get()
-        landings = self.copy(ranges, context.partitionId() if context is not None else 0)
-        yield pa.RecordBatch.from_pylist([x.to_row() for x in landings], schema=landed_arrow_schema())
 
     def copy(self, ranges: list[OffsetRange], slot: int = 0) -> list[Landing]:
         """Copy every range, each partition in order; one landing per range. A flow that writes in transactions

@@ -2,25 +2,16 @@
 
 A batch is a list of `OffsetRange`s, one per source topic-partition. Copying a range yields one `Landing`: where
 its last record landed on the target (an offset sync), what was written, dropped, dead-lettered or held back, and
-a replication-latency histogram. The schemas are what Spark carries between the planner, the tasks and the driver.
+a replication-latency histogram. Both travel between the driver and the tasks pickled, and landings as JSON rows
+on the real-time report channel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-RANGE_SCHEMA = "topic string, partition int, start long, end long, reset_from long"
-LANDED_SCHEMA = (
-    "topic string, partition int, first_offset long, end_offset long, last_offset long, last_target_offset long,"
-    " records long, bytes long, dropped long, dead_lettered long, latency_counts array<long>, latency_sum_ms double,"
-    " held_from long, held_until long, refused_bytes long, held_error string, runs array<array<long>>,"
-    " echoes array<array<long>>, reset_from long"
-)
 # Upper bounds of the replication-latency buckets: sub-second for a mirror that keeps up, up to an hour for one
 # catching up; anything older lands in +Inf.
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -52,7 +43,7 @@ class OffsetRange:
 
 @dataclass
 class Landing:
-    """What copying one range did (LANDED_SCHEMA)."""
+    """What copying one range did."""
 
     topic: str
     partition: int
@@ -99,16 +90,12 @@ class Landing:
             extend_runs(self.echoes, offset, target_offset)
 
     def to_row(self) -> dict[str, Any]:
-        """The landing's fields by name, as an Arrow batch and the real-time report channel's JSON carry them."""
+        """The landing's fields by name, as the real-time report channel's JSON carries them."""
         return vars(self)
-
-    def to_tuple(self) -> tuple[Any, ...]:
-        """The landing's fields in LANDED_SCHEMA's order, as a row the planner's source yields."""
-        return tuple(vars(self).values())
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Landing:
-        """A landing from a collected Spark row's `asDict()`, or from a row `to_row` made."""
+        """A landing from a row `to_row` made."""
         return cls(**row)
 
 
@@ -149,33 +136,3 @@ class OffsetsReset:
     partition: int
     previous: int
     restart: int
-
-
-def landed_arrow_schema() -> pa.Schema:
-    """LANDED_SCHEMA as Arrow types, for the batches `mapInArrow` yields. pyarrow is imported here, in the copy's
-    tasks: the planner's processes import this module too and never need it (it is about a third of their imports)."""
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("topic", pa.string()),
-            ("partition", pa.int32()),
-            ("first_offset", pa.int64()),
-            ("end_offset", pa.int64()),
-            ("last_offset", pa.int64()),
-            ("last_target_offset", pa.int64()),
-            ("records", pa.int64()),
-            ("bytes", pa.int64()),
-            ("dropped", pa.int64()),
-            ("dead_lettered", pa.int64()),
-            ("latency_counts", pa.list_(pa.int64())),
-            ("latency_sum_ms", pa.float64()),
-            ("held_from", pa.int64()),
-            ("held_until", pa.int64()),
-            ("refused_bytes", pa.int64()),
-            ("held_error", pa.string()),
-            ("runs", pa.list_(pa.list_(pa.int64()))),
-            ("echoes", pa.list_(pa.list_(pa.int64()))),
-            ("reset_from", pa.int64()),
-        ]
-    )

@@ -51,8 +51,12 @@ class CheckpointFiles(Protocol):
         """Replace the file whole, creating the folder if needed."""
         ...
 
-    def has_entries(self, name: str) -> bool:
-        """Whether the folder `name` exists and holds anything."""
+    def names(self, folder: str) -> list[str]:
+        """The names of the files in `folder`; none when there is no such folder."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Delete the file, if there is one."""
         ...
 
 
@@ -86,18 +90,21 @@ class LocalFiles:
             return None
 
     def write(self, name: str, data: bytes) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / name
-        tmp = path.with_name(f".{name}.tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
         with tmp.open("wb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
 
-    def has_entries(self, name: str) -> bool:
-        folder = self.folder / name
-        return folder.is_dir() and any(folder.iterdir())
+    def names(self, folder: str) -> list[str]:
+        path = self.folder / folder
+        return [f.name for f in path.iterdir()] if path.is_dir() else []
+
+    def delete(self, name: str) -> None:
+        (self.folder / name).unlink(missing_ok=True)
 
 
 class HadoopFiles:
@@ -137,7 +144,8 @@ class HadoopFiles:
         if self._fs.hasPathCapability(path, ABORTABLE):
             _write(self._fs, path, data, sync=False)  # the object appears whole when its upload completes, or never
             return
-        tmp = self._path(f".{name}.tmp")
+        folder, _, base = name.rpartition("/")
+        tmp = self._path(f"{folder}/.{base}.tmp" if folder else f".{base}.tmp")
         _write(self._fs, tmp, data, sync=True)
         rename = self._jvm.org.apache.hadoop.fs.Options.Rename
         options = self._gateway.new_array(rename, 1)
@@ -146,13 +154,16 @@ class HadoopFiles:
             tmp, path, options
         )
 
-    def has_entries(self, name: str) -> bool:
+    def names(self, folder: str) -> list[str]:
         try:
-            return bool(self._fs.listStatusIterator(self._path(name)).hasNext())
+            return [str(status.getPath().getName()) for status in self._fs.listStatus(self._path(folder))]
         except Exception as err:  # Py4JJavaError
             if _java_class(err) == "java.io.FileNotFoundException":
-                return False
+                return []
             raise
+
+    def delete(self, name: str) -> None:
+        self._fs.delete(self._path(name), False)
 
 
 def _write(fs: Any, path: Any, data: bytes, sync: bool) -> None:

@@ -1,75 +1,68 @@
-"""Throughput mode: a flow as one Structured Streaming query whose micro-batches copy planned offset ranges.
+"""Throughput mode: a flow as micro-batches of planned offset ranges, each planned in the driver and copied by one
+Spark job.
 
-The query plans batches over every source topic the flow subscribes to, quarantined ones included
-(spark_app.planner), and its tasks copy them as they read them, with the `RangeCopier` (spark_app.range_copy) the
-driver handed the planner last. When the subscription changes (a new topic, a partition added) the query is stopped
-between batches and started again on the same checkpoint; the planner starts the new partitions at their earliest
-offset, so records produced before the mirror noticed a topic are copied too. After each batch, and after each
-quarantine catch-up (copied outside the stream), the landings go to the flow's ledger.
+A thread of the driver runs the flow's batches one after another. Each is planned over every source topic the flow
+subscribes to, quarantined ones included (spark_app.planner), logged in the flow's batch log (spark_app.batch_log),
+copied by one Spark job whose tasks each copy a group of its ranges (spark_app.range_copy), filed into the flow's
+ledger, and committed. Then the quarantined topics that are due catch up (copied outside the batches), so a topic
+that rejoins is written by the very next batch. A new batch starts every `trigger_interval_s`, or at once after one
+that took longer. When the subscription changes (a new topic, a partition added) the batches are stopped between two
+and started again on the same log; the planner starts the new partitions at their earliest offset, so records
+produced before the mirror noticed a topic are copied too.
 
-A batch's copier is fixed when the batch is planned, so it holds the topics quarantined then. The driver therefore
-catches up a quarantined topic only between a batch and the planning of the next: after each batch, in the batch's
-own turn, and on an idle stream with planning paused. A topic that rejoins is then written by the very next batch,
-and never held again by a batch planned before it rejoined.
+Planning in the driver, not in a streaming source, is what keeps the mirror's Python to the driver and one worker per
+task: a Python streaming source costs a process of its own for as long as it runs, and Spark's one-off Python steps
+to look it up, make it and plan its first batch leave one more each (README, Benchmarks).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import shutil
-import tempfile
+import threading
 import time
-from pathlib import Path
+import uuid
+from collections.abc import Iterable
 
-from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame
-from pyspark.sql.streaming import StreamingQuery
-
+from .batch_log import BatchLog, Planned
 from .clients import PartitionOffsets
 from .config import STOP_BATCH_TIMEOUT_S, FlowMode
 from .errors import first_cause
 from .ledger import by_topic
-from .planner import PAUSE_FILE, OffsetRangeSource, Planned, plan_source_options, write_copier, write_record_bytes
+from .planner import BatchPlanner
 from .range_copy import RangeCopier
-from .ranges import LANDED_SCHEMA, RANGE_SCHEMA, Landing, OffsetRange
+from .ranges import Landing, OffsetRange
 from .runner import FlowRunner, Subscription
+from .storage import checkpoint_files
 
 log = logging.getLogger(__name__)
 
 
 class ThroughputRunner(FlowRunner):
-    """A flow's streaming query: start, stop between batches, and its catch-ups between them."""
+    """A flow's run of micro-batches: start, stop between batches, and its catch-ups between them."""
 
-    query: StreamingQuery | None = None
-    # Where the driver talks to the query's planner, which runs in a Python worker (spark_app.planner): a pause file
-    # that a stop waits on, and each topic's mean record size that bounds a batch's bytes. One per query run.
-    _driver_dir: Path | None = None
+    _thread: threading.Thread | None = None
+    _error: str | None = None  # why the last run of batches failed
+    _committed: PartitionOffsets | None = None  # where the last committed batch ended
 
     def start(self, subscription: Subscription, available_now: bool) -> None:
         self.subscription = subscription
         self.catch_up()
         if not subscription:
             log.warning("flow %s: no topic to mirror yet", self.flow.name)
-            self.query = None
+            self._thread = None
             return
-        self._driver_dir = Path(tempfile.mkdtemp(prefix="mirrorkit-flow-"))
-        self._hand_to_planner()
-
-        def write_batch(frame: DataFrame, batch_id: int) -> None:
-            with self.lock:  # `frame` is the batch's landings: collecting it copies the batch (once)
-                self.ledger.file([Landing.from_row(row.asDict()) for row in frame.collect()])
-                self._catch_up()
-
-        names = tuple(t for t, _ in subscription)
-        stream = self._batches(subscription).writeStream.queryName(f"mirror {self.flow.name}")
-        stream = stream.foreachBatch(write_batch).option("checkpointLocation", self.flow.checkpoint_location)
-        if available_now:
-            stream = stream.trigger(availableNow=True)
-        else:
-            stream = stream.trigger(processingTime=f"{self.config.trigger_interval_s} seconds")
-        self.query = stream.start()
+        state = self.ledger.state
+        planner = BatchPlanner(
+            self.source, dict(subscription), self.flow.start_from, self.spark.sparkContext.defaultParallelism,
+            self.flow.max_records_per_trigger, self.flow.max_bytes_per_trigger, by_topic(state.adopted),
+            by_topic(state.positions) if state.mode is FlowMode.REALTIME else None,
+        )  # fmt: skip
+        self._stopping = threading.Event()
+        self._error = None
+        self._group = f"mirrorkit-batches-{uuid.uuid4().hex[:8]}"
+        self._thread = threading.Thread(target=self._run, args=(planner, available_now), name=self._group, daemon=True)
+        self._thread.start()
+        names = [t for t, _ in subscription]
         held = sorted(set(names) & set(self.ledger.quarantined))
         active = [t for t in names if t not in held]
         log.info(
@@ -77,106 +70,100 @@ class ThroughputRunner(FlowRunner):
             f"; quarantined: {', '.join(held)}" if held else "",
         )  # fmt: skip
 
-    def _batches(self, subscription: Subscription) -> DataFrame:
-        """The flow's micro-batches as offset ranges over `subscription`."""
-        assert self._driver_dir is not None  # made by `start`
-        state = self.ledger.state
-        options = plan_source_options(
-            self.source, dict(subscription), self.flow.start_from, self.spark.sparkContext.defaultParallelism,
-            self.flow.max_records_per_trigger, self.flow.max_bytes_per_trigger, self._driver_dir,
-            by_topic(state.adopted), by_topic(state.positions) if state.mode is FlowMode.REALTIME else None,
-        )  # fmt: skip
-        return self.spark.readStream.format(OffsetRangeSource.name()).options(**options).load()
+    def _run(self, planner: BatchPlanner, available_now: bool) -> None:
+        """Run batches until stopped (or, available-now, until nothing new is left); a failure is `failure`'s."""
+        self.spark.sparkContext.setJobGroup(self._group, f"mirror {self.flow.name}", interruptOnCancel=True)
+        try:
+            self._batches(planner, available_now)
+        except Exception as err:  # the flow's failure, in the mirror's own words; a cancelled batch is no failure
+            log.debug("flow %s: its batches ended with an error", self.flow.name, exc_info=True)
+            if not self._stopping.is_set():
+                self._error = first_cause(str(err))
+
+    def _batches(self, planner: BatchPlanner, available_now: bool) -> None:
+        """A batch planned and not committed before (a crash, a cancelled stop) runs again first, as planned."""
+        batch_log = BatchLog(checkpoint_files(self.flow.checkpoint_location, self.spark))
+        resume = batch_log.resume()
+        batch, start, end = resume.batch, resume.start, resume.planned
+        self._committed = _positions(start)
+        if available_now:
+            planner.prepare_available_now()
+        interval_s = self.config.trigger_interval_s
+        while not self._stopping.is_set():
+            began = time.monotonic()
+            with self.lock:
+                if end is None:
+                    end = planner.latest(start, self.ledger.totals.mean_record_bytes())
+                    if end == start:
+                        end = None
+                    else:
+                        batch_log.plan(batch, end)
+                copied = end is not None
+                if end is not None:
+                    self.ledger.file(self._copy(planner.ranges(start, end)))
+                    batch_log.commit(batch)
+                    self._committed = _positions(end)
+                    batch, start, end = batch + 1, end, None
+                    self._catch_up()
+            if available_now:
+                if not copied:
+                    return  # everything there at the start is copied
+            else:
+                self._stopping.wait(max(0.0, began + interval_s - time.monotonic()))
+
+    def _copy(self, groups: list[list[OffsetRange]], ready: dict[str, int] | None = None) -> list[Landing]:
+        """Copy each group of ranges in a Spark task of its own, writing only the topics `ready` (by default those not
+        quarantined now); their landings. A task's index is its slot, as a transactional flow's producer is named
+        (spark_app.transactions)."""
+        if not groups:
+            return []
+        if ready is None:
+            ready = self.ledger.quarantines.ready(self.plan.mirrored)
+        copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.rules)
+
+        def copy(slot: int, tasks: Iterable[list[OffsetRange]]) -> list[Landing]:
+            return [landing for ranges in tasks for landing in copier.copy(ranges, slot)]
+
+        tasks = self.spark.sparkContext.parallelize(groups, len(groups))
+        return tasks.mapPartitionsWithIndex(copy).collect()
 
     def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
-        """Stop after the batch in flight, so no batch is cut in half and none is written twice.
-
-        Spark's stop cancels whatever runs at that moment, and a batch cancelled after its write but before its
-        commit is written again by the next query. So the source is paused first: a trigger that starts now plans
-        no batch, and the one in flight (if any) runs to its commit before the query stops. A batch stuck past
-        `timeout_s` is cancelled anyway, and runs again (at least once).
-        """
-        if self.query is None or not self.query.isActive:
-            self._drop_driver_dir()
+        """Stop after the batch in flight, so no batch is cut in half and none is written twice. A batch stuck past
+        `timeout_s` is cancelled, and runs again, as planned, when the flow starts again (at least once)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
             return
-        if not self._pause(timeout_s):
+        self._stopping.set()
+        thread.join(timeout_s)
+        if thread.is_alive():
             log.warning("flow %s: the batch in flight did not end within %.0f s; cancelling it, it runs"
-                        " again when the query restarts", self.flow.name, timeout_s)  # fmt: skip
-        self.query.stop()
-        self._drop_driver_dir()
-
-    def _pause(self, timeout_s: float) -> bool:
-        """Plan no new batch (the planner reads PAUSE_FILE) and wait up to `timeout_s` for the one in flight to end;
-        whether it did."""
-        assert self.query is not None and self._driver_dir is not None  # a running query has its folder
-        (self._driver_dir / PAUSE_FILE).touch()
-        deadline = time.monotonic() + timeout_s
-        while self.query.status.get("isTriggerActive"):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
+                        " again when the flow starts again", self.flow.name, timeout_s)  # fmt: skip
+            self.spark.sparkContext.cancelJobGroup(self._group)
+            thread.join()
 
     def running(self) -> bool:
-        return self.query is not None and self.query.isActive
+        return self._thread is not None and self._thread.is_alive()
 
     def wait(self) -> None:
-        if self.query is not None:
-            with contextlib.suppress(StreamingQueryException):  # reported by `failure`, in the mirror's own words
-                self.query.awaitTermination()
-        self._drop_driver_dir()
+        if self._thread is not None:
+            self._thread.join()
 
     def failure(self) -> str | None:
-        error = self.query.exception() if self.query is not None and not self.query.isActive else None
-        return None if error is None else first_cause(str(error))
+        return None if self.running() else self._error
 
     def catch_up(self) -> None:
-        """Catch up the quarantined topics that are due, and hand the planner what topic sync found since. A running
-        query's planning is paused meanwhile (see the module's docstring); if its batch in flight does not end within
-        STOP_BATCH_TIMEOUT_S, the catch-up waits for that batch's own turn."""
+        """Catch up the quarantined topics that are due; between two batches, as each batch holds the lock."""
         with self.lock:
-            if not self.running() or not self.ledger.quarantines.due(self.plan.mirrored):
-                self._catch_up()
-                return
-        assert self._driver_dir is not None  # a running query has its folder
-        try:
-            if self._pause(STOP_BATCH_TIMEOUT_S):
-                with self.lock:
-                    self._catch_up()
-        finally:
-            (self._driver_dir / PAUSE_FILE).unlink(missing_ok=True)
+            self._catch_up()
 
     def _positions(self) -> PartitionOffsets:
-        """Where the query's last batch ended."""
-        progress = self.query.lastProgress if self.query is not None else None
-        reached: PartitionOffsets = {}
-        for source in progress.sources if progress is not None else ():
-            for topic, offsets in Planned.parse(json.loads(source.endOffset) or {}).offsets.items():
-                reached.update({(topic, int(p)): offset for p, offset in offsets.items()})
-        return reached
+        """Where the last committed batch ended."""
+        return dict(self._committed or {})
 
     def _catch_up(self) -> None:
-        """Copy what each quarantined topic that may rejoin owes, outside the stream (under `lock`), and hand the
-        planner the copier of the next batch."""
-        self.ledger.catch_up(self.plan.mirrored, self._copy_outside)
-        self._hand_to_planner()
+        """Copy what each quarantined topic that may rejoin owes, outside the batches (under `lock`)."""
+        self.ledger.catch_up(self.plan.mirrored, lambda ranges, ready: self._copy([[r] for r in ranges], ready))
 
-    def _copy_outside(self, ranges: list[OffsetRange], ready: dict[str, int]) -> list[Landing]:
-        """Copy ranges outside the stream, one Spark task each, writing only the topics `ready`."""
-        rows = [(r.topic, r.partition, r.start, r.end, r.reset_from) for r in ranges]
-        frame = self.spark.createDataFrame(rows, RANGE_SCHEMA).repartition(len(rows))
-        copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.rules)
-        return [Landing.from_row(row.asDict()) for row in frame.mapInArrow(copier, LANDED_SCHEMA).collect()]
 
-    def _hand_to_planner(self) -> None:
-        """Tell the planner each topic's mean record size, by which it holds a batch to max_bytes_per_trigger, and
-        hand it the copier of the batches it plans next: one that writes the topics not quarantined now."""
-        if self._driver_dir is not None:
-            write_record_bytes(self._driver_dir, self.ledger.totals.mean_record_bytes())
-            ready = self.ledger.quarantines.ready(self.plan.mirrored)
-            write_copier(self._driver_dir, RangeCopier(self.flow, self.source, self.target, ready, self.plan.rules))
-
-    def _drop_driver_dir(self) -> None:
-        if self._driver_dir is not None:
-            shutil.rmtree(self._driver_dir, ignore_errors=True)
-            self._driver_dir = None
+def _positions(entry: Planned) -> PartitionOffsets:
+    return {(topic, int(p)): offset for topic, offsets in entry.offsets.items() for p, offset in offsets.items()}

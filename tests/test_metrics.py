@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.request
 from types import SimpleNamespace
 
@@ -13,11 +14,11 @@ from bench.testbed.kafka_cluster import cluster_entry
 from spark_app import clients
 from spark_app.config import ClusterConfig
 from spark_app.metrics import LagPoller, LagSource, MetricsPortError, MirrorMetrics
-from spark_app.ranges import LANDED_SCHEMA, LATENCY_BUCKETS_S
+from spark_app.ranges import LATENCY_BUCKETS_S, Landing
 from tests.support.clock import Clock
 
 FLOW = "msk->eh"
-LANDED_COLUMNS = [column.split()[0] for column in LANDED_SCHEMA.split(",")]
+LANDED_COLUMNS = [f.name for f in dataclasses.fields(Landing)]
 
 
 def landing_row(topic: str, partition: int, **figures) -> SimpleNamespace:

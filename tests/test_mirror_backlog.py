@@ -22,8 +22,8 @@ from bench.testbed.ports import free_port
 from bench.testbed.proc import TreeMonitor
 from spark_app.clients import watermarks
 from spark_app.config import STOP_GRACE_S, FlowConfig
+from tests.support.batches import batch_in_flight
 from tests.support.mirror_config import one_flow_config
-from tests.support.spark_checkpoint import batch_in_flight
 
 RECORDS = 2_000_000
 PARTITIONS = 4

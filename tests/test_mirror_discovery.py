@@ -144,8 +144,11 @@ def test_query_restarts_under_load_write_each_record_once_in_order(
         assert planned == committed, f"stop {stops} left batch(es) {planned - committed} planned but not committed"
     producer.join()
     flow.start(topics, available_now=True)
-    assert flow.query.awaitTermination(120), "the final available-now run did not end"
-    assert flow.query.exception() is None, flow.query.exception()
+    deadline = time.monotonic() + 120
+    while flow.running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not flow.running(), "the final available-now run did not end"
+    assert flow.failure() is None, flow.failure()
     got = read_all(source_cluster.client, f"here.{topic}", expected=len(sent), timeout_s=WAIT_S)  # exact: no twice
     print(f"\nrestarts under load: {stops} stops, {len(got)} records read back of {len(sent)} sent")
     assert_each_record_once_in_order(f"here.{topic}", got, sent)

@@ -130,7 +130,7 @@ def test_adopt_refuses_a_used_s3a_checkpoint_and_seeds_the_state_of_an_empty_one
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["class"] == "HadoopFiles" and seen["found"] == "({}, {})"
     assert seen["used"] == [
-        f"the flow's Spark checkpoint {used}/offsets already holds positions (the mirror has run on it); point"
+        f"the flow's checkpoint {used}/offsets already holds positions (the mirror has run on it); point"
         " checkpoint_location at an empty path to adopt MM2's"
     ]
     assert seen["empty"] == []

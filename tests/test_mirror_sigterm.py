@@ -21,9 +21,9 @@ from bench.testbed.kafka_cluster import cluster_entry
 from bench.testbed.ports import free_port
 from spark_app.config import STOP_GRACE_S
 from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.batches import batch_in_flight, checkpoint_logs
 from tests.support.mirror_cli import MirrorCli
 from tests.support.mirror_config import one_flow_config
-from tests.support.spark_checkpoint import batch_in_flight, checkpoint_logs
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRYPOINT = ROOT / "images" / "mirror" / "entrypoint.sh"

@@ -15,8 +15,8 @@ from bench.testbed.clients import Record, create_topics, end_offsets, produce, r
 from bench.testbed.ports import free_port
 from bench.testbed.spark_standalone import running_tasks
 from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.batches import Offsets, batch_in_flight, checkpoint_logs
 from tests.support.mirror_config import one_flow_config
-from tests.support.spark_checkpoint import Offsets, batch_in_flight, checkpoint_logs
 
 # 120,000 records, about 60 MB, in batches of about 32,000 records (16 MB), into a target whose broker lets producers
 # write 2 MB/s: a batch writes for about 8 s, every partition's range a little at a time (1 MB produce requests), so

@@ -13,9 +13,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pyspark.sql.streaming.datasource import ReadMaxRows
 
-from spark_app import planner
+from spark_app import batch_log, planner
+from spark_app.batch_log import Planned
 from spark_app.config import ClusterConfig
 from spark_app.metrics import FlowTotals
 from spark_app.planner import (
@@ -23,17 +23,12 @@ from spark_app.planner import (
     OFFLINE_ASK_S,
     OFFLINE_RECHECK_S,
     TOPIC_GONE_GRACE_S,
-    OffsetRangeReader,
-    Planned,
-    RangeGroup,
+    BatchPlanner,
     kept_where_unanswered,
     limit_offsets,
-    plan_source_options,
     split_ranges,
-    write_copier,
-    write_record_bytes,
 )
-from spark_app.ranges import LANDED_SCHEMA, Landing, OffsetRange
+from spark_app.ranges import Landing, OffsetRange
 
 SEED = 20261124
 CASES = 3_000
@@ -48,31 +43,9 @@ def samples_read_nothing(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     return asked
 
 
-class CopyNothing:
-    """A copier for planning tests: it lands each range's end and writes nothing, saying which slot it ran in."""
-
-    def copy(self, ranges: list[OffsetRange], slot: int = 0) -> list[Landing]:
-        return [Landing(r.topic, r.partition, r.end, r.end, records=slot, reset_from=r.reset_from) for r in ranges]
-
-
-@pytest.fixture(autouse=True)
-def copier_handed(tmp_path) -> None:
-    """The driver hands the planner a copier before its query starts; the tests' driver folder is `tmp_path`."""
-    write_copier(tmp_path, CopyNothing())
-
-
-def test_a_planned_task_copies_its_ranges_with_the_copier_the_driver_handed_and_yields_their_landings(tmp_path):
-    """The pickled copier travels in each planned task (the planner never unpickles it), and the task's read yields
-    one row per range in LANDED_SCHEMA's column order; outside Spark there is no task, so the slot is 0."""
-    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
-    reader = OffsetRangeReader(plan_source_options(source, {"a": 2}, "earliest", 1, 1000, 1 << 28, tmp_path))
-    (group,) = reader.partitions({"a": {"0": 5, "1": 7}}, {"a": {"0": 9, "1": 7}})
-    assert isinstance(group, RangeGroup) and isinstance(group.copier, bytes)
-    assert group.ranges == [OffsetRange("a", 0, 5, 9)], "a partition with nothing new gets no range"
-
-    rows = list(reader.read(group))
-    columns = [column.split()[0] for column in LANDED_SCHEMA.split(",")]
-    assert [dict(zip(columns, row, strict=True)) for row in rows] == [Landing("a", 0, 9, 9, records=0).to_row()]
+def planned_end(reader: BatchPlanner, start: dict, means: dict[str, float] | None = None) -> dict:
+    """Where the planner ends the next batch from `start`, both as the log keeps them; `means`: what landed says."""
+    return reader.latest(Planned.parse(start), means or {}).dump()
 
 
 def ranges_of(*sizes: int, start: int = 100) -> list[OffsetRange]:
@@ -281,56 +254,47 @@ def test_limit_holds_its_bounds_over_random_mixes_of_topics_backlogs_and_record_
     assert records > max_rows - len(backlogged) or planned >= max_bytes - sum(cost[t] for t, _ in backlogged)
 
 
-def test_a_batch_of_a_1_mb_topic_keeps_to_the_byte_bound_in_a_flow_whose_mean_is_1_kb_records(tmp_path, monkeypatch):
+def test_a_batch_of_a_1_mb_topic_keeps_to_the_byte_bound_in_a_flow_whose_mean_is_1_kb_records(monkeypatch):
     """Most of what the flow copied so far is 1 KB records: its mean record size is about 2 KB. The backlog is all
     on the 1 MB topic: 256 MB of it is 256 records, not the 129,644 (127 GB) that the flow's mean planned."""
     totals = FlowTotals()
     totals.add([Landing("small", 0, 0, 1_000_000, records=1_000_000, bytes=1_000_000 * 1024)])
     totals.add([Landing("big", p, 0, 250, records=250, bytes=250 * MB) for p in range(4)])
-    write_record_bytes(tmp_path, totals.mean_record_bytes())  # what the driver writes after each batch
     source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
-    options = plan_source_options(source, {"small": 1, "big": 4}, "earliest", 2, 250_000, 256 * MB, tmp_path)
-    reader = OffsetRangeReader(options)
+    reader = BatchPlanner(source, {"small": 1, "big": 4}, "earliest", 2, 250_000, 256 * MB)
     reader._admin = object()  # type: ignore[assignment]  # never used: the table answers
     ends = {("small", 0): 1_000_000} | {("big", p): 100_250 for p in range(4)}
     monkeypatch.setattr(planner.clients, "list_offsets_each", OffsetTable(ends))
     monkeypatch.setattr(planner.clients, "topic_ids", lambda *_, **__: {})  # ids are another test's
     start = {"small": {"0": 1_000_000}, "big": dict.fromkeys("0123", 250)}
 
-    end = reader.latestOffset(start, ReadMaxRows(250_000))
+    end = planned_end(reader, start, totals.mean_record_bytes())  # what the driver hands after each batch
     assert end == {"small": {"0": 1_000_000}, "big": dict.fromkeys("0123", 250 + 64)}, "64 records of 1 MB each"
 
 
-def test_a_topic_without_a_mean_takes_at_most_a_first_batch_until_the_driver_writes_its_mean(tmp_path):
-    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
-    options = plan_source_options(source, {"a": 1, "b": 1}, "earliest", 2, 250_000, 256 * MB, tmp_path)
-    reader = OffsetRangeReader(options)
+def test_a_topic_without_a_mean_takes_at_most_a_first_batch_until_its_records_land():
+    starts, latest = {"a": {"0": 0}, "b": {"0": 0}}, {"a": {"0": 10**6}, "b": {"0": 10**6}}
 
-    def planned() -> dict[str, dict[str, int]]:
-        starts, latest = {"a": {"0": 0}, "b": {"0": 0}}, {"a": {"0": 10**6}, "b": {"0": 10**6}}
-        return limit_offsets(starts, latest, reader.max_records, reader.max_bytes, reader._mean_bytes())
+    def planned(means: dict[str, float]) -> dict[str, dict[str, int]]:
+        return limit_offsets(starts, latest, 250_000, 256 * MB, means)
 
-    assert reader._mean_bytes() == {}, "no record landed yet"
-    assert planned() == {"a": {"0": 5_000}, "b": {"0": 5_000}}, "FIRST_BATCH_RECORDS, shared by backlog"
-    write_record_bytes(tmp_path, {"a": 100.0})  # a's records landed, none of b's yet (b joined the flow since)
-    assert reader._mean_bytes() == {"a": 100.0}
-    # b's records count 256 MB / 10,000 each: 9,962 of them and as many of a's 100 B ones fill 256 MB.
-    assert planned() == {"a": {"0": 9_962}, "b": {"0": 9_962}}
-    write_record_bytes(tmp_path, {"a": 100.0, "b": 100.0})
-    assert planned() == {"a": {"0": 125_000}, "b": {"0": 125_000}}, "small records: the record bound holds"
+    assert planned({}) == {"a": {"0": 5_000}, "b": {"0": 5_000}}, "no record landed yet: FIRST_BATCH_RECORDS, shared"
+    # a's records landed, none of b's yet (b joined the flow since). b's records count 256 MB / 10,000 each: 9,962 of
+    # them and as many of a's 100 B ones fill 256 MB.
+    assert planned({"a": 100.0}) == {"a": {"0": 9_962}, "b": {"0": 9_962}}
+    assert planned({"a": 100.0, "b": 100.0}) == {"a": {"0": 125_000}, "b": {"0": 125_000}}, "the record bound holds"
 
 
 def test_a_first_batch_is_held_to_the_byte_bound_by_a_sample_of_the_records_it_is_about_to_copy(
-    tmp_path, monkeypatch, samples_read_nothing
+    monkeypatch, samples_read_nothing
 ):
     """Nothing has landed yet. Topic a's sample reads 512 B records, b's 64 KB ones, c's nothing (its source was
     silent). A batch of 256 MB then counts a's and b's records at those sizes, and c's as FIRST_BATCH_RECORDS says:
     it takes far more of a than a first batch without a sample could (10,000 records), and stays within 256 MB. Each
-    topic is sampled once per query run, at the start of its partition furthest behind; once its records land, the
+    topic is sampled once per planner, at the start of its partition furthest behind; once its records land, the
     driver's mean wins."""
     source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
-    options = plan_source_options(source, {"a": 2, "b": 1, "c": 1}, "earliest", 2, 10**6, 256 * MB, tmp_path)
-    reader = OffsetRangeReader(options)
+    reader = BatchPlanner(source, {"a": 2, "b": 1, "c": 1}, "earliest", 2, 10**6, 256 * MB)
     reader._admin = object()  # type: ignore[assignment]  # never used: the table answers
     ends = {("a", 0): 300_000, ("a", 1): 200_000, ("b", 0): 1_000, ("c", 0): 1_000}
     monkeypatch.setattr(planner.clients, "list_offsets_each", OffsetTable(ends))
@@ -345,24 +309,23 @@ def test_a_first_batch_is_held_to_the_byte_bound_by_a_sample_of_the_records_it_i
     start = {"a": {"0": 0, "1": 0}, "b": {"0": 0}, "c": {"0": 0}}
     latest = {t: {str(p): e for (topic, p), e in ends.items() if topic == t} for t in "abc"}
 
-    end = Planned.parse(reader.latestOffset(start, ReadMaxRows(10**6))).offsets
+    end = Planned.parse(planned_end(reader, start)).offsets
     assert samples_read_nothing == [{("a", 0): 0, ("b", 0): 0, ("c", 0): 0}]
     assert end == limit_offsets(start, latest, 10**6, 256 * MB, sizes)
     taken = {t: sum(end[t].values()) for t in "abc"}
     assert taken["a"] > 10 * FIRST_BATCH_RECORDS
     cost = sizes | {"c": 256 * MB / FIRST_BATCH_RECORDS}
     assert sum(taken[t] * cost[t] for t in "abc") <= 256 * MB
-    assert Planned.parse(reader.latestOffset(start, ReadMaxRows(10**6))).offsets == end
-    assert len(samples_read_nothing) == 1, "sampled once per query run"
-    write_record_bytes(tmp_path, {"a": 100.0, "b": 100.0, "c": 100.0})  # what landed says they are small
-    assert Planned.parse(reader.latestOffset(start, ReadMaxRows(10**6))).offsets == latest
+    assert Planned.parse(planned_end(reader, start)).offsets == end
+    assert len(samples_read_nothing) == 1, "sampled once per planner"
+    small = {"a": 100.0, "b": 100.0, "c": 100.0}  # what landed says they are small
+    assert Planned.parse(planned_end(reader, start, small)).offsets == latest
 
 
-def test_adopted_positions_start_partitions_the_checkpoint_does_not_hold_and_never_override_it(tmp_path):
+def test_adopted_positions_start_partitions_the_checkpoint_does_not_hold_and_never_override_it():
     source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
     adopted = {"t": {"0": 70, "1": 5}}
-    options = plan_source_options(source, {"t": 3, "u": 1}, "latest", 2, 1000, 1 << 28, tmp_path, adopted=adopted)
-    reader = OffsetRangeReader(options)
+    reader = BatchPlanner(source, {"t": 3, "u": 1}, "latest", 2, 1000, 1 << 28, adopted=adopted)
     asked: list = []
 
     def earliest(spec, partitions=None):
@@ -383,8 +346,7 @@ def test_a_throughput_run_after_a_real_time_one_starts_where_that_got_to_unless_
     """A real-time run keeps its positions in the flow's state, not in the Spark checkpoint, which it leaves behind."""
     source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
     resume = {"t": {"0": 80, "1": 40, "2": 500}}
-    options = plan_source_options(source, {"t": 3}, "latest", 2, 1000, 1 << 28, tmp_path, resume=resume)
-    reader = OffsetRangeReader(options)
+    reader = BatchPlanner(source, {"t": 3}, "latest", 2, 1000, 1 << 28, resume=resume)
     reader._list = lambda spec, partitions=None: {"t": {p: 0 for _, p in partitions or []}}  # type: ignore[method-assign]
     end = Planned({"t": {"0": 100, "1": 100, "2": 100}})
     # Past the old checkpoint (t[0]) or where it holds nothing (t[1]): the real-time position. t[2]'s log is shorter
@@ -410,19 +372,19 @@ class OffsetTable:
 
 
 def test_a_partition_that_does_not_answer_gets_no_range_and_keeps_its_position_while_the_others_are_planned(
-    tmp_path, monkeypatch, caplog
+    monkeypatch, caplog
 ):
     source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
-    reader = OffsetRangeReader(plan_source_options(source, {"a": 2, "b": 1}, "earliest", 2, 1000, 1 << 28, tmp_path))
+    reader = BatchPlanner(source, {"a": 2, "b": 1}, "earliest", 2, 1000, 1 << 28)
     reader._admin = object()  # type: ignore[assignment]  # never used: the table answers
     table = OffsetTable({("a", 0): 10, ("b", 0): 8})  # a[1]'s leader is offline
     monkeypatch.setattr(planner.clients, "list_offsets_each", table)
     monkeypatch.setattr(planner.clients, "topic_ids", lambda *_, **__: {})  # ids are another test's
     start = {"a": {"0": 5, "1": 7}, "b": {"0": 3}}
 
-    end = reader.latestOffset(start, ReadMaxRows(1000))
+    end = planned_end(reader, start)
     assert end == {"a": {"0": 10, "1": 7}, "b": {"0": 8}}, "a[1] stays where the checkpoint has it"
-    ranges = [r for g in reader.partitions(start, end) for r in g.ranges]  # type: ignore[attr-defined]
+    ranges = [r for g in reader.ranges(Planned.parse(start), Planned.parse(end)) for r in g]
     assert sorted(ranges, key=lambda r: r.topic) == [OffsetRange("a", 0, 5, 10), OffsetRange("b", 0, 3, 8)]
     assert [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()] == [
         "cluster 'src': topic 'a' partition 1 did not answer (Broker: Leader not available); it gets no new range"
@@ -430,14 +392,14 @@ def test_a_partition_that_does_not_answer_gets_no_range_and_keeps_its_position_w
     ]
 
     table.asked.clear()
-    reader.latestOffset(end, ReadMaxRows(1000))  # before OFFLINE_RECHECK_S: a[1] is not asked, nothing waits on it
+    planned_end(reader, end)  # before OFFLINE_RECHECK_S: a[1] is not asked, nothing waits on it
     assert table.asked == [([("a", 0), ("b", 0)], 30.0)]
 
     assert reader._offline[("a", 1)] > time.monotonic() + OFFLINE_RECHECK_S - 5
     reader._offline[("a", 1)] = time.monotonic()  # OFFLINE_RECHECK_S later
     table.ends[("a", 1)] = 12  # its leader is back
     table.asked.clear()
-    assert reader.latestOffset(end, ReadMaxRows(1000)) == {"a": {"0": 10, "1": 12}, "b": {"0": 8}}
+    assert planned_end(reader, end) == {"a": {"0": 10, "1": 12}, "b": {"0": 8}}
     assert table.asked == [([("a", 0), ("b", 0)], 30.0), ([("a", 1)], OFFLINE_ASK_S)], "asked again alone, briefly"
     assert len([r for r in caplog.records if "did not answer" in r.getMessage()]) == 1, "said once, not per batch"
 
@@ -449,32 +411,30 @@ def test_a_partition_without_an_answer_keeps_its_checkpoint_position_only_while_
     assert kept_where_unanswered({"b": {"0": 1}}, {}, {"a": 1, "b": 1}) == {"b": {"0": 1}}, "no position: nothing"
 
 
-def test_a_source_that_does_not_answer_at_all_plans_no_batch(tmp_path, monkeypatch):
+def test_a_source_that_does_not_answer_at_all_plans_no_batch(monkeypatch):
     source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
-    reader = OffsetRangeReader(plan_source_options(source, {"a": 1}, "earliest", 2, 1000, 1 << 28, tmp_path))
+    reader = BatchPlanner(source, {"a": 1}, "earliest", 2, 1000, 1 << 28)
     reader._admin = object()  # type: ignore[assignment]
 
     def down(*_args, **_kwargs):
         raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
 
     monkeypatch.setattr(planner.clients, "list_offsets_each", down)
-    assert reader.latestOffset({"a": {"0": 5}}, ReadMaxRows(1000)) == {"a": {"0": 5}}
+    assert planned_end(reader, {"a": {"0": 5}}) == {"a": {"0": 5}}
     assert reader._down_since is not None, "the cluster-down clock runs (UNREACHABLE_GIVE_UP_S)"
 
 
-def planned_ranges(reader: OffsetRangeReader, start: dict, end: dict) -> list[OffsetRange]:
-    ranges = [r for g in reader.partitions(start, end) for r in g.ranges]  # type: ignore[attr-defined]
+def planned_ranges(reader: BatchPlanner, start: dict, end: dict) -> list[OffsetRange]:
+    ranges = [r for g in reader.ranges(Planned.parse(start), Planned.parse(end)) for r in g]
     return sorted(ranges, key=lambda r: (r.topic, r.partition))
 
 
-def test_a_topic_deleted_and_made_again_past_its_old_position_is_copied_from_its_log_start_and_reported(
-    tmp_path, monkeypatch
-):
+def test_a_topic_deleted_and_made_again_past_its_old_position_is_copied_from_its_log_start_and_reported(monkeypatch):
     """Offsets that only went forward cannot tell a topic made again from the same one; its id can."""
     source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
-    reader = OffsetRangeReader(plan_source_options(source, {"t": 2, "u": 1}, "latest", 2, 10**6, 1 << 40, tmp_path))
+    reader = BatchPlanner(source, {"t": 2, "u": 1}, "latest", 2, 10**6, 1 << 40)
     reader._admin = object()  # type: ignore[assignment]  # never used: the tables answer
-    write_record_bytes(tmp_path, {"t": 100.0, "u": 100.0})  # past the first batch: the record bound is the only one
+    means = {"t": 100.0, "u": 100.0}  # past the first batch: the record bound is the only one
     ends = OffsetTable({("t", 0): 12_000, ("t", 1): 12_000, ("u", 0): 50})
     monkeypatch.setattr(planner.clients, "list_offsets_each", lambda admin, partitions, spec, **kwargs: (
         {tp: 0 for tp in partitions} if type(spec).__name__ == "EarliestSpec" else ends(admin, partitions, spec)[0], {}
@@ -483,7 +443,7 @@ def test_a_topic_deleted_and_made_again_past_its_old_position_is_copied_from_its
     monkeypatch.setattr(planner.clients, "topic_ids", lambda *_, **__: dict(ids))
     # The mirror had copied the old t up to 8,000; t was deleted, made again and refilled to 12,000 meanwhile.
     start = Planned({"t": {"0": 8_000, "1": 8_000}, "u": {"0": 40}}, {"t": "id-old", "u": "id-u"}).dump()
-    end = reader.latestOffset(start, ReadMaxRows(10**6))
+    end = planned_end(reader, start, means)
     assert Planned.parse(end).ids == ids, "the new id goes into the offset log with the positions"
     assert planned_ranges(reader, start, end) == [
         OffsetRange("t", 0, 0, 12_000, reset_from=8_000),
@@ -493,22 +453,22 @@ def test_a_topic_deleted_and_made_again_past_its_old_position_is_copied_from_its
     # A batch Spark runs again after a crash reads the same two entries, and plans the same.
     assert planned_ranges(reader, start, end) == planned_ranges(reader, start, end)
     # Once the new id is in the log, the topic is the same one again.
-    assert all(r.reset_from < 0 for r in planned_ranges(reader, end, reader.latestOffset(end, ReadMaxRows(10**6))))
+    assert all(r.reset_from < 0 for r in planned_ranges(reader, end, planned_end(reader, end, means)))
     # An offset log written before ids were kept compares none: no reset is made up.
     old = {"t": {"0": 8_000, "1": 8_000}, "u": {"0": 40}}
-    assert all(r.reset_from < 0 for r in planned_ranges(reader, old, reader.latestOffset(old, ReadMaxRows(10**6))))
+    assert all(r.reset_from < 0 for r in planned_ranges(reader, old, planned_end(reader, old, means)))
 
 
 def test_a_topic_missing_from_one_topic_sync_round_resumes_where_it_stood_and_is_forgotten_only_after_a_week(
-    tmp_path, monkeypatch
+    monkeypatch,
 ):
     """Topic sync leaves out a topic whose metadata failed, or that was not allowed for a moment; the query runs
     without it. When it returns it is no new topic: `start_from: latest` would skip what it got meanwhile, and
     `earliest` would copy its whole log again."""
     source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
 
-    def reader_on(subscription: dict[str, int]) -> OffsetRangeReader:
-        reader = OffsetRangeReader(plan_source_options(source, subscription, "latest", 2, 10**6, 1 << 40, tmp_path))
+    def reader_on(subscription: dict[str, int]) -> BatchPlanner:
+        reader = BatchPlanner(source, subscription, "latest", 2, 10**6, 1 << 40)
         reader._admin = object()  # type: ignore[assignment]
         return reader
 
@@ -518,17 +478,17 @@ def test_a_topic_missing_from_one_topic_sync_round_resumes_where_it_stood_and_is
     start = Planned({"a": {"0": 90}, "b": {"0": 300}}, {"a": "id-a", "b": "id-b"}).dump()
 
     without_b = reader_on({"a": 1})  # the query restarted without b
-    end = without_b.latestOffset(start, ReadMaxRows(10**6))
+    end = planned_end(without_b, start)
     assert Planned.parse(end).offsets == {"a": {"0": 100}, "b": {"0": 300}}, "b's position stays in the log"
     assert planned_ranges(without_b, start, end) == [OffsetRange("a", 0, 90, 100)], "and b gets no range"
-    again = without_b.latestOffset(end, ReadMaxRows(10**6))
+    again = planned_end(without_b, end)
     assert again == end, "nothing new: no batch (an available-now run can end)"
 
     with_b = reader_on({"a": 1, "b": 1})  # b is back
-    back = with_b.latestOffset(end, ReadMaxRows(10**6))
+    back = planned_end(with_b, end)
     assert planned_ranges(with_b, end, back) == [OffsetRange("b", 0, 300, 500)], "from where it stood"
-    assert planner.GONE_KEY not in back
+    assert batch_log.GONE_KEY not in back
 
     forgotten = Planned.parse(end)
     forgotten.gone["b"] -= TOPIC_GONE_GRACE_S + 1
-    assert "b" not in Planned.parse(without_b.latestOffset(forgotten.dump(), ReadMaxRows(10**6))).offsets
+    assert "b" not in Planned.parse(planned_end(without_b, forgotten.dump())).offsets

@@ -40,14 +40,17 @@ def test_a_local_location_with_or_without_file_scheme_is_a_folder_replaced_file_
         files = checkpoint_files(location)
         assert isinstance(files, LocalFiles) and files.local and files.folder == tmp_path / "a"
     files = checkpoint_files(str(tmp_path / "a"))
-    assert files.read("x") is None and not files.has_entries("offsets")
+    assert files.read("x") is None and files.names("offsets") == []
     files.write("x", b"one")
     files.write("x", b"two")
     assert files.read("x") == b"two" and [p.name for p in (tmp_path / "a").iterdir()] == ["x"]
     (tmp_path / "a" / "offsets").mkdir()
-    assert not files.has_entries("offsets")
-    (tmp_path / "a" / "offsets" / "0").write_text("v1")
-    assert files.has_entries("offsets")
+    assert files.names("offsets") == []
+    files.write("offsets/0", b"v1")  # its folder made on the way
+    assert files.names("offsets") == ["0"] and files.read("offsets/0") == b"v1"
+    files.delete("offsets/0")
+    files.delete("offsets/0")  # gone already: nothing to do
+    assert files.names("offsets") == []
 
 
 def test_the_previous_versions_local_state_file_is_read_as_it_is(tmp_path):
@@ -62,7 +65,7 @@ def test_the_previous_versions_local_state_file_is_read_as_it_is(tmp_path):
 
 def test_a_hadoop_file_system_without_abortable_streams_replaces_a_file_by_rename(spark, tmp_path):
     files = HadoopFiles(f"file://{tmp_path}/ckpt", spark)
-    assert files.read(STATE_FILE) is None and not files.has_entries("offsets")
+    assert files.read(STATE_FILE) is None and files.names("offsets") == []
     state = LedgerState.load(files)
     state.quarantined["orders"] = Quarantine("too big", {3: Hold(7, 9)})
     state.save()
@@ -71,6 +74,8 @@ def test_a_hadoop_file_system_without_abortable_streams_replaces_a_file_by_renam
     assert LedgerState.load(files).quarantined == {"orders": Quarantine("too big", {3: Hold(7, 10)})}
     assert files.where(STATE_FILE) == f"file:{tmp_path}/ckpt/{STATE_FILE}"
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if not p.name.endswith(".crc")) == [STATE_FILE]
-    (tmp_path / "ckpt" / "offsets").mkdir()
-    (tmp_path / "ckpt" / "offsets" / "0").write_text("v1")
-    assert files.has_entries("offsets")
+    files.write("offsets/0", b"v1")
+    assert [n for n in files.names("offsets") if not n.endswith(".crc")] == ["0"]
+    files.delete("offsets/0")
+    files.delete("offsets/0")  # gone already: nothing to do
+    assert files.names("offsets") == []

@@ -10,7 +10,7 @@ cluster's `offset.storage.topic`. Adoption:
 - refuses while MM2 still runs: its Connect group on the target has members, or its heartbeats on the target's
   `heartbeats` topic are fresh (unless forced). A killed MM2 keeps its members until Connect's session timeout
   (`session.timeout.ms`, 10 s by default) passes;
-- refuses a flow whose Spark checkpoint already holds positions: they are the mirror's own, newer than MM2's;
+- refuses a flow whose checkpoint already holds batch positions: they are the mirror's own, newer than MM2's;
 - writes N + 1 per partition into the flow's state beside the checkpoint (spark_app.ledger.LedgerState), where
   the planner starts each partition its checkpoint does not hold yet; a partition of an MM2 topic with no committed
   position starts at its log start (MM2 may have copied some of it: duplicates, never a gap);
@@ -39,6 +39,7 @@ from confluent_kafka import Message
 from confluent_kafka.admin import OffsetSpec
 
 from .. import clients
+from ..batch_log import OFFSETS
 from ..clients import Partition
 from ..config import FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
@@ -259,10 +260,10 @@ def running_refusals(config: MirrorConfig, flow: FlowConfig, quiet_s: float, con
 
 
 def checkpoint_refusals(files: CheckpointFiles) -> list[str]:
-    """A Spark checkpoint with positions is the mirror's own history: adopting MM2's older one would go back."""
-    if files.has_entries("offsets"):
+    """A checkpoint with logged batches is the mirror's own history: adopting MM2's older one would go back."""
+    if files.names(OFFSETS):
         return [
-            f"the flow's Spark checkpoint {files.where('offsets')} already holds positions (the mirror has run on"
+            f"the flow's checkpoint {files.where(OFFSETS)} already holds positions (the mirror has run on"
             " it); point checkpoint_location at an empty path to adopt MM2's"
         ]
     return []
