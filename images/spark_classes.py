@@ -6,10 +6,11 @@ must list the classes a mirror's start loads, and be made by the same `java` on 
 that maps it.
 
 So this script runs a short local Spark job shaped like the mirror's start, with the JVM listing every class it loads
-(-XX:DumpLoadedClassList). The job is the mirror's own session (spark_app.mirror.build_session), a Python streaming
-source, and one available-now micro-batch that runs a Python map and collects. Then `java -Xshare:dump` writes those
-classes, from the job JVM's own class path, into `<SPARK_HOME>/mirrorkit-classes.jsa`, which the mirror's JVM
-options name (spark_app.config.spark_jvm_conf). Set-up (.ci/setup) and the image (images/mirror/Dockerfile) run it.
+(-XX:DumpLoadedClassList). The job is the mirror's own session (spark_app.mirror.build_session) and one job of Python
+tasks that each return Python objects to the driver, as a micro-batch's copy and a real-time flow's tasks are. Then
+`java -Xshare:dump` writes those classes, from the job JVM's own class path, into
+`<SPARK_HOME>/mirrorkit-classes.jsa`, which the mirror's JVM options name (spark_app.config.spark_jvm_conf). Set-up
+(.ci/setup) and the image (images/mirror/Dockerfile) run it.
 
 Usage: python images/spark_classes.py
 """
@@ -20,9 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -60,45 +59,13 @@ def _run(command: list[str], env: dict[str, str], what: str) -> None:
 
 
 def job(work: Path) -> None:
-    """The mirror's session, a Python streaming source and one available-now batch through a Python map; then the
-    driver JVM's class path, which the archive is made for."""
-    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-
+    """The mirror's session and one job of Python tasks, as a batch's copy runs them; then the driver JVM's class
+    path, which the archive is made for."""
     from spark_app.mirror import build_session
-    from spark_app.ranges import RANGE_SCHEMA
-
-    class OneBatch(DataSourceStreamReader):
-        def initialOffset(self) -> dict[str, Any]:
-            return {"batch": 0}
-
-        def latestOffset(self) -> dict[str, Any]:
-            return {"batch": 1}
-
-        def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-            return [InputPartition(i) for i in range(start["batch"], end["batch"])]
-
-        def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, int, int]]:
-            yield "topic", 0, 0, 1, -1
-
-    class Ranges(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "mirrorkit-spark-classes"
-
-        def schema(self) -> str:
-            return RANGE_SCHEMA
-
-        def streamReader(self, schema: Any) -> OneBatch:
-            return OneBatch()
-
-    def same(batches: Iterator[Any]) -> Iterator[Any]:
-        yield from batches
 
     spark = build_session("local[2]")
-    spark.dataSource.register(Ranges)
-    stream = spark.readStream.format(Ranges.name()).load().writeStream.trigger(availableNow=True)
-    stream = stream.foreachBatch(lambda frame, _: frame.mapInArrow(same, RANGE_SCHEMA).collect())
-    stream.option("checkpointLocation", str(work / "checkpoint")).start().awaitTermination()
+    groups = [[("topic", 0, 0, 1)], [("topic", 1, 0, 1)]]
+    spark.sparkContext.parallelize(groups, len(groups)).mapPartitionsWithIndex(lambda slot, tasks: [slot]).collect()
     jvm = spark.sparkContext._jvm
     assert jvm is not None  # a live session's
     (work / CLASS_PATH).write_text(jvm.System.getProperty("java.class.path"))
