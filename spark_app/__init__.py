@@ -1,1 +1,1 @@
-"""The mirror: a Spark Structured Streaming replacement for MirrorMaker 2."""
+"""The mirror: a replacement for MirrorMaker 2 that runs on Spark."""

@@ -36,7 +36,7 @@ STOP_GRACE_S = 300
 # ACLs being replaced, a fault over a weekend), after which it must resume from its positions: forgotten, it would
 # come back as a new topic, and `start_from: latest` would skip what it got meanwhile. Missing for a week, it was
 # deleted or deselected. Counted from the first round this process missed it, so a restart only puts it off
-# (spark_app.ledger). The planner keeps a throughput query's positions of such a topic as long (spark_app.planner).
+# (spark_app.ledger). A throughput flow's batch log keeps its positions of such a topic as long (spark_app.planner).
 TOPIC_GONE_GRACE_S = 7 * 86_400.0
 # The driver's and executors' JVMs only schedule: records never cross into them. Spark's C2 compiles of its own planner
 # cost a 200,000-record copy 14 of its JVM's 31 CPU s, and did not pay back over a minute of continuous batches; C1

@@ -3,7 +3,7 @@
 Whatever copied records (a micro-batch, a quarantine catch-up, a real-time task's report) hands its landings to
 `FlowLedger.file`, which counts them (totals, metrics, the DR service's offset syncs), quarantines what was held
 (spark_app.quarantine), notes partitions whose offsets went backwards, reports records deleted at the source before
-they were read, moves the positions, and saves the state beside the Spark checkpoint before the copy is committed,
+they were read, moves the positions, and saves the state in the flow's checkpoint folder before the copy is committed,
 so a crash replays at most what was filed after the last save (at least once, never a gap).
 
 Data loss. Per partition the state keeps the next offset the flow expects. When a landing starts further on, the
@@ -16,8 +16,8 @@ every round for TOPIC_GONE_GRACE_S is forgotten: its positions, landings, adopte
 the state, rewritten at every save, holds the topics that exist rather than every topic ever copied. A topic missing
 for less keeps everything and resumes where it stood; a quarantined one keeps its holds as long.
 
-`LedgerState` is a small versioned JSON file in the flow's Spark checkpoint folder, local or in object storage
-(spark_app.storage), so it survives exactly when the checkpoint does.
+`LedgerState` is a small versioned JSON file in the flow's checkpoint folder, beside its batch log, local or in
+object storage (spark_app.storage), so it survives exactly when the batch log does.
 """
 
 from __future__ import annotations
@@ -63,15 +63,15 @@ class LedgerState:
     files: CheckpointFiles
     quarantined: dict[str, Quarantine] = field(default_factory=dict)
     positions: PartitionOffsets = field(default_factory=dict)  # next source offset to read
-    # Where to start a partition the Spark checkpoint does not hold: MirrorMaker 2's next offset (spark_app.dr.adopt).
+    # Where to start a partition the batch log does not hold: MirrorMaker 2's next offset (spark_app.dr.adopt).
     adopted: PartitionOffsets = field(default_factory=dict)
     # Per partition, the target offset after the last record written before `positions`: a real-time restart counts
     # what landed after the save (spark_app.realtime).
     landed: PartitionOffsets = field(default_factory=dict)
     # Per topic, the id (KIP-516) of the topic `positions` belong to: one deleted and made again has another.
     topic_ids: dict[str, str] = field(default_factory=dict)
-    # The mode whose copies saved `positions` last: a throughput run after a real-time one starts past its older Spark
-    # checkpoint, at `positions` (spark_app.planner).
+    # The mode whose copies saved `positions` last: a throughput run after a real-time one starts past its older batch
+    # log, at `positions` (spark_app.planner).
     mode: FlowMode = FlowMode.THROUGHPUT
     # Gaps (expected, first read) the positions have moved past whose log start did not answer (the partition's leader
     # offline, the source unreachable): looked up at each filing until it answers, at most RECENT_EVENTS per partition.

@@ -6,7 +6,7 @@ from three places:
 - the landing rows the writer hands back per batch (records, bytes, dead letters and a replication-latency
   histogram bucketed per record on the worker, at delivery time);
 - `LagPoller`, a driver thread that compares each source partition's end offset with the first offset the target
-  still lacks (where the query reads next, or a quarantined partition's first held offset);
+  still lacks (where the copy reads next, or a quarantined partition's first held offset);
 - the DR loop, which reports when it wrote a checkpoint and when a mirrored heartbeat arrived. Ages are computed
   at scrape time, so a loop that stops reporting shows as a growing age rather than a frozen one.
 """
@@ -279,7 +279,7 @@ class MetricsServer:
 
 @dataclass(frozen=True)
 class LagSource:
-    """One flow as the lag poller sees it: its source cluster, where its query will read next, and its holds."""
+    """One flow as the lag poller sees it: its source cluster, where its copy will read next, and its holds."""
 
     flow: str
     cluster: ClusterConfig
@@ -288,8 +288,8 @@ class LagSource:
 
 
 def owed_from(read: Positions, held: Held) -> PartitionOffsets:
-    """Per partition, the first source offset the target still lacks: where the query reads next (`read`), or, for
-    a held (quarantined) partition, its first held offset. The query reads on past held records, so its own
+    """Per partition, the first source offset the target still lacks: where the copy reads next (`read`), or, for
+    a held (quarantined) partition, its first held offset. The copy reads on past held records, so its own
     position would show their lag as about 0 while they are still owed."""
     owed = dict(read)
     for topic, partitions in held.items():

@@ -75,7 +75,7 @@ class Mirror:
         reaches, and the Python driver is its child and gets no signal. The JVM's default answer is to exit (status
         143) through its shutdown hooks, which stop the SparkContext and so cancel the batch in flight: it would be
         copied again. So the JVM's SIGTERM handler is replaced, through py4j, by one that calls back into this
-        process and only sets `stopping`. The JVM then stays up, `run_forever` stops every query between batches,
+        process and only sets `stopping`. The JVM then stays up, `run_forever` stops every flow between batches,
         this process exits 0 and spark-submit with it. When Python started the JVM itself (`python -m spark_app`),
         the signal reaches Python, and its own handler does the same. Call it from the main thread.
         """
@@ -162,7 +162,7 @@ class Mirror:
         return None
 
     def _stop_flow(self, flow: FlowRunner) -> None:
-        """Stop the flow's query between batches, then write its final offset syncs and checkpoints."""
+        """Stop the flow between batches, then write its final offset syncs and checkpoints."""
         flow.stop()
         self.dr[flow.flow.name].stop()
 

@@ -1,11 +1,11 @@
 """Progress of `run --available-now`: per flow, the records done of the backlog it started with, the rate, an ETA.
 
 On a terminal (stderr a tty) one line is redrawn in place every second; otherwise each flow logs a line every
-`LOG_EVERY_S`, and once more at the end. The backlog is counted once per flow, as soon as its query has its topics:
+`LOG_EVERY_S`, and once more at the end. The backlog is counted once per flow, as soon as its copy has its topics:
 per source partition, the end offset then minus where the flow resumes, taken from its state before the run (the
 saved position, a held partition's first held offset, a position adopted from MirrorMaker 2), else the log start
-(the end, for a new topic under `start_from: latest`). It is an estimate: Spark's checkpoint may be one batch behind
-the saved positions, and offsets of transaction markers or compacted records count but never land. Done is
+(the end, for a new topic under `start_from: latest`). It is an estimate: the batch log may be one batch behind the
+saved positions, and offsets of transaction markers or compacted records count but never land. Done is
 `FlowTotals.handled`; the rate is taken over the last `RATE_WINDOW_S`, and the ETA is what remains at that rate.
 """
 
@@ -72,7 +72,7 @@ class FlowProgress:
 
     @classmethod
     def of(cls, flow: FlowRunner) -> FlowProgress:
-        """Take where `flow` resumes now, before its run; its end offsets are read once its query has topics."""
+        """Take where `flow` resumes now, before its run; its end offsets are read once its copy has topics."""
         resume = flow.ledger.resume_points()
 
         def count() -> int | None:

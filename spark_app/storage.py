@@ -1,15 +1,16 @@
-"""Files beside a flow's Spark checkpoint, wherever it lives: a local path or a PVC, or object storage through Hadoop.
+"""Files in a flow's checkpoint folder, wherever it lives: a local path or a PVC, or object storage through Hadoop.
 
-What the mirror must remember across a restart (spark_app.quarantine's `FlowState`) lives where Spark keeps the
-flow's checkpoint, so it survives exactly when the checkpoint does, moves with it, and goes when it is deleted. A
+What the mirror must remember across a restart (a throughput flow's batch log, spark_app.batch_log, and the flow's
+ledger, spark_app.ledger) lives in the flow's checkpoint folder (`checkpoint_location`), so it all survives together,
+moves together, and goes when the folder is deleted. A
 location with no scheme (or `file:`) is a local path, a PVC mounted as one included, and is written from Python
 (temporary file, fsync, rename): no JVM needed, so `adopt` and the unit tests run without Spark. Any other scheme
-(`s3a://`, `abfss://`, `hdfs://`) goes through the Hadoop `FileSystem` Spark itself uses for that checkpoint, reached
+(`s3a://`, `abfss://`, `hdfs://`) goes through the Hadoop `FileSystem` Spark itself uses for such a location, reached
 through the session's JVM: the same jars, the same `spark.hadoop.*` settings and credentials, nothing to set twice.
 
 Why Hadoop rather than a compacted Kafka topic (measured with `bench/state_store.py`; README, "Where the flow's
 state lives"): a topic saves faster (0.9 ms against 20 ms on s3a, medians, moto on loopback), but both are small
-beside the offset and commit logs Spark already writes per batch to the checkpoint (127 + 190 ms on s3a), so speed
+beside the offset and commit entries the batch log writes per batch (Spark's own took 127 + 190 ms on s3a), so speed
 does not decide. State in a topic outlives a checkpoint deleted to start over, and the two then disagree; a
 compacted topic is read whole at every start (compaction never touches its active segment), so that read grows with
 the batches; and an Event Hubs cluster would need one more pre-created hub per flow, on a tier with compaction.

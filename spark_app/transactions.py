@@ -8,7 +8,7 @@ write or commit, and its open transaction is aborted, so a read_committed consum
 With `exactly_once` the slot also commits, inside each transaction, the next source offset of every partition it
 copied: as the offsets of the flow's positions group (`positions_group`) on the copies' topic-partitions, by
 TxnOffsetCommit (KIP-447). Records and positions land together or not at all, and a slot reads its partitions'
-positions back after it started (`committed`): a copy resumes there, whatever an older Spark checkpoint or ledger
+positions back after it started (`committed`): a copy resumes there, whatever an older batch log or ledger
 says. The group's offsets are keyed by partition, read in one request and compacted by the broker's offsets topic,
 so their size is the number of partitions, whatever the history.
 """

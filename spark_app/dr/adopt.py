@@ -12,7 +12,7 @@ cluster's `offset.storage.topic`. Adoption:
   (`session.timeout.ms`, 10 s by default) passes;
 - refuses a flow whose checkpoint already holds batch positions: they are the mirror's own, newer than MM2's;
 - writes N + 1 per partition into the flow's state beside the checkpoint (spark_app.ledger.LedgerState), where
-  the planner starts each partition its checkpoint does not hold yet; a partition of an MM2 topic with no committed
+  the planner starts each partition its batch log does not hold yet; a partition of an MM2 topic with no committed
   position starts at its log start (MM2 may have copied some of it: duplicates, never a gap);
 - seeds the flow's offset syncs with MM2's history: each of MM2's offset syncs (with `offset-syncs.topic.location`
   `source`, MM2's default, `mm2-offset-syncs.<target>.internal` on the source; with `target`,

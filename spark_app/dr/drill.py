@@ -34,7 +34,7 @@ from .views import failover, failover_plan
 
 DEFAULT_PROBE_TOPIC = "mirrorkit_drill"  # not `mirrorkit-...`: that prefix is internal, never mirrored
 PROBE_PARTITIONS = 2  # when the drill makes the probe topic
-WARMUP_TIMEOUT_S = 300.0  # for a running mirror to notice a new topic (a query restart) and copy a first record
+WARMUP_TIMEOUT_S = 300.0  # for a running mirror to notice a new topic (a restart of its copy) and copy a first record
 CATCH_UP_TIMEOUT_S = 120.0  # for the probe group to read on the target what it had not consumed on the source
 POLL_S = 0.2
 

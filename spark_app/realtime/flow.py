@@ -3,9 +3,9 @@
 A micro-batch costs about 0.3 s of Spark's own work, and a record waits for the next batch and then for its batch
 (bench/: p99 near a second). Spark's own real-time mode reads only through its Kafka source into the JVM and gives
 no landing offsets back, which the DR bookkeeping needs. So a real-time flow keeps the mirror's per-record path and
-uses Spark as the scheduler of long-running copier tasks instead of a streaming query (spark_app.realtime.job).
+uses Spark as the scheduler of long-running copier tasks instead of micro-batches (spark_app.realtime.job).
 
-Positions live in the flow's ledger, not in a Spark checkpoint: the tasks' reports are filed as a batch's landings
+Positions live in the flow's ledger, not in a batch log: the tasks' reports are filed as a batch's landings
 are, every `realtime_commit_interval_s`. A restart resumes at the saved positions: what a SIGKILL copies again is
 what landed after the last save, and the start counts it on the target and logs it. The job is stopped (each task
 flushes and reports) and started again on the same positions when the flow's subscription changes or a quarantined
