@@ -91,24 +91,22 @@ class ThroughputRunner(FlowRunner):
         interval_s = self.config.trigger_interval_s
         while not self._stopping.is_set():
             began = time.monotonic()
-            with self.lock:
-                if end is None:
-                    end = planner.latest(start, self.ledger.totals.mean_record_bytes())
-                    if end == start:
-                        end = None
-                    else:
-                        batch_log.plan(batch, end)
-                copied = end is not None
-                if end is not None:
+            if end is None:  # planning reads the source, not the ledger: the lock is not held meanwhile
+                end = planner.latest(start, self.ledger.totals.mean_record_bytes())
+                if end == start:
+                    end = None
+                else:
+                    batch_log.plan(batch, end)
+            if end is not None:
+                with self.lock:
                     self.ledger.file(self._copy(planner.ranges(start, end)))
                     batch_log.commit(batch)
                     self._committed = _positions(end)
                     batch, start, end = batch + 1, end, None
                     self._catch_up()
-            if available_now:
-                if not copied:
-                    return  # everything there at the start is copied
-            else:
+            elif available_now:
+                return  # everything there at the start is copied
+            if not available_now:  # a batch starts every interval, or at once after one that took longer
                 self._stopping.wait(max(0.0, began + interval_s - time.monotonic()))
 
     def _copy(self, groups: list[list[OffsetRange]], ready: dict[str, int] | None = None) -> list[Landing]:
