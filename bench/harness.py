@@ -343,8 +343,7 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
         elif name == "limit":
             cmd = copy_loop_command(work, source, target, alias + ".", records, topics)
         elif name.startswith("wp:"):
-            ns = argparse.Namespace(max_offsets_per_trigger=0, partitions=args.partitions, py_producer=[],
-                                    java_producer=[])  # fmt: skip
+            ns = argparse.Namespace(max_offsets_per_trigger=0, partitions=args.partitions, java_producer=[])
             cmd, run_env, _ = wp.child_command(name[3:], alias + ".", ns, source, target, topics, work)
         else:
             raise SystemExit(f"unknown candidate '{name}'")

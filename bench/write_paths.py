@@ -9,15 +9,11 @@ no timestamp column, so this script measures it against ways around that:
   header into the record's timestamp;
 - `batch+interceptor`: the same, as a batch write inside foreachBatch, followed by reading the target's end
   offsets, which give the landing offset of each batch's last record;
-- `ranges`: the mirror's own path as it ships: Spark plans offset ranges (spark_app.planner), and each task's read
-  runs spark_app.range_copy.RangeCopier on its ranges, reading each with librdkafka and writing it with an idempotent
-  producer, so records never pass through the JVM.
-
-Earlier rounds also measured Python writers fed by Spark's Kafka source (Arrow batches through mapInArrow, pickled
-Rows, a Python data source sink): at 18k-55k records/s they were all slower than `ranges` and are gone.
-
-`ranges` takes the mirror's producer settings (spark_app.outbox.PRODUCER_DEFAULTS); `--py-producer K=V` passes an
-override the way a config's `client_overrides` would.
+The mirror's own path as it ships (the driver plans offset ranges, and each Spark task copies its ranges with
+librdkafka, so records never pass through the JVM) is measured by bench/harness.py's `mirror` candidate, through the
+mirror's CLI. It used to run here too, as `ranges`, inside a Structured Streaming query; earlier rounds also measured
+Python writers fed by Spark's Kafka source (Arrow batches through mapInArrow, pickled Rows, a Python data source
+sink): at 18k-55k records/s they were all slower than `ranges` and are gone.
 
 Every path runs in its own child process with a fresh SparkSession (local[2], Trigger.AvailableNow), copying the
 whole source into fresh, empty target topics. Afterwards the script checks counts on every partition and compares
@@ -54,7 +50,7 @@ from images.fetch_jars import cached_jars  # noqa: E402
 INTERCEPTOR_SOURCE = ROOT / "bench" / "interceptor"
 INTERCEPTOR_CLASS = "io.mirrorkit.interceptor.TimestampHeaderInterceptor"
 TIMESTAMP_HEADER = "__mirrorkit.ts"  # must match TimestampHeaderInterceptor.HEADER
-PATHS = ("sink-default", "sink", "sink+interceptor", "batch+interceptor", "ranges")
+PATHS = ("sink-default", "sink", "sink+interceptor", "batch+interceptor")
 # Batching the producers with big batches and a short linger is what mattered; acks=all + idempotence keep order.
 JAVA_PRODUCER = {
     "kafka.acks": "all",
@@ -180,35 +176,6 @@ def run_child(spec: dict) -> dict:
 
         query = (
             df.writeStream.foreachBatch(write_then_sync)
-            .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
-        )
-    elif path == "ranges":
-        from spark_app.config import ClusterConfig
-        from spark_app.planner import OffsetRangeSource, plan_source_options, write_copier, write_record_bytes
-        from spark_app.range_copy import RangeCopier
-
-        spark.dataSource.register(OffsetRangeSource)
-        flow, target = writer_parts(spec["writer"])
-        source = ClusterConfig(alias=flow.source, bootstrap_servers=spec["source"], profile="kafka")
-        driver_dir = Path(tempfile.mkdtemp(prefix="bench-ranges-"))
-        # No byte bound here: batches take `max_offsets` records, or all.
-        write_record_bytes(driver_dir, dict.fromkeys(spec["topics"], 1.0))
-        write_copier(driver_dir, RangeCopier(flow, source, target))
-        options = plan_source_options(
-            source, dict.fromkeys(spec["topics"], spec["partitions"]), "earliest",
-            spark.sparkContext.defaultParallelism, spec["max_offsets"] or 2**62, 2**62, driver_dir,
-        )  # fmt: skip
-
-        def each_batch(batch_df, batch_id: int) -> None:
-            landed.extend(r.asDict() for r in batch_df.collect())  # the source's tasks copy as they read
-
-        query = (
-            spark.readStream.format(OffsetRangeSource.name())
-            .options(**options)
-            .load()
-            .writeStream.foreachBatch(each_batch)
             .option("checkpointLocation", checkpoint)
             .trigger(availableNow=True)
             .start()
@@ -391,26 +358,6 @@ def check_landings(result: Result, spec: dict, landed: list[dict], source_hw: di
         result.notes.append(f"landings disagree with the target: {sorted(last.items())[:4]}")
 
 
-def writer_parts(spec: str):
-    """The FlowConfig and target ClusterConfig of `writer_spec`'s JSON."""
-    from spark_app.config import ClusterConfig, FlowConfig
-
-    data = json.loads(spec)
-    return FlowConfig.model_validate(data["flow"]), ClusterConfig.model_validate(data["target"])
-
-
-def writer_spec(prefix: str, target: str, topics: list[str], overrides: dict[str, str], work: Path) -> str:
-    """The mirror's flow and target for a Python path: the source alias plus "." is the target topics' prefix."""
-    flow = {
-        "source": prefix.removesuffix("."),
-        "target": "bench-target",
-        "topics": {"include": topics},
-        "checkpoint_location": str(work / "unused"),
-    }
-    cluster = {"alias": "bench-target", "bootstrap_servers": target, "profile": "kafka", "client_overrides": overrides}
-    return json.dumps({"flow": flow, "target": cluster})
-
-
 def child_command(
     path: str, prefix: str, args: argparse.Namespace, source: str, target: str, topics: list[str], work: Path
 ) -> tuple[list[str], dict[str, str], Path]:
@@ -424,7 +371,6 @@ def child_command(
         "work": str(work / prefix.rstrip(".")),
         "max_offsets": args.max_offsets_per_trigger,
         "partitions": args.partitions,
-        "writer": writer_spec(prefix, target, topics, dict(kv.split("=", 1) for kv in args.py_producer), work),
         "java_producer": JAVA_PRODUCER | {f"kafka.{k}": v for k, v in (kv.split("=", 1) for kv in args.java_producer)},
     }
     Path(spec["work"]).mkdir(parents=True, exist_ok=True)
@@ -490,7 +436,6 @@ def main() -> None:
     add_load_arguments(parser)
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {', '.join(PATHS)}")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=0, help="0: one batch for everything")
-    parser.add_argument("--py-producer", action="append", default=[], metavar="K=V", help="librdkafka override")
     parser.add_argument("--java-producer", action="append", default=[], metavar="K=V", help="sink producer override")
     parser.add_argument("--repeat", type=int, default=1, help="runs per path; the table shows the median run")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per path")
@@ -545,7 +490,7 @@ def main() -> None:
             f"{args.records} records x {args.size} B, {args.topics} topics x {args.partitions} partitions, local[2], "
             f"Trigger.AvailableNow, maxOffsetsPerTrigger={args.max_offsets_per_trigger or 'none'}, "
             f"{args.repeat} run(s) per path, "
-            f"overrides: {args.py_producer + args.java_producer or 'none'}"
+            f"overrides: {args.java_producer or 'none'}"
         )
         print_table(results, args.records, args.size)
     finally:
