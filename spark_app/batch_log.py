@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import StateError
 from .storage import CheckpointFiles
 
 LogOffsets = dict[str, dict[str, int]]  # {"topic": {"partition": offset}}: the positions as the log keeps them
@@ -75,14 +76,15 @@ class BatchLog:
         last = max(planned)
         if committed and max(committed) >= last:
             return Resume(last + 1, self.entry(last), None)
-        start = self.entry(last - 1) if last - 1 in planned else Planned({})
-        return Resume(last, start, self.entry(last))
+        return Resume(last, self.entry(last - 1) if last > 0 else Planned({}), self.entry(last))
 
     def entry(self, batch: int) -> Planned:
-        """The end offsets batch `batch` was planned with."""
+        """The end offsets batch `batch` was planned with; an entry that is missing stops the flow rather than let it
+        start over."""
         data = self.files.read(f"{OFFSETS}/{batch}")
         if data is None:
-            raise FileNotFoundError(self.files.where(f"{OFFSETS}/{batch}"))
+            raise StateError(f"{self.files.where(f'{OFFSETS}/{batch}')}: the batch log has no such entry, and a later"
+                             " batch needs it to resume; restore the checkpoint folder whole")  # fmt: skip
         return Planned.parse(json.loads(data.decode().splitlines()[-1]))
 
     def plan(self, batch: int, end: Planned) -> None:

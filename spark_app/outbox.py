@@ -51,8 +51,8 @@ PRODUCER_DEFAULTS = {
     "queue.buffering.max.messages": 500_000,
     "queue.buffering.max.kbytes": 262_144,
 }
-# A copy assigns partitions at the positions the flow's runner gives it and never joins the group or commits: Spark's
-# checkpoint or the flow's ledger owns the positions. EOF events tell it where a partition's log ends (a range can
+# A copy assigns partitions at the positions the flow's runner gives it and never joins the group or commits: the
+# batch log or the flow's ledger owns the positions. EOF events tell it where a partition's log ends (a range can
 # end in transaction markers).
 CONSUMER_DEFAULTS = {
     "group.id": "mirrorkit-copier",

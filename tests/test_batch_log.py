@@ -7,11 +7,13 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from spark_app.batch_log import COMMITS, KEEP_BATCHES, OFFSETS, BatchLog, Planned
+from spark_app.errors import StateError
 from spark_app.storage import LocalFiles
 
 
@@ -25,6 +27,16 @@ def test_a_batch_planned_and_not_committed_runs_again_with_the_same_start_and_en
     assert (log.resume().batch, log.resume().start, log.resume().planned) == (1, first, None)
     log.plan(1, second)  # and the mirror is killed before the batch's commit
     assert (log.resume().batch, log.resume().start, log.resume().planned) == (1, first, second)
+
+
+def test_a_log_missing_the_entry_a_batch_in_flight_starts_from_stops_and_names_it_rather_than_start_over(tmp_path):
+    log = BatchLog(LocalFiles(str(tmp_path), tmp_path))
+    log.plan(0, Planned({"t": {"0": 5}}))
+    log.commit(0)
+    log.plan(1, Planned({"t": {"0": 9}}))
+    (tmp_path / OFFSETS / "0").unlink()
+    with pytest.raises(StateError, match=f"{tmp_path / OFFSETS / '0'}: the batch log has no such entry"):
+        log.resume()
 
 
 def test_an_earlier_releases_spark_checkpoint_is_read_as_it_stands_and_the_next_batch_follows_on(tmp_path):
