@@ -7,6 +7,7 @@ catch-up.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -20,7 +21,7 @@ import pyspark
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
 
-from .config import FlowMode, MirrorConfig, cores_needed, spark_jvm_conf
+from .config import STOP_BATCH_TIMEOUT_S, FlowMode, MirrorConfig, cores_needed, spark_jvm_conf
 from .dr.service import DrSync
 from .errors import ClusterUnreachable, MirrorFailed
 from .metrics import LagPoller, MirrorMetrics
@@ -30,6 +31,10 @@ from .runner import FlowRunner
 from .throughput import ThroughputRunner
 
 log = logging.getLogger(__name__)
+
+# A stop waits STOP_BATCH_TIMEOUT_S for each flow's batch in flight, then cancels it; one still running well past
+# that has each Python thread's stack dumped, within the pod's STOP_GRACE_S.
+STOP_DUMP_S = STOP_BATCH_TIMEOUT_S + 30
 
 
 def build_session(master: str | None = None, app_name: str = "mirrorkit") -> SparkSession:
@@ -79,13 +84,19 @@ class Mirror:
         this process exits 0 and spark-submit with it. When Python started the JVM itself (`python -m spark_app`),
         the signal reaches Python, and its own handler does the same. Call it from the main thread.
         """
-        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
         gateway = self.spark.sparkContext._gateway
         assert gateway is not None  # a live SparkSession has its py4j gateway
         ensure_callback_server_started(gateway)  # type: ignore[no-untyped-call]  # pyspark leaves it unannotated
-        self._on_jvm_sigterm = _SetOnSignal(self.stopping)
+        self._on_jvm_sigterm = _SetOnSignal(self)
         jvm_signal = gateway.jvm.sun.misc.Signal
         jvm_signal.handle(jvm_signal("TERM"), self._on_jvm_sigterm)
+
+    def stop(self) -> None:
+        """Ask every flow to stop between batches (`stopping`). Should the process still run STOP_DUMP_S later, every
+        Python thread's stack goes to stderr, so a stop that hangs says where it waits."""
+        self.stopping.set()
+        faulthandler.dump_traceback_later(STOP_DUMP_S, exit=False)
 
     def run_available_now(self) -> None:
         """Mirror what is there now, write a final offset sync and checkpoint, then return. When `stopping` is set
@@ -183,12 +194,12 @@ def _warn_if_cores_short(spark: SparkSession, config: MirrorConfig) -> None:
 class _SetOnSignal:
     """A `sun.misc.SignalHandler` for the driver's JVM, run in Python through py4j's callback server."""
 
-    def __init__(self, event: threading.Event) -> None:
-        self.event = event
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
 
     def handle(self, jvm_signal: Any) -> None:
         log.info("SIG%s: stopping after the batch in flight", jvm_signal.getName())
-        self.event.set()
+        self.mirror.stop()
 
     class Java:
         implements = ["sun.misc.SignalHandler"]
