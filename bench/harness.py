@@ -61,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -373,10 +374,11 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
 
 def run_latency(
     args: argparse.Namespace, name: str, rate: int, n: int, source: str, target: str, target_client: ClusterConfig,
-    work: Path,
+    work: Path, brokers_cpu: Mapping[str, Callable[[], float]],
 ) -> dict:  # fmt: skip
     """One candidate running continuously on fresh topics, under the probe's steady `rate` (bench/latency.py), read
-    at the candidate's isolation level."""
+    at the candidate's isolation level; with its CPU, each broker's CPU over the same window (`brokers_cpu`): the
+    load a candidate's requests put on the brokers shares this machine's cores with it."""
     spec = LATENCY_CANDIDATES[name]
     alias = f"lat{n}"
     topics = [f"{alias}-{t}" for t in range(args.topics)]
@@ -401,7 +403,8 @@ def run_latency(
     try:
         result |= latency.measure(
             source, target, topics, out_topics, args.partitions, rate, args.latency_seconds,
-            args.latency_warmup, args.size, spec.isolation, monitor.cpu_s, lambda: proc.poll() is None, args.timeout,
+            args.latency_warmup, args.size, spec.isolation, {"cpu_s": monitor.cpu_s, **brokers_cpu},
+            lambda: proc.poll() is None, args.timeout,
         )  # fmt: skip
     except RuntimeError as err:
         result["error"] = f"{err} (exit {proc.poll()}); log tail:\n{log_tail(log)}"
@@ -415,7 +418,8 @@ def run_latency(
 
 
 def warm_brokers(
-    args: argparse.Namespace, rate: int, source: str, target: str, target_client: ClusterConfig, work: Path
+    args: argparse.Namespace, rate: int, source: str, target: str, target_client: ClusterConfig, work: Path,
+    brokers_cpu: Mapping[str, Callable[[], float]],
 ) -> None:  # fmt: skip
     """Run the plain copy loop under the probe's load for `--latency-broker-warmup` seconds, not counted.
 
@@ -425,7 +429,7 @@ def warm_brokers(
     warm = argparse.Namespace(**vars(args) | {"latency_seconds": args.latency_broker_warmup, "latency_warmup": 0.0})
     print(f"warming the brokers up: the copy loop at {rate} records/s for {args.latency_broker_warmup:.0f} s, not"
           " counted", flush=True)  # fmt: skip
-    run_latency(warm, "loop", rate, -1, source, target, target_client, work)
+    run_latency(warm, "loop", rate, -1, source, target, target_client, work, brokers_cpu)
 
 
 def ratio(value: float | None, base: float | None) -> str:
@@ -462,8 +466,8 @@ def latency_lines(rows: list[dict], meta: dict) -> list[str]:
             f"### {rate:,} records/s",
             "",
             "| candidate | isolation | commits | sent/s | sent | received | duplicates | p50 ms | p99 ms | p99 vs MM2"
-            " | p99.9 ms | max ms | CPU s in window | window s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            " | p99.9 ms | max ms | CPU s in window | source / target broker CPU s | window s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in at_rate:
             if "error" in r:
@@ -475,7 +479,7 @@ def latency_lines(rows: list[dict], meta: dict) -> list[str]:
                 f"| {r['candidate']} | {r['isolation']} | {r['commits']} | {r['send_rate']:,} | {r['sent']:,} |"
                 f" {r['received']:,} | {r['duplicates']:,} | {r['p50_ms']} | {r['p99_ms']} |"
                 f" {ratio(r['p99_ms'], mm2.get(r['exactly_once']))} | {r['p999_ms']} | {r['max_ms']} | {r['cpu_s']} |"
-                f" {r['window_s']} |"
+                f" {r.get('source_broker_cpu_s', '-')} / {r.get('target_broker_cpu_s', '-')} | {r['window_s']} |"
             )
         lines += [f"\n{r['candidate']}: {r['warning']}" for r in at_rate if r.get("warning")]
     return lines + [
@@ -483,7 +487,8 @@ def latency_lines(rows: list[dict], meta: dict) -> list[str]:
         "Latency: the probe consumer's receive wall time minus the target record's timestamp (the source CreateTime,",
         "set when the probe producer sent it); probe producer, consumer and candidate on this machine, one clock, 1 ms",
         "resolution. p99 vs MM2: against `mm2` for at-least-once rows, `mm2-eos` for exactly-once ones. CPU s: the",
-        "candidate's process tree over the counted window.",
+        "candidate's process tree over the counted window; broker CPU s: each broker JVM's over the same window (the",
+        "probe's load, the candidate's reads and writes, and the probe consumer's reads).",
     ]
 
 
@@ -640,10 +645,15 @@ def main() -> None:
             wp.delete_topics(source, topics)
         target, target_client = bed.clusters["tgt"].admin.bootstrap_servers, bed.clusters["tgt"].client
         runs = [(rate, c) for rate in meta["latency"]["rates"] for c in latency_candidates]
+        brokers = {"source_broker_cpu_s": bed.clusters["src"].pid, "target_broker_cpu_s": bed.clusters["tgt"].pid}
+        monitors = {name: TreeMonitor(pid) for name, pid in brokers.items()}
+        brokers_cpu = {name: monitor.cpu_s for name, monitor in monitors.items()}
         if runs and args.latency_broker_warmup:
-            warm_brokers(args, runs[0][0], source, target, target_client, work)
-        latencies = [run_latency(args, c, rate, n, source, target, target_client, work)
+            warm_brokers(args, runs[0][0], source, target, target_client, work, brokers_cpu)
+        latencies = [run_latency(args, c, rate, n, source, target, target_client, work, brokers_cpu)
                      for n, (rate, c) in enumerate(runs)]  # fmt: skip
+        for monitor in monitors.values():
+            monitor.stop()
     finally:
         bed.close()
     out = args.out or RESULTS / stamp

@@ -23,7 +23,7 @@ import multiprocessing
 import os
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.sharedctypes import Synchronized
@@ -157,13 +157,14 @@ def _wait_warm(warm: Synchronized, slots: int, alive: Callable[[], bool], timeou
 
 
 def measure(source: str, target: str, source_topics: list[str], target_topics: list[str], partitions: int,
-            rate: float, seconds: float, warmup_s: float, size: int, isolation: str, cpu_s: Callable[[], float],
-            alive: Callable[[], bool], timeout: float, quiet_s: float = 30.0) -> dict:  # fmt: skip
+            rate: float, seconds: float, warmup_s: float, size: int, isolation: str,
+            cpu: Mapping[str, Callable[[], float]], alive: Callable[[], bool], timeout: float,
+            quiet_s: float = 30.0) -> dict:  # fmt: skip
     """Latency figures of the candidate copying `source_topics` to `target_topics` (same order, same partitions),
     read at `isolation` (read_committed or read_uncommitted).
 
-    `cpu_s` reads the candidate's CPU seconds so far: the result has its CPU over the measured window (the load
-    after the warm-up period). `alive` says whether the candidate still runs.
+    `cpu` reads CPU seconds so far, by name (the candidate's `cpu_s`, and each broker's): the result has each over
+    the measured window (the load after the warm-up period). `alive` says whether the candidate still runs.
     """
     total = int(rate * seconds)
     warm = SPAWN.Value("i", 0)
@@ -189,9 +190,9 @@ def measure(source: str, target: str, source_topics: list[str], target_topics: l
         producer.start()
         first = _receive(from_producer, producer, 60, "producer")
         time.sleep(max(0.0, first + warmup_s - time.time()))
-        cpu_before = cpu_s()
+        cpu_before = {name: read() for name, read in cpu.items()}
         load = _receive(from_producer, producer, seconds + 180, "producer")
-        cpu_window = cpu_s() - cpu_before
+        cpu_window = {name: read() - cpu_before[name] for name, read in cpu.items()}
         to_consumer.send((load["sent"], quiet_s))
         got = _receive(to_consumer, consumer, timeout, "consumer")
     finally:
@@ -203,7 +204,7 @@ def measure(source: str, target: str, source_topics: list[str], target_topics: l
     return summarize(load, got, warmup_s, ready_s, cpu_window, rate, seconds)
 
 
-def summarize(load: dict, got: dict, warmup_s: float, ready_s: float, cpu_window: float, rate: float,
+def summarize(load: dict, got: dict, warmup_s: float, ready_s: float, cpu_window: Mapping[str, float], rate: float,
               seconds: float) -> dict:  # fmt: skip
     """Percentiles over each record's first arrival, for records sent after the warm-up period."""
     seqs = np.frombuffer(got["seqs"], dtype=np.int64)
@@ -231,7 +232,7 @@ def summarize(load: dict, got: dict, warmup_s: float, ready_s: float, cpu_window
         "restamped": got["restamped"],
         **figures,
         "window_s": round(load["last"] - load["first"] - warmup_s, 1),
-        "cpu_s": round(cpu_window, 1),
+        **{name: round(seconds_, 1) for name, seconds_ in cpu_window.items()},
     }
     problems = []
     if result["received"] != result["sent"]:

@@ -189,6 +189,13 @@ class KafkaCluster:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int:
+        """The broker JVM's process id, for benchmarks that read its CPU."""
+        if self._process is None:
+            raise RuntimeError(f"broker {self.name} is not started")
+        return self._process.pid
+
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
     def start(self, attempts: int = 3) -> KafkaCluster:
