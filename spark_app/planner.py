@@ -23,6 +23,7 @@ when it returns, instead of being met as a new topic.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from fractions import Fraction
@@ -69,16 +70,22 @@ def split_ranges(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRange
     return [g for g in groups if g]
 
 
+class PlanningStopped(Exception):
+    """The run was asked to stop while its planning waited for the source to answer."""
+
+
 class BatchPlanner:
     """Plans one run of a flow's batches over a subscription, in the driver; one instance per run.
 
     `adopted` starts partitions the log does not hold where MirrorMaker 2 stopped; `resume` starts partitions where a
-    real-time run of the flow got to, past its older log (spark_app.realtime).
+    real-time run of the flow got to, past its older log (spark_app.realtime). Once `stopping` is set, a wait for the
+    source to answer ends with `PlanningStopped`.
     """
 
     def __init__(
         self, source: ClusterConfig, subscription: dict[str, int], start_from: str, tasks: int, max_records: int,
         max_bytes: int, adopted: LogOffsets | None = None, resume: LogOffsets | None = None,
+        stopping: threading.Event | None = None,
     ) -> None:  # fmt: skip
         self.source = source
         self.subscription = subscription
@@ -88,6 +95,7 @@ class BatchPlanner:
         self.max_bytes = max_bytes
         self.adopted: LogOffsets = adopted or {}
         self.resume: LogOffsets = resume or {}
+        self._stopping = stopping or threading.Event()
         self._admin: AdminClient | None = None
         self._available_now_end: LogOffsets | None = None
         self._available_now_ids: dict[str, str] = {}
@@ -105,7 +113,7 @@ class BatchPlanner:
             silent = [tp for tp in self._offline if str(tp[1]) not in ends.get(tp[0], {})]
             if not silent or time.monotonic() > deadline:
                 break
-            time.sleep(1.0)
+            self._pause()
             self._offline.update(dict.fromkeys(silent, 0.0))  # due again now
         self._available_now_end = ends
         self._available_now_ids = self._until_answered(self._topic_ids)
@@ -183,10 +191,15 @@ class BatchPlanner:
                 answer = call()
             except KafkaException as err:
                 self._note_down(err)
-                time.sleep(1.0)
+                self._pause()
                 continue
             self._down_since = None
             return answer
+
+    def _pause(self) -> None:
+        """A second before the source is asked again, unless the run stops meanwhile."""
+        if self._stopping.wait(1.0):
+            raise PlanningStopped(self.source.alias)
 
     def _note_down(self, err: KafkaException) -> None:
         """Log a failed call; past `UNREACHABLE_GIVE_UP_S` of failures, stop with the cluster named."""

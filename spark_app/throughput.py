@@ -52,12 +52,12 @@ class ThroughputRunner(FlowRunner):
             self._thread = None
             return
         state = self.ledger.state
+        self._stopping = threading.Event()
         planner = BatchPlanner(
             self.source, dict(subscription), self.flow.start_from, self.spark.sparkContext.defaultParallelism,
             self.flow.max_records_per_trigger, self.flow.max_bytes_per_trigger, by_topic(state.adopted),
-            by_topic(state.positions) if state.mode is FlowMode.REALTIME else None,
+            by_topic(state.positions) if state.mode is FlowMode.REALTIME else None, self._stopping,
         )  # fmt: skip
-        self._stopping = threading.Event()
         self._error = None
         self._group = f"mirrorkit-batches-{uuid.uuid4().hex[:8]}"
         self._thread = threading.Thread(target=self._run, args=(planner, available_now), name=self._group, daemon=True)
@@ -137,7 +137,10 @@ class ThroughputRunner(FlowRunner):
             log.warning("flow %s: the batch in flight did not end within %.0f s; cancelling it, it runs"
                         " again when the flow starts again", self.flow.name, timeout_s)  # fmt: skip
             self.spark.sparkContext.cancelJobGroup(self._group)
-            thread.join()
+            thread.join(timeout_s)
+            if thread.is_alive():  # a daemon thread: it ends with the process, its batch uncommitted
+                log.error("flow %s: the cancelled batch did not end within %.0f s either; stopping without it",
+                          self.flow.name, timeout_s)  # fmt: skip
 
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

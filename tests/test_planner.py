@@ -5,6 +5,7 @@ and no broker (offsets come from a table)."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import Counter
 from fractions import Fraction
@@ -24,6 +25,7 @@ from spark_app.planner import (
     OFFLINE_RECHECK_S,
     TOPIC_GONE_GRACE_S,
     BatchPlanner,
+    PlanningStopped,
     kept_where_unanswered,
     limit_offsets,
     split_ranges,
@@ -422,6 +424,38 @@ def test_a_source_that_does_not_answer_at_all_plans_no_batch(monkeypatch):
     monkeypatch.setattr(planner.clients, "list_offsets_each", down)
     assert planned_end(reader, {"a": {"0": 5}}) == {"a": {"0": 5}}
     assert reader._down_since is not None, "the cluster-down clock runs (UNREACHABLE_GIVE_UP_S)"
+
+
+def test_a_stop_ends_an_available_now_run_that_waits_for_a_silent_source(monkeypatch):
+    """Fixing an available-now run's end waits for the source to answer, up to UNREACHABLE_GIVE_UP_S; a stop asked
+    for meanwhile ends the wait, so a SIGTERM during an outage is not held up for minutes."""
+    source = ClusterConfig(alias="src", bootstrap_servers="127.0.0.1:9", profile="kafka")
+    stopping = threading.Event()
+    reader = BatchPlanner(source, {"a": 1}, "earliest", 2, 1000, 1 << 28, stopping=stopping)
+    reader._admin = object()  # type: ignore[assignment]
+    asked = threading.Event()
+
+    def down(*_args, **_kwargs):
+        asked.set()
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
+
+    monkeypatch.setattr(planner.clients, "list_offsets_each", down)
+    outcome: list[BaseException] = []
+
+    def plan() -> None:
+        try:
+            reader.prepare_available_now()
+        except BaseException as err:  # noqa: BLE001 - handed to the test thread
+            outcome.append(err)
+
+    thread = threading.Thread(target=plan, daemon=True)
+    thread.start()
+    assert asked.wait(30), "the planner asked the source"
+    assert thread.is_alive(), "the planner waits while the source is silent"
+    stopping.set()
+    thread.join(30)
+    assert not thread.is_alive(), "the stop ended the wait"
+    assert len(outcome) == 1 and isinstance(outcome[0], PlanningStopped), outcome
 
 
 def planned_ranges(reader: BatchPlanner, start: dict, end: dict) -> list[OffsetRange]:
