@@ -27,7 +27,8 @@ Then it measures end-to-end replication latency at a steady rate for each of `--
 - `limit`, `limit-txn`: bench/java's CopyLoop, `loop`, `loop-txn`: bench/copy_loop.py's librdkafka loop, each in
   `--realtime-tasks` slots with the real-time task's linger, without transactions or committing every TXN_COMMIT_S as
   an at-least-once real-time slot does: the floor of each client library, with and without the slot's transactions.
-  They write through the target's plaintext listener.
+  They write through the target's plaintext listener. `limit-txn-mm2-linger` is `limit-txn` with tuned MM2's
+  producer linger (20 ms): what real-time tasks copying with Kafka's Java clients would do (README, Benchmarks).
 
 Before the first of them, the plain `loop` copies under the same load for `--latency-broker-warmup` seconds (120),
 not counted: freshly started brokers answer slowly for minutes, and the first candidate paid for it.
@@ -45,7 +46,8 @@ ratio to MM2 of the same guarantee) and .png.
 
 Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--topics 4] [--partitions 4]
        [--candidates mirror,mirror-python,mm2,mm2-untuned,limit] [--topics-scale 1,10,100 --scale-records 100000]
-       [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mm2,mm2-eos,limit,limit-txn,loop,loop-txn]
+       [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mm2,mm2-eos,limit,limit-txn,loop,loop-txn,
+                             limit-txn-mm2-linger]
        [--latency-rates 10000,50000]
        [--latency-seconds 60] [--latency-warmup 15]
 """
@@ -103,6 +105,7 @@ class LatencyCandidate:
     mode: FlowMode = FlowMode.THROUGHPUT  # the mirror's
     exactly_once: bool = False
     transactions: bool = False  # the copy loops': commit every TXN_COMMIT_S, as a real-time slot of the mirror does
+    linger_ms: int = LINGER_MS  # the copy loops' producer linger: by default the real-time task's
 
 
 LATENCY_CANDIDATES = {
@@ -115,6 +118,9 @@ LATENCY_CANDIDATES = {
     "limit-txn": LatencyCandidate("limit", READ_UNCOMMITTED, transactions=True),
     "loop": LatencyCandidate("loop", READ_UNCOMMITTED),
     "loop-txn": LatencyCandidate("loop", READ_UNCOMMITTED, transactions=True),
+    "limit-txn-mm2-linger": LatencyCandidate(
+        "limit", READ_UNCOMMITTED, transactions=True, linger_ms=int(MM2_TUNED["target.producer.linger.ms"])
+    ),
 }
 # When Connect commits an exactly-once task's transaction: after each poll, its default `transaction.boundary`.
 MM2_EOS_COMMITS = "per poll"
@@ -310,11 +316,11 @@ def copy_loop_command(
 def copy_loop_latency_command(
     spec: LatencyCandidate, work: Path, source: str, target: str, prefix: str, topics: list[str], slots: int
 ) -> tuple[list[str], str]:
-    """A copy loop's command as a latency candidate, and when it commits: in `slots` slots with the real-time task's
+    """A copy loop's command as a latency candidate, and when it commits: in `slots` slots with the candidate's
     linger, committing every TXN_COMMIT_S as an at-least-once real-time slot does when `spec.transactions`."""
     commit_ms = int(TXN_COMMIT_S * 1000) if spec.transactions else 0
     if spec.copier == "limit":
-        cmd = copy_loop_command(work, source, target, prefix, 0, topics, LINGER_MS, commit_ms, slots)
+        cmd = copy_loop_command(work, source, target, prefix, 0, topics, spec.linger_ms, commit_ms, slots)
     else:
         cmd = [sys.executable, str(ROOT / "bench" / "copy_loop.py"), source, target, prefix, ",".join(topics),
                "--slots", str(slots), "--commit-ms", str(commit_ms)]  # fmt: skip

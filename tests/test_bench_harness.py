@@ -61,13 +61,14 @@ def test_mm2_signs_in_to_the_target_as_the_mirror_does_and_its_secret_stays_in_i
 def test_copy_loops_run_as_a_real_time_slot_does_with_and_without_its_transactions(tmp_path: Path) -> None:
     (tmp_path / "copy-loop.jar").touch()  # built by javac on first use; the command is what is checked here
     seen = {}
-    for name in ("limit", "limit-txn", "loop", "loop-txn"):
+    lingers = {"limit": LINGER_MS, "limit-txn": LINGER_MS, "limit-txn-mm2-linger": 20}  # 20: tuned MM2's, above
+    for name in ("limit", "limit-txn", "limit-txn-mm2-linger", "loop", "loop-txn"):
         cmd, commits = copy_loop_latency_command(
             LATENCY_CANDIDATES[name], tmp_path, SOURCE, "127.0.0.1:9093", "lat0.", ["a", "b"], slots=2
         )
         if name.startswith("limit"):  # CopyLoop's arguments: ... expected records, topics, linger, commit ms, slots
             assert cmd[cmd.index("io.mirrorkit.bench.CopyLoop") + 1 :] == [
-                SOURCE, "127.0.0.1:9093", "lat0.", "0", "a,b", str(LINGER_MS), cmd[-2], "2"
+                SOURCE, "127.0.0.1:9093", "lat0.", "0", "a,b", str(lingers[name]), cmd[-2], "2"
             ]  # fmt: skip
             seen[name] = (cmd[-2], commits)
         else:
@@ -77,6 +78,7 @@ def test_copy_loops_run_as_a_real_time_slot_does_with_and_without_its_transactio
     assert seen == {
         "limit": ("0", "none"),
         "limit-txn": ("5000", "every 5.0 s"),
+        "limit-txn-mm2-linger": ("5000", "every 5.0 s"),
         "loop": ("0", "none"),
         "loop-txn": ("5000", "every 5.0 s"),
     }
