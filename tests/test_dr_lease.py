@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 
 import pytest
@@ -22,6 +21,7 @@ from spark_app.mirror import Mirror
 from spark_app.policy import checkpoints_topic, offset_syncs_topic
 from spark_app.ranges import Landing
 from tests.support.mirror_config import one_flow_config
+from tests.support.running import in_background
 
 
 def landed(topic: str, first: int, end: int) -> Landing:
@@ -136,16 +136,7 @@ def test_a_running_mirror_whose_flow_another_mirror_takes_over_stops_and_says_wh
         )  # fmt: skip
     )
     mirror = Mirror(spark, config)
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            mirror.run_forever()
-        except BaseException as err:  # noqa: BLE001 - handed to the test thread
-            failed.append(err)
-
-    running = threading.Thread(target=run, daemon=True)
-    running.start()
+    running, failed = in_background(mirror.run_forever, "mirror")
     deadline = time.monotonic() + 120
     while holder(config, config.flows[0]) is None and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -31,6 +31,7 @@ from spark_app.planner import (
     split_ranges,
 )
 from spark_app.ranges import Landing, OffsetRange
+from tests.support.running import in_background
 
 SEED = 20261124
 CASES = 3_000
@@ -440,16 +441,7 @@ def test_a_stop_ends_an_available_now_run_that_waits_for_a_silent_source(monkeyp
         raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
 
     monkeypatch.setattr(planner.clients, "list_offsets_each", down)
-    outcome: list[BaseException] = []
-
-    def plan() -> None:
-        try:
-            reader.prepare_available_now()
-        except BaseException as err:  # noqa: BLE001 - handed to the test thread
-            outcome.append(err)
-
-    thread = threading.Thread(target=plan, daemon=True)
-    thread.start()
+    thread, outcome = in_background(reader.prepare_available_now, "planner")
     assert asked.wait(30), "the planner asked the source"
     assert thread.is_alive(), "the planner waits while the source is silent"
     stopping.set()
