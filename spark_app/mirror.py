@@ -26,6 +26,7 @@ from .dr.service import DrSync
 from .errors import ClusterUnreachable, MirrorFailed
 from .metrics import LagPoller, MirrorMetrics
 from .planner import UNREACHABLE_GIVE_UP_S
+from .realtime import jvm
 from .realtime.flow import RealtimeRunner
 from .runner import FlowRunner
 from .throughput import ThroughputRunner
@@ -47,6 +48,8 @@ def build_session(master: str | None = None, app_name: str = "mirrorkit") -> Spa
         builder = builder.master(master)
         for key, value in spark_jvm_conf(spark_home()).items():
             builder = builder.config(key, value)
+        if jars := jvm.local_jars():  # the real-time JVM copier, as set-up built it
+            builder = builder.config("spark.jars", ",".join(jars))
     return builder.config("spark.task.maxFailures", "4").getOrCreate()
 
 

@@ -87,6 +87,32 @@ def librdkafka_settings(cluster: ClusterConfig, role: Role) -> Settings:
     return conf | cluster.client_overrides
 
 
+def java_client(cluster: ClusterConfig, role: Role) -> dict[str, Any] | None:
+    """The same profile's settings in Kafka's Java client names, for the copier slots that run on the executors' JVMs
+    (spark_app.realtime.jvm): `settings`, and `login`, where a SASL login's password lives (read on the executor, so
+    it never travels with the task). None where the Java clients would need more than these profiles give: a token
+    callback (Entra ID, MSK IAM), a client key (mTLS) or `client_overrides` in librdkafka's names."""
+    if cluster.client_overrides or cluster.profile not in (Profile.KAFKA, Profile.EVENTHUBS, Profile.MSK_SCRAM):
+        return None
+    settings = {"bootstrap.servers": cluster.bootstrap_servers, "security.protocol": _protocol(cluster)}
+    if cluster.ca_file:
+        settings |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": cluster.ca_file}
+    login = None
+    if cluster.profile is not Profile.KAFKA:
+        password = _required(cluster.password)
+        scram = cluster.profile is Profile.MSK_SCRAM
+        module = "scram.ScramLoginModule" if scram else "plain.PlainLoginModule"
+        settings["sasl.mechanism"] = "SCRAM-SHA-512" if scram else "PLAIN"
+        username = _required(cluster.username) if scram else "$ConnectionString"
+        login = {"module": f"org.apache.kafka.common.security.{module}", "username": username,
+                 "env": password.env, "file": password.file}  # fmt: skip
+    if cluster.is_eventhubs:
+        settings |= _EVENTHUBS_TUNING | ({} if role == "consumer" else _EVENTHUBS_REQUESTS)
+        if role == "producer":
+            settings |= {"max.request.size": _EVENTHUBS_PRODUCER["message.max.bytes"], "compression.type": "none"}
+    return {"alias": cluster.alias, "settings": settings, "login": login}
+
+
 def redacted(settings: Settings) -> Settings:
     """Settings fit for a log line or `describe`."""
     secret_words = ("password", "jaas", "secret", "oauth_cb", "key.pem", "ssl.key")

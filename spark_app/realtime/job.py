@@ -1,8 +1,9 @@
 """A real-time flow's job: the Spark job of its copier tasks, the driver's side of their report channel, and the
 filing of what they report.
 
-The driver runs one Spark job of `realtime_tasks` tasks for the flow, each holding a core for as long as the flow
-runs. Each task connects back (spark_app.realtime.task) over the report channel (spark_app.realtime.channel), gets
+The driver runs the flow's `realtime_tasks` slots, each a Spark job of one task that holds a core for as long as the
+flow runs: on the executor's JVM where that serves the flow (spark_app.realtime.jvm), handing over to the slot's
+Python task at an event it leaves to Python, else the Python task from the start. Each task connects back (spark_app.realtime.task) over the report channel (spark_app.realtime.channel), gets
 its partitions from the newest reports (a task Spark retries resumes where its partitions' reports ended), and
 reports. Each connection is served in its own thread from its handshake on, so a peer that is not one of the tasks
 holds up none of them. Every `realtime_commit_interval_s` the job hands what it heard to `on_landed` (the flow's
@@ -12,6 +13,7 @@ ledger), and once more when the job ends.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import socket
 import threading
@@ -23,10 +25,10 @@ from pyspark.sql import SparkSession
 
 from ..clients import Partition
 from ..config import STOP_BATCH_TIMEOUT_S, ClusterConfig, FlowConfig
-from ..errors import first_cause
+from ..errors import MirrorFailed, first_cause
 from ..ranges import Landing
 from ..topics import TargetRules
-from . import channel
+from . import channel, jvm
 from .channel import Channel
 from .task import REACHED, STOP, Assignment, CopierTask, offsets_from_json
 
@@ -73,6 +75,10 @@ class CopyJob:
         self._listener = channel.Listener()
         address = (spark.conf.get("spark.driver.host") or "127.0.0.1", self._listener.port)
         self._task = CopierTask(flow, source, target, address, self._key, rules, commit_interval_s)
+        self._jvm_config = (
+            jvm.slot_config(self._task, sorted({t for t, _ in assignment.starts}))
+            if jvm.serves(flow, source, target) else None
+        )  # fmt: skip
 
     def start(self) -> CopyJob:
         for target in (self._accept, self._run, self._file_every):
@@ -117,17 +123,38 @@ class CopyJob:
                 _send(conn, STOP)
 
     def _run(self) -> None:
+        """Each slot as a Spark job of its own, until every one ended."""
+        slots = [
+            threading.Thread(target=self._run_slot, args=(slot,), name=f"{self._group}-slot-{slot}", daemon=True)
+            for slot in range(len(self._slots))
+        ]
+        for thread in slots:
+            thread.start()
+        for thread in slots:
+            thread.join()
+        self._ended.set()
+        self._finish()
+
+    def _run_slot(self, slot: int) -> None:
+        """One slot: on the executors' JVM where it serves the flow (spark_app.realtime.jvm), and with the Python task
+        from where it handed the slot back, or from the start. A slot that fails past Spark's retries stops the
+        others, and the job ends with its error."""
         sc = self.spark.sparkContext
-        sc.setJobGroup(self._group, f"mirror {self.flow.name} (real time)", interruptOnCancel=True)
+        sc.setJobGroup(self._group, f"mirror {self.flow.name} (real time, slot {slot})", interruptOnCancel=True)
         try:
-            sc.parallelize(range(len(self._slots)), len(self._slots)).mapPartitionsWithIndex(self._task).collect()
-        except Exception as err:  # noqa: BLE001 - a failed job is reported through `error`, in the mirror's words
+            if self._jvm_config is not None and jvm.run_slot(self.spark, self._jvm_config, slot):
+                return
             if not self._stopping.is_set():
-                self.error = first_cause(str(err))
-                self.terminal = self.error.startswith("AuthenticationFailed")
-        finally:
-            self._ended.set()
-            self._finish()
+                sc.parallelize([slot], 1).mapPartitions(functools.partial(self._task, slot)).collect()
+        except Exception as err:  # noqa: BLE001 - a failed slot is reported through `error`, in the mirror's words
+            if self._stopping.is_set():
+                return
+            with self._lock:
+                if self.error is None:
+                    self.error = first_cause(str(err))
+                    # A cause on the driver (no JVM copier to run) or bad credentials would fail again at once.
+                    self.terminal = isinstance(err, MirrorFailed) or self.error.startswith("AuthenticationFailed")
+            self._stop_tasks()
 
     def _finish(self) -> None:
         """After the job: take the tasks' last reports (each connection ends after its task's), file them, close."""

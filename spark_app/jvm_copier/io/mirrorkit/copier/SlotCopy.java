@@ -1,0 +1,419 @@
+package io.mirrorkit.copier;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.io.IOException;
+import java.time.Duration;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HexFormat;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.concurrent.atomic.AtomicReference;
+import org.apache.kafka.clients.consumer.ConsumerGroupMetadata;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.KafkaException;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.InvalidProducerEpochException;
+import org.apache.kafka.common.errors.ProducerFencedException;
+import org.apache.kafka.common.record.TimestampType;
+
+/**
+ * One real-time slot's copy on the executor's JVM: spark_app.realtime.task's loop for the common case, with Kafka's
+ * Java clients, which put every ready partition of a broker in one produce request (librdkafka sends one partition
+ * per request, which costs the target broker about three times MirrorMaker 2's CPU at the same rate).
+ *
+ * <p>It asks the driver for its partitions, starts the slot's transactional producer (fencing every earlier attempt
+ * of the slot, in either language), and copies each record as it comes: the source's key, value, headers, partition
+ * and timestamp. Every commit interval it commits, with the source positions when the flow is exactly-once, and
+ * reports landings; between commits it says how far each partition reached the target. At the first event the
+ * Python loop treats with more care (a record the target's rules refuse, a delivery error, offsets that went back, a
+ * position outside the log, any read error) it aborts the open transaction and hands the slot back: the driver runs
+ * the slot's Python task from the last commit, which meets the same event and deals with it.
+ */
+final class SlotCopy {
+    private static final String HELLO = "hello", LANDED = "landed", REACHED = "reached", DONE = "done";
+
+    /** A source partition the slot copies: where it reads next, where it stops, and its landing since the report. */
+    private static final class Cursor {
+        final String target;
+        final Rule rule;
+        long next;
+        final Long stop;
+        boolean seen;
+        boolean done;
+        boolean reported;
+        Landing landing;
+        final ArrayDeque<Long> inFlight = new ArrayDeque<>();
+
+        Cursor(String target, Rule rule, long start, Long stop) {
+            this.target = target;
+            this.rule = rule;
+            this.next = start;
+            this.stop = stop;
+            this.done = stop != null && start >= stop;
+        }
+    }
+
+    /** What a target topic refuses that a record shows (spark_app.topics.TargetRule). */
+    private record Rule(boolean compacted, Long beforeMaxMs, Long afterMaxMs, long clockSlackMs) {
+        boolean refuses(byte[] key, long timestampMs) {
+            if (compacted && key == null) {
+                return true;
+            }
+            long skew = System.currentTimeMillis() - timestampMs;
+            return (beforeMaxMs != null && skew > beforeMaxMs + clockSlackMs)
+                    || (afterMaxMs != null && -skew > afterMaxMs + clockSlackMs);
+        }
+    }
+
+    /** Why the slot hands back to the Python loop. */
+    private static final class HandBack extends Exception {
+        private static final long serialVersionUID = 1L;
+
+        HandBack(String why) {
+            super(why, null, false, false);
+        }
+    }
+
+    private final JsonNode config;
+    private final int slot;
+    private final double[] boundsMs;
+    private final int maxRuns;
+    private final Map<TopicPartition, Cursor> cursors = new TreeMap<>(
+            (a, b) -> a.topic().equals(b.topic()) ? Integer.compare(a.partition(), b.partition())
+                    : a.topic().compareTo(b.topic()));
+    private final AtomicReference<Exception> deliveryFailed = new AtomicReference<>();
+    long copied;
+
+    SlotCopy(JsonNode config, int slot) {
+        this.config = config;
+        this.slot = slot;
+        JsonNode bounds = config.get("latency_bounds_ms");
+        this.boundsMs = new double[bounds.size()];
+        for (int i = 0; i < boundsMs.length; i++) {
+            boundsMs[i] = bounds.get(i).asDouble();
+        }
+        this.maxRuns = config.get("max_runs").asInt();
+    }
+
+    /** Copy until the driver says stop or every partition reached its stop; false when the slot was handed back. */
+    boolean run() throws Exception {
+        JsonNode driver = config.get("driver");
+        byte[] key = HexFormat.of().parseHex(config.get("key").asText());
+        try (Channel channel = Channel.connect(driver.get("host").asText(), driver.get("port").asInt(), key)) {
+            channel.send(List.of(HELLO, slot));
+            assign(channel.recv());
+            boolean copiedAll;
+            try (KafkaProducer<byte[], byte[]> producer = Clients.producer(config, slot);
+                    KafkaConsumer<byte[], byte[]> consumer = Clients.consumer(config)) {
+                copiedAll = copy(channel, producer, consumer);
+            }
+            channel.send(List.of(DONE, List.of()));
+            return copiedAll;
+        }
+    }
+
+    private void assign(JsonNode assignment) {
+        Map<TopicPartition, Long> stops = offsets(assignment.get("stops"));
+        JsonNode topics = config.get("topics"), rules = config.get("rules");
+        for (Map.Entry<TopicPartition, Long> start : offsets(assignment.get("starts")).entrySet()) {
+            TopicPartition tp = start.getKey();
+            Cursor cursor = new Cursor(topics.get(tp.topic()).asText(), rule(rules.get(tp.topic())), start.getValue(),
+                    stops == null ? null : stops.get(tp));
+            cursor.landing = newLanding(tp, start.getValue());
+            cursors.put(tp, cursor);
+        }
+    }
+
+    private boolean copy(Channel channel, KafkaProducer<byte[], byte[]> producer,
+            KafkaConsumer<byte[], byte[]> consumer) throws Exception {
+        producer.initTransactions(); // fences every earlier attempt of the slot
+        if (config.get("exactly_once").asBoolean()) {
+            resumeFromCommittedPositions();
+        }
+        producer.beginTransaction();
+        List<TopicPartition> open = openPartitions();
+        consumer.assign(open);
+        for (TopicPartition tp : open) {
+            consumer.seek(tp, cursors.get(tp).next);
+        }
+        long reportMs = config.get("report_ms").asLong(), commitMs = config.get("commit_ms").asLong();
+        long tickMs = Math.min(reportMs, commitMs);
+        Duration wait = Duration.ofMillis(config.get("poll_ms").asLong());
+        long now = System.currentTimeMillis(), reportAt = now + tickMs, commitAt = now + commitMs;
+        boolean stopped = false;
+        try {
+            while (!stopped && !open.isEmpty()) {
+                for (ConsumerRecord<byte[], byte[]> record : poll(consumer, wait)) {
+                    take(producer, record);
+                }
+                open = stillOpen(consumer, open);
+                now = System.currentTimeMillis();
+                if (now < reportAt) {
+                    continue;
+                }
+                reportAt = now + tickMs;
+                failIfDeliveryFailed();
+                if (now < commitAt) {
+                    channel.send(List.of(REACHED, reached()));
+                } else {
+                    commit(producer);
+                    channel.send(List.of(LANDED, report()));
+                    producer.beginTransaction();
+                    commitAt = now + commitMs;
+                }
+                stopped = channel.ready() && "stop".equals(channel.recv().asText());
+            }
+            commit(producer);
+            channel.send(List.of(LANDED, report()));
+            return true;
+        } catch (HandBack why) {
+            abort(producer);
+            System.err.printf("mirrorkit: flow %s: slot %d goes on with the Python loop: %s%n",
+                    config.get("flow").asText(), slot, why.getMessage());
+            return false;
+        }
+    }
+
+    private Iterable<ConsumerRecord<byte[], byte[]>> poll(KafkaConsumer<byte[], byte[]> consumer, Duration wait)
+            throws HandBack {
+        try {
+            return consumer.poll(wait);
+        } catch (KafkaException error) { // a position outside the log, a refused read: the Python loop decides
+            throw new HandBack("reading the source: " + error);
+        }
+    }
+
+    private void take(KafkaProducer<byte[], byte[]> producer, ConsumerRecord<byte[], byte[]> record)
+            throws HandBack {
+        TopicPartition tp = new TopicPartition(record.topic(), record.partition());
+        Cursor cursor = cursors.get(tp);
+        if (cursor == null || cursor.done) {
+            return;
+        }
+        long offset = record.offset();
+        if (cursor.stop != null && offset >= cursor.stop) {
+            cursor.done = true;
+            return;
+        }
+        if (cursor.seen && offset < cursor.next) {
+            throw new HandBack("the offsets of " + tp + " went back to " + offset);
+        }
+        long timestamp = record.timestamp();
+        if (cursor.rule != null && cursor.rule.refuses(record.key(), timestamp)) {
+            throw new HandBack("the target's rules for " + cursor.target + " refuse the record at " + tp + "@" + offset);
+        }
+        if (!cursor.seen) {
+            cursor.seen = true;
+            cursor.landing.firstOffset = offset;
+        }
+        Landing landing = cursor.landing;
+        boolean createTime = record.timestampType() == TimestampType.CREATE_TIME;
+        synchronized (cursor.inFlight) {
+            cursor.inFlight.addLast(offset);
+        }
+        try {
+            producer.send(new ProducerRecord<>(cursor.target, record.partition(), timestamp, record.key(),
+                    record.value(), record.headers()), (metadata, error) -> {
+                        synchronized (cursor.inFlight) {
+                            cursor.inFlight.pollFirst();
+                        }
+                        if (error != null) {
+                            deliveryFailed.compareAndSet(null, error);
+                            return;
+                        }
+                        // An append-time target replaced the source's timestamp: no latency from it.
+                        double latency = createTime && metadata.timestamp() == timestamp
+                                ? Math.max(0, System.currentTimeMillis() - timestamp) : -1;
+                        landing.landed(offset, metadata.offset(), latency);
+                    });
+        } catch (ProducerFencedException | InvalidProducerEpochException fenced) {
+            throw fenced;
+        } catch (KafkaException error) {
+            throw new HandBack("sending to " + cursor.target + ": " + error);
+        }
+        landing.sent((record.key() == null ? 0 : record.key().length)
+                + (record.value() == null ? 0 : record.value().length));
+        cursor.next = offset + 1;
+        copied++;
+        if (cursor.stop != null && cursor.next >= cursor.stop) {
+            cursor.done = true;
+        }
+    }
+
+    /** The open partitions; one with a stop whose log position passed it (past transaction markers) is done. */
+    private List<TopicPartition> stillOpen(KafkaConsumer<byte[], byte[]> consumer, List<TopicPartition> open) {
+        List<TopicPartition> still = new ArrayList<>(open.size());
+        for (TopicPartition tp : open) {
+            Cursor cursor = cursors.get(tp);
+            if (!cursor.done && cursor.stop != null) {
+                long position = consumer.position(tp);
+                if (position >= cursor.stop) {
+                    if (!cursor.seen) {
+                        cursor.seen = true;
+                        cursor.landing.firstOffset = Math.min(position, cursor.stop);
+                    }
+                    cursor.next = Math.max(cursor.next, position);
+                    cursor.done = true;
+                }
+            }
+            if (!cursor.done) {
+                still.add(tp);
+            }
+        }
+        if (still.size() < open.size()) {
+            consumer.pause(open.stream().filter(tp -> !still.contains(tp)).toList());
+        }
+        return still;
+    }
+
+    private void failIfDeliveryFailed() throws HandBack {
+        Exception error = deliveryFailed.get();
+        if (error instanceof ProducerFencedException || error instanceof InvalidProducerEpochException) {
+            throw (KafkaException) error;
+        }
+        if (error != null) {
+            throw new HandBack("a delivery failed: " + error);
+        }
+    }
+
+    /** Commit what was sent, with each partition's next offset when the flow is exactly-once. */
+    private void commit(KafkaProducer<byte[], byte[]> producer) throws HandBack {
+        producer.flush();
+        failIfDeliveryFailed();
+        Map<TopicPartition, Long> positions = new HashMap<>();
+        for (Map.Entry<TopicPartition, Cursor> e : cursors.entrySet()) {
+            positions.put(e.getKey(), e.getValue().next);
+        }
+        try {
+            if (config.get("exactly_once").asBoolean()) {
+                Map<TopicPartition, OffsetAndMetadata> offsets = new HashMap<>();
+                for (Map.Entry<TopicPartition, Long> e : positions.entrySet()) {
+                    Cursor cursor = cursors.get(e.getKey());
+                    offsets.put(new TopicPartition(cursor.target, e.getKey().partition()),
+                            new OffsetAndMetadata(e.getValue()));
+                }
+                producer.sendOffsetsToTransaction(offsets,
+                        new ConsumerGroupMetadata(config.get("positions_group").asText()));
+            }
+            producer.commitTransaction();
+        } catch (ProducerFencedException | InvalidProducerEpochException fenced) {
+            throw fenced;
+        } catch (KafkaException error) {
+            throw new HandBack("committing: " + error);
+        }
+    }
+
+    /** Drop the open transaction: the Python task copies again from the last commit. */
+    private void abort(KafkaProducer<byte[], byte[]> producer) {
+        try {
+            producer.abortTransaction();
+        } catch (KafkaException error) { // a fatal state: closing the producer leaves it to the coordinator
+            System.err.printf("mirrorkit: slot %d: abort: %s%n", slot, error);
+        }
+    }
+
+    /** An exactly-once slot resumes where its positions were committed, when that is past where the driver says. */
+    private void resumeFromCommittedPositions() throws Exception {
+        Map<TopicPartition, TopicPartition> copies = new HashMap<>();
+        for (Map.Entry<TopicPartition, Cursor> e : cursors.entrySet()) {
+            copies.put(new TopicPartition(e.getValue().target, e.getKey().partition()), e.getKey());
+        }
+        if (copies.isEmpty()) {
+            return;
+        }
+        try (KafkaConsumer<byte[], byte[]> reader = Clients.positionsReader(config)) {
+            for (Map.Entry<TopicPartition, OffsetAndMetadata> e : reader.committed(copies.keySet()).entrySet()) {
+                if (e.getValue() == null) {
+                    continue;
+                }
+                Cursor cursor = cursors.get(copies.get(e.getKey()));
+                long offset = e.getValue().offset();
+                if (offset > cursor.next) { // copied by an attempt that crashed before it reported
+                    cursor.next = cursor.landing.endOffset = offset;
+                    cursor.seen = true;
+                    cursor.done = cursor.stop != null && offset >= cursor.stop;
+                }
+            }
+        }
+    }
+
+    private List<TopicPartition> openPartitions() {
+        List<TopicPartition> open = new ArrayList<>();
+        for (Map.Entry<TopicPartition, Cursor> e : cursors.entrySet()) {
+            if (!e.getValue().done) {
+                open.add(e.getKey());
+            }
+        }
+        return open;
+    }
+
+    /** Per partition, the first offset the target lacks as far as the slot knows: its first record in flight. */
+    private List<List<Object>> reached() {
+        List<List<Object>> out = new ArrayList<>();
+        for (Map.Entry<TopicPartition, Cursor> e : cursors.entrySet()) {
+            Cursor cursor = e.getValue();
+            Long first;
+            synchronized (cursor.inFlight) {
+                first = cursor.inFlight.peekFirst();
+            }
+            out.add(List.of(List.of(e.getKey().topic(), e.getKey().partition()),
+                    first == null ? cursor.next : Math.min(first, cursor.next)));
+        }
+        return out;
+    }
+
+    /** Each partition's landing up to its next offset (all of it landed: a commit flushed it); each goes on anew. */
+    private List<Map<String, Object>> report() {
+        List<Map<String, Object>> rows = new ArrayList<>();
+        for (Map.Entry<TopicPartition, Cursor> e : cursors.entrySet()) {
+            Cursor cursor = e.getValue();
+            Landing landing = cursor.landing;
+            landing.endOffset = cursor.next;
+            if (!cursor.reported || landing.changed()) {
+                rows.add(landing.toRow());
+                cursor.landing = newLanding(e.getKey(), cursor.next);
+            }
+            cursor.reported = true;
+        }
+        return rows;
+    }
+
+    private Landing newLanding(TopicPartition tp, long start) {
+        return new Landing(tp.topic(), tp.partition(), start, boundsMs, maxRuns);
+    }
+
+    private static Rule rule(JsonNode rule) {
+        if (rule == null || rule.isNull()) {
+            return null;
+        }
+        return new Rule(rule.get("compacted").asBoolean(), optional(rule.get("before_max_ms")),
+                optional(rule.get("after_max_ms")), rule.get("clock_slack_ms").asLong());
+    }
+
+    private static Long optional(JsonNode value) {
+        return value == null || value.isNull() ? null : value.asLong();
+    }
+
+    /** Offsets as the channel carries them, [[topic, partition], offset] each; null for null. */
+    private static Map<TopicPartition, Long> offsets(JsonNode pairs) {
+        if (pairs == null || pairs.isNull()) {
+            return null;
+        }
+        Map<TopicPartition, Long> out = new LinkedHashMap<>();
+        for (Iterator<JsonNode> it = pairs.elements(); it.hasNext();) {
+            JsonNode pair = it.next();
+            out.put(new TopicPartition(pair.get(0).get(0).asText(), pair.get(0).get(1).asInt()),
+                    pair.get(1).asLong());
+        }
+        return out;
+    }
+}

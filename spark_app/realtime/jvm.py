@@ -1,0 +1,121 @@
+"""Real-time copier slots on the executors' JVMs: which flows they serve, what they are told, and how one runs.
+
+librdkafka puts one partition's batch in each produce request, so a real-time task writing 32 partitions costs the
+target broker about three times MirrorMaker 2's CPU at the same rate, and on a loaded machine that CPU is the
+records' latency (README, Benchmarks). Kafka's Java producer sends every ready partition of a broker in one request.
+So a slot that writes in transactions (every real-time flow into Kafka) copies with Kafka's Java clients, in the
+executor's JVM (spark_app/jvm_copier, SlotCopy), where the flow's `copy_core` is `compiled` and its clients need
+nothing the Java clients are not given here (spark_app.profiles.java_client) and its policy is `default`. It speaks
+the same report channel and the same slot transactions as the Python task, takes the common case only, and at the
+first event the Python loop treats with more care it aborts its open transaction and hands the slot back: the slot's
+Python task (spark_app.realtime.task) copies on from the last commit. So every rare path has one implementation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from py4j.java_gateway import JavaClass
+from pyspark.sql import SparkSession
+
+from ..config import ClusterConfig, FlowConfig
+from ..errors import MirrorFailed
+from ..outbox import BATCH_BYTES
+from ..policy import positions_group, target_topic, transactional_id_prefix
+from ..profiles import java_client
+from ..ranges import LATENCY_BOUNDS_MS, MAX_RUNS_PER_RANGE
+from ..topics import CLOCK_SLACK_MS, TargetRules
+from ..transactions import TRANSACTION_TIMEOUT_MS, transactional
+from .task import CONSUME_BATCH, REPORT_S, TXN_COMMIT_S, CopierTask
+
+# Where set-up puts the copier's jar and the kafka-clients jar it runs on (.ci/setup); the image has both in Spark's
+# own jars instead (images/mirror/Dockerfile).
+LOCAL_JARS = Path(__file__).resolve().parents[2] / ".cache" / "jvm-copier"
+COPIER_CLASS = "io.mirrorkit.copier.CopierJob"
+# Tuned MirrorMaker 2's producer batching (bench/): a 20 ms linger costs the Java producer no latency at 10,000
+# records/s, since it sends every ready partition of a broker at once, and keeps its requests few.
+LINGER_MS = 20
+POLL_MS = 5  # how long one consumer poll waits for records, as the Python task's consume wait
+# The Java consumer's reads: the Python task's (spark_app.outbox.CONSUMER_DEFAULTS), in Java names.
+_CONSUMER = {
+    "enable.auto.commit": "false",
+    "auto.offset.reset": "none",
+    "isolation.level": "read_committed",
+    "max.poll.records": str(CONSUME_BATCH),
+    "fetch.max.bytes": "52428800",
+    "max.partition.fetch.bytes": "10485760",
+}
+
+
+def local_jars() -> list[str]:
+    """The jars a Spark this process starts needs for the JVM slots; none where set-up did not make them (the image
+    has them in Spark's jars)."""
+    return sorted(str(p) for p in LOCAL_JARS.glob("*.jar"))
+
+
+def serves(flow: FlowConfig, source: ClusterConfig, target: ClusterConfig) -> bool:
+    """Whether the flow's real-time slots copy on the executors' JVMs."""
+    return (
+        flow.copy_core == "compiled"
+        and flow.replication_policy == "default"
+        and transactional(flow, target)
+        and java_client(source, "consumer") is not None
+        and java_client(target, "producer") is not None
+    )
+
+
+def slot_config(task: CopierTask, topics: list[str]) -> str:
+    """What every JVM slot of a job is told, as JSON: the driver's channel, the clients, the flow's policy."""
+    flow, rules = task.flow, task.rules
+    producer = {
+        "acks": "all",
+        "enable.idempotence": "true",
+        "linger.ms": str(LINGER_MS),
+        "batch.size": str(min(BATCH_BYTES, rules.max_message_bytes or BATCH_BYTES)),
+        "transaction.timeout.ms": str(TRANSACTION_TIMEOUT_MS),
+    }
+    if rules.max_message_bytes is not None:
+        producer["max.request.size"] = str(rules.max_message_bytes)
+    config: dict[str, Any] = {
+        "flow": flow.name,
+        "driver": {"host": task.address[0], "port": task.address[1]},
+        "key": task.key.hex(),
+        "source": java_client(task.source, "consumer"),
+        "target": java_client(task.target, "producer"),
+        "consumer": _CONSUMER,
+        "producer": producer,
+        "transactional_id": transactional_id_prefix(flow),
+        "exactly_once": flow.exactly_once,
+        "positions_group": positions_group(flow),
+        "commit_ms": round(1000 * (task.commit_s if flow.exactly_once else TXN_COMMIT_S)),
+        "report_ms": round(1000 * REPORT_S),
+        "poll_ms": POLL_MS,
+        "topics": {topic: target_topic(flow, topic) for topic in topics},
+        "rules": {topic: _rule(rules, topic) for topic in topics},
+        "latency_bounds_ms": list(LATENCY_BOUNDS_MS),
+        "max_runs": MAX_RUNS_PER_RANGE,
+    }
+    return json.dumps(config)
+
+
+def run_slot(spark: SparkSession, config: str, slot: int) -> bool:
+    """Run one slot as a Spark job on the JVM until it stops; False when it handed the slot back to the Python loop."""
+    copier = spark.sparkContext._jvm.io.mirrorkit.copier.CopierJob  # type: ignore[union-attr]
+    if not isinstance(copier, JavaClass):
+        raise MirrorFailed(
+            f"copy_core 'compiled' needs the mirror's JVM copier ({COPIER_CLASS}) on Spark's class path for real-time"
+            " flows into Kafka: `bash .ci/setup` builds it, and the mirror image ships it; or set the flow's"
+            " copy_core to 'python'"
+        )
+    _copied, handed_back = copier.run(spark.sparkContext._jsc, config, slot)
+    return not handed_back
+
+
+def _rule(rules: TargetRules, topic: str) -> dict[str, Any] | None:
+    rule = rules.topics.get(topic)
+    if rule is None:
+        return None
+    return {"compacted": rule.compacted, "before_max_ms": rule.before_max_ms, "after_max_ms": rule.after_max_ms,
+            "clock_slack_ms": CLOCK_SLACK_MS}  # fmt: skip

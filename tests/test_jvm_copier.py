@@ -1,0 +1,125 @@
+"""The real-time JVM copier against the Python task it stands in for: the same generated input, copied by a real-time
+job of each, gives the same target records and the same reports.
+
+Both run as the mirror runs them, a `CopyJob` of three slots on the session's Spark (`run --available-now`), from the
+SCRAM source into the `$ConnectionString` target with `exactly_once` (so the JVM slots log in with both profiles and
+commit positions with their records); only the flow's `copy_core` differs. The input has keys and null keys,
+tombstones, duplicate, binary and null-valued headers, old and new timestamps, a record over the target's cap (held:
+no dead-letter topic), a record the target topic refuses (a null key on a compacted topic) and a range that ends in transaction markers with an
+aborted transaction inside it: the JVM slots copy until their first event, hand their slot back, and the Python task
+goes on from their last commit.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+import spark_app.realtime.job
+from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
+from spark_app.config import FlowConfig, FlowMode, TopicSelection
+from spark_app.ranges import Landing
+from spark_app.realtime import jvm
+from spark_app.realtime.job import CopyJob
+from spark_app.realtime.task import Assignment
+from spark_app.topics import TargetRule, TargetRules
+from tests.test_copy_cores import CAP, _bytes, _transactional
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+PER_PARTITION = 1_500
+
+
+def _generated(rng: random.Random, now_ms: int) -> list[Record]:
+    """Two partitions of varied records; the last of partition 1 is over the target's cap."""
+    out: list[Record] = []
+    for i in range(2 * PER_PARTITION):
+        key = None if rng.random() < 0.15 else rng.randbytes(rng.randint(0, 40))
+        value = None if rng.random() < 0.1 else rng.randbytes(rng.randint(0, 600))
+        headers: list[tuple[str, bytes | None]] = []
+        for _ in range(rng.choice((0, 0, 1, 2, 3))):
+            name = rng.choice(("trace", "trace", "bin", "empty"))  # duplicates kept in order
+            headers.append((name, None if name == "empty" else rng.randbytes(rng.randint(0, 12))))
+        out.append(Record(i % 2, key, value, tuple(headers), now_ms - rng.randint(0, 86_400_000)))
+    out.append(Record(1, b"big", b"x" * (2 * CAP), (("trace", b"t"),), now_ms))
+    return out
+
+
+def test_the_jvm_copier_writes_and_reports_what_the_python_task_does(
+    spark, source_cluster, target_cluster, unique, tmp_path, monkeypatch
+):
+    source, target = source_cluster, target_cluster
+    now_ms = int(time.time() * 1000)
+    records = _generated(random.Random(5), now_ms)
+    refusing = [Record(0, None if i == 700 else f"k{i}".encode(), f"v{i}".encode(), (), now_ms) for i in range(900)]
+    slots: list[bool] = []  # per JVM slot run: whether it copied all (False: handed back)
+    run_slot = spark_app.realtime.job.jvm.run_slot
+    monkeypatch.setattr(spark_app.realtime.job.jvm, "run_slot", lambda *a: slots.append(run_slot(*a)) or slots[-1])
+
+    results = {}
+    for core in ("python", "compiled"):
+        a, b, c = (f"{name}-{core}-{unique}" for name in ("a", "b", "c"))
+        create_topics(source.admin, {a: 2, b: 1, c: 1})
+        flow = FlowConfig(
+            source=source.client.alias, target=target.client.alias, topics=TopicSelection(include=[a, b, c]),
+            checkpoint_location=str(tmp_path / core), copy_core=core, mode=FlowMode.REALTIME,
+            exactly_once=True,
+        )  # fmt: skip
+        copies = {t: f"{source.client.alias}.{t}" for t in (a, b, c)}
+        create_topics(target.admin, {copies[a]: 2, copies[c]: 1}, {"max.message.bytes": str(CAP)})
+        create_topics(target.admin, {copies[b]: 1}, {"max.message.bytes": str(CAP), "cleanup.policy": "compact"})
+        produce(source.admin, a, records)
+        produce(source.admin, b, refusing)
+        _transactional(source, c, f"{unique}-jvm", now_ms)
+        ends = end_offsets(source.admin, [(a, 0), (a, 1), (b, 0), (c, 0)])
+        rules = TargetRules(max_message_bytes=CAP, topics={b: TargetRule(compacted=True)})
+        assert jvm.serves(flow, source.client, target.client) == (core == "compiled")
+
+        rows: list[Landing] = []
+        job = CopyJob(spark, flow, source.client, target.client, Assignment(dict.fromkeys(ends, 0), ends), 3, rules,
+                      1.0, rows.extend).start()  # fmt: skip
+        job.wait()
+        assert job.error is None, job.error
+        copied = [read_all(target.admin, copies[t], _landed(rows, t)) for t in (a, b, c)]
+        results[core] = (copied, _per_partition(rows))
+
+    # Slots a/0 + c/0, a/1 and b/0: the two with an event handed back, the other copied all.
+    assert sorted(slots) == [False, False, True], "every slot ran on the JVM first"
+    python, compiled = results["python"], results["compiled"]
+    for got, want in zip(compiled[0], python[0], strict=True):
+        assert _in_order(got) == _in_order(want)
+    assert compiled[1] == python[1], "the same reports, partition by partition"
+    # And the reference did what the input asks, so the two cannot agree on a wrong answer.
+    assert python[1][("b", 0)]["held_from"] == 700 and python[1][("b", 0)]["records"] == 700
+    held = python[1][("a", 1)]  # from the last commit before the record over the cap: its transaction was aborted
+    assert 0 <= held["held_from"] <= PER_PARTITION and held["records"] == held["held_from"]
+    assert python[1][("a", 0)]["records"] == python[1][("a", 0)]["timed"] == PER_PARTITION
+    assert python[1][("c", 0)]["records"] == 80 and python[1][("c", 0)]["end_offset"] > 90, "aborted ones skipped"
+
+
+def _in_order(records: list[Record]) -> list[tuple]:
+    """Target records whole, in partition and offset order, without their offsets: each slot's aborted transactions
+    and commit markers take target offsets of their own."""
+    return [t[:1] + t[2:] for t in sorted(map(_bytes, records))]
+
+
+def _per_partition(rows: list[Landing]) -> dict[tuple[str, int], dict]:
+    """What a job's reports add up to for each partition (topic named by role): records, drops and dead letters,
+    where it ended, where it first held, and how many landed with a create time."""
+    out: dict[tuple[str, int], dict] = {}
+    for row in rows:
+        key = (row.topic.split("-", 1)[0], row.partition)
+        got = out.setdefault(key, {"records": 0, "dead_lettered": 0, "end_offset": 0, "held_from": -1, "timed": 0})
+        got["records"] += row.records
+        got["dead_lettered"] += row.dead_lettered
+        got["timed"] += sum(row.latency_counts)
+        got["end_offset"] = max(got["end_offset"], row.end_offset)
+        if row.held_from >= 0 and got["held_from"] < 0:
+            got["held_from"] = row.held_from
+    return out
+
+
+def _landed(rows: list[Landing], topic: str) -> int:
+    return sum(row.records - row.dead_lettered for row in rows if row.topic == topic)
