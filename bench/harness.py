@@ -23,6 +23,8 @@ Then it measures end-to-end replication latency at a steady rate for each of `--
 - `mirror`: throughput mode run continuously (`run` without --available-now, the shipped trigger_interval_s);
 - `mirror-realtime`, `mirror-realtime-eos`: `mode: realtime`, at least once (its transactions only fence zombie
   tasks) or with `exactly_once: true` (records and positions committed every realtime_commit_interval_s);
+  `mirror-realtime-python`: `mirror-realtime` with `copy_core: python`, whose slots copy with the Python loop and
+  librdkafka instead of Kafka's Java clients on the executors' JVMs;
 - `mm2`, `mm2-eos`: tuned MM2, at least once or with KIP-618 exactly-once source support;
 - `limit`, `limit-txn`: bench/java's CopyLoop, `loop`, `loop-txn`: bench/copy_loop.py's librdkafka loop, each in
   `--realtime-tasks` slots with the real-time task's linger, without transactions or committing every TXN_COMMIT_S as
@@ -46,8 +48,8 @@ ratio to MM2 of the same guarantee) and .png.
 
 Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--topics 4] [--partitions 4]
        [--candidates mirror,mirror-python,mm2,mm2-untuned,limit] [--topics-scale 1,10,100 --scale-records 100000]
-       [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mm2,mm2-eos,limit,limit-txn,loop,loop-txn,
-                             limit-txn-mm2-linger]
+       [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mirror-realtime-python,mm2,mm2-eos,limit,
+                             limit-txn,loop,loop-txn,limit-txn-mm2-linger]
        [--latency-rates 10000,50000]
        [--latency-seconds 60] [--latency-warmup 15]
 """
@@ -106,12 +108,14 @@ class LatencyCandidate:
     exactly_once: bool = False
     transactions: bool = False  # the copy loops': commit every TXN_COMMIT_S, as a real-time slot of the mirror does
     linger_ms: int = LINGER_MS  # the copy loops' producer linger: by default the real-time task's
+    copy_core: str = "compiled"  # the mirror's
 
 
 LATENCY_CANDIDATES = {
     "mirror": LatencyCandidate("mirror", READ_UNCOMMITTED),
     "mirror-realtime": LatencyCandidate("mirror", READ_UNCOMMITTED, FlowMode.REALTIME),
     "mirror-realtime-eos": LatencyCandidate("mirror", READ_COMMITTED, FlowMode.REALTIME, exactly_once=True),
+    "mirror-realtime-python": LatencyCandidate("mirror", READ_UNCOMMITTED, FlowMode.REALTIME, copy_core="python"),
     "mm2": LatencyCandidate("mm2", READ_UNCOMMITTED),
     "mm2-eos": LatencyCandidate("mm2", READ_COMMITTED, exactly_once=True),
     "limit": LatencyCandidate("limit", READ_UNCOMMITTED),
@@ -394,7 +398,7 @@ def run_latency(
     made: list[str] = []
     if spec.copier == "mirror":
         config = mirror_config(alias, source, target_client, topics, work, spec.mode, args.realtime_tasks,
-                               spec.exactly_once)  # fmt: skip
+                               spec.exactly_once, spec.copy_core)  # fmt: skip
         cmd, commits = mirror_command(config, work, available_now=False), mirror_commits(config)
     elif spec.copier == "mm2":
         made = make_mm2_topics(target, target_client, alias)
@@ -455,7 +459,8 @@ def latency_lines(rows: list[dict], meta: dict) -> list[str]:
         f" same load for {lat.get('broker_warmup_s', 0)} s to warm the brokers up. `mirror`: throughput mode"
         f" (micro-batches) run continuously at the shipped trigger_interval_s ({lat['mirror_trigger_interval_s']} s);"
         " `mirror-realtime`: `mode: realtime` with"
-        f" {lat.get('realtime_tasks', 1)} task(s), at least once; `mirror-realtime-eos`: the same with"
+        f" {lat.get('realtime_tasks', 1)} task(s), at least once (`-python`: copied by the Python loop instead of"
+        " the JVM slots); `mirror-realtime-eos`: the same with"
         f" `exactly_once: true` (realtime_commit_interval_s {lat.get('realtime_commit_interval_s')} s); MM2 tuned;"
         " `mm2-eos`: the same with exactly-once source support (KIP-618). Each row is read at the isolation level its"
         " consumers would use: read_committed for exactly-once candidates, else read_uncommitted (the Java consumer's"

@@ -12,8 +12,8 @@ Real-time tasks that write no transactions use it too, each with a copier of its
 consumer keeps its assignment from one copy to the next: a task copies until its next report (`copy_with`), and goes
 on with the Python loop for good once the core stopped at an event. A flow's transactions (a slot's producer; every
 real-time flow into Kafka writes in them), and a cluster whose login needs a token callback (Entra ID, MSK IAM), go
-through confluent-kafka's clients: in real time the slot's transactions, not the copy loop, cost the latency (the
-Python loop and the core were alike without them, README, Benchmarks), so the core does not drive them.
+elsewhere: a real-time slot's transactions copy on the executors' JVM (spark_app.realtime.jvm) where it serves the
+flow, else with confluent-kafka's clients, as a token callback's login does.
 """
 
 from __future__ import annotations

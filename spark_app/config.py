@@ -60,8 +60,8 @@ def spark_jvm_conf(spark_home: str) -> dict[str, str]:
     return {f"spark.{role}.extraJavaOptions": options for role in ("driver", "executor")}
 
 
-# Kafka Java client names users carry over from MirrorMaker 2 configs, with what librdkafka (every client the mirror
-# runs) calls them; None when librdkafka has no such setting.
+# Kafka Java client names users carry over from MirrorMaker 2 configs, with what librdkafka (whose names
+# `client_overrides` take) calls them; None when librdkafka has no such setting.
 JAVA_CLIENT_NAMES = {
     "max.request.size": "message.max.bytes",
     "ssl.truststore.location": "ssl.ca.location",
@@ -306,9 +306,11 @@ class FlowConfig(StrictModel):
     # (spark_app.transactions): a read_committed consumer of the target sees every record once, through any crash.
     # Needs transactions on the target (Kafka 3.x or later, MSK; Event Hubs Premium or Dedicated only).
     exactly_once: bool = False
-    # What copies a throughput flow's records: `compiled`, the Rust core (spark_app.compiled_copy), about three times
-    # less CPU per record; `python`, the reference loop (spark_app.outbox). Transactions, real-time mode and clusters
-    # whose login needs a token callback (Entra ID, MSK IAM) use the Python loop either way.
+    # What copies the flow's records: `compiled`, the Rust core (spark_app.compiled_copy), about three times less CPU
+    # per record, and for real-time slots that write transactions (every real-time flow into Kafka) Kafka's Java
+    # clients on the executors' JVMs (spark_app.realtime.jvm), each handing over to the Python loop at the first event
+    # it leaves to it; `python`, the reference loop (spark_app.outbox) everywhere. Clusters whose login needs a token
+    # callback (Entra ID, MSK IAM) use the Python loop either way, and so do the identity policy's real-time slots.
     copy_core: Literal["compiled", "python"] = "compiled"
 
     @property

@@ -1,9 +1,10 @@
-"""Client settings per platform, in librdkafka's names: every Kafka client the mirror runs is confluent-kafka.
+"""Client settings per platform, in librdkafka's names for confluent-kafka and the compiled core, and in Java names
+for the real-time slots that copy with Kafka's Java clients on the executors' JVMs (`java_client`).
 
 Each profile says what its platform needs (protocol, SASL mechanism, Event Hubs' limits); a cluster's
-`client_overrides` (librdkafka names too) win over the profile. Java client names appear only where a Java client
-really runs: the benchmarks and MirrorMaker 2, outside this package. Secrets are read here, at run time, from the
-env var or file the config names; they are never logged and never part of an error message.
+`client_overrides` (librdkafka names) win over the profile. The benchmarks, MirrorMaker 2 and the tests' Java tools
+take their Java settings from `java_client` too. Secrets are read at run time, from the env var or file the config
+names (here, or by the JVM copier on the executor); they are never logged and never part of an error message.
 """
 
 from __future__ import annotations

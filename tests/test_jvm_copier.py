@@ -5,9 +5,9 @@ Both run as the mirror runs them, a `CopyJob` of three slots on the session's Sp
 SCRAM source into the `$ConnectionString` target with `exactly_once` (so the JVM slots log in with both profiles and
 commit positions with their records); only the flow's `copy_core` differs. The input has keys and null keys,
 tombstones, duplicate, binary and null-valued headers, old and new timestamps, a record over the target's cap (held:
-no dead-letter topic), a record the target topic refuses (a null key on a compacted topic) and a range that ends in transaction markers with an
-aborted transaction inside it: the JVM slots copy until their first event, hand their slot back, and the Python task
-goes on from their last commit.
+no dead-letter topic), a record the target topic refuses (a null key on a compacted topic) and a range that ends in
+transaction markers with an aborted transaction inside it: the JVM slots copy until their first event, hand their
+slot back, and the Python task goes on from their last commit.
 """
 
 from __future__ import annotations

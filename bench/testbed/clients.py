@@ -20,8 +20,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from spark_app import clients
-from spark_app.config import ClusterConfig, Profile
-from spark_app.profiles import librdkafka_settings
+from spark_app.config import ClusterConfig, Profile, SecretRef
+from spark_app.profiles import java_client, librdkafka_settings, read_secret
 
 from .kafka_cluster import kafka_classpath, require_java
 
@@ -61,23 +61,15 @@ def consumer(cluster: ClusterConfig, group: str, settings: Mapping[str, object] 
 
 
 def java_settings(cluster: ClusterConfig) -> dict[str, str]:
-    """The cluster's client settings in the Java client's names, as in a .properties file."""
-    rd = librdkafka_settings(cluster, "admin")
-    conf = {"bootstrap.servers": rd["bootstrap.servers"], "security.protocol": rd["security.protocol"]}
-    mechanism = rd.get("sasl.mechanism")
-    if mechanism in ("PLAIN", "SCRAM-SHA-512"):
-        module = (
-            "org.apache.kafka.common.security.plain.PlainLoginModule"
-            if mechanism == "PLAIN"
-            else "org.apache.kafka.common.security.scram.ScramLoginModule"
-        )
-        user, password = rd["sasl.username"], rd["sasl.password"]
-        conf["sasl.mechanism"] = mechanism
-        conf["sasl.jaas.config"] = f'{module} required username="{user}" password="{password}";'
-    elif mechanism is not None:
-        raise ValueError(f"cluster '{cluster.alias}': no Java settings for SASL mechanism {mechanism} in the test bed")
-    if "ssl.ca.location" in rd:
-        conf |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": rd["ssl.ca.location"]}
+    """The cluster's client settings in the Java client's names (the mirror's JVM copier's, spark_app.profiles), with
+    its SASL login in full, as in a .properties file."""
+    java = java_client(cluster, "admin")
+    if java is None:
+        raise ValueError(f"cluster '{cluster.alias}': no Java settings for profile {cluster.profile.value}")
+    conf: dict[str, str] = dict(java["settings"])
+    if (login := java["login"]) is not None:
+        password = read_secret(SecretRef(env=login["env"], file=login["file"]), f"cluster '{cluster.alias}'")
+        conf["sasl.jaas.config"] = f'{login["module"]} required username="{login["username"]}" password="{password}";'
     return conf
 
 

@@ -1,13 +1,14 @@
-"""A real-time flow's job: the Spark job of its copier tasks, the driver's side of their report channel, and the
+"""A real-time flow's job: the Spark jobs of its copier slots, the driver's side of their report channel, and the
 filing of what they report.
 
 The driver runs the flow's `realtime_tasks` slots, each a Spark job of one task that holds a core for as long as the
-flow runs: on the executor's JVM where that serves the flow (spark_app.realtime.jvm), handing over to the slot's
-Python task at an event it leaves to Python, else the Python task from the start. Each task connects back (spark_app.realtime.task) over the report channel (spark_app.realtime.channel), gets
-its partitions from the newest reports (a task Spark retries resumes where its partitions' reports ended), and
-reports. Each connection is served in its own thread from its handshake on, so a peer that is not one of the tasks
-holds up none of them. Every `realtime_commit_interval_s` the job hands what it heard to `on_landed` (the flow's
-ledger), and once more when the job ends.
+flow runs: on the executor's JVM where that serves the flow (spark_app.realtime.jvm), going on with the slot's Python
+task at an event it leaves to Python, else the Python task from the start. Each task connects back
+(spark_app.realtime.task) over the report channel (spark_app.realtime.channel), gets its partitions from the newest
+reports (a task Spark retries, or a slot handed back, resumes where its partitions' reports ended), and reports. Each
+connection is served in its own thread from its handshake on, so a peer that is not one of the tasks holds up none of
+them. Every `realtime_commit_interval_s` the job hands what it heard to `on_landed` (the flow's ledger), and once more
+when the job ends.
 """
 
 from __future__ import annotations

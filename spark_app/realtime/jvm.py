@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from py4j.java_gateway import JavaClass
+from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
 from pyspark.sql import SparkSession
 
 from ..config import ClusterConfig, FlowConfig

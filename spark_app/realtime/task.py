@@ -8,7 +8,8 @@ clusters allow, else (and for good once the core met an event it leaves to Pytho
 driver one landing per partition, covering its offsets since the last one up to the first record not delivered yet;
 between commits, every REPORT_S, it says how far each partition reached the target. It copies until the driver says
 STOP or (an available-now run) every partition reached its stop. The channel (spark_app.realtime.channel) carries
-JSON messages, authenticated with a key made for the job's run.
+JSON messages, authenticated with a key made for the job's run. Where a flow's slots copy on the executors' JVM
+(spark_app.realtime.jvm), which speaks the same channel, a slot's task here runs once the JVM handed the slot back.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
+import java.util.concurrent.Callable;
 import java.util.concurrent.atomic.AtomicReference;
 import org.apache.kafka.clients.consumer.ConsumerGroupMetadata;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
@@ -24,6 +25,8 @@ import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.errors.InvalidProducerEpochException;
 import org.apache.kafka.common.errors.ProducerFencedException;
 import org.apache.kafka.common.record.TimestampType;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * One real-time slot's copy on the executor's JVM: spark_app.realtime.task's loop for the common case, with Kafka's
@@ -39,6 +42,7 @@ import org.apache.kafka.common.record.TimestampType;
  * the slot's Python task from the last commit, which meets the same event and deals with it.
  */
 final class SlotCopy {
+    private static final Logger LOG = LoggerFactory.getLogger(SlotCopy.class);
     private static final String HELLO = "hello", LANDED = "landed", REACHED = "reached", DONE = "done";
 
     /** A source partition the slot copies: where it reads next, where it stops, and its landing since the report. */
@@ -105,16 +109,19 @@ final class SlotCopy {
     }
 
     /** Copy until the driver says stop or every partition reached its stop; false when the slot was handed back. */
-    boolean run() throws Exception {
+    boolean run() throws IOException {
         JsonNode driver = config.get("driver");
         byte[] key = HexFormat.of().parseHex(config.get("key").asText());
         try (Channel channel = Channel.connect(driver.get("host").asText(), driver.get("port").asInt(), key)) {
             channel.send(List.of(HELLO, slot));
             assign(channel.recv());
-            boolean copiedAll;
-            try (KafkaProducer<byte[], byte[]> producer = Clients.producer(config, slot);
-                    KafkaConsumer<byte[], byte[]> consumer = Clients.consumer(config)) {
+            boolean copiedAll = false;
+            try (KafkaProducer<byte[], byte[]> producer = made(() -> Clients.producer(config, slot));
+                    KafkaConsumer<byte[], byte[]> consumer = made(() -> Clients.consumer(config))) {
                 copiedAll = copy(channel, producer, consumer);
+            } catch (HandBack why) {
+                LOG.warn("flow {}: slot {} goes on with the Python loop: {}", config.get("flow").asText(), slot,
+                        why.getMessage());
             }
             channel.send(List.of(DONE, List.of()));
             return copiedAll;
@@ -134,23 +141,14 @@ final class SlotCopy {
     }
 
     private boolean copy(Channel channel, KafkaProducer<byte[], byte[]> producer,
-            KafkaConsumer<byte[], byte[]> consumer) throws Exception {
-        producer.initTransactions(); // fences every earlier attempt of the slot
-        if (config.get("exactly_once").asBoolean()) {
-            resumeFromCommittedPositions();
-        }
-        producer.beginTransaction();
-        List<TopicPartition> open = openPartitions();
-        consumer.assign(open);
-        for (TopicPartition tp : open) {
-            consumer.seek(tp, cursors.get(tp).next);
-        }
+            KafkaConsumer<byte[], byte[]> consumer) throws IOException, HandBack {
         long reportMs = config.get("report_ms").asLong(), commitMs = config.get("commit_ms").asLong();
         long tickMs = Math.min(reportMs, commitMs);
         Duration wait = Duration.ofMillis(config.get("poll_ms").asLong());
         long now = System.currentTimeMillis(), reportAt = now + tickMs, commitAt = now + commitMs;
         boolean stopped = false;
         try {
+            List<TopicPartition> open = start(producer, consumer);
             while (!stopped && !open.isEmpty()) {
                 for (ConsumerRecord<byte[], byte[]> record : poll(consumer, wait)) {
                     take(producer, record);
@@ -177,9 +175,37 @@ final class SlotCopy {
             return true;
         } catch (HandBack why) {
             abort(producer);
-            System.err.printf("mirrorkit: flow %s: slot %d goes on with the Python loop: %s%n",
-                    config.get("flow").asText(), slot, why.getMessage());
-            return false;
+            throw why;
+        }
+    }
+
+    /** A client, or a hand-back when it cannot be made (a secret not found, a setting refused). */
+    private static <T> T made(Callable<T> make) throws HandBack {
+        try {
+            return make.call();
+        } catch (Exception error) {
+            throw new HandBack("making its clients: " + error.getMessage());
+        }
+    }
+
+    /** Start the slot's producer (fencing every earlier attempt of the slot) and its first transaction, and read the
+     * open partitions from where they stand; a refusal on the way is the Python task's to put in words. */
+    private List<TopicPartition> start(KafkaProducer<byte[], byte[]> producer, KafkaConsumer<byte[], byte[]> consumer)
+            throws HandBack {
+        try {
+            producer.initTransactions();
+            if (config.get("exactly_once").asBoolean()) {
+                resumeFromCommittedPositions();
+            }
+            producer.beginTransaction();
+            List<TopicPartition> open = openPartitions();
+            consumer.assign(open);
+            for (TopicPartition tp : open) {
+                consumer.seek(tp, cursors.get(tp).next);
+            }
+            return open;
+        } catch (KafkaException | IOException error) {
+            throw new HandBack("starting: " + error);
         }
     }
 
@@ -317,12 +343,12 @@ final class SlotCopy {
         try {
             producer.abortTransaction();
         } catch (KafkaException error) { // a fatal state: closing the producer leaves it to the coordinator
-            System.err.printf("mirrorkit: slot %d: abort: %s%n", slot, error);
+            LOG.warn("slot {}: aborting its transaction failed: {}", slot, error.toString());
         }
     }
 
     /** An exactly-once slot resumes where its positions were committed, when that is past where the driver says. */
-    private void resumeFromCommittedPositions() throws Exception {
+    private void resumeFromCommittedPositions() throws IOException {
         Map<TopicPartition, TopicPartition> copies = new HashMap<>();
         for (Map.Entry<TopicPartition, Cursor> e : cursors.entrySet()) {
             copies.put(new TopicPartition(e.getValue().target, e.getKey().partition()), e.getKey());
