@@ -342,7 +342,7 @@ final class SlotCopy {
     private void abort(KafkaProducer<byte[], byte[]> producer) {
         try {
             producer.abortTransaction();
-        } catch (KafkaException error) { // a fatal state: closing the producer leaves it to the coordinator
+        } catch (RuntimeException error) { // not started, or a fatal state: closing leaves it to the coordinator
             LOG.warn("slot {}: aborting its transaction failed: {}", slot, error.toString());
         }
     }
