@@ -25,26 +25,9 @@ from spark_app.realtime import jvm
 from spark_app.realtime.job import CopyJob
 from spark_app.realtime.task import Assignment
 from spark_app.topics import TargetRule, TargetRules
-from tests.test_copy_cores import CAP, _bytes, _transactional
+from tests.test_copy_cores import CAP, PER_PARTITION, _bytes, _generated, _transactional
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
-
-PER_PARTITION = 1_500
-
-
-def _generated(rng: random.Random, now_ms: int) -> list[Record]:
-    """Two partitions of varied records; the last of partition 1 is over the target's cap."""
-    out: list[Record] = []
-    for i in range(2 * PER_PARTITION):
-        key = None if rng.random() < 0.15 else rng.randbytes(rng.randint(0, 40))
-        value = None if rng.random() < 0.1 else rng.randbytes(rng.randint(0, 600))
-        headers: list[tuple[str, bytes | None]] = []
-        for _ in range(rng.choice((0, 0, 1, 2, 3))):
-            name = rng.choice(("trace", "trace", "bin", "empty"))  # duplicates kept in order
-            headers.append((name, None if name == "empty" else rng.randbytes(rng.randint(0, 12))))
-        out.append(Record(i % 2, key, value, tuple(headers), now_ms - rng.randint(0, 86_400_000)))
-    out.append(Record(1, b"big", b"x" * (2 * CAP), (("trace", b"t"),), now_ms))
-    return out
 
 
 def test_the_jvm_copier_writes_and_reports_what_the_python_task_does(
@@ -52,7 +35,7 @@ def test_the_jvm_copier_writes_and_reports_what_the_python_task_does(
 ):
     source, target = source_cluster, target_cluster
     now_ms = int(time.time() * 1000)
-    records = _generated(random.Random(5), now_ms)
+    records = _generated(random.Random(5), target.client.alias, now_ms)  # its provenance headers are headers here
     refusing = [Record(0, None if i == 700 else f"k{i}".encode(), f"v{i}".encode(), (), now_ms) for i in range(900)]
     slots: list[bool] = []  # per JVM slot run: whether it copied all (False: handed back)
     run_slot = spark_app.realtime.job.jvm.run_slot
