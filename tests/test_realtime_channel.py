@@ -9,6 +9,7 @@ No Spark: the job runs on a stand-in session whose Spark job is the test's own c
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import os
 import pickle
@@ -40,7 +41,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 class StandInSpark:
-    """Just enough of a SparkSession for a CopyJob: its Spark job hands the test the task, and runs until `end`."""
+    """Just enough of a SparkSession for a CopyJob: each slot's Spark job hands the test the task, and runs until
+    `end`."""
 
     def __init__(self) -> None:
         self.conf = SimpleNamespace(get=lambda _key: "127.0.0.1")
@@ -54,8 +56,8 @@ class StandInSpark:
     def parallelize(self, *_args: object) -> StandInSpark:
         return self
 
-    def mapPartitionsWithIndex(self, task: CopierTask) -> StandInSpark:
-        self.tasks.put(task)
+    def mapPartitions(self, slot_task: functools.partial[Iterator[int]]) -> StandInSpark:
+        self.tasks.put(slot_task.func)  # a slot's job: its CopierTask, given the slot
         return self
 
     def collect(self) -> list[int]:

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 
 from bench.testbed.clients import Record, java_settings
-from spark_app import profiles
 from spark_app.config import ClusterConfig, parse_config
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
@@ -116,7 +115,7 @@ def test_one_flow_config_refuses_an_unknown_key_and_an_alias_for_a_ready_entry()
         one_flow_config(entry, entry | {"alias": "j"}, ["t"], "/c", source_alias="other")
 
 
-def test_java_settings_name_the_cluster_as_the_mirrors_profile_does_in_the_java_clients_words(tmp_path, monkeypatch):
+def test_java_settings_name_the_cluster_as_the_mirrors_profile_does_in_the_java_clients_words(tmp_path):
     (tmp_path / "pw").write_text("s3cret\n")
     secret = {"file": str(tmp_path / "pw")}
     plain = ClusterConfig(alias="p", bootstrap_servers="h:9092", profile="kafka")
@@ -142,7 +141,6 @@ def test_java_settings_name_the_cluster_as_the_mirrors_profile_does_in_the_java_
         ' password="s3cret";'
     )
     assert "ssl.truststore.location" not in java_settings(hubs)  # the system store, as librdkafka's default
-    monkeypatch.setattr(profiles, "_msk_iam_token", lambda region: lambda _cfg: ("iam-token", 0.0))
     iam = ClusterConfig(alias="i", bootstrap_servers="h:9098", profile="msk-iam", region="eu-west-1")
-    with pytest.raises(ValueError, match="no Java settings for SASL mechanism OAUTHBEARER"):
+    with pytest.raises(ValueError, match="cluster 'i': no Java settings for profile msk-iam"):
         java_settings(iam)
