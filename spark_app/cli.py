@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from .config import ConfigError, MirrorConfig, load_config
+from .copy_wing.choice import CoreChoice, choices
 from .errors import MirrorFailed
 from .policy import target_topic
 from .profiles import SecretError, Settings, librdkafka_settings, redacted
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in (
         ("run", "run the mirror"),
         ("validate", "check a config and exit"),
-        ("describe", "show the resolved flows and the topics they match now, without secrets"),
+        ("describe", "show the flows, the core that copies each and why, and the topics they match now; no secrets"),
         ("status", "per flow and topic-partition: lag, last checkpoint age, last heartbeat age"),
         ("failover", "commit translated offsets on a flow's target for its consumer groups"),
         ("drill", "measure a running flow's RPO, RTO and re-read with a probe topic and group of its own"),
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.choices["run"]
     run.add_argument("--available-now", action="store_true", help="mirror everything present, then exit 0")
     run.add_argument("--master", default=None, help="Spark master, e.g. local[2] (spark-submit sets it in the image)")
+    sub.choices["describe"].add_argument(
+        "--offline", action="store_true",
+        help="reach no cluster and read no secret: no topics and no client settings (e.g. in a pipeline)",
+    )  # fmt: skip
     sub.choices["status"].add_argument("--json", action="store_true", help="print JSON instead of a table")
     fail = sub.choices["failover"]
     fail.add_argument("--flow", required=True, help="the flow to fail over, as SRC->DST")
@@ -107,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.config}: valid ({len(config.clusters)} clusters, {len(config.flows)} flows)")
             return 0
         if args.command == "describe":
-            print(json.dumps(dataclasses.asdict(describe(config)), indent=2))
+            print(json.dumps(dataclasses.asdict(describe(config, args.offline)), indent=2))
             return 0
         if args.command == "status":
             return print_status(config, args.json)
@@ -135,14 +140,22 @@ def main(argv: list[str] | None = None) -> int:
 @dataclass(frozen=True)
 class ClusterView:
     profile: str
-    settings: Settings  # redacted
+    settings: Settings | None  # redacted; None offline
+
+
+@dataclass(frozen=True)
+class CopyView:
+    copies: str  # the flow's batches or slots, and how they commit
+    core: str  # spark_app.copy_wing.choice.Core
+    reason: str
 
 
 @dataclass(frozen=True)
 class FlowView:
     flow: str
     replication_policy: str
-    topics: dict[str, str]  # source topic -> target topic, for the topics the flow selects now
+    copy: CopyView  # which core copies the flow's records, and why
+    topics: dict[str, str] | None  # source topic -> target topic, for the topics the flow selects now; None offline
 
 
 @dataclass(frozen=True)
@@ -151,19 +164,27 @@ class Description:
     flows: list[FlowView]
 
 
-def describe(config: MirrorConfig) -> Description:
-    """Flows, clusters (redacted) and the topics each flow matches on its source right now."""
+def describe(config: MirrorConfig, offline: bool = False) -> Description:
+    """Flows, clusters (redacted), the core that copies each flow and the topics it matches on its source now;
+    `offline`, what the config alone says: neither a cluster nor a secret is read."""
     from .topics import TopicSync
 
     clusters = {
-        c.alias: ClusterView(c.profile.value, redacted(librdkafka_settings(c, "consumer"))) for c in config.clusters
+        c.alias: ClusterView(c.profile.value, None if offline else redacted(librdkafka_settings(c, "consumer")))
+        for c in config.clusters
     }
     flows = []
-    for flow in config.flows:
-        sync = TopicSync(flow, config.cluster(flow.source), config.cluster(flow.target))
-        names = {t: target_topic(flow, t) for t in sorted(sync.source_topics())}
-        flows.append(FlowView(flow.name, flow.replication_policy, names))
+    for flow, choice in zip(config.flows, choices(config), strict=True):
+        names = None
+        if not offline:
+            sync = TopicSync(flow, config.cluster(flow.source), config.cluster(flow.target))
+            names = {t: target_topic(flow, t) for t in sorted(sync.source_topics())}
+        flows.append(FlowView(flow.name, flow.replication_policy, _copy_view(choice), names))
     return Description(clusters, flows)
+
+
+def _copy_view(choice: CoreChoice) -> CopyView:
+    return CopyView(choice.copies, choice.core.value, choice.reason)
 
 
 def _age(seconds: float | None) -> str:
@@ -175,9 +196,16 @@ def print_status(config: MirrorConfig, as_json: bool) -> int:
     from .dr.views import flow_status
 
     flows = [flow_status(config, flow) for flow in config.flows]
+    copies = choices(config)
     if as_json:
-        print(json.dumps({"flows": [dataclasses.asdict(f) for f in flows]}, indent=2))
+        rows = [
+            dataclasses.asdict(f) | {"copy": dataclasses.asdict(_copy_view(c))}
+            for f, c in zip(flows, copies, strict=True)
+        ]
+        print(json.dumps({"flows": rows}, indent=2))
         return 0
+    for choice in copies:
+        print(choice)
     print(
         f"{'flow':16} {'topic':24} {'part':>4} {'mirrored':>10} {'lag':>8} {'checkpoint age':>15} {'heartbeat age':>14}"
     )

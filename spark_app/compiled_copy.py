@@ -69,10 +69,8 @@ def live_copier(
     flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, consumer_settings: Mapping[str, object],
     producer_settings: Mapping[str, object],
 ) -> Copier | None:  # fmt: skip
-    """A real-time task's own copier (no partition of it ever counts as idle: a quiet source is normal there); None
-    when the flow copies with the Python loop, or the core cannot log in to its clusters."""
-    if flow.copy_core != "compiled":
-        return None
+    """A real-time task's own copier, for a flow spark_app.copy_wing.choice gives the Rust core (no partition of it
+    ever counts as idle: a quiet source is normal there)."""
     return clients.copier(source, target, consumer_settings, producer_settings, _policy(flow, source, target, None))
 
 

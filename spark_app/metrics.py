@@ -124,7 +124,17 @@ class MirrorMetrics:
         self.last_batch = Gauge(
             "mirrorkit_last_batch_timestamp_seconds", "Unix time the flow last finished a batch.", ("flow",), registry=r
         )
+        self.core = Gauge(
+            "mirrorkit_copy_core_info",
+            "1 for the core that copies the flow's records (spark_app.copy_wing.choice), and what it copies.",
+            ("flow", "core", "copies"),
+            registry=r,
+        )
         r.register(self)  # `collect` adds the series computed at scrape time
+
+    def core_chosen(self, flow: str, core: str, copies: str) -> None:
+        """Say which core copies the flow: a label to join the copy series on by `flow`."""
+        self.core.labels(flow, core, copies).set(1)
 
     def batch_landed(self, flow: str, rows: Iterable[Landing]) -> None:
         """Add one batch's landings to the flow's figures (none for a topic that has left the selection)."""

@@ -22,6 +22,7 @@ from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
 
 from .config import STOP_BATCH_TIMEOUT_S, FlowMode, MirrorConfig, cores_needed, spark_jvm_conf
+from .copy_wing.choice import choices
 from .dr.service import DrSync
 from .errors import ClusterUnreachable, MirrorFailed
 from .metrics import LagPoller, MirrorMetrics
@@ -74,6 +75,9 @@ class Mirror:
         ]
         self.stopping = threading.Event()
         _warn_if_cores_short(spark, config)
+        for choice in choices(config):  # a fallback to Python is worth a warning: it costs CPU per record
+            log.log(logging.WARNING if choice.fallback else logging.INFO, "%s", choice)
+            self.metrics.core_chosen(choice.flow, choice.core.value, choice.copies)
         self._on_jvm_sigterm: _SetOnSignal | None = None
 
     def stop_on_sigterm(self) -> None:

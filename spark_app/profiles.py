@@ -88,12 +88,28 @@ def librdkafka_settings(cluster: ClusterConfig, role: Role) -> Settings:
     return conf | cluster.client_overrides
 
 
+# Profiles whose login takes a token from a Python callback (OAUTHBEARER), which only confluent-kafka's clients run.
+TOKEN_LOGINS = frozenset({Profile.EVENTHUBS_ENTRA, Profile.MSK_IAM})
+# Profiles `java_client` can say in Kafka's Java client names: a password login or none.
+JAVA_LOGINS = frozenset({Profile.KAFKA, Profile.EVENTHUBS, Profile.MSK_SCRAM})
+
+
+def why_no_java_client(cluster: ClusterConfig) -> str | None:
+    """Why the Java clients cannot reach this cluster as its profile says; None when they can. They would need more
+    than `java_client` gives: a token callback (Entra ID, MSK IAM), a client key (mTLS), or `client_overrides`,
+    which are in librdkafka's names."""
+    if cluster.profile not in JAVA_LOGINS:
+        return f"cluster '{cluster.alias}': no Java client settings for profile '{cluster.profile.value}'"
+    if cluster.client_overrides:
+        return f"cluster '{cluster.alias}': its client_overrides are in librdkafka's names"
+    return None
+
+
 def java_client(cluster: ClusterConfig, role: Role) -> dict[str, Any] | None:
     """The same profile's settings in Kafka's Java client names, for the copier slots that run on the executors' JVMs
     (spark_app.realtime.jvm): `settings`, and `login`, where a SASL login's password lives (read on the executor, so
-    it never travels with the task). None where the Java clients would need more than these profiles give: a token
-    callback (Entra ID, MSK IAM), a client key (mTLS) or `client_overrides` in librdkafka's names."""
-    if cluster.client_overrides or cluster.profile not in (Profile.KAFKA, Profile.EVENTHUBS, Profile.MSK_SCRAM):
+    it never travels with the task). None where `why_no_java_client` has a reason."""
+    if why_no_java_client(cluster) is not None:
         return None
     settings = {"bootstrap.servers": cluster.bootstrap_servers, "security.protocol": _protocol(cluster)}
     if cluster.ca_file:

@@ -3,10 +3,11 @@
 The driver plans every micro-batch as offset ranges, one per source topic-partition (spark_app.planner), in groups,
 one per task of the batch's Spark job, and each task runs `RangeCopier.copy` on its group, so a batch's ranges are
 copied in parallel; a quarantine's catch-up hands its ranges to the same copier, one per task. Each task reads its
-ranges with one librdkafka consumer and writes them through the compiled core or the per-record path (spark_app.outbox)
-with one idempotent producer: records never cross from the JVM to Python and back, which is what made this path
-about twice as fast as reading with Spark's Kafka source and writing from Arrow batches (bench/). Secrets are
-resolved on the worker from the same env vars and files as on the driver, so they never travel in a task.
+ranges with one librdkafka consumer and writes them through the core spark_app.copy_wing.choice picks for the flow
+(the Rust core, else the per-record path, spark_app.outbox) with one idempotent producer: records never cross from
+Spark's JVM to Python and back, which is what made this path about twice as fast as reading with Spark's Kafka
+source and writing from Arrow batches (bench/). Secrets are resolved on the worker from the same env vars and files
+as on the driver, so they never travel in a task.
 
 For every range it hands back one landing row (spark_app.ranges): where its records landed, with counts and a
 replication-latency histogram. A partition the target refuses a record of is held from that record on, and the row
@@ -29,6 +30,7 @@ from . import clients
 from .clients import Partition, PartitionOffsets
 from .compiled_copy import copy_compiled
 from .config import ClusterConfig, FlowConfig
+from .copy_wing.choice import Core, choose
 from .outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
 from .ranges import Landing, OffsetRange
 from .topics import TargetRules
@@ -64,16 +66,18 @@ class RangeCopier:
         self.ready = ready
         self.rules = rules or TargetRules()
         self.producer_settings = producer_settings(self.rules)
+        self.core = choose(flow, source, target).core
 
     def copy(self, ranges: list[OffsetRange], slot: int = 0) -> list[Landing]:
         """Copy every range, each partition in order; one landing per range. A flow that writes in transactions
-        copies them in one transaction of the task's `slot` (spark_app.transactions)."""
+        copies them in one transaction of the task's `slot` (spark_app.transactions), with the Python loop (the core
+        `choose` names for it)."""
         if transactional(self.flow, self.target):
             cursors = self._copy_in_transaction(ranges, slot)
         else:
             cursors = self._cursors(ranges, {})
             outbox = self._outbox(cursors, clients.shared_producer(self.target, self.producer_settings))
-            if self.flow.copy_core == "compiled" and any(not c.done for c in cursors.values()):
+            if self.core is Core.RUST and any(not c.done for c in cursors.values()):
                 copy_compiled(self.flow, self.source, self.target, cursors, self.rules, self.producer_settings, outbox)
             self._copy_open(cursors, outbox)
         return [landing for c in cursors.values() for landing in (*c.retired, c.landing)]

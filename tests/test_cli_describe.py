@@ -9,6 +9,8 @@ import yaml
 from bench.testbed.clients import create_topics
 from bench.testbed.kafka_cluster import cluster_entry
 from spark_app.cli import main as cli_main
+from spark_app.config import ClusterConfig, FlowConfig, load_config
+from spark_app.copy_wing.choice import choose
 
 
 def test_describe_lists_each_flows_topics_as_named_on_the_target_with_secrets_redacted(
@@ -30,11 +32,18 @@ def test_describe_lists_each_flows_topics_as_named_on_the_target_with_secrets_re
     assert cli_main(["describe", "--config", str(config)]) == 0
     printed = capsys.readouterr().out
     described = json.loads(printed)
+    copy = {"copies": "throughput batches", "core": "rust", "reason": choose(*flow_and_clusters(config)).reason}
     assert described["flows"] == [
-        {"flow": "msk->eh", "replication_policy": "default", "topics": {topic: f"msk.{topic}"}}
+        {"flow": "msk->eh", "replication_policy": "default", "copy": copy, "topics": {topic: f"msk.{topic}"}}
     ]
     assert described["clusters"]["msk"]["profile"] == "msk-scram"
     assert described["clusters"]["msk"]["settings"]["sasl.password"] == "***"
     assert described["clusters"]["eh"]["settings"]["sasl.username"] == "$ConnectionString"
     for secret in (source_cluster.secret, target_cluster.secret):
         assert secret not in printed
+
+
+def flow_and_clusters(path) -> tuple[FlowConfig, ClusterConfig, ClusterConfig]:
+    config = load_config(str(path))
+    (flow,) = config.flows
+    return flow, config.cluster(flow.source), config.cluster(flow.target)

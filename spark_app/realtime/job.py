@@ -26,6 +26,7 @@ from pyspark.sql import SparkSession
 
 from ..clients import Partition
 from ..config import STOP_BATCH_TIMEOUT_S, ClusterConfig, FlowConfig
+from ..copy_wing.choice import Core, choose
 from ..errors import MirrorFailed, first_cause
 from ..ranges import Landing
 from ..topics import TargetRules
@@ -78,7 +79,7 @@ class CopyJob:
         self._task = CopierTask(flow, source, target, address, self._key, rules, commit_interval_s)
         self._jvm_config = (
             jvm.slot_config(self._task, sorted({t for t, _ in assignment.starts}))
-            if jvm.serves(flow, source, target) else None
+            if choose(flow, source, target).core is Core.JVM else None
         )  # fmt: skip
 
     def start(self) -> CopyJob:
@@ -143,8 +144,10 @@ class CopyJob:
         sc = self.spark.sparkContext
         sc.setJobGroup(self._group, f"mirror {self.flow.name} (real time, slot {slot})", interruptOnCancel=True)
         try:
-            if self._jvm_config is not None and jvm.run_slot(self.spark, self._jvm_config, slot):
-                return
+            if self._jvm_config is not None:
+                if jvm.run_slot(self.spark, self._jvm_config, slot):
+                    return
+                log.info("flow %s: slot %d handed over to the Python loop by the JVM copier", self.flow.name, slot)
             if not self._stopping.is_set():
                 sc.parallelize([slot], 1).mapPartitions(functools.partial(self._task, slot)).collect()
         except Exception as err:  # noqa: BLE001 - a failed slot is reported through `error`, in the mirror's words

@@ -1,11 +1,10 @@
-"""Real-time copier slots on the executors' JVMs: which flows they serve, what they are told, and how one runs.
+"""Real-time copier slots on the executors' JVMs: what they are told, and how one runs.
 
 librdkafka puts one partition's batch in each produce request, so a real-time task writing 32 partitions costs the
 target broker about three times MirrorMaker 2's CPU at the same rate, and on a loaded machine that CPU is the
 records' latency (README, Benchmarks). Kafka's Java producer sends every ready partition of a broker in one request.
 So a slot that writes in transactions (every real-time flow into Kafka) copies with Kafka's Java clients, in the
-executor's JVM (spark_app/jvm_copier, SlotCopy), where the flow's `copy_core` is `compiled` and its clients need
-nothing the Java clients are not given here (spark_app.profiles.java_client) and its policy is `default`. It speaks
+executor's JVM (spark_app/jvm_copier, SlotCopy), where spark_app.copy_wing.choice gives the flow this core. It speaks
 the same report channel and the same slot transactions as the Python task, takes the common case only, and at the
 first event the Python loop treats with more care it aborts its open transaction and hands the slot back: the slot's
 Python task (spark_app.realtime.task) copies on from the last commit. So every rare path has one implementation.
@@ -20,14 +19,13 @@ from typing import Any
 from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
 from pyspark.sql import SparkSession
 
-from ..config import ClusterConfig, FlowConfig
 from ..errors import MirrorFailed
 from ..outbox import BATCH_BYTES
 from ..policy import positions_group, target_topic, transactional_id_prefix
 from ..profiles import java_client
 from ..ranges import LATENCY_BOUNDS_MS, MAX_RUNS_PER_RANGE
 from ..topics import CLOCK_SLACK_MS, TargetRules
-from ..transactions import TRANSACTION_TIMEOUT_MS, transactional
+from ..transactions import TRANSACTION_TIMEOUT_MS
 from .task import CONSUME_BATCH, REPORT_S, TXN_COMMIT_S, CopierTask
 
 # Where set-up puts the copier's jar and the kafka-clients jar it runs on (.ci/setup); the image has both in Spark's
@@ -53,17 +51,6 @@ def local_jars() -> list[str]:
     """The jars a Spark this process starts needs for the JVM slots; none where set-up did not make them (the image
     has them in Spark's jars)."""
     return sorted(str(p) for p in LOCAL_JARS.glob("*.jar"))
-
-
-def serves(flow: FlowConfig, source: ClusterConfig, target: ClusterConfig) -> bool:
-    """Whether the flow's real-time slots copy on the executors' JVMs."""
-    return (
-        flow.copy_core == "compiled"
-        and flow.replication_policy == "default"
-        and transactional(flow, target)
-        and java_client(source, "consumer") is not None
-        and java_client(target, "producer") is not None
-    )
 
 
 def slot_config(task: CopierTask, topics: list[str]) -> str:

@@ -2,12 +2,12 @@
 
 A task asks the driver which source partitions it copies and from where (an `Assignment`), reads them with one
 librdkafka consumer, and writes each record as it comes with a producer linger of a few milliseconds: through the
-compiled copy core (spark_app.compiled_copy) when its slot writes no transactions and the flow's `copy_core` and
-clusters allow, else (and for good once the core met an event it leaves to Python) through the per-record path
-(spark_app.outbox). At each commit of its slot's transaction (without transactions: every REPORT_S) it sends the
-driver one landing per partition, covering its offsets since the last one up to the first record not delivered yet;
-between commits, every REPORT_S, it says how far each partition reached the target. It copies until the driver says
-STOP or (an available-now run) every partition reached its stop. The channel (spark_app.realtime.channel) carries
+Rust core (spark_app.compiled_copy) where spark_app.copy_wing.choice gives the flow that core, else (and for good
+once the core met an event it leaves to Python) through the per-record path (spark_app.outbox). At each commit of its
+slot's transaction (without transactions: every REPORT_S) it sends the driver one landing per partition, covering its
+offsets since the last one up to the first record not delivered yet; between commits, every REPORT_S, it says how far
+each partition reached the target. It copies until the driver says STOP or (an available-now run) every partition
+reached its stop. The channel (spark_app.realtime.channel) carries
 JSON messages, authenticated with a key made for the job's run. Where a flow's slots copy on the executors' JVM
 (spark_app.realtime.jvm), which speaks the same channel, a slot's task here runs once the JVM handed the slot back.
 """
@@ -27,6 +27,7 @@ from .. import clients
 from ..clients import Partition
 from ..compiled_copy import copy_with, live_copier
 from ..config import ClusterConfig, FlowConfig
+from ..copy_wing.choice import Core, choose
 from ..outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
 from ..ranges import Landing
 from ..topics import TargetRules
@@ -103,6 +104,7 @@ class CopierTask:
         self.rules = rules
         self.producer_settings = producer_settings(rules) | {"linger.ms": LINGER_MS}
         self.commit_s = commit_s
+        self.core = choose(flow, source, target).core
 
     def __call__(self, slot: int, _rows: Iterable[int]) -> Iterator[int]:
         with channel.connect(self.address, self.key) as conn:
@@ -153,7 +155,7 @@ class LiveCopy:
         slot_txn = self._start_slot()
         producer = slot_txn.producer if slot_txn is not None else clients.shared_producer(
             self.task.target, self.task.producer_settings)  # fmt: skip
-        if slot_txn is None:  # a slot's transactions stay with confluent-kafka's producer (README, Benchmarks)
+        if self.task.core is Core.RUST:
             source, target, settings = self.task.source, self.task.target, self.task.producer_settings
             self.core = live_copier(self.flow, source, target, self.consumer_settings, settings)
         outbox = Outbox(self.flow, producer, lambda key: self.cursors[key].landing, self.task.rules)

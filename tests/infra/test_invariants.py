@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import kubernetes_validate
@@ -11,6 +12,8 @@ from kubeflow_spark_api.models import SparkV1beta2SparkApplication
 
 from infra.schema import MSK_PORTS
 from policies.rules import OPTIONS_RULES, RULES, spark_application_is_complete
+from spark_app.cli import main as cli_main
+from spark_app.copy_wing.choice import Core
 from tests.infra.harness import CONNECTION_STRING, EVENTHUB, STACKS, Run, is_secret, sentinel
 
 KUBERNETES_VERSION = "1.33.0"  # the oldest release the kit supports; its OpenAPI schemas ship with kubernetes-validate
@@ -159,3 +162,21 @@ def test_each_mirror_runs_in_the_region_of_the_flows_it_owns(stack, stack_runs):
     for flow in settings.mirror_config.flows:
         site = settings.site(settings.site_of_flow[flow.name])
         assert site.region == settings.cluster(flow.target).region or flow.name in settings.model.placement
+
+
+def test_describe_offline_says_which_core_copies_each_rendered_flow_and_why(stack, stack_runs, tmp_path, capsys):
+    """What an operator reads before a deploy (`mirrorkit describe --offline` on the ConfigMap's config): per flow,
+    the core and the reason, from the rendered config alone (no cluster, no mounted secret)."""
+    run = stack_runs[stack]
+    for site, text in run.result["configs"].items():
+        path = tmp_path / f"{site}.yaml"
+        path.write_text(text)
+        assert cli_main(["describe", "--config", str(path), "--offline"]) == 0
+        described = json.loads(capsys.readouterr().out)
+        rendered = [f"{f['source']}->{f['target']}" for f in yaml.safe_load(text)["flows"]]
+        assert [f["flow"] for f in described["flows"]] == rendered
+        for flow in described["flows"]:
+            copy = flow["copy"]
+            assert copy["core"] in {c.value for c in Core} and copy["reason"], flow
+            with capsys.disabled():  # the figures, for the log of a run
+                print(f"{stack} {site} {flow['flow']}: {copy['copies']} -> {copy['core']} ({copy['reason']})")

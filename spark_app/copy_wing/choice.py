@@ -1,0 +1,96 @@
+"""Which copy core copies a flow's records, and why: the one place that decides it, for both modes.
+
+Three cores copy records (README, "The copy wing"): the Python reference loop (spark_app.outbox), the Rust core in
+the Python worker (spark_app.compiled_copy, librdkafka) and the Java copier on the executors' JVM
+(spark_app.realtime.jvm, Kafka's Java clients). `choose` picks one per flow from its config and both clusters'
+profiles; the throughput copy, the real-time job and task ask it rather than repeat its rules, the mirror logs its
+answer at start, `mirrorkit describe` and `status` print it, and the metrics carry it as a label. A compiled core
+copies the common case only: at the first event it leaves to the Python loop (a refused record, offsets that went
+back, a read error) it hands its cursors or its slot to that loop, which goes on from there; so the choice is where a
+flow starts, and the Python loop is where every rare path has its one implementation.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..config import ClusterConfig, FlowConfig, FlowMode, MirrorConfig
+from ..profiles import TOKEN_LOGINS, why_no_java_client
+from ..transactions import transactional
+
+
+class Core(enum.StrEnum):
+    """A copy core, by the language its per-record loop runs in."""
+
+    PYTHON = "python"  # the reference loop, confluent-kafka's clients (spark_app.outbox)
+    RUST = "rust"  # the compiled core in the Python worker, librdkafka (spark_app.compiled_copy)
+    JVM = "jvm"  # the Java copier on the executor's JVM, Kafka's Java clients (spark_app.realtime.jvm)
+
+
+@dataclass(frozen=True)
+class CoreChoice:
+    """The core that copies one flow, what it copies (`copies`: the flow's batches or slots, and how they commit) and
+    why that core: for a fallback to Python, what rules out the compiled ones."""
+
+    flow: str
+    copies: str
+    core: Core
+    reason: str
+
+    @property
+    def fallback(self) -> bool:
+        """Whether the flow asked for a compiled core (`copy_core: compiled`) and copies with Python anyway."""
+        return self.core is Core.PYTHON and not self.reason.startswith(_ASKED_FOR_PYTHON)
+
+    def __str__(self) -> str:
+        return f"flow {self.flow}: {self.copies} copy with the {self.core.value} core ({self.reason})"
+
+
+_ASKED_FOR_PYTHON = "the flow's copy_core is 'python'"
+_HANDS_BACK = "handing over to the Python loop at the first event it leaves to it"
+
+
+def choose(flow: FlowConfig, source: ClusterConfig, target: ClusterConfig) -> CoreChoice:
+    """The core that copies `flow` from `source` to `target`, and why."""
+    in_transactions = transactional(flow, target)
+    copies = _copies(flow, in_transactions)
+
+    def chosen(core: Core, reason: str) -> CoreChoice:
+        return CoreChoice(flow.name, copies, core, reason)
+
+    if flow.copy_core == "python":
+        return chosen(Core.PYTHON, _ASKED_FOR_PYTHON)
+    if in_transactions:
+        if flow.mode is FlowMode.THROUGHPUT:
+            return chosen(Core.PYTHON, "the compiled cores do not write a throughput batch's transactions yet")
+        if flow.replication_policy != "default":
+            return chosen(
+                Core.PYTHON,
+                f"the JVM copier does not apply the '{flow.replication_policy}' policy's provenance rules, and the"
+                " Rust core writes no transactions",
+            )
+        for cluster in (source, target):
+            if why := why_no_java_client(cluster):
+                return chosen(Core.PYTHON, f"{why}; the Rust core writes no transactions")
+        return chosen(Core.JVM, f"a slot's transactions with Kafka's Java clients, {_HANDS_BACK}")
+    for cluster in (source, target):
+        if cluster.profile in TOKEN_LOGINS:
+            return chosen(
+                Core.PYTHON,
+                f"cluster '{cluster.alias}' logs in with a token callback ({cluster.profile.value}), which only"
+                " confluent-kafka's Python clients take",
+            )
+    return chosen(Core.RUST, f"librdkafka without Python per record, {_HANDS_BACK}")
+
+
+def choices(config: MirrorConfig) -> list[CoreChoice]:
+    """`choose`'s answer for every flow of the config, in its order."""
+    return [choose(flow, config.cluster(flow.source), config.cluster(flow.target)) for flow in config.flows]
+
+
+def _copies(flow: FlowConfig, in_transactions: bool) -> str:
+    """What the flow's copy runs as, e.g. 'real-time slots (transactions, exactly once)'."""
+    what = "throughput batches" if flow.mode is FlowMode.THROUGHPUT else "real-time slots"
+    how = ("transactions, exactly once" if flow.exactly_once else "transactions") if in_transactions else None
+    return f"{what} ({how})" if how else what
