@@ -1,4 +1,4 @@
-"""The mirror's runtime configuration: the one schema that infra renders and the streaming job reads.
+"""The mirror's runtime configuration: the one schema that infra renders and the mirror reads.
 
 A config names clusters (how to reach them, never the secret itself) and flows (what to copy from which cluster
 to which, under which naming policy). Everything is checked here, before Spark starts, and every error names the
@@ -306,11 +306,11 @@ class FlowConfig(StrictModel):
     # (spark_app.transactions): a read_committed consumer of the target sees every record once, through any crash.
     # Needs transactions on the target (Kafka 3.x or later, MSK; Event Hubs Premium or Dedicated only).
     exactly_once: bool = False
-    # What copies the flow's records: `compiled`, the Rust core (spark_app.compiled_copy), about three times less CPU
-    # per record, and for real-time slots that write transactions (every real-time flow into Kafka) Kafka's Java
-    # clients on the executors' JVMs (spark_app.realtime.jvm), each handing over to the Python loop at the first event
-    # it leaves to it; `python`, the reference loop (spark_app.outbox) everywhere. Clusters whose login needs a token
-    # callback (Entra ID, MSK IAM) use the Python loop either way, and so do the identity policy's real-time slots.
+    # What copies the flow's records: `compiled`, a compiled core where one serves the flow, else the Python loop;
+    # `python`, the reference loop (spark_app.outbox) everywhere. spark_app.copy_wing.choice decides which core and
+    # says why (`mirrorkit describe`): the Rust core (librdkafka, about a third of the Python loop's CPU per record)
+    # for throughput batches and real-time slots without transactions, Kafka's Java clients on the executors' JVMs for
+    # real-time slots in transactions; a compiled core hands over to the Python loop at the first event it leaves to it.
     copy_core: Literal["compiled", "python"] = "compiled"
 
     @property

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class OffsetSyncWriter:
-    """The stream's after-batch hook, and the writer of changed runs; `emit` hands one sync to the topic's producer,
+    """The copy's after-landing hook, and the writer of changed runs; `emit` hands one sync to the topic's producer,
     whose delivery report comes back through `delivered`."""
 
     def __init__(self, syncs: SyncStore, lock: threading.Lock, emit: Callable[[OffsetSync], None]) -> None:

@@ -1,6 +1,6 @@
-"""One flow's DR service: it makes the internal topics, reloads their history, and runs the DR tasks beside the stream.
+"""One flow's DR service: it makes the internal topics, reloads their history, and runs the DR tasks beside the copy.
 
-The stream hands every batch's landings to `on_landed` (offset syncs). A daemon thread runs the checkpoint task
+The copy (either mode) hands its landings to `on_landed` (offset syncs). A daemon thread runs the checkpoint task
 every `checkpoint_interval_s` and the heartbeat task every `heartbeat_interval_s`; a failed round is logged and
 tried again at the next interval, as a DR hiccup must not stop the data plane. `stop` ends with a final offset sync
 flush and checkpoint, so a finished run is exact. The Kafka side of each task is wired here.
@@ -60,7 +60,7 @@ class DrSync:
         self.emit_heartbeats = False  # only a running mirror beats: an available-now run is not a live service
         self.disabled: dict[str, str] = {}  # internal topic -> why it cannot be used
         self.syncs = SyncStore(local_writes=echoes_back(config, flow))
-        self._lock = threading.Lock()  # the stream's batches and the checkpoint task share the store
+        self._lock = threading.Lock()  # the copy's landings and the checkpoint task share the store
         self.offset_syncs = OffsetSyncWriter(self.syncs, self._lock, self._emit_sync)
         self.producers = _Producers(config)
         self.checkpoints = CheckpointTask(
@@ -133,7 +133,7 @@ class DrSync:
         self._prepared = True
 
     def on_landed(self, rows: Iterable[Landing]) -> None:
-        """The stream's after-batch hook: record where each range landed (written to the topic at the next round)."""
+        """The copy's after-landing hook: record where each range landed (written to the topic at the next round)."""
         self.offset_syncs.on_landed(rows)
 
     def forget(self, topics: list[str]) -> None:
