@@ -1,12 +1,13 @@
 """The plainest copy librdkafka allows, paced as a real-time slot of the mirror: the latency floor of its clients.
 
 Each slot is a process of its own (as each real-time task is a Python worker of its own) with every n-th partition
-of the source topics: one consumer, read `CONSUME_BATCH` events at a time waiting at most `CONSUME_WAIT_S`, feeding
-one idempotent producer with the real-time task's linger, each record with its key, value, headers, partition and
-CreateTime, into `<prefix><topic>`. With `--commit-ms` the producer is transactional and each slot flushes and
-commits that often, as a real-time slot does to fence zombie tasks; without it, nothing waits. No policy, no ledger,
-no reports, no Spark: what the harness measures beyond this loop is the mirror's own cost (bench/harness.py's `loop`
-and `loop-txn` latency candidates run it beside the mirror, MirrorMaker 2 and bench/java's CopyLoop).
+of the source topics: one consumer, read `SLOT_CONSUME_BATCH` events at a time waiting at most
+`SLOT_CONSUME_WAIT_S`, feeding one idempotent producer with the librdkafka slots' linger, each record with its key,
+value, headers, partition and CreateTime, into `<prefix><topic>`. With `--commit-ms` the producer is transactional
+and each slot flushes and commits that often, as a real-time slot does to fence zombie tasks; without it, nothing
+waits. No policy, no ledger, no reports, no Spark: what the harness measures beyond this loop is the mirror's own cost
+(bench/harness.py's `loop` and `loop-txn` latency candidates run it beside the mirror, MirrorMaker 2 and bench/java's
+CopyLoop).
 
 Usage: .venv/bin/python bench/copy_loop.py SOURCE TARGET PREFIX TOPIC[,TOPIC...] [--slots 2] [--commit-ms 500]
        (copies until stopped)
@@ -31,7 +32,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition  # noqa: E402
 from bench.testbed import clients as kafka_clients  # noqa: E402
 from bench.testbed.clients import plaintext  # noqa: E402
 from spark_app.outbox import Record  # noqa: E402
-from spark_app.realtime.task import CONSUME_BATCH, CONSUME_WAIT_S, CONSUMER_SETTINGS, LINGER_MS  # noqa: E402
+from spark_app.realtime.task import CONSUMER_SETTINGS, LIBRDKAFKA_LINGER_MS, SLOT_CONSUME_BATCH, SLOT_CONSUME_WAIT_S  # noqa: E402
 from spark_app.transactions import TRANSACTION_TIMEOUT_S  # noqa: E402
 
 
@@ -40,7 +41,7 @@ def copy(source: str, target: str, prefix: str, topics: list[str], slot: int, sl
     consumer = kafka_clients.consumer(plaintext(source), "copy-loop", CONSUMER_SETTINGS)
     partitions = [(t, p) for t in topics for p in sorted(consumer.list_topics(t).topics[t].partitions)]
     consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in partitions[slot::slots]])
-    settings: dict[str, object] = {"linger.ms": LINGER_MS, "enable.idempotence": True, "acks": "all"}
+    settings: dict[str, object] = {"linger.ms": LIBRDKAFKA_LINGER_MS, "enable.idempotence": True, "acks": "all"}
     if commit_ms:
         settings |= {"transactional.id": f"{prefix}copy-loop-{slot}"}
     producer = kafka_clients.producer(plaintext(target), settings)
@@ -55,7 +56,7 @@ def copy(source: str, target: str, prefix: str, topics: list[str], slot: int, sl
     commit_at = time.monotonic() + commit_ms / 1000
     while True:
         # Read from assigned partitions, so topic, partition and offset are set (the stubs say Optional).
-        for msg in cast(list[Record], consumer.consume(CONSUME_BATCH, CONSUME_WAIT_S)):
+        for msg in cast(list[Record], consumer.consume(SLOT_CONSUME_BATCH, SLOT_CONSUME_WAIT_S)):
             if msg.error() is not None:
                 raise RuntimeError(f"copy loop slot {slot}: {msg.error()}")
             producer.produce(f"{prefix}{msg.topic()}", msg.value(), msg.key(), partition=msg.partition(),

@@ -87,7 +87,7 @@ from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
 from spark_app.config import ClusterConfig, FlowMode, MirrorConfig, Profile  # noqa: E402
-from spark_app.realtime.task import LINGER_MS, TXN_COMMIT_S  # noqa: E402
+from spark_app.realtime.task import LIBRDKAFKA_LINGER_MS, TXN_COMMIT_S  # noqa: E402
 from spark_app.transactions import transactional  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -107,7 +107,7 @@ class LatencyCandidate:
     mode: FlowMode = FlowMode.THROUGHPUT  # the mirror's
     exactly_once: bool = False
     transactions: bool = False  # the copy loops': commit every TXN_COMMIT_S, as a real-time slot of the mirror does
-    linger_ms: int = LINGER_MS  # the copy loops' producer linger: by default the real-time task's
+    linger_ms: int = LIBRDKAFKA_LINGER_MS  # the copy loops' producer linger: by default the librdkafka slots'
     copy_core: str = "compiled"  # the mirror's
 
 

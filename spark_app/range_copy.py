@@ -36,8 +36,8 @@ from .ranges import Landing, OffsetRange
 from .topics import TargetRules
 from .transactions import SlotTransactions, transactional
 
-CONSUME_BATCH = 10_000
-CONSUME_WAIT_S = 0.1
+RANGE_CONSUME_BATCH = 10_000
+RANGE_CONSUME_WAIT_S = 0.1
 
 # A partition with records left that reads nothing this long is looked up in the source's metadata, and held at once
 # when it has no leader (its broker offline). A fetch waits at most 500 ms (librdkafka's fetch.wait.max.ms), so 5 s
@@ -168,7 +168,7 @@ class RangeCopier:
                     cursor.landing.first_offset = min(cursor.landing.first_offset, cursor.next)
                     cursor.landing.hold(cursor.next, error=why)
                     cursor.done = True
-            left -= copy_some(consumer, open_, outbox, min(CONSUME_BATCH, left), CONSUME_WAIT_S)
+            left -= copy_some(consumer, open_, outbox, min(RANGE_CONSUME_BATCH, left), RANGE_CONSUME_WAIT_S)
             open_ = {key: c for key, c in open_.items() if not c.done}
         consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
         outbox.flush(300)

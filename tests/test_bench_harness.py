@@ -1,7 +1,8 @@
 """The benchmark harness's configs: what each candidate is given is a config the mirror accepts, and says what ran.
 
 The harness's figures are only as good as what it launches: a mirror config the mirror refuses fails a run late, and
-one that silently writes transactions where the harness says it does not would mislabel a README row.
+one that silently writes transactions where the harness says it does not would mislabel a row of the README's
+benchmark table or of the benchmark journal (bench/results/JOURNAL.md).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from bench.harness import (
     mm2_command,
 )
 from spark_app.config import ClusterConfig, FlowMode, MirrorConfig, Profile, SecretRef
-from spark_app.realtime.task import LINGER_MS
+from spark_app.realtime.task import LIBRDKAFKA_LINGER_MS
 
 SOURCE = "127.0.0.1:9092"
 KAFKA = ClusterConfig(alias="tgt", bootstrap_servers="127.0.0.1:9093", profile=Profile.KAFKA)
@@ -61,7 +62,11 @@ def test_mm2_signs_in_to_the_target_as_the_mirror_does_and_its_secret_stays_in_i
 def test_copy_loops_run_as_a_real_time_slot_does_with_and_without_its_transactions(tmp_path: Path) -> None:
     (tmp_path / "copy-loop.jar").touch()  # built by javac on first use; the command is what is checked here
     seen = {}
-    lingers = {"limit": LINGER_MS, "limit-txn": LINGER_MS, "limit-txn-mm2-linger": 20}  # 20: tuned MM2's, above
+    lingers = {
+        "limit": LIBRDKAFKA_LINGER_MS,
+        "limit-txn": LIBRDKAFKA_LINGER_MS,
+        "limit-txn-mm2-linger": 20,
+    }  # 20: tuned MM2's, above
     for name in ("limit", "limit-txn", "limit-txn-mm2-linger", "loop", "loop-txn"):
         cmd, commits = copy_loop_latency_command(
             LATENCY_CANDIDATES[name], tmp_path, SOURCE, "127.0.0.1:9093", "lat0.", ["a", "b"], slots=2

@@ -26,7 +26,7 @@ from ..profiles import java_client
 from ..ranges import LATENCY_BOUNDS_MS, MAX_RUNS_PER_RANGE
 from ..topics import CLOCK_SLACK_MS, TargetRules
 from ..transactions import TRANSACTION_TIMEOUT_MS
-from .task import CONSUME_BATCH, REPORT_S, TXN_COMMIT_S, CopierTask
+from .task import REPORT_S, SLOT_CONSUME_BATCH, TXN_COMMIT_S, CopierTask
 
 # Where set-up puts the copier's jar and the kafka-clients jar it runs on (.ci/setup); the image has both in Spark's
 # own jars instead (images/mirror/Dockerfile).
@@ -34,14 +34,14 @@ LOCAL_JARS = Path(__file__).resolve().parents[2] / ".cache" / "jvm-copier"
 COPIER_CLASS = "io.mirrorkit.copier.CopierJob"
 # Tuned MirrorMaker 2's producer batching (bench/): a 20 ms linger costs the Java producer no latency at 10,000
 # records/s, since it sends every ready partition of a broker at once, and keeps its requests few.
-LINGER_MS = 20
+JAVA_LINGER_MS = 20
 POLL_MS = 5  # how long one consumer poll waits for records, as the Python task's consume wait
 # The Java consumer's reads: the Python task's (spark_app.outbox.CONSUMER_DEFAULTS), in Java names.
 _CONSUMER = {
     "enable.auto.commit": "false",
     "auto.offset.reset": "none",
     "isolation.level": "read_committed",
-    "max.poll.records": str(CONSUME_BATCH),
+    "max.poll.records": str(SLOT_CONSUME_BATCH),
     "fetch.max.bytes": "52428800",
     "max.partition.fetch.bytes": "10485760",
 }
@@ -59,7 +59,7 @@ def slot_config(task: CopierTask, topics: list[str]) -> str:
     producer = {
         "acks": "all",
         "enable.idempotence": "true",
-        "linger.ms": str(LINGER_MS),
+        "linger.ms": str(JAVA_LINGER_MS),
         "batch.size": str(min(BATCH_BYTES, rules.max_message_bytes or BATCH_BYTES)),
         "transaction.timeout.ms": str(TRANSACTION_TIMEOUT_MS),
     }

@@ -49,11 +49,12 @@ REPORT_S = 0.5  # how often a task tells the driver where its partitions stand
 # since its last source offset commit, every 60 s by default).
 TXN_COMMIT_S = 5.0
 # A task's consumer returns what it has after at most this long, so a record waits for at most that before it is sent.
-CONSUME_WAIT_S = 0.005
-CONSUME_BATCH = 2_000
-# The producer sends what it holds after this long: a few ms buys batches of a few records per partition at
-# 10,000 records/s (bench/) without adding latency users see.
-LINGER_MS = 2
+SLOT_CONSUME_WAIT_S = 0.005
+SLOT_CONSUME_BATCH = 2_000
+# The Python and Rust slots' producer sends what it holds after this long (the JVM slots' is
+# spark_app.realtime.jvm.JAVA_LINGER_MS): a few ms buys batches of a few records per partition at 10,000 records/s
+# (bench/) without adding latency users see.
+LIBRDKAFKA_LINGER_MS = 2
 # End-of-log events tell an available-now run where each partition ends (past transaction markers); a continuous run
 # has no use for them, and they cost about a tenth more events at a steady rate.
 CONSUMER_SETTINGS = CONSUMER_DEFAULTS | {"group.id": "mirrorkit-realtime", "enable.partition.eof": False}
@@ -102,7 +103,7 @@ class CopierTask:
         self.address = address
         self.key = key
         self.rules = rules
-        self.producer_settings = producer_settings(rules) | {"linger.ms": LINGER_MS}
+        self.producer_settings = producer_settings(rules) | {"linger.ms": LIBRDKAFKA_LINGER_MS}
         self.commit_s = commit_s
         self.core = choose(flow, source, target).core
 
@@ -254,7 +255,7 @@ class LiveCopy:
         how many records it passed on. Once the core stops at an event it leaves to the Python loop, the Python loop
         goes on from there for the rest of the task's run."""
         if self.core is None:
-            return copy_some(self._consumer(), open_, outbox, CONSUME_BATCH, CONSUME_WAIT_S)
+            return copy_some(self._consumer(), open_, outbox, SLOT_CONSUME_BATCH, SLOT_CONSUME_WAIT_S)
         task, left = self.task, max(0.0, until - time.monotonic())
         taken, event = copy_with(self.core, self.flow, task.source, task.target, open_, task.rules, outbox, left)
         if event:
