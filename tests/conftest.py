@@ -9,11 +9,13 @@ before it ends.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -22,7 +24,7 @@ from bench.testbed.ports import free_port
 from bench.testbed.s3 import S3Server, moto_server
 from bench.testbed.spark_standalone import SparkStandalone
 from bench.testbed.testbed import TestBed
-from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api import CHARTS, SETUP_HINT, KubeApiServer
 from tests.support.mirror_cli import MirrorCli
 
 CLUSTER_FIXTURES = frozenset(
@@ -31,7 +33,10 @@ CLUSTER_FIXTURES = frozenset(
 # Object storage is reached through Spark's s3a connector, so the `s3` fixture needs Spark too; `mirror_cli` starts the
 # mirror's `run`, and with it Spark, in a subprocess.
 SPARK_FIXTURES = frozenset({"spark", "spark_standalone", "s3", "mirror_cli"})
-KUBE_FIXTURES = frozenset({"kube_api"})
+# What only `.ci/setup` builds, and the pipeline's unit job does not: the API server, the charts it copies and the
+# compiled copy core; a test that needs one asks for its fixture, which marks it `kube` (tests/test_markers.py finds the
+# fast tests that reach `.cache` or the compiled core without one).
+KUBE_FIXTURES = frozenset({"kube_api", "kube_charts", "compiled_core"})
 # The tests that need neither brokers, Spark nor the API server: the pipeline's unit job runs this selection.
 FAST_SELECTION = "not kafka and not spark and not kube"
 
@@ -99,6 +104,19 @@ def kube_api() -> Iterator[KubeApiServer]:
 
 
 @pytest.fixture(scope="session")
+def kube_charts() -> Path:
+    """The Helm charts `.ci/setup` copies out of the operators' Go modules (tests/support/kube_api.py's CHARTS)."""
+    assert CHARTS.is_dir(), f"{CHARTS} is missing: {SETUP_HINT}"
+    return CHARTS
+
+
+@pytest.fixture(scope="session")
+def compiled_core() -> ModuleType:
+    """The compiled copy core's module (`mirrorkit_copy_core`), which `.ci/setup` builds and installs."""
+    return importlib.import_module("mirrorkit_copy_core")
+
+
+@pytest.fixture(scope="session")
 def spark_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkStandalone]:
     """A Spark standalone cluster for the whole run: a master and two workers of one core each. Their executors'
     Python workers import the mirror from this checkout (the application names their interpreter)."""
@@ -144,7 +162,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
       one (a test parametrized over cluster names calls `request.getfixturevalue`).
     - `spark`: it holds a SPARK_FIXTURES fixture; `mirror_cli` among them, through which every test that starts the
       mirror's `run` in a subprocess builds its command (tests/test_markers.py checks that no test builds it alone).
-    - `kube`: it holds a fixture of KUBE_FIXTURES (the real API server, whose binaries `.ci/setup` builds).
+    - `kube`: it holds a fixture of KUBE_FIXTURES: the real API server, whose binaries `.ci/setup` builds, or another
+      thing only set-up makes (the charts, the compiled copy core).
     """
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))

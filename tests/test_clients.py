@@ -165,19 +165,17 @@ def test_shared_clients_stay_within_their_bound_over_thousands_of_changed_overri
 
 
 def test_the_compiled_core_gets_librdkafka_strings_and_serves_no_cluster_whose_login_needs_a_token_callback(
-    monkeypatch,
+    compiled_core, monkeypatch
 ):
     """A Copier takes librdkafka's settings as strings; a token callback (MSK IAM, Entra ID) is a Python function,
     which only confluent-kafka's clients can call, so such a flow's copy stays with the Python loop."""
-    import mirrorkit_copy_core
-
     made: list[tuple[list[tuple[str, str]], list[tuple[str, str]]]] = []
 
     class FakeCopier:
         def __init__(self, consumer_settings, producer_settings, *policy):
             made.append((consumer_settings, producer_settings))
 
-    monkeypatch.setattr(mirrorkit_copy_core, "Copier", FakeCopier)
+    monkeypatch.setattr(compiled_core, "Copier", FakeCopier)
     monkeypatch.setattr(clients._copiers, "_clients", OrderedDict())
     iam = ClusterConfig(alias="msk", bootstrap_servers="b-1.msk:9098", profile="msk-iam", region="us-east-1")
     policy = ("src", "dr", False, False, "h", [10.0], 64, 5.0, [10])

@@ -22,7 +22,7 @@ from pulumi.runtime.rpc import UNKNOWN
 from infra.k8s.mirror_app import CONFIG_HASH_ANNOTATION
 from infra.k8s.operator import CHART, CHART_VERSION
 from tests.infra.harness import STACKS, Registered, Run
-from tests.support.kube_api import CHARTS, KubeApiError, KubeApiServer, helm_template
+from tests.support.kube_api import KubeApiError, KubeApiServer, helm_template
 from tests.support.spark_operator import start_operator
 
 HELM_CHART = "kubernetes:helm.sh/v4:Chart"
@@ -236,8 +236,8 @@ def test_every_service_account_but_the_drivers_may_do_nothing(applied, kube_api,
         assert rights == []
 
 
-def test_the_chart_set_up_copies_is_the_one_the_program_installs():
-    chart = yaml.safe_load((CHARTS / CHART / "Chart.yaml").read_text())
+def test_the_chart_set_up_copies_is_the_one_the_program_installs(kube_charts):
+    chart = yaml.safe_load((kube_charts / CHART / "Chart.yaml").read_text())
     assert (chart["name"], chart["version"]) == (CHART, CHART_VERSION), "bump tests/support/kube/go.mod with the chart"
 
 
