@@ -1,5 +1,8 @@
 """Topic naming and loop rules, shared by the mirror and by infra, and the access set infra grants from them.
 
+A flow's `replication_policy` is one object (`replication_policy(flow)`, MirrorMaker 2's ReplicationPolicy) that the
+copy, topic sync, DR and infra ask; no other module compares the policy's name.
+
 - `default` (MirrorMaker 2's DefaultReplicationPolicy): `orders` from alias `A` becomes `A.orders`; a topic that is
   already a remote copy from the flow's target is never mirrored back, so active/active cannot cycle.
 - `identity`: names are kept; each record carries a provenance header, `<source alias>:<source offset>`, and a flow
@@ -16,6 +19,8 @@ renders the IAM policy, the Kafka ACLs and the event hubs to create from it.
 
 from __future__ import annotations
 
+import abc
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -42,16 +47,92 @@ def is_internal(topic: str, separator: str = ".") -> bool:
     )
 
 
-def target_topic(flow: FlowConfig, source_topic: str) -> str:
-    if flow.replication_policy == "identity":
+class ReplicationPolicy(abc.ABC):
+    """How one flow names its copies on the target and keeps records from going round in circles."""
+
+    name: str  # as the flow's `replication_policy` key says it
+    renames: bool  # whether a copy's name differs from its source topic's
+    stamps: bool  # whether each copy carries the provenance header, and echoes of the target's records are dropped
+
+    @abc.abstractmethod
+    def target_topic(self, source_topic: str) -> str:
+        """The copy's name on the target."""
+
+    @abc.abstractmethod
+    def copies(self, pattern: str) -> str:
+        """The full-match regex of the copies of the source topics `pattern` matches."""
+
+    @abc.abstractmethod
+    def came_from_target(self, source_topic: str) -> bool:
+        """Whether a source topic is itself a copy from the flow's target, by its name: mirroring it back would
+        cycle."""
+
+    def drops(self, came_from: tuple[bytes, int] | None) -> bool:
+        """Whether a record whose provenance `origin` is `came_from` came from the flow's target, and must not go
+        back there."""
+        return False
+
+
+@dataclass(frozen=True)
+class DefaultPolicy(ReplicationPolicy):
+    """MirrorMaker 2's DefaultReplicationPolicy: `orders` from alias `A` becomes `A<separator>orders`."""
+
+    source: str
+    target: str
+    separator: str
+    name = "default"
+    renames = True
+    stamps = False
+
+    def target_topic(self, source_topic: str) -> str:
+        return f"{self.source}{self.separator}{source_topic}"
+
+    def copies(self, pattern: str) -> str:
+        return re.escape(f"{self.source}{self.separator}") + (f"(?:{pattern})" if "|" in pattern else pattern)
+
+    def came_from_target(self, source_topic: str) -> bool:
+        alias, sep, rest = source_topic.partition(self.separator)
+        return bool(sep and rest) and alias == self.target
+
+
+@dataclass(frozen=True)
+class IdentityPolicy(ReplicationPolicy):
+    """Names kept; loops are prevented by the provenance header, unless the flow turns it off (`provenance_header`)."""
+
+    target: str
+    stamps: bool  # per flow: its provenance_header
+    name = "identity"
+    renames = False
+
+    def target_topic(self, source_topic: str) -> str:
         return source_topic
-    return f"{flow.source}{flow.separator}{source_topic}"
+
+    def copies(self, pattern: str) -> str:
+        return pattern
+
+    def came_from_target(self, source_topic: str) -> bool:
+        return False
+
+    def drops(self, came_from: tuple[bytes, int] | None) -> bool:
+        return self.stamps and came_from is not None and came_from[0] == self.target.encode()
 
 
-def origin_alias(flow: FlowConfig, topic: str) -> str | None:
-    """The alias a `default`-policy remote copy came from (`B.orders` -> `B`), or None for a local topic."""
-    alias, sep, rest = topic.partition(flow.separator)
-    return alias if sep and rest else None
+@functools.cache
+def named_policy(name: str, source: str, target: str, separator: str, provenance_header: bool) -> ReplicationPolicy:
+    """The policy `name` (`default` or `identity`) for a flow between these aliases, as a flow or MM2 configures it."""
+    if name == IdentityPolicy.name:
+        return IdentityPolicy(target, provenance_header)
+    return DefaultPolicy(source, target, separator)
+
+
+def replication_policy(flow: FlowConfig) -> ReplicationPolicy:
+    """The flow's replication policy: the one object that answers naming and loop questions for it."""
+    return named_policy(flow.replication_policy, flow.source, flow.target, flow.separator, flow.provenance_header)
+
+
+def target_topic(flow: FlowConfig, source_topic: str) -> str:
+    """The copy's name on the flow's target (its policy's `target_topic`)."""
+    return replication_policy(flow).target_topic(source_topic)
 
 
 def should_mirror(flow: FlowConfig, source_topic: str) -> bool:
@@ -60,7 +141,7 @@ def should_mirror(flow: FlowConfig, source_topic: str) -> bool:
         return False
     if source_topic == HEARTBEATS_TOPIC:
         return True  # heartbeats always travel, like MM2's, to measure end-to-end liveness
-    if flow.replication_policy == "default" and origin_alias(flow, source_topic) == flow.target:
+    if replication_policy(flow).came_from_target(source_topic):
         return False  # a copy that came from our target: mirroring it back would cycle
     return flow.topics.matches(source_topic)
 
@@ -79,22 +160,16 @@ def origin(value: str | bytes) -> tuple[bytes, int] | None:
 def drops_record(flow: FlowConfig, came_from: tuple[bytes, int] | None) -> bool:
     """Identity loop prevention: a record that came from the flow's target (its provenance `origin`) must not go
     back there."""
-    return (
-        flow.replication_policy == "identity"
-        and flow.provenance_header
-        and came_from is not None
-        and came_from[0] == flow.target.encode()
-    )
+    return replication_policy(flow).drops(came_from)
 
 
 def echoes_back(config: MirrorConfig, flow: FlowConfig) -> bool:
-    """Whether records written locally on the flow's target come back to its source, stamped, through an identity
-    flow the other way: then its translation can tell which of them a group has read (spark_app.dr.syncs)."""
-    return flow.replication_policy == "identity" and any(
-        back.source == flow.target and back.target == flow.source and back.replication_policy == "identity"
-        and back.provenance_header
+    """Whether records written locally on the flow's target come back to its source, stamped, through a flow the
+    other way that keeps names: then its translation can tell which of them a group has read (spark_app.dr.syncs)."""
+    return not replication_policy(flow).renames and any(
+        back.source == flow.target and back.target == flow.source and replication_policy(back).stamps
         for back in config.flows
-    )  # fmt: skip
+    )
 
 
 def internal_separator(flow: FlowConfig) -> str:
@@ -202,7 +277,7 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
             if flow.offset_syncs_location == "source":
                 owned.add(re.escape(offset_syncs_topic(flow)))
         if flow.target == alias:
-            copies = {_copies(flow, pattern) for pattern in _source_topics(flow)}
+            copies = {replication_policy(flow).copies(pattern) for pattern in _source_topics(flow)}
             written |= copies
             owned |= {re.escape(checkpoints_topic(flow)), re.escape(target_topic(flow, HEARTBEATS_TOPIC))}
             joined.add(re.escape(lease_group(flow)))
@@ -237,13 +312,6 @@ def _source_topics(flow: FlowConfig) -> set[str]:
     if names is None:
         return set(flow.topics.include)
     return {re.escape(t) for t in names if should_mirror(flow, t)}
-
-
-def _copies(flow: FlowConfig, pattern: str) -> str:
-    """The regex of the copies of the source topics `pattern` matches."""
-    if flow.replication_policy == "identity":
-        return pattern
-    return re.escape(f"{flow.source}{flow.separator}") + (f"(?:{pattern})" if "|" in pattern else pattern)
 
 
 _REGEX_META = set(".^$*+?{}[]\\|()")

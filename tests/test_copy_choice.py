@@ -55,7 +55,9 @@ def config(source: str, target: str, **flow: object) -> MirrorConfig:
         ("mtls", "kafka", {"mode": "realtime"}, Core.PYTHON, "cluster 'mtls': no Java client settings for profile"),
         ("scram", "tuned", {"mode": "realtime"}, Core.PYTHON, "cluster 'tuned': its client_overrides are in"),
         ("kafka", "scram", {"mode": "realtime", "replication_policy": "identity"}, Core.PYTHON,
-         "does not apply the 'identity' policy's provenance rules"),
+         "does not stamp or drop the 'identity' policy's provenance headers"),
+        ("kafka", "scram", {"mode": "realtime", "replication_policy": "identity", "provenance_header": False},
+         Core.JVM, "Kafka's Java clients"),  # names kept, nothing stamped: the JVM copier copies it as it is
         ("scram", "kafka", {"mode": "realtime", "copy_core": "python"}, Core.PYTHON, "copy_core is 'python'"),
     ],
 )  # fmt: skip

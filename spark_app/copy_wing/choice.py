@@ -16,6 +16,7 @@ import enum
 from dataclasses import dataclass
 
 from ..config import ClusterConfig, FlowConfig, FlowMode, MirrorConfig
+from ..policy import replication_policy
 from ..profiles import TOKEN_LOGINS, why_no_java_client
 from ..transactions import transactional
 
@@ -64,11 +65,11 @@ def choose(flow: FlowConfig, source: ClusterConfig, target: ClusterConfig) -> Co
     if in_transactions:
         if flow.mode is FlowMode.THROUGHPUT:
             return chosen(Core.PYTHON, "the compiled cores do not write a throughput batch's transactions yet")
-        if flow.replication_policy != "default":
+        if replication_policy(flow).stamps:
             return chosen(
                 Core.PYTHON,
-                f"the JVM copier does not apply the '{flow.replication_policy}' policy's provenance rules, and the"
-                " Rust core writes no transactions",
+                f"the JVM copier does not stamp or drop the '{flow.replication_policy}' policy's provenance headers,"
+                " and the Rust core writes no transactions",
             )
         for cluster in (source, target):
             if why := why_no_java_client(cluster):

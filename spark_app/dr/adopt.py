@@ -48,6 +48,7 @@ from ..policy import (
     HEARTBEATS_TOPIC,
     checkpoints_topic,
     mm2_offset_syncs_topic,
+    named_policy,
     offset_syncs_topic,
     should_mirror,
     target_topic,
@@ -80,7 +81,7 @@ class Mm2Naming:
     separator: str = "."
 
     def remote(self, flow: FlowConfig, topic: str) -> str:
-        return topic if self.policy == "identity" else f"{flow.source}{self.separator}{topic}"
+        return named_policy(self.policy, flow.source, flow.target, self.separator, False).target_topic(topic)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from confluent_kafka.admin import OffsetSpec
 from .. import clients
 from ..clients import Partition
 from ..config import ConfigError, FlowConfig, MirrorConfig
-from ..policy import HEARTBEATS_TOPIC, should_mirror, target_topic
+from ..policy import HEARTBEATS_TOPIC, replication_policy, should_mirror, target_topic
 from .groups import ClusterGroups, GroupCommit, mark
 from .views import Checks, copied_in, failover_plan, flow_status
 
@@ -124,7 +124,7 @@ def failback(config: MirrorConfig, reverse: FlowConfig, dry_run: bool = False, f
         )
     committed = {g: {tp: c.offset for tp, c in on_dr.committed(g).items()} for g in groups}
     wanted: dict[str, dict[Partition, tuple[Move, int]]] = {g: {} for g in groups}  # group -> tp -> (move, offset)
-    if reverse.replication_policy == "default":
+    if replication_policy(reverse).renames:
         for g, tp_offset in where_stopped(config, reverse, committed, checks).items():
             wanted[g] |= {tp: (Move.WHERE_STOPPED, o) for tp, o in tp_offset.items()}
     for g, tp_offset in at_end(config, original, on_primary, on_dr, committed, checks).items():

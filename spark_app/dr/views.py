@@ -24,7 +24,7 @@ from .. import clients
 from ..clients import Partition, PartitionOffsets
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
 from ..errors import AuthenticationFailed, ClusterUnreachable, MirrorFailed
-from ..policy import PROVENANCE_HEADER, drops_record, origin, should_mirror, target_topic
+from ..policy import PROVENANCE_HEADER, drops_record, origin, replication_policy, should_mirror, target_topic
 from .groups import ClusterGroups, GroupCommit, mark
 from .internal import newest_heartbeat_ms, read_checkpoints, read_offset_syncs
 from .lease import SESSION_S, DrLease, holder
@@ -239,7 +239,7 @@ def copied_in(cluster: ClusterConfig, flow: FlowConfig, spans: dict[Partition, t
 def copies(flow: FlowConfig, msg: Message) -> bool:
     """Whether the flow copies this source record: every record, but under `identity` one that came from its target
     (its provenance header says so)."""
-    if flow.replication_policy != "identity" or not flow.provenance_header:
+    if not replication_policy(flow).stamps:
         return True
     headers = msg.headers() or []  # a consumed record's headers come as a list of (key, value)
     pairs = headers.items() if isinstance(headers, dict) else headers
