@@ -69,6 +69,24 @@ JAVA_CLIENT_NAMES = {
     "sasl.client.callback.handler.class": None,
     "sasl.login.callback.handler.class": None,
 }
+# client_overrides keys the copy's guarantees rest on (no record lost, skipped, copied twice or out of order), with
+# why: the mirror sets each itself (spark_app.outbox, spark_app.transactions), and an override, applied last, would
+# change delivery or order without a word. Every other key is tuning, and passes.
+GUARANTEE_KEYS = {
+    "auto.offset.reset": "a position outside the source's log must stop or be reported as a gap, never be reset"
+    " silently; MirrorMaker 2 configs often carry 'earliest'",
+    "isolation.level": "the copy reads committed records only: read_uncommitted would copy aborted transactions",
+    "enable.auto.commit": "the batch log or the flow's ledger owns the positions, never the consumer group",
+    "enable.auto.offset.store": "the batch log or the flow's ledger owns the positions, never the consumer group",
+    "enable.partition.eof": "an available-now run learns where each partition's log ends from it",
+    "acks": "a record counts as copied once every in-sync replica has it",
+    "enable.idempotence": "the producer keeps each partition's order through retries, and writes no duplicates",
+    "max.in.flight.requests.per.connection": "order through retries rests on the idempotent producer's bound",
+    "max.in.flight": "order through retries rests on the idempotent producer's bound",
+    "enable.gapless.guarantee": "the copy settles each partition's failures itself (spark_app.outbox)",
+    "transactional.id": "each copier slot's id fences its zombies: spark_app.transactions sets it per slot",
+    "transaction.timeout.ms": "spark_app.transactions sets it with the transactions it commits",
+}
 # client_overrides keys that carry a secret or point at a private key (matched without case; `ssl.key*` takes
 # `ssl.keystore.*` too): overrides are plain config, and infra writes the config into a ConfigMap, so a secret goes
 # through a SecretRef (`password`, `client_key`) instead. Java names among them are refused here too.
@@ -194,6 +212,15 @@ class ClusterConfig(StrictModel):
             raise ValueError(f"profile '{self.profile.value}' needs {', '.join(repr(k) for k in missing)}")
         if self.tls and self.profile is not Profile.KAFKA:
             raise ValueError(f"'tls' applies to profile 'kafka' only; '{self.profile.value}' always uses TLS")
+        guarded = [k for k in self.client_overrides if k in GUARANTEE_KEYS]
+        if guarded:
+            raise ValueError(
+                "\n".join(
+                    f"client_overrides.{k}: the mirror sets it, as its guarantees rest on it ({GUARANTEE_KEYS[k]});"
+                    " remove it"
+                    for k in guarded
+                )
+            )
         for key in self.client_overrides:
             if key in JAVA_CLIENT_NAMES:
                 instead = JAVA_CLIENT_NAMES[key]

@@ -165,3 +165,26 @@ def test_a_secret_in_client_overrides_is_refused_by_its_key_pointing_to_a_secret
 def test_settings_that_only_look_near_a_secret_pass():
     overrides = {"sasl.username": "m", "ssl.ca.location": "/ca.pem", "ssl.certificate.location": "/c.pem"}
     assert parse_config(variant(clusters__1__client_overrides=overrides)).clusters[1].client_overrides == overrides
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("auto.offset.reset", "earliest", "never be reset silently"),
+        ("isolation.level", "read_uncommitted", "would copy aborted transactions"),
+        ("acks", "1", "every in-sync replica has it"),
+        ("enable.idempotence", "false", "keeps each partition's order through retries"),
+        ("enable.partition.eof", "false", "where each partition's log ends"),
+        ("enable.auto.commit", "true", "owns the positions"),
+        ("transactional.id", "mine", "fences its zombies"),
+    ],
+)
+def test_an_override_of_a_setting_the_guarantees_rest_on_is_refused_naming_the_key_and_why(key, value, why):
+    tuning = {"linger.ms": "50", "fetch.wait.max.ms": "100", "client.id": "mirror-dc1"}
+    assert parse_config(variant(clusters__1__client_overrides=tuning)).clusters[1].client_overrides == tuning
+    with pytest.raises(ConfigError) as refused:
+        parse_config(variant(clusters__1__client_overrides=tuning | {key: value}))
+    message = str(refused.value)
+    assert message.startswith(f"config:clusters[1]: client_overrides.{key}: the mirror sets it"), message
+    assert why in message and message.endswith("remove it"), message
+    assert "linger.ms" not in message, "tuning keys pass"
