@@ -3,7 +3,7 @@ copies plain, transactional and compacted topics under load while a nemesis inje
 reading both clusters finds nothing lost, nothing out of order, duplicates within the bound, every record deleted
 before it was mirrored reported, and no consumer group's translated offset past a record it had not read.
 
-The long run (30 minutes or more, hundreds of faults) is `python -m bench.chaos` (README)."""
+The long run (30 minutes or more, hundreds of faults) is `python -m bench.chaos` (docs/testing/adversary.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`mirrorkit failover` and `failback` as operators run them: after a failover and writes on DR, the groups go back to
-the primary where the README says, and it refuses while consumers still run on DR or a flow still lags; what either
-moved, the mirror's group sync leaves alone."""
+the primary where docs/operations/failback.md says, and it refuses while consumers still run on DR or a flow still
+lags; what either moved, the mirror's group sync leaves alone."""
 
 from __future__ import annotations
 

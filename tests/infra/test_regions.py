@@ -1,6 +1,6 @@
-"""Each region deploys and recovers on its own: the shipped sets of stacks come up in the README's order, each
-reading the others only through their stack outputs, and with one region down the other region's stacks still
-preview and update."""
+"""Each region deploys and recovers on its own: the shipped sets of stacks come up in the order
+docs/deploy/regions.md gives, each reading the others only through their stack outputs, and with one region down
+the other region's stacks still preview and update."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def part_values(stack: str) -> dict[str, Any]:
 
 
 def order_of_up(topology: str) -> list[str]:
-    """The stacks of a set, in the README's order: its parts as infra.parts orders them, then the MSK parts again
-    when a cluster policy merges the grants the sites export."""
+    """The stacks of a set, in the order docs/deploy/regions.md gives: its parts as infra.parts orders them, then the
+    MSK parts again when a cluster policy merges the grants the sites export."""
     settings = run_stack(ROOT / "stacks" / f"Pulumi.{topology}.yaml").result["settings"]
     first = [p.stack(topology) for p in settings.parts]
     again = [p.stack(topology) for p in settings.parts if p.kind == "msk" and settings.references(p)]
@@ -311,21 +311,21 @@ def test_a_second_up_of_every_stack_of_a_set_takes_its_own_routes_and_peerings_f
     up(order_of_up("active-active"), backend, calls=aws)
 
 
-def readme_table() -> list[tuple[str, str, list[str]]]:
-    """The README's table of each shipped set, in its order: (topology, stack, the stacks it reads)."""
-    text = (ROOT / "README.md").read_text()
+def stacks_table() -> list[tuple[str, str, list[str]]]:
+    """The table of each shipped set in docs/deploy/regions.md, in its order: (topology, stack, the stacks it reads)."""
+    text = (ROOT / "docs" / "deploy" / "regions.md").read_text()
     section = text.split("<!-- stacks table -->", 2)[1]
     rows = re.findall(r"^\| `([^`]+)` \| `([^`]+)` \|([^|]*)\|$", section, re.M)
     return [(topology, stack, re.findall(r"`([^`]+)`", reads)) for topology, stack, reads in rows]
 
 
-def test_the_readme_lists_each_sets_stacks_in_the_order_of_up_with_what_each_reads():
+def test_the_docs_list_each_sets_stacks_in_the_order_of_up_with_what_each_reads():
     expected = []
     for topology in SETS:
         settings = run_stack(ROOT / "stacks" / f"Pulumi.{topology}.yaml").result["settings"]
         expected += [
             (topology, p.stack(topology), [r.stack(topology) for r in settings.references(p)]) for p in settings.parts
         ]
-    assert readme_table() == expected
+    assert stacks_table() == expected
     listed = {stack for _, stack, _ in expected}
     assert listed == {stack_name(p) for p in PART_STACKS}, "every part stack file is in a shipped set"
