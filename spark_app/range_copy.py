@@ -122,7 +122,9 @@ class RangeCopier:
             if self.flow.exactly_once:
                 committed = slot_txn.committed(k for k, c in cursors.items() if not c.done)
                 _skip_committed(cursors, ranges, committed)
-            copying = {key for key, c in cursors.items() if not c.done}  # a range held whole writes no position
+            # A range held whole writes no position, but one whose offsets went backwards does, empty or held: the
+            # new life starts there, or the next batch would skip the new topic's records to the old life's position.
+            copying = {key for key, c in cursors.items() if not c.done or _starts_over(c)}
             slot_txn.begin()
             outbox = self._outbox(cursors, slot_txn.producer)
             self._copy_open(cursors, outbox)
@@ -131,9 +133,8 @@ class RangeCopier:
                 cursors[key].landing.hold(offset, size, error)
             refused = outbox.take_refused()
             if not refused:  # a position never goes back, but where the partition's offsets did
-                reset = {(r.topic, r.partition) for r in ranges if r.reset_from >= 0}
                 slot_txn.commit({
-                    key: _position(c) if key in reset else max(_position(c), committed.get(key, -1))
+                    key: _position(c) if _starts_over(c) else max(_position(c), committed.get(key, -1))
                     for key, c in cursors.items()
                     if key in copying
                 })  # fmt: skip
@@ -201,6 +202,12 @@ def _skip_committed(cursors: dict[Partition, Cursor], ranges: list[OffsetRange],
             cursor.seen = True
             cursor.next = min(offset, stop)
             cursor.done = cursor.next >= stop
+
+
+def _starts_over(cursor: Cursor) -> bool:
+    """Whether the cursor's partition went backwards (its topic made again, or truncated), as the planner saw at the
+    batch's start or the copy met within it: its position is the new life's, not the old life's larger one."""
+    return cursor.landing.reset_from >= 0
 
 
 def _position(cursor: Cursor) -> int:
