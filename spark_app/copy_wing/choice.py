@@ -1,7 +1,7 @@
 """Which copy core copies a flow's records, and why: the one place that decides it, for both modes.
 
-Three cores copy records (README, "The copy wing"): the Python reference loop (spark_app.outbox), the Rust core in
-the Python worker (spark_app.compiled_copy, librdkafka) and the Java copier on the executors' JVM
+Three cores copy records (docs/mirror/copy.md, "The copy wing"): the Python reference loop (spark_app.outbox), the
+Rust core in the Python worker (spark_app.compiled_copy, librdkafka) and the Java copier on the executors' JVM
 (spark_app.realtime.jvm, Kafka's Java clients). `choose` picks one per flow from its config and both clusters'
 profiles; the throughput copy, the real-time job and task ask it rather than repeat its rules, the mirror logs its
 answer at start, `mirrorkit describe` and `status` print it, and the metrics carry it as a label. A compiled core
