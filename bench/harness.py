@@ -30,7 +30,7 @@ Then it measures end-to-end replication latency at a steady rate for each of `--
   `--realtime-tasks` slots with the real-time task's linger, without transactions or committing every TXN_COMMIT_S as
   an at-least-once real-time slot does: the floor of each client library, with and without the slot's transactions.
   They write through the target's plaintext listener. `limit-txn-mm2-linger` is `limit-txn` with tuned MM2's
-  producer linger (20 ms): what real-time tasks copying with Kafka's Java clients would do (README, Benchmarks).
+  producer linger (20 ms): what real-time tasks copying with Kafka's Java clients would do (docs/benchmarks.md).
 
 Before the first of them, the plain `loop` copies under the same load for `--latency-broker-warmup` seconds (120),
 not counted: freshly started brokers answer slowly for minutes, and the first candidate paid for it.

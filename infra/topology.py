@@ -80,7 +80,7 @@ class _References:
             if value is None:
                 raise ConfigError(
                     f"stack '{stack}' exports no '{key}', which stack '{self.settings.stack}' reads: run `pulumi up`"
-                    f" on '{stack}' first (the order is in the README)"
+                    f" on '{stack}' first (the order is in docs/deploy/regions.md)"
                 )
             return value
 

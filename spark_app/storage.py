@@ -8,12 +8,12 @@ location with no scheme (or `file:`) is a local path, a PVC mounted as one inclu
 (`s3a://`, `abfss://`, `hdfs://`) goes through the Hadoop `FileSystem` Spark itself uses for such a location, reached
 through the session's JVM: the same jars, the same `spark.hadoop.*` settings and credentials, nothing to set twice.
 
-Why Hadoop rather than a compacted Kafka topic (measured with `bench/state_store.py`; README, "Where the flow's
-state lives"): a topic saves faster (0.9 ms against 20 ms on s3a, medians, moto on loopback), but both are small
-beside the offset and commit entries the batch log writes per batch (Spark's own took 127 + 190 ms on s3a), so speed
-does not decide. State in a topic outlives a checkpoint deleted to start over, and the two then disagree; a
-compacted topic is read whole at every start (compaction never touches its active segment), so that read grows with
-the batches; and an Event Hubs cluster would need one more pre-created hub per flow, on a tier with compaction.
+Why Hadoop rather than a compacted Kafka topic (measured with `bench/state_store.py`; docs/mirror/state.md): a topic
+saves faster (0.9 ms against 20 ms on s3a, medians, moto on loopback), but both are small beside the offset and commit
+entries the batch log writes per batch (Spark's own took 127 + 190 ms on s3a), so speed does not decide. State in a
+topic outlives a checkpoint deleted to start over, and the two then disagree; a compacted topic is read whole at every
+start (compaction never touches its active segment), so that read grows with the batches; and an Event Hubs cluster
+would need one more pre-created hub per flow, on a tier with compaction.
 
 Atomic replacement: a reader sees the old file or the new one, never a part. Where the file system's output streams
 are abortable (`fs.capability.outputstream.abortable`: S3A, whose object appears only when its upload completes), the

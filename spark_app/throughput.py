@@ -12,7 +12,7 @@ produced before the mirror noticed a topic are copied too.
 
 Planning in the driver, not in a streaming source, is what keeps the mirror's Python to the driver and one worker per
 task: a Python streaming source costs a process of its own for as long as it runs, and Spark's one-off Python steps
-to look it up, make it and plan its first batch leave one more each (README, Benchmarks).
+to look it up, make it and plan its first batch leave one more each (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -25,8 +25,7 @@ from .process import MirrorProcess
 
 # At least once: a fault that stops a copy mid-way copies again what it wrote since its last saved position (the
 # batch in flight; in real time what landed since the last commit). At the generator's rate that is well under this
-# many seconds of load per fault, which bounds the duplicates the checker allows (README: the mirror against an
-# adversary).
+# many seconds of load per fault, which bounds the duplicates the checker allows (docs/testing/adversary.md).
 DUPLICATE_WINDOW_S = 30.0
 DRAIN_S = 420.0  # after the last fault, how long the mirror gets to copy what it owes (a held topic retries each 60 s)
 # How long the mirror may take to start and copy a first record of every partition: about a minute on a quiet

@@ -1,4 +1,4 @@
-"""Failback: the steps of the README's failback a program can do, for a reverse flow DR->PRIMARY.
+"""Failback: the steps of the runbook (docs/operations/failback.md) a program can do, for a reverse flow DR->PRIMARY.
 
 Given an active/active config with the original flow PRIMARY->DR and the reverse flow DR->PRIMARY, it first checks
 what the operator must have done: no consumer of the reverse flow's selected groups runs on DR, and both flows have
