@@ -1,4 +1,6 @@
-"""A cluster the mirror cannot reach, or that refuses its password, stops `run` quickly with a message naming it."""
+"""A cluster the mirror cannot reach, or that refuses its password, stops `run` with a message naming it: an unreachable
+one once the reachability check gives up, a refused password at the refusal itself, without waiting out a timeout. The
+time each took is printed, not asserted."""
 
 from __future__ import annotations
 
@@ -36,5 +38,5 @@ def test_unreachable_cluster_and_wrong_password_fail_fast_naming_the_cluster(sou
     print(f"wrong password: exit {result.returncode} after {took:.1f}s")
     assert result.returncode == 1, result.stderr[-2000:]
     assert f"authentication failed for cluster 'msk' ({source_cluster.client.bootstrap_servers})" in result.stderr
-    assert took < 60, f"a wrong password took {took:.0f}s to report; it must not wait for timeouts"
+    assert "unreachable" not in result.stderr, "a refused password was reported as a timeout, after waiting one out"
     assert source_cluster.secret not in result.stdout + result.stderr

@@ -7,7 +7,6 @@ thread, with a stand-in for the driver's end of the report channel."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,10 +15,12 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from bench.testbed import clients
 from bench.testbed.clients import Record
+from spark_app import clients as spark_clients
 from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
 from spark_app.ranges import Landing
 from spark_app.realtime.task import LANDED, STOP, Assignment, CopierTask, LiveCopy
 from spark_app.topics import TargetRules
+from tests.support.polling import wait_until
 
 BATCH = 40
 
@@ -116,9 +117,14 @@ def test_a_record_the_broker_refuses_aborts_the_slots_transaction_holds_its_part
         topic = ConfigResource(ResourceType.TOPIC, flow.copy_topic, incremental_configs=[entry])
         for future in admin.incremental_alter_configs([topic]).values():
             future.result()
-        time.sleep(1.0)  # the broker applies the new policy to the next appends
+        wait_until(
+            lambda: spark_clients.topic_configs(admin, flow.copy_topic).get("cleanup.policy") == "compact",
+            f"the broker to describe '{flow.copy_topic}' as compacted",
+        )
         flow.load(0, BATCH)  # refused now
-        time.sleep(1.5)  # refused by then, well inside the slot's transaction: what comes next meets a failed one
+        # The refusal aborted the slot's transaction, and the next commit reports partition 0 held: the records that
+        # come next go to a transaction of their own.
+        wait_until(lambda: driver.held(0) or driver.error, "partition 0 reported held", timeout_s=60)
         flow.load(1, BATCH)
         copied = flow.copied(3 * BATCH, driver)
     assert copied[0] == [f"p0-{i}".encode() for i in range(BATCH)], "partition 0: only what came before"
