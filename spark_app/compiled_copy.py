@@ -6,7 +6,9 @@ the common case only: at the first event the Python loop treats with more care (
 would refuse, offsets that went back, a position outside the log, a partition that reads nothing) it stops, lets
 what it sent land, and hands back every cursor as far as it got. Its delivery refusals are filed into an `Outbox`,
 and the Python loop (spark_app.range_copy) goes on from there with its own consumer and producer: so each rare path
-has one implementation, and a differential test holds the two cores to the same output.
+has one implementation, and a differential test holds the two cores to the same output. What the core obeys per
+record comes with each copy as the flow's contract (spark_app.copy_wing.contract), JSON it reads by name; ranges go
+in, and cursors, landings and refused records come back, as dicts keyed by name too.
 
 Real-time tasks that write no transactions use it too, each with a copier of its own (`live_copier`), whose
 consumer keeps its assignment from one copy to the next: a task copies until its next report (`copy_with`), and goes
@@ -19,35 +21,34 @@ flow, else with confluent-kafka's clients, as a token callback's login does.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError
 
 from . import clients
 from .clients import Partition
 from .config import ClusterConfig, FlowConfig
+from .copy_wing.contract import CopyContract
 from .errors import AuthenticationFailed, DeliveryFailed
 from .outbox import (
     CONSUMER_DEFAULTS,
-    TOPIC_SCOPED_ERRORS,
     Cursor,
+    Headers,
     Outbox,
     Refused,
     read_error,
     went_back,
 )
-from .policy import PROVENANCE_HEADER, target_topic
-from .ranges import LATENCY_BOUNDS_MS, MAX_RUNS_PER_RANGE
-from .topics import CLOCK_SLACK_MS, TargetRules
+from .policy import target_topic
+from .topics import TargetRules
 
 if TYPE_CHECKING:
-    from mirrorkit_copy_core import Copier, Landed
+    from mirrorkit_copy_core import Copier, RangeIn, RangeOut
 
 # A partition with records left that reads nothing this long goes to the Python loop, which looks up its leader
 # (spark_app.range_copy.LEADER_CHECK_S) and holds it when the source does not serve it.
 IDLE_S = 5.0
 FLUSH_S = 300.0  # as long as the Python loop waits for its records in flight
-_REFUSALS = [KafkaError.MSG_SIZE_TOO_LARGE, *TOPIC_SCOPED_ERRORS]  # delivery errors that hold a partition only
 
 
 def copy_compiled(
@@ -80,19 +81,25 @@ def copy_with(
 ) -> tuple[int, bool]:  # fmt: skip
     """Copy the open cursors with `copier` as `copy_compiled` does, for at most `until_s` (None: until they are
     done): how many records it passed on, and whether it stopped at an event the Python loop goes on from."""
+    contract = CopyContract.of(flow, source, target, rules)
     keys = [key for key, c in cursors.items() if not c.done]
-    ranges = [
-        (key[0], key[1], target_topic(flow, key[0]), cursors[key].next, _stop(cursors[key]), _rule(rules, key[0]))
-        for key in keys
-    ]
-    results, (kind, index, offset, detail), refused, undelivered = copier.copy(ranges, FLUSH_S, until_s)
+    ranges: list[RangeIn] = [
+        {"topic": t, "partition": p, "target": target_topic(flow, t), "next": cursors[t, p].next,
+         "stop": _stop(cursors[t, p])}
+        for t, p in keys
+    ]  # fmt: skip
+    copied = copier.copy(contract.dumps(), ranges, FLUSH_S, until_s)
     taken = 0
-    for key, ((next_, seen, done, first_offset), landed) in zip(keys, results, strict=True):
-        taken += landed[0] + landed[2]  # records sent and echoes dropped
-        _file(cursors[key], next_, seen, done, first_offset, landed)
-    for i, at, code, key_bytes, value, ts in refused:
-        record = Refused(keys[i][0], keys[i][1], at, key_bytes, value, None, ts)
-        outbox.refused(KafkaError(code), record, f"{target_topic(flow, keys[i][0])}[{keys[i][1]}]")
+    for key, out in zip(keys, copied["ranges"], strict=True):
+        taken += out["landing"]["records"] + out["landing"]["dropped"]  # records sent and echoes dropped
+        _file(cursors[key], out, contract)
+    for r in copied["refused"]:
+        source_topic, partition = keys[r["range"]]
+        headers: Headers | None = None if r["headers"] is None else [(k, v) for k, v in r["headers"]]
+        record = Refused(source_topic, partition, r["offset"], r["key"], r["value"], headers, r["timestamp"])
+        outbox.refused(KafkaError(r["code"]), record, f"{target_topic(flow, source_topic)}[{partition}]")
+    stopped, undelivered = copied["stopped"], copied["undelivered"]
+    kind, index, offset, detail = stopped["kind"], stopped["range"], stopped["offset"], stopped["detail"]
     if copier.fatal():
         clients.discard_copier(copier)
     if undelivered:
@@ -111,45 +118,40 @@ def copy_with(
     for held in outbox.settle():
         if held in cursors:
             cursors[held].done = True
-    return taken, bool(kind or refused)
+    return taken, bool(kind or copied["refused"])
 
 
-def _policy(flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, idle_s: float | None) -> tuple[Any, ...]:
-    """The flow's per-record policy, as the core's constructor takes it after the clients' settings."""
-    identity = flow.replication_policy == "identity"
-    return (
-        source.alias, target.alias, identity, identity and flow.provenance_header, PROVENANCE_HEADER,
-        list(LATENCY_BOUNDS_MS), MAX_RUNS_PER_RANGE, idle_s, _REFUSALS,
-    )  # fmt: skip
+def _policy(
+    flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, idle_s: float | None
+) -> tuple[float | None]:
+    """What the core's constructor takes after the clients' settings: how long a partition may read nothing. The
+    flow's per-record rules are not the copier's but each copy's: its contract (`copy_with`)."""
+    del flow, source, target  # one copier serves whatever contract a copy brings
+    return (idle_s,)
 
 
 def _stop(cursor: Cursor) -> int:
     return cursor.stop if cursor.stop is not None else 2**63 - 1
 
 
-def _rule(rules: TargetRules, topic: str) -> tuple[bool, int | None, int | None, int] | None:
-    rule = rules.topics.get(topic)
-    if rule is None:
-        return None
-    return rule.compacted, rule.before_max_ms, rule.after_max_ms, CLOCK_SLACK_MS
-
-
-def _file(cursor: Cursor, next_: int, seen: bool, done: bool, first_offset: int, landed: Landed) -> None:
+def _file(cursor: Cursor, out: RangeOut, contract: CopyContract) -> None:
     """What the core did to one cursor, and what landed, into the cursor and its landing (fresh from the planner's
-    range: the core is the first to write it)."""
-    records, size, dropped, last_offset, last_target_offset, runs, echoes, latency_counts, latency_sum_ms = landed
+    range: the core is the first to write it), field by field by the landing's names."""
+    landed = out["landing"]
+    if unknown := set(landed) - set(contract.landing_fields):
+        raise DeliveryFailed(f"flow {contract.flow}: the compiled core handed back landing fields {sorted(unknown)}")
     landing = cursor.landing
-    if seen and not cursor.seen:
+    if out["seen"] and not cursor.seen:
         cursor.seen = True
-        landing.first_offset = first_offset
-    cursor.next, cursor.done = next_, done
-    landing.records += records
-    landing.bytes += size
-    landing.dropped += dropped
-    landing.last_offset = max(landing.last_offset, last_offset)
-    if last_target_offset >= 0:
-        landing.last_target_offset = last_target_offset
-    landing.runs.extend(runs)
-    landing.echoes.extend(echoes)
-    landing.latency_counts = [a + b for a, b in zip(landing.latency_counts, latency_counts, strict=True)]
-    landing.latency_sum_ms += latency_sum_ms
+        landing.first_offset = landed["first_offset"]
+    cursor.next, cursor.done = out["next"], out["done"]
+    landing.records += landed["records"]
+    landing.bytes += landed["bytes"]
+    landing.dropped += landed["dropped"]
+    landing.last_offset = max(landing.last_offset, landed["last_offset"])
+    if landed["last_target_offset"] >= 0:
+        landing.last_target_offset = landed["last_target_offset"]
+    landing.runs.extend(landed["runs"])
+    landing.echoes.extend(landed["echoes"])
+    landing.latency_counts = [a + b for a, b in zip(landing.latency_counts, landed["latency_counts"], strict=True)]
+    landing.latency_sum_ms += landed["latency_sum_ms"]

@@ -86,6 +86,9 @@ TOPIC_SCOPED_ERRORS = frozenset(
         KafkaError._UNKNOWN_TOPIC,
     }
 )
+# The largest offset Kafka has (a signed 64-bit integer). A provenance value with a larger offset was made by no copy
+# core of the mirror, so it is no stamp of ours: not an echo, and not stamped again (every core, by the contract).
+MAX_OFFSET = 2**63 - 1
 Headers = list[tuple[str, str | bytes | None]]  # as confluent-kafka types them; consumed values are bytes or None
 
 
@@ -101,6 +104,13 @@ class Record(Protocol):
     def headers(self) -> Headers | None: ...
     def timestamp(self) -> tuple[int, int]: ...
     def error(self) -> KafkaError | None: ...
+
+
+def stamp_origin(value: str | bytes) -> tuple[bytes, int] | None:
+    """A provenance value's alias and source offset (spark_app.policy.origin); None for a value no core of the mirror
+    made, one whose offset is past MAX_OFFSET among them."""
+    came_from = origin(value)
+    return came_from if came_from is not None and came_from[1] <= MAX_OFFSET else None
 
 
 def producer_settings(rules: TargetRules) -> dict[str, object]:
@@ -261,8 +271,13 @@ class Outbox:
         self.landing_of = landing_of
         self.rules = rules or TargetRules()
         self.in_flight: dict[Partition, collections.deque[int]] = {}  # per source partition
-        # source -> (target topic, in flight, what the target topic refuses that a record shows)
-        self._targets: dict[Partition, tuple[str, collections.deque[int], TargetRule | None]] = {}
+        # The headers each record in flight was sent with, beside `in_flight`: a delivery report carries none, and a
+        # record it refuses is dead-lettered with them (as every core does, by the contract).
+        self._sent_headers: dict[Partition, collections.deque[Headers | None]] = {}
+        # source -> (target topic, in flight, their headers, what the target topic refuses that a record shows)
+        self._targets: dict[
+            Partition, tuple[str, collections.deque[int], collections.deque[Headers | None], TargetRule | None]
+        ] = {}
         self._sources: dict[Partition, Partition] = {}  # target partition -> source partition
         self._refused: list[Refused] = []
         self._blocked: list[tuple[Partition, int, str]] = []  # (source partition, offset, error): refused for its topic
@@ -281,7 +296,8 @@ class Outbox:
         """Get ready to send records of a source partition."""
         out_topic = target_topic(self.flow, source[0])
         queue = self.in_flight.setdefault(source, collections.deque())
-        self._targets[source] = (out_topic, queue, self.rules.topics.get(source[0]))
+        sent_headers = self._sent_headers.setdefault(source, collections.deque())
+        self._targets[source] = (out_topic, queue, sent_headers, self.rules.topics.get(source[0]))
         self._sources[(out_topic, source[1])] = source
 
     def send(self, msg: Record, source: Partition, offset: int, landing: Landing) -> bool:
@@ -291,7 +307,7 @@ class Outbox:
         value, headers = msg.value(), msg.headers()
         if self._identity:
             stamp = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
-            came_from = origin(stamp) if stamp is not None else None
+            came_from = stamp_origin(stamp) if stamp is not None else None
             if drops_record(self.flow, came_from):
                 assert came_from is not None  # drops_record says it is a provenance value
                 landing.dropped += 1
@@ -301,7 +317,7 @@ class Outbox:
                 stamp_header = (PROVENANCE_HEADER, provenance(self.flow.source, offset))
                 headers = [*headers, stamp_header] if headers else [stamp_header]
         key, ts = msg.key(), msg.timestamp()[1]
-        out_topic, queue, rule = self._targets[source]
+        out_topic, queue, sent_headers, rule = self._targets[source]
         if rule is not None and (refusal := rule.refusal(key, ts)) is not None:
             landing.hold(offset, error=f"target '{self.flow.target}' would refuse it: {refusal}; fix it on the target")
             return False
@@ -322,6 +338,7 @@ class Outbox:
                     return False
                 return True
         queue.append(offset)
+        sent_headers.append(headers)
         landing.records += 1
         landing.bytes += (len(key) if key else 0) + (len(value) if value else 0)
         return True
@@ -330,6 +347,7 @@ class Outbox:
         msg = cast(Record, report)
         source = self._sources[(msg.topic(), msg.partition())]
         offset = self.in_flight[source].popleft()
+        headers = self._sent_headers[source].popleft()
         landing = self.landing_of(source)
         if err is None:
             landing.landed(offset, msg.offset())
@@ -339,7 +357,7 @@ class Outbox:
                 landing.latency_counts[bisect_left(LATENCY_BOUNDS_MS, latency_ms)] += 1
                 landing.latency_sum_ms += latency_ms
         else:
-            self.refused(err, Refused.of(source[0], offset, msg), f"{msg.topic()}[{msg.partition()}]")
+            self.refused(err, Refused.of(source[0], offset, msg, headers), f"{msg.topic()}[{msg.partition()}]")
 
     def refused(self, err: KafkaError, record: Refused, where: str) -> None:
         """File a delivery report's error for `record` (written to `where` on the target): a record too large or
@@ -498,7 +516,8 @@ class Refused:
     timestamp: int
 
     @classmethod
-    def of(cls, source_topic: str, offset: int, report: Record) -> Refused:
-        """From a delivery report the broker refused."""
-        return cls(source_topic, report.partition(), offset, report.key(), report.value(), report.headers(),
+    def of(cls, source_topic: str, offset: int, report: Record, headers: Headers | None) -> Refused:
+        """From a delivery report the broker refused, and the headers its record was sent with (the report has
+        none)."""
+        return cls(source_topic, report.partition(), offset, report.key(), report.value(), headers,
                    report.timestamp()[1])  # fmt: skip

@@ -79,9 +79,15 @@ def transactional(flow: FlowConfig, target: ClusterConfig) -> bool:
     return flow.exactly_once or (flow.mode is FlowMode.REALTIME and not target.is_eventhubs)
 
 
+# How a slot's transactional.id is made from the flow's prefix (spark_app.policy.transactional_id_prefix, which infra
+# grants) and the slot's number. The JVM copier makes its slots' ids by this rule too (spark_app.copy_wing.contract
+# hands it over): an id made otherwise in one language would fence nothing of the other's.
+TRANSACTIONAL_ID_RULE = "{prefix}{slot}"
+
+
 def transactional_id(flow: FlowConfig, slot: int) -> str:
-    """A slot's id: the same for every attempt of the slot, so each fences the ones before it."""
-    return f"{transactional_id_prefix(flow)}{slot}"
+    """A slot's id: the same for every attempt of the slot, in any language, so each fences the ones before it."""
+    return TRANSACTIONAL_ID_RULE.format(prefix=transactional_id_prefix(flow), slot=slot)
 
 
 class SlotTransactions:

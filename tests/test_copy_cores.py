@@ -6,7 +6,11 @@ Both copy through the throughput copy (`RangeCopier`) on real brokers, from the 
 `copy_core` differs. The input has keys and null keys, tombstones, duplicate, binary and null-valued headers,
 timestamps old and new, echoes of the target's own records and a third cluster's stamps (identity policy), a record
 over the target's cap (dead-lettered), a record the target topic would refuse (its partition held), and a range that
-ends in transaction markers with an aborted transaction inside it. A third profile, mTLS, has a test of its own.
+ends in transaction markers with an aborted transaction inside it. A fourth topic (`_odd`) comes from a source topic
+that stamps its broker's append time (replication latency must be timed alike), carries a provenance value whose
+offset is 20 digits (no stamp of ours: copied, not dropped, by every core), and a record with headers that only the
+target broker refuses for its size (dead-lettered from a delivery report, with the record's headers). A third
+profile, mTLS, has a test of its own.
 """
 
 from __future__ import annotations
@@ -54,6 +58,22 @@ def _generated(rng: random.Random, target_alias: str, now_ms: int) -> list[Recor
     return out
 
 
+# The `_odd` topic's target takes records up to half the cap the flow's rules say (changed after topic sync): a
+# record between the two is sent, and refused by the broker in its delivery report.
+ODD_CAP = CAP // 2
+TWENTY_DIGITS = "9" * 20  # past the largest 64-bit offset
+
+
+def _odd(target_alias: str, now_ms: int) -> list[Record]:
+    """Partition 0: records from an append-time source topic, one with a 20-digit provenance offset that names the
+    target; partition 1: one record over ODD_CAP, with duplicate and null-valued headers, alone in its partition so
+    that no other record shares its refused batch."""
+    small = [Record(0, f"k{i}".encode(), f"v{i}".encode(), (("n", str(i).encode()),), now_ms - 1000) for i in range(30)]
+    small[7] = replace(small[7], headers=((PROVENANCE_HEADER, f"{target_alias}:{TWENTY_DIGITS}".encode()),))
+    headers = (("trace", b"t"), ("dup", b"1"), ("dup", None), ("dup", b"2"))
+    return [*small, Record(1, b"odd-big", b"y" * (3 * CAP // 4), headers, now_ms)]
+
+
 def _transactional(source, topic: str, unique: str, now_ms: int) -> None:
     """60 committed records, then 10 aborted, then 20 committed: the range ends in a commit marker."""
     producer = testbed_clients.producer(source.admin, {"transactional.id": f"gen-{unique}-{topic}"})
@@ -84,25 +104,26 @@ def test_the_compiled_core_writes_and_accounts_exactly_what_the_python_loop_does
     c_end = 0
     for core in ("python", "compiled"):
         flow, rules, ends = _inputs(source, target, core, unique, tmp_path, records, refusing, now_ms)
-        a, b, c = flow.topics.include
+        a, b, c, d = flow.topics.include
         copier = RangeCopier(flow, source.client, target.client, None, rules)
         c_end = ends[(c, 0)]
         landings: list[Landing] = []
-        for task in ([(a, 0), (a, 1)], [(b, 0)], [(c, 0)]):  # one task each, as Spark would hand them out
+        for task in ([(a, 0), (a, 1)], [(b, 0)], [(c, 0)], [(d, 0), (d, 1)]):  # one task each, as Spark hands them
             landings += copier.copy([OffsetRange(t, p, 0, ends[(t, p)]) for t, p in task])
         written = sum(x.records for x in landings)
         # A record the target refused after it was sent counts as sent and as dead-lettered.
-        copied = [read_all(target.admin, t, _landed(landings, t)) for t in (a, b, c)]
+        copied = [read_all(target.admin, t, _landed(landings, t)) for t in (a, b, c, d)]
         assert sum(map(len, copied)) == written - sum(x.dead_lettered for x in landings)
+        _kept_append_times(source, d, copied[3])
         rows = [_comparable(x) for x in landings]
-        results[core] = (copied, read_all(target.admin, flow.dead_letter_topic or "", 1), rows)
+        results[core] = (copied, read_all(target.admin, flow.dead_letter_topic or "", 2), rows)
 
-    assert used == [True, True, True], "the compiled core copied every task of its flow, the Python loop none"
+    assert used == [True, True, True, True], "the compiled core copied every task of its flow, the Python loop none"
     python, compiled_ = results["python"], results["compiled"]
     assert by_core[0] >= 0.9 * sum(row["records"] for row in compiled_[2]), "the core did the work, not its fallback"
-    for got, want in zip(compiled_[0], python[0], strict=True):
-        assert sorted(map(_bytes, got)) == sorted(map(_bytes, want))
-    assert [_dead_letter(r) for r in compiled_[1]] == [_dead_letter(r) for r in python[1]], "the same dead letter"
+    for role, got, want in zip("abcd", compiled_[0], python[0], strict=True):
+        assert _whole(got, role) == _whole(want, role)
+    assert sorted(map(_dead_letter, compiled_[1])) == sorted(map(_dead_letter, python[1])), "the same dead letters"
     assert compiled_[2] == python[2], "the same landings"
 
     # And the reference itself did what the input asks, so the two cannot agree on a wrong answer.
@@ -116,6 +137,33 @@ def test_the_compiled_core_writes_and_accounts_exactly_what_the_python_loop_does
     assert rows[("c", 0)]["records"] == 80 and rows[("c", 0)]["end_offset"] == c_end, "aborted ones skipped"
     stamped = python[0][0]
     assert all(r.headers[-1][0] == PROVENANCE_HEADER for r in stamped), "each record says where it came from"
+    _odd_ones_as_the_contract_says(rows, python[0][3], python[1])
+
+
+def _whole(records: list[Record], role: str) -> list[tuple]:
+    """Target records whole, sorted; those of the append-time topic without their timestamps: each core's run has a
+    source topic of its own, stamped when it was loaded (`_kept_append_times` checks them against it)."""
+    return sorted(_bytes(r)[:-1] if role == "d" else _bytes(r) for r in records)
+
+
+def _kept_append_times(source, topic: str, copied: list[Record]) -> None:
+    """Each record copied from the append-time topic has the timestamp its source broker stamped."""
+    stamped = {r.key: r.timestamp_ms for r in read_all(source.admin, topic, len(_odd("", 0)))}
+    assert copied and all(r.timestamp_ms == stamped[r.key] for r in copied)
+
+
+def _odd_ones_as_the_contract_says(rows: dict[tuple[str, int], dict], copied: list[Record], dead: list[Record]) -> None:
+    """The `_odd` topic's records as the reference copies them: each of partition 0 written and timed (the target
+    kept its append-time timestamp), the 20-digit provenance value copied as it came, and the record the broker refused
+    dead-lettered with its headers, in order and with duplicates, then the provenance stamp and the coordinates."""
+    assert (rows[("d", 0)]["records"], rows[("d", 0)]["dropped"], rows[("d", 0)]["latency_counts"]) == (30, 0, 30)
+    twenty = [r for r in copied if any(v and TWENTY_DIGITS.encode() in v for _, v in r.headers)]
+    assert len(twenty) == 1 and len(twenty[0].headers) == 1, "copied with its own value, not stamped again"
+    assert rows[("d", 1)]["dead_lettered"] == 1 and rows[("d", 1)]["held_from"] == -1
+    letter = next(r for r in dead if r.key == b"odd-big")
+    assert [h for h in letter.headers if not h[0].startswith(("mirrorkit.dlq.", PROVENANCE_HEADER))] == [
+        ("trace", b"t"), ("dup", b"1"), ("dup", None), ("dup", b"2"),
+    ]  # fmt: skip
 
 
 def test_a_real_time_task_with_the_compiled_core_writes_and_reports_what_the_python_loop_does(
@@ -147,18 +195,20 @@ def test_a_real_time_task_with_the_compiled_core_writes_and_reports_what_the_pyt
             reports += conn.rows
             python_consumers[core, topic.split("-", 1)[0]] = live.consumer is not None
         copied = [read_all(target.admin, t, _landed_rows(reports, t)) for t in flow.topics.include or ()]
-        results[core] = (copied, read_all(target.admin, flow.dead_letter_topic or "", 1), _per_partition(reports))
+        _kept_append_times(source, (flow.topics.include or [])[3], copied[3])
+        results[core] = (copied, read_all(target.admin, flow.dead_letter_topic or "", 2), _per_partition(reports))
 
     assert sum(n for n, _ in copies) >= 0.9 * len(records), "the core copied most records, not its fallback"
-    assert sum(event for _, event in copies) == 2, "the core stopped at the record over the cap and at the null key"
+    assert sum(event for _, event in copies) == 3, "the core stopped at the records over the caps and at the null key"
     made = {role for (core, role), made in python_consumers.items() if core == "compiled" and made}
-    assert made == {"a", "b"}, "only a task whose core met an event makes the Python loop's consumer"
+    assert made == {"a", "b", "d"}, "only a task whose core met an event makes the Python loop's consumer"
     python, compiled_ = results["python"], results["compiled"]
-    for got, want in zip(compiled_[0], python[0], strict=True):
-        assert sorted(map(_bytes, got)) == sorted(map(_bytes, want))
-    assert [_dead_letter(r) for r in compiled_[1]] == [_dead_letter(r) for r in python[1]], "the same dead letter"
+    for role, got, want in zip("abcd", compiled_[0], python[0], strict=True):
+        assert _whole(got, role) == _whole(want, role)
+    assert sorted(map(_dead_letter, compiled_[1])) == sorted(map(_dead_letter, python[1])), "the same dead letters"
     assert compiled_[2] == python[2], "the same reports, partition by partition"
     assert python[2][("b", 0)]["held_from"] == 5 and python[2][("a", 1)]["dead_lettered"] == 1
+    _odd_ones_as_the_contract_says(python[2], python[0][3], python[1])
 
 
 class _Reports:
@@ -179,11 +229,13 @@ class _Reports:
 
 def _per_partition(rows: list[dict]) -> dict[tuple[str, int], dict]:
     """What a task's reports add up to for each partition (topic named by role): records, drops and dead letters,
-    where it ended and where it first held."""
+    how many were timed, where it ended and where it first held."""
     out: dict[tuple[str, int], dict] = {}
     for row in rows:
         key = (row["topic"].split("-", 1)[0], row["partition"])
-        got = out.setdefault(key, {"records": 0, "dropped": 0, "dead_lettered": 0, "end_offset": 0, "held_from": -1})
+        got = out.setdefault(key, {"records": 0, "dropped": 0, "dead_lettered": 0, "latency_counts": 0,
+                                   "end_offset": 0, "held_from": -1})  # fmt: skip
+        got["latency_counts"] += sum(row["latency_counts"])
         for name in ("records", "dropped", "dead_lettered"):
             got[name] += row[name]
         got["end_offset"] = max(got["end_offset"], row["end_offset"])
@@ -200,22 +252,25 @@ def _inputs(
     source, target, core: str, unique: str, tmp_path, records: list[Record], refusing: list[Record], now_ms: int,
     realtime: bool = False,
 ) -> tuple[FlowConfig, TargetRules, dict[tuple[str, int], int]]:  # fmt: skip
-    """Topics a, b and c of `core`'s run on both clusters, loaded (a: `records`, b: `refusing`, c: transactions), and
-    its flow, the target's rules and each source partition's end."""
-    a, b, c, dlq = (f"{name}-{core}-{'rt-' if realtime else ''}{unique}" for name in ("a", "b", "c", "dlq"))
+    """Topics a, b, c and d of `core`'s run on both clusters, loaded (a: `records`, b: `refusing`, c: transactions,
+    d: `_odd`), and its flow, the target's rules and each source partition's end."""
+    a, b, c, d, dlq = (f"{name}-{core}-{'rt-' if realtime else ''}{unique}" for name in ("a", "b", "c", "d", "dlq"))
     create_topics(source.admin, {a: 2, b: 1, c: 1})
+    create_topics(source.admin, {d: 2}, {"message.timestamp.type": "LogAppendTime"})
     create_topics(target.admin, {a: 2, c: 1, dlq: 1}, {"max.message.bytes": str(CAP)})
     create_topics(target.admin, {b: 1}, {"max.message.bytes": str(CAP), "cleanup.policy": "compact"})
+    create_topics(target.admin, {d: 2}, {"max.message.bytes": str(ODD_CAP)})
     produce(source.admin, a, records)
     produce(source.admin, b, refusing)
     _transactional(source, c, f"{unique}-{realtime}", now_ms)
+    produce(source.admin, d, _odd(target.client.alias, now_ms))
     flow = FlowConfig(
-        source=source.client.alias, target=target.client.alias, topics=TopicSelection(include=[a, b, c]),
+        source=source.client.alias, target=target.client.alias, topics=TopicSelection(include=[a, b, c, d]),
         checkpoint_location=str(tmp_path / f"{core}-{realtime}"), replication_policy="identity", dead_letter_topic=dlq,
         copy_core=core, mode=FlowMode.REALTIME if realtime else FlowMode.THROUGHPUT,
     )  # fmt: skip
     rules = TargetRules(max_message_bytes=CAP, topics={b: TargetRule(compacted=True)})
-    return flow, rules, end_offsets(source.admin, [(a, 0), (a, 1), (b, 0), (c, 0)])
+    return flow, rules, end_offsets(source.admin, [(a, 0), (a, 1), (b, 0), (c, 0), (d, 0), (d, 1)])
 
 
 def _spy_on_the_core(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], list[int]]:

@@ -7,7 +7,8 @@ commit positions with their records); only the flow's `copy_core` differs. The i
 tombstones, duplicate, binary and null-valued headers, old and new timestamps, a record over the target's cap (held:
 no dead-letter topic), a record the target topic refuses (a null key on a compacted topic) and a range that ends in
 transaction markers with an aborted transaction inside it: the JVM slots copy until their first event, hand their
-slot back, and the Python task goes on from their last commit.
+slot back, and the Python task goes on from their last commit. A second input comes from a source topic that stamps
+its broker's append time, with a 20-digit provenance value among its headers: replication latency is timed alike.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import pytest
 import spark_app.realtime.job
 from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
 from spark_app.config import FlowConfig, FlowMode, TopicSelection
+from spark_app.copy_wing.choice import Core, choose
+from spark_app.policy import PROVENANCE_HEADER
 from spark_app.ranges import Landing
-from spark_app.realtime import jvm
 from spark_app.realtime.job import CopyJob
 from spark_app.realtime.task import Assignment
 from spark_app.topics import TargetRule, TargetRules
@@ -58,7 +60,7 @@ def test_the_jvm_copier_writes_and_reports_what_the_python_task_does(
         _transactional(source, c, f"{unique}-jvm", now_ms)
         ends = end_offsets(source.admin, [(a, 0), (a, 1), (b, 0), (c, 0)])
         rules = TargetRules(max_message_bytes=CAP, topics={b: TargetRule(compacted=True)})
-        assert jvm.serves(flow, source.client, target.client) == (core == "compiled")
+        assert (choose(flow, source.client, target.client).core is Core.JVM) == (core == "compiled")
 
         rows: list[Landing] = []
         job = CopyJob(spark, flow, source.client, target.client, Assignment(dict.fromkeys(ends, 0), ends), 3, rules,
@@ -80,6 +82,58 @@ def test_the_jvm_copier_writes_and_reports_what_the_python_task_does(
     assert 0 <= held["held_from"] <= PER_PARTITION and held["records"] == held["held_from"]
     assert python[1][("a", 0)]["records"] == python[1][("a", 0)]["timed"] == PER_PARTITION
     assert python[1][("c", 0)]["records"] == 80 and python[1][("c", 0)]["end_offset"] > 90, "aborted ones skipped"
+
+
+def test_the_jvm_copier_times_what_the_python_task_times_from_an_append_time_source(
+    spark, source_cluster, target_cluster, unique, tmp_path, monkeypatch
+):
+    """Records from a source topic that stamps its broker's append time land on a create-time target with that time:
+    the Python task times every one of them (its delivery reports say the target kept their timestamp), and so must
+    the JVM slot. Headers, a 20-digit provenance value among them, are copied as they came (the `default` policy)."""
+    source, target = source_cluster, target_cluster
+    now_ms = int(time.time() * 1000)
+    twenty = f"{target.client.alias}:{'9' * 20}".encode()
+    records = [
+        Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), ((PROVENANCE_HEADER, twenty), ("n", str(i).encode())),
+               now_ms)
+        for i in range(200)
+    ]  # fmt: skip
+    slots: list[bool] = []
+    run_slot = spark_app.realtime.job.jvm.run_slot
+    monkeypatch.setattr(spark_app.realtime.job.jvm, "run_slot", lambda *a: slots.append(run_slot(*a)) or slots[-1])
+
+    results = {}
+    for core in ("python", "compiled"):
+        topic = f"appended-{core}-{unique}"
+        create_topics(source.admin, {topic: 2}, {"message.timestamp.type": "LogAppendTime"})
+        flow = FlowConfig(
+            source=source.client.alias, target=target.client.alias, topics=TopicSelection(include=[topic]),
+            checkpoint_location=str(tmp_path / f"appended-{core}"), copy_core=core, mode=FlowMode.REALTIME,
+            exactly_once=True,
+        )  # fmt: skip
+        copy = f"{source.client.alias}.{topic}"
+        create_topics(target.admin, {copy: 2})
+        produce(source.admin, topic, records)
+        ends = end_offsets(source.admin, [(topic, 0), (topic, 1)])
+        assert (choose(flow, source.client, target.client).core is Core.JVM) == (core == "compiled")
+
+        rows: list[Landing] = []
+        job = CopyJob(spark, flow, source.client, target.client, Assignment(dict.fromkeys(ends, 0), ends), 1,
+                      TargetRules(), 1.0, rows.extend).start()  # fmt: skip
+        job.wait()
+        assert job.error is None, job.error
+        copied = read_all(target.admin, copy, len(records))
+        stamped = {r.key: r.timestamp_ms for r in read_all(source.admin, topic, len(records))}
+        assert all(r.timestamp_ms == stamped[r.key] for r in copied), "each with its source broker's append time"
+        # Without their timestamps: each core's run has a source topic of its own, stamped when it was loaded.
+        results[core] = ([r[:-1] for r in _in_order(copied)], _per_partition(rows))
+
+    assert slots == [True], "the JVM slot copied it all"
+    python, compiled = results["python"], results["compiled"]
+    assert compiled[0] == python[0]
+    assert compiled[1] == python[1], "the same reports, partition by partition, latency timed alike"
+    assert [row["timed"] for row in python[1].values()] == [100, 100], "the reference timed every record"
+    assert all(r[-1][0] == (PROVENANCE_HEADER, twenty) for r in python[0]), "the header copied as it came"
 
 
 def _in_order(records: list[Record]) -> list[tuple]:

@@ -1,27 +1,63 @@
-"""Types of the compiled copy core (src/lib.rs); spark_app.compiled_copy drives it."""
+"""Types of the compiled copy core (src/lib.rs); spark_app.compiled_copy drives it. Everything crosses by name: the
+contract as JSON (spark_app.copy_wing.contract), ranges and results as dicts."""
 
-RangeIn = tuple[str, int, str, int, int, tuple[bool, int | None, int | None, int] | None]
-Cursor = tuple[int, bool, bool, int]  # next, seen, done, first offset
-Landed = tuple[int, int, int, int, int, list[list[int]], list[list[int]], list[int], float]
-RefusedOut = tuple[int, int, int, bytes | None, bytes | None, int]  # range, offset, error code, key, value, timestamp
+from typing import TypedDict
+
+class RangeIn(TypedDict):
+    topic: str  # the source topic
+    partition: int
+    target: str  # the target topic
+    next: int
+    stop: int
+
+class Landed(TypedDict):
+    """What landed of one range, each field by its spark_app.ranges.Landing name (`landing_fields()`)."""
+
+    first_offset: int
+    records: int
+    bytes: int
+    dropped: int
+    last_offset: int
+    last_target_offset: int
+    runs: list[list[int]]
+    echoes: list[list[int]]
+    latency_counts: list[int]
+    latency_sum_ms: float
+
+class RangeOut(TypedDict):
+    next: int
+    seen: bool
+    done: bool
+    landing: Landed
+
+class Stopped(TypedDict):
+    kind: str  # "" when the copy did not stop at an event
+    range: int
+    offset: int
+    detail: str
+
+class RefusedOut(TypedDict):
+    range: int
+    offset: int
+    code: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]] | None
+    timestamp: int
+
+class Copied(TypedDict):
+    ranges: list[RangeOut]
+    stopped: Stopped
+    refused: list[RefusedOut]
+    undelivered: int
 
 class Copier:
     def __init__(
-        self,
-        consumer_settings: list[tuple[str, str]],
-        producer_settings: list[tuple[str, str]],
-        source_alias: str,
-        target_alias: str,
-        identity: bool,
-        stamp: bool,
-        provenance_header: str,
-        latency_bounds_ms: list[float],
-        max_runs: int,
-        idle_s: float | None,
-        refusal_codes: list[int],
+        self, consumer_settings: list[tuple[str, str]], producer_settings: list[tuple[str, str]], idle_s: float | None
     ) -> None: ...
-    def copy(
-        self, ranges: list[RangeIn], flush_s: float, until_s: float | None = None
-    ) -> tuple[list[tuple[Cursor, Landed]], tuple[str, int, int, str], list[RefusedOut], int]: ...
+    def copy(self, contract: str, ranges: list[RangeIn], flush_s: float, until_s: float | None = None) -> Copied: ...
     def fatal(self) -> bool: ...
     def close(self) -> None: ...
+
+def read_contract(contract: str) -> str: ...
+def landing_fields() -> list[str]: ...

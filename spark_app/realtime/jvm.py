@@ -19,12 +19,11 @@ from typing import Any
 from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
 from pyspark.sql import SparkSession
 
+from ..copy_wing.contract import CopyContract
 from ..errors import MirrorFailed
 from ..outbox import BATCH_BYTES
-from ..policy import positions_group, target_topic, transactional_id_prefix
+from ..policy import positions_group, target_topic
 from ..profiles import java_client
-from ..ranges import LATENCY_BOUNDS_MS, MAX_RUNS_PER_RANGE
-from ..topics import CLOCK_SLACK_MS, TargetRules
 from ..transactions import TRANSACTION_TIMEOUT_MS
 from .task import REPORT_S, SLOT_CONSUME_BATCH, TXN_COMMIT_S, CopierTask
 
@@ -54,7 +53,8 @@ def local_jars() -> list[str]:
 
 
 def slot_config(task: CopierTask, topics: list[str]) -> str:
-    """What every JVM slot of a job is told, as JSON: the driver's channel, the clients, the flow's policy."""
+    """What every JVM slot of a job is told, as JSON: the driver's channel, the clients, and the flow's copy contract
+    (spark_app.copy_wing.contract), which the copier reads by field name."""
     flow, rules = task.flow, task.rules
     producer = {
         "acks": "all",
@@ -73,16 +73,13 @@ def slot_config(task: CopierTask, topics: list[str]) -> str:
         "target": java_client(task.target, "producer"),
         "consumer": _CONSUMER,
         "producer": producer,
-        "transactional_id": transactional_id_prefix(flow),
         "exactly_once": flow.exactly_once,
         "positions_group": positions_group(flow),
         "commit_ms": round(1000 * (task.commit_s if flow.exactly_once else TXN_COMMIT_S)),
         "report_ms": round(1000 * REPORT_S),
         "poll_ms": POLL_MS,
         "topics": {topic: target_topic(flow, topic) for topic in topics},
-        "rules": {topic: _rule(rules, topic) for topic in topics},
-        "latency_bounds_ms": list(LATENCY_BOUNDS_MS),
-        "max_runs": MAX_RUNS_PER_RANGE,
+        "contract": CopyContract.of(flow, task.source, task.target, rules).to_json(),
     }
     return json.dumps(config)
 
@@ -98,11 +95,3 @@ def run_slot(spark: SparkSession, config: str, slot: int) -> bool:
         )
     _copied, handed_back = copier.run(spark.sparkContext._jsc, config, slot)
     return not handed_back
-
-
-def _rule(rules: TargetRules, topic: str) -> dict[str, Any] | None:
-    rule = rules.topics.get(topic)
-    if rule is None:
-        return None
-    return {"compacted": rule.compacted, "before_max_ms": rule.before_max_ms, "after_max_ms": rule.after_max_ms,
-            "clock_slack_ms": CLOCK_SLACK_MS}  # fmt: skip

@@ -10,7 +10,12 @@
 //! partition that reads nothing, a refused login) it stops producing, lets what it sent land (purging what is only
 //! queued when a delivery failed for the target), and returns the event with every range's cursor and landing: the
 //! Python loop (spark_app.compiled_copy) goes on from there. So the rare paths have one implementation.
+//!
+//! What it obeys per record (refusal rules, error classes, provenance, the size cap, the landing row) comes with each
+//! copy as the flow's contract (spark_app.copy_wing.contract), JSON read by field name into `Contract`: a field it
+//! does not know, or one missing, refuses the contract by name. Its results come back by name too, as dicts.
 
+use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use std::ffi::{c_void, CStr};
 use std::io::Read;
@@ -20,18 +25,20 @@ use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
 use rdkafka::bindings as rdsys;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{
     BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig,
 };
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
 
 /// Delivery reports are served after this many records sent, at least this often while records are sent (so a
 /// landing's replication latency is timed when it lands, not when a later poll came), and whenever the consumer waits.
@@ -40,8 +47,86 @@ const POLL_AFTER: Duration = Duration::from_millis(5);
 /// How long one wait for the source lasts before the copy looks at its clock again.
 const WAIT: Duration = Duration::from_millis(100);
 
-/// A record the target refused in a delivery report, for the dead-letter topic or a hold. A report carries the
-/// record's key and value, not its headers, and no timestamp once it failed: the Python loop's has no more
+/// The flow's per-record contract (spark_app.copy_wing.contract.CopyContract), read by field name. An Option field
+/// must be there too, as null: `Option::deserialize` keeps serde from taking a missing one for None.
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct Contract {
+    flow: String,
+    refusals: BTreeMap<String, Refusal>,
+    clock_slack_ms: i64,
+    partition_errors: Vec<i32>,
+    provenance_header: String,
+    stamp_provenance: bool,
+    drop_echoes: bool,
+    source_alias: String,
+    target_alias: String,
+    max_provenance_offset: u64,
+    #[serde(deserialize_with = "Option::deserialize")]
+    max_record_bytes: Option<i64>,
+    #[serde(deserialize_with = "Option::deserialize")]
+    transactional_id_prefix: Option<String>,
+    transactional_id_rule: String,
+    latency_bounds_ms: Vec<f64>,
+    max_runs: usize,
+    landing_fields: Vec<String>,
+}
+
+/// What a target topic refuses that a record shows (spark_app.copy_wing.contract.TopicRefusal).
+#[derive(Clone, Copy, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct Refusal {
+    compacted: bool,
+    #[serde(deserialize_with = "Option::deserialize")]
+    before_max_ms: Option<i64>,
+    #[serde(deserialize_with = "Option::deserialize")]
+    after_max_ms: Option<i64>,
+}
+
+/// The landing fields a copy hands back, each by the name spark_app.ranges.Landing gives it: a contract must name
+/// every one of them.
+const LANDING_FIELDS: [&str; 10] = [
+    "first_offset",
+    "records",
+    "bytes",
+    "dropped",
+    "last_offset",
+    "last_target_offset",
+    "runs",
+    "echoes",
+    "latency_counts",
+    "latency_sum_ms",
+];
+
+impl Contract {
+    fn read(json: &str) -> PyResult<Contract> {
+        serde_json::from_str(json).map_err(|e| PyValueError::new_err(format!("copy contract: {e}")))
+    }
+
+    /// The contract, when this core can obey it for a copy.
+    fn for_copy(json: &str) -> PyResult<Contract> {
+        let contract = Contract::read(json)?;
+        if let Some(missing) = LANDING_FIELDS
+            .iter()
+            .find(|f| !contract.landing_fields.iter().any(|g| g == *f))
+        {
+            return Err(PyValueError::new_err(format!(
+                "copy contract of flow {}: its landing row has no field `{missing}`",
+                contract.flow
+            )));
+        }
+        if contract.transactional_id_prefix.is_some() {
+            return Err(PyValueError::new_err(format!(
+                "copy contract of flow {}: the compiled core writes no transactions",
+                contract.flow
+            )));
+        }
+        Ok(contract)
+    }
+}
+
+/// A record the target refused in a delivery report, for the dead-letter topic or a hold: its key, value and headers
+/// as sent (the provenance stamp among them), and no timestamp once it failed, as the Python loop's report has
 /// (spark_app.outbox.Refused.of).
 struct Refused {
     range: usize,
@@ -49,6 +134,7 @@ struct Refused {
     code: i32,
     key: Option<Vec<u8>>,
     value: Option<Vec<u8>>,
+    headers: Option<Vec<(String, Option<Vec<u8>>)>>,
     timestamp: i64,
 }
 
@@ -63,13 +149,19 @@ struct Landed {
     in_flight: VecDeque<i64>,
 }
 
-/// The producer's context: the landings, the refused records, and a refused login.
-struct Deliveries {
-    landed: Mutex<Vec<Landed>>,
-    refused: Mutex<Vec<Refused>>,
-    auth_failed: Mutex<Option<String>>,
+/// The landings of the copy under way, and the contract's rules for filing into them.
+#[derive(Default)]
+struct Landings {
+    ranges: Vec<Landed>,
     latency_bounds_ms: Vec<f64>,
     max_runs: usize,
+}
+
+/// The producer's context: the landings, the refused records, and a refused login.
+struct Deliveries {
+    landed: Mutex<Landings>,
+    refused: Mutex<Vec<Refused>>,
+    auth_failed: Mutex<Option<String>>,
 }
 
 /// Whether a client error is the cluster refusing the credentials, not a connection lost during the handshake
@@ -121,8 +213,13 @@ impl ProducerContext for Deliveries {
 
     fn delivery(&self, result: &DeliveryResult<'_>, range: usize) {
         let mut landed = self.landed.lock().unwrap();
+        let Landings {
+            ranges,
+            latency_bounds_ms,
+            max_runs,
+        } = &mut *landed;
         // A report after its copy returned (one that did not land within its flush) has no landing to file into.
-        let Some(l) = landed.get_mut(range) else {
+        let Some(l) = ranges.get_mut(range) else {
             return;
         };
         let Some(offset) = l.in_flight.pop_front() else {
@@ -132,11 +229,12 @@ impl ProducerContext for Deliveries {
             Ok(msg) => {
                 l.last_offset = offset;
                 l.last_target_offset = msg.offset();
-                extend_runs(&mut l.runs, offset, msg.offset(), self.max_runs);
+                extend_runs(&mut l.runs, offset, msg.offset(), *max_runs);
                 if let rdkafka::Timestamp::CreateTime(ts) = msg.timestamp() {
-                    // An append-time target has replaced the source's timestamp: no latency from it.
+                    // The report says the target kept the record's timestamp; an append-time target replaced it:
+                    // no latency from that (the contract's rule, whatever the source's timestamp type).
                     let latency = (now_ms() - ts as f64).max(0.0);
-                    let bucket = self.latency_bounds_ms.partition_point(|b| *b < latency);
+                    let bucket = latency_bounds_ms.partition_point(|b| *b < latency);
                     l.latency_counts[bucket] += 1;
                     l.latency_sum_ms += latency;
                 }
@@ -149,6 +247,12 @@ impl ProducerContext for Deliveries {
                     code,
                     key: msg.key().map(<[u8]>::to_vec),
                     value: msg.payload().map(<[u8]>::to_vec),
+                    headers: msg.headers().map(|headers| {
+                        headers
+                            .iter()
+                            .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                            .collect()
+                    }),
                     timestamp: msg.timestamp().to_millis().unwrap_or(-1),
                 });
             }
@@ -156,17 +260,9 @@ impl ProducerContext for Deliveries {
     }
 }
 
-/// What a target topic refuses that a record shows (spark_app.topics.TargetRule).
-#[derive(Clone, Copy)]
-struct Rule {
-    compacted: bool,
-    before_max_ms: Option<i64>,
-    after_max_ms: Option<i64>,
-    clock_slack_ms: i64,
-}
-
-impl Rule {
-    fn refuses(&self, key: Option<&[u8]>, timestamp_ms: i64) -> bool {
+impl Refusal {
+    /// Whether the target topic refuses the record (spark_app.topics.TargetRule.refusal).
+    fn refuses(&self, key: Option<&[u8]>, timestamp_ms: i64, clock_slack_ms: i64) -> bool {
         if self.compacted && key.is_none() {
             return true;
         }
@@ -175,10 +271,10 @@ impl Rule {
         }
         let skew = now_ms() as i64 - timestamp_ms;
         self.before_max_ms
-            .is_some_and(|m| skew > m + self.clock_slack_ms)
+            .is_some_and(|m| skew > m + clock_slack_ms)
             || self
                 .after_max_ms
-                .is_some_and(|m| -skew > m + self.clock_slack_ms)
+                .is_some_and(|m| -skew > m + clock_slack_ms)
     }
 }
 
@@ -187,7 +283,7 @@ struct Range {
     topic: String,
     partition: i32,
     target: String,
-    rule: Option<Rule>,
+    rule: Option<Refusal>,
     next: i64,
     stop: i64,
     seen: bool,
@@ -251,13 +347,7 @@ struct Copier {
     report_signal: UnixStream,
     _report_writer: UnixStream,
     producer: BaseProducer<Deliveries>,
-    source_alias: Vec<u8>,
-    target_alias: Vec<u8>,
-    identity: bool,
-    stamp: bool,
-    provenance_header: String,
     idle: Option<Duration>,
-    refusal_codes: Vec<i32>,
     /// The (topic, partition, next offset) the consumer was left reading by a copy that ran out of time; a copy
     /// that goes on from exactly there keeps the assignment, and what the consumer fetched meanwhile.
     kept: Mutex<Vec<(String, i32, i64)>>,
@@ -275,64 +365,108 @@ fn config(settings: Vec<(String, String)>) -> ClientConfig {
     config
 }
 
-type RangeIn = (
-    String,
-    i32,
-    String,
-    i64,
-    i64,
-    Option<(bool, Option<i64>, Option<i64>, i64)>,
-);
-/// A range's cursor (next, seen, done, first offset), then its landing (records, bytes, dropped, last offset, last
-/// target offset, runs, echoes, latency counts, latency sum).
-type RangeOut = (
-    (i64, bool, bool, i64),
-    (
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        Vec<[i64; 3]>,
-        Vec<[i64; 3]>,
-        Vec<i64>,
-        f64,
-    ),
-);
-/// A record refused in a delivery report: range index, offset, error code, key, value, timestamp.
-type RefusedOut = (usize, i64, i32, Option<Vec<u8>>, Option<Vec<u8>>, i64);
+/// A range to copy, read by name from its dict: the source partition, its target topic, from `next` up to `stop`.
+#[derive(FromPyObject)]
+struct RangeIn {
+    #[pyo3(item)]
+    topic: String,
+    #[pyo3(item)]
+    partition: i32,
+    #[pyo3(item)]
+    target: String,
+    #[pyo3(item)]
+    next: i64,
+    #[pyo3(item)]
+    stop: i64,
+}
+
+/// A range's cursor and what landed of it, as `copy` hands them back.
+struct RangeOut {
+    next: i64,
+    seen: bool,
+    done: bool,
+    first_offset: i64,
+    records: i64,
+    bytes: i64,
+    dropped: i64,
+    last_offset: i64,
+    last_target_offset: i64,
+    runs: Vec<[i64; 3]>,
+    echoes: Vec<[i64; 3]>,
+    latency_counts: Vec<i64>,
+    latency_sum_ms: f64,
+}
+
+impl RangeOut {
+    /// `{"next", "seen", "done", "landing": {...}}`, the landing keyed by LANDING_FIELDS' names.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let landing = PyDict::new(py);
+        landing.set_item("first_offset", self.first_offset)?;
+        landing.set_item("records", self.records)?;
+        landing.set_item("bytes", self.bytes)?;
+        landing.set_item("dropped", self.dropped)?;
+        landing.set_item("last_offset", self.last_offset)?;
+        landing.set_item("last_target_offset", self.last_target_offset)?;
+        landing.set_item("runs", &self.runs)?;
+        landing.set_item("echoes", &self.echoes)?;
+        landing.set_item("latency_counts", &self.latency_counts)?;
+        landing.set_item("latency_sum_ms", self.latency_sum_ms)?;
+        let out = PyDict::new(py);
+        out.set_item("next", self.next)?;
+        out.set_item("seen", self.seen)?;
+        out.set_item("done", self.done)?;
+        out.set_item("landing", landing)?;
+        Ok(out)
+    }
+}
+
+fn optional_bytes<'py>(py: Python<'py>, value: &Option<Vec<u8>>) -> Option<Bound<'py, PyBytes>> {
+    value.as_deref().map(|v| PyBytes::new(py, v))
+}
+
+impl Refused {
+    /// `{"range", "offset", "code", "key", "value", "headers", "timestamp"}`; headers as [(name, value)] or None.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        out.set_item("range", self.range)?;
+        out.set_item("offset", self.offset)?;
+        out.set_item("code", self.code)?;
+        out.set_item("key", optional_bytes(py, &self.key))?;
+        out.set_item("value", optional_bytes(py, &self.value))?;
+        let headers = match &self.headers {
+            None => None,
+            Some(headers) => {
+                let list = PyList::empty(py);
+                for (name, value) in headers {
+                    list.append((name, optional_bytes(py, value)))?;
+                }
+                Some(list)
+            }
+        };
+        out.set_item("headers", headers)?;
+        out.set_item("timestamp", self.timestamp)?;
+        Ok(out)
+    }
+}
 
 #[pymethods]
 impl Copier {
-    /// Clients from librdkafka settings (strings only); the flow's policy: `identity` names, with the provenance
-    /// header `provenance_header` stamped and its echoes of `target_alias` dropped when `stamp`. `latency_bounds_ms`
-    /// and `max_runs` are spark_app.ranges'. A partition with records left that reads nothing for `idle_s` (None:
-    /// never) ends the copy, and so does a delivery error: those with a code in `refusal_codes` only stop it, any
-    /// other purges what is queued first.
+    /// Clients from librdkafka settings (strings only). A partition with records left that reads nothing for `idle_s`
+    /// (None: never) ends a copy; what each copy obeys comes with it, as the flow's contract.
     #[new]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (consumer_settings, producer_settings, idle_s))]
     fn new(
         consumer_settings: Vec<(String, String)>,
         producer_settings: Vec<(String, String)>,
-        source_alias: String,
-        target_alias: String,
-        identity: bool,
-        stamp: bool,
-        provenance_header: String,
-        latency_bounds_ms: Vec<f64>,
-        max_runs: usize,
         idle_s: Option<f64>,
-        refusal_codes: Vec<i32>,
     ) -> PyResult<Self> {
         let consumer: BaseConsumer = config(consumer_settings)
             .create()
             .map_err(|e| PyRuntimeError::new_err(format!("source consumer: {e}")))?;
         let deliveries = Deliveries {
-            landed: Mutex::new(Vec::new()),
+            landed: Mutex::new(Landings::default()),
             refused: Mutex::new(Vec::new()),
             auth_failed: Mutex::new(None),
-            latency_bounds_ms,
-            max_runs,
         };
         let producer: BaseProducer<Deliveries> = config(producer_settings)
             .create_with_context(deliveries)
@@ -362,46 +496,49 @@ impl Copier {
             report_signal,
             _report_writer,
             producer,
-            source_alias: source_alias.into_bytes(),
-            target_alias: target_alias.into_bytes(),
-            identity,
-            stamp,
-            provenance_header,
             idle: idle_s.map(Duration::from_secs_f64),
-            refusal_codes,
             kept: Mutex::new(Vec::new()),
         })
     }
 
-    /// Copy the ranges `(source topic, partition, target topic, next, stop, rule)`, each from `next` up to `stop`
-    /// (a rule: compacted, before.max.ms, after.max.ms, clock slack), for at most `until_s` (None: until every
-    /// range is done). Returns, per range, its cursor and landing (RangeOut); then why it stopped early (`""` when
-    /// it did not, or ran out of time): kind, range index, offset, detail; the records refused in delivery
-    /// reports; and how many records did not land within `flush_s`. Whatever stops it, what it sent has landed
-    /// (or failed) by the time it returns.
-    #[allow(clippy::type_complexity)]
-    #[pyo3(signature = (ranges, flush_s, until_s=None))]
-    fn copy(
+    /// Copy the ranges (dicts: topic, partition, target, next, stop), each from `next` up to `stop`, as the flow's
+    /// `contract` (JSON) says, for at most `until_s` (None: until every range is done). Returns a dict: `ranges`, per
+    /// range its cursor and landing (RangeOut); `stopped`, why it stopped early (kind `""` when it did not, or ran
+    /// out of time), with the range index, offset and detail; `refused`, the records refused in delivery reports;
+    /// `undelivered`, how many records did not land within `flush_s`. Whatever stops it, what it sent has landed (or
+    /// failed) by the time it returns.
+    #[pyo3(signature = (contract, ranges, flush_s, until_s=None))]
+    fn copy<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
+        contract: &str,
         ranges: Vec<RangeIn>,
         flush_s: f64,
         until_s: Option<f64>,
-    ) -> PyResult<(
-        Vec<RangeOut>,
-        (String, i64, i64, String),
-        Vec<RefusedOut>,
-        i32,
-    )> {
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let contract = Contract::for_copy(contract)?;
         let until = until_s.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
-        let (out, stopped, refused, undelivered) = py.detach(|| self.run(ranges, flush_s, until));
-        let stopped = (
-            stopped.kind.to_string(),
-            stopped.range,
-            stopped.offset,
-            stopped.detail,
-        );
-        Ok((out?, stopped, refused, undelivered))
+        let (out, stopped, refused, undelivered) =
+            py.detach(|| self.run(&contract, ranges, flush_s, until));
+        let result = PyDict::new(py);
+        let rows = PyList::empty(py);
+        for range in &out? {
+            rows.append(range.to_dict(py)?)?;
+        }
+        result.set_item("ranges", rows)?;
+        let why = PyDict::new(py);
+        why.set_item("kind", stopped.kind)?;
+        why.set_item("range", stopped.range)?;
+        why.set_item("offset", stopped.offset)?;
+        why.set_item("detail", stopped.detail)?;
+        result.set_item("stopped", why)?;
+        let refusals = PyList::empty(py);
+        for r in &refused {
+            refusals.append(r.to_dict(py)?)?;
+        }
+        result.set_item("refused", refusals)?;
+        result.set_item("undelivered", undelivered)?;
+        Ok(result)
     }
 
     /// Whether the producer hit an error librdkafka calls fatal: it cannot be used again.
@@ -435,28 +572,28 @@ impl Drop for Copier {
 }
 
 impl Copier {
-    #[allow(clippy::type_complexity)]
     fn run(
         &self,
+        contract: &Contract,
         ranges_in: Vec<RangeIn>,
         flush_s: f64,
         until: Option<Instant>,
-    ) -> (PyResult<Vec<RangeOut>>, Stopped, Vec<RefusedOut>, i32) {
+    ) -> (PyResult<Vec<RangeOut>>, Stopped, Vec<Refused>, usize) {
         let now = Instant::now();
         let mut ranges: Vec<Range> = Vec::with_capacity(ranges_in.len());
-        for (topic, partition, target, next, stop, rule) in ranges_in {
+        for RangeIn {
+            topic,
+            partition,
+            target,
+            next,
+            stop,
+        } in ranges_in
+        {
             ranges.push(Range {
+                rule: contract.refusals.get(&topic).copied(),
                 topic,
                 partition,
                 target,
-                rule: rule.map(
-                    |(compacted, before_max_ms, after_max_ms, clock_slack_ms)| Rule {
-                        compacted,
-                        before_max_ms,
-                        after_max_ms,
-                        clock_slack_ms,
-                    },
-                ),
                 next,
                 stop,
                 seen: false,
@@ -472,23 +609,27 @@ impl Copier {
         }
         {
             let ctx = self.producer.context();
-            let bounds = ctx.latency_bounds_ms.len();
-            *ctx.landed.lock().unwrap() = ranges
-                .iter()
-                .map(|_| Landed {
-                    last_offset: -1,
-                    last_target_offset: -1,
-                    runs: Vec::new(),
-                    latency_counts: vec![0; bounds + 1],
-                    latency_sum_ms: 0.0,
-                    in_flight: VecDeque::new(),
-                })
-                .collect();
+            let bounds = contract.latency_bounds_ms.len();
+            *ctx.landed.lock().unwrap() = Landings {
+                ranges: ranges
+                    .iter()
+                    .map(|_| Landed {
+                        last_offset: -1,
+                        last_target_offset: -1,
+                        runs: Vec::new(),
+                        latency_counts: vec![0; bounds + 1],
+                        latency_sum_ms: 0.0,
+                        in_flight: VecDeque::new(),
+                    })
+                    .collect(),
+                latency_bounds_ms: contract.latency_bounds_ms.clone(),
+                max_runs: contract.max_runs,
+            };
             ctx.refused.lock().unwrap().clear();
             *ctx.auth_failed.lock().unwrap() = None;
         }
         let mut stopped = match self.assign(&ranges) {
-            Ok(()) => self.copy_until_stopped(&mut ranges, until),
+            Ok(()) => self.copy_until_stopped(contract, &mut ranges, until),
             Err(e) => Stopped {
                 kind: "read_error",
                 range: -1,
@@ -510,7 +651,7 @@ impl Copier {
             .lock()
             .unwrap()
             .iter()
-            .any(|r| !self.refusal_codes.contains(&r.code));
+            .any(|r| !contract.partition_errors.contains(&r.code));
         if failed {
             // What is only queued must not land ahead of the failed record's retry; what is in flight may.
             self.producer.purge(PurgeConfig::default().queue());
@@ -518,7 +659,7 @@ impl Copier {
         let undelivered = if self.flush(Duration::from_secs_f64(flush_s)) {
             0
         } else {
-            self.producer.in_flight_count()
+            self.producer.in_flight_count().max(0) as usize
         };
         if let Some(reason) = ctx.auth_failed.lock().unwrap().take() {
             stopped = Stopped {
@@ -528,29 +669,25 @@ impl Copier {
                 detail: reason,
             };
         }
-        let landed = std::mem::take(&mut *ctx.landed.lock().unwrap());
-        let refused = std::mem::take(&mut *ctx.refused.lock().unwrap())
-            .into_iter()
-            .map(|r| (r.range, r.offset, r.code, r.key, r.value, r.timestamp))
-            .collect();
+        let landed = std::mem::take(&mut ctx.landed.lock().unwrap().ranges);
+        let refused = std::mem::take(&mut *ctx.refused.lock().unwrap());
         let out = ranges
             .into_iter()
             .zip(landed)
-            .map(|(r, l)| {
-                (
-                    (r.next, r.seen, r.done, r.first_offset),
-                    (
-                        r.records,
-                        r.bytes,
-                        r.dropped,
-                        r.last_offset.max(l.last_offset),
-                        l.last_target_offset,
-                        l.runs,
-                        r.echoes,
-                        l.latency_counts,
-                        l.latency_sum_ms,
-                    ),
-                )
+            .map(|(r, l)| RangeOut {
+                next: r.next,
+                seen: r.seen,
+                done: r.done,
+                first_offset: r.first_offset,
+                records: r.records,
+                bytes: r.bytes,
+                dropped: r.dropped,
+                last_offset: r.last_offset.max(l.last_offset),
+                last_target_offset: l.last_target_offset,
+                runs: l.runs,
+                echoes: r.echoes,
+                latency_counts: l.latency_counts,
+                latency_sum_ms: l.latency_sum_ms,
             })
             .collect();
         (Ok(out), stopped, refused, undelivered)
@@ -615,7 +752,12 @@ impl Copier {
     }
 
     /// Read and send until every range is done, an event stops the copy, or it is `until`.
-    fn copy_until_stopped(&self, ranges: &mut [Range], until: Option<Instant>) -> Stopped {
+    fn copy_until_stopped(
+        &self,
+        contract: &Contract,
+        ranges: &mut [Range],
+        until: Option<Instant>,
+    ) -> Stopped {
         let mut open = ranges.iter().filter(|r| !r.done).count();
         let mut unpolled = 0u32;
         let mut polled_at = Instant::now();
@@ -662,7 +804,7 @@ impl Copier {
                 }
                 continue;
             }
-            let stop = unsafe { self.serve(event, ranges, &mut open, &mut unpolled) };
+            let stop = unsafe { self.serve(contract, event, ranges, &mut open, &mut unpolled) };
             unsafe { rdsys::rd_kafka_event_destroy(event) };
             if let Some(stop) = stop {
                 return stop;
@@ -679,6 +821,7 @@ impl Copier {
     /// Serve one event of the consumer queue; Some when it stops the copy.
     unsafe fn serve(
         &self,
+        contract: &Contract,
         event: *mut rdsys::rd_kafka_event_t,
         ranges: &mut [Range],
         open: &mut usize,
@@ -691,7 +834,7 @@ impl Copier {
                     return None;
                 }
                 let e = read_event(msg);
-                if let Some(stop) = self.take(e, ranges, open, unpolled) {
+                if let Some(stop) = self.take(contract, e, ranges, open, unpolled) {
                     return Some(stop);
                 }
             },
@@ -723,7 +866,7 @@ impl Copier {
                     reason,
                 };
                 rdsys::rd_kafka_topic_partition_destroy(tp);
-                self.take(e, ranges, open, unpolled)
+                self.take(contract, e, ranges, open, unpolled)
             }
             _ => None,
         }
@@ -732,6 +875,7 @@ impl Copier {
     /// Take one consumed event (spark_app.outbox.copy_some's loop body); Some when it stops the copy.
     unsafe fn take(
         &self,
+        contract: &Contract,
         e: Event,
         ranges: &mut [Range],
         open: &mut usize,
@@ -782,40 +926,45 @@ impl Copier {
         }
         // The identity policy: drop an echo of the target's own record, stamp where a record came from.
         let mut stamp: Option<Vec<u8>> = None;
-        if self.identity {
-            let came_from = provenance_of(e.headers, &self.provenance_header);
-            if self.stamp {
-                if let Some((alias, offset)) = came_from.as_ref().and_then(|v| origin(v)) {
-                    if alias == self.target_alias.as_slice() {
+        if contract.drop_echoes || contract.stamp_provenance {
+            let came_from = provenance_of(e.headers, &contract.provenance_header);
+            if contract.drop_echoes {
+                let stamped = came_from
+                    .as_ref()
+                    .and_then(|v| origin(v, contract.max_provenance_offset));
+                if let Some((alias, offset)) = stamped {
+                    if alias == contract.target_alias.as_bytes() {
                         taken(r, e.offset, open);
                         r.dropped += 1;
                         r.last_offset = r.last_offset.max(e.offset);
-                        if offset >= 0 {
-                            extend_runs(
-                                &mut r.echoes,
-                                e.offset,
-                                offset,
-                                self.producer.context().max_runs,
-                            );
-                        }
+                        extend_runs(&mut r.echoes, e.offset, offset, contract.max_runs);
                         return None;
                     }
                 }
-                if came_from.is_none() {
-                    let mut value = self.source_alias.clone();
-                    value.extend_from_slice(format!(":{}", e.offset).as_bytes());
-                    stamp = Some(value);
-                }
+            }
+            if contract.stamp_provenance && came_from.is_none() {
+                let mut value = contract.source_alias.clone().into_bytes();
+                value.extend_from_slice(format!(":{}", e.offset).as_bytes());
+                stamp = Some(value);
             }
         }
         let ts = e.timestamp.unwrap_or(-1);
-        if r.rule.is_some_and(|rule| rule.refuses(e.key, ts)) {
+        if r
+            .rule
+            .is_some_and(|rule| rule.refuses(e.key, ts, contract.clock_slack_ms))
+        {
             return here("refused", String::new()); // the Python loop holds it with the rule's own words
         }
-        let headers = owned_headers(e.headers, &self.provenance_header, stamp.as_deref());
+        if contract
+            .max_record_bytes
+            .is_some_and(|cap| record_bytes(&e, stamp.as_deref()) > cap)
+        {
+            return here("refused", String::new()); // over the target's cap: dead-lettered or held there
+        }
+        let headers = owned_headers(e.headers, &contract.provenance_header, stamp.as_deref());
         {
             let mut landed = self.producer.context().landed.lock().unwrap();
-            landed[i].in_flight.push_back(e.offset);
+            landed.ranges[i].in_flight.push_back(e.offset);
         }
         let mut record =
             BaseRecord::<[u8], [u8], usize>::with_opaque_to(&r.target, i).partition(e.partition);
@@ -834,7 +983,7 @@ impl Copier {
                 Err((err, _)) => {
                     // Refused before it was sent (too large, its topic or partition unknown or denied): the Python
                     // loop reads it again and decides.
-                    self.producer.context().landed.lock().unwrap()[i]
+                    self.producer.context().landed.lock().unwrap().ranges[i]
                         .in_flight
                         .pop_back();
                     return here("refused", err.to_string());
@@ -957,18 +1106,29 @@ unsafe fn provenance_of(headers: *mut rdsys::rd_kafka_headers_t, name: &str) -> 
         .and_then(|(_, v)| v.map(<[u8]>::to_vec))
 }
 
-/// spark_app.policy.origin: a provenance value's alias and source offset, None for a value it did not make.
-fn origin(value: &[u8]) -> Option<(&[u8], i64)> {
+/// spark_app.outbox.stamp_origin: a provenance value's alias and source offset; None for a value no core of the mirror
+/// made, whose offset is not a non-negative 64-bit offset up to `max_offset` among them (the contract's rule).
+fn origin(value: &[u8], max_offset: u64) -> Option<(&[u8], i64)> {
     let colon = value.iter().position(|b| *b == b':')?;
     let (alias, offset) = (&value[..colon], &value[colon + 1..]);
     if offset.is_empty() || !offset.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    std::str::from_utf8(offset)
-        .ok()?
-        .parse::<i64>()
-        .ok()
-        .map(|o| (alias, o))
+    let offset = std::str::from_utf8(offset).ok()?.parse::<u64>().ok()?;
+    if offset > max_offset {
+        return None;
+    }
+    i64::try_from(offset).ok().map(|o| (alias, o))
+}
+
+/// A record's size as the contract's cap counts it: key, value, and each header's name and value, the stamp among them.
+unsafe fn record_bytes(e: &Event, stamp: Option<&[u8]>) -> i64 {
+    let headers: usize = each_header(e.headers)
+        .iter()
+        .map(|(k, v)| k.len() + v.map_or(0, <[u8]>::len))
+        .sum();
+    let stamped = stamp.map_or(0, |s| s.len());
+    (e.key.map_or(0, <[u8]>::len) + e.value.map_or(0, <[u8]>::len) + headers + stamped) as i64
 }
 
 /// The record's headers to send: the source's, in order, then the stamp when there is one.
@@ -994,7 +1154,23 @@ unsafe fn owned_headers(
     Some(out)
 }
 
+/// The contract as this core reads it, written back as JSON: every field it knows, by name. Refuses one with a field
+/// it does not know or without one it needs, naming the field.
+#[pyfunction]
+fn read_contract(contract: &str) -> PyResult<String> {
+    let contract = Contract::read(contract)?;
+    serde_json::to_string(&contract).map_err(|e| PyValueError::new_err(format!("copy contract: {e}")))
+}
+
+/// The landing fields a copy hands back, by name.
+#[pyfunction]
+fn landing_fields() -> Vec<&'static str> {
+    LANDING_FIELDS.to_vec()
+}
+
 #[pymodule]
 fn mirrorkit_copy_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<Copier>()
+    m.add_class::<Copier>()?;
+    m.add_function(wrap_pyfunction!(read_contract, m)?)?;
+    m.add_function(wrap_pyfunction!(landing_fields, m)?)
 }

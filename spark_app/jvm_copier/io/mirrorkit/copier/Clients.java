@@ -19,9 +19,10 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 final class Clients {
     private Clients() {}
 
-    static KafkaProducer<byte[], byte[]> producer(JsonNode config, int slot) throws IOException {
+    /** The slot's transactional producer, its id made by the contract's rule, as every attempt of the slot makes it. */
+    static KafkaProducer<byte[], byte[]> producer(JsonNode config, Contract contract, int slot) throws IOException {
         Properties props = settings(config.get("target"), config.get("producer"));
-        props.put("transactional.id", config.get("transactional_id").asText() + slot);
+        props.put("transactional.id", contract.transactionalId(slot));
         return new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer());
     }
 

@@ -7,10 +7,16 @@ import java.util.Map;
 
 /**
  * What copying one source partition did since its last report, as spark_app.ranges.Landing keeps it; `toRow` gives
- * the fields by the names the report channel's rows carry. Delivery callbacks file into it from the producer's thread,
- * reports read it from the task's: every method is synchronized.
+ * its fields by the names the flow's contract gives the landing row (spark_app.copy_wing.contract), which must be
+ * exactly FIELDS. Delivery callbacks file into it from the producer's thread, reports read it from the task's: every
+ * method is synchronized.
  */
 final class Landing {
+    /** The landing row's fields this copier fills, by name. */
+    static final List<String> FIELDS = List.of("topic", "partition", "first_offset", "end_offset", "last_offset",
+            "last_target_offset", "records", "bytes", "dropped", "dead_lettered", "latency_counts", "latency_sum_ms",
+            "held_from", "held_until", "refused_bytes", "held_error", "runs", "echoes", "reset_from");
+
     final String topic;
     final int partition;
     long firstOffset;
@@ -75,27 +81,34 @@ final class Landing {
         return endOffset != firstOffset || records > 0 || !runs.isEmpty();
     }
 
-    synchronized Map<String, Object> toRow() {
+    /** The row by the contract's names (`names`, checked against FIELDS when the contract was read). */
+    synchronized Map<String, Object> toRow(List<String> names) {
         Map<String, Object> row = new LinkedHashMap<>();
-        row.put("topic", topic);
-        row.put("partition", partition);
-        row.put("first_offset", firstOffset);
-        row.put("end_offset", endOffset);
-        row.put("last_offset", lastOffset);
-        row.put("last_target_offset", lastTargetOffset);
-        row.put("records", records);
-        row.put("bytes", bytes);
-        row.put("dropped", 0);
-        row.put("dead_lettered", 0);
-        row.put("latency_counts", latencyCounts);
-        row.put("latency_sum_ms", latencySumMs);
-        row.put("held_from", -1);
-        row.put("held_until", -1);
-        row.put("refused_bytes", 0);
-        row.put("held_error", "");
-        row.put("runs", runs);
-        row.put("echoes", List.of());
-        row.put("reset_from", -1);
+        for (String name : names) {
+            row.put(name, value(name));
+        }
         return row;
+    }
+
+    private Object value(String name) {
+        return switch (name) {
+            case "topic" -> topic;
+            case "partition" -> partition;
+            case "first_offset" -> firstOffset;
+            case "end_offset" -> endOffset;
+            case "last_offset" -> lastOffset;
+            case "last_target_offset" -> lastTargetOffset;
+            case "records" -> records;
+            case "bytes" -> bytes;
+            case "latency_counts" -> latencyCounts.clone();
+            case "latency_sum_ms" -> latencySumMs;
+            case "runs" -> new ArrayList<>(runs);
+            // What only the Python loop does: drop echoes, dead-letter or hold records, start over.
+            case "dropped", "dead_lettered", "refused_bytes" -> 0;
+            case "held_from", "held_until", "reset_from" -> -1;
+            case "held_error" -> "";
+            case "echoes" -> List.of();
+            default -> throw new IllegalArgumentException("a landing row has no field `" + name + "`");
+        };
     }
 }

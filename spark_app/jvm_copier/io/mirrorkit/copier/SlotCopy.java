@@ -2,6 +2,7 @@ package io.mirrorkit.copier;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import java.io.IOException;
+import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
@@ -24,7 +25,7 @@ import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.errors.InvalidProducerEpochException;
 import org.apache.kafka.common.errors.ProducerFencedException;
-import org.apache.kafka.common.record.TimestampType;
+import org.apache.kafka.common.header.Header;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -40,6 +41,9 @@ import org.slf4j.LoggerFactory;
  * Python loop treats with more care (a record the target's rules refuse, a delivery error, offsets that went back, a
  * position outside the log, any read error) it aborts the open transaction and hands the slot back: the driver runs
  * the slot's Python task from the last commit, which meets the same event and deals with it.
+ *
+ * <p>What it obeys per record (the target topics' refusal rules, the size cap, the slot's transactional id, the
+ * latency histogram, the landing row) is the flow's copy contract, read by field name from the config (Contract).
  */
 final class SlotCopy {
     private static final Logger LOG = LoggerFactory.getLogger(SlotCopy.class);
@@ -48,7 +52,7 @@ final class SlotCopy {
     /** A source partition the slot copies: where it reads next, where it stops, and its landing since the report. */
     private static final class Cursor {
         final String target;
-        final Rule rule;
+        final Contract.Refusal rule;
         long next;
         final Long stop;
         boolean seen;
@@ -57,24 +61,12 @@ final class SlotCopy {
         Landing landing;
         final ArrayDeque<Long> inFlight = new ArrayDeque<>();
 
-        Cursor(String target, Rule rule, long start, Long stop) {
+        Cursor(String target, Contract.Refusal rule, long start, Long stop) {
             this.target = target;
             this.rule = rule;
             this.next = start;
             this.stop = stop;
             this.done = stop != null && start >= stop;
-        }
-    }
-
-    /** What a target topic refuses that a record shows (spark_app.topics.TargetRule). */
-    private record Rule(boolean compacted, Long beforeMaxMs, Long afterMaxMs, long clockSlackMs) {
-        boolean refuses(byte[] key, long timestampMs) {
-            if (compacted && key == null) {
-                return true;
-            }
-            long skew = System.currentTimeMillis() - timestampMs;
-            return (beforeMaxMs != null && skew > beforeMaxMs + clockSlackMs)
-                    || (afterMaxMs != null && -skew > afterMaxMs + clockSlackMs);
         }
     }
 
@@ -88,9 +80,8 @@ final class SlotCopy {
     }
 
     private final JsonNode config;
+    private final Contract contract;
     private final int slot;
-    private final double[] boundsMs;
-    private final int maxRuns;
     private final Map<TopicPartition, Cursor> cursors = new TreeMap<>(
             (a, b) -> a.topic().equals(b.topic()) ? Integer.compare(a.partition(), b.partition())
                     : a.topic().compareTo(b.topic()));
@@ -99,13 +90,8 @@ final class SlotCopy {
 
     SlotCopy(JsonNode config, int slot) {
         this.config = config;
+        this.contract = Contract.read(config.get("contract"));
         this.slot = slot;
-        JsonNode bounds = config.get("latency_bounds_ms");
-        this.boundsMs = new double[bounds.size()];
-        for (int i = 0; i < boundsMs.length; i++) {
-            boundsMs[i] = bounds.get(i).asDouble();
-        }
-        this.maxRuns = config.get("max_runs").asInt();
     }
 
     /** Copy until the driver says stop or every partition reached its stop; false when the slot was handed back. */
@@ -116,9 +102,15 @@ final class SlotCopy {
             channel.send(List.of(HELLO, slot));
             assign(channel.recv());
             boolean copiedAll = false;
-            try (KafkaProducer<byte[], byte[]> producer = made(() -> Clients.producer(config, slot));
-                    KafkaConsumer<byte[], byte[]> consumer = made(() -> Clients.consumer(config))) {
-                copiedAll = copy(channel, producer, consumer);
+            try {
+                String cannot = contract.cannotCopy();
+                if (cannot != null) {
+                    throw new HandBack(cannot);
+                }
+                try (KafkaProducer<byte[], byte[]> producer = made(() -> Clients.producer(config, contract, slot));
+                        KafkaConsumer<byte[], byte[]> consumer = made(() -> Clients.consumer(config))) {
+                    copiedAll = copy(channel, producer, consumer);
+                }
             } catch (HandBack why) {
                 LOG.warn("flow {}: slot {} goes on with the Python loop: {}", config.get("flow").asText(), slot,
                         why.getMessage());
@@ -130,11 +122,11 @@ final class SlotCopy {
 
     private void assign(JsonNode assignment) {
         Map<TopicPartition, Long> stops = offsets(assignment.get("stops"));
-        JsonNode topics = config.get("topics"), rules = config.get("rules");
+        JsonNode topics = config.get("topics");
         for (Map.Entry<TopicPartition, Long> start : offsets(assignment.get("starts")).entrySet()) {
             TopicPartition tp = start.getKey();
-            Cursor cursor = new Cursor(topics.get(tp.topic()).asText(), rule(rules.get(tp.topic())), start.getValue(),
-                    stops == null ? null : stops.get(tp));
+            Cursor cursor = new Cursor(topics.get(tp.topic()).asText(), contract.refusals.get(tp.topic()),
+                    start.getValue(), stops == null ? null : stops.get(tp));
             cursor.landing = newLanding(tp, start.getValue());
             cursors.put(tp, cursor);
         }
@@ -234,15 +226,18 @@ final class SlotCopy {
             throw new HandBack("the offsets of " + tp + " went back to " + offset);
         }
         long timestamp = record.timestamp();
-        if (cursor.rule != null && cursor.rule.refuses(record.key(), timestamp)) {
-            throw new HandBack("the target's rules for " + cursor.target + " refuse the record at " + tp + "@" + offset);
+        if (cursor.rule != null && cursor.rule.refuses(record.key(), timestamp, contract.clockSlackMs)) {
+            throw new HandBack("the target's rules for " + cursor.target + " refuse the record at " + tp + "@"
+                    + offset);
+        }
+        if (contract.maxRecordBytes != null && size(record) > contract.maxRecordBytes) {
+            throw new HandBack("the record at " + tp + "@" + offset + " is over the target's cap");
         }
         if (!cursor.seen) {
             cursor.seen = true;
             cursor.landing.firstOffset = offset;
         }
         Landing landing = cursor.landing;
-        boolean createTime = record.timestampType() == TimestampType.CREATE_TIME;
         synchronized (cursor.inFlight) {
             cursor.inFlight.addLast(offset);
         }
@@ -256,8 +251,9 @@ final class SlotCopy {
                             deliveryFailed.compareAndSet(null, error);
                             return;
                         }
-                        // An append-time target replaced the source's timestamp: no latency from it.
-                        double latency = createTime && metadata.timestamp() == timestamp
+                        // The contract's rule: timed when the target kept the record's timestamp, whatever the
+                        // source's type (an append-time target answers with its own time: no latency from that).
+                        double latency = metadata.timestamp() == timestamp
                                 ? Math.max(0, System.currentTimeMillis() - timestamp) : -1;
                         landing.landed(offset, metadata.offset(), latency);
                     });
@@ -405,7 +401,7 @@ final class SlotCopy {
             Landing landing = cursor.landing;
             landing.endOffset = cursor.next;
             if (!cursor.reported || landing.changed()) {
-                rows.add(landing.toRow());
+                rows.add(landing.toRow(contract.landingFields));
                 cursor.landing = newLanding(e.getKey(), cursor.next);
             }
             cursor.reported = true;
@@ -414,19 +410,18 @@ final class SlotCopy {
     }
 
     private Landing newLanding(TopicPartition tp, long start) {
-        return new Landing(tp.topic(), tp.partition(), start, boundsMs, maxRuns);
+        return new Landing(tp.topic(), tp.partition(), start, contract.latencyBoundsMs, contract.maxRuns);
     }
 
-    private static Rule rule(JsonNode rule) {
-        if (rule == null || rule.isNull()) {
-            return null;
+    /** A record's size as the contract's cap counts it: key, value, and each header's name and value. */
+    private static long size(ConsumerRecord<byte[], byte[]> record) {
+        long size = (record.key() == null ? 0 : record.key().length)
+                + (record.value() == null ? 0 : record.value().length);
+        for (Header header : record.headers()) {
+            size += header.key().getBytes(StandardCharsets.UTF_8).length
+                    + (header.value() == null ? 0 : header.value().length);
         }
-        return new Rule(rule.get("compacted").asBoolean(), optional(rule.get("before_max_ms")),
-                optional(rule.get("after_max_ms")), rule.get("clock_slack_ms").asLong());
-    }
-
-    private static Long optional(JsonNode value) {
-        return value == null || value.isNull() ? null : value.asLong();
+        return size;
     }
 
     /** Offsets as the channel carries them, [[topic, partition], offset] each; null for null. */

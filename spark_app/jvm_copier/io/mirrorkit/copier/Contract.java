@@ -1,0 +1,260 @@
+package io.mirrorkit.copier;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.HashSet;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeMap;
+
+/**
+ * The flow's per-record contract (spark_app.copy_wing.contract.CopyContract), read by field name from the slot's
+ * config: built once in Python, obeyed here. A field it does not know, one missing, or one of the wrong type refuses
+ * the contract, naming the field; so does a landing row with a field {@link Landing} does not fill, or without one it
+ * does. `main` reads contracts from its input, one JSON document a line, and writes back what it read, for
+ * tests/test_copy_contract.py.
+ */
+final class Contract {
+    /** Every field of the contract, by its name in the JSON. */
+    static final List<String> FIELDS = List.of("flow", "refusals", "clock_slack_ms", "partition_errors",
+            "provenance_header", "stamp_provenance", "drop_echoes", "source_alias", "target_alias",
+            "max_provenance_offset", "max_record_bytes", "transactional_id_prefix", "transactional_id_rule",
+            "latency_bounds_ms", "max_runs", "landing_fields");
+    static final List<String> REFUSAL_FIELDS = List.of("compacted", "before_max_ms", "after_max_ms");
+    private static final ObjectMapper JSON = new ObjectMapper();
+
+    /** What a target topic refuses that a record shows (spark_app.topics.TargetRule.refusal). */
+    record Refusal(boolean compacted, Long beforeMaxMs, Long afterMaxMs) {
+        boolean refuses(byte[] key, long timestampMs, long clockSlackMs) {
+            if (compacted && key == null) {
+                return true;
+            }
+            if (beforeMaxMs == null && afterMaxMs == null) {
+                return false;
+            }
+            long skew = System.currentTimeMillis() - timestampMs;
+            return (beforeMaxMs != null && skew > beforeMaxMs + clockSlackMs)
+                    || (afterMaxMs != null && -skew > afterMaxMs + clockSlackMs);
+        }
+    }
+
+    final String flow;
+    final Map<String, Refusal> refusals;
+    final long clockSlackMs;
+    final List<Integer> partitionErrors;
+    final String provenanceHeader;
+    final boolean stampProvenance;
+    final boolean dropEchoes;
+    final String sourceAlias;
+    final String targetAlias;
+    final long maxProvenanceOffset;
+    final Long maxRecordBytes;
+    final String transactionalIdPrefix;
+    final String transactionalIdRule;
+    final double[] latencyBoundsMs;
+    final int maxRuns;
+    final List<String> landingFields;
+
+    private Contract(JsonNode node) {
+        fieldsAre(node, FIELDS, "the copy contract");
+        flow = text(node, "flow");
+        Map<String, Refusal> byTopic = new TreeMap<>();
+        JsonNode rules = object(node, "refusals");
+        for (Map.Entry<String, JsonNode> e : rules.properties()) {
+            String where = "the copy contract's refusals of topic '" + e.getKey() + "'";
+            JsonNode rule = e.getValue();
+            if (!rule.isObject()) {
+                throw new IllegalArgumentException(where + ": not an object");
+            }
+            fieldsAre(rule, REFUSAL_FIELDS, where);
+            byTopic.put(e.getKey(), new Refusal(bool(rule, "compacted"), optionalLong(rule, "before_max_ms"),
+                    optionalLong(rule, "after_max_ms")));
+        }
+        refusals = Collections.unmodifiableMap(byTopic);
+        clockSlackMs = integer(node, "clock_slack_ms");
+        List<Integer> codes = new ArrayList<>();
+        for (JsonNode code : array(node, "partition_errors")) {
+            codes.add(code.asInt());
+        }
+        partitionErrors = List.copyOf(codes);
+        provenanceHeader = text(node, "provenance_header");
+        stampProvenance = bool(node, "stamp_provenance");
+        dropEchoes = bool(node, "drop_echoes");
+        sourceAlias = text(node, "source_alias");
+        targetAlias = text(node, "target_alias");
+        maxProvenanceOffset = integer(node, "max_provenance_offset");
+        maxRecordBytes = optionalLong(node, "max_record_bytes");
+        transactionalIdPrefix = optionalText(node, "transactional_id_prefix");
+        transactionalIdRule = text(node, "transactional_id_rule");
+        if (!transactionalIdRule.contains("{prefix}") || !transactionalIdRule.contains("{slot}")) {
+            throw new IllegalArgumentException("the copy contract's field `transactional_id_rule` names no {prefix}"
+                    + " or no {slot}: " + transactionalIdRule);
+        }
+        JsonNode bounds = array(node, "latency_bounds_ms");
+        latencyBoundsMs = new double[bounds.size()];
+        for (int i = 0; i < latencyBoundsMs.length; i++) {
+            latencyBoundsMs[i] = bounds.get(i).asDouble();
+        }
+        maxRuns = (int) integer(node, "max_runs");
+        List<String> names = new ArrayList<>();
+        for (JsonNode name : array(node, "landing_fields")) {
+            names.add(name.asText());
+        }
+        landingFields = List.copyOf(names);
+        fieldsAre(landingFields, Landing.FIELDS, "the copy contract's landing row");
+    }
+
+    /** The contract in the slot's config; IllegalArgumentException, naming the field, for one it cannot obey. */
+    static Contract read(JsonNode node) {
+        if (node == null || !node.isObject()) {
+            throw new IllegalArgumentException("the slot's config has no copy contract");
+        }
+        return new Contract(node);
+    }
+
+    /** Why this copier cannot copy under the contract (the Python task does), or null when it can. */
+    String cannotCopy() {
+        if (stampProvenance || dropEchoes) {
+            return "the JVM copier applies no provenance rules (stamp_provenance, drop_echoes)";
+        }
+        if (transactionalIdPrefix == null) {
+            return "the JVM copier writes only in transactions, and the contract has no transactional_id_prefix";
+        }
+        return null;
+    }
+
+    /** Slot `slot`'s transactional.id, by the contract's rule (spark_app.transactions.transactional_id). */
+    String transactionalId(int slot) {
+        if (transactionalIdPrefix == null) {
+            throw new IllegalStateException("flow " + flow + ": its copies write no transactions");
+        }
+        return transactionalIdRule.replace("{prefix}", transactionalIdPrefix).replace("{slot}", Integer.toString(slot));
+    }
+
+    /** The contract as read, by field name: what the test compares with the contract it sent. */
+    Map<String, Object> asRead() {
+        Map<String, Object> out = new LinkedHashMap<>();
+        out.put("flow", flow);
+        Map<String, Object> rules = new TreeMap<>();
+        for (Map.Entry<String, Refusal> e : refusals.entrySet()) {
+            Map<String, Object> rule = new LinkedHashMap<>();
+            rule.put("compacted", e.getValue().compacted());
+            rule.put("before_max_ms", e.getValue().beforeMaxMs());
+            rule.put("after_max_ms", e.getValue().afterMaxMs());
+            rules.put(e.getKey(), rule);
+        }
+        out.put("refusals", rules);
+        out.put("clock_slack_ms", clockSlackMs);
+        out.put("partition_errors", partitionErrors);
+        out.put("provenance_header", provenanceHeader);
+        out.put("stamp_provenance", stampProvenance);
+        out.put("drop_echoes", dropEchoes);
+        out.put("source_alias", sourceAlias);
+        out.put("target_alias", targetAlias);
+        out.put("max_provenance_offset", maxProvenanceOffset);
+        out.put("max_record_bytes", maxRecordBytes);
+        out.put("transactional_id_prefix", transactionalIdPrefix);
+        out.put("transactional_id_rule", transactionalIdRule);
+        out.put("latency_bounds_ms", latencyBoundsMs);
+        out.put("max_runs", maxRuns);
+        out.put("landing_fields", landingFields);
+        return out;
+    }
+
+    /**
+     * For tests/test_copy_contract.py: each input line a contract (JSON); each output line what was made of it,
+     * {"read": the contract as read, "landing_row": a landing's row's keys, "transactional_ids": slots 0, 1 and 7's
+     * ids when it has a prefix}, or {"refused": why}.
+     */
+    public static void main(String[] args) throws IOException {
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        for (String line = in.readLine(); line != null; line = in.readLine()) {
+            Map<String, Object> out = new LinkedHashMap<>();
+            try {
+                Contract contract = read(JSON.readTree(line));
+                out.put("read", contract.asRead());
+                Landing landing = new Landing("t", 0, 0, contract.latencyBoundsMs, contract.maxRuns);
+                out.put("landing_row", new ArrayList<>(landing.toRow(contract.landingFields).keySet()));
+                if (contract.transactionalIdPrefix != null) {
+                    out.put("transactional_ids", List.of(contract.transactionalId(0), contract.transactionalId(1),
+                            contract.transactionalId(7)));
+                }
+            } catch (IllegalArgumentException error) {
+                out.put("refused", error.getMessage());
+            }
+            System.out.println(JSON.writeValueAsString(out));
+        }
+    }
+
+    /** `node` has exactly the fields `known`; else the first unknown or missing one is named. */
+    private static void fieldsAre(JsonNode node, List<String> known, String where) {
+        List<String> names = new ArrayList<>();
+        node.fieldNames().forEachRemaining(names::add);
+        fieldsAre(names, known, where);
+    }
+
+    private static void fieldsAre(List<String> names, List<String> known, String where) {
+        Set<String> seen = new HashSet<>();
+        for (String name : names) {
+            if (!known.contains(name)) {
+                throw new IllegalArgumentException(where + " has the field `" + name + "`, which the JVM copier does"
+                        + " not know (it knows " + known + ")");
+            }
+            if (!seen.add(name)) {
+                throw new IllegalArgumentException(where + " has the field `" + name + "` twice");
+            }
+        }
+        for (String name : known) {
+            if (!seen.contains(name)) {
+                throw new IllegalArgumentException(where + " lacks the field `" + name + "`");
+            }
+        }
+    }
+
+    private static JsonNode field(JsonNode node, String name, boolean ok, String type) {
+        JsonNode value = node.get(name);
+        if (!ok) {
+            throw new IllegalArgumentException("the copy contract's field `" + name + "` is not " + type + ": "
+                    + value);
+        }
+        return value;
+    }
+
+    private static String text(JsonNode node, String name) {
+        return field(node, name, node.get(name).isTextual(), "a string").asText();
+    }
+
+    private static String optionalText(JsonNode node, String name) {
+        JsonNode value = node.get(name);
+        return value.isNull() ? null : field(node, name, value.isTextual(), "a string or null").asText();
+    }
+
+    private static boolean bool(JsonNode node, String name) {
+        return field(node, name, node.get(name).isBoolean(), "a boolean").asBoolean();
+    }
+
+    private static long integer(JsonNode node, String name) {
+        JsonNode value = node.get(name);
+        return field(node, name, value.isIntegralNumber() && value.canConvertToLong(), "a 64-bit integer").asLong();
+    }
+
+    private static Long optionalLong(JsonNode node, String name) {
+        return node.get(name).isNull() ? null : integer(node, name);
+    }
+
+    private static JsonNode array(JsonNode node, String name) {
+        return field(node, name, node.get(name).isArray(), "a list");
+    }
+
+    private static JsonNode object(JsonNode node, String name) {
+        return field(node, name, node.get(name).isObject(), "an object");
+    }
+}
