@@ -24,9 +24,10 @@ from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
+from tests.support.polling import wait_until
 from tests.support.running import mirror_running
 
-ROUNDS = 6  # of PER_ROUND records on each topic, a few seconds apart
+ROUNDS = 6  # of PER_ROUND records on each topic, each sent once the other topic's previous round landed
 PER_ROUND = 20
 
 
@@ -66,28 +67,33 @@ def test_a_topic_whose_write_acl_is_removed_mid_run_is_quarantined_alone_and_cat
 
     mirror = Mirror(spark, config)
     flow = mirror.flows[0]
+
+    def ok_landed(what: str) -> None:
+        """Until every record sent to `ok` so far landed: the rounds go to separate batches, and `ok` flows."""
+        wait_until(lambda: flow.totals.records.get(ok, 0) >= len(sent[ok]), f"'{ok}' {what}", errors=errors)
+
     with mirror_running(mirror) as errors:
         send_round(0)
-        wait_until(lambda: sum(flow.totals.records.values()) >= 2 * PER_ROUND, errors, "the first round to land")
+        wait_until(lambda: sum(flow.totals.records.values()) >= 2 * PER_ROUND, "the first round", errors=errors)
         for future in admin.create_acls([deny], request_timeout=15).values():
             future.result()
         for r in range(1, ROUNDS // 2):
             send_round(r)
-            time.sleep(2)
-        wait_until(lambda: denied in flow.ledger.quarantined, errors, f"'{denied}' to be quarantined")
+            ok_landed(f"round {r} landing while '{denied}' is denied")
+        wait_until(lambda: denied in flow.ledger.quarantined, f"'{denied}' quarantined", errors=errors)
         reason = flow.ledger.quarantined[denied]
         assert "TOPIC_AUTHORIZATION_FAILED" in reason and f"topic '{denied}'" in reason, reason
         # The other topic goes on meanwhile.
-        wait_until(lambda: flow.totals.records.get(ok, 0) >= len(sent[ok]), errors, f"'{ok}' to keep flowing")
+        ok_landed("flowing while the other topic is held")
         assert ok not in flow.ledger.quarantined
 
         for future in admin.delete_acls([AclBindingFilter(*deny_fields(deny))], request_timeout=15).values():
             future.result()
         for r in range(ROUNDS // 2, ROUNDS):
             send_round(r)
-            time.sleep(1)
-        wait_until(lambda: denied not in flow.ledger.quarantined, errors, f"'{denied}' to catch up")
-        wait_until(lambda: flow.totals.records.get(denied, 0) >= len(sent[denied]), errors, "every record to land")
+            ok_landed(f"round {r} landing after the ACL is gone")
+        wait_until(lambda: denied not in flow.ledger.quarantined, f"'{denied}' caught up", errors=errors)
+        wait_until(lambda: flow.totals.records.get(denied, 0) >= len(sent[denied]), "every record", errors=errors)
         send_round(ROUNDS)  # after the catch-up: the next batch writes it, while the mirror runs
         read_all(target_cluster.client, f"onprem.{denied}", expected=len(sent[denied]))
         assert denied not in flow.ledger.quarantined
@@ -104,11 +110,3 @@ def test_a_topic_whose_write_acl_is_removed_mid_run_is_quarantined_alone_and_cat
 def deny_fields(binding: AclBinding) -> tuple:
     return (binding.restype, binding.name, binding.resource_pattern_type, binding.principal, binding.host,
             binding.operation, binding.permission_type)  # fmt: skip
-
-
-def wait_until(condition, errors: list[BaseException], what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert not errors, f"the mirror failed while waiting for {what}: {errors[0]!r}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
