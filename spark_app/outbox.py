@@ -32,7 +32,7 @@ from . import clients
 from .clients import Partition
 from .config import FlowConfig
 from .errors import DeliveryFailed
-from .policy import PROVENANCE_HEADER, drops_record, origin, provenance, target_topic
+from .policy import PROVENANCE_HEADER, origin, provenance, replication_policy, target_topic
 from .ranges import LATENCY_BOUNDS_MS, Landing
 from .topics import TargetRule, TargetRules
 from .transactions import FENCED_ERRORS, Fenced, TransactionFailed
@@ -287,8 +287,8 @@ class Outbox:
         self._refused_partitions: set[Partition] = set()
         self._fatal = False  # a failure librdkafka calls fatal: the producer is unusable from then on
         self._fenced = False  # a newer attempt of the slot started (spark_app.transactions): this one is a zombie
-        self._identity = flow.replication_policy == "identity"
-        self._stamp = self._identity and flow.provenance_header
+        self._replication = replication_policy(flow)
+        self._stamp = self._replication.stamps  # and drop the target's echoes
         self._produce_now = producer.produce  # looked up once: `send` runs for every record
         self._on_delivery = self.delivered
 
@@ -305,15 +305,15 @@ class Outbox:
         cap refused it and no dead-letter topic takes it, so its partition holds from it and nothing after it may be
         sent."""
         value, headers = msg.value(), msg.headers()
-        if self._identity:
+        if self._stamp:
             stamp = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
             came_from = stamp_origin(stamp) if stamp is not None else None
-            if drops_record(self.flow, came_from):
-                assert came_from is not None  # drops_record says it is a provenance value
+            if self._replication.drops(came_from):
+                assert came_from is not None  # drops says it is a provenance value
                 landing.dropped += 1
                 landing.echoed(offset, came_from[1])
                 return True
-            if self._stamp and stamp is None:
+            if stamp is None:
                 stamp_header = (PROVENANCE_HEADER, provenance(self.flow.source, offset))
                 headers = [*headers, stamp_header] if headers else [stamp_header]
         key, ts = msg.key(), msg.timestamp()[1]
