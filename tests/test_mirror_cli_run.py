@@ -12,11 +12,12 @@ from collections.abc import Callable
 
 import pytest
 
-from bench.testbed.clients import Record, create_topics, produce, read_all
+from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
 from bench.testbed.ports import free_port
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_cli import MirrorCli
 from tests.support.mirror_config import one_flow_config
+from tests.support.polling import wait_until
 
 RECORDS, WAVE = 6000, 200
 
@@ -45,9 +46,18 @@ def steady_traffic(source, topic: str) -> tuple[list[Record], threading.Thread]:
     def feed() -> None:
         for i in range(WAVE, len(sent), WAVE):
             produce(source.client, topic, sent[i : i + WAVE])
-            time.sleep(0.5)
+            time.sleep(0.5)  # steady traffic's pacing
 
     return sent, threading.Thread(target=feed)
+
+
+def wait_mid_stream(target, topic: str) -> None:
+    """Until the target holds more than the first wave: the mirror is copying the traffic still coming."""
+    remote = f"onprem.{topic}"
+    wait_until(
+        lambda: sum(end_offsets(target.client, [(remote, 0), (remote, 1)]).values()) > WAVE,
+        f"records of the steady traffic on '{remote}'",
+    )
 
 
 Start = Callable[[], subprocess.Popen]
@@ -107,7 +117,7 @@ def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_pr
     topic = f"term-{unique}"
 
     def kill_and_restart(mirror: subprocess.Popen, start: Start) -> subprocess.Popen:
-        time.sleep(5)
+        wait_mid_stream(target_cluster, topic)
         os.killpg(mirror.pid, signal.SIGKILL)  # mid-stream, the producer still writing
         mirror.wait(30)
         return start()
@@ -133,9 +143,9 @@ def test_run_rides_out_its_target_broker_stopped_for_30s_mid_stream(plaintext_cl
     target = testbed.start(f"outage-{unique[-8:]}", "plaintext")
 
     def stop_the_target_for_30s(mirror: subprocess.Popen, start: Start) -> subprocess.Popen:
-        time.sleep(3)
+        wait_mid_stream(target, topic)
         target.stop()
-        time.sleep(30)
+        time.sleep(30)  # the outage itself: the mirror must ride it out, however long it waits
         assert mirror.poll() is None, "the mirror died while its target was down"
         target.start()
         return mirror
