@@ -949,8 +949,7 @@ impl Copier {
             }
         }
         let ts = e.timestamp.unwrap_or(-1);
-        if r
-            .rule
+        if r.rule
             .is_some_and(|rule| rule.refuses(e.key, ts, contract.clock_slack_ms))
         {
             return here("refused", String::new()); // the Python loop holds it with the rule's own words
@@ -1159,7 +1158,8 @@ unsafe fn owned_headers(
 #[pyfunction]
 fn read_contract(contract: &str) -> PyResult<String> {
     let contract = Contract::read(contract)?;
-    serde_json::to_string(&contract).map_err(|e| PyValueError::new_err(format!("copy contract: {e}")))
+    serde_json::to_string(&contract)
+        .map_err(|e| PyValueError::new_err(format!("copy contract: {e}")))
 }
 
 /// The landing fields a copy hands back, by name.
