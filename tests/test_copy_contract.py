@@ -1,26 +1,23 @@
 """The copy contract (spark_app.copy_wing.contract) against the cores that read it: the Rust core and the Java copier
 each read every field of `CopyContract` by name and nothing else, refuse a contract with a field too many or one
-missing (naming it), and hand the landing row back by the contract's names. The Java side runs as a JVM on the built
-jar (marked `spark`: it runs on Spark's jars), the Rust side through the installed module (the `compiled_core`
-fixture). Neither is skipped when missing: set-up builds both."""
+missing (naming it), and hand the landing row back by the contract's names. The Java side runs in the session's
+Spark driver, on the jar set-up builds (the `spark` fixture), the Rust side through the installed module (the
+`compiled_core` fixture). Neither is skipped when missing: set-up builds both."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import fields, replace
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pyspark
 import pytest
+from py4j.java_gateway import JavaClass
 
 from spark_app.config import ClusterConfig, FlowConfig
 from spark_app.copy_wing.contract import CONTRACT_FIELDS, LANDING_FIELDS, REFUSAL_FIELDS, CopyContract
 from spark_app.outbox import MAX_OFFSET, stamp_origin
 from spark_app.ranges import Landing
-from spark_app.realtime import jvm
 from spark_app.topics import TargetRule, TargetRules
 from spark_app.transactions import transactional_id
 
@@ -107,24 +104,15 @@ def test_the_rust_core_hands_back_landing_fields_by_the_contracts_names_and_refu
 # The Java copier.
 
 
-def _java(contracts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What the Java copier's Contract made of each contract (one JVM for all)."""
-    jars = jvm.local_jars()
-    assert any(Path(j).name == "mirrorkit-copier.jar" for j in jars), f"the JVM copier is not built: {jars}"
-    spark_jars = Path(pyspark.__file__).parent / "jars" / "*"  # Jackson, as on the executors
-    done = subprocess.run(
-        ["java", "-cp", ":".join([*jars, str(spark_jars)]), "io.mirrorkit.copier.Contract"],
-        input="".join(json.dumps(c) + "\n" for c in contracts), capture_output=True, text=True, timeout=120,
-        check=True,
-    )  # fmt: skip
-    out = [json.loads(line) for line in done.stdout.splitlines()]
-    assert len(out) == len(contracts), done.stderr
-    return out
+def _java(spark, contracts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the Java copier made of each contract, asked on the driver's JVM (CopierJob.checkContract)."""
+    job = spark.sparkContext._jvm.io.mirrorkit.copier.CopierJob
+    assert isinstance(job, JavaClass), "the JVM copier is not on Spark's class path: `bash .ci/setup` builds it"
+    return [json.loads(job.checkContract(json.dumps(c))) for c in contracts]
 
 
-@pytest.mark.spark
-def test_the_java_copier_reads_every_field_of_the_contract_and_makes_the_same_transactional_ids():
-    read = _java([c.to_json() for c in CONTRACTS])
+def test_the_java_copier_reads_every_field_of_the_contract_and_makes_the_same_transactional_ids(spark):
+    read = _java(spark, [c.to_json() for c in CONTRACTS])
     for contract, got in zip(CONTRACTS, read, strict=True):
         assert got.get("read") == contract.to_json(), got
         assert got["landing_row"] == list(LANDING_FIELDS), "its report rows are keyed by the contract's names"
@@ -133,8 +121,7 @@ def test_the_java_copier_reads_every_field_of_the_contract_and_makes_the_same_tr
     assert read[1]["transactional_ids"] == [transactional_id(flow, slot) for slot in (0, 1, 7)], "fencing agrees"
 
 
-@pytest.mark.spark
-def test_the_java_copier_refuses_a_contract_with_a_field_too_many_or_one_missing():
+def test_the_java_copier_refuses_a_contract_with_a_field_too_many_or_one_missing(spark):
     contract = REALTIME.to_json()
     rule = contract["refusals"]["t"]
     changed = [
@@ -147,7 +134,7 @@ def test_the_java_copier_refuses_a_contract_with_a_field_too_many_or_one_missing
         contract | {"max_runs": "64"},
     ]
     names = ["spare", *CONTRACT_FIELDS, "spare", *REFUSAL_FIELDS, "spare", "runs", "max_runs"]
-    for name, got in zip(names, _java(changed), strict=True):
+    for name, got in zip(names, _java(spark, changed), strict=True):
         assert "read" not in got and f"`{name}`" in got["refused"], (name, got)
 
 

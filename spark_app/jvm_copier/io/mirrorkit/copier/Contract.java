@@ -2,10 +2,7 @@ package io.mirrorkit.copier;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
-import java.io.BufferedReader;
 import java.io.IOException;
-import java.io.InputStreamReader;
-import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.HashSet;
@@ -19,8 +16,7 @@ import java.util.TreeMap;
  * The flow's per-record contract (spark_app.copy_wing.contract.CopyContract), read by field name from the slot's
  * config: built once in Python, obeyed here. A field it does not know, one missing, or one of the wrong type refuses
  * the contract, naming the field; so does a landing row with a field {@link Landing} does not fill, or without one it
- * does. `main` reads contracts from its input, one JSON document a line, and writes back what it read, for
- * tests/test_copy_contract.py.
+ * does. `check` says what it made of a contract, for tests/test_copy_contract.py (through CopierJob, on the driver).
  */
 final class Contract {
     /** Every field of the contract, by its name in the JSON. */
@@ -170,28 +166,24 @@ final class Contract {
     }
 
     /**
-     * For tests/test_copy_contract.py: each input line a contract (JSON); each output line what was made of it,
-     * {"read": the contract as read, "landing_row": a landing's row's keys, "transactional_ids": slots 0, 1 and 7's
-     * ids when it has a prefix}, or {"refused": why}.
+     * What was made of `json`, a contract, as JSON: {"read": the contract as read, "landing_row": a landing's row's keys,
+     * "transactional_ids": slots 0, 1 and 7's ids when it has a prefix}, or {"refused": why}.
      */
-    public static void main(String[] args) throws IOException {
-        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
-        for (String line = in.readLine(); line != null; line = in.readLine()) {
-            Map<String, Object> out = new LinkedHashMap<>();
-            try {
-                Contract contract = read(JSON.readTree(line));
-                out.put("read", contract.asRead());
-                Landing landing = new Landing("t", 0, 0, contract.latencyBoundsMs, contract.maxRuns);
-                out.put("landing_row", new ArrayList<>(landing.toRow(contract.landingFields).keySet()));
-                if (contract.transactionalIdPrefix != null) {
-                    out.put("transactional_ids", List.of(contract.transactionalId(0), contract.transactionalId(1),
-                            contract.transactionalId(7)));
-                }
-            } catch (IllegalArgumentException error) {
-                out.put("refused", error.getMessage());
+    static String check(String json) throws IOException {
+        Map<String, Object> out = new LinkedHashMap<>();
+        try {
+            Contract contract = read(JSON.readTree(json));
+            out.put("read", contract.asRead());
+            Landing landing = new Landing("t", 0, 0, contract.latencyBoundsMs, contract.maxRuns);
+            out.put("landing_row", new ArrayList<>(landing.toRow(contract.landingFields).keySet()));
+            if (contract.transactionalIdPrefix != null) {
+                out.put("transactional_ids", List.of(contract.transactionalId(0), contract.transactionalId(1),
+                        contract.transactionalId(7)));
             }
-            System.out.println(JSON.writeValueAsString(out));
+        } catch (IllegalArgumentException error) {
+            out.put("refused", error.getMessage());
         }
+        return JSON.writeValueAsString(out);
     }
 
     /** `node` has exactly the fields `known`; else the first unknown or missing one is named. */

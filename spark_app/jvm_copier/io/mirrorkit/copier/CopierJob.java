@@ -2,6 +2,7 @@ package io.mirrorkit.copier;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.IOException;
 import java.util.List;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.api.java.function.Function;
@@ -20,6 +21,14 @@ public final class CopierJob {
     public static long[] run(JavaSparkContext context, String config, int slot) {
         List<long[]> out = context.parallelize(List.of(slot), 1).map(new Task(config)).collect();
         return out.get(0);
+    }
+
+    /**
+     * What the copier makes of a copy contract (JSON, spark_app.copy_wing.contract): the contract as it read it, or
+     * why it refuses it (Contract.check). tests/test_copy_contract.py holds it to Python's CopyContract with this.
+     */
+    public static String checkContract(String contract) throws IOException {
+        return Contract.check(contract);
     }
 
     /** What the task runs: the config travels as its JSON text, parsed on the executor. */
