@@ -18,8 +18,10 @@ from bench.testbed.mm2 import mm2_command
 from spark_app.cli import main as cli_main
 from spark_app.clients import read_topic
 from spark_app.config import parse_config
+from spark_app.dr.adopt import running_refusals
 from spark_app.mirror import Mirror
 from tests.support.mirror_config import one_flow_config
+from tests.support.polling import wait_until
 from tests.test_dr import mm2_translate, values_from
 
 TOPICS = {"orders": 2, "payments": 2}
@@ -84,8 +86,14 @@ def test_adopt_and_handback_round_trip_with_mm2_with_no_gap_and_groups_carry_on(
                 producer.produce(topic, value=f"{topic}/{partition}/{i}".encode(), partition=partition)
                 produced[(topic, partition)] = i + 1
             producer.poll(0)
-            time.sleep(0.005)
+            time.sleep(0.005)  # a steady load's pacing
         assert producer.flush(30) == 0
+
+    def written_past_its_commit() -> bool:
+        """Whether MM2 wrote, on every partition, records it has not committed yet."""
+        done = mm2_committed(config, offsets_topic)
+        ends = _ends(dst, "primary.")
+        return all(end > done.get((t.removeprefix("primary."), p), -1) + 1 for (t, p), end in ends.items())
 
     log = (tmp_path / "mm2.log").open("wb")
     mm2 = subprocess.Popen(
@@ -114,11 +122,14 @@ def test_adopt_and_handback_round_trip_with_mm2_with_no_gap_and_groups_carry_on(
         err = capsys.readouterr().err
         assert "its Connect group 'primary-mm2' on 'dr' has 1 member(s)" in err
         assert "its heartbeat primary->dr reached 'heartbeats'" in err
-        time.sleep(1.5)
+        wait_until(written_past_its_commit, "MM2 to write past its last committed position on every partition")
         os.killpg(mm2.pid, signal.SIGKILL)  # mid-stream, between two of its offset commits
         mm2.wait(30)
         stopped_at = _ends(dst, "primary.")  # where MM2 stopped writing
-        time.sleep(1)
+        wait_until(
+            lambda: all(_ends(src, "")[(t.removeprefix("primary."), p)] > n for (t, p), n in stopped_at.items()),
+            "records on every source partition past where MM2 stopped",
+        )
     finally:
         stop.set()
         producer.join(60)
@@ -132,7 +143,12 @@ def test_adopt_and_handback_round_trip_with_mm2_with_no_gap_and_groups_carry_on(
     assert cli_main(["adopt", "--config", str(identity_file), "--flow", "primary->dr"]) == 1
     assert "flows[0].replication_policy is 'identity'" in capsys.readouterr().err
 
-    time.sleep(7)  # MM2's member has left its group (session timeout), its newest heartbeat is older than 3 s
+    quiet = wait_until(
+        lambda: not running_refusals(config, config.flows[0], 3, "primary-mm2"),
+        "MM2's member to leave its Connect group (session timeout) and its heartbeats to be 3 s old",
+    )
+    with capsys.disabled():
+        print(f"\nMM2 killed: {quiet:.1f} s more until its member left and its heartbeats went quiet")
     assert cli_main(["adopt", "--config", str(config_file), "--flow", "primary->dr", "--heartbeat-quiet-s", "3"]) == 0
     adopted = capsys.readouterr().out
     with capsys.disabled():

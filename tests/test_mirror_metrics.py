@@ -20,6 +20,7 @@ from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from spark_app.policy import HEARTBEATS_TOPIC, checkpoints_topic, offset_syncs_topic, target_topic
 from tests.support.mirror_config import one_flow_config
+from tests.support.polling import wait_until
 from tests.support.running import mirror_running
 from tests.test_metrics import scrape
 
@@ -30,12 +31,11 @@ PER_TRIGGER = 200  # so wave 2 takes at least 20 batches, long enough for lag to
 WAIT_S = 300.0
 CHECKPOINT_INTERVAL_S = 2.0
 HEARTBEAT_INTERVAL_S = 1.0
-# A checkpoint is rewritten every interval, a heartbeat reaches the target one trigger and batch after it is
-# emitted and is seen at the next heartbeat round; these bounds leave room for a busy machine, and the window
-# outlasts them, so an age that stopped being refreshed would cross its bound within it.
-CHECKPOINT_AGE_MAX_S = 3 * CHECKPOINT_INTERVAL_S
-HEARTBEAT_AGE_MAX_S = 15.0
-FRESH_WINDOW_S = 25.0
+# A checkpoint round stamps the group's checkpoint every interval, and a heartbeat reaches the target one trigger and
+# batch after it is emitted: each time, the age served goes down. An age that stopped being refreshed would only grow.
+REFRESHES = 3  # seen before wave 2, for each age; and for the checkpoint's, twice more once wave 2 was sent
+CHECKPOINT_AGE = "mirrorkit_checkpoint_age_seconds"
+HEARTBEAT_AGE = "mirrorkit_heartbeat_age_seconds"
 
 
 def wave(count: int, timestamp_ms: int | None, seed: int) -> list[Record]:
@@ -46,8 +46,8 @@ def wave(count: int, timestamp_ms: int | None, seed: int) -> list[Record]:
 
 
 class Scraper:
-    """Reads the mirror's endpoint every half second and keeps every scrape in `history`; fails with the mirror's
-    own error if it died."""
+    """Reads the mirror's endpoint every half second while a test waits, and keeps every scrape in `history`; fails
+    with the mirror's own error if it died."""
 
     def __init__(self, port: int, mirror_errors: list[BaseException]) -> None:
         self.url = f"http://127.0.0.1:{port}/metrics"
@@ -56,24 +56,19 @@ class Scraper:
 
     def until(self, what: str, condition: Callable[[dict], bool]) -> dict:
         """The first scrape for which `condition` holds."""
-        deadline = time.monotonic() + WAIT_S
-        got: dict = {}
-        while time.monotonic() < deadline:
-            got = self._scrape() or got
-            if got and condition(got):
-                return got
-            time.sleep(0.5)
-        figures = {k[0]: v for k, v in got.items() if "latency" not in k[0]}
-        raise AssertionError(f"no {what} within {WAIT_S:.0f}s; last scrape: {figures}")
+        last: dict = {}
 
-    def during(self, seconds: float) -> list[dict]:
-        """Every scrape taken over `seconds`."""
-        scrapes, end = [], time.monotonic() + seconds
-        while time.monotonic() < end:
-            if got := self._scrape():
-                scrapes.append(got)
-            time.sleep(0.5)
-        return scrapes
+        def holds() -> bool:
+            nonlocal last
+            last = self._scrape() or last
+            return bool(last) and bool(condition(last))
+
+        try:
+            wait_until(holds, what, WAIT_S)
+        except AssertionError as err:
+            figures = {k[0]: v for k, v in last.items() if "latency" not in k[0]}
+            raise AssertionError(f"{err}; last scrape: {figures}") from None
+        return last
 
     def _scrape(self) -> dict | None:
         """One scrape, or None while the endpoint is not listening yet."""
@@ -98,6 +93,12 @@ def bucket(got: dict, le: str, **where: str) -> float:
 def series(got: dict, name: str, **where: str) -> list[float]:
     """The values of every series of `name` whose labels include `where`."""
     return [v for (n, ls), v in got.items() if n == name and ls >= frozenset(where.items())]
+
+
+def refreshes(scrapes: list[dict], name: str, **where: str) -> int:
+    """How often the age `name` went down from one scrape to the next: each time, what it dates was written anew."""
+    ages = [a for g in scrapes for a in series(g, name, **where)]
+    return sum(1 for before, after in zip(ages, ages[1:], strict=False) if after < before)
 
 
 @pytest.mark.parametrize("mode", ["throughput", "realtime"])
@@ -150,16 +151,20 @@ def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_dra
                 and total(g, "mirrorkit_lag_records", **where) == 0
             ),
         )
-        # The group's checkpoint and the heartbeats: served, and kept young for longer than their bounds.
+        # The group's checkpoint and the heartbeats: served, and refreshed again and again.
         scraper.until(
             "checkpoint age and heartbeat age served",
-            lambda g: (
-                series(g, "mirrorkit_checkpoint_age_seconds", **checkpoint_age)
-                and series(g, "mirrorkit_heartbeat_age_seconds", flow=flow)
-            ),
+            lambda g: series(g, CHECKPOINT_AGE, **checkpoint_age) and series(g, HEARTBEAT_AGE, flow=flow),
         )
         fresh_from = len(scraper.history)
-        window = scraper.during(FRESH_WINDOW_S)
+        scraper.until(
+            f"the checkpoint age and the heartbeat age each refreshed {REFRESHES} times",
+            lambda _: (
+                refreshes(scraper.history[fresh_from:], CHECKPOINT_AGE, **checkpoint_age) >= REFRESHES
+                and refreshes(scraper.history[fresh_from:], HEARTBEAT_AGE, flow=flow) >= REFRESHES
+            ),
+        )
+        window = scraper.history[fresh_from:]
         old_ms = int(time.time() * 1000) - 2 * 3_600_000
         second = wave(WAVE_2, old_ms, seed=2)
         produce(source.client, live, second)
@@ -171,6 +176,11 @@ def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_dra
                 and total(g, "mirrorkit_replication_latency_seconds_count", **where) == WAVE_1 + WAVE_2
                 and total(g, "mirrorkit_lag_records", **where) == 0
             ),
+        )
+        # The checkpoint loop runs beside the copy: it went on through wave 2 and after it.
+        scraper.until(
+            "the checkpoint age refreshed twice since wave 2 was sent",
+            lambda _: refreshes(scraper.history[wave_2_from:], CHECKPOINT_AGE, **checkpoint_age) >= 2,
         )
 
     # Records and bytes, per partition, are exactly what was produced, and what the target holds.
@@ -207,20 +217,17 @@ def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_dra
     assert total(after_2, "mirrorkit_errors_total", flow=flow, kind="quarantined") == 1
     assert total(after_2, "mirrorkit_records_mirrored_total", flow=flow, topic=held) == 0  # held, never written
 
-    # Checkpoint and heartbeat ages: one series each on every scrape, below its bound. The checkpoint's over the
-    # window and all of wave 2, as the loop runs beside the copy; the heartbeat's over the window, as heartbeats
-    # queue behind a backlog like any record, which is what makes their age a liveness signal.
-    assert len(window) >= 10, f"only {len(window)} scrapes in {FRESH_WINDOW_S:.0f} s"
-    checkpoint_ages = [
-        series(g, "mirrorkit_checkpoint_age_seconds", **checkpoint_age) for g in scraper.history[fresh_from:]
-    ]
-    heartbeat_ages = [series(g, "mirrorkit_heartbeat_age_seconds", flow=flow) for g in window]
+    # Checkpoint and heartbeat ages: one series each on every scrape, the checkpoint's from the window on through all
+    # of wave 2, the heartbeat's over the window (heartbeats queue behind a backlog like any record, which is what
+    # makes their age a liveness signal). How old they grew is printed, not asserted: a slow machine only slows them.
+    checkpoint_ages = [series(g, CHECKPOINT_AGE, **checkpoint_age) for g in scraper.history[fresh_from:]]
+    heartbeat_ages = [series(g, HEARTBEAT_AGE, flow=flow) for g in window]
     assert all(len(ages) == 1 for ages in checkpoint_ages + heartbeat_ages)
-    assert max(a for (a,) in checkpoint_ages) < CHECKPOINT_AGE_MAX_S, checkpoint_ages
-    assert max(a for (a,) in heartbeat_ages) < HEARTBEAT_AGE_MAX_S, heartbeat_ages
     print(
-        f"\nMax ages: checkpoint {max(a for (a,) in checkpoint_ages):.1f} s over {len(checkpoint_ages)} scrapes,"
-        f" heartbeat {max(a for (a,) in heartbeat_ages):.1f} s over {len(window)} scrapes in {FRESH_WINDOW_S:.0f} s"
+        f"\nAges: checkpoint at most {max(a for (a,) in checkpoint_ages):.1f} s over {len(checkpoint_ages)} scrapes"
+        f" ({refreshes(scraper.history[fresh_from:], CHECKPOINT_AGE, **checkpoint_age)} refreshes), heartbeat at most"
+        f" {max(a for (a,) in heartbeat_ages):.1f} s over {len(window)} scrapes"
+        f" ({refreshes(window, HEARTBEAT_AGE, flow=flow)} refreshes)"
     )
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(scraper.url, timeout=5)  # the endpoint closed with the mirror
