@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from confluent_kafka import (
     Consumer,
@@ -164,35 +164,31 @@ def shared_producer(cluster: ClusterConfig, defaults: Mapping[str, object]) -> P
 
 def shared_copier(
     source: ClusterConfig, target: ClusterConfig, consumer_defaults: Mapping[str, object],
-    producer_defaults: Mapping[str, object], policy: tuple[Any, ...],
-) -> Copier | None:  # fmt: skip
-    """A `copier` kept like the shared clients; None where `copier` gives none."""
+    producer_defaults: Mapping[str, object], idle_s: float | None,
+) -> Copier:  # fmt: skip
+    """A `copier` kept like the shared clients."""
     settings = _copier_settings(source, target, consumer_defaults, producer_defaults)
-    if settings is None:
-        return None
-    key = (*_key(source, consumer_defaults), *_key(target, producer_defaults), repr(policy))
-    return _copiers.get(key, lambda: _copier_class()(*settings, *policy))
+    key = (*_key(source, consumer_defaults), *_key(target, producer_defaults), repr(idle_s))
+    return _copiers.get(key, lambda: _copier_class()(*settings, idle_s))
 
 
 def copier(
     source: ClusterConfig, target: ClusterConfig, consumer_defaults: Mapping[str, object],
-    producer_defaults: Mapping[str, object], policy: tuple[Any, ...],
-) -> Copier | None:  # fmt: skip
-    """The compiled copy core's consumer and producer for a flow's `policy` (spark_app.compiled_copy), its own; None
-    when a cluster's login needs a Python callback (an OAUTHBEARER token), which only confluent-kafka's clients
-    take."""
-    settings = _copier_settings(source, target, consumer_defaults, producer_defaults)
-    return None if settings is None else _copier_class()(*settings, *policy)
+    producer_defaults: Mapping[str, object], idle_s: float | None,
+) -> Copier:  # fmt: skip
+    """The compiled copy core's consumer and producer (spark_app.compiled_copy), its own; a partition that reads
+    nothing for `idle_s` (None: never) goes back to the Python loop."""
+    return _copier_class()(*_copier_settings(source, target, consumer_defaults, producer_defaults), idle_s)
 
 
 def _copier_settings(
     source: ClusterConfig, target: ClusterConfig, consumer_defaults: Mapping[str, object],
     producer_defaults: Mapping[str, object],
-) -> tuple[list[tuple[str, str]], list[tuple[str, str]]] | None:  # fmt: skip
-    """The core's consumer and producer settings as librdkafka's strings; None when one is a callback."""
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:  # fmt: skip
+    """The core's consumer and producer settings as librdkafka's strings."""
     consumer_conf = _plain(dict(consumer_defaults) | librdkafka_settings(source, "consumer"))
     producer_conf = _plain(dict(producer_defaults) | librdkafka_settings(target, "producer"))
-    return None if consumer_conf is None or producer_conf is None else (consumer_conf, producer_conf)
+    return consumer_conf, producer_conf
 
 
 def _copier_class() -> type[Copier]:
@@ -211,10 +207,15 @@ def discard_copier(copier: Copier) -> None:
     _copiers.discard(copier)
 
 
-def _plain(settings: Mapping[str, object]) -> list[tuple[str, str]] | None:
-    """Settings as librdkafka's strings; None when one is a callback."""
-    if any(callable(v) for v in settings.values()):
-        return None
+def _plain(settings: Mapping[str, object]) -> list[tuple[str, str]]:
+    """Settings as librdkafka's strings. A callback (a token login) cannot cross into the compiled core, and
+    spark_app.copy_wing.choice gives no such cluster to it: one here is the caller's mistake."""
+    callbacks = sorted(k for k, v in settings.items() if callable(v))
+    if callbacks:
+        raise ValueError(
+            f"the compiled copy core takes no callback setting ({', '.join(callbacks)}): spark_app.copy_wing.choice"
+            " copies such a cluster's flows with the Python loop"
+        )
     return [(k, ("true" if v else "false") if isinstance(v, bool) else str(v)) for k, v in settings.items()]
 
 

@@ -1,4 +1,4 @@
-"""The compiled copy core behind throughput mode's copy: which flows it serves, and its results as cursors and landings.
+"""The Rust copy core behind both modes' copy: ranges handed to it, and its results as cursors and landings.
 
 `copy_compiled` hands a micro-batch's open cursors to the Rust core (spark_app/copy_core, a `Copier` made by
 spark_app.clients), which does what `copy_some` and the `Outbox` do per record with no Python per record. It takes
@@ -12,10 +12,8 @@ in, and cursors, landings and refused records come back, as dicts keyed by name 
 
 Real-time tasks that write no transactions use it too, each with a copier of its own (`live_copier`), whose
 consumer keeps its assignment from one copy to the next: a task copies until its next report (`copy_with`), and goes
-on with the Python loop for good once the core stopped at an event. A flow's transactions (a slot's producer; every
-real-time flow into Kafka writes in them), and a cluster whose login needs a token callback (Entra ID, MSK IAM), go
-elsewhere: a real-time slot's transactions copy on the executors' JVM (spark_app.realtime.jvm) where it serves the
-flow, else with confluent-kafka's clients, as a token callback's login does.
+on with the Python loop for good once the core stopped at an event. Which flows it copies, spark_app.copy_wing.choice
+decides: not a flow's transactions, nor a cluster whose login needs a token callback (Entra ID, MSK IAM).
 """
 
 from __future__ import annotations
@@ -54,25 +52,21 @@ FLUSH_S = 300.0  # as long as the Python loop waits for its records in flight
 def copy_compiled(
     flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, cursors: Mapping[Partition, Cursor],
     rules: TargetRules, producer_settings: Mapping[str, object], outbox: Outbox,
-) -> bool:  # fmt: skip
-    """Copy the open cursors with the compiled core, as far as it goes; False when it does not serve the flow's
-    clusters (nothing copied). Refusals it heard are filed in `outbox` and settled: the partitions they hold are
-    done. A delivery failure for the target, a refused login or a read error raises, as in the Python loop."""
-    policy = _policy(flow, source, target, IDLE_S)
-    copier = clients.shared_copier(source, target, CONSUMER_DEFAULTS, producer_settings, policy)
-    if copier is None:
-        return False
+) -> None:  # fmt: skip
+    """Copy the open cursors with the compiled core, as far as it goes. Refusals it heard are filed in `outbox` and
+    settled: the partitions they hold are done. A delivery failure for the target, a refused login or a read error
+    raises, as in the Python loop."""
+    copier = clients.shared_copier(source, target, CONSUMER_DEFAULTS, producer_settings, IDLE_S)
     copy_with(copier, flow, source, target, cursors, rules, outbox)
-    return True
 
 
 def live_copier(
-    flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, consumer_settings: Mapping[str, object],
+    source: ClusterConfig, target: ClusterConfig, consumer_settings: Mapping[str, object],
     producer_settings: Mapping[str, object],
-) -> Copier | None:  # fmt: skip
+) -> Copier:  # fmt: skip
     """A real-time task's own copier, for a flow spark_app.copy_wing.choice gives the Rust core (no partition of it
     ever counts as idle: a quiet source is normal there)."""
-    return clients.copier(source, target, consumer_settings, producer_settings, _policy(flow, source, target, None))
+    return clients.copier(source, target, consumer_settings, producer_settings, None)
 
 
 def copy_with(
@@ -119,15 +113,6 @@ def copy_with(
         if held in cursors:
             cursors[held].done = True
     return taken, bool(kind or copied["refused"])
-
-
-def _policy(
-    flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, idle_s: float | None
-) -> tuple[float | None]:
-    """What the core's constructor takes after the clients' settings: how long a partition may read nothing. The
-    flow's per-record rules are not the copier's but each copy's: its contract (`copy_with`)."""
-    del flow, source, target  # one copier serves whatever contract a copy brings
-    return (idle_s,)
 
 
 def _stop(cursor: Cursor) -> int:

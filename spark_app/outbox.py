@@ -2,11 +2,13 @@
 
 Both modes drive it (spark_app.range_copy for micro-batches, spark_app.realtime for long-running tasks) through one
 narrow function, `copy_some`: take what the consumer has, pass each record through the `Outbox`, and account every
-delivery into its partition's `Landing`. The compiled core (spark_app.compiled_copy) does the same for throughput
-mode's plain copies and keeps this contract: per source partition a `Cursor` (its landing, its next offset, where it
-stops); records written in source order with the source's key, value, headers (order and duplicates), partition and
-timestamp, and the identity policy's provenance header; echoes dropped; a record the target refuses held, or
-dead-lettered. This loop stays the reference, and takes over from the compiled core at every rare event.
+delivery into its partition's `Landing`. The two compiled cores do the same where spark_app.copy_wing.choice gives
+them a flow: the Rust core (spark_app.compiled_copy) for throughput batches and real-time slots without transactions,
+the Java copier (spark_app.realtime.jvm) for real-time slots in transactions. Each keeps this loop's behaviour, which
+spark_app.copy_wing.contract hands them as data: per source partition a `Cursor` (its landing, its next offset, where
+it stops); records written in source order with the source's key, value, headers (order and duplicates), partition
+and timestamp, and the identity policy's provenance header; echoes dropped; a record the target refuses held, or
+dead-lettered. This loop stays the reference, and takes over from either compiled core at every rare event.
 """
 
 from __future__ import annotations
@@ -86,9 +88,6 @@ TOPIC_SCOPED_ERRORS = frozenset(
         KafkaError._UNKNOWN_TOPIC,
     }
 )
-# The largest offset Kafka has (a signed 64-bit integer). A provenance value with a larger offset was made by no copy
-# core of the mirror, so it is no stamp of ours: not an echo, and not stamped again (every core, by the contract).
-MAX_OFFSET = 2**63 - 1
 Headers = list[tuple[str, str | bytes | None]]  # as confluent-kafka types them; consumed values are bytes or None
 
 
@@ -104,13 +103,6 @@ class Record(Protocol):
     def headers(self) -> Headers | None: ...
     def timestamp(self) -> tuple[int, int]: ...
     def error(self) -> KafkaError | None: ...
-
-
-def stamp_origin(value: str | bytes) -> tuple[bytes, int] | None:
-    """A provenance value's alias and source offset (spark_app.policy.origin); None for a value no core of the mirror
-    made, one whose offset is past MAX_OFFSET among them."""
-    came_from = origin(value)
-    return came_from if came_from is not None and came_from[1] <= MAX_OFFSET else None
 
 
 def producer_settings(rules: TargetRules) -> dict[str, object]:
@@ -307,7 +299,7 @@ class Outbox:
         value, headers = msg.value(), msg.headers()
         if self._stamp:
             stamp = next((v for k, v in headers or () if k == PROVENANCE_HEADER), None)
-            came_from = stamp_origin(stamp) if stamp is not None else None
+            came_from = origin(stamp) if stamp is not None else None
             if self._replication.drops(came_from):
                 assert came_from is not None  # drops says it is a provenance value
                 landing.dropped += 1

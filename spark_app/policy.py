@@ -151,10 +151,16 @@ def provenance(alias: str, offset: int) -> bytes:
     return f"{alias}:{offset}".encode()
 
 
+# The largest offset Kafka has (a signed 64-bit integer). A provenance value with a larger offset was made by no copy
+# core of the mirror, so it is no stamp of ours: not an echo, and not stamped again (every core, by the contract).
+MAX_OFFSET = 2**63 - 1
+
+
 def origin(value: str | bytes) -> tuple[bytes, int] | None:
-    """A provenance value's alias and source offset; None for a value `provenance` did not make."""
+    """A provenance value's alias and source offset; None for a value `provenance` did not make, one whose offset is
+    past MAX_OFFSET among them."""
     alias, sep, offset = (value.encode() if isinstance(value, str) else value).partition(b":")
-    return (alias, int(offset)) if sep and offset.isdigit() else None
+    return (alias, int(offset)) if sep and offset.isdigit() and int(offset) <= MAX_OFFSET else None
 
 
 def drops_record(flow: FlowConfig, came_from: tuple[bytes, int] | None) -> bool:

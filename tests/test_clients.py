@@ -168,23 +168,24 @@ def test_the_compiled_core_gets_librdkafka_strings_and_serves_no_cluster_whose_l
     compiled_core, monkeypatch
 ):
     """A Copier takes librdkafka's settings as strings; a token callback (MSK IAM, Entra ID) is a Python function,
-    which only confluent-kafka's clients can call, so such a flow's copy stays with the Python loop."""
+    which only confluent-kafka's clients can call: the choice of core keeps such a flow on the Python loop, and a
+    copier asked for one anyway is refused, naming the setting."""
     made: list[tuple[list[tuple[str, str]], list[tuple[str, str]]]] = []
 
     class FakeCopier:
-        def __init__(self, consumer_settings, producer_settings, *policy):
+        def __init__(self, consumer_settings, producer_settings, idle_s):
             made.append((consumer_settings, producer_settings))
 
     monkeypatch.setattr(compiled_core, "Copier", FakeCopier)
     monkeypatch.setattr(clients._copiers, "_clients", OrderedDict())
     iam = ClusterConfig(alias="msk", bootstrap_servers="b-1.msk:9098", profile="msk-iam", region="us-east-1")
-    policy = ("src", "dr", False, False, "h", [10.0], 64, 5.0, [10])
-    assert clients.shared_copier(iam, CLUSTER, {"enable.auto.commit": False}, {}, policy) is None
-    assert clients.shared_copier(CLUSTER, iam, {}, {"acks": "all"}, policy) is None
+    for source, target in ((iam, CLUSTER), (CLUSTER, iam)):
+        with pytest.raises(ValueError, match=r"no callback setting \(oauth_cb\)"):
+            clients.shared_copier(source, target, {"enable.auto.commit": False}, {"acks": "all"}, 5.0)
     assert made == []
 
-    copier = clients.shared_copier(CLUSTER, CLUSTER, {"enable.auto.commit": False}, {"linger.ms": 20}, policy)
-    assert clients.shared_copier(CLUSTER, CLUSTER, {"enable.auto.commit": False}, {"linger.ms": 20}, policy) is copier
+    copier = clients.shared_copier(CLUSTER, CLUSTER, {"enable.auto.commit": False}, {"linger.ms": 20}, 5.0)
+    assert clients.shared_copier(CLUSTER, CLUSTER, {"enable.auto.commit": False}, {"linger.ms": 20}, 5.0) is copier
     consumer_settings, producer_settings = made[0]
     assert ("enable.auto.commit", "false") in consumer_settings and ("linger.ms", "20") in producer_settings
     assert ("bootstrap.servers", "127.0.0.1:9093") in consumer_settings

@@ -16,7 +16,7 @@ from py4j.java_gateway import JavaClass
 
 from spark_app.config import ClusterConfig, FlowConfig
 from spark_app.copy_wing.contract import CONTRACT_FIELDS, LANDING_FIELDS, REFUSAL_FIELDS, CopyContract
-from spark_app.outbox import MAX_OFFSET, stamp_origin
+from spark_app.policy import MAX_OFFSET, origin
 from spark_app.ranges import Landing
 from spark_app.topics import TargetRule, TargetRules
 from spark_app.transactions import transactional_id
@@ -54,9 +54,9 @@ def test_the_contract_is_made_from_the_python_loops_own_rules():
 
 
 def test_a_provenance_offset_past_64_bits_is_no_stamp_of_ours():
-    assert stamp_origin(f"b:{MAX_OFFSET}") == (b"b", MAX_OFFSET)
-    assert stamp_origin(f"b:{MAX_OFFSET + 1}") is None
-    assert stamp_origin("b:" + "9" * 20) is None
+    assert origin(f"b:{MAX_OFFSET}") == (b"b", MAX_OFFSET)
+    assert origin(f"b:{MAX_OFFSET + 1}") is None
+    assert origin("b:" + "9" * 20) is None
     assert IDENTITY.max_provenance_offset == MAX_OFFSET
 
 

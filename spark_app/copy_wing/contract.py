@@ -18,8 +18,8 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from ..config import ClusterConfig, FlowConfig
-from ..outbox import MAX_OFFSET, TOPIC_SCOPED_ERRORS
-from ..policy import PROVENANCE_HEADER, replication_policy, transactional_id_prefix
+from ..outbox import TOPIC_SCOPED_ERRORS
+from ..policy import MAX_OFFSET, PROVENANCE_HEADER, replication_policy, transactional_id_prefix
 from ..ranges import LATENCY_BOUNDS_MS, MAX_RUNS_PER_RANGE, Landing
 from ..topics import CLOCK_SLACK_MS, TargetRules
 from ..transactions import TRANSACTIONAL_ID_RULE, transactional

@@ -158,7 +158,7 @@ class LiveCopy:
             self.task.target, self.task.producer_settings)  # fmt: skip
         if self.task.core is Core.RUST:
             source, target, settings = self.task.source, self.task.target, self.task.producer_settings
-            self.core = live_copier(self.flow, source, target, self.consumer_settings, settings)
+            self.core = live_copier(source, target, self.consumer_settings, settings)
         outbox = Outbox(self.flow, producer, lambda key: self.cursors[key].landing, self.task.rules)
         for key in self.cursors:
             outbox.open(key)
