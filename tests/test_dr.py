@@ -30,6 +30,7 @@ from spark_app.errors import MirrorFailed
 from spark_app.mirror import Mirror
 from spark_app.policy import checkpoints_topic, offset_syncs_topic, target_topic
 from tests.support.mirror_config import create_event_hubs, one_flow_config
+from tests.support.polling import wait_until
 
 TRANSLATE_OFFSETS = Path(__file__).parent / "support" / "TranslateOffsets.java"
 
@@ -263,7 +264,7 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
                 m.value(), time.time()))  # fmt: skip
             producer.poll(0)
             i += 1
-            time.sleep(0.01)
+            time.sleep(0.01)  # a steady load's pacing: about 100 records a second
         producer.flush(5)
 
     def consumer_loop() -> None:
@@ -293,14 +294,23 @@ def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, 
     threads = [threading.Thread(target=f, daemon=True) for f in (producer_loop, consumer_loop, mirror.run_forever)]
     for t in threads:
         t.start()
+
+    def checkpoints_of_the_group() -> dict[int, int]:
+        """How many checkpoints of the group the mirror wrote, per partition."""
+        written_now = written(dr_cluster, checkpoints_topic(flow), Checkpoint.decode)
+        return {p: sum(1 for cp, _ in written_now if cp.group == group and cp.partition == p) for p in (0, 1)}
+
     # The first batches are large (the first carries all that was written while the query started): wait until the
     # group's checkpoint is past three batch ends, so the translation is tried among batches of steady size, as in
-    # a mirror that has run a while; then a few more batches and checkpoints under load.
-    deadline = time.monotonic() + 240
-    while batch_ends_below_checkpoint() < 3:
-        assert time.monotonic() < deadline, "the group's checkpoint never got past the mirror's first batches"
-        time.sleep(2)
-    time.sleep(4)
+    # a mirror that has run a while; then until two more checkpoints of the group on each partition, under load.
+    waited = wait_until(lambda: batch_ends_below_checkpoint() >= 3, "its checkpoint past 3 batch ends", every_s=1)
+    before = checkpoints_of_the_group()
+    waited += wait_until(
+        lambda: all(n >= before[p] + 2 for p, n in checkpoints_of_the_group().items()),
+        f"two more checkpoints of the group on each partition (it had {before})",
+        every_s=1,
+    )
+    print(f"\nDR drill: the primary is killed {waited:.1f} s after the load started")
     primary.kill()
     killed_at = time.time()
     stop.set()
