@@ -15,12 +15,13 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from bench.testbed import clients
-from bench.testbed.clients import commit, create_topics
+from bench.testbed.clients import commit, create_topics, end_offsets
 from bench.testbed.ports import free_port
 from spark_app.cli import main as cli_main
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from tests.support.mirror_config import one_flow_config
+from tests.support.polling import wait_until
 from tests.support.running import mirror_running
 
 BATCHES = 400  # at least this many micro-batches over the two runs of the mirror
@@ -37,7 +38,7 @@ def produce_steadily(cluster, topic: str, stop: threading.Event, sent: list[byte
         producer.produce(topic, value=value, partition=len(sent) % 2)
         sent.append(value)
         producer.poll(0)
-        time.sleep(0.1)
+        time.sleep(0.1)  # the load's pacing: fewer records than the mirror copies, so batches stay small
     assert producer.flush(30) == 0
 
 
@@ -63,20 +64,20 @@ def test_a_group_parked_through_hundreds_of_batches_and_a_restart_fails_over_exa
     stop = threading.Event()
     producing = threading.Thread(target=produce_steadily, args=(plaintext_cluster, topic, stop, sent), daemon=True)
     producing.start()
-    while len(sent) < 2 * max(PARKED_AT.values()):
-        time.sleep(0.1)
+    wait_until(lambda: len(sent) >= 2 * max(PARKED_AT.values()), "records past where the group parks", every_s=0.1)
     commit(plaintext_cluster.client, group, topic, PARKED_AT)  # the application read this far, then stopped
 
     done = 0
     for run in (1, 2):  # the mirror restarts half-way, on the same checkpoint and offset-syncs topic
         mirror = Mirror(spark, config)
         with mirror_running(mirror) as errors:
-            while batches_done(mirror) < BATCHES // 2 and not errors:
-                time.sleep(1)
+            half = f"{BATCHES // 2} batches in run {run}"
+            wait_until(lambda ran=mirror: batches_done(ran) >= BATCHES // 2, half, 900, 1, errors)
             if run == 2:
                 stop.set()
                 producing.join(60)
-                caught_up(mirror, source_cluster, f"primary.{topic}", len(sent), errors)
+                caught_up(source_cluster, f"primary.{topic}", len(sent), errors)
+        # The mirror's stop wrote its final offset syncs and checkpoints (DrSync.stop): the failover reads them.
         done += batches_done(mirror)
         print(f"run {run}: {batches_done(mirror)} batches, {len(sent)} records sent so far")
     print(f"{done} batches over two runs of the mirror, {len(sent)} records")
@@ -111,15 +112,10 @@ def test_a_group_parked_through_hundreds_of_batches_and_a_restart_fails_over_exa
         assert got[p][reread:] == unread[p], f"partition {p}: not every unread record, in order, once"
 
 
-def caught_up(mirror: Mirror, target, remote: str, expected: int, errors: list[BaseException]) -> None:
-    """Wait until the target holds every record sent, then for one more checkpoint round."""
-    admin_consumer = clients.consumer(target.client, "caught-up-check")
-    deadline = time.monotonic() + 300
-    while not errors:
-        on_target = sum(admin_consumer.get_watermark_offsets(TopicPartition(remote, p), timeout=10)[1] for p in (0, 1))
-        if on_target >= expected:
-            break
-        assert time.monotonic() < deadline, f"the mirror copied {on_target} of {expected} records in 300 s"
-        time.sleep(1)
-    admin_consumer.close()
-    time.sleep(2 * mirror.config.checkpoint_interval_s)
+def caught_up(target, remote: str, expected: int, errors: list[BaseException]) -> None:
+    """Wait until the target holds every record sent."""
+
+    def copied() -> bool:
+        return sum(end_offsets(target.client, [(remote, 0), (remote, 1)]).values()) >= expected
+
+    wait_until(copied, f"all {expected} records on '{remote}'", 300, 1, errors)
