@@ -18,8 +18,8 @@ from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
+from tests.support.polling import wait_until
 from tests.support.running import mirror_running
-from tests.test_mirror_topic_faults import wait_until
 
 PER_ROUND = 20  # records on each partition of the brokers that stay up, a round every second or so
 BACKLOG = 600  # records of RECORD_BYTES on the partition that goes offline, there before the mirror starts
@@ -69,7 +69,7 @@ def stopped_mid_range(
     """Call `stop` once the throttled backlog's copy has started landing on `target`, and before it all has; how
     many records had landed."""
     wait_until(
-        lambda: landed_on_target(target, copy, partition) > 0, errors, f"'{copy}' [{partition}] to start landing"
+        lambda: landed_on_target(target, copy, partition) > 0, f"'{copy}' [{partition}] to start landing", errors=errors
     )
     stop()
     on_target = landed_on_target(target, copy, partition)
@@ -111,12 +111,14 @@ def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alo
                 send(source, sent, steady, (0, 1), PER_ROUND)
                 send(source, sent, bad, (0,), PER_ROUND)
                 time.sleep(1)
-            wait_until(lambda: bad in flow.ledger.quarantined, errors, f"'{bad}' to be quarantined")
+            wait_until(lambda: bad in flow.ledger.quarantined, f"'{bad}' to be quarantined", errors=errors)
             reason = flow.ledger.quarantined[bad]
             assert f"topic '{bad}' partition 1" in reason and "no progress reading partition" in reason, reason
             assert flow.ledger.held[bad].get(1, -1) >= on_target, flow.ledger.held
             wait_until(
-                lambda: flow.totals.records.get(steady, 0) >= len(sent[steady]), errors, f"'{steady}' to keep flowing"
+                lambda: flow.totals.records.get(steady, 0) >= len(sent[steady]),
+                f"'{steady}' to keep flowing",
+                errors=errors,
             )
             assert steady not in flow.ledger.quarantined
             print(f"'{steady}' caught up {time.monotonic() - stopped_at:.1f} s after broker 2 stopped")
@@ -124,9 +126,13 @@ def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alo
             source.broker(2).start()
             send(source, sent, bad, (0, 1), PER_ROUND)
             send(source, sent, steady, (0, 1), PER_ROUND)
-            wait_until(lambda: bad not in flow.ledger.quarantined, errors, f"'{bad}' to catch up and rejoin")
-            wait_until(lambda: flow.totals.records.get(bad, 0) >= len(sent[bad]), errors, f"every '{bad}' record")
-            wait_until(lambda: flow.totals.records.get(steady, 0) >= len(sent[steady]), errors, "every steady record")
+            wait_until(lambda: bad not in flow.ledger.quarantined, f"'{bad}' to catch up and rejoin", errors=errors)
+            wait_until(
+                lambda: flow.totals.records.get(bad, 0) >= len(sent[bad]), f"every '{bad}' record", errors=errors
+            )
+            wait_until(
+                lambda: flow.totals.records.get(steady, 0) >= len(sent[steady]), "every steady record", errors=errors
+            )
     finally:
         source.broker(2).start()  # the session's cluster stays whole for the tests after this one
 
@@ -164,15 +170,17 @@ def test_a_source_down_past_the_stall_bound_ends_the_batch_in_flight_and_its_top
     try:
         with mirror_running(mirror) as errors:
             on_target = stopped_mid_range(source.stop, plaintext_cluster, f"down.{topic}", 0, errors)
-            wait_until(lambda: topic in flow.ledger.quarantined, errors, f"'{topic}' to be held", OUTAGE_HOLD_S)
+            wait_until(lambda: topic in flow.ledger.quarantined, f"'{topic}' to be held", OUTAGE_HOLD_S, errors=errors)
             reason = flow.ledger.quarantined[topic]
             assert "does not answer" in reason and "no progress reading partition" in reason, reason
             assert flow.ledger.held[topic].get(0, -1) >= on_target, flow.ledger.held
 
             source.start()
             send(source, sent, topic, (0,), PER_ROUND)
-            wait_until(lambda: topic not in flow.ledger.quarantined, errors, f"'{topic}' to catch up and rejoin")
-            wait_until(lambda: flow.totals.records.get(topic, 0) >= len(sent[topic]), errors, f"every '{topic}' record")
+            wait_until(lambda: topic not in flow.ledger.quarantined, f"'{topic}' to catch up and rejoin", errors=errors)
+            wait_until(
+                lambda: flow.totals.records.get(topic, 0) >= len(sent[topic]), f"every '{topic}' record", errors=errors
+            )
     finally:
         source.start()
 
@@ -213,10 +221,12 @@ def test_a_real_time_mirror_started_while_a_leader_is_offline_copies_the_rest_an
     source.broker(2).stop()
     try:
         with mirror_running(mirror) as errors:
-            wait_until(lambda: flow.totals.records.get(steady, 0) >= 100, errors, f"'{steady}' to be copied")
-            wait_until(lambda: flow.totals.records.get(bad, 0) >= 50, errors, f"'{bad}' partition 0 to be copied")
+            wait_until(lambda: flow.totals.records.get(steady, 0) >= 100, f"'{steady}' to be copied", errors=errors)
+            wait_until(
+                lambda: flow.totals.records.get(bad, 0) >= 50, f"'{bad}' partition 0 to be copied", errors=errors
+            )
             source.broker(2).start()
-            wait_until(lambda: flow.totals.records.get(bad, 0) >= 100, errors, f"'{bad}' partition 1, once back")
+            wait_until(lambda: flow.totals.records.get(bad, 0) >= 100, f"'{bad}' partition 1, once back", errors=errors)
     finally:
         source.broker(2).start()
     for topic in (steady, bad):
