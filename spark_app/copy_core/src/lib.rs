@@ -278,8 +278,8 @@ impl Refusal {
     }
 }
 
-/// One range's cursor (spark_app.outbox.Cursor) and the counts its sends add to its landing.
-struct Range {
+/// One range's cursor, as spark_app.outbox.Cursor is the Python loop's, and the counts its sends add to its landing.
+struct Cursor {
     topic: String,
     partition: i32,
     target: String,
@@ -580,7 +580,7 @@ impl Copier {
         until: Option<Instant>,
     ) -> (PyResult<Vec<RangeOut>>, Stopped, Vec<Refused>, usize) {
         let now = Instant::now();
-        let mut ranges: Vec<Range> = Vec::with_capacity(ranges_in.len());
+        let mut ranges: Vec<Cursor> = Vec::with_capacity(ranges_in.len());
         for RangeIn {
             topic,
             partition,
@@ -589,7 +589,7 @@ impl Copier {
             stop,
         } in ranges_in
         {
-            ranges.push(Range {
+            ranges.push(Cursor {
                 rule: contract.refusals.get(&topic).copied(),
                 topic,
                 partition,
@@ -735,7 +735,7 @@ impl Copier {
         }
     }
 
-    fn assign(&self, ranges: &[Range]) -> Result<(), String> {
+    fn assign(&self, ranges: &[Cursor]) -> Result<(), String> {
         let kept = std::mem::take(&mut *self.kept.lock().unwrap());
         if !kept.is_empty() && kept == open_positions(ranges) {
             return Ok(()); // the consumer reads on from where the last copy left each range
@@ -755,7 +755,7 @@ impl Copier {
     fn copy_until_stopped(
         &self,
         contract: &Contract,
-        ranges: &mut [Range],
+        ranges: &mut [Cursor],
         until: Option<Instant>,
     ) -> Stopped {
         let mut open = ranges.iter().filter(|r| !r.done).count();
@@ -823,7 +823,7 @@ impl Copier {
         &self,
         contract: &Contract,
         event: *mut rdsys::rd_kafka_event_t,
-        ranges: &mut [Range],
+        ranges: &mut [Cursor],
         open: &mut usize,
         unpolled: &mut u32,
     ) -> Option<Stopped> {
@@ -877,7 +877,7 @@ impl Copier {
         &self,
         contract: &Contract,
         e: Event,
-        ranges: &mut [Range],
+        ranges: &mut [Cursor],
         open: &mut usize,
         unpolled: &mut u32,
     ) -> Option<Stopped> {
@@ -1002,7 +1002,7 @@ impl Copier {
 }
 
 /// The ranges not done, each with where it reads next.
-fn open_positions(ranges: &[Range]) -> Vec<(String, i32, i64)> {
+fn open_positions(ranges: &[Cursor]) -> Vec<(String, i32, i64)> {
     ranges
         .iter()
         .filter(|r| !r.done)
@@ -1011,7 +1011,7 @@ fn open_positions(ranges: &[Range]) -> Vec<(String, i32, i64)> {
 }
 
 /// A record at `offset` was passed on (sent or dropped as an echo): the cursor moves past it, and is done at its stop.
-fn taken(r: &mut Range, offset: i64, open: &mut usize) {
+fn taken(r: &mut Cursor, offset: i64, open: &mut usize) {
     first_event(r, offset);
     r.next = offset + 1;
     r.read_at = Instant::now();
@@ -1022,7 +1022,7 @@ fn taken(r: &mut Range, offset: i64, open: &mut usize) {
 }
 
 /// The first event read fixes where the landing starts (spark_app.outbox._first_event).
-fn first_event(r: &mut Range, offset: i64) {
+fn first_event(r: &mut Cursor, offset: i64) {
     if !r.seen {
         r.seen = true;
         r.first_offset = offset.min(r.stop);
