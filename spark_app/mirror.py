@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pyspark
+from confluent_kafka import KafkaError, KafkaException
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
 
@@ -150,7 +151,9 @@ class Mirror:
                 _raise_if_failed(flow)
                 try:
                     wanted = flow.sync_topics()
-                except ClusterUnreachable as err:
+                except (ClusterUnreachable, KafkaException) as err:
+                    if isinstance(err, KafkaException) and not _transient(err):
+                        raise
                     unreachable_since = unreachable_since or time.monotonic()
                     if time.monotonic() - unreachable_since > UNREACHABLE_GIVE_UP_S:
                         raise
@@ -210,6 +213,16 @@ class _SetOnSignal:
 
     class Java:
         implements = ["sun.misc.SignalHandler"]
+
+
+def _transient(err: KafkaException) -> bool:
+    """A Kafka error a later round of topic sync can outlive: a timeout (a controller being elected while a broker
+    restarts, say) or one the client calls retriable. It counts toward UNREACHABLE_GIVE_UP_S like an unreachable
+    cluster, rather than stopping the mirror at once."""
+    error = err.args[0]
+    return isinstance(error, KafkaError) and (
+        error.retriable() or error.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT)
+    )
 
 
 def _raise_if_failed(flow: FlowRunner) -> None:
