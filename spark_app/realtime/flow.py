@@ -152,18 +152,21 @@ class RealtimeRunner(FlowRunner):
         self.ledger.expect({tp: o for tp, o in writable.items() if tp not in from_start or tp in log_starts})
         if self.flow.exactly_once:  # positions the old life of a topic committed would skip the new one's records
             transactions.reset_positions(self.flow, self.target, {tp: starts[tp] for tp in back if tp in writable})
-        self.ledger.file(resets + holds)  # saves the new starts too
         self._report_recopies(writable)
+        self.ledger.file(resets + holds)  # saves the new starts, and the marks the report left, too
         return Assignment(writable, {tp: ends[tp] for tp in writable} if available_now else None)
 
     def _report_recopies(self, starts: PartitionOffsets) -> None:
-        """Log how many records landed after the positions were saved: a crash copies them again."""
+        """Log how many records landed after the positions were saved: a crash copies them again. A partition with
+        no landing saved yet takes the target's end now as its mark, so a crash before its first report counts what
+        that life copied too."""
         landed = self.ledger.state.landed
-        saved = {(target_topic(self.flow, t), p): landed[(t, p)] for t, p in starts if (t, p) in landed}
-        if not saved:
+        on_target = {(target_topic(self.flow, t), p): (t, p) for t, p in starts}
+        if not on_target:
             return
-        ends = _answered(clients.admin(self.target), list(saved), OffsetSpec.latest(), 0.0, read_committed=False)
-        again = sum(max(0, ends[tp] - offset) for tp, offset in saved.items() if tp in ends)
+        ends = _answered(clients.admin(self.target), list(on_target), OffsetSpec.latest(), 0.0, read_committed=False)
+        again = sum(max(0, ends[tp] - landed[src]) for tp, src in on_target.items() if tp in ends and src in landed)
+        landed.update({src: ends[tp] for tp, src in on_target.items() if tp in ends and src not in landed})
         if again:
             self.totals.recopied += again
             log.warning("flow %s: resuming at the saved positions; %d record(s) landed after the last save and are"
