@@ -37,6 +37,7 @@ SPARK_FIXTURES = frozenset({"spark", "spark_standalone", "s3", "mirror_cli"})
 # compiled copy core; a test that needs one asks for its fixture, which marks it `kube` (tests/test_markers.py finds the
 # fast tests that reach `.cache` or the compiled core without one).
 KUBE_FIXTURES = frozenset({"kube_api", "kube_charts", "compiled_core"})
+NODE_FIXTURES = frozenset({"kube_node"})  # bench/node/run alone provides what they need
 # The tests that need neither brokers, Spark nor the API server: the pipeline's unit job runs this selection.
 FAST_SELECTION = "not kafka and not spark and not kube"
 
@@ -164,6 +165,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
       mirror's `run` in a subprocess builds its command (tests/test_markers.py checks that no test builds it alone).
     - `kube`: it holds a fixture of KUBE_FIXTURES: the real API server, whose binaries `.ci/setup` builds, or another
       thing only set-up makes (the charts, the compiled copy core).
+    - `node`: it holds a NODE_FIXTURES fixture: a real Kubernetes node, which only `bench/node/run` can start.
     """
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -174,5 +176,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.kafka)
         if fixtures & KUBE_FIXTURES:
             item.add_marker(pytest.mark.kube)
+        if fixtures & NODE_FIXTURES:
+            item.add_marker(pytest.mark.node)
         if fixtures & SPARK_FIXTURES:
             item.add_marker(pytest.mark.spark)

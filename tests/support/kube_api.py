@@ -143,6 +143,7 @@ class KubeApiServer:
                 f"--token-auth-file={self.folder / 'tokens.csv'}",
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--endpoint-reconciler-type=none",  # on 127.0.0.1 the `kubernetes` service's endpoints are refused
+                "--kubelet-preferred-address-types=InternalIP",  # a node of the test bed has no name to look up
             )
             try:
                 self._wait_ready()
@@ -218,6 +219,16 @@ class KubeApiServer:
         self._processes.append(process)
         return process
 
+    @property
+    def ca(self) -> Path:
+        """The certificate authority of the server's certificate."""
+        return self._ca
+
+    @property
+    def service_account_key(self) -> Path:
+        """The key that signs service-account tokens (a controller manager signs with it too)."""
+        return self.folder / "sa.key"
+
     def kubeconfig(self, account: tuple[str, str] | None = None) -> Path:
         """A kubeconfig, 0600 in the server's folder, signed in as the admin (its token is in system:masters) or as
         the service account `(namespace, name)`, with a token the server issues for it as for a pod of that account."""
@@ -285,6 +296,13 @@ class KubeApiServer:
                 message = response.text
             raise KubeApiError(response.status_code, method, path, message)
         return response.json()
+
+    def text(self, path: str, **kwargs: Any) -> str:
+        """A GET whose answer is text, such as a pod's log."""
+        response = self._session.get(f"{self.url}{path}", timeout=30, **kwargs)
+        if response.status_code >= 400:
+            raise KubeApiError(response.status_code, "GET", path, response.text[:500])
+        return response.text
 
     def first_added(self, collection: str, name: str, since: str, timeout_s: float) -> dict[str, Any] | None:
         """Object `name` of the collection at path `collection` as the server first stored it after resource version
