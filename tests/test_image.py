@@ -1,4 +1,5 @@
-"""The mirror image: what its Dockerfile copies exists, and its entrypoint runs the mirror in local mode."""
+"""The mirror image: what its Dockerfile copies exists or is staged, and its entrypoint starts Spark's driver and
+executors as Spark on Kubernetes asks and runs the mirror in local mode."""
 
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ from tests.support.mirror_config import one_flow_config
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = ROOT / "images" / "mirror"
 ENTRYPOINT = IMAGE / "entrypoint.sh"
+BUILD = IMAGE / "build"
+DIST = "images/mirror/dist"
 
 
-def test_every_path_the_dockerfile_copies_exists():
+def test_every_path_the_dockerfile_copies_exists_or_is_staged_by_the_build_script():
+    """The compiled parts come from images/mirror/dist, which only images/mirror/build fills (git ignores it)."""
     sources = []
     for line in (IMAGE / "Dockerfile").read_text().splitlines():
         if not line.startswith("COPY "):
@@ -27,23 +31,121 @@ def test_every_path_the_dockerfile_copies_exists():
         if not any(w.startswith("--from") for w in words):
             sources += words[1:-1]
     assert len(sources) >= 6
-    missing = [s for s in sources if not (ROOT / s).exists()]
+    staged = [s for s in sources if s.startswith(f"{DIST}/")]
+    assert staged, "the copy core's wheel and the copier's jar come from the staging folder"
+    missing = [s for s in sources if s not in staged and not (ROOT / s).exists()]
     assert missing == []
+    build = BUILD.read_text()
+    assert f"dist={DIST}" in build
+    for source in staged:
+        folder, _, name = source.removeprefix(f"{DIST}/").partition("/")
+        assert f'"$dist/{folder}' in build, f"{source}: the build script stages nothing into {DIST}/{folder}"
+        assert not name or name in build, f"{source}: the build script stages no {name}"
 
 
-def test_entrypoint_hands_spark_driver_and_executor_commands_to_spark(tmp_path):
-    stub = tmp_path / "spark-entrypoint"
-    stub.write_text('#!/bin/sh\necho "spark got: $*"\n')
-    stub.chmod(0o755)
-    for role in ("driver", "executor"):
-        out = subprocess.run(
-            [str(ENTRYPOINT), role, "--properties-file", "/x"],
-            env=os.environ | {"SPARK_ENTRYPOINT": str(stub)},
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        assert out.stdout.strip() == f"spark got: {role} --properties-file /x"
+def stub(folder: Path, path: str) -> Path:
+    """An executable at folder/path that prints its pid, then each argument on a line of its own."""
+    exe = folder / path
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text('#!/bin/sh\necho "$$"\nfor a in "$@"; do printf \'%s\\n\' "$a"; done\n')
+    exe.chmod(0o755)
+    return exe
+
+
+def run_entrypoint(args: list[str], env: dict[str, str]) -> tuple[int, list[str], str]:
+    """The entrypoint's exit code, the arguments the stub it exec'd received, and its stderr; the stub must run in the
+    entrypoint's own process (exec), so that the pod's SIGTERM reaches it."""
+    base = {"PATH": os.environ["PATH"]}
+    proc = subprocess.Popen(
+        [str(ENTRYPOINT), *args], env=base | env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    out, err = proc.communicate(timeout=60)
+    if proc.returncode != 0:
+        return proc.returncode, [], err
+    pid, *got = out.splitlines()
+    assert int(pid) == proc.pid, "the entrypoint must exec the command, not run it as a child"
+    return proc.returncode, got, err
+
+
+DRIVER_ARGS = [
+    "--properties-file",
+    "/opt/spark/conf/spark.properties",
+    "--class",
+    "org.apache.spark.deploy.PythonRunner",
+    "local:///opt/mirrorkit/main.py",
+    "run",
+    "--config",
+    "/etc/mirrorkit/mirror.yaml",
+]
+
+
+def test_entrypoint_runs_the_driver_as_spark_submit_in_client_mode_bound_to_the_pod_ip(tmp_path):
+    stub(tmp_path, "bin/spark-submit")
+    env = {"SPARK_HOME": str(tmp_path), "SPARK_DRIVER_BIND_ADDRESS": "10.1.2.3"}
+    code, got, err = run_entrypoint(["driver", *DRIVER_ARGS], env)
+    assert code == 0, err
+    assert got == ["--conf", "spark.driver.bindAddress=10.1.2.3", "--deploy-mode", "client", *DRIVER_ARGS]
+
+
+def test_entrypoint_refuses_a_driver_without_its_bind_address(tmp_path):
+    stub(tmp_path, "bin/spark-submit")
+    code, got, err = run_entrypoint(["driver", *DRIVER_ARGS], {"SPARK_HOME": str(tmp_path)})
+    assert code == 64 and got == []
+    assert "SPARK_DRIVER_BIND_ADDRESS" in err
+
+
+EXECUTOR_ENV = {
+    "SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@mirror-driver-svc.ns.svc:7078",
+    "SPARK_EXECUTOR_ID": "3",
+    "SPARK_EXECUTOR_CORES": "2",
+    "SPARK_EXECUTOR_MEMORY": "1024m",
+    "SPARK_APPLICATION_ID": "spark-0123abcd",
+    "SPARK_EXECUTOR_POD_IP": "10.1.2.4",
+    "SPARK_EXECUTOR_POD_NAME": "mirror-exec-3",
+    "SPARK_RESOURCE_PROFILE_ID": "0",
+    "SPARK_CONF_DIR": "/opt/spark/conf",
+}
+
+
+def test_entrypoint_runs_an_executor_as_sparks_kubernetes_executor_backend(tmp_path):
+    stub(tmp_path, "java/bin/java")
+    options = {i: f"-Dopt{i}=v {i}" for i in range(12)}  # 10 and 11 sort after 9; a value with a space stays one
+    env = EXECUTOR_ENV | {f"SPARK_JAVA_OPT_{i}": v for i, v in reversed(options.items())}
+    env |= {"JAVA_HOME": str(tmp_path / "java"), "SPARK_HOME": "/opt/spark", "SPARK_CLASSPATH": "/extra/*"}
+    code, got, err = run_entrypoint(["executor"], env | {"SPARK_JAVA_OPT_X": "-Dnot=an-option"})
+    assert code == 0, err
+    assert got == [
+        "-Xms1024m",
+        "-Xmx1024m",
+        *options.values(),
+        "-cp",
+        "/extra/*:/opt/spark/conf:/opt/spark/jars/*",
+        "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend",
+        *("--driver-url", EXECUTOR_ENV["SPARK_DRIVER_URL"], "--executor-id", "3", "--cores", "2"),
+        *("--app-id", "spark-0123abcd", "--hostname", "10.1.2.4", "--resourceProfileId", "0"),
+        *("--podName", "mirror-exec-3"),
+    ]
+
+
+def test_entrypoint_refuses_an_executor_missing_what_spark_sets(tmp_path):
+    stub(tmp_path, "java/bin/java")
+    for name in ("SPARK_DRIVER_URL", "SPARK_EXECUTOR_MEMORY", "SPARK_EXECUTOR_POD_NAME"):
+        env = {k: v for k, v in EXECUTOR_ENV.items() if k != name} | {"JAVA_HOME": str(tmp_path / "java")}
+        code, got, err = run_entrypoint(["executor"], env)
+        assert code == 64 and got == [], name
+        assert name in err
+
+
+def test_entrypoint_runs_anything_else_as_a_mirror_command():
+    out = subprocess.run(
+        [str(ENTRYPOINT), "--help"],
+        env=os.environ | {"MIRRORKIT_PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.startswith("usage: mirrorkit")
+    assert "validate" in out.stdout
 
 
 def test_entrypoint_validates_and_runs_the_mirror_in_local_mode(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pyspark
@@ -65,8 +66,86 @@ def test_the_image_bakes_the_hadoop_cloud_connectors_at_sparks_hadoop_version():
 
 
 def test_the_image_makes_sparks_class_archive_in_the_spark_home_the_jvm_options_name():
-    lines = DOCKERFILE.read_text().splitlines()
-    env = max(i for i, line in enumerate(lines) if line.startswith("ENV "))
-    made = [i for i, line in enumerate(lines) if line.startswith("RUN ") and "images/spark_classes.py" in line]
-    assert made and made[0] > env, "the archive is made after the ENV that sets SPARK_HOME and PYTHONPATH"
-    assert f"SPARK_HOME={IMAGE_SPARK_HOME}" in "\n".join(lines[env : made[0]])
+    steps = instructions()
+    env = max(i for i, step in enumerate(steps) if step.startswith("ENV "))
+    made = [i for i, step in enumerate(steps) if step.startswith("RUN ") and "images/spark_classes.py" in step]
+    assert made and made[0] > env, "the archive is made after the ENV that sets SPARK_HOME and PATH"
+    assert f"SPARK_HOME={IMAGE_SPARK_HOME}" in steps[env].split()
+
+
+def instructions() -> list[str]:
+    """The Dockerfile's instructions, each with its continuation lines joined, comments left out."""
+    joined, current = [], ""
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("#") and not current:
+            continue
+        current += line.rstrip("\\").strip() + " "
+        if not line.endswith("\\"):
+            joined.append(current.strip())
+            current = ""
+    return [i for i in joined if i]
+
+
+def test_the_image_builds_on_debian_bookworm_slim_with_no_toolchain_fetched_by_script():
+    steps = instructions()
+    (base_arg,) = [s for s in steps if s.startswith("ARG BASE_IMAGE=")]
+    assert base_arg == "ARG BASE_IMAGE=debian:bookworm-slim"
+    assert [s for s in steps if s.startswith("FROM ")] == ["FROM ${BASE_IMAGE}"], "one stage, on the base"
+    text = DOCKERFILE.read_text()
+    for fetched in ("curl", "wget", "rustup", "sh.rustup.rs", "| sh", "|sh"):
+        assert fetched not in "\n".join(steps), fetched
+    assert "no pinned Rust toolchain is reachable" in text, "the Dockerfile says why the wheel comes from outside"
+
+
+def test_the_host_ca_is_mounted_for_the_build_only_and_never_baked_in():
+    steps = instructions()
+    naming = [s for s in steps if "pip-host-ca.crt" in s]
+    mounted = "RUN --mount=type=secret,id=host-ca,target=/etc/pip-host-ca.crt if [ -s /etc/pip-host-ca.crt ]; then"
+    assert len(naming) == 3 and all(s.startswith(mounted) for s in naming), naming
+    assert not [s for s in steps if s.split()[0] in ("COPY", "ADD", "ENV") and ("ca.crt" in s or "CERT" in s)]
+    build = (ROOT / "images" / "mirror" / "build").read_text()
+    assert '--secret "id=host-ca,src=$host_ca"' in build and " -v " not in build, "a -v mount point stays in the image"
+    assert "buildah build --isolation chroot --pull=never --layers --force-rm -f images/mirror/Dockerfile" in build
+
+
+def test_the_image_runs_as_185_under_tini_with_nothing_to_write_outside_tmp():
+    steps = instructions()
+    assert steps[-3:] == [
+        "USER 185",
+        "WORKDIR /opt/mirrorkit",
+        'ENTRYPOINT ["/usr/bin/tini", "-s", "--", "/opt/mirrorkit/entrypoint.sh"]',
+    ]
+    (env,) = [s for s in steps if s.startswith("ENV ")]
+    settings = dict(word.split("=", 1) for word in env.split()[1:])
+    assert settings["PYTHONDONTWRITEBYTECODE"] == "1" and settings["HOME"] == "/tmp"
+    assert settings["PYSPARK_PYTHON"] == "/opt/mirrorkit/venv/bin/python"
+    assert settings["PATH"].startswith("/opt/mirrorkit/venv/bin:")
+    installs = [s for s in steps if "uv pip install" in s]
+    assert len(installs) == 2 and all("--compile-bytecode" in s for s in installs), "bytecode is made at build time"
+
+
+def shell_block(text: str, variable: str) -> str:
+    """The command substitution that sets `variable` in a shell script, as written."""
+    match = re.search(rf"^{variable}=\$\(.*?\| sha256sum \| cut -d' ' -f1\)$", text, re.M | re.S)
+    assert match, f"no {variable}=$(... | sha256sum ...) in the script"
+    return match[0]
+
+
+def test_the_build_script_finds_the_compiled_parts_by_set_ups_own_keys():
+    setup = (ROOT / ".ci" / "setup").read_text()
+    build = (ROOT / "images" / "mirror" / "build").read_text()
+    for variable in ("core_want", "copier_want"):
+        assert shell_block(build, variable) == shell_block(setup, variable), variable
+    for line in ("core=spark_app/copy_core", "copier=spark_app/jvm_copier", 'javac_flags="--release 17 -Xlint:all'):
+        assert line in setup and line in build, line
+    assert "core_wheels=$cache/copy-core/$core_want" in setup and "core_wheels=$cache/copy-core/$core_want" in build
+    copier_jar = "copier_jar=$cache/jvm-copier/$copier_want/mirrorkit-copier.jar"
+    assert copier_jar in setup and copier_jar in build
+
+
+def test_the_staging_folder_is_git_ignored_and_sent_to_the_build():
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "images/mirror/dist/wheels/x.whl"], cwd=ROOT, capture_output=True
+    )
+    assert ignored.returncode == 0, "images/mirror/dist must stay out of git"
+    assert sent("images/mirror/dist/wheels/x.whl") and sent("images/mirror/dist/jars/mirrorkit-copier.jar")
