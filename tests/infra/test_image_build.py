@@ -52,7 +52,9 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_no_local_state()
 def pyspark_hadoop_version() -> str:
     jars = Path(pyspark.__file__).parent / "jars"
     (api,) = jars.glob("hadoop-client-api-*.jar")
-    return re.fullmatch(r"hadoop-client-api-(.+)\.jar", api.name)[1]
+    version = re.fullmatch(r"hadoop-client-api-(.+)\.jar", api.name)
+    assert version, api.name
+    return version[1]
 
 
 def test_the_image_bakes_the_hadoop_cloud_connectors_at_sparks_hadoop_version():
