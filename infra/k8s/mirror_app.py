@@ -46,9 +46,25 @@ ALERT_METRICS = (
     LAST_BATCH_METRIC,
     ERRORS_METRIC,
 )
-# Restricted Pod Security: the image runs as its non-root user 185 (images/mirror/Dockerfile).
+# Restricted Pod Security: the image runs as its non-root user 185 (images/mirror/Dockerfile), on a read-only root;
+# what Spark and Python write goes to /tmp and Spark's local dirs, each an emptyDir.
 POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 185, "fsGroup": 185, "seccompProfile": {"type": "RuntimeDefault"}}
-CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+}
+SCRATCH_DIR = "/tmp"
+# `pulumi up` waits until the operator reports the application running, and fails when it does not within the
+# timeout: otherwise it is green while the mirror never starts (pulumi-kubernetes' await annotations, v4.18 and later).
+AWAIT_RUNNING = {
+    "pulumi.com/waitFor": "jsonpath={.status.applicationState.state}=RUNNING",
+    "pulumi.com/timeoutSeconds": "900",
+}
+# Spark's own driver NetworkPolicy (spark-submit 4.2 makes one per application) is left out: the stack's policy is
+# the one (infra.k8s.namespace), and the operator's RBAC may not make NetworkPolicies, so that step fails the
+# submission.
+EXCLUDED_DRIVER_STEPS = "org.apache.spark.deploy.k8s.features.NetworkPolicyFeatureStep"
 
 
 @dataclass(frozen=True)
@@ -97,9 +113,13 @@ def spark_application_spec(
         for alias, secret in sorted(args.secret_names.items())
     ]
     config_mount = {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}
-    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_map}}]
-    driver_mounts = [config_mount]
-    executor_mounts = [config_mount]
+    scratch_mount = {"name": "scratch", "mountPath": SCRATCH_DIR}
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_map}},
+        {"name": "scratch", "emptyDir": {}},
+    ]
+    driver_mounts = [config_mount, scratch_mount]
+    executor_mounts = [config_mount, scratch_mount]
     if pvc is not None:
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": pvc}})
         driver_mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_DIR})
@@ -135,6 +155,7 @@ def spark_application_spec(
         },
         "sparkConf": {
             "spark.kubernetes.executor.deleteOnTermination": "true",
+            "spark.kubernetes.driver.pod.excludedFeatureSteps": EXCLUDED_DRIVER_STEPS,
             **spark_jvm_conf(IMAGE_SPARK_HOME),
             **args.spark_conf,
         },
@@ -267,7 +288,12 @@ class MirrorApplication(pulumi.ComponentResource):
                 f"{name}-app",
                 api_version="sparkoperator.k8s.io/v1beta2",
                 kind="SparkApplication",
-                metadata={"name": name, "namespace": args.namespace, "labels": APP_LABELS},
+                metadata={
+                    "name": name,
+                    "namespace": args.namespace,
+                    "labels": APP_LABELS,
+                    "annotations": AWAIT_RUNNING,
+                },
                 spec=spark_application_spec(name, f"{name}-config", pvc_name, args, args.config_yaml),
                 opts=pulumi.ResourceOptions.merge(
                     child, pulumi.ResourceOptions(depends_on=[config_map, *args.depends_on])

@@ -577,7 +577,7 @@ def test_mirror_with_object_storage_and_no_monitoring_has_no_pvc_or_monitors():
     types = {r.typ for r in run.resources}
     assert "kubernetes:core/v1:PersistentVolumeClaim" not in types
     assert not any("monitoring.coreos.com" in t for t in types)
-    assert [v["name"] for v in run.named("m-app").plain["spec"]["volumes"]] == ["config"]
+    assert [v["name"] for v in run.named("m-app").plain["spec"]["volumes"]] == ["config", "scratch"]
 
 
 def test_the_checkpoint_pvc_takes_the_clusters_default_storage_class_unless_the_stack_names_one():

@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.k8s.mirror_app import CONFIG_HASH_ANNOTATION
+from infra.k8s.mirror_app import CONFIG_HASH_ANNOTATION, EXCLUDED_DRIVER_STEPS
 from infra.k8s.operator import CHART, CHART_VERSION
 from tests.infra.harness import STACKS, Run
 from tests.support.kube_api import KubeApiError, KubeApiServer
-from tests.support.spark_operator import start_operator
+from tests.support.polling import wait_until
+from tests.support.spark_operator import OperatorProcesses, start_operator
 from tests.support.stack_objects import (
     CLUSTER_WIDE,
     apply_all,
@@ -227,6 +228,7 @@ class Submitted:
     app: dict[str, Any]
     namespace: dict[str, Any]
     pod: dict[str, Any]
+    operator: OperatorProcesses
 
 
 @pytest.fixture(scope="session")
@@ -249,8 +251,7 @@ def submitted(kube_api: KubeApiServer, stack_runs: dict[str, Run], platform_runs
     ]
     where = app["metadata"]["namespace"]
     (namespace,) = [o for o in moved if o["kind"] == "Namespace" and o["metadata"]["name"] == where]
-    # Watched, not polled: spark-submit deletes the pod again when a later step of its submission is refused (the
-    # pyspark install's spark-submit also makes a driver NetworkPolicy, which the chart's RBAC does not allow).
+    # Watched, not polled: spark-submit deletes the pod again when a later step of its submission is refused.
     pod = kube_api.first_added(
         f"/api/v1/namespaces/{where}/pods", f"{app['metadata']['name']}-driver", since, DRIVER_TIMEOUT_S
     )
@@ -259,7 +260,27 @@ def submitted(kube_api: KubeApiServer, stack_runs: dict[str, Run], platform_runs
         # spark-submit's output, of which the exception names what the API server refused
         refused = [line for line in state.get("errorMessage", "").splitlines() if line.startswith("Exception")]
         pytest.fail(f"no driver pod; the application is {state.get('state')}: {refused}\n{operator.log_tail(10)}")
-    return Submitted(app, namespace, pod)
+    return Submitted(app, namespace, pod, operator)
+
+
+def test_the_submission_succeeds_with_the_rbac_the_chart_grants(submitted, kube_api):
+    """spark-submit 4.2 would also make a driver NetworkPolicy, which the chart's RBAC does not allow: the submission
+    failed after the driver pod was made, and the pod was deleted again. The stack leaves that step out (the stack's own
+    NetworkPolicy is the one), so the operator reports the application submitted and the driver pod stays."""
+    assert EXCLUDED_DRIVER_STEPS.endswith(".NetworkPolicyFeatureStep")
+    spec = submitted.app["spec"]
+    assert spec["sparkConf"]["spark.kubernetes.driver.pod.excludedFeatureSteps"] == EXCLUDED_DRIVER_STEPS
+
+    def state() -> str | None:
+        return (kube_api.read(submitted.app).get("status") or {}).get("applicationState", {}).get("state")
+
+    wait_until(lambda: state() not in (None, "", "NEW"), "the operator to finish the submission", timeout_s=180)
+    assert state() in {"SUBMITTED", "RUNNING"}, f"{state()}:\n{submitted.operator.log_tail(20)}"
+    where, name = submitted.pod["metadata"]["namespace"], submitted.pod["metadata"]["name"]
+    assert (
+        kube_api.request("GET", f"/api/v1/namespaces/{where}/pods/{name}")["metadata"]["uid"]
+        == (submitted.pod["metadata"]["uid"])
+    )
 
 
 def test_the_operator_makes_the_driver_pod_as_the_stack_renders_it_and_pod_security_admits_it(submitted):

@@ -132,7 +132,7 @@ def test_off_aks_the_pods_get_the_token_and_variables_the_workload_identity_webh
     for run in (entra_variant("https://westeurope.oic.prod-aks.azure.com/tenant/0000/"), entra_variant(aks=True)):
         (app,) = run.of_type(SPARK_APP)
         spec = app.plain["spec"]
-        assert [v["name"] for v in spec["volumes"]] == ["config", "checkpoints"]
+        assert [v["name"] for v in spec["volumes"]] == ["config", "scratch", "checkpoints"]
         assert "env" not in spec["driver"] and "env" not in spec["executor"]
 
 
