@@ -28,15 +28,9 @@ from tests.support.mirror_config import one_flow_config
 ROOT = Path(__file__).resolve().parent.parent
 ENTRYPOINT = ROOT / "images" / "mirror" / "entrypoint.sh"
 MAIN_FILE = ROOT / "images" / "mirror" / "main.py"
-SPARK_SUBMIT = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+SPARK_HOME = Path(pyspark.__file__).parent  # the image's /opt/spark is the pyspark install too
 PARTITIONS, PER_PARTITION, BATCH = 3, 20_000, 20_000  # a 120,000-record backlog over two topics, batches of ~20,000
 SOURCE_KB_S = 2_000  # real time, per connection: two tasks take over 15 s to read the backlog's ~65 MB
-# Spark's image entrypoint (/opt/entrypoint.sh), reduced to what it does with `driver`: spark-submit in client mode,
-# exec'd. The real one execs it under tini, which hands the pod's SIGTERM to spark-submit's JVM, as here.
-SPARK_ENTRYPOINT = """#!/bin/sh
-shift
-exec "$SPARK_SUBMIT" --deploy-mode client "$@"
-"""
 
 
 def backlog(topic: str) -> list[Record]:
@@ -151,12 +145,9 @@ def driver_pod(cli: MirrorCli, config: dict) -> tuple[Path, list[str], dict[str,
     """The config file, command and environment of what the Spark Operator's driver pod runs: the image's entrypoint
     with `driver` and spark-submit's arguments."""
     path = cli.config_file(config)
-    stand_in = cli.folder / "spark-entrypoint.sh"
-    stand_in.write_text(SPARK_ENTRYPOINT)
-    stand_in.chmod(0o755)
     env = cli.env | {
-        "SPARK_ENTRYPOINT": str(stand_in),
-        "SPARK_SUBMIT": str(SPARK_SUBMIT),
+        "SPARK_HOME": str(SPARK_HOME),
+        "SPARK_DRIVER_BIND_ADDRESS": "127.0.0.1",  # the pod's IP, which Spark's Kubernetes backend sets
         "PYTHONPATH": str(ROOT),  # the image's PYTHONPATH=/opt/mirrorkit
     }
     submit = [str(ENTRYPOINT), "driver", "--master", "local[2]", "--class", "org.apache.spark.deploy.PythonRunner"]
