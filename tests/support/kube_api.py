@@ -304,6 +304,26 @@ class KubeApiServer:
             raise KubeApiError(response.status_code, "GET", path, response.text[:500])
         return response.text
 
+    def delete_and_wait(self, collection: str, name: str, timeout_s: float) -> dict[str, Any]:
+        """Delete object `name` of the collection at path `collection` and wait until it is gone; returns it as the
+        server last held it (a pod's last container states, for one)."""
+        since = self.request("GET", collection)["metadata"]["resourceVersion"]
+        self.request("DELETE", f"{collection}/{name}")
+        params = {
+            "watch": "true",
+            "resourceVersion": since,
+            "fieldSelector": f"metadata.name={name}",
+            "timeoutSeconds": str(int(timeout_s)),
+        }
+        with self._session.get(f"{self.url}{collection}", params=params, stream=True, timeout=timeout_s + 30) as answer:
+            if answer.status_code >= 400:
+                raise KubeApiError(answer.status_code, "GET", collection, answer.text)
+            for line in answer.iter_lines():
+                event = json.loads(line)
+                if event["type"] == "DELETED":
+                    return dict(event["object"])
+        raise AssertionError(f"{collection}/{name} was not gone {timeout_s:.0f} s after its deletion")
+
     def first_added(self, collection: str, name: str, since: str, timeout_s: float) -> dict[str, Any] | None:
         """Object `name` of the collection at path `collection` as the server first stored it after resource version
         `since`, even if it is gone by now; None if none was added within `timeout_s`."""
