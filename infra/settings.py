@@ -146,6 +146,24 @@ def _validated(model: type[M], raw: Any) -> M:
         raise ConfigError("\n".join(_FIELD_IN_MESSAGE.sub(r"\1.\2: ", line) for line in lines)) from None
 
 
+# A tag can be moved to another image under a running mirror, and each node's cache keeps what it pulled first, so
+# driver and executors could run different builds: the stack names the image by its digest.
+PINNED_IMAGE = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+def pinned_image(image: str | None) -> str:
+    """The mirror image as the stack names it, pinned by digest (`images/mirror/build` prints it)."""
+    if not image:
+        raise ConfigError(f"{PROJECT}:image: missing; give the mirror image pinned by its digest, as in"
+                          " registry.example/mirrorkit/mirror@sha256:<64 hex digits>")  # fmt: skip
+    if not PINNED_IMAGE.match(image):
+        raise ConfigError(
+            f"{PROJECT}:image: '{image}' is not pinned by digest; name it as <repository>@sha256:<64 hex digits>"
+            " (the digest images/mirror/build prints, or the registry's), so every pod runs the same build"
+        )
+    return image
+
+
 def load_settings(config: pulumi.Config | None = None) -> StackSettings:
     """Read and check the whole stack; raise ConfigError naming the first bad keys."""
     keys = _Keys(config or pulumi.Config(PROJECT))
@@ -154,9 +172,7 @@ def load_settings(config: pulumi.Config | None = None) -> StackSettings:
     for key in ("sites", "clusters", "flows"):
         if key not in raw:
             raise ConfigError(f"{PROJECT}:{key}: missing; the stack file must give it")
-    image = keys.get("image")
-    if not image:
-        raise ConfigError(f"{PROJECT}:image: missing; give the mirror image with its tag")
+    image = pinned_image(keys.get("image"))
     model = _validated(StackModel, raw)
     stack = pulumi.get_stack()
     deployment = keys.topology or stack

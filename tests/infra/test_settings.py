@@ -247,3 +247,11 @@ def test_two_peer_cidrs_of_one_site_that_overlap_are_refused_naming_both_keys():
     message = refused(values)
     overlap = f"{PROJECT}:clusters[1].msk.cidr: 10.20.16.0/20 overlaps {PROJECT}:clusters[0].msk.cidr 10.20.0.0/16"
     assert overlap in message
+
+
+@pytest.mark.parametrize("image", ["ghcr.io/example/mirrorkit-mirror:0.1.0", "mirror@sha256:abc", "mirror:latest"])
+def test_an_image_not_pinned_by_digest_is_refused_at_its_key(image):
+    values = with_secrets(stack_values(DR)) | {f"{PROJECT}:image": image}
+    message = refused(values)
+    assert message.startswith(f"{PROJECT}:image: '{image}' is not pinned by digest"), message
+    assert "@sha256:<64 hex digits>" in message
