@@ -219,6 +219,10 @@ def wait_running_again(mirror: Mirror, after: str, what: str) -> dict[str, Any]:
     mirror.wait(back, f"the application RUNNING again after {what}")
     mirror.wait(lambda: mirror.running("executor", 2), f"two executors again after {what}")
     (driver,) = mirror.running("driver")
+    for pod in [driver, *mirror.running("executor", 2)]:  # the read-only root and the non-root user held throughout
+        (container,) = [c for c in pod["spec"]["containers"] if c["name"].startswith("spark-kubernetes")]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True, pod["metadata"]["name"]
+        assert pod["spec"]["securityContext"]["runAsUser"] == 185, pod["metadata"]["name"]
     return driver
 
 
@@ -269,3 +273,22 @@ def test_a_config_change_submits_the_application_again_with_the_new_config(mirro
     )
     mirror.produce_round("config")
     mirror.check("a config change")
+
+
+def test_the_node_drained_of_the_mirrors_pods_and_opened_again_resumes_with_nothing_lost(mirror):
+    """As `kubectl drain` does: the node cordoned and the mirror's pods evicted (the driver gets SIGTERM). With no
+    other node the driver cannot come back until the node is opened again; then the operator starts it again, and it
+    resumes from its checkpoint. No disruption budget blocks the evictions (infra.k8s.mirror_app)."""
+    mirror.wait(lambda: mirror.running("executor", 2), "the mirror running")
+    (driver,) = mirror.running("driver")
+    mirror.produce_round("drain-1")
+    mirror.node.cordon(True)
+    try:
+        for pod in [driver, *mirror.running("executor", 2)]:
+            mirror.node.evict(pod["metadata"]["namespace"], pod["metadata"]["name"])
+        mirror.wait(lambda: not mirror.running("driver") and not mirror.running("executor", 1), "the node drained")
+        mirror.produce_round("drain-2")  # written while no mirror runs
+    finally:
+        mirror.node.cordon(False)
+    wait_running_again(mirror, driver["metadata"]["uid"], "the drain")
+    mirror.check("the node drained and opened again")

@@ -288,6 +288,20 @@ class KubeNode:
             raise
         return True
 
+    def cordon(self, closed: bool) -> None:
+        """Mark the node unschedulable (as `kubectl cordon`), or schedulable again."""
+        self.api.request(
+            "PATCH",
+            f"/api/v1/nodes/{NODE_NAME}",
+            {"spec": {"unschedulable": closed}},
+            headers={"Content-Type": "application/strategic-merge-patch+json"},
+        )
+
+    def evict(self, namespace: str, pod: str) -> None:
+        """Evict a pod through the Eviction API, as `kubectl drain` does: disruption budgets may refuse it."""
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
+        self.api.request("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", eviction)
+
     def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
         """A pod's log, through the API server (which reads it from the kubelet)."""
         params = {"container": container} if container else {}
