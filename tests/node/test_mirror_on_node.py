@@ -163,11 +163,11 @@ def mirror(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Mirror]:
     objects, app_name, operator = deployed_site(kube_api, stack_runs, platform_runs)
-    kube_node.import_image(mirror_image.archive, mirror_image.ref)
+    pinned = kube_node.import_image(mirror_image.archive, mirror_image.ref, mirror_image.digest)
     deployment = for_the_node(
         objects,
         app_name,
-        mirror_image.ref,
+        pinned,  # by digest, as a stack names it
         kube_api.url,
         {"primary": source_cluster, "dr": target_cluster},
         Path(tmp_path_factory.mktemp("volumes")),
@@ -181,6 +181,9 @@ def mirror(
     run.produce_round("before")
     assert apply_all(kube_api, deployment.objects, "pulumi-node") == {}
     yield run
+    # Gone before the node stops, so the operator does not start its driver again meanwhile.
+    kube_api.request("DELETE", kube_api.object_path("sparkoperator.k8s.io/v1beta2", "SparkApplication", run.name,
+                                                    run.namespace))  # fmt: skip
 
 
 def test_the_site_stacks_application_runs_on_the_node_and_mirrors_byte_exact(mirror):

@@ -210,14 +210,28 @@ class KubeNode:
         )
 
     def has_image(self, ref: str) -> bool:
-        return ref in self._ctr("images", "list", "--quiet").stdout.split()
+        return self.stored_digest(ref) is not None
 
-    def import_image(self, archive: Path, ref: str) -> None:
-        """Load an OCI archive into the node's image store under `ref`, unless an image of that name is there."""
-        if not self.has_image(ref):
+    def stored_digest(self, ref: str) -> str | None:
+        """The manifest digest the node holds under `ref`, if any (`ctr images list`: REF TYPE DIGEST ...)."""
+        for line in self._ctr("images", "list").stdout.splitlines()[1:]:
+            fields = line.split()
+            if fields and fields[0] == ref:
+                return fields[2]
+        return None
+
+    def import_image(self, archive: Path, ref: str, digest: str) -> str:
+        """Hold the image of `digest` under `ref`, loading it from the OCI archive unless the node has it already;
+        returns its name by digest, which the node also answers to (a pulled image would carry it; an imported one
+        is given it here)."""
+        if self.stored_digest(ref) != digest:
             self._ctr("images", "import", "--base-name", ref.rsplit(":", 1)[0], str(archive))
-        if not self.has_image(ref):
-            raise NodeStartError(f"{archive} did not hold {ref}: {self._ctr('images', 'list', '--quiet').stdout}")
+        if self.stored_digest(ref) != digest:
+            raise NodeStartError(f"{archive} did not give {ref} at {digest}: {self._ctr('images', 'list').stdout}")
+        pinned = f"{ref.rsplit(':', 1)[0]}@{digest}"
+        if self.stored_digest(pinned) != digest:
+            self._ctr("images", "tag", "--force", ref, pinned)
+        return pinned
 
     def _import_pause_image(self, tools: dict[str, Path]) -> None:
         if self.has_image(PAUSE_IMAGE):
@@ -332,7 +346,9 @@ def _delete_every_pod(api: KubeApiServer) -> None:
     for pod in _pods(api):
         meta = pod["metadata"]
         try:
-            api.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
+            # The run is over: no grace period (a mirror's driver would take its 300 s to stop otherwise).
+            api.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                        params={"gracePeriodSeconds": "0"})  # fmt: skip
         except KubeApiError as err:
             if err.status != 404:
                 raise

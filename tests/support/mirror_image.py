@@ -19,11 +19,6 @@ class MirrorImage:
     digest: str  # its manifest's, as a node stores it
     archive: Path
 
-    @property
-    def pinned(self) -> str:
-        """The image by digest, as a stack pins it."""
-        return f"{self.ref.rsplit(':', 1)[0]}@{self.digest}"
-
 
 def built_image() -> MirrorImage:
     """The image of this checkout's version, or a failure that says how to build it."""
