@@ -136,6 +136,18 @@ def test_off_aks_the_pods_get_the_token_and_variables_the_workload_identity_webh
         assert "env" not in spec["driver"] and "env" not in spec["executor"]
 
 
+def test_up_waits_until_the_operator_reports_the_application_running_and_fails_after_the_timeout():
+    """pulumi-kubernetes' await annotations: without them `up` is green while the mirror never starts."""
+
+    async def body():
+        MirrorApplication("w", mirror_args(config_yaml="version: 1\n"))
+        return {}
+
+    annotations = run_pulumi(body, {}).named("w-app").plain["metadata"]["annotations"]
+    assert annotations["pulumi.com/waitFor"] == "jsonpath={.status.applicationState.state}=RUNNING"
+    assert int(annotations["pulumi.com/timeoutSeconds"]) > 0
+
+
 def test_a_config_change_changes_the_spark_application_spec():
     async def body():
         MirrorApplication("a", mirror_args(config_yaml="version: 1\n"))
