@@ -1,6 +1,6 @@
 """The direct pins of pyproject.toml, read with the standard library only, so that what derives a version from a
-pin (the lock test, the SparkApplication's `sparkVersion`, the image build's `--build-arg SPARK_VERSION`) reads
-the one source.
+pin (the lock test, the SparkApplication's `sparkVersion`; the image installs pyspark from the lock) reads the one
+source.
 
 Usage: python3 -m infra.versions PACKAGE   # prints the version pyproject.toml pins, e.g. for pyspark
 """
