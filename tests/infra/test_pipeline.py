@@ -167,6 +167,11 @@ def test_the_unit_job_builds_what_its_tests_need_before_running_them():
     assert "$PWD/.cache/bin" in runs[built] and built < tests  # tests/infra/test_pipeline.py runs .cache/bin/actionlint
     assert any("fetch_jars.py" in r for r in runs[:tests])
     assert not re.search(r"pytest\S* .*tests/\S+\.py", runs[tests]), "tests are picked by marker, not by file"
+    # mypy follows `import mirrorkit_copy_core`, which only .ci/setup builds: the job gives it the crate's stub.
+    typed = next(i for i, r in enumerate(runs) if r.strip() == ".venv/bin/mypy")
+    stub = next(i for i, r in enumerate(runs) if "mirrorkit_copy_core-stubs" in r)
+    assert stub < typed and "cp spark_app/copy_core/mirrorkit_copy_core.pyi" in runs[stub]
+    assert (ROOT / "spark_app" / "copy_core" / "mirrorkit_copy_core.pyi").is_file()
 
 
 def test_deploys_sign_in_to_azure_with_oidc_and_every_id_it_needs():
