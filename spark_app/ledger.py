@@ -16,6 +16,11 @@ every round for TOPIC_GONE_GRACE_S is forgotten: its positions, landings, adopte
 the state, rewritten at every save, holds the topics that exist rather than every topic ever copied. A topic missing
 for less keeps everything and resumes where it stood; a quarantined one keeps its holds as long.
 
+Slots. A flow that writes in transactions names its producers by slot (spark_app.transactions), and each run deals
+its slots anew: a throughput batch one per task, a real-time job one per `realtime_tasks` it fills. The state keeps
+how many slot ids any run ever started (`slots`, raised and saved before a slot past it starts), so a run with fewer
+fences the ids from its own count up to it at its start: no zombie of a higher slot commits beside it.
+
 `LedgerState` is a small versioned JSON file in the flow's checkpoint folder, beside its batch log, local or in
 object storage (spark_app.storage), so it survives exactly when the batch log does.
 """
@@ -77,6 +82,10 @@ class LedgerState:
     # offline, the source unreachable): looked up at each filing until it answers, at most RECENT_EVENTS per partition.
     # Saved with the positions, or a restart meanwhile would never report what retention deleted in them.
     unresolved: dict[Partition, list[tuple[int, int]]] = field(default_factory=dict)
+    # How many slot ids (0 up to it) any run of the flow ever started a transactional producer of: saved before a slot
+    # past it starts, so each start fences the zombies of slots a run before it started and this one leaves idle
+    # (spark_app.transactions.fence_idle). One integer per flow, whatever the history.
+    slots: int = 0
 
     @property
     def where(self) -> str:
@@ -106,6 +115,7 @@ class LedgerState:
         state.mode = FlowMode(raw.get("mode", FlowMode.THROUGHPUT))
         unresolved = _by_partition(raw.get("unresolved", {}))
         state.unresolved = {tp: [(expected, first) for expected, first in gaps] for tp, gaps in unresolved.items()}
+        state.slots = int(raw.get("slots", 0))
         return state
 
     def save(self) -> None:
@@ -122,6 +132,7 @@ class LedgerState:
             "topic_ids": dict(sorted(self.topic_ids.items())),
             "mode": self.mode.value,
             "unresolved": by_topic(self.unresolved),
+            "slots": self.slots,
         }
         self.files.write(STATE_FILE, json.dumps(raw, indent=1).encode())
 
@@ -202,6 +213,13 @@ class FlowLedger:
         them as new partitions, from their log start, and say nothing of what lay below it."""
         for key, offset in starts.items():
             self.state.positions.setdefault(key, offset)
+
+    def slots_start(self, count: int) -> None:
+        """Slot ids 0 up to `count` are about to start their transactional producers: raise the flow's mark to
+        `count`, saved before any of them starts, so a later run with fewer slots knows which ids to fence."""
+        if count > self.state.slots:
+            self.state.slots = count
+            self._save()
 
     def note_topic_ids(self, ids: dict[str, str]) -> set[str]:
         """Remember which topic the positions belong to (saved with the next filing); returns the topics whose id

@@ -28,11 +28,13 @@ from .clients import PartitionOffsets
 from .config import STOP_BATCH_TIMEOUT_S, FlowMode
 from .errors import first_cause
 from .ledger import by_topic
+from .outbox import producer_settings
 from .planner import BatchPlanner
 from .range_copy import RangeCopier
 from .ranges import Landing, OffsetRange
 from .runner import FlowRunner, Subscription
 from .storage import checkpoint_files
+from .transactions import fence, transactional
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ class ThroughputRunner(FlowRunner):
 
     def start(self, subscription: Subscription, available_now: bool) -> None:
         self.subscription = subscription
+        if transactional(self.flow, self.target):  # the zombies of every slot id a run before this one started
+            fence(self.flow, self.target, producer_settings(self.plan.rules), 0, self.ledger.state.slots)
         self.catch_up()
         if not subscription:
             log.warning("flow %s: no topic to mirror yet", self.flow.name)
@@ -118,6 +122,8 @@ class ThroughputRunner(FlowRunner):
         if ready is None:
             ready = self.ledger.quarantines.ready(self.plan.mirrored)
         copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.rules)
+        if transactional(self.flow, self.target):  # the slots' mark, saved before a slot past it starts
+            self.ledger.slots_start(len(groups))
 
         def copy(slot: int, tasks: Iterable[list[OffsetRange]]) -> list[Landing]:
             return [landing for ranges in tasks for landing in copier.copy(ranges, slot)]

@@ -237,7 +237,9 @@ def fence(flow: FlowConfig, target: ClusterConfig, settings: Mapping[str, object
 def check_transactions(config: MirrorConfig) -> None:
     """Before Spark starts: each flow whose slots write in transactions starts its slot ids on its target (every
     real-time task's, the first of a micro-batch's), which fences the zombies of a mirror before this one and fails
-    at once, naming the flow's key and the cluster, where the target cannot do transactions for it."""
+    at once, naming the flow's key and the cluster, where the target cannot do transactions for it. The slot ids
+    past those that any run of the flow ever started (the flow's mark, `LedgerState.slots`) are fenced by each start
+    of its batches or real-time job, which read the mark from the flow's state."""
     for i, flow in enumerate(config.flows):
         target = config.cluster(flow.target)
         if not transactional(flow, target):

@@ -6,7 +6,11 @@ Hypothesis drives random steps: records produced, retention moving a log start, 
 copier stands (moving to the log start when retention passed it) and files its landing, a copy whose landing a crash
 lost before it was filed, the log-start lookup failing or answering again, and a restart from the saved state. After
 each `settle` (every lookup answers, a filing) every offset below where the copier stands is on the target or
-reported deleted, once."""
+reported deleted, once.
+
+Runs of the flow also start transactional slots, each run its own number of them: the mark the ledger saves is, at
+every step, past every slot id any run started, read from the saved state alone (a restart reads nothing else), and
+is one integer; so every start can fence the slot ids from its own count up to it."""
 
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ class LedgerAgainstRetention(RuleBasedStateMachine):
         self.ledger.expect({(TOPIC, p): 0 for p in PARTITIONS})
         self.ledger.file([])
         self.at = dict.fromkeys(PARTITIONS, 0)  # where the copier reads next
+        self.slots_started: set[int] = set()  # every slot id a run started a producer of
 
     def teardown(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -104,6 +109,16 @@ class LedgerAgainstRetention(RuleBasedStateMachine):
         self._copy(p, n)
         self.restart()
 
+    @rule(count=st.integers(1, 12))
+    def run_starts_slots(self, count: int) -> None:
+        """A run (a batch, a catch-up, a real-time job) starts slots 0..count - 1: it files them first, then fences
+        the ids from its count up to the saved mark, then starts its own (which fences their earlier attempts)."""
+        self.ledger.slots_start(count)
+        mark = LedgerState.load(checkpoint_files(self.folder)).slots
+        fenced = set(range(count, mark)) | set(range(count))
+        assert self.slots_started <= fenced, f"slot ids {sorted(self.slots_started - fenced)} left unfenced"
+        self.slots_started.update(range(count))
+
     @rule()
     def restart(self) -> None:
         """The mirror starts again from its saved state; its copier from the resume points."""
@@ -121,6 +136,11 @@ class LedgerAgainstRetention(RuleBasedStateMachine):
         for p in PARTITIONS:
             missing = set(range(self.at[p])) - self.on_target[p] - set(self.reported[p])
             assert not missing, f"partition {p}: offsets {sorted(missing)[:10]} deleted and never reported"
+
+    @invariant()
+    def the_saved_slot_mark_is_past_every_slot_started(self) -> None:
+        saved = LedgerState.load(checkpoint_files(self.folder))
+        assert saved.slots == max(self.slots_started, default=-1) + 1, (saved.slots, sorted(self.slots_started))
 
     @invariant()
     def nothing_filed_as_copied_is_reported_and_nothing_twice(self) -> None:

@@ -83,19 +83,28 @@ class RealtimeRunner(FlowRunner):
             log.warning("flow %s: no topic to mirror yet", self.flow.name)
             self.job = None
             return
-        if transactional(self.flow, self.target):  # slots this run leaves idle: no zombie of theirs writes on
-            tasks = self.flow.realtime_tasks
-            fence(self.flow, self.target, producer_settings(self.plan.rules), min(tasks, len(assignment.starts)), tasks)
-        self.job = CopyJob(
+        job = CopyJob(
             self.spark, self.flow, self.source, self.target, assignment, self.flow.realtime_tasks,
             self.plan.rules, self.config.realtime_commit_interval_s, self._file,
-        ).start()  # fmt: skip
+        )  # fmt: skip
+        if transactional(self.flow, self.target):
+            self._fence_idle(job.tasks)
+        self.job = job.start()
         copied = sorted({t for t, _ in assignment.starts})
         held = sorted({t for t, _ in subscription} - set(copied))
         log.info(
             "flow %s: mirroring %d topic(s) in real time with %d task(s): %s%s", self.flow.name, len(copied),
             self.job.tasks, ", ".join(copied), f"; quarantined: {', '.join(held)}" if held else "",
         )  # fmt: skip
+
+    def _fence_idle(self, used: int) -> None:
+        """Before this run's `used` slots start: file them in the flow's mark (the ledger's `slots`), then fence every
+        slot id this run leaves idle up to the mark and `realtime_tasks`, so no zombie of a run with more slots (a
+        higher `realtime_tasks` before, or more partitions) writes on beside the slot now copying its partitions."""
+        with self.lock:
+            self.ledger.slots_start(used)
+        end = max(self.flow.realtime_tasks, self.ledger.state.slots)
+        fence(self.flow, self.target, producer_settings(self.plan.rules), used, end)
 
     def _assign(self, subscription: Subscription, available_now: bool) -> Assignment:
         """Where each partition the target can take starts: its saved position (or first held offset), else an
