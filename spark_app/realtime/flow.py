@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Callable
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .. import clients, transactions
@@ -183,8 +184,24 @@ class RealtimeRunner(FlowRunner):
                         again)  # fmt: skip
 
     def _file(self, rows: list[Landing]) -> None:
+        """File the tasks' report. A partition a task found gone backwards (its topic made again while it ran) now
+        stands in the new life: the topic's new id is noted and saved with it, or the next start would take the new
+        life's position for the old one's and copy the new topic again from its log start."""
+        remade = {row.topic for row in rows if row.reset_from >= 0}
+        ids = self._topic_ids(remade) if remade else {}
         with self.lock:
+            self.ledger.note_topic_ids(ids)
             self.ledger.file(rows)
+
+    def _topic_ids(self, topics: set[str]) -> dict[str, str]:
+        """The ids of `topics` at the source now; none of a topic that does not answer (it keeps the id it had: a
+        restart then takes it as made again, copying it again rather than skipping any of it)."""
+        try:
+            return clients.topic_ids(clients.admin(self.source), topics)
+        except KafkaException as err:
+            log.warning("flow %s: the ids of topics whose offsets went backwards did not answer (%s); a restart"
+                        " before they do copies them again", self.flow.name, err.args[0])  # fmt: skip
+            return {}
 
     def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
         if self.job is not None:
