@@ -141,6 +141,10 @@ class Profile(enum.StrEnum):
     MTLS = "mtls"  # TLS with a client certificate
 
 
+# The profiles whose clusters check Kafka ACLs, which a flow's topic ACL sync reads and sets (`sync_topic_acls`).
+KAFKA_ACL_PROFILES = (Profile.KAFKA, Profile.MSK_SCRAM, Profile.MTLS)
+
+
 class SecretRef(StrictModel):
     """Where a secret lives at run time: an env var, or a file mounted from a Kubernetes Secret."""
 
@@ -339,6 +343,10 @@ class FlowConfig(StrictModel):
     # for throughput batches and real-time slots without transactions, Kafka's Java clients on the executors' JVMs for
     # real-time slots in transactions; a compiled core hands over to the Python loop at the first event it leaves to it.
     copy_core: Literal["compiled", "python"] = "compiled"
+    # Copy the source's topic ACLs to the copies as MirrorMaker 2's `sync.topic.acls.enabled` does, WRITE kept off
+    # them until failover (spark_app.topic_acls). Unset: on where both clusters have Kafka ACLs (KAFKA_ACL_PROFILES);
+    # a MirrorConfig resolves it for each of its flows. Event Hubs and MSK IAM have none: infra renders their grants.
+    sync_topic_acls: bool | None = None
 
     @property
     def name(self) -> str:
@@ -400,6 +408,20 @@ class MirrorConfig(StrictModel):
                     f"flows[{i}]: identity flows {src}->{dst} and {dst}->{src} would loop records forever;"
                     " keep 'provenance_header: true' on both, or use replication_policy 'default'"
                 )
+        for i, flow in enumerate(self.flows):
+            lacking = [
+                f"'{aliases[a].alias}' ({aliases[a].profile.value})"
+                for a in (flow.source, flow.target)
+                if a in aliases and aliases[a].profile not in KAFKA_ACL_PROFILES
+            ]
+            if flow.sync_topic_acls and lacking:
+                errors.append(
+                    f"flows[{i}].sync_topic_acls: {' and '.join(lacking)} has no Kafka ACLs to sync (profiles with"
+                    f" them: {', '.join(p.value for p in KAFKA_ACL_PROFILES)}); infra grants access there, so remove"
+                    " the key or set it false"
+                )
+            elif flow.sync_topic_acls is None:
+                self.flows[i] = flow.model_copy(update={"sync_topic_acls": not lacking})
         if errors:
             raise ValueError("\n".join(errors))
         return self

@@ -21,6 +21,7 @@ from . import clients
 from .clients import Partition, PartitionOffsets
 from .config import ClusterConfig, FlowConfig
 from .policy import should_mirror, target_topic
+from .topic_acls import AclSync
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ class TopicSync:
         self.target = target
         self._source_admin = clients.admin(source)
         self._target_admin = clients.admin(target)
+        self.acls = AclSync(flow, source, target) if flow.sync_topic_acls else None  # spark_app.topic_acls
 
     def source_topics(self) -> dict[str, int]:
         """Source topics this flow selects, with their partition counts."""
@@ -147,6 +149,8 @@ class TopicSync:
             log.error("flow %s: topic '%s' quarantined: %s", self.flow.name, source_name, reason)
         if plan.mirrored:
             plan = dataclasses.replace(plan, rules=self._rules(list(plan.mirrored)))
+        if self.acls is not None:
+            self.acls.sync_if_due(wanted)
         return plan
 
     def _rules(self, sources: list[str]) -> TargetRules:

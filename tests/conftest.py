@@ -28,7 +28,15 @@ from tests.support.kube_api import CHARTS, SETUP_HINT, KubeApiServer
 from tests.support.mirror_cli import MirrorCli
 
 CLUSTER_FIXTURES = frozenset(
-    {"testbed", "plaintext_cluster", "source_cluster", "target_cluster", "multi_broker_cluster"}
+    {
+        "testbed",
+        "plaintext_cluster",
+        "source_cluster",
+        "target_cluster",
+        "multi_broker_cluster",
+        "acl_source_cluster",
+        "acl_target_cluster",
+    }
 )
 # Object storage is reached through Spark's s3a connector, so the `s3` fixture needs Spark too; `mirror_cli` starts the
 # mirror's `run`, and with it Spark, in a subprocess.
@@ -65,6 +73,19 @@ def source_cluster(testbed: TestBed) -> KafkaCluster:
 def target_cluster(testbed: TestBed) -> KafkaCluster:
     """The Event Hubs-like target: SASL_SSL PLAIN with `$ConnectionString`, 1 MB cap, no topic creation."""
     return testbed.start("eventhubs", ListenerKind.EVENTHUBS, proxied=True)
+
+
+@pytest.fixture(scope="session")
+def acl_source_cluster(testbed: TestBed) -> KafkaCluster:
+    """An MSK-like source (SCRAM) whose broker checks ACLs: the mirror holds only the grants infra renders for it.
+    Started on first use, for the topic ACL tests; each test names its own topics and principals."""
+    return testbed.start("msk-acls-source", ListenerKind.MSK_SCRAM, acls=True)
+
+
+@pytest.fixture(scope="session")
+def acl_target_cluster(testbed: TestBed) -> KafkaCluster:
+    """An MSK-like DR target (SCRAM) whose broker checks ACLs, for the copies' ACLs and their write block."""
+    return testbed.start("msk-acls-target", ListenerKind.MSK_SCRAM, acls=True)
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,9 @@ from confluent_kafka.admin import (
     AdminClient,
     ResourcePatternType,
     ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
 )
 
 from images.fetch_jars import cached_jars
@@ -161,6 +164,22 @@ class KafkaCluster:
         return ClusterConfig(
             alias=self.name, bootstrap_servers=bootstrap, profile=Profile.MSK_SCRAM, username=MSK_USER, **signed_in
         )
+
+    def add_user(self, name: str) -> ClusterConfig:
+        """Another SCRAM user on an MSK-like cluster, made by the super user: an application beside the mirror, with
+        a principal of its own (`User:<name>`). Returns its `client` config; its password stays in a 0600 file."""
+        if self.kind is not ListenerKind.MSK_SCRAM:
+            raise ValueError(f"broker {self.name} is {self.kind.value}: only msk-scram brokers take more users")
+        password = secrets.token_hex(16)
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        upsert = UserScramCredentialUpsertion(name, info, password.encode())
+        admin = clients.admin(self.admin)
+        for future in admin.alter_user_scram_credentials([upsert], request_timeout=15).values():
+            future.result()
+        path = self.folder / f"user-{name}-secret"
+        path.write_text(password)
+        path.chmod(0o600)
+        return self.client.model_copy(update={"username": name, "password": SecretRef(file=str(path))})
 
     @property
     def secret(self) -> str | None:

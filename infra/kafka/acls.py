@@ -1,8 +1,9 @@
 """The mirror's ACLs on a Kafka cluster (self-managed, or MSK with SCRAM), least privilege, rendered from its
 access set there (spark_app.policy.access): read the source topics and describe their groups; write the target
 copies; its own internal topics and DR lease group; heartbeats on the source when the flow emits them; and read the
-copies whose group offsets it commits; write with its copier slots' transactional ids. The program sets them with an
-admin credential of its own."""
+copies whose group offsets it commits; write with its copier slots' transactional ids; and, for a flow that syncs
+topic ACLs (spark_app.topic_acls), describe the source's ACLs, create and delete ACLs on the target and keep its
+record of them there. The program sets them with an admin credential of its own."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pulumi_kafka as kafka
 from infra.schema import ADMIN_PREFIX
 from spark_app.config import FlowConfig
 from spark_app.policy import access, literal_prefix
+from spark_app.topic_acls import ledger_topic
 
 READ = ("Read", "Describe", "DescribeConfigs")
 WRITE = ("Write", "Describe", "Create", "DescribeConfigs", "AlterConfigs")  # topic sync creates and configures
@@ -25,7 +27,7 @@ EMIT = ("Write", "Describe", "Create")
 
 @dataclass(frozen=True, order=True)
 class AclSpec:
-    resource_type: str  # Topic | Group | TransactionalID (the Kafka provider's spelling)
+    resource_type: str  # Topic | Group | TransactionalID | Cluster (the Kafka provider's spelling)
     pattern: str  # Literal | Prefixed
     name: str
     operation: str
@@ -56,7 +58,28 @@ def mirror_acls(alias: str, flows: Sequence[FlowConfig]) -> list[AclSpec]:
         # their coordinator
         ("TransactionalID", grant.transactional_ids, ("Write", "Describe")),
     )
-    return sorted({AclSpec(kind, *_pattern(p), op) for kind, patterns, ops in rights for p in patterns for op in ops})
+    acls = {AclSpec(kind, *_pattern(p), op) for kind, patterns, ops in rights for p in patterns for op in ops}
+    return sorted(acls | _acl_sync(alias, flows))
+
+
+CLUSTER = "kafka-cluster"  # the one name of Kafka's cluster resource
+
+
+def _acl_sync(alias: str, flows: Sequence[FlowConfig]) -> set[AclSpec]:
+    """What topic ACL sync needs: DescribeAcls on a source (Describe on the cluster); CreateAcls and DeleteAcls on a
+    target (Alter on the cluster, which implies Describe), and its record of them there. Alter on the cluster lets
+    the mirror set any ACL on the target, as MirrorMaker 2's ACL sync needs too: a flow with `sync_topic_acls: false`
+    does without it."""
+    out: set[AclSpec] = set()
+    for flow in flows:
+        if not flow.sync_topic_acls:
+            continue
+        if flow.source == alias:
+            out.add(AclSpec("Cluster", "Literal", CLUSTER, "Describe"))
+        if flow.target == alias:
+            out.add(AclSpec("Cluster", "Literal", CLUSTER, "Alter"))
+            out |= {AclSpec("Topic", "Literal", ledger_topic(flow), op) for op in OWN}
+    return out
 
 
 @dataclass(frozen=True)

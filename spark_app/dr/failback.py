@@ -30,6 +30,7 @@ from .. import clients
 from ..clients import Partition
 from ..config import ConfigError, FlowConfig, MirrorConfig
 from ..policy import HEARTBEATS_TOPIC, replication_policy, should_mirror, target_topic
+from ..topic_acls import restore_write_block
 from .groups import ClusterGroups, GroupCommit, mark
 from .views import Checks, copied_in, failover_plan, flow_status
 
@@ -147,6 +148,8 @@ def failback(config: MirrorConfig, reverse: FlowConfig, dry_run: bool = False, f
             move = plan[(topic, partition)][0]
             result.actions.append(FailbackAction(move, group, topic, partition, offset, f"{verb}keep"))
     result.actions.sort(key=lambda a: (a.move != Move.WHERE_STOPPED, a.group, a.topic, a.partition))
+    if original.sync_topic_acls and not dry_run:  # the original flow's copies on DR: read-only again
+        restore_write_block(dr, original)
     return result
 
 

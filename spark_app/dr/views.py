@@ -25,6 +25,7 @@ from ..clients import Partition, PartitionOffsets
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
 from ..errors import AuthenticationFailed, ClusterUnreachable, MirrorFailed
 from ..policy import PROVENANCE_HEADER, drops_record, origin, replication_policy, should_mirror, target_topic
+from ..topic_acls import lift_write_block
 from .groups import ClusterGroups, GroupCommit, mark
 from .internal import newest_heartbeat_ms, read_checkpoints, read_offset_syncs
 from .lease import SESSION_S, DrLease, holder
@@ -153,7 +154,10 @@ def failover(config: MirrorConfig, flow: FlowConfig, plan: list[FailoverRow]) ->
     for row in plan:
         by_group.setdefault(row.group, {})[(row.topic, row.partition)] = row.target_offset
     move = mark("failover", flow.name)
-    return [target.commit(group, offsets, move) for group, offsets in sorted(by_group.items())]
+    commits = [target.commit(group, offsets, move) for group, offsets in sorted(by_group.items())]
+    if flow.sync_topic_acls:  # the copies become writable where the source granted it (spark_app.topic_acls)
+        lift_write_block(config.cluster(flow.target), flow)
+    return commits
 
 
 def flow_status(config: MirrorConfig, flow: FlowConfig) -> FlowStatus:

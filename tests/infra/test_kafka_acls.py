@@ -228,3 +228,33 @@ def test_in_a_set_the_msk_part_sets_the_acls_and_only_it_needs_the_admin_passwor
     assert site.of_type(SPARK_APP) and not site.of_type(ACL)
     with pytest.raises(Exception, match=r"mirrorkit:credentials\.primary\.admin_password: missing"):
         run_values(part_values(MSK_PART) | clusters, stack=MSK_PART, stacks=backend)
+
+
+CLUSTER_ACL = ("Cluster", "Literal", "kafka-cluster")
+
+
+def test_a_flow_that_syncs_topic_acls_may_describe_the_sources_acls_and_set_the_targets():
+    # DescribeAcls needs Describe on the cluster; CreateAcls and DeleteAcls need Alter on it, which implies Describe.
+    on_source = acls(run_values(onprem()))  # dc1 (mTLS) -> aws (MSK SCRAM): both have Kafka ACLs, so on by default
+    assert (*CLUSTER_ACL, "Describe") in on_source and (*CLUSTER_ACL, "Alter") not in on_source
+    on_target = acls(run_values(onprem(reverse=True)))  # aws -> dc1
+    assert (*CLUSTER_ACL, "Alter") in on_target and (*CLUSTER_ACL, "Describe") not in on_target
+    for operation in ("Read", "Write", "Describe", "Create"):  # its record of what it set there, read back by failover
+        assert ("Topic", "Literal", "mirrorkit-acls.aws.dc1", operation) in on_target
+    assert not [a for a in on_target if a[3] in ("All", "Delete", "ClusterAction")]
+
+
+def test_a_flow_that_does_not_sync_topic_acls_gets_no_right_on_the_clusters_acls():
+    for reverse in (False, True):
+        values = onprem(reverse=reverse)
+        values["mirrorkit:flows"][0]["sync_topic_acls"] = False
+        got = acls(run_values(values))
+        assert not [a for a in got if a[0] == "Cluster" or a[2].startswith("mirrorkit-acls.")]
+
+
+def test_topic_acl_sync_asked_of_a_cluster_without_kafka_acls_is_refused_at_its_key():
+    values = copy.deepcopy(stack_values(DR))  # MSK (SCRAM) -> Event Hubs, which has no Kafka ACLs
+    values["mirrorkit:flows"][0]["sync_topic_acls"] = True
+    set_config(with_secrets(values))
+    with pytest.raises(ConfigError, match=r"mirrorkit:flows\[0\]\.sync_topic_acls: .*eventhubs.* no Kafka ACLs"):
+        load_settings()
