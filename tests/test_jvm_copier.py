@@ -13,8 +13,12 @@ its broker's append time, with a 20-digit provenance value among its headers: re
 
 from __future__ import annotations
 
+import json
 import random
+import struct
+import threading
 import time
+from dataclasses import fields
 
 import pytest
 
@@ -24,8 +28,9 @@ from spark_app.config import FlowConfig, FlowMode, TopicSelection
 from spark_app.copy_wing.choice import Core, choose
 from spark_app.policy import PROVENANCE_HEADER
 from spark_app.ranges import Landing
+from spark_app.realtime import channel
 from spark_app.realtime.job import CopyJob
-from spark_app.realtime.task import Assignment
+from spark_app.realtime.task import STOP, Assignment
 from spark_app.topics import TargetRule, TargetRules
 from tests.test_copy_cores import CAP, PER_PARTITION, _bytes, _generated, _transactional
 
@@ -162,3 +167,49 @@ def _per_partition(rows: list[Landing]) -> dict[tuple[str, int], dict]:
 
 def _landed(rows: list[Landing], topic: str) -> int:
     return sum(row.records - row.dead_lettered for row in rows if row.topic == topic)
+
+
+def test_the_jvm_copier_reads_every_rule_of_the_report_channel_as_python_made_them(spark):
+    """The channel's labels, sizes and limits are Python's (ChannelRules), read by name: a field added on either side
+    and not the other, or one missing, fails here."""
+    job = spark.sparkContext._jvm.io.mirrorkit.copier.CopierJob
+    rules = channel.RULES.to_json()
+    assert json.loads(job.checkChannel(json.dumps(rules))) == {"read": rules}
+    assert {f.name for f in fields(channel.ChannelRules)} == set(rules)
+    refused = json.loads(job.checkChannel(json.dumps(rules | {"cipher": "none"})))
+    assert "`cipher`, which the JVM copier does not know" in refused["refused"]
+    missing = {k: v for k, v in rules.items() if k != "session_label"}
+    assert json.loads(job.checkChannel(json.dumps(missing))) == {
+        "refused": "the channel's rules lack the field `session_label`"
+    }
+
+
+def test_the_jvm_slots_side_of_the_channel_speaks_pythons_wire_format_and_drops_a_forged_stop(spark, tmp_path):
+    """A JVM slot's channel, on the driver's JVM, against the driver's side in Python: messages cross both ways
+    exactly, MAC'd and numbered alike; a STOP a man in the middle forged (its MAC a guess) ends the connection."""
+    secret = channel.new_key()
+    (tmp_path / "secret").write_bytes(secret)
+    source = channel.KeySource("run-1", file=str(tmp_path / "secret"))
+    listener = channel.Listener()
+    config = {
+        "driver": {"host": "127.0.0.1", "port": listener.port},
+        "channel": channel.RULES.to_json(),
+        "key_source": source.to_json(),
+    }
+    job = spark.sparkContext._jvm.io.mirrorkit.copier.CopierJob
+    ended: list[str] = []
+    echo = threading.Thread(target=lambda: ended.append(job.echoChannel(json.dumps(config))), daemon=True)
+    echo.start()
+    try:
+        with channel.challenge(listener.accept(), channel.run_key(secret, source.run)) as conn:
+            assert conn.recv() == ["hello", -1]
+            for message in (STOP, ["tópico.ü", 2**40, None, {"a": [1.5, True]}], "x" * 100_000):
+                conn.send(message)
+                assert conn.recv() == message
+            payload = json.dumps(STOP).encode()
+            conn._sock.sendall(struct.pack(">I", len(payload)) + payload + b"\xff" * channel.RULES.mac_bytes)
+            echo.join(60)
+    finally:
+        listener.close()
+    assert ended and "failed authentication" in ended[0], ended
+    assert secret.hex() not in ended[0]

@@ -9,6 +9,8 @@ reports (a task Spark retries, or a slot handed back, resumes where its partitio
 connection is served in its own thread from its handshake on, so a peer that is not one of the tasks holds up none of
 them. Every `realtime_commit_interval_s` the job hands what it heard to `on_landed` (the flow's ledger), and once more
 when the job ends.
+
+The channel's key for the run comes from a secret no task carries (`channel_secret`, spark_app.realtime.channel).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -73,14 +78,42 @@ class CopyJob:
         self._done = threading.Event()  # and its last reports are filed
         self._closed = False
         self._group = f"mirrorkit-realtime-{uuid.uuid4().hex[:8]}"
-        self._key = channel.new_key()
+        self._key_folder: str | None = None  # local mode: where the run's secret is, removed when the job ends
+        self._key, source_of_key = self._channel_key(spark)
         self._listener = channel.Listener()
         address = (spark.conf.get("spark.driver.host") or "127.0.0.1", self._listener.port)
-        self._task = CopierTask(flow, source, target, address, self._key, rules, commit_interval_s)
+        # The task carries where its executor finds the key, never the key (spark_app.realtime.channel).
+        self._task = CopierTask(flow, source, target, address, source_of_key.encode(), rules, commit_interval_s)
         self._jvm_config = (
             jvm.slot_config(self._task, sorted({t for t, _ in assignment.starts}))
             if choose(flow, source, target).core is Core.JVM else None
         )  # fmt: skip
+
+    def _channel_key(self, spark: SparkSession) -> tuple[bytes, channel.KeySource]:
+        """The report channel's key for this run, and where the tasks find it: in local mode, a secret of the run's
+        in a file only this user can read; with `spark.authenticate`, Spark's own application secret, which Spark
+        hands its executors itself. On a cluster without it, nothing Spark protects reaches the executors: refused."""
+        run = uuid.uuid4().hex
+        master = spark.sparkContext.master or ""
+        if master == "local" or master.startswith("local["):
+            secret = channel.new_key()
+            self._key_folder = tempfile.mkdtemp(prefix="mirrorkit-channel-")  # 0700
+            path = os.path.join(self._key_folder, "secret")
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+                out.write(secret)
+            return channel.run_key(secret, run), channel.KeySource(run, file=path)
+        if (spark.conf.get("spark.authenticate", "false") or "").lower() != "true":
+            raise MirrorFailed(
+                f"flow {self.flow.name}: real-time mode on a Spark cluster ({master}) needs spark.authenticate=true:"
+                " its copier tasks find the report channel's key through Spark's own secret, which Spark sends its"
+                " executors only with authentication on (and spark.network.crypto.enabled=true encrypts what they"
+                " say); the mirror's SparkApplication sets both"
+            )
+        secret = spark.sparkContext._jvm.org.apache.spark.SparkEnv.get().securityManager().getSecretKey()  # type: ignore[union-attr]
+        files = [spark.conf.get(f"spark.authenticate.secret{role}.file", None) for role in (".executor", "")]
+        return channel.run_key(str(secret).encode(), run), channel.KeySource(
+            run, spark_secret_file=next((f for f in files if f), None)
+        )
 
     def start(self) -> CopyJob:
         for target in (self._accept, self._run, self._file_every):
@@ -168,6 +201,8 @@ class CopyJob:
             thread.join(30)
         self._closed = True
         self._listener.close()
+        if self._key_folder is not None:
+            shutil.rmtree(self._key_folder, ignore_errors=True)
         self._file()
         self._done.set()
 

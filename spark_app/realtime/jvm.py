@@ -25,6 +25,7 @@ from ..outbox import BATCH_BYTES
 from ..policy import positions_group, target_topic
 from ..profiles import java_client
 from ..transactions import TRANSACTION_TIMEOUT_MS
+from .channel import RULES, KeySource
 from .task import REPORT_S, SLOT_CONSUME_BATCH, TXN_COMMIT_S, CopierTask
 
 # Where set-up puts the copier's jar and the kafka-clients jar it runs on (.ci/setup); the image has both in Spark's
@@ -53,8 +54,9 @@ def local_jars() -> list[str]:
 
 
 def slot_config(task: CopierTask, topics: list[str]) -> str:
-    """What every JVM slot of a job is told, as JSON: the driver's channel, the clients, and the flow's copy contract
-    (spark_app.copy_wing.contract), which the copier reads by field name."""
+    """What every JVM slot of a job is told, as JSON: the driver's channel (its address, its rules and where its key
+    is), the clients, and the flow's copy contract (spark_app.copy_wing.contract), which the copier reads by field
+    name."""
     flow, rules = task.flow, task.rules
     producer = {
         "acks": "all",
@@ -68,7 +70,9 @@ def slot_config(task: CopierTask, topics: list[str]) -> str:
     config: dict[str, Any] = {
         "flow": flow.name,
         "driver": {"host": task.address[0], "port": task.address[1]},
-        "key": task.key.hex(),
+        # Where the slot finds the channel's key (never the key: spark_app.realtime.channel), and the channel's rules.
+        "key_source": KeySource.decode(task.key).to_json(),
+        "channel": RULES.to_json(),
         "source": java_client(task.source, "consumer"),
         "target": java_client(task.target, "producer"),
         "consumer": _CONSUMER,

@@ -2,8 +2,11 @@ package io.mirrorkit.copier;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.EOFException;
 import java.io.IOException;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.api.java.function.Function;
 
@@ -12,6 +15,8 @@ import org.apache.spark.api.java.function.Function;
  * which holds an executor core while it copies on the executor's JVM (SlotCopy).
  */
 public final class CopierJob {
+    private static final ObjectMapper JSON = new ObjectMapper();
+
     private CopierJob() {}
 
     /**
@@ -29,6 +34,42 @@ public final class CopierJob {
      */
     public static String checkContract(String contract) throws IOException {
         return Contract.check(contract);
+    }
+
+    /**
+     * What the copier makes of the report channel's rules (JSON, spark_app.realtime.channel.ChannelRules): the rules
+     * as it read them, or why it refuses them. tests/test_jvm_copier.py holds it to Python's rules with this.
+     */
+    public static String checkChannel(String rules) throws IOException {
+        Map<String, Object> out = new LinkedHashMap<>();
+        try {
+            out.put("read", Channel.Rules.read(JSON.readTree(rules)).asRead());
+        } catch (IllegalArgumentException error) {
+            out.put("refused", error.getMessage());
+        }
+        return JSON.writeValueAsString(out);
+    }
+
+    /**
+     * The task's side of the report channel alone, for tests/test_jvm_copier.py: connect as a slot with `config`
+     * (`driver`, `channel`, `key_source`), send `[hello, -1]`, send back each message the driver sends until it
+     * closes, and say how it ended: "closed", or why it broke the connection.
+     */
+    public static String echoChannel(String config) throws IOException {
+        JsonNode parsed = JSON.readTree(config);
+        Channel.Rules rules = Channel.Rules.read(parsed.get("channel"));
+        JsonNode driver = parsed.get("driver");
+        byte[] key = Channel.runKey(rules, parsed.get("key_source"));
+        try (Channel channel = Channel.connect(driver.get("host").asText(), driver.get("port").asInt(), rules, key)) {
+            channel.send(List.of("hello", -1));
+            while (true) {
+                channel.send(channel.recv());
+            }
+        } catch (EOFException closed) {
+            return "closed";
+        } catch (IOException broken) {
+            return broken.getMessage();
+        }
     }
 
     /** What the task runs: the config travels as its JSON text, parsed on the executor. */

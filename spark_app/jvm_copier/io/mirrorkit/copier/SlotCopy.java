@@ -7,7 +7,6 @@ import java.time.Duration;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.HashMap;
-import java.util.HexFormat;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -97,8 +96,9 @@ final class SlotCopy {
     /** Copy until the driver says stop or every partition reached its stop; false when the slot was handed back. */
     boolean run() throws IOException {
         JsonNode driver = config.get("driver");
-        byte[] key = HexFormat.of().parseHex(config.get("key").asText());
-        try (Channel channel = Channel.connect(driver.get("host").asText(), driver.get("port").asInt(), key)) {
+        Channel.Rules rules = Channel.Rules.read(config.get("channel"));
+        byte[] key = Channel.runKey(rules, config.get("key_source"));
+        try (Channel channel = Channel.connect(driver.get("host").asText(), driver.get("port").asInt(), rules, key)) {
             channel.send(List.of(HELLO, slot));
             assign(channel.recv());
             boolean copiedAll = false;
