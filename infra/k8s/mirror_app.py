@@ -55,6 +55,12 @@ CONTAINER_SECURITY = {
     "readOnlyRootFilesystem": True,
 }
 SCRATCH_DIR = "/tmp"
+# Spark's own authentication and encryption between the driver and its executors. On Kubernetes Spark makes a secret
+# for each application and gives it to the executor pods itself (SecurityManager; `_SPARK_AUTH_SECRET` in their
+# environment): every RPC and block transfer between them is then authenticated (and, with the second key, AES
+# encrypted), and the real-time slots derive their report channel's key from that secret instead of carrying one in
+# their tasks (spark_app.realtime.channel). Set after every other key, so nothing turns them off.
+SPARK_SECURITY = {"spark.authenticate": "true", "spark.network.crypto.enabled": "true"}
 # `pulumi up` waits until the operator reports the application running, and fails when it does not within the
 # timeout: otherwise it is green while the mirror never starts (pulumi-kubernetes' await annotations, v4.18 and later).
 AWAIT_RUNNING = {
@@ -158,6 +164,7 @@ def spark_application_spec(
             "spark.kubernetes.driver.pod.excludedFeatureSteps": EXCLUDED_DRIVER_STEPS,
             **spark_jvm_conf(IMAGE_SPARK_HOME),
             **args.spark_conf,
+            **SPARK_SECURITY,
         },
         "volumes": volumes,
         "driver": {

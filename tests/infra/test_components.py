@@ -518,6 +518,22 @@ def mirror_args(**changes) -> MirrorApplicationArgs:
     return MirrorApplicationArgs(**(defaults | changes))
 
 
+def test_the_application_turns_on_sparks_authentication_and_encryption_and_nothing_turns_them_off():
+    """Spark authenticates and encrypts every connection between the driver and its executors with a secret it makes
+    for the application and hands the executor pods itself, so the spec holds no secret; the real-time slots' report
+    channel takes its key from that secret (spark_app.realtime.channel)."""
+
+    async def body():
+        off = {"spark.authenticate": "false", "spark.network.crypto.enabled": "false"}
+        MirrorApplication("m", mirror_args(spark_conf=off))
+        return {}
+
+    conf = run_pulumi(body, {}).named("m-app").plain["spec"]["sparkConf"]
+    assert conf["spark.authenticate"] == "true"
+    assert conf["spark.network.crypto.enabled"] == "true"
+    assert not [key for key in conf if key.startswith("spark.authenticate.secret")], conf
+
+
 def test_mirror_runs_the_cli_with_its_config_and_checkpoint_pvc():
     async def body():
         MirrorApplication("m", mirror_args())
