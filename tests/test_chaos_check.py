@@ -39,6 +39,15 @@ def test_an_acknowledged_record_on_neither_side_is_silent_unless_the_mirror_repo
     assert verdict([(3, 3)], [3], acked, remade=True).silent_losses == 0, "the old life of a topic made again"
 
 
+def test_on_a_topic_made_again_only_records_written_before_its_present_life_are_excused():
+    """The present life holds records 3 and 5 (offsets 0 and 2); 4 was acknowledged at offset 1 of that life and is
+    on neither side: a loss, though the topic was made again. 0..2 went with the earlier life."""
+    acked = {v(0): 0, v(1): 1, v(2): 2, v(3): 0, v(4): 1, v(5): 2}
+    got = verdict([(0, 3), (2, 5)], [3, 5], acked, remade=True)
+    assert (got.deleted_unmirrored, got.silent_losses) == (3, 1)
+    assert verdict([], [], {v(0): 0}, remade=True).silent_losses == 0, "a present life that holds nothing yet"
+
+
 def test_a_reported_loss_that_is_on_the_target_is_counted_as_a_false_alarm_not_a_loss():
     acked = {v(0): 0, v(1): 1, v(2): 2}
     got = verdict([(2, 2)], [0, 2], acked, reported=[(0, 1)])

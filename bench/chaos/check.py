@@ -4,9 +4,12 @@ what was lost, out of order or copied twice; and checks DR translation for the g
 Per source partition, the records the source still holds (read_committed) must each be on the target, and their
 first copies in source order. Copies past the first are duplicates (at-least-once allows them within a bound).
 Records the generator had acknowledged that are on neither side were deleted at the source before they were
-mirrored: each must lie in a range the mirror reported as lost (its log), or belong to a topic made again (the old
-incarnation's unread records are gone with it, and the mirror reports the reset). A group's checkpoint must never
-point past the first copy of the first source record the group had not read: that would skip it after a failover.
+mirrored: each must lie in a range the mirror reported as lost (its log), or belong to an earlier life of a topic made
+again (records of a life that ended before the mirror read them are gone with it). Only an earlier life is excused:
+a record's sequence number, below the first one the partition's present life holds, says it was written before the
+topic was made again, since a producer's writes to one partition land in the order they were sent. A group's
+checkpoint must never point past the first copy of the first source record the group had not read: that would skip
+it after a failover.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class PartitionVerdict:
     lost: int = 0  # held by the source, not on the target
     out_of_order: int = 0  # first copies that came before an earlier source record's first copy
     duplicates: int = 0  # copies past the first
-    deleted_unmirrored: int = 0  # acknowledged, on neither side, reported by the mirror
+    deleted_unmirrored: int = 0  # acknowledged, on neither side, reported by the mirror or of an earlier life
     silent_losses: int = 0  # acknowledged, on neither side, and not reported
     # Reported as deleted before they were mirrored, yet on the target: a false alarm, not a loss. A mirror killed
     # after records landed but before it saved their positions reports them when retention took their source.
@@ -96,6 +99,11 @@ def reported_losses(log_text: str) -> dict[tuple[str, int], list[tuple[int, int]
     return out
 
 
+def sequence(value: bytes) -> int:
+    """The generator's sequence number of a record in its partition (`<topic>:<partition>:<seq>[|padding]`)."""
+    return int(value.split(b"|", 1)[0].rsplit(b":", 1)[1])
+
+
 def check_partition(
     topic: str, partition: int, source: list[tuple[int, bytes]], target: list[tuple[int, bytes]],
     acked: dict[bytes, int], reported: Iterable[tuple[int, int]], remade: bool,
@@ -119,12 +127,15 @@ def check_partition(
             previous = at
     held = {value for _, value in source}
     ranges = list(reported)
+    # On a topic made again, what was written before its present life's first record: gone with an earlier life.
+    life_starts = min((sequence(value) for value in held), default=None) if remade else None
     for value, offset in acked.items():
         if value in first and value not in held and any(lo <= offset <= hi for lo, hi in ranges):
             verdict.reported_but_copied += 1
         if value in held or value in first:
             continue
-        if remade or any(lo <= offset <= hi for lo, hi in ranges):
+        earlier_life = remade and (life_starts is None or sequence(value) < life_starts)
+        if earlier_life or any(lo <= offset <= hi for lo, hi in ranges):
             verdict.deleted_unmirrored += 1
         else:
             verdict.silent_losses += 1
