@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 
 from bench.testbed.processes import kill_session, session_processes
+from spark_app.config import STOP_GRACE_S
 
-STOP_WAIT_S = 180.0  # a SIGTERM lets the batch in flight finish; past this the process is killed
+# A SIGTERM lets the batch in flight finish (or cancels it past its own bound); past this the process is killed, as
+# Kubernetes kills a pod past its grace period, which the mirror's SparkApplication sets to the same.
+STOP_WAIT_S = float(STOP_GRACE_S)
 DAEMON = "pyspark.daemon"  # the module Spark runs to fork Python workers
 
 
