@@ -89,6 +89,10 @@ class Load(Background):
     sent: dict[tuple[str, int], dict[bytes, int]] = field(default_factory=dict)
     failed: int = 0  # records whose delivery failed (e.g. to the topic while it was deleted)
     txn_restarts: int = 0  # transactional producers replaced after a fatal error
+    # Topics the loop leaves alone for now (one made again, left empty), and records per partition to write at once
+    # on the loop's next round (its refill), both set by the nemesis.
+    paused: set[str] = field(default_factory=set)
+    bursts: dict[str, int] = field(default_factory=dict)
     thread_name = "chaos-load"
     _seq: dict[tuple[str, int], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -125,7 +129,8 @@ class Load(Background):
                 elif kind < 0.6:
                     self._produce(plain, t.compacted, p, f"k{rng.randrange(50)}".encode())
                 elif kind < 0.75:
-                    self._produce(plain, t.remade, p, f"k{rng.randrange(1000)}".encode())
+                    if t.remade not in self.paused:
+                        self._produce(plain, t.remade, p, f"k{rng.randrange(1000)}".encode())
                 else:
                     try:
                         if txn is None:  # a new one fences the one before, and aborts what it left open
@@ -142,12 +147,29 @@ class Load(Background):
                         txn, in_txn = None, 0
                         self._in_txn.clear()
                         self.txn_restarts += 1
+            self._burst(plain, rng)
             plain.poll(0)
             next_tick += tick_s
             time.sleep(max(0.0, next_tick - time.monotonic()))
         if txn is not None and in_txn:
             self._end_transaction(txn, abort=False)
         plain.flush(60)
+
+    def _burst(self, producer: Producer, rng: random.Random) -> None:
+        """Write the refills asked for: `count` records to each partition of the topic, then resume it."""
+        with self._lock:
+            bursts, self.bursts = self.bursts, {}
+        for topic, count in bursts.items():
+            for p in range(self.topics.partitions):
+                for _ in range(count):
+                    self._produce(producer, topic, p, f"k{rng.randrange(1000)}".encode())
+                    producer.poll(0)
+            self.paused.discard(topic)
+
+    def refill(self, topic: str, count: int) -> None:
+        """Ask the loop to write `count` records to each of the topic's partitions at once, and resume it."""
+        with self._lock:
+            self.bursts[topic] = count
 
     def _transactional(self) -> Producer:
         txn = clients.producer(self.source, {"transactional.id": f"chaos-{self.topics.transactional}",

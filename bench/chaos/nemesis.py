@@ -6,7 +6,8 @@ worker killed), the brokers (a source broker stopped: the partitions it leads go
 offline; the whole target stopped), the network between the mirror and each cluster (Toxiproxy: a cut, latency with
 a bandwidth cap, connections reset, a black hole that drops what is sent until healed), the target refusing writes
 (an ACL denied, a topic made to refuse records without a key), and the source changing under the mirror (a topic
-deleted and made again; records deleted before they were mirrored, as retention would while the mirror is down).
+deleted and made again, at once or left empty a while and then refilled past its old end; records deleted before
+they were mirrored, as retention would while the mirror is down).
 Network faults act on the mirror's path alone: the generator, the groups and the checker reach the clusters
 directly. Every fault and its outcome is logged in `events`.
 """
@@ -36,7 +37,7 @@ from bench.testbed.kafka_cluster import PRINCIPALS, KafkaCluster, MultiBrokerClu
 from bench.testbed.spark_standalone import SparkStandalone
 from bench.testbed.toxiproxy import Faults, Stream
 
-from .load import Topics
+from .load import Load, Topics
 from .process import MirrorProcess
 
 HOLD_S = (3.0, 12.0)  # how long a fault is held, drawn at random (by default)
@@ -46,6 +47,7 @@ SLOW_TARGET_BYTES_S = 20_000
 # A WAN gone bad: each chunk delayed (with jitter) and the rate capped, on the way back from the brokers.
 WAN_LATENCY_MS, WAN_JITTER_MS, WAN_KB_S = 400, 150, 64
 RESET_AFTER_MS = (200, 3_000)  # connections reset this long after data first flows on them, drawn at random
+REFILL_PAST = 50  # a topic made again and left empty is refilled to this many records past its old end
 
 
 Remote = Callable[[str], str]  # a source topic's name on the target
@@ -67,6 +69,7 @@ class Scene:
     mirror: MirrorProcess
     topics: Topics
     remote: Remote
+    load: Load  # the generator, paused on a topic left empty and asked to refill it
     spark: SparkStandalone | None = None  # the mirror's executors run there; None: Spark's local mode
 
 
@@ -77,11 +80,13 @@ class Nemesis:
     events: list[str] = field(default_factory=list)
     hold_s: tuple[float, float] = HOLD_S
     only: tuple[str, ...] = ()  # when given, only the faults whose names contain one of these
+    first: tuple[str, ...] = ()  # the faults whose names contain one of these are drawn first, in a random order
     active: Fault | None = None
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self._old_end = 0  # the end of the topic left empty, before it was made again
 
     def menu(self) -> list[Fault]:
         """The faults it draws from: every one, or those `only` names."""
@@ -114,6 +119,11 @@ class Nemesis:
             self._acl_fault("deny the mirror describing a target topic", AclOperation.DESCRIBE),
             Fault("make a target topic refuse records without a key", self._compact_target, self._uncompact_target),
             Fault("delete a source topic and make it again", self._recreate, lambda: None),
+            Fault(
+                "make a source topic again, leave it empty, then refill it past its old end",
+                self._remake_empty,
+                self._refill,
+            ),  # fmt: skip
             Fault("delete records not yet mirrored (retention)", self._retention, s.mirror.start),
             Fault("slow the target (a produce quota)", self._slow_target, s.target.unlimit_producers),
         ]
@@ -150,8 +160,10 @@ class Nemesis:
         have acted (a loaded machine makes each heal slower: an executor's worker takes longer to come back), for
         at most OVERRUN_S more; returns how many."""
         menu, count = self.menu(), 0
+        queue = [f for f in menu if any(name in f.name for name in self.first)]
+        self.rng.shuffle(queue)
         while time.monotonic() + self.hold_s[1] < until or (count < at_least and time.monotonic() < until + OVERRUN_S):
-            fault = self.rng.choice(menu)
+            fault = queue.pop() if queue else self.rng.choice(menu)
             self.active = fault
             did = fault.inject()
             hold = self.rng.uniform(*self.hold_s)
@@ -176,8 +188,10 @@ class Nemesis:
         return "SIGKILL"
 
     def _term_driver(self) -> str:
+        began = time.monotonic()
         code = self.scene.mirror.term()
-        return f"exited {code}" if code is not None else "did not stop in time; killed"
+        took = time.monotonic() - began
+        return f"exited {code} in {took:.0f} s" if code is not None else f"did not stop in {took:.0f} s; killed"
 
     def _kill_worker(self) -> str | None:
         return "killed one" if self.scene.mirror.kill_worker() else None
@@ -284,6 +298,19 @@ class Nemesis:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+    def _remake_empty(self) -> str:
+        """Pause the generator on the topic, make it again and leave it empty until healed: the mirror first sees
+        the new life with nothing in it."""
+        topic, n = self.scene.topics.remade, self.scene.topics.partitions
+        self.scene.load.paused.add(topic)
+        ends = clients.end_offsets(self.scene.source.client, [(topic, p) for p in range(n)])
+        self._old_end = max(ends.values())
+        self._recreate()
+        return f"{topic}, whose partitions ended at {sorted(ends.values())}, left empty"
+
+    def _refill(self) -> None:
+        self.scene.load.refill(self.scene.topics.remade, self._old_end + REFILL_PAST)
 
     def _retention(self) -> str:
         """Stop the mirror, let records pile up, then delete them as retention would before the mirror is back."""

@@ -91,11 +91,11 @@ def run_chaos(
     source: MultiBrokerCluster, target: KafkaCluster, folder: Path, mode: str, seed: int, duration_s: float,
     fault_every_s: float, rate: int, suffix: str, hold_s: tuple[float, float] = HOLD_S,
     spark: SparkStandalone | None = None, exactly_once: bool = False, only: tuple[str, ...] = (),
-    at_least: int = 0,
+    at_least: int = 0, first: tuple[str, ...] = (),
 ) -> Outcome:  # fmt: skip
     """Run the mirror through `duration_s` of random faults (those whose names contain one of `only`, when given;
-    past it until `at_least` have acted) and check both clusters at the end; its executors on `spark`, or in Spark's
-    local mode."""
+    those naming one of `first` drawn first; past it until `at_least` have acted) and check both clusters at the
+    end; its executors on `spark`, or in Spark's local mode."""
     topics = Topics(f"chaos-plain-{suffix}", f"chaos-txn-{suffix}", f"chaos-compact-{suffix}", f"chaos-remade-{suffix}")
     config = chaos_config(source, target, topics, mode, folder, suffix, exactly_once)
     prepare(source, target, topics, config)
@@ -108,8 +108,9 @@ def run_chaos(
         return target_topic(flow, topic)
 
     group_names = [f"chaos-group-{suffix}-{i}" for i in range(3)]
-    nemesis = Nemesis(Scene(source, target, mirror, topics, remote, spark), seed, hold_s=hold_s, only=only)
     load = Load(source.client, topics, rate, seed)
+    nemesis = Nemesis(Scene(source, target, mirror, topics, remote, load, spark), seed, hold_s=hold_s, only=only,
+                      first=first)  # fmt: skip
     groups = Groups(source.client, [topics.plain, topics.transactional], topics.partitions, group_names, seed)
     mirror.start()
     try:
