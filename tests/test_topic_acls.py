@@ -23,8 +23,9 @@ from bench.testbed.kafka_cluster import PRINCIPALS, KafkaCluster, ListenerKind, 
 from infra.kafka.acls import AclSpec, mirror_acls
 from spark_app import clients
 from spark_app.config import ClusterConfig, ConfigError, FlowConfig, MirrorConfig, parse_config
+from spark_app.dr.failback import failback
 from spark_app.dr.views import failover
-from spark_app.topic_acls import Phase, Rule, ledger_topic, plan, read_ledger, restore_write_block
+from spark_app.topic_acls import Phase, Rule, ledger_topic, plan, read_ledger
 from spark_app.topics import TopicSync
 
 MIRROR = PRINCIPALS[ListenerKind.MSK_SCRAM]
@@ -76,19 +77,21 @@ def topic_acl(topic: str, principal: str, operation: AclOperation, permission: A
     return AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, principal, "*", operation, permission)
 
 
-def mirror_config(source: KafkaCluster, target: KafkaCluster, topic: str, tmp_path) -> MirrorConfig:
-    """A flow src -> dst of one topic; `sync_topic_acls` left unset, so on by default between two ACL clusters."""
+def mirror_config(
+    source: KafkaCluster, target: KafkaCluster, topic: str, tmp_path, back: str | None = None
+) -> MirrorConfig:
+    """A flow src -> dst of one topic, and with `back` the reverse flow dst -> src of that topic and group (an
+    active/active config, as failback takes); `sync_topic_acls` left unset, so on by default between two ACL
+    clusters."""
+    flows = [{"source": "src", "target": "dst", "topics": {"include": [re.escape(topic)]}}]
+    if back is not None:
+        flows.append(
+            {"source": "dst", "target": "src", "topics": {"include": [re.escape(back)]}, "groups": {"include": [back]}}
+        )
     return parse_config(
         {
             "clusters": [cluster_entry(source, "src"), cluster_entry(target, "dst")],
-            "flows": [
-                {
-                    "source": "src",
-                    "target": "dst",
-                    "topics": {"include": [re.escape(topic)]},
-                    "checkpoint_location": str(tmp_path / "cp"),
-                }
-            ],
+            "flows": [f | {"checkpoint_location": str(tmp_path / f"cp-{f['source']}")} for f in flows],
         }
     )
 
@@ -182,7 +185,7 @@ def test_a_producer_on_the_dr_side_is_refused_on_a_copy_before_failover_accepted
     topic = f"payments-{unique}"
     name = f"app-{unique}"
     application = acl_target_cluster.add_user(name)  # the same application, signed in on the DR side
-    config = mirror_config(acl_source_cluster, acl_target_cluster, topic, tmp_path)
+    config = mirror_config(acl_source_cluster, acl_target_cluster, topic, tmp_path, back=f"local-{unique}")
     flow = config.flows[0]
     grant_the_mirror(config, acl_source_cluster, acl_target_cluster)
     source_topic(acl_source_cluster, topic)
@@ -203,8 +206,10 @@ def test_a_producer_on_the_dr_side_is_refused_on_a_copy_before_failover_accepted
     assert produce_one(application, copy) is None
     assert produce_one(config.cluster("dst"), copy) is None  # the mirror still writes its copies
 
-    lifted = restore_write_block(config.cluster("dst"), flow)  # failback's step for the original flow
-    assert [(r.principal, r.operation) for r in lifted] == [(principal, "WRITE")]
+    # Failback of the reverse flow (forced: nothing was mirrored back here) puts the original flow's block back.
+    result = failback(config, config.flow("dst->src"), force=True)
+    assert result.actions == [] and result.refused == []
+    assert read_ledger(config.cluster("dst"), flow)[Rule(copy, principal, "*", "WRITE", "ALLOW")] is Phase.WITHHELD
     assert (principal, "WRITE", "ALLOW") not in topic_rules(acl_target_cluster, copy)
     refused = produce_one(application, copy)
     assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, refused
