@@ -543,6 +543,10 @@ class PlatformSpec(StrictModel):
 
     context: Annotated[str, Field(min_length=1)]  # kubeconfig context
     job_namespaces: Annotated[list[Annotated[str, Field(pattern=DNS_LABEL.pattern)]], Field(min_length=1)]
+    # The Helm release and its namespace, not derived from the stack's name, so renaming the stack keeps the release
+    # (and the CRDs, webhooks and cluster roles named after it). A platform stack first deployed before this key
+    # existed sets its old name, `spark-operator-<stack>`.
+    release: Annotated[str, Field(pattern=DNS_LABEL.pattern)] = "spark-operator"
 
 
 class StackModel(StrictModel):

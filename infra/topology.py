@@ -32,7 +32,7 @@ from infra.k8s.mirror_app import MirrorApplication, MirrorApplicationArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
 from infra.kafka.acls import MirrorAcls, MirrorAclsArgs
-from infra.naming import PROJECT, operator_name
+from infra.naming import PROJECT
 from infra.parts import Part, cross_account_sites
 from infra.render import with_bootstraps
 from infra.schema import ADMIN_PREFIX, MskSpec, SiteSpec
@@ -591,11 +591,32 @@ def _platform_watches(refs: _References, platform: str, namespace: str) -> pulum
 
 
 def build_platform(settings: PlatformSettings) -> dict[str, Any]:
-    """A platform stack: the Spark Operator and its CRDs, once per cluster; its exports."""
-    provider = k8s.Provider(f"{settings.stack}-k8s", context=settings.spec.context)
+    """A platform stack: the Spark Operator and its CRDs, once per cluster, and the namespaces it acts in; its exports.
+
+    The chart makes the operator's Role and binding in each job namespace, so the namespaces are made here, before the
+    release: a first `up` of the platform needs no site's stack, and a site's stack (which makes the same namespace
+    with its labels, by server-side apply) finds it there. They are left in the cluster when a namespace leaves the
+    list or the stack goes: a site's checkpoint PVC may live in one. docs/decisions/2026-12-06-the-platform-makes-the-
+    job-namespaces.md says why."""
+    # Named by what it is, not by the stack, so renaming the stack keeps the provider and everything on it.
+    provider = k8s.Provider(
+        "k8s",
+        context=settings.spec.context,
+        opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(name=f"{settings.stack}-k8s")]),
+    )
+    namespaces = [
+        k8s.core.v1.Namespace(
+            f"job-{namespace}",
+            metadata={"name": namespace},
+            opts=pulumi.ResourceOptions(provider=provider, retain_on_delete=True),
+        )
+        for namespace in settings.spec.job_namespaces
+    ]
     operator = SparkOperator(
         "operator",
-        SparkOperatorArgs(job_namespaces=list(settings.spec.job_namespaces), release=operator_name(settings.stack)),
+        SparkOperatorArgs(
+            job_namespaces=list(settings.spec.job_namespaces), release=settings.spec.release, depends_on=namespaces
+        ),
         pulumi.ResourceOptions(provider=provider),
     )
     return {"release": operator.release, "job_namespaces": list(settings.spec.job_namespaces)}

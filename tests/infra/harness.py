@@ -87,6 +87,7 @@ class Registered:
     retain_on_delete: bool = False
     aliases: tuple[str, ...] = ()  # each as the engine gets it: a spec's text, or a URN
     parent: str = ""  # the parent's URN
+    transforms: int = 0  # how many transforms the engine runs on the resource's children
 
     @property
     def plain(self) -> dict[str, Any]:
@@ -223,6 +224,7 @@ class RecordingMonitor(MockMonitor):
             "protect": bool(request.protect),
             "retain_on_delete": bool(request.retainOnDelete),
             "aliases": tuple(str(a) for a in request.aliases) + tuple(request.aliasURNs),
+            "transforms": len(request.transforms),
         }
         return super().RegisterResource(request)
 

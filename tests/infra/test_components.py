@@ -18,7 +18,7 @@ from infra.azure.identity import DATA_ROLES, MirrorEntraIdentity, MirrorEntraIde
 from infra.hubs import HubSpec
 from infra.k8s.mirror_app import ALERT_METRICS, MirrorApplication, MirrorApplicationArgs
 from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
-from infra.k8s.operator import CHART_VERSION, SparkOperator, SparkOperatorArgs
+from infra.k8s.operator import CHART_VERSION, CRD, SparkOperator, SparkOperatorArgs, keep_crds
 from infra.schema import (
     Alerts,
     AwsSite,
@@ -497,6 +497,45 @@ def test_spark_operator_chart_is_pinned_and_watches_only_the_mirror_namespace():
     assert chart.plain["name"] == chart.plain["namespace"] == "spark-operator-test"
     assert chart.plain["values"]["spark"]["jobNamespaces"] == ["mk"]
     assert chart.plain["values"]["spark"]["rbac"] == {"create": False}
+
+
+def test_the_operator_runs_two_replicas_under_a_budget_and_keeps_its_crds_when_the_release_goes():
+    async def body():
+        SparkOperator("op", SparkOperatorArgs(job_namespaces=["mk"], release="spark-operator"))
+        return {}
+
+    run = run_pulumi(body, {})
+    (chart,) = run.of_type("kubernetes:helm.sh/v4:Chart")
+    for part in ("controller", "webhook"):
+        values = chart.plain["values"][part]
+        assert values["replicas"] == 2 and values["podDisruptionBudget"] == {"enable": True, "minAvailable": 1}
+    assert chart.transforms == 1
+    crd = pulumi.ResourceTransformArgs(
+        custom=True, type_=CRD, name="op-chart:sparkapplications", props={}, opts=pulumi.ResourceOptions()
+    )
+    kept = keep_crds(crd)
+    assert kept is not None and kept.opts.protect is True and kept.opts.retain_on_delete is True
+    deployment = pulumi.ResourceTransformArgs(
+        custom=True, type_="kubernetes:apps/v1:Deployment", name="d", props={}, opts=pulumi.ResourceOptions()
+    )
+    assert keep_crds(deployment) is None
+
+
+def test_a_platform_stacks_release_and_provider_keep_their_names_when_the_stack_is_renamed():
+    values = stack_values(ROOT / "stacks" / "Pulumi.platform-eks-use1.yaml")
+    for stack in ("platform-eks-use1", "renamed"):
+        run = run_values(values, stack=stack)
+        (chart,) = run.of_type("kubernetes:helm.sh/v4:Chart")
+        assert chart.plain["name"] == chart.plain["namespace"] == "spark-operator", stack
+        (provider,) = run.of_type("pulumi:providers:kubernetes")
+        # The first releases named it `<stack>-k8s`: the alias keeps it, and every object on it, on upgrade.
+        assert provider.name == "k8s" and any(f'name: "{stack}-k8s"' in a for a in provider.aliases)
+    # A platform first deployed under its stack's name keeps that release by naming it.
+    old = values | {
+        "mirrorkit:platform": values["mirrorkit:platform"] | {"release": "spark-operator-platform-eks-use1"}
+    }
+    (chart,) = run_values(old, stack="renamed").of_type("kubernetes:helm.sh/v4:Chart")
+    assert chart.plain["name"] == "spark-operator-platform-eks-use1"
 
 
 def mirror_args(**changes) -> MirrorApplicationArgs:
