@@ -315,9 +315,20 @@ def _listed(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+NEGATED = ("NotAction", "NotResource", "NotPrincipal")
+
+
+def _every_resource(arn: Any) -> bool:
+    """An ARN whose resource part is a bare wildcard (`arn:aws:s3:::*`, `arn:aws:kafka:*:*:*`): every resource of the
+    service, in effect `*`. A wildcard after a named resource (`arn:aws:s3:::bucket/*`) is scoped to it."""
+    parts = str(arn).split(":", 5)
+    return len(parts) == 6 and parts[0] == "arn" and parts[5].lstrip("*/") == ""
+
+
 def iam_grants_no_wildcards(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
     """The mirror's IAM and MSK cluster policies allow named actions on named resources, to named principals: no
-    `*` or `service:*` action, no `*` resource, no `*` principal. A wildcard inside a topic or group name, as the
+    `*` or `service:*` action, no `*` resource (nor an ARN whose resource part is `*`), no `*` principal, and no
+    NotAction, NotResource or NotPrincipal in an Allow. A wildcard inside a topic or group name, as the
     flows' patterns give, is scoped to its cluster and allowed."""
     if typ not in IAM_POLICIES:
         return []
@@ -330,11 +341,15 @@ def iam_grants_no_wildcards(typ: str, props: dict[str, Any], urn: str = "") -> l
     for i, statement in enumerate(statements):
         if statement.get("Effect") != "Allow":
             continue
+        # An Allow with NotAction, NotResource or NotPrincipal grants everything but what it names.
+        out += [f"Statement[{i}].{key} allows everything it does not name" for key in NEGATED if key in statement]
         actions = [a for a in _listed(statement.get("Action", [])) if a == "*" or str(a).endswith(":*")]
         if actions:
             out.append(f"Statement[{i}].Action allows {actions}")
         if "*" in _listed(statement.get("Resource", [])):
             out.append(f"Statement[{i}].Resource is '*'")
+        if wide := [r for r in _listed(statement.get("Resource", [])) if r != "*" and _every_resource(r)]:
+            out.append(f"Statement[{i}].Resource names every resource of its service: {wide}")
         principal = statement.get("Principal")
         aws = principal.get("AWS") if isinstance(principal, dict) else principal
         if principal is not None and "*" in _listed(aws):

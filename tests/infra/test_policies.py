@@ -150,6 +150,13 @@ def test_iam_wildcard_actions_or_resources_are_refused():
     assert iam_grants_no_wildcards(role_policy, doc(scoped | {"Action": "*"}))
     assert iam_grants_no_wildcards(role_policy, doc(scoped | {"Action": ["kafka-cluster:*"]}))
     assert iam_grants_no_wildcards(role_policy, doc(scoped | {"Resource": "*"}))
+    assert iam_grants_no_wildcards(role_policy, doc(scoped | {"Resource": "arn:aws:s3:::*"}))
+    assert iam_grants_no_wildcards(role_policy, doc(scoped | {"Resource": ["arn:aws:kafka:*:*:*"]}))
+    assert iam_grants_no_wildcards(role_policy, doc(scoped | {"Resource": "arn:aws:s3:::ckpt/*"})) == []
+    negated = {k: v for k, v in scoped.items() if k != "Action"} | {"NotAction": ["iam:*"]}
+    assert iam_grants_no_wildcards(role_policy, doc(negated)) == [
+        "Statement[0].NotAction allows everything it does not name"
+    ]
     cluster_policy = "aws:msk/clusterPolicy:ClusterPolicy"
     assert iam_grants_no_wildcards(cluster_policy, doc(scoped | {"Principal": {"AWS": "*"}}))
     assert iam_grants_no_wildcards(cluster_policy, doc(scoped | {"Effect": "Deny", "Action": "*"})) == []
