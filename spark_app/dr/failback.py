@@ -148,7 +148,9 @@ def failback(config: MirrorConfig, reverse: FlowConfig, dry_run: bool = False, f
             move = plan[(topic, partition)][0]
             result.actions.append(FailbackAction(move, group, topic, partition, offset, f"{verb}keep"))
     result.actions.sort(key=lambda a: (a.move != Move.WHERE_STOPPED, a.group, a.topic, a.partition))
-    if original.sync_topic_acls and not dry_run:  # the original flow's copies on DR: read-only again
+    # The original flow's copies on DR read-only again, once every group moved back: a refused failback leaves DR's
+    # producers their grants until it runs again.
+    if original.sync_topic_acls and not dry_run and not result.refused:
         restore_write_block(dr, original)
     return result
 
