@@ -5,6 +5,7 @@ error at the key to change."""
 from __future__ import annotations
 
 import ipaddress
+import json
 
 from infra.hubs import plan_hubs
 from infra.naming import MIRROR_SID_PREFIX, PROJECT, credential_key
@@ -23,6 +24,8 @@ from spark_app.config import ConfigError, FlowConfig, FlowMode, MirrorConfig, co
 from spark_app.policy import HEARTBEATS_TOPIC
 
 S3_BUCKET_MAX = 63
+# IAM's limit on a role's inline policies, together, in characters not counting whitespace.
+ROLE_INLINE_POLICIES_MAX = 10_240
 
 
 def check(model: StackModel, mirror: MirrorConfig, part: Part | None = None) -> dict[str, str]:
@@ -46,6 +49,7 @@ def check(model: StackModel, mirror: MirrorConfig, part: Part | None = None) -> 
         if touched:
             errors += site_reaches_checkpoints(i, site, model)
         errors += site_seats_realtime_tasks(site.name, model.mirror.executor, mirror, site_of_flow)
+        errors += site_kafka_policy_fits(i, site, model, mirror, site_of_flow)
         if part is None or part == Part("site", site.name):
             errors += site_has_a_kubeconfig(i, site, model)
     if errors:
@@ -297,4 +301,36 @@ def site_has_a_kubeconfig(i: int, site: SiteSpec, model: StackModel) -> list[str
     return [
         f"{PROJECT}:sites[{i}].context: missing; give a kubeconfig context, or set"
         f" `pulumi config set --secret --path '{PROJECT}:kubeconfigs.{site.name}' \"$(cat kubeconfig)\"`"
+    ]
+
+
+def policy_size(document: dict[str, object]) -> int:
+    """A policy document's size as IAM counts it toward its limits: its JSON, without whitespace."""
+    return len(json.dumps(document, separators=(",", ":")))
+
+
+def site_kafka_policy_fits(
+    i: int, site: SiteSpec, model: StackModel, mirror: MirrorConfig, site_of_flow: dict[str, str]
+) -> list[str]:
+    """The site's mirror role holds its MSK IAM grants (one resource per literal topic, as flows into Event Hubs
+    list them) inline: past IAM's limit its `up` would fail after preview passed. Said here, with the flow that
+    lists the most topics."""
+    from infra.aws.identity import kafka_policy  # pulumi_aws: imported only when a site's grants are sized
+
+    flows = [f for f in mirror.flows if site_of_flow.get(f.name) == site.name]
+    used = {a for f in flows for a in (f.source, f.target)}
+    iam = {c.alias: c.msk for c in model.clusters if c.alias in used and c.msk is not None and c.msk.auth == "iam"}
+    if site.aws is None or not iam:
+        return []
+    size = policy_size(kafka_policy(flows, iam))
+    if size <= ROLE_INLINE_POLICIES_MAX:
+        return []
+    j, widest = max(
+        ((j, f) for j, f in enumerate(mirror.flows) if f in flows), key=lambda jf: len(jf[1].topics.include)
+    )
+    return [
+        f"{PROJECT}:flows[{j}].topics: the mirror role of site '{site.name}' ({PROJECT}:sites[{i}]) would hold"
+        f" {size} characters of MSK grants inline, over IAM's {ROLE_INLINE_POLICIES_MAX} for a role's inline policies;"
+        f" flow {widest.name} lists {len(widest.topics.include)} topics: select them by a pattern where the target"
+        " allows one, or run some flows at another site"
     ]

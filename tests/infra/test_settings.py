@@ -255,3 +255,25 @@ def test_an_image_not_pinned_by_digest_is_refused_at_its_key(image):
     message = refused(values)
     assert message.startswith(f"{PROJECT}:image: '{image}' is not pinned by digest"), message
     assert "@sha256:<64 hex digits>" in message
+
+
+def test_a_mirror_role_whose_inline_kafka_grants_pass_iams_limit_is_refused_naming_the_flow():
+    """Each literal topic is a resource of its own in the role's inline policy; IAM refuses a role whose inline
+    policies pass 10,240 characters, which `up` would find only after preview passed."""
+    from infra.aws.identity import kafka_policy
+    from infra.checks import ROLE_INLINE_POLICIES_MAX, policy_size
+
+    def topics(n: int) -> Callable[[list[dict[str, Any]]], None]:
+        def edit(flows: list[dict[str, Any]]) -> None:
+            flows[0]["topics"] = {"include": [f"events\\.orders\\.region-{k:03d}" for k in range(n)]}
+
+        return edit
+
+    set_config(edited(ACTIVE_ACTIVE, flows=topics(20)))
+    settings = load_settings()  # 20 literal topics fit
+    site = settings.site_of_flow[settings.mirror_config.flows[0].name]
+    iam = {c.alias: c.msk for c in settings.clusters_at(site) if c.msk is not None}
+    assert policy_size(kafka_policy(settings.flows_at(site), iam)) <= ROLE_INLINE_POLICIES_MAX
+    message = refused(edited(ACTIVE_ACTIVE, flows=topics(120)))
+    assert message.startswith(f"{PROJECT}:flows[0].topics: the mirror role of site '{site}'")
+    assert "over IAM's 10240" in message and "lists 120 topics" in message
