@@ -657,3 +657,18 @@ def test_the_msk_scram_secret_is_named_per_stack_and_deleted_at_once_so_destroy_
         assert secret.plain["recoveryWindowInDays"] == 0
     assert names == ["AmazonMSK_mirrorkit_dr-a.aws", "AmazonMSK_mirrorkit_dr-b.aws"]
     assert all(n.startswith("AmazonMSK_") for n in names) and len(set(names)) == 2
+
+
+def test_every_event_hubs_resource_keeps_its_place_when_the_pinned_api_version_moves():
+    """infra/azure/eventhubs.py pins an Event Hubs API version, which is in each resource's type token. A move to the
+    provider's default module (azure-native 3 drops most versioned ones) or another version must find the resource
+    by an alias, or the engine would replace the namespace and its hubs: azure-native's SDK sends one for the default
+    token and every other version it knows; this holds the program to it."""
+    run = run_values(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml")))
+    found = [r for r in run.resources if r.typ.startswith(f"{EVENTHUB}:")]
+    assert {r.typ.rsplit(":", 1)[1] for r in found} >= {"Namespace", "EventHub", "NamespaceAuthorizationRule"}
+    for resource in found:
+        kind = resource.typ.rsplit(":", 1)[1]
+        moved = [f'type: "azure-native:eventhub:{kind}"', f'type: "azure-native:eventhub/v20240101:{kind}"']
+        missing = [m for m in moved if not any(m in a for a in resource.aliases)]
+        assert missing == [], f"{resource.typ} {resource.name}"
