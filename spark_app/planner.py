@@ -118,6 +118,17 @@ class BatchPlanner:
         self._available_now_end = ends
         self._available_now_ids = self._until_answered(self._topic_ids)
 
+    def drop_other_lives(self, ids: Mapping[str, str]) -> None:
+        """Topics made again in the middle of a batch, with the ids of their new lives: where an available-now run
+        fixed its ends in another life (it started before the topic was made again), it copies nothing more of them;
+        the next run goes on from the new life's positions."""
+        if self._available_now_end is None:
+            return
+        for topic, new in ids.items():
+            if self._available_now_ids.get(topic, new) != new:
+                self._available_now_end.pop(topic, None)
+                self._available_now_ids.pop(topic, None)
+
     def latest(self, start: Planned, mean_bytes: Mapping[str, float]) -> Planned:
         """Where the next batch ends: `start` itself when there is nothing new (or the source does not answer now),
         else at most `max_records` records and `max_bytes` bytes further, counting each topic's records at
@@ -285,6 +296,41 @@ def kept_where_unanswered(
             if int(p) < count:
                 out.setdefault(topic, {}).setdefault(p, position)
     return out
+
+
+def topic_ids_now(source: ClusterConfig, topics: set[str], flow: str) -> dict[str, str]:
+    """The ids of `topics` at the source now, for a copy that found their partitions gone backwards within a batch or
+    a real-time task (the topic made again): the new life's positions belong to them. None of a topic that does not
+    answer: it keeps the id it had, and is taken as made again once more, copied again rather than skipped."""
+    if not topics:
+        return {}
+    try:
+        return clients.topic_ids(clients.admin(source), topics)
+    except KafkaException as err:
+        log.warning("flow %s: the ids of topics whose offsets went backwards did not answer (%s); they may be"
+                    " copied again from their log start", flow, err.args[0])  # fmt: skip
+        return {}
+
+
+def rebased(start: Planned, end: Planned | None, topic_ids: Mapping[str, str], positions: PartitionOffsets) -> Planned:
+    """`start` with each topic the ledger (`topic_ids`, `positions`) filed as made again since: its copy found the
+    partitions gone backwards in the middle of the batch `start` ended, so its positions there belong to the new life,
+    not to the id `start` names. Those positions and that id replace `start`'s, so the next batch goes on from them
+    instead of taking the topic as made again once more and copying the new life from its log start.
+
+    A batch planned already (`end`, run again after a crash) is rebased only where it was planned in the new life: one
+    planned in the old life runs again from the old start, and skips what its slots committed."""
+    moved = {
+        t: new for t, i in start.ids.items()
+        if (new := topic_ids.get(t, i)) != i and (end is None or end.ids.get(t) == new)
+    }  # fmt: skip
+    if not moved:
+        return start
+    offsets = {t: dict(o) for t, o in start.offsets.items()}
+    for (t, p), offset in positions.items():
+        if t in moved:
+            offsets.setdefault(t, {})[str(p)] = offset
+    return Planned(offsets, start.ids | moved, start.gone)
 
 
 def reset_from(start: Planned, end: Planned, topic: str, partition: str) -> int:

@@ -29,7 +29,7 @@ from .config import STOP_BATCH_TIMEOUT_S, FlowMode
 from .errors import first_cause
 from .ledger import by_topic
 from .outbox import producer_settings
-from .planner import BatchPlanner
+from .planner import BatchPlanner, rebased, topic_ids_now
 from .range_copy import RangeCopier
 from .ranges import Landing, OffsetRange
 from .runner import FlowRunner, Subscription
@@ -95,6 +95,7 @@ class ThroughputRunner(FlowRunner):
         interval_s = self.config.trigger_interval_s
         while not self._stopping.is_set():
             began = time.monotonic()
+            start = self._rebased(start, end, planner)
             if end is None:  # planning reads the source, not the ledger: the lock is not held meanwhile
                 end = planner.latest(start, self.ledger.totals.mean_record_bytes())
                 if end == start:
@@ -103,7 +104,9 @@ class ThroughputRunner(FlowRunner):
                     batch_log.plan(batch, end)
             if end is not None:
                 with self.lock:
-                    self.ledger.file(self._copy(planner.ranges(start, end)))
+                    landed = self._copy(planner.ranges(start, end))
+                    self.ledger.note_topic_ids(end.ids | self._remade_within(start, end, landed))
+                    self.ledger.file(landed)
                     batch_log.commit(batch)
                     self._committed = _positions(end)
                     batch, start, end = batch + 1, end, None
@@ -112,6 +115,31 @@ class ThroughputRunner(FlowRunner):
                 return  # everything there at the start is copied
             if not available_now:  # a batch starts every interval, or at once after one that took longer
                 self._stopping.wait(max(0.0, began + interval_s - time.monotonic()))
+
+    def _rebased(self, start: Planned, end: Planned | None, planner: BatchPlanner) -> Planned:
+        """Where the batch starts, past topics made again in the middle of the batch before (spark_app.planner.rebased,
+        from what the ledger filed: a real-time run's positions are the planner's `resume` instead). An available-now
+        run copies nothing more of such a topic: the ends it fixed are the old life's."""
+        state = self.ledger.state
+        if state.mode is not FlowMode.THROUGHPUT:
+            return start
+        moved = rebased(start, end, state.topic_ids, state.positions)
+        planner.drop_other_lives({t: i for t, i in moved.ids.items() if start.ids.get(t) != i})
+        return moved
+
+    def _remade_within(self, start: Planned, end: Planned, landed: list[Landing]) -> dict[str, str]:
+        """The ids now of topics whose partitions the copy found gone backwards where the plan had not (the topic made
+        again after the batch was planned): filed with the new life's positions, they tell the next batch's start.
+
+        Only a topic every partition of which went back: a partition that did not (its new life already past where it
+        stood when the copy read it, or not read in this batch) holds a position that is no new life's, and the next
+        batch copies the whole topic again from its log start, as made again (twice, rather than skip any of it)."""
+        went_back: dict[str, set[int]] = {}
+        for row in landed:
+            if row.reset_from >= 0 and end.ids.get(row.topic) == start.ids.get(row.topic):
+                went_back.setdefault(row.topic, set()).add(row.partition)
+        every = {t for t, parts in went_back.items() if parts >= {int(p) for p in end.offsets.get(t, {})}}
+        return topic_ids_now(self.source, every, self.flow.name)
 
     def _copy(self, groups: list[list[OffsetRange]], ready: dict[str, int] | None = None) -> list[Landing]:
         """Copy each group of ranges in a Spark task of its own, writing only the topics `ready` (by default those not
@@ -129,7 +157,7 @@ class ThroughputRunner(FlowRunner):
             return [landing for ranges in tasks for landing in copier.copy(ranges, slot)]
 
         tasks = self.spark.sparkContext.parallelize(groups, len(groups))
-        return tasks.mapPartitionsWithIndex(copy).collect()
+        return _ended_at_stops(tasks.mapPartitionsWithIndex(copy).collect(), [r for g in groups for r in g])
 
     def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
         """Stop after the batch in flight, so no batch is cut in half and none is written twice. A batch stuck past
@@ -174,3 +202,16 @@ class ThroughputRunner(FlowRunner):
 
 def _positions(entry: Planned) -> PartitionOffsets:
     return {(topic, int(p)): offset for topic, offsets in entry.offsets.items() for p, offset in offsets.items()}
+
+
+def _ended_at_stops(landed: list[Landing], ranges: list[OffsetRange]) -> list[Landing]:
+    """The landings, each partition's last one ending at its range's end where the copy found the partition gone
+    backwards in the middle of the range and was not held: it copied the new life from where it went back up to the
+    range's end, while the landing it started there still ends where it started. Filed so, the new life's position
+    would be that start, and the next batch would copy the new life again from there."""
+    ends = {(r.topic, r.partition): r.end for r in ranges}
+    last = {(row.topic, row.partition): row for row in landed}
+    for key, row in last.items():
+        if row.reset_from >= 0 and row.held_from < 0 and key in ends:
+            row.end_offset = max(row.end_offset, ends[key])
+    return landed

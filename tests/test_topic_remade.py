@@ -1,13 +1,18 @@
-"""A source topic deleted and made again while an exactly-once real-time flow copies it, between two topic syncs: its
-copier task finds the partitions gone backwards and copies the new life. A stop and a start after that must go on
-from the new life's position: the new topic is copied once, not a second time from its log start."""
+"""A source topic deleted and made again while an exactly-once flow copies it: in real time between two topic syncs,
+in throughput mode in the middle of a batch (after it was planned). The copy finds the partitions gone backwards and
+copies the new life. What comes after (a stop and a start, the next batch, the next run) must go on from the new
+life's position: the new topic is copied once, not a second time from its log start."""
 
 from __future__ import annotations
 
+import threading
 import time
+
+from confluent_kafka import KafkaError, TopicPartition
 
 from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
+from spark_app.batch_log import BatchLog
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from spark_app.runner import FlowRunner
@@ -18,9 +23,10 @@ from tests.support.mirror_config import one_flow_config
 PARTITIONS = 2
 
 
-def records(tag: str, count: int, at_ms: int) -> list[Record]:
+def records(tag: str, count: int, at_ms: int, first: int = 0) -> list[Record]:
     return [
-        Record(i % PARTITIONS, f"k{i}".encode(), f"{tag}-{i}".encode(), timestamp_ms=at_ms + i) for i in range(count)
+        Record(i % PARTITIONS, f"k{i}".encode(), f"{tag}-{i}".encode(), timestamp_ms=at_ms + i)
+        for i in range(first, first + count)
     ]
 
 
@@ -72,7 +78,14 @@ def test_exactly_once_real_time_a_topic_made_again_while_copied_is_copied_once_a
     try:
         copy_until(flow, source_cluster.client, remote, len(old))
         recreate(plaintext_cluster, topic)  # between two topic syncs: only the task sees it
-        time.sleep(3)  # left empty a while, as producers come back only later
+        # Left empty until the tasks found every partition gone backwards, as producers come back only later (refilled
+        # past where the copy stood before it looked, the new life would be read from there on, unnoticed).
+        deadline = time.monotonic() + 120
+        while {r.partition for r in flow.ledger.resets} != set(range(PARTITIONS)):
+            assert time.monotonic() < deadline, f"the tasks found no partition gone backwards: {flow.ledger.resets}"
+            assert flow.failure() is None, flow.failure()
+            flow.catch_up()
+            time.sleep(0.5)
         produce(plaintext_cluster.client, topic, new)
         copy_until(flow, source_cluster.client, remote, len(old) + len(new))
     finally:
@@ -83,5 +96,87 @@ def test_exactly_once_real_time_a_topic_made_again_while_copied_is_copied_once_a
     again = Mirror(spark, config)
     again.run_available_now()
     assert again.flows[0].ledger.resets == [], "the new life was taken for the old one again"
-    got = read_all(source_cluster.client, remote, expected=len(old) + len(new))  # read_committed
+    got = read_all(source_cluster.client, remote, expected=len(old) + len(new), exact=False)  # read_committed
+    assert_each_record_once_in_order(remote, got, old + new)
+
+
+def landed_uncommitted(target, topic: str, prefix: bytes) -> int:
+    """How many records of `topic` whose value starts with `prefix` the target holds, committed or not."""
+    reader = clients.consumer(target, f"peek-{time.monotonic_ns()}", {
+        "isolation.level": "read_uncommitted", "enable.partition.eof": "true", "auto.offset.reset": "earliest",
+    })  # fmt: skip
+    reader.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    count, at_eof = 0, set()
+    try:
+        while at_eof != set(range(PARTITIONS)):
+            msg = reader.poll(5)
+            assert msg is not None, f"'{topic}': no end of partition within 5 s"
+            if msg.error() is not None:
+                assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                at_eof.add(msg.partition())
+            elif (msg.value() or b"").startswith(prefix):
+                count += 1
+    finally:
+        reader.close()
+    return count
+
+
+def test_exactly_once_throughput_a_topic_made_again_in_the_middle_of_a_batch_is_copied_once(
+    spark, plaintext_cluster, source_cluster, tmp_path, unique, monkeypatch
+):
+    """The batch is planned in the old life (offsets 1,000 to 1,500 a partition); the topic is made again before its
+    copy reads, with 300 records a partition, so the copy finds its partitions gone backwards at 1,000 and copies the
+    new life from 0; the rest of the new life (to 3,000 a partition) comes once the copy is under way. The batch
+    commits the new life's position, 1,500; the next run goes on from there."""
+    topic = f"remade-batch-{unique}"
+    remote = f"primary.{topic}"
+    now = int(time.time() * 1000)
+    old, lost = records("old", 2_000, now), records("old", 1_000, now, first=2_000)  # lost: deleted before copied
+    new = records("new", 6_000, now + 10_000)
+    early, rest = new[:600], new[600:]
+    raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", source_alias="primary",
+                          emit_heartbeats=False, exactly_once=True)  # fmt: skip
+    config = parse_config(raw)
+    create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
+    produce(plaintext_cluster.client, topic, old)
+    check_transactions(config)
+    Mirror(spark, config).run_available_now()
+    produce(plaintext_cluster.client, topic, lost)
+
+    refill_errors: list[BaseException] = []
+
+    def refill_once_the_copy_went_back() -> None:
+        try:
+            deadline = time.monotonic() + 120
+            while landed_uncommitted(source_cluster.client, remote, b"new-") < len(early):
+                assert time.monotonic() < deadline, "the copy never wrote the new life's first records"
+                time.sleep(0.5)
+            produce(plaintext_cluster.client, topic, rest)
+        except BaseException as err:  # noqa: BLE001 - the test asserts on it
+            refill_errors.append(err)
+
+    plan = BatchLog.plan
+    refill = threading.Thread(target=refill_once_the_copy_went_back, daemon=True)
+
+    def plan_then_make_the_topic_again(log: BatchLog, batch: int, end) -> None:
+        plan(log, batch, end)
+        if not refill.is_alive() and not refill_errors and refill.ident is None:
+            recreate(plaintext_cluster, topic)
+            produce(plaintext_cluster.client, topic, early)
+            refill.start()
+
+    with monkeypatch.context() as hooked:
+        hooked.setattr(BatchLog, "plan", plan_then_make_the_topic_again)
+        check_transactions(config)
+        during = Mirror(spark, config)
+        during.run_available_now()
+    refill.join(120)
+    assert not refill_errors, refill_errors
+    assert [(r.previous, r.restart) for r in during.flows[0].ledger.resets] == [(1_000, 0)] * PARTITIONS
+
+    check_transactions(config)
+    after = Mirror(spark, config)
+    after.run_available_now()
+    assert after.flows[0].ledger.resets == [], "the new life was taken for the old one again"
+    got = read_all(source_cluster.client, remote, expected=len(old) + len(new), exact=False)  # read_committed
     assert_each_record_once_in_order(remote, got, old + new)

@@ -23,13 +23,13 @@ import math
 import time
 from collections.abc import Callable
 
-from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .. import clients, transactions
 from ..clients import Partition, PartitionOffsets
 from ..config import STOP_BATCH_TIMEOUT_S
 from ..outbox import producer_settings
+from ..planner import topic_ids_now
 from ..policy import target_topic
 from ..ranges import Landing
 from ..runner import FlowRunner, Subscription
@@ -73,9 +73,11 @@ class RealtimeRunner(FlowRunner):
     _restarts = 0
     _restarted_at = -math.inf
     _restart_at: float | None = None
+    _went_back: dict[str, set[int]]  # per topic, its partitions the job's tasks found gone backwards (set at `start`)
 
     def start(self, subscription: Subscription, available_now: bool) -> None:
         self.subscription = subscription
+        self._went_back = {}
         self._available_now = available_now
         with self.lock:
             self._release_due()
@@ -184,24 +186,22 @@ class RealtimeRunner(FlowRunner):
                         again)  # fmt: skip
 
     def _file(self, rows: list[Landing]) -> None:
-        """File the tasks' report. A partition a task found gone backwards (its topic made again while it ran) now
-        stands in the new life: the topic's new id is noted and saved with it, or the next start would take the new
-        life's position for the old one's and copy the new topic again from its log start."""
-        remade = {row.topic for row in rows if row.reset_from >= 0}
-        ids = self._topic_ids(remade) if remade else {}
+        """File the tasks' report. A topic every partition of which a task found gone backwards (the topic made again
+        while the job ran) now stands in its new life: its new id is noted and saved with the report, or the next start
+        would take the new life's positions for the old one's and copy the new topic again from its log start. Until
+        every partition went back the old id stays: a partition that did not went on reading the new life where the
+        old one stood, and only a start that takes the topic as made again copies what lies below it."""
+        for row in rows:
+            if row.reset_from >= 0:
+                self._went_back.setdefault(row.topic, set()).add(row.partition)
+        counts = dict(self.subscription)
+        every = {t for t, parts in self._went_back.items() if t in counts and parts >= set(range(counts[t]))}
+        ids = topic_ids_now(self.source, every, self.flow.name)
+        for topic in ids:
+            del self._went_back[topic]
         with self.lock:
             self.ledger.note_topic_ids(ids)
             self.ledger.file(rows)
-
-    def _topic_ids(self, topics: set[str]) -> dict[str, str]:
-        """The ids of `topics` at the source now; none of a topic that does not answer (it keeps the id it had: a
-        restart then takes it as made again, copying it again rather than skipping any of it)."""
-        try:
-            return clients.topic_ids(clients.admin(self.source), topics)
-        except KafkaException as err:
-            log.warning("flow %s: the ids of topics whose offsets went backwards did not answer (%s); a restart"
-                        " before they do copies them again", self.flow.name, err.args[0])  # fmt: skip
-            return {}
 
     def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
         if self.job is not None:
