@@ -53,6 +53,19 @@ PRODUCER_DEFAULTS = {
     "queue.buffering.max.messages": 500_000,
     "queue.buffering.max.kbytes": 262_144,
 }
+# What one transaction of a slot carries at most: it commits (with its positions) once it has carried TXN_BYTES of
+# records or been open TXN_OPEN_S, and the next one begins. Its producer queues at most TXN_QUEUE_KBYTES (or two of
+# the largest record the target takes), so a send waits for room instead of queueing more than the target can take
+# before the commit: a transaction is open for about TXN_OPEN_S plus the queue's time to drain, within the broker's
+# transaction timeout (spark_app.transactions.TRANSACTION_TIMEOUT_MS, 60 s) down to about 0.4 MB/s, and a record's
+# delivery timeout (librdkafka lowers it to the transaction timeout) never expires on a target that is slow but
+# moving at that rate.
+TXN_BYTES = 64 * 1024 * 1024
+TXN_OPEN_S = 10.0
+TXN_QUEUE_KBYTES = 16_384
+# How long dead letters may wait for their delivery while nothing at all of the producer's is delivered: on a slow
+# target they queue behind up to 256 MB of records, so only a producer that stopped moving fails the copy.
+DEAD_LETTER_STALL_S = 60.0
 # A copy assigns partitions at the positions the flow's runner gives it and never joins the group or commits: the
 # batch log or the flow's ledger owns the positions. EOF events tell it where a partition's log ends (a range can
 # end in transaction markers).
@@ -70,6 +83,7 @@ CONSUMER_DEFAULTS = {
     "fetch.max.bytes": 52_428_800,
     "max.partition.fetch.bytes": 10_485_760,
 }
+FLUSH_S = 300.0  # how long a copy waits for what it sent to be delivered
 # How long a produce to a partition the producer's metadata does not know yet waits for the partition to appear.
 METADATA_WAIT_S = 60.0
 # A record purged from the producer by the mirror itself: after a failure (the records after it must not land ahead
@@ -114,6 +128,37 @@ def producer_settings(rules: TargetRules) -> dict[str, object]:
     return settings
 
 
+def transaction_settings(settings: Mapping[str, object]) -> dict[str, object]:
+    """A slot's transactional producer's settings: the write path's, with the queue bounded (TXN_QUEUE_KBYTES) so a
+    transaction never holds more than the target takes before its timeout."""
+    largest = int(cast(int, settings.get("message.max.bytes", 1_000_000)))
+    return dict(settings) | {"queue.buffering.max.kbytes": max(TXN_QUEUE_KBYTES, 2 * largest // 1024 + 1)}
+
+
+@dataclass
+class Retries:
+    """What the broker's refusals inside a slot's transactions taught it, kept from one attempt of a transaction to the
+    next: the broker refuses a whole producer batch for a record too large, and the refusal fails the transaction, so
+    the copy aborts it and copies again from its last commit. The largest record of a refused batch is sent `alone` in
+    its batch then; a record refused alone is too large for the target, and is written to the dead-letter topic
+    (`dead`) in its place, or holds its partition from itself (the caller cuts the partition there)."""
+
+    alone: dict[Partition, set[int]] = field(default_factory=dict)  # source offsets, by source partition
+    dead: dict[Partition, set[int]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.alone or self.dead)
+
+    def forget_below(self, positions: Mapping[Partition, int]) -> None:
+        """Drop what concerns records before each partition's committed position: they are not copied again."""
+        for offsets in (self.alone, self.dead):
+            for key, below in positions.items():
+                if key in offsets:
+                    offsets[key] = {o for o in offsets[key] if o >= below}
+                    if not offsets[key]:
+                        del offsets[key]
+
+
 @dataclass
 class Cursor:
     """One source partition a copy reads: the landing its records go to now, the offset after the last one read
@@ -143,7 +188,11 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
     """
     taken = 0
     # Read from assigned partitions, so topic, partition and offset are set (the stubs say Optional).
-    for msg in cast(list[Record], consumer.consume(max(1, most), wait_s)):
+    consumed = cast(list[Record], consumer.consume(max(1, most), wait_s))
+    for i, msg in enumerate(consumed):
+        if outbox.full:  # the transaction carried what it may: what was fetched past is read again in the next one
+            _rewind(consumer, cursors, consumed[i:])
+            break
         key = (msg.topic(), msg.partition())
         cursor = cursors.get(key)
         if cursor is None or cursor.done:  # fetched past its stop, or already held
@@ -174,6 +223,14 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
     if outbox.refusals_pending:
         _hold_refused(cursors, outbox)
     return taken
+
+
+def _rewind(consumer: Consumer, cursors: Mapping[Partition, Cursor], unread: list[Record]) -> None:
+    """Move each partition of records fetched but not passed on back to its cursor, so they are read again."""
+    for key in {(m.topic(), m.partition()) for m in unread}:
+        cursor = cursors.get(key)
+        if cursor is not None and not cursor.done:
+            consumer.seek(TopicPartition(key[0], key[1], cursor.next))
 
 
 def _first_event(cursor: Cursor, offset: int) -> None:
@@ -252,13 +309,26 @@ class Outbox:
     partition, so the offsets in flight are a queue per source partition, and its head is the first offset not
     known to have landed. Refusals are settled by `settle`: a record too large goes to the dead-letter topic, or
     holds its partition; a topic-scoped error holds its partition; any other error fails the task at `flush`.
+    In a slot's transaction (`in_transaction`), a record the broker refuses for size fails the transaction instead:
+    the caller aborts it and copies again as `Retries` says; and a transaction reports when it is `full`.
     """
 
     def __init__(
         self, flow: FlowConfig, producer: Producer, landing_of: Callable[[Partition], Landing],
-        rules: TargetRules | None = None,
+        rules: TargetRules | None = None, *, in_transaction: bool = False, retries: Retries | None = None,
     ) -> None:  # fmt: skip
         self.flow = flow
+        # Whether `producer` writes in a slot's transactions: then a refusal by the broker fails the open transaction,
+        # and `retries` (the caller's, kept across its attempts) say how the next attempt writes the refused records.
+        self.in_transaction = in_transaction
+        self.retries = retries if retries is not None else Retries()
+        self.carried = 0  # bytes of records sent in the open transaction, since `began`
+        self.opened = time.monotonic()
+        self._suspects: dict[Partition, tuple[int, int]] = {}  # the largest record of a refused batch: (size, offset)
+        self._doomed: set[Partition] = set()  # refused in the open transaction, which can only be aborted now
+        self._lost = False  # the open transaction failed without a refusal of its own (see `refused`)
+        self._dead_letters_waiting = 0  # dead letters sent, their delivery not reported yet
+        self._dead_letter_errors: list[str] = []
         self.producer = producer
         self.landing_of = landing_of
         self.rules = rules or TargetRules()
@@ -313,6 +383,15 @@ class Outbox:
         if rule is not None and (refusal := rule.refusal(key, ts)) is not None:
             landing.hold(offset, error=f"target '{self.flow.target}' would refuse it: {refusal}; fix it on the target")
             return False
+        alone = False
+        if self.retries:  # what an earlier attempt of the transaction learnt from the broker's refusals
+            if offset in self.retries.dead.get(source, ()):
+                self._dead_letter_one(Refused(source[0], source[1], offset, key, value, headers, ts))
+                landing.dead_lettered += 1
+                return True
+            alone = offset in self.retries.alone.get(source, ())
+            if alone:  # what was sent before it goes in batches of its own
+                self.flush(FLUSH_S)
         try:
             self._produce_now(
                 out_topic, value=value, key=key, partition=source[1], timestamp=ts, headers=headers,
@@ -331,9 +410,23 @@ class Outbox:
                 return True
         queue.append(offset)
         sent_headers.append(headers)
+        size = (len(key) if key else 0) + (len(value) if value else 0)
         landing.records += 1
-        landing.bytes += (len(key) if key else 0) + (len(value) if value else 0)
+        landing.bytes += size
+        self.carried += size
+        if alone:  # and nothing sent after it joins its batch
+            self.flush(FLUSH_S)
         return True
+
+    @property
+    def full(self) -> bool:
+        """Whether the open transaction carried what one may (TXN_BYTES, or TXN_OPEN_S since `began`): it is to be
+        committed before more is sent. Never without transactions."""
+        return self.in_transaction and (self.carried >= TXN_BYTES or time.monotonic() - self.opened >= TXN_OPEN_S)
+
+    def began(self) -> None:
+        """A new transaction of the slot began: it has carried nothing yet."""
+        self.carried, self.opened = 0, time.monotonic()
 
     def delivered(self, err: KafkaError | None, report: Message) -> None:
         msg = cast(Record, report)
@@ -358,16 +451,41 @@ class Outbox:
         source = (record.topic, record.partition)
         if err.code() in PURGED:  # the mirror's own doing: not landed, and no failure of its own
             return
-        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE and self.in_transaction:
+            self._refused_partitions.add(source)
+            self._refused_in_transaction(record)
+        elif err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
             self._refused.append(record)
             self._refused_partitions.add(source)
         elif err.code() in TOPIC_SCOPED_ERRORS:
             self._blocked.append((source, record.offset, self._refusal(err)))
             self._refused_partitions.add(source)
+        elif self.in_transaction and err.code() == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER:
+            # The transaction after one the broker refused a batch of: librdkafka's sequence numbers went past the
+            # refused batch, which the broker never took. Aborting it bumps the producer's epoch; it is copied again.
+            self._lost = True
+            self._doomed.add(source)
         else:
             self._failures.append(f"{where} offset {record.offset}: {err.name()}: {err.str()}")
             self._fatal = self._fatal or err.fatal()
             self._fenced = self._fenced or err.code() in FENCED_ERRORS
+
+    def _refused_in_transaction(self, record: Refused) -> None:
+        """The broker refused a record for size inside a transaction, which failed the transaction: the record and its
+        batch are to be copied again (`Retries`). Refused alone, it is too large for the target: the next attempt
+        dead-letters it, or its partition holds from it (`settle`). Refused in a batch, it may only have been too large
+        with the others: the largest record of the batch goes alone next time."""
+        source = (record.topic, record.partition)
+        self._doomed.add(source)
+        if record.offset in self.retries.alone.get(source, ()):
+            if self.flow.dead_letter_topic:
+                self.retries.dead.setdefault(source, set()).add(record.offset)
+            else:
+                self._refused.append(record)
+            return
+        size = len(record.key or b"") + len(record.value or b"")
+        if source not in self._suspects or size > self._suspects[source][0]:
+            self._suspects[source] = (size, record.offset)
 
     def _refusal(self, err: KafkaError) -> str:
         return f"target '{self.flow.target}' refused it ({err.name()}: {err.str()}); fix it on the target"
@@ -403,8 +521,18 @@ class Outbox:
 
     def take_refused(self) -> set[Partition]:
         """The source partitions a delivery report refused a record of since the last call."""
-        taken, self._refused_partitions = self._refused_partitions, set()
+        for source, (_, offset) in self._suspects.items():
+            self.retries.alone.setdefault(source, set()).add(offset)
+        self._suspects = {}
+        taken, self._refused_partitions, self._lost = self._refused_partitions, set(), False
         return taken
+
+    @property
+    def transaction_lost(self) -> bool:
+        """Whether a delivery report since the last `take_refused` failed the open transaction: a record refused, or
+        the producer's sequence out of order after such a refusal (the transaction is to be aborted and copied
+        again)."""
+        return bool(self._refused_partitions) or self._lost
 
     @property
     def delivery_refused(self) -> bool:
@@ -415,12 +543,12 @@ class Outbox:
     @property
     def refusals_pending(self) -> bool:
         """Whether a delivery report refused a record that `settle` has not acted on yet."""
-        return bool(self._refused or self._blocked)
+        return bool(self._refused or self._blocked or self._doomed)
 
     def settle(self) -> set[Partition]:
         """Act on the refusals reported so far (see the class); returns the source partitions now held. Dead letters
         are flushed, and delivery reports that arrive meanwhile are settled too."""
-        held: set[Partition] = set()
+        held, self._doomed = self._doomed, set()  # their transaction is lost: they read no further in it
         while self._refused or self._blocked:
             refused, self._refused = self._refused, []
             blocked, self._blocked = self._blocked, []
@@ -466,33 +594,67 @@ class Outbox:
                 time.sleep(0.2)
 
     def _dead_letter(self, refused: list[Refused]) -> None:
-        errors: list[str] = []
-
-        def delivered(err: KafkaError | None, _report: Message) -> None:
-            if err is not None:
-                errors.append(err.str())
-
+        """Write each refused record's dead letter. In a transaction its commit waits for them; without, they are
+        waited for here (their partitions' positions may be reported next), as long as the producer delivers
+        anything: on a slow target they queue behind what was sent before them."""
         for r in refused:
-            value = r.value or b""
-            coordinates: Headers = [
-                (f"{DLQ_PREFIX}topic", r.topic.encode()),
-                (f"{DLQ_PREFIX}partition", str(r.partition).encode()),
-                (f"{DLQ_PREFIX}offset", str(r.offset).encode()),
-                (f"{DLQ_PREFIX}timestamp", str(r.timestamp).encode()),
-                (f"{DLQ_PREFIX}size", str(len(value)).encode()),
-                (f"{DLQ_PREFIX}error", b"MSG_SIZE_TOO_LARGE"),
-            ]
-            # The value itself did not fit this cluster, so the dead letter carries the coordinates to fetch it.
-            self.producer.produce(
-                self.flow.dead_letter_topic or "",
-                key=r.key,
-                value=None,
-                headers=list(r.headers or []) + coordinates,
-                on_delivery=delivered,
-            )
+            self._dead_letter_one(r)
             self.landing_of((r.topic, r.partition)).dead_lettered += 1
-        if self.producer.flush(60) or errors:
-            raise DeliveryFailed(f"flow {self.flow.name}: dead-letter writes failed: {errors[:3]}")
+        if self.in_transaction:
+            return
+        queued, moved = len(self.producer), time.monotonic()
+        while self._dead_letters_waiting > 0 and not self._dead_letter_errors:
+            self.producer.poll(0.1)
+            now_queued = len(self.producer)
+            if now_queued < queued:
+                moved = time.monotonic()
+            queued = now_queued
+            if time.monotonic() - moved > DEAD_LETTER_STALL_S:
+                raise DeliveryFailed(f"flow {self.flow.name}: dead-letter writes failed: nothing was delivered for"
+                                     f" {DEAD_LETTER_STALL_S:.0f} s")  # fmt: skip
+        if self._dead_letter_errors:
+            raise DeliveryFailed(f"flow {self.flow.name}: dead-letter writes failed: {self._dead_letter_errors[:3]}")
+
+    def _dead_letter_one(self, r: Refused) -> None:
+        """Send the dead letter of one record too large for the target, waiting for room in the producer's queue.
+        In a transaction the broker refused something of already, it waits for the transaction's next attempt
+        (`Retries`), and its partition reads no further in this one."""
+        value = r.value or b""
+        coordinates: Headers = [
+            (f"{DLQ_PREFIX}topic", r.topic.encode()),
+            (f"{DLQ_PREFIX}partition", str(r.partition).encode()),
+            (f"{DLQ_PREFIX}offset", str(r.offset).encode()),
+            (f"{DLQ_PREFIX}timestamp", str(r.timestamp).encode()),
+            (f"{DLQ_PREFIX}size", str(len(value)).encode()),
+            (f"{DLQ_PREFIX}error", b"MSG_SIZE_TOO_LARGE"),
+        ]
+        self._dead_letters_waiting += 1
+        while True:
+            try:
+                # The value itself did not fit this cluster, so the dead letter carries the coordinates to fetch it.
+                self.producer.produce(
+                    self.flow.dead_letter_topic or "", key=r.key, value=None,
+                    headers=list(r.headers or []) + coordinates, on_delivery=self._dead_letter_delivered,
+                )  # fmt: skip
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+            except KafkaException as err:
+                self._dead_letters_waiting -= 1
+                if err.args[0].code() != KafkaError._STATE or not self.in_transaction:
+                    raise
+                # The transaction failed already (or was aborted): it is copied again, with this dead letter in it.
+                source = (r.topic, r.partition)
+                self.retries.dead.setdefault(source, set()).add(r.offset)
+                self._refused_partitions.add(source)
+                self._doomed.add(source)
+                return
+
+    def _dead_letter_delivered(self, err: KafkaError | None, _report: Message) -> None:
+        self._dead_letters_waiting -= 1
+        if err is not None and err.code() not in PURGED:
+            self._dead_letter_errors.append(err.str())
+            self._failures.append(f"dead letter: {err.name()}: {err.str()}")
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ one ends within the stop's own bound (spark_app.config.STOP_BATCH_TIMEOUT_S).
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
@@ -31,10 +32,20 @@ from .clients import Partition, PartitionOffsets
 from .compiled_copy import copy_compiled
 from .config import ClusterConfig, FlowConfig
 from .copy_wing.choice import Core, choose
-from .outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
+from .errors import DeliveryFailed
+from .outbox import (
+    CONSUMER_DEFAULTS,
+    FLUSH_S,
+    Cursor,
+    Outbox,
+    Retries,
+    copy_some,
+    producer_settings,
+    transaction_settings,
+)
 from .ranges import Landing, OffsetRange
 from .topics import TargetRules
-from .transactions import SlotTransactions, transactional
+from .transactions import Aborted, SlotTransactions, TransactionFailed, transactional
 
 RANGE_CONSUME_BATCH = 10_000
 RANGE_CONSUME_WAIT_S = 0.1
@@ -47,6 +58,9 @@ LEADER_CHECK_S = 5.0
 # cannot reach), and so is every idle partition of a source whose metadata does not answer either (the whole source
 # down). Well above a slow fetch across a WAN, or a broker's restart, which the batch rides out.
 PARTITION_STALL_S = 60.0
+# How many transactions in a row a copy aborts and copies again when they fail with no refusal of their own (the one
+# after a refused transaction does, spark_app.outbox.Outbox.refused) before the task fails.
+LOST_TRANSACTIONS = 3
 
 
 class RangeCopier:
@@ -97,16 +111,20 @@ class RangeCopier:
         return cursors
 
     def _copy_in_transaction(self, ranges: list[OffsetRange], slot: int) -> dict[Partition, Cursor]:
-        """Copy the ranges in one transaction of the slot, with their next offsets when the flow is exactly-once.
+        """Copy the ranges in transactions of the slot, each with their next offsets when the flow is exactly-once.
 
         The slot's producer is started for each task: that fences every earlier attempt (a zombie of this batch, or
         of the batch before it in another worker), and a producer kept for the next task would be fenced by the next
         worker that takes the slot.
 
         An exactly-once copy first skips what the slot's positions say was committed (a batch that runs again after a
-        crash between its commit and Spark's). When the target refuses a record, the transaction is aborted whole:
-        the ranges are copied again in a new one up to the refused records, whose partitions hold from there."""
-        slot_txn = SlotTransactions(self.flow, self.target, self.producer_settings, slot)
+        crash between its commit and Spark's). A transaction carries at most what spark_app.outbox.Outbox.full
+        allows, so a slow target slows the copy down instead of outliving the transaction's timeout: it commits with
+        its positions, and the next one goes on. When the target refuses a record, the transaction is aborted whole
+        and copied again from the last commit: the largest record of a batch the broker refused goes alone in its
+        batch, a record refused alone goes to the dead-letter topic, or its partition is copied up to it and holds
+        from there (spark_app.outbox.Retries)."""
+        slot_txn = SlotTransactions(self.flow, self.target, transaction_settings(self.producer_settings), slot)
         try:
             with slot_txn.fenced_raises():
                 return self._transactions(ranges, slot_txn)
@@ -114,65 +132,99 @@ class RangeCopier:
             slot_txn.close()
 
     def _transactions(self, ranges: list[OffsetRange], slot_txn: SlotTransactions) -> dict[Partition, Cursor]:
-        """Copy the ranges in transactions of `slot_txn` until one commits (see `_copy_in_transaction`)."""
+        """Copy the ranges in transactions of `slot_txn` until the last one commits (see `_copy_in_transaction`)."""
         cut: dict[Partition, tuple[int, int, str]] = {}  # a refused partition: its first refused offset, size, why
+        retries = Retries()
+        cursors = self._cursors(ranges, {})
+        committed: PartitionOffsets = {}
+        if self.flow.exactly_once:
+            committed = slot_txn.committed(k for k, c in cursors.items() if not c.done)
+            _skip_committed(cursors, ranges, committed)
+        # A range held whole writes no position, but one whose offsets went backwards does, empty or held: the
+        # new life starts there, or the next batch would skip the new topic's records to the old life's position.
+        copying = {key for key, c in cursors.items() if not c.done or _starts_over(c)}
+        last_commit = copy.deepcopy(cursors)
+        lost = 0  # transactions in a row that failed with no refusal
         while True:
-            cursors = self._cursors(ranges, {key: offset for key, (offset, _, _) in cut.items()})
-            committed: PartitionOffsets = {}
-            if self.flow.exactly_once:
-                committed = slot_txn.committed(k for k, c in cursors.items() if not c.done)
-                _skip_committed(cursors, ranges, committed)
-            # A range held whole writes no position, but one whose offsets went backwards does, empty or held: the
-            # new life starts there, or the next batch would skip the new topic's records to the old life's position.
-            copying = {key for key, c in cursors.items() if not c.done or _starts_over(c)}
             slot_txn.begin()
-            outbox = self._outbox(cursors, slot_txn.producer)
-            self._copy_open(cursors, outbox)
-            for key, (offset, size, error) in cut.items():
-                cursors[key].landing.first_offset = min(cursors[key].landing.first_offset, offset)
-                cursors[key].landing.hold(offset, size, error)
+            outbox = self._outbox(cursors, slot_txn.producer, retries)
+            try:
+                self._copy_open(cursors, outbox)
+            except TransactionFailed:  # a refusal failed the transaction: it takes no more records
+                failed = True
+            else:
+                failed = outbox.transaction_lost
+            if not failed:
+                for key, (offset, size, error) in cut.items():
+                    if cursors[key].done:  # copied up to its refused record: it holds from there
+                        cursors[key].landing.first_offset = min(cursors[key].landing.first_offset, offset)
+                        cursors[key].landing.hold(offset, size, error)
+                try:  # a position never goes back, but where the partition's offsets did
+                    slot_txn.commit({
+                        key: _position(c) if _starts_over(c) else max(_position(c), committed.get(key, -1))
+                        for key, c in cursors.items()
+                        if key in copying
+                    })  # fmt: skip
+                except Aborted:  # the commit failed (the transaction after a refused one, see Outbox.refused)
+                    pass
+                else:
+                    if all(c.done for c in cursors.values()):
+                        return cursors
+                    last_commit, lost = copy.deepcopy(cursors), 0
+                    continue
+            slot_txn.abort()  # and the reports of what it had sent are served: the refusals among them
+            outbox.settle()
             refused = outbox.take_refused()
-            if not refused:  # a position never goes back, but where the partition's offsets did
-                slot_txn.commit({
-                    key: _position(c) if _starts_over(c) else max(_position(c), committed.get(key, -1))
-                    for key, c in cursors.items()
-                    if key in copying
-                })  # fmt: skip
-                return cursors
-            slot_txn.abort()
-            for key in refused:
+            outbox.raise_failures()
+            # The transaction after a refused one may fail too, with no refusal of its own (see Outbox.refused), once.
+            lost = 0 if refused else lost + 1
+            if lost > LOST_TRANSACTIONS:
+                raise DeliveryFailed(f"flow {self.flow.name}: {lost} transactions of slot {slot_txn.slot} in a row"
+                                     " failed, with no record of them refused")  # fmt: skip
+            for key in refused:  # held (not for a retry of its records alone, or a dead letter): cut there
                 landing = cursors[key].landing
-                cut[key] = (landing.held_from, landing.refused_bytes, landing.held_error)
+                if landing.held_from >= 0 and key not in cut:
+                    cut[key] = (landing.held_from, landing.refused_bytes, landing.held_error)
+            cursors = copy.deepcopy(last_commit)
+            for key, (offset, _, _) in cut.items():
+                cursor = cursors[key]
+                cursor.stop = offset if cursor.stop is None else min(cursor.stop, offset)
+                cursor.done = cursor.done or cursor.next >= cursor.stop
 
-    def _outbox(self, cursors: dict[Partition, Cursor], producer: Producer) -> Outbox:
-        """An outbox that writes with `producer` and files what lands into the cursors' landings."""
-        return Outbox(self.flow, producer, lambda key: cursors[key].landing, self.rules)
+    def _outbox(self, cursors: dict[Partition, Cursor], producer: Producer, retries: Retries | None = None) -> Outbox:
+        """An outbox that writes with `producer` and files what lands into the cursors' landings; with `retries`, in
+        the slot's transactions."""
+        landing_of: Callable[[Partition], Landing] = lambda key: cursors[key].landing  # noqa: E731
+        return Outbox(self.flow, producer, landing_of, self.rules, in_transaction=retries is not None, retries=retries)
 
     def _copy_open(self, cursors: dict[Partition, Cursor], outbox: Outbox) -> None:
-        """Copy the cursors not done through `outbox` (its landings are the cursors')."""
+        """Copy the cursors not done through `outbox` (its landings are the cursors'), or as many as its transaction
+        may carry (`Outbox.full`)."""
         open_ = {key: c for key, c in cursors.items() if not c.done}
         if not open_:
             return
         consumer = clients.shared_consumer(self.source, CONSUMER_DEFAULTS)
         consumer.assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
-        for key in open_:
-            outbox.open(key)
-        watch = PartitionWatch({key: c.next for key, c in open_.items()}, time.monotonic())
-        # consume() returns once it has as many messages as asked, or at its timeout: ask for no more than the
-        # ranges still hold, so a small batch (continuous mode) does not wait out the timeout.
-        left = sum((c.stop or c.next) - c.next for c in open_.values())
-        while open_:
-            if time.monotonic() >= watch.look_at:  # a partition the source does not serve holds from where it is
-                idle = watch.idle({key: c.next for key, c in open_.items()}, time.monotonic())
-                for key, why in unreadable(idle, self._leaders(consumer, idle), self.source.alias).items():
-                    cursor = open_[key]
-                    cursor.landing.first_offset = min(cursor.landing.first_offset, cursor.next)
-                    cursor.landing.hold(cursor.next, error=why)
-                    cursor.done = True
-            left -= copy_some(consumer, open_, outbox, min(RANGE_CONSUME_BATCH, left), RANGE_CONSUME_WAIT_S)
-            open_ = {key: c for key, c in open_.items() if not c.done}
-        consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
-        outbox.flush(300)
+        try:
+            for key in open_:
+                outbox.open(key)
+            watch = PartitionWatch({key: c.next for key, c in open_.items()}, time.monotonic())
+            # consume() returns once it has as many messages as asked, or at its timeout: ask for no more than the
+            # ranges still hold, so a small batch (continuous mode) does not wait out the timeout.
+            left = sum((c.stop or c.next) - c.next for c in open_.values())
+            while open_ and not outbox.full:
+                if time.monotonic() >= watch.look_at:  # a partition the source does not serve holds from where it is
+                    idle = watch.idle({key: c.next for key, c in open_.items()}, time.monotonic())
+                    for key, why in unreadable(idle, self._leaders(consumer, idle), self.source.alias).items():
+                        cursor = open_[key]
+                        cursor.landing.first_offset = min(cursor.landing.first_offset, cursor.next)
+                        cursor.landing.hold(cursor.next, error=why)
+                        cursor.done = True
+                left -= copy_some(consumer, open_, outbox, min(RANGE_CONSUME_BATCH, left), RANGE_CONSUME_WAIT_S)
+                open_ = {key: c for key, c in open_.items() if not c.done}
+        finally:
+            consumer.unassign()  # no fetching past the ranges while the worker waits for its next task
+        outbox.flush(FLUSH_S)
         outbox.settle()
 
     @staticmethod
@@ -211,9 +263,12 @@ def _starts_over(cursor: Cursor) -> bool:
 
 
 def _position(cursor: Cursor) -> int:
-    """Where a range's partition goes on from: its first held offset, else the range's end."""
+    """Where a range's partition goes on from: its first held offset, else the range's end once copied, or where its
+    copy stands (a transaction committed before the range's end)."""
     landing = cursor.landing
-    return landing.held_from if landing.held_from >= 0 else landing.end_offset
+    if landing.held_from >= 0:
+        return landing.held_from
+    return landing.end_offset if cursor.done else cursor.next
 
 
 class PartitionWatch:

@@ -6,11 +6,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from confluent_kafka import KafkaError
 
 from bench.testbed.clients import plaintext, producer
+from spark_app import outbox as outbox_module
 from spark_app.config import FlowConfig, TopicSelection
 from spark_app.errors import DeliveryFailed
-from spark_app.outbox import Cursor, Outbox, _outside_the_log
+from spark_app.outbox import Cursor, Outbox, Refused, _outside_the_log
 from spark_app.ranges import Landing
 
 FLOW = FlowConfig(source="a", target="b", topics=TopicSelection(include=["t"]), checkpoint_location="/tmp/x")
@@ -86,3 +88,58 @@ def test_a_refusal_settled_while_another_partition_moves_past_retention_still_ho
     moved = cursors[("t", 0)]
     assert not moved.done and moved.next == 20 and consumer.assigned == [("t", 0, 20)]
     assert [(r.first_offset, r.end_offset) for r in moved.retired] == [(5, 10)] and moved.landing.first_offset == 20
+
+
+class SlowTarget:
+    """A producer in front of a slow target that keeps moving: each second of `poll` or `flush` delivers `rate`
+    records of its queue, in order (no time passes: the target's pace is counted in the seconds asked for)."""
+
+    def __init__(self, queued: int, rate: float) -> None:
+        self.queue: list[object] = [lambda: None] * queued
+        self.rate = rate
+        self._owed = 0.0
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def produce(self, _topic, *, on_delivery, **_record) -> None:
+        self.queue.append(lambda: on_delivery(None, None))
+
+    def poll(self, timeout: float) -> int:
+        self._owed += self.rate * timeout
+        served = 0
+        while self.queue and self._owed >= 1:
+            self._owed -= 1
+            self.queue.pop(0)()
+            served += 1
+        return served
+
+    def flush(self, timeout: float) -> int:
+        self.poll(timeout)
+        return len(self.queue)
+
+
+def too_large(offset: int) -> Refused:
+    return Refused("t", 0, offset, b"k", b"v" * 2_000_000, None, 1_700_000_000_000)
+
+
+def test_a_dead_letter_waits_for_a_slow_target_that_keeps_moving_however_long_it_takes():
+    """500 records queued ahead of the dead letter, and a target that takes 5 a second: 100 s of writes, more than any
+    fixed wait; the dead letter lands, and the copy goes on."""
+    dead_letters = FLOW.model_copy(update={"dead_letter_topic": "dlq"})
+    landing = Landing("t", 0, 0, 0)
+    target = SlowTarget(queued=500, rate=5)
+    outbox = Outbox(dead_letters, target, lambda _key: landing)  # type: ignore[arg-type]
+    outbox.refused(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), too_large(7), "t[0]")
+    assert outbox.settle() == set(), "nothing held: the record is a dead letter"
+    assert len(target) == 0 and landing.dead_lettered == 1 and landing.held_from < 0
+
+
+def test_a_dead_letter_fails_the_copy_once_the_target_delivers_nothing_at_all(monkeypatch):
+    monkeypatch.setattr(outbox_module, "DEAD_LETTER_STALL_S", 0.2)
+    dead_letters = FLOW.model_copy(update={"dead_letter_topic": "dlq"})
+    landing = Landing("t", 0, 0, 0)
+    outbox = Outbox(dead_letters, SlowTarget(queued=10, rate=0), lambda _key: landing)  # type: ignore[arg-type]
+    outbox.refused(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), too_large(7), "t[0]")
+    with pytest.raises(DeliveryFailed, match="dead-letter writes failed"):
+        outbox.settle()

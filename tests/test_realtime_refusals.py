@@ -7,10 +7,11 @@ thread, with a stand-in for the driver's end of the report channel."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from bench.testbed import clients
@@ -77,13 +78,22 @@ class Flow:
 
 
 @contextmanager
-def copying(cluster: ClusterConfig, unique: str, rules: TargetRules) -> Iterator[tuple[Flow, Driver]]:
-    """A two-partition topic and its target copy, and one real-time task copying it, stopped on the way out."""
+def copying(
+    cluster: ClusterConfig, unique: str, rules: TargetRules, *, cap: int | None = None,
+    dead_letter_topic: str | None = None, exactly_once: bool = False, before: Callable[[Flow], None] | None = None,
+) -> Iterator[tuple[Flow, Driver]]:  # fmt: skip
+    """A two-partition topic and its target copy (with `cap` as its max.message.bytes, on the broker only), and one
+    real-time task copying it, stopped on the way out; `before` loads the source before the task starts."""
     flow = Flow(cluster.model_copy(update={"alias": "a"}), cluster.model_copy(update={"alias": "b"}), f"rf-{unique}")
     clients.create_topics(flow.source, {flow.topic: 2})
-    clients.create_topics(flow.target, {flow.copy_topic: 2})
+    clients.create_topics(flow.target, {flow.copy_topic: 2}, {"max.message.bytes": str(cap)} if cap else None)
+    if dead_letter_topic:
+        clients.create_topics(flow.target, {dead_letter_topic: 1})
+    if before is not None:
+        before(flow)
     config = FlowConfig(source="a", target="b", topics=TopicSelection(include=[flow.topic]),
-                        checkpoint_location="/unused", mode="realtime")  # fmt: skip
+                        checkpoint_location="/unused", mode="realtime", dead_letter_topic=dead_letter_topic,
+                        exactly_once=exactly_once)  # fmt: skip
     task = CopierTask(config, flow.source, flow.target, ("127.0.0.1", 9), b"unused", rules, 1.0)
     copy, driver = LiveCopy(task, Assignment({(flow.topic, 0): 0, (flow.topic, 1): 0}, None), slot=0), Driver()
 
@@ -146,3 +156,46 @@ def test_a_record_too_large_to_send_holds_only_its_partition_and_the_slot_still_
     assert copied[1] == [f"p1-{i}".encode() for i in range(BATCH)]
     held = driver.held(0)
     assert held and held[0].held_from == 20 and held[0].refused_bytes > 20_000, held
+
+
+CAP = 10_000  # the target topic's max.message.bytes, set on the broker: the mirror's rules do not know it
+BIG = 9_990  # alone under the cap by its value, over it with the batch's and the record's overhead
+
+
+def one_too_big(flow: Flow) -> None:
+    """Partition 0: 20 records, one the broker refuses at 20, 20 more; partition 1: BATCH records. One produce, before
+    the task starts: the refused record shares its transaction (and its producer batch) with good ones."""
+    flow.load(0, 0, 20)
+    flow.load(0, 20, 1, size=BIG)
+    flow.load(0, 21, 20)
+    flow.load(1, 0)
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_a_record_the_broker_refuses_for_size_in_a_transaction_goes_to_the_dead_letter_topic_and_the_slot_goes_on(
+    exactly_once, plaintext_cluster, unique
+):
+    dlq = f"dlq-{unique}"
+    with copying(plaintext_cluster.client, unique, TargetRules(), cap=CAP, dead_letter_topic=dlq,
+                 exactly_once=exactly_once, before=one_too_big) as (flow, driver):  # fmt: skip
+        copied = flow.copied(40 + BATCH, driver)
+        (letter,) = clients.read_all(flow.target, dlq, expected=1)
+        flow.load(1, BATCH)  # the slot goes on
+        copied = flow.copied(40 + 2 * BATCH, driver)
+    assert copied[0] == [f"p0-{i}".encode() for i in range(41) if i != 20], "partition 0: all but the refused one"
+    assert copied[1] == [f"p1-{i}".encode() for i in range(2 * BATCH)]
+    assert dict(letter.headers)["mirrorkit.dlq.offset"] == b"20" and letter.value is None
+    assert not driver.held(0) and not driver.held(1)
+
+
+def test_a_record_the_broker_refuses_for_size_in_a_transaction_holds_from_itself_with_its_size(
+    plaintext_cluster, unique
+):
+    """Not from the slot's last commit, and not as a partition missing on the target: the records before it land."""
+    with copying(plaintext_cluster.client, unique, TargetRules(), cap=CAP, before=one_too_big) as (flow, driver):
+        copied = flow.copied(20 + BATCH, driver)
+        wait_until(lambda: driver.held(0) or driver.error, "partition 0 reported held", timeout_s=60)
+    assert copied[0] == [f"p0-{i}".encode() for i in range(20)], "partition 0: up to the refused record"
+    assert copied[1] == [f"p1-{i}".encode() for i in range(BATCH)]
+    held = driver.held(0)
+    assert held and held[0].held_from == 20 and held[0].refused_bytes >= BIG, held

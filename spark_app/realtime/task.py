@@ -28,7 +28,16 @@ from ..clients import Partition
 from ..compiled_copy import copy_with, live_copier
 from ..config import ClusterConfig, FlowConfig
 from ..copy_wing.choice import Core, choose
-from ..outbox import CONSUMER_DEFAULTS, Cursor, Outbox, copy_some, producer_settings
+from ..outbox import (
+    CONSUMER_DEFAULTS,
+    FLUSH_S,
+    Cursor,
+    Outbox,
+    Retries,
+    copy_some,
+    producer_settings,
+    transaction_settings,
+)
 from ..ranges import Landing
 from ..topics import TargetRules
 from ..transactions import Aborted, SlotTransactions, TransactionFailed, transactional
@@ -132,10 +141,15 @@ class LiveCopy:
             )
             for key, start in assignment.starts.items()
         }
+        self._stops = dict(stops)  # where an available-now run stops each partition
         self.copied = 0
         self._committed: dict[Partition, int] = {}  # where the slot's last commit left each partition
         self._reported: set[Partition] = set()
         self._held_from: dict[Partition, int] = {}  # the first offset held back: nothing from there on is reported
+        # What the broker's refusals in the slot's transactions taught it (spark_app.outbox.Retries), and the
+        # partitions cut at a record too large for the target: copied up to it, then held from it (offset, size, why).
+        self.retries = Retries()
+        self._cuts: dict[Partition, tuple[int, int, str]] = {}
         # The compiled core's copier while the task copies with it; the Python loop's consumer is made only once the
         # core is not (or no longer) used: `_consumer`.
         self.core: Copier | None = None
@@ -159,7 +173,8 @@ class LiveCopy:
         if self.task.core is Core.RUST:
             source, target, settings = self.task.source, self.task.target, self.task.producer_settings
             self.core = live_copier(source, target, self.consumer_settings, settings)
-        outbox = Outbox(self.flow, producer, lambda key: self.cursors[key].landing, self.task.rules)
+        outbox = Outbox(self.flow, producer, lambda key: self.cursors[key].landing, self.task.rules,
+                        in_transaction=slot_txn is not None, retries=self.retries)  # fmt: skip
         for key in self.cursors:
             outbox.open(key)
         open_ = self._assign()
@@ -180,12 +195,12 @@ class LiveCopy:
                         except TransactionFailed:  # the producer takes no more of it: abort it now
                             failed, report_at = True, 0.0
                         now = time.monotonic()
-                        if now >= report_at:
+                        if now >= report_at or outbox.full:  # a transaction that carried what it may commits now
                             report_at = now + tick_s
                             self._hold(outbox.settle())
                             outbox.raise_failures()
-                            failed = failed or (slot_txn is not None and outbox.delivery_refused)
-                            if now < commit_at and not failed:
+                            failed = failed or (slot_txn is not None and outbox.transaction_lost)
+                            if now < commit_at and not failed and not outbox.full:
                                 conn.send([REACHED, offsets_to_json(self._reached(outbox))])
                             else:
                                 commit_at = now + commit_s
@@ -214,7 +229,8 @@ class LiveCopy:
         transactions; an exactly-once slot's partitions move to their committed positions where those are ahead."""
         if not transactional(self.flow, self.task.target):
             return None
-        slot_txn = SlotTransactions(self.flow, self.task.target, self.task.producer_settings, self.slot)
+        settings = transaction_settings(self.task.producer_settings)
+        slot_txn = SlotTransactions(self.flow, self.task.target, settings, self.slot)
         if self.flow.exactly_once:
             for key, offset in slot_txn.committed(self.cursors).items():
                 cursor = self.cursors[key]
@@ -237,12 +253,19 @@ class LiveCopy:
         core copies them (it reads from there at its next copy)."""
         open_ = {key: c for key, c in sorted(self.cursors.items()) if not c.done}
         if self.core is None:
-            self._consumer().assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
+            consumer = self._consumer()
+            consumer.assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
+            if open_:  # one paused while an aborted transaction held it reads again (a pause outlives an assign)
+                consumer.resume([TopicPartition(t, p) for t, p in open_])
         return open_
 
     def _still_open(self, open_: dict[Partition, Cursor]) -> dict[Partition, Cursor]:
         """The open partitions that are not done; the Python loop's consumer, if any, stops fetching those that are
-        (the core copies only what it is given)."""
+        (the core copies only what it is given). A partition cut at a refused record that reached it holds there."""
+        for key, (offset, size, error) in self._cuts.items():
+            cursor = open_.get(key)
+            if cursor is not None and cursor.done and cursor.next >= offset:
+                cursor.landing.hold(offset, size, error)
         done = [TopicPartition(*key) for key, c in open_.items() if c.done]
         if not done:
             return open_
@@ -267,16 +290,19 @@ class LiveCopy:
 
     def _commit(self, slot_txn: SlotTransactions, outbox: Outbox, failed: bool = False) -> bool:
         """Commit what was sent (with each partition's next offset, exactly-once) and begin the next transaction;
-        False when the target refused a record of it: then all of it was aborted, every cursor is back where the
-        last commit left it, and the refused partitions hold from there (their topic catches up later).
+        False when the target refused a record of it: then all of it was aborted, and every cursor is back where the
+        last commit left it, to copy it again as spark_app.outbox.Retries says (a record sent alone, or written to the
+        dead-letter topic in its place); a partition refused for good is copied up to the refused record and holds
+        from it (its topic catches up later).
 
         A transaction that `failed` is aborted without waiting for what it still queues, which would never be sent."""
         refused: set[Partition] = set()
         if not failed:
-            outbox.flush(300)
+            outbox.flush(FLUSH_S)
             self._hold(outbox.settle())
+            lost = outbox.transaction_lost
             refused = outbox.take_refused()
-            if not refused:
+            if not refused and not lost:
                 try:
                     positions = {key: self._next_to_copy(key) for key in self.cursors}
                     slot_txn.commit(positions)
@@ -284,22 +310,32 @@ class LiveCopy:
                     pass
                 else:
                     self._committed = positions
+                    self.retries.forget_below(positions)
                     slot_txn.begin()
+                    outbox.began()
                     return True
         slot_txn.abort()  # and the reports of all it had sent are served: the refusals among them
         self._hold(outbox.settle())
         refused |= outbox.take_refused()
-        errors = {key: self.cursors[key].landing.held_error for key in refused}
+        for key in refused:  # held from a refused record (not one to send alone, or to dead-letter): cut there
+            landing = self.cursors[key].landing
+            if landing.held_from >= 0 and key not in self._cuts:
+                self._cuts[key] = (landing.held_from, landing.refused_bytes, landing.held_error)
         for key, cursor in self.cursors.items():
             start = self._committed[key]
             cursor.next, cursor.retired, cursor.seen = start, [], False
             cursor.landing = Landing(key[0], key[1], start, start)
-            cursor.done = key in refused or (cursor.stop is not None and start >= cursor.stop)
-            if key in refused:
-                cursor.landing.hold(start, error=errors[key])
+            cursor.stop = self._stops.get(key)
+            if key in self._cuts:  # copied up to the refused record, which it holds from (`_still_open`)
+                offset, size, error = self._cuts[key]
+                cursor.stop = offset if cursor.stop is None else min(cursor.stop, offset)
+                if start >= offset:
+                    cursor.landing.hold(offset, size, error)
+            cursor.done = cursor.stop is not None and start >= cursor.stop
         log.warning("flow %s: slot %d's transaction was aborted (the target refused a record of %s); copying again"
                     " from its last commit", self.flow.name, self.slot, sorted(refused) or "it")  # fmt: skip
         slot_txn.begin()
+        outbox.began()
         return False
 
     def _next_to_copy(self, key: Partition) -> int:
