@@ -29,7 +29,7 @@ from infra.azure.checkpoints import (
 from infra.azure.eventhubs import EventHubs, EventHubsArgs
 from infra.azure.identity import MirrorEntraIdentity, MirrorEntraIdentityArgs, RoleGrant, TokenByHand, token_by_hand
 from infra.k8s.mirror_app import MirrorApplication, MirrorApplicationArgs
-from infra.k8s.namespace import MirrorNamespace, MirrorNamespaceArgs
+from infra.k8s.namespace import POD_SECURITY, MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
 from infra.kafka.acls import MirrorAcls, MirrorAclsArgs
 from infra.naming import PROJECT
@@ -593,11 +593,11 @@ def _platform_watches(refs: _References, platform: str, namespace: str) -> pulum
 def build_platform(settings: PlatformSettings) -> dict[str, Any]:
     """A platform stack: the Spark Operator and its CRDs, once per cluster, and the namespaces it acts in; its exports.
 
-    The chart makes the operator's Role and binding in each job namespace, so the namespaces are made here, before the
-    release: a first `up` of the platform needs no site's stack, and a site's stack (which makes the same namespace
-    with its labels, by server-side apply) finds it there. They are left in the cluster when a namespace leaves the
-    list or the stack goes: a site's checkpoint PVC may live in one. docs/decisions/2026-12-06-the-platform-makes-the-
-    job-namespaces.md says why."""
+    The chart makes the operator's Role and binding in each job namespace, so the namespaces are made here (with the
+    Pod Security labels a site gives its namespace), before the release: a first `up` of the platform needs no site's
+    stack, and a site's stack (which makes the same namespace with its labels, by server-side apply) finds it there.
+    They are left in the cluster when a namespace leaves the list or the stack goes: a site's checkpoint PVC may live
+    in one. docs/decisions/2026-12-06-the-platform-makes-the-job-namespaces.md says why."""
     # Named by what it is, not by the stack, so renaming the stack keeps the provider and everything on it.
     provider = k8s.Provider(
         "k8s",
@@ -607,7 +607,7 @@ def build_platform(settings: PlatformSettings) -> dict[str, Any]:
     namespaces = [
         k8s.core.v1.Namespace(
             f"job-{namespace}",
-            metadata={"name": namespace},
+            metadata={"name": namespace, "labels": POD_SECURITY},
             opts=pulumi.ResourceOptions(provider=provider, retain_on_delete=True),
         )
         for namespace in settings.spec.job_namespaces

@@ -11,6 +11,7 @@ and the rule's own check runs on it.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from pulumi_policy import proxy
 
 KAFKA_AUTH_PORTS = {9094, 9096, 9098}  # MSK in-VPC: TLS, SASL/SCRAM, IAM
 OPEN_CIDRS = {"0.0.0.0/0", "::/0"}
+VPC_WIDEST = {4: 16, 6: 56}  # the widest CIDR block a VPC takes, by IP version
 CREDENTIAL_MARKERS = ("SharedAccessKey=", "-----BEGIN", "sasl.jaas.config")
 SECRET_KEYS = {"password", "client_key", "connection_string"}
 OPERATOR_CHART = "kubernetes:helm.sh/v4:Chart"
@@ -30,6 +32,9 @@ DRIVER_RESOURCES = {"pods", "services", "configmaps", "persistentvolumeclaims"}
 ENFORCE = "pod-security.kubernetes.io/enforce"
 ENFORCED_LEVELS = ("restricted", "baseline")
 IAM_POLICIES = ("aws:iam/rolePolicy:RolePolicy", "aws:iam/policy:Policy", "aws:msk/clusterPolicy:ClusterPolicy")
+ROLE = "aws:iam/role:Role"  # its trust policy, `assumeRolePolicy`
+ROLE_POLICY_ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+AWS_MANAGED = "arn:aws:iam::aws:policy/"
 PUBLIC_ACCESS_BLOCKS = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
 BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2", "aws:s3/bucketAclV2:BucketAclV2")
 PUBLIC_ACLS = {"public-read", "public-read-write", "authenticated-read"}
@@ -173,7 +178,19 @@ def security_group_opens_only_kafka_auth_port(typ: str, props: dict[str, Any], u
     cidrs = [c for c in cidrs if c]
     if not cidrs or set(cidrs) & OPEN_CIDRS:
         out.append(f"ingress must come from the peer CIDR only, not {cidrs or 'anywhere'}")
+        return out
+    if wide := [c for c in cidrs if _wider_than_a_vpc(str(c))]:
+        out.append(f"ingress from {wide}, wider than any peer VPC (IPv4 /{VPC_WIDEST[4]}, IPv6 /{VPC_WIDEST[6]})")
     return out
+
+
+def _wider_than_a_vpc(cidr: str) -> bool:
+    """A CIDR no VPC can have: a peer's is at most /16 (IPv4) or /56 (IPv6), so a wider one lets in more than it."""
+    try:
+        network = ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
+        return True
+    return network.prefixlen < VPC_WIDEST[network.version]
 
 
 def msk_scram_secret_uses_customer_key(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
@@ -282,6 +299,47 @@ def spark_application_is_complete(typ: str, props: dict[str, Any], urn: str = ""
     return out
 
 
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def image_is_pinned_by_digest(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    """The mirror's image, by its digest: a tag can move to another build under a running mirror, and each node
+    keeps what it pulled first, so driver and executors could run different code."""
+    if typ != "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication":
+        return []
+    paths = ["spec", "spec.image", "spec.driver", "spec.executor", "spec.driver.image", "spec.executor.image"]
+    if found := _unknowns(props, *paths):
+        return found
+    spec = props.get("spec") or {}
+    images = {"spec.image": spec.get("image")}
+    images |= {f"spec.{part}.image": (spec.get(part) or {}).get("image") for part in ("driver", "executor")}
+    return [
+        f"{path} {image!r} is not pinned by a sha256 digest"
+        for path, image in images.items()
+        if image and not DIGEST.search(str(image))
+    ]
+
+
+ROLE_ASSIGNMENT = re.compile(r"azure-native:authorization(/v\w+)?:RoleAssignment")
+# An ARM scope that names no resource: a management group, a subscription, or a whole resource group.
+BROAD_SCOPE = re.compile(
+    r"^(/providers/Microsoft\.Management/managementGroups/[^/]+|/subscriptions/[^/]+(/resourceGroups/[^/]+)?)?/?$",
+    re.IGNORECASE,
+)
+
+
+def role_assignment_names_a_resource(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    """The mirror's Azure role assignments are scoped to the resource they are for (an event hub or its namespace,
+    a checkpoint container): never a resource group, subscription or management group, where the data role would
+    reach every namespace or storage account in it."""
+    if not ROLE_ASSIGNMENT.fullmatch(typ):
+        return []
+    if found := _unknowns(props, "scope"):
+        return found
+    scope = str(props.get("scope") or "")
+    return [f"scope {scope!r} names no resource: the role would reach all in it"] if BROAD_SCOPE.match(scope) else []
+
+
 def namespace_enforces_pod_security(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
     """A namespace enforces Pod Security Admission at level restricted or baseline (the operator's), never
     privileged; a misspelt level is refused too, as the API server would reject it."""
@@ -298,9 +356,9 @@ def namespace_enforces_pod_security(typ: str, props: dict[str, Any], urn: str = 
     return [] if level in ENFORCED_LEVELS else [f"{ENFORCE} is {level!r}, not one of {', '.join(ENFORCED_LEVELS)}"]
 
 
-def _statements(props: dict[str, Any]) -> list[dict[str, Any]] | str:
+def _statements(props: dict[str, Any], key: str = "policy") -> list[dict[str, Any]] | str:
     """The statements of an IAM policy document (`policy`, JSON text), or why they cannot be read."""
-    text = props.get("policy")
+    text = props.get(key)
     try:
         document = json.loads(text) if isinstance(text, str) else text
     except json.JSONDecodeError:
@@ -328,13 +386,22 @@ def _every_resource(arn: Any) -> bool:
 def iam_grants_no_wildcards(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
     """The mirror's IAM and MSK cluster policies allow named actions on named resources, to named principals: no
     `*` or `service:*` action, no `*` resource (nor an ARN whose resource part is `*`), no `*` principal, and no
-    NotAction, NotResource or NotPrincipal in an Allow. A wildcard inside a topic or group name, as the
+    NotAction, NotResource or NotPrincipal in an Allow; in its roles' trust policies too, and no AWS-managed policy
+    attached. A wildcard inside a topic or group name, as the
     flows' patterns give, is scoped to its cluster and allowed."""
-    if typ not in IAM_POLICIES:
+    if typ == ROLE_POLICY_ATTACHMENT:
+        if found := _unknowns(props, "policyArn"):
+            return found
+        arn = str(props.get("policyArn"))
+        return (
+            [f"policyArn {arn} is AWS-managed: its grants are not the mirror's"] if arn.startswith(AWS_MANAGED) else []
+        )
+    key = "assumeRolePolicy" if typ == ROLE else "policy"
+    if typ not in IAM_POLICIES and typ != ROLE:
         return []
-    if found := _unknowns(props, "policy"):
+    if found := _unknowns(props, key):
         return found
-    statements = _statements(props)
+    statements = _statements(props, key)
     if isinstance(statements, str):
         return [statements]
     out = []
@@ -351,10 +418,16 @@ def iam_grants_no_wildcards(typ: str, props: dict[str, Any], urn: str = "") -> l
         if wide := [r for r in _listed(statement.get("Resource", [])) if r != "*" and _every_resource(r)]:
             out.append(f"Statement[{i}].Resource names every resource of its service: {wide}")
         principal = statement.get("Principal")
-        aws = principal.get("AWS") if isinstance(principal, dict) else principal
-        if principal is not None and "*" in _listed(aws):
+        if principal is not None and "*" in _principals(principal):
             out.append(f"Statement[{i}].Principal is '*'")
     return out
+
+
+def _principals(principal: Any) -> list[Any]:
+    """Every principal a statement names, of any kind (`AWS`, `Federated`, `Service`), or `*` itself."""
+    if isinstance(principal, dict):
+        return [p for value in principal.values() for p in _listed(value)]
+    return _listed(principal)
 
 
 def bucket_is_not_public(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
@@ -391,6 +464,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "namespace-enforces-pod-security": (namespace_enforces_pod_security, "mandatory"),
     "iam-grants-no-wildcards": (iam_grants_no_wildcards, "mandatory"),
     "bucket-is-not-public": (bucket_is_not_public, "mandatory"),
+    "image-is-pinned-by-digest": (image_is_pinned_by_digest, "mandatory"),
+    "role-assignment-names-a-resource": (role_assignment_names_a_resource, "mandatory"),
 }
 # Advisory: a stack may turn protection off (mirrorkit:protectData false), and preview then says what it risks.
 OPTIONS_RULES: dict[str, tuple[OptionsRule, str]] = {

@@ -27,6 +27,14 @@ DRIVER_RULES = [
 API_SERVER_PORTS = (443, 6443)
 # EKS Pod Identity Agent, link-local on every node (IPv4 and IPv6), plain HTTP.
 POD_IDENTITY_AGENT = ({"cidr": "169.254.170.23/32"}, {"cidr": "fd00:ec2::23/128"})
+# The mirror's namespace enforces Pod Security's restricted level; a platform stack that makes the namespace first
+# sets the same labels, so the two owners agree on every field they share.
+POD_SECURITY = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/warn": "restricted",
+    "pod-security.kubernetes.io/audit": "restricted",
+}
 
 
 @dataclass(frozen=True)
@@ -63,10 +71,7 @@ class MirrorNamespace(pulumi.ComponentResource):
                 "labels": {
                     **args.labels,
                     **APP_LABELS,
-                    "pod-security.kubernetes.io/enforce": "restricted",
-                    "pod-security.kubernetes.io/enforce-version": "latest",
-                    "pod-security.kubernetes.io/warn": "restricted",
-                    "pod-security.kubernetes.io/audit": "restricted",
+                    **POD_SECURITY,
                 },
             },
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect, retain_on_delete=args.protect),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -16,6 +17,7 @@ from tests.infra.harness import (
     STACK_FILES,
     STACKS,
     Exports,
+    Run,
     run_stack,
     stack_values,
 )
@@ -82,18 +84,26 @@ def test_the_pipeline_deploys_the_per_region_sets_and_only_single_region_stacks_
         assert len({s.region for s in settings.model.sites}) == 1, f"{stack} deploys more than one region whole"
 
 
-def test_each_stack_deploys_after_every_stack_it_reads_by_stack_reference():
-    """The sets brought up in the pipeline's order against one backend, as a first deployment does: every
-    StackReference a stack makes names a stack of an earlier stage, which has exported what it reads."""
+@functools.cache
+def pipeline_runs() -> dict[str, Run]:
+    """Every stack the pipeline deploys, brought up in the stages' order against one backend, as a first deployment
+    does."""
     order = staged()
     by_stage = sorted(order, key=lambda stack: order[stack][0])
     backend = {p.name.split(".")[1]: Exports() for p in PART_STACKS}
-    runs = up([s for s in by_stage if s not in {p.name.split(".")[1] for p in STACKS}], backend)
-    runs |= {s: run_stack(ROOT / "stacks" / f"Pulumi.{s}.yaml") for s in by_stage if s not in runs}
+    whole = {p.name.split(".")[1] for p in STACKS}
+    runs = up([s for s in by_stage if s not in whole], backend)
+    return runs | {s: run_stack(ROOT / "stacks" / f"Pulumi.{s}.yaml") for s in by_stage if s not in runs}
+
+
+def test_each_stack_deploys_after_every_stack_it_reads_by_stack_reference():
+    """Every StackReference a stack makes names a stack of an earlier stage, which has exported what it reads."""
+    order = staged()
     read = {
         stack: sorted(r.inputs["name"].rsplit("/", 1)[1] for r in run.of_type("pulumi:pulumi:StackReference"))
-        for stack, run in runs.items()
+        for stack, run in pipeline_runs().items()
     }
+    assert set(read) == set(order)
     assert any(read.values()), "no stack reads another: the order is not tested"
     late = {stack: [r for r in refs if order[r][0] >= order[stack][0]] for stack, refs in read.items()}
     assert {stack: refs for stack, refs in late.items() if refs} == {}

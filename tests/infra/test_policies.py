@@ -14,11 +14,13 @@ from policies.rules import (
     event_hub_keeps_producer_timestamps,
     eventhubs_namespace_speaks_kafka,
     iam_grants_no_wildcards,
+    image_is_pinned_by_digest,
     is_unknown,
     msk_scram_secret_uses_customer_key,
     namespace_enforces_pod_security,
     nothing_cluster_wide,
     plain,
+    role_assignment_names_a_resource,
     roles_grant_only_what_the_driver_needs,
     security_group_opens_only_kafka_auth_port,
     spark_application_is_complete,
@@ -32,6 +34,14 @@ def test_an_open_or_wide_security_group_rule_is_refused():
     assert security_group_opens_only_kafka_auth_port(SG_RULE, ok) == []
     assert security_group_opens_only_kafka_auth_port(SG_RULE, ok | {"cidrIpv4": "0.0.0.0/0"})
     assert security_group_opens_only_kafka_auth_port(SG_RULE, ok | {"fromPort": 9092, "toPort": 9098})
+    # A private CIDR wider than any VPC can be lets in more than the peer: 10.0.0.0/8, 172.16.0.0/12.
+    assert security_group_opens_only_kafka_auth_port(SG_RULE, ok | {"cidrIpv4": "10.0.0.0/8"}) == [
+        "ingress from ['10.0.0.0/8'], wider than any peer VPC (IPv4 /16, IPv6 /56)"
+    ]
+    assert security_group_opens_only_kafka_auth_port(SG_RULE, ok | {"cidrIpv4": "10.20.30.0/24"}) == []
+    six = {k: v for k, v in ok.items() if k != "cidrIpv4"} | {"cidrIpv6": "2600:1f18::/32"}
+    assert security_group_opens_only_kafka_auth_port(SG_RULE, six)
+    assert security_group_opens_only_kafka_auth_port(SG_RULE, six | {"cidrIpv6": "2600:1f18:1:100::/56"}) == []
 
 
 def test_a_cluster_role_outside_the_operator_chart_is_refused():
@@ -186,3 +196,64 @@ def test_data_that_pulumi_may_delete_is_reported():
         assert data_is_protected(typ, {}, protect=True) == []
         assert data_is_protected(typ, {}, protect=False), typ
     assert data_is_protected("kubernetes:core/v1:ConfigMap", {}, protect=False) == []
+
+
+def test_a_trust_policy_open_to_anyone_and_an_aws_managed_policy_are_refused():
+    role = "aws:iam/role:Role"
+    pod_identity = {"Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"}, "Action": "sts:AssumeRole"}
+
+    def trust(*statements):
+        return {"assumeRolePolicy": json.dumps({"Version": "2012-10-17", "Statement": list(statements)})}
+
+    assert iam_grants_no_wildcards(role, trust(pod_identity)) == []
+    assert iam_grants_no_wildcards(role, trust(pod_identity | {"Principal": {"AWS": "*"}}))
+    assert iam_grants_no_wildcards(role, trust(pod_identity | {"Principal": "*"}))
+    assert iam_grants_no_wildcards(role, trust(pod_identity | {"Principal": {"Federated": ["*"]}}))
+    attachment = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+    assert iam_grants_no_wildcards(attachment, {"policyArn": "arn:aws:iam::aws:policy/AmazonMSKFullAccess"})
+    assert iam_grants_no_wildcards(attachment, {"policyArn": "arn:aws:iam::111111111111:policy/mirror"}) == []
+
+
+def test_an_image_not_pinned_by_digest_is_refused():
+    typ = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
+    pinned = "ghcr.io/example/mirror@sha256:" + "0" * 64
+    spec = {"image": pinned, "driver": {}, "executor": {}}
+    assert image_is_pinned_by_digest(typ, {"spec": spec}) == []
+    assert image_is_pinned_by_digest(typ, {"spec": spec | {"image": "ghcr.io/example/mirror:0.1.0"}}) == [
+        "spec.image 'ghcr.io/example/mirror:0.1.0' is not pinned by a sha256 digest"
+    ]
+    assert image_is_pinned_by_digest(typ, {"spec": spec | {"executor": {"image": "mirror:latest"}}})
+    (finding,) = image_is_pinned_by_digest(typ, {"spec": spec | {"image": None}})
+    assert is_unknown(finding)
+
+
+def test_a_role_assignment_on_a_resource_group_subscription_or_management_group_is_refused():
+    typ = "azure-native:authorization:RoleAssignment"
+    namespace = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.EventHub/namespaces/ns"
+    assert role_assignment_names_a_resource(typ, {"scope": namespace}) == []
+    assert role_assignment_names_a_resource(typ, {"scope": f"{namespace}/eventhubs/orders"}) == []
+    for broad in (
+        "/subscriptions/s",
+        "/subscriptions/s/",
+        "/subscriptions/s/resourceGroups/rg",
+        "/SUBSCRIPTIONS/s/resourcegroups/rg",
+        "/providers/Microsoft.Management/managementGroups/root",
+        "/",
+    ):
+        assert role_assignment_names_a_resource(typ, {"scope": broad}), broad
+
+
+def test_every_rule_passes_on_every_stack_the_pipeline_deploys():
+    """The pipeline runs the pack on every stack it previews and deploys: platform, account and site stacks alike."""
+    from tests.infra.test_pipeline import pipeline_runs
+
+    runs = pipeline_runs()
+    assert any(s.startswith("platform-") for s in runs) and any("-site-" in s for s in runs)
+    found = {
+        (stack, r.name, name): message
+        for stack, run in runs.items()
+        for r in run.resources
+        for name, (rule, _) in RULES.items()
+        for message in rule(r.typ, r.plain, r.urn)
+    }
+    assert found == {}
