@@ -81,10 +81,13 @@ class Flow:
 def copying(
     cluster: ClusterConfig, unique: str, rules: TargetRules, *, cap: int | None = None,
     dead_letter_topic: str | None = None, exactly_once: bool = False, before: Callable[[Flow], None] | None = None,
+    target: ClusterConfig | None = None,
 ) -> Iterator[tuple[Flow, Driver]]:  # fmt: skip
     """A two-partition topic and its target copy (with `cap` as its max.message.bytes, on the broker only), and one
-    real-time task copying it, stopped on the way out; `before` loads the source before the task starts."""
-    flow = Flow(cluster.model_copy(update={"alias": "a"}), cluster.model_copy(update={"alias": "b"}), f"rf-{unique}")
+    real-time task copying it, stopped on the way out; `before` loads the source before the task starts. The target
+    is `cluster` too, unless `target` says how else to reach it."""
+    into = (target or cluster).model_copy(update={"alias": "b"})
+    flow = Flow(cluster.model_copy(update={"alias": "a"}), into, f"rf-{unique}")
     clients.create_topics(flow.source, {flow.topic: 2})
     clients.create_topics(flow.target, {flow.copy_topic: 2}, {"max.message.bytes": str(cap)} if cap else None)
     if dead_letter_topic:
