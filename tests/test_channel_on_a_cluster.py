@@ -2,24 +2,20 @@
 a task on an executor finds Spark's secret where Spark put it (its executor's environment, which its Python worker
 inherits), derives the run's key and passes the driver's challenge, though its closure carries no key.
 
-The master, the worker and the application read `spark.authenticate` and the cluster's secret from a
-spark-defaults.conf only this user can read (SPARK_CONF_DIR), so the secret is on no command line. The driver runs in
-a process of its own: a test process may hold the session's local Spark already.
+The session's standalone cluster runs with `spark.authenticate` and its secret in a spark-defaults.conf only this user
+can read (bench/testbed/spark_standalone.py). The driver runs in a process of its own: a test process may hold the
+session's local Spark already.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from bench.testbed.spark_standalone import SparkStandalone
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,27 +66,12 @@ spark.stop()
 """
 
 
-@pytest.fixture
-def authenticated_cluster(tmp_path: Path) -> Iterator[tuple[SparkStandalone, dict[str, str]]]:
-    conf = tmp_path / "conf"
-    conf.mkdir(mode=0o700)
-    defaults = conf / "spark-defaults.conf"
-    defaults.touch(mode=0o600)
-    defaults.write_text(f"spark.authenticate true\nspark.authenticate.secret {secrets.token_hex(32)}\n")
-    env = {"SPARK_CONF_DIR": str(conf), "PYTHONPATH": str(ROOT)}
-    cluster = SparkStandalone(tmp_path / "cluster", workers=1, env=env)
-    try:
-        cluster.start()
-        yield cluster, env
-    finally:
-        cluster.close()
-
-
-def test_a_task_on_an_authenticated_cluster_finds_the_channels_key_through_sparks_own_secret(authenticated_cluster):
-    cluster, env = authenticated_cluster
-    driver_env = os.environ | env | {"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+def test_a_task_on_an_authenticated_cluster_finds_the_channels_key_through_sparks_own_secret(spark_standalone):
+    driver_env = os.environ | spark_standalone.driver_env | {
+        "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(ROOT),
+    }  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-c", DRIVER, cluster.master_url],
+        [sys.executable, "-c", DRIVER, spark_standalone.master_url],
         env=driver_env,
         capture_output=True,
         text=True,

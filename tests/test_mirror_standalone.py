@@ -71,10 +71,14 @@ def test_a_standalone_cluster_copies_a_backlog_byte_exact_and_survives_a_worker_
         mirror_cli.config_file(config), "--available-now", "--master", spark_standalone.master_url
     )
     ui_port = free_port()  # the driver's, for its REST API: which executor runs which task
-    env = mirror_cli.env | {
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYSPARK_SUBMIT_ARGS": f"--conf spark.ui.port={ui_port} pyspark-shell",
-    }
+    env = (
+        mirror_cli.env
+        | spark_standalone.driver_env
+        | {
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYSPARK_SUBMIT_ARGS": f"--conf spark.ui.port={ui_port} pyspark-shell",
+        }
+    )
     with open(tmp_path / "driver.log", "w+") as out:
         driver = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:

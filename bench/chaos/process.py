@@ -22,10 +22,13 @@ DAEMON = "pyspark.daemon"  # the module Spark runs to fork Python workers
 class MirrorProcess:
     """`python -m spark_app run --config <file>` with its output appended to `log`."""
 
-    def __init__(self, config_file: Path, log: Path, master: str = "local[4]") -> None:
+    def __init__(
+        self, config_file: Path, log: Path, master: str = "local[4]", env: dict[str, str] | None = None
+    ) -> None:
         self.config_file = config_file
         self.log = log
         self.master = master
+        self.env = os.environ | {"PYSPARK_PYTHON": sys.executable} | (env or {})
         self.starts = 0
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -34,8 +37,7 @@ class MirrorProcess:
         with self.log.open("ab") as out:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "spark_app", "run", "--config", str(self.config_file), "--master", self.master],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env=os.environ | {"PYSPARK_PYTHON": sys.executable},
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env,
             )  # fmt: skip
         self.starts += 1
 

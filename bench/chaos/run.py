@@ -101,7 +101,8 @@ def run_chaos(
     prepare(source, target, topics, config)
     config_file = folder / "mirror.yaml"
     config_file.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)))
-    mirror = MirrorProcess(config_file, folder / "mirror.log", spark.master_url if spark else "local[4]")
+    mirror = MirrorProcess(config_file, folder / "mirror.log", spark.master_url if spark else "local[4]",
+                           spark.driver_env if spark else None)  # fmt: skip
     flow = config.flows[0]
 
     def remote(topic: str) -> str:

@@ -3,6 +3,10 @@
 Each worker offers one core and 1 GB, so an application gets one 1 GB executor per worker (Spark's default executor
 memory), in a JVM of its own that the worker starts. A worker runs in a session of its own with everything it starts
 (its executors and their Python workers), so `kill_worker` loses all of them at once, as a node lost would.
+
+The cluster runs with Spark's authentication on, as a platform secures one: the master, the workers and every
+application read `spark.authenticate` and the cluster's secret from a spark-defaults.conf only this user can read, so
+the secret is on no command line. A driver joins with `driver_env`, which names that folder.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -40,7 +45,9 @@ class SparkStandalone:
         if not SPARK_CLASS.exists():
             raise SparkStartError(f"{SPARK_CLASS} is missing: pyspark is installed by `bash .ci/setup`")
         self.folder = folder
+        self.conf = folder / "conf"  # spark-defaults.conf, with the cluster's secret
         self.env = os.environ | {"SPARK_DAEMON_MEMORY": DAEMON_MEMORY, "SPARK_LOCAL_IP": "127.0.0.1"} | (env or {})
+        self.env["SPARK_CONF_DIR"] = str(self.conf)
         self.port, self.ui_port = free_ports(2)
         self.workers: list[subprocess.Popen | None] = [None] * workers
         self.worker_ui_ports = [0] * workers
@@ -50,8 +57,17 @@ class SparkStandalone:
     def master_url(self) -> str:
         return f"spark://127.0.0.1:{self.port}"
 
+    @property
+    def driver_env(self) -> dict[str, str]:
+        """What a driver's environment needs to join: the folder of the cluster's spark-defaults.conf."""
+        return {"SPARK_CONF_DIR": str(self.conf)}
+
     def start(self) -> SparkStandalone:
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.conf.mkdir(mode=0o700, exist_ok=True)
+        defaults = self.conf / "spark-defaults.conf"
+        defaults.touch(mode=0o600)
+        defaults.write_text(f"spark.authenticate true\nspark.authenticate.secret {secrets.token_hex(32)}\n")
         self._master = self._launch(
             "master", "org.apache.spark.deploy.master.Master",
             "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui_port),
