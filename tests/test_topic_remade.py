@@ -12,10 +12,13 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
-from spark_app.batch_log import BatchLog
+from spark_app.batch_log import BatchLog, Planned
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
+from spark_app.planner import rebased
+from spark_app.ranges import Landing, OffsetRange
 from spark_app.runner import FlowRunner
+from spark_app.throughput import _ended_at_stops
 from spark_app.transactions import check_transactions
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
@@ -180,3 +183,30 @@ def test_exactly_once_throughput_a_topic_made_again_in_the_middle_of_a_batch_is_
     assert after.flows[0].ledger.resets == [], "the new life was taken for the old one again"
     got = read_all(source_cluster.client, remote, expected=len(old) + len(new), exact=False)  # read_committed
     assert_each_record_once_in_order(remote, got, old + new)
+
+
+A, B = "id-of-the-old-life", "id-of-the-new-life"
+
+
+def test_a_start_is_rebased_on_a_topic_filed_in_its_new_life_and_a_batch_planned_in_the_old_one_is_not():
+    start = Planned({"t": {"0": 1_500, "1": 1_500}, "u": {"0": 7}}, {"t": A, "u": "u-id"})
+    filed = {("t", 0): 400, ("t", 1): 0, ("u", 0): 7}
+    moved = rebased(start, None, {"t": B, "u": "u-id"}, filed)
+    assert moved == Planned({"t": {"0": 400, "1": 0}, "u": {"0": 7}}, {"t": B, "u": "u-id"})
+    # Run again as planned: in the new life it goes on from the filed positions, in the old one from the old start.
+    assert rebased(start, Planned({"t": {"0": 3_000, "1": 3_000}}, {"t": B}), {"t": B}, filed) == Planned(
+        {"t": {"0": 400, "1": 0}, "u": {"0": 7}}, {"t": B, "u": "u-id"}
+    )
+    assert rebased(start, Planned({"t": {"0": 1_700, "1": 1_700}}, {"t": A}), {"t": B}, filed) == start
+    assert rebased(start, None, {"t": A}, filed) == start  # nothing filed in another life
+
+
+def test_a_range_that_went_back_in_its_middle_ends_its_new_life_at_the_ranges_end_unless_held():
+    ranges = [OffsetRange("t", 0, 1_000, 1_500), OffsetRange("t", 1, 1_000, 1_500), OffsetRange("t", 2, 10, 20)]
+    old = Landing("t", 0, 1_000, 1_000)
+    new = Landing("t", 0, 0, 0, reset_from=1_000)
+    held = Landing("t", 1, 0, 0, reset_from=1_000)
+    held.hold(200)
+    plain = Landing("t", 2, 10, 20)
+    landed = _ended_at_stops([old, new, held, plain], ranges)
+    assert [(r.first_offset, r.end_offset) for r in landed] == [(1_000, 1_000), (0, 1_500), (0, 0), (10, 20)]
