@@ -356,6 +356,12 @@ class AwsSite(StrictModel):
     role_arn: str | None = None
     eks_cluster: str | None = None  # EKS Pod Identity
     oidc_provider_arn: str | None = None  # IRSA, when Pod Identity is not used
+    # MSK VPC id -> a peering between this VPC and that one which another stack made (a first tenant's, or the
+    # platform team's): reused, with its routes and ingress rules, so a second tenant on the same pair of VPCs makes
+    # none of its own (AWS allows one peering per pair). Checked at preview to join the two VPCs and be active.
+    peerings: dict[
+        Annotated[str, Field(pattern=r"^vpc-[0-9a-f]+$")], Annotated[str, Field(pattern=r"^pcx-[0-9a-f]+$")]
+    ] = Field(default_factory=dict)
 
     _cidr_ok = field_validator("cidr")(_cidr)
 

@@ -51,6 +51,12 @@ class MskReach(pulumi.ComponentResource):
         on_site = pulumi.ResourceOptions(parent=self, provider=args.site_provider)
         on_msk = pulumi.ResourceOptions(parent=self, provider=args.msk_provider)
         self.peering_id: pulumi.Output[str] | None = None
+        if msk_vpc.vpc_id in site.peerings:
+            # Another stack's peering, with its routes and ingress rule from this site's CIDR: nothing to make.
+            key = f"{args.keys[0]}.peerings.{msk_vpc.vpc_id}"
+            self.peering_id = _shared_peering(site.peerings[msk_vpc.vpc_id], site.vpc_id, msk_vpc.vpc_id, key, on_site)
+            self.register_outputs({"peering_id": self.peering_id})
+            return
         if site.vpc_id != msk_vpc.vpc_id:
             site_key, msk_key = args.keys
             # Each side's tables get a route to the other side's CIDR.
@@ -103,6 +109,28 @@ def _request(
         opts=opts,
     )
     return peering.id  # type: ignore[no-any-return]  # pulumi_aws is not followed by mypy
+
+
+def _shared_peering(
+    peering_id: str, site_vpc: str, msk_vpc: str, key: str, on: pulumi.ResourceOptions
+) -> pulumi.Output[str]:
+    """An existing peering's id, once it is active and joins the site's VPC and the MSK VPC (either way round);
+    otherwise preview fails here, naming the key."""
+    found = aws.ec2.get_vpc_peering_connection_output(
+        id=peering_id, opts=pulumi.InvokeOutputOptions(provider=on.provider)
+    )
+
+    def check(got: list[Any]) -> str:
+        status, vpcs = got[0], {got[1], got[2]}
+        if vpcs != {site_vpc, msk_vpc}:
+            raise ValueError(
+                f"{key}: {peering_id} joins {' and '.join(sorted(v for v in vpcs if v))}, not {site_vpc} and {msk_vpc}"
+            )
+        if status != "active":
+            raise ValueError(f"{key}: {peering_id} is {status}, not active; accept it first")
+        return peering_id
+
+    return pulumi.Output.all(found.status, found.vpc_id, found.peer_vpc_id).apply(check)
 
 
 def _accept(name: str, peering_id: pulumi.Input[str], opts: pulumi.ResourceOptions) -> pulumi.Output[str]:

@@ -286,6 +286,39 @@ def test_two_stacks_on_one_cluster_share_no_kubernetes_object_or_checkpoint(path
 PEERINGS = "aws:ec2/getVpcPeeringConnections:getVpcPeeringConnections"
 
 
+PEERING_BY_ID = "aws:ec2/getVpcPeeringConnection:getVpcPeeringConnection"
+REACH_TYPES = (
+    "aws:ec2/vpcPeeringConnection:VpcPeeringConnection",
+    "aws:ec2/vpcPeeringConnectionAccepter:VpcPeeringConnectionAccepter",
+    "aws:ec2/route:Route",
+    "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+)
+
+
+def test_a_second_tenant_on_the_same_vpcs_reuses_the_first_ones_peering_and_makes_no_reach_of_its_own():
+    """AWS allows one peering per pair of VPCs: a second deployment between the same site VPC and MSK VPC names the
+    first one's peering (`sites[].aws.peerings`), whose routes and ingress rule from the site's CIDR serve it too."""
+    site_vpc, msk_vpc = "vpc-0a1b2c3d4e5f60001", "vpc-0f1e2d3c4b5a60001"
+    values = copy.deepcopy(with_secrets(stack_values(DR)))
+    values["mirrorkit:sites"][0]["aws"]["peerings"] = {msk_vpc: "pcx-0f1a57"}
+    others = {PEERINGS: {"ids": ["pcx-0f1a57"], "id": "x"}}  # the first tenant's, untagged with this stack
+
+    def peering(status: str, vpcs: tuple[str, str]):
+        return {PEERING_BY_ID: {"id": "pcx-0f1a57", "status": status, "vpcId": vpcs[0], "peerVpcId": vpcs[1]}}
+
+    run = run_values(values, stack="tenant-two", calls=others | peering("active", (site_vpc, msk_vpc)))
+    assert [r.typ for r in run.resources if r.typ in REACH_TYPES] == []
+    (reach,) = [r for r in run.resources if r.typ == "mirrorkit:aws:MskReach"]
+    assert run.result["configs"], "the tenant's mirror is rendered"
+    with pytest.raises(
+        Exception, match=r"mirrorkit:sites\[0\]\.aws\.peerings\.vpc-0f1e2d3c4b5a60001: pcx-0f1a57 joins"
+    ):
+        run_values(values, stack="tenant-two", calls=others | peering("active", (site_vpc, "vpc-0somewhere")))
+    with pytest.raises(Exception, match=r"pcx-0f1a57 is pending-acceptance, not active"):
+        run_values(values, stack="tenant-two", calls=others | peering("pending-acceptance", (msk_vpc, site_vpc)))
+    assert reach
+
+
 def test_a_peering_another_stack_made_for_the_same_vpcs_is_refused_at_preview():
     def peerings(args):  # another stack's peering joins the same VPCs; it carries not our stack's tag
         tagged = any(f["name"].startswith("tag:") for f in args.get("filters", []))
