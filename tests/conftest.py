@@ -27,6 +27,10 @@ from bench.testbed.testbed import TestBed
 from tests.support.kube_api import CHARTS, SETUP_HINT, KubeApiServer
 from tests.support.mirror_cli import MirrorCli
 
+# Spark binds its drivers and executors to loopback, as every process of the test bed does: left to itself it takes
+# the host's own address, and the mirror's tasks would connect to it. Every process the suite starts inherits this.
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+
 CLUSTER_FIXTURES = frozenset(
     {
         "testbed",

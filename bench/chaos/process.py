@@ -28,7 +28,8 @@ class MirrorProcess:
         self.config_file = config_file
         self.log = log
         self.master = master
-        self.env = os.environ | {"PYSPARK_PYTHON": sys.executable} | (env or {})
+        # Spark binds the driver to loopback, as every process of the test bed does, not to the host's own address.
+        self.env = os.environ | {"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"} | (env or {})
         self.starts = 0
         self._proc: subprocess.Popen[bytes] | None = None
 
