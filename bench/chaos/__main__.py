@@ -75,9 +75,9 @@ def main() -> int:
 
 def passed(outcome: Outcome) -> bool:
     """Nothing lost, reordered or silently deleted, translation never skipped, duplicates within the bound, the load
-    whole, and the mirror stopped cleanly by the last SIGTERM."""
+    whole, the mirror stopped cleanly by the last SIGTERM, and no fault saw it do what it never may."""
     return (outcome.report.ok and outcome.report.total("duplicates") <= duplicate_bound(outcome)
-            and outcome.load_error is None and outcome.exit_code == 0)  # fmt: skip
+            and outcome.load_error is None and outcome.exit_code == 0 and not outcome.violations)  # fmt: skip
 
 
 def _plain(outcome: Outcome) -> dict[str, object]:
@@ -113,6 +113,7 @@ def render(outcomes: list[Outcome], args: argparse.Namespace | None = None) -> s
     for o in outcomes:
         lines += ["", f"## {o.mode}: faults", "", *[f"- {e}" for e in o.events]]
         lines += [f"- translation skip: {s}" for s in o.report.translation_skips]
+        lines += [f"- violation: {v}" for v in o.violations]
     return "\n".join(lines) + "\n"
 
 

@@ -7,14 +7,17 @@ offline; the whole target stopped), the network between the mirror and each clus
 a bandwidth cap, connections reset, a black hole that drops what is sent until healed), the target refusing writes
 (an ACL denied, a topic made to refuse records without a key), and the source changing under the mirror (a topic
 deleted and made again, at once or left empty a while and then refilled past its old end; records deleted before
-they were mirrored, as retention would while the mirror is down).
+they were mirrored, as retention would while the mirror is down), and a forger on the real-time report channel.
 Network faults act on the mirror's path alone: the generator, the groups and the checker reach the clusters
 directly. Every fault and its outcome is logged in `events`.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import re
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +51,9 @@ SLOW_TARGET_BYTES_S = 20_000
 WAN_LATENCY_MS, WAN_JITTER_MS, WAN_KB_S = 400, 150, 64
 RESET_AFTER_MS = (200, 3_000)  # connections reset this long after data first flows on them, drawn at random
 REFILL_PAST = 50  # a topic made again and left empty is refilled to this many records past its old end
+# Where the mirror's log says its real-time copier tasks report (spark_app.realtime.job).
+CHANNEL_PORT = re.compile(rb"the copier tasks report on port (\d+)")
+NONCE_BYTES = 32  # the report channel's challenge (spark_app.realtime.channel)
 
 
 Remote = Callable[[str], str]  # a source topic's name on the target
@@ -82,6 +88,8 @@ class Nemesis:
     only: tuple[str, ...] = ()  # when given, only the faults whose names contain one of these
     first: tuple[str, ...] = ()  # the faults whose names contain one of these are drawn first, in a random order
     active: Fault | None = None
+    # What a fault found the mirror doing that it must never do (a forged frame heard): the run fails on any.
+    violations: list[str] = field(default_factory=list)
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -126,6 +134,7 @@ class Nemesis:
             ),  # fmt: skip
             Fault("delete records not yet mirrored (retention)", self._retention, s.mirror.start),
             Fault("slow the target (a produce quota)", self._slow_target, s.target.unlimit_producers),
+            Fault("forge a landing and a stop on the report channel", self._forge_frames, lambda: None),
         ]
 
     def _executor_faults(self) -> list[Fault]:
@@ -311,6 +320,32 @@ class Nemesis:
 
     def _refill(self) -> None:
         self.scene.load.refill(self.scene.topics.remade, self._old_end + REFILL_PAST)
+
+    def _forge_frames(self) -> str | None:
+        """Connect to the driver's report channel as a task would, answer its challenge without the key, and send a
+        landing far past the source's end and a stop: the driver must close the connection and move nothing."""
+        ports = CHANNEL_PORT.findall(self.scene.mirror.log.read_bytes())
+        if not ports:
+            return None  # no real-time job has started (throughput mode, or not yet)
+        port = int(ports[-1])
+        landed = json.dumps(["LANDED", {"topic": self.scene.topics.plain, "partition": 0, "end": 10**12}]).encode()
+        stop = json.dumps(["STOP"]).encode()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.recv(NONCE_BYTES)
+                sock.sendall(bytes(64) + b"".join(len(f).to_bytes(4, "big") + f for f in (landed, stop)))
+                sock.settimeout(10)
+                answer = sock.recv(1024)
+        except ConnectionRefusedError:
+            return None  # the job that listened there has ended
+        except TimeoutError:
+            return f"port {port}: the driver neither answered nor closed the connection in 10 s"
+        except OSError as err:
+            return f"port {port}: the driver closed the connection ({err.__class__.__name__})"
+        if answer:
+            self.violations.append(f"the report channel on port {port} answered a forger: {answer[:64]!r}")
+            return f"port {port}: ANSWERED"
+        return f"port {port}: the driver closed the connection"
 
     def _retention(self) -> str:
         """Stop the mirror, let records pile up, then delete them as retention would before the mirror is back."""

@@ -48,6 +48,7 @@ class Outcome:
     extra: dict[str, int] = field(default_factory=dict)
     load_error: str | None = None  # the generator or the groups stopped early: the run proves less
     exactly_once: bool = False  # the flow was `exactly_once`: a read_committed reader may see no duplicate at all
+    violations: list[str] = field(default_factory=list)  # what a fault saw the mirror do that it never may
 
 
 def duplicate_bound(outcome: Outcome) -> int:
@@ -134,7 +135,8 @@ def run_chaos(
     sent = sum(len(v) for v in load.acknowledged().values())
     return Outcome(mode, seed, rate, faults, nemesis.events, sent, report, drained_in, exit_code, mirror.starts,
                    {"group_commits": groups.commits, "failed_sends": load.failed,
-                    "transactional_restarts": load.txn_restarts}, load.error or groups.error, exactly_once)  # fmt: skip
+                    "transactional_restarts": load.txn_restarts}, load.error or groups.error, exactly_once,
+                   nemesis.violations)  # fmt: skip
 
 
 def _warm_up(target: KafkaCluster, topics: Topics, remote: Remote, deadline: float) -> None:

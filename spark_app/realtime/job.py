@@ -82,6 +82,7 @@ class CopyJob:
         self._key, source_of_key = self._channel_key(spark)
         self._listener = channel.Listener()
         address = (spark.conf.get("spark.driver.host") or "127.0.0.1", self._listener.port)
+        log.info("flow %s: the copier tasks report on port %d", flow.name, self._listener.port)
         # The task carries where its executor finds the key, never the key (spark_app.realtime.channel).
         self._task = CopierTask(flow, source, target, address, source_of_key.encode(), rules, commit_interval_s)
         self._jvm_config = (
