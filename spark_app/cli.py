@@ -14,12 +14,17 @@ import logging
 import re
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .config import ConfigError, MirrorConfig, load_config
+from .config import ConfigError, FlowConfig, MirrorConfig, load_config
 from .copy_wing.choice import CoreChoice, choices
 from .errors import MirrorFailed
 from .policy import target_topic
 from .profiles import SecretError, Settings, librdkafka_settings, redacted
+
+if TYPE_CHECKING:
+    from .dr.connection import Publication
+    from .dr.views import FailoverRow
 
 log = logging.getLogger("spark_app")
 PREFLIGHT_TIMEOUT_S = 20.0
@@ -55,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     fail.add_argument("--dry-run", action="store_true", help="print the plan, commit nothing")
     fail.add_argument("--force", action="store_true",
                       help="fail over while the flow's mirror still runs: fence it first, saying so")  # fmt: skip
+    publish_arguments(fail, "the flow's target")
     drill = sub.choices["drill"]
     drill.add_argument("--flow", required=True, help="the flow to drill, as SRC->DST; its mirror must be running")
     drill.add_argument("--probe-topic", default="mirrorkit_drill", help="a topic the flow mirrors, for the drill only")
@@ -67,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     back.add_argument("--force", action="store_true",
                       help="go past failed checks (live consumers on DR, lag, checkpoints not yet current), saying"
                       " which")  # fmt: skip
+    publish_arguments(back, "the primary")
     take = sub.choices["adopt"]
     take.add_argument("--flow", required=True, help="the flow MM2 ran, as SRC->DST (MM2's cluster aliases)")
     take.add_argument("--force", action="store_true",
@@ -117,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             return print_status(config, args.json)
         if args.command == "failover":
-            return run_failover(config, args.flow, args.groups, args.dry_run, args.force)
+            return run_failover(config, args.flow, args.groups, args.dry_run, args.force, publication(args))
         if args.command == "failback":
-            return run_failback(config, args.flow, args.dry_run, args.force)
+            return run_failback(config, args.flow, args.dry_run, args.force, publication(args))
         if args.command == "adopt":
             return run_adopt(config, args)
         if args.command == "handback":
@@ -135,6 +142,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         gc.collect()  # free Kafka clients held in cycles now, not while the interpreter exits (see clients.list_topics)
+
+
+def publish_arguments(parser: argparse.ArgumentParser, where: str) -> None:
+    parser.add_argument("--publish-configmap", default=None, metavar="NAMESPACE/NAME",
+                        help=f"publish the applications' connection profile for {where} as this ConfigMap, through the"
+                        " Kubernetes API with the pod's service-account token")  # fmt: skip
+    parser.add_argument("--profile-out", default=None, metavar="PATH",
+                        help=f"write the applications' connection profile for {where} to this file (JSON)")  # fmt: skip
+
+
+def publication(args: argparse.Namespace) -> Publication:
+    from .dr.connection import ConfigMapRef, Publication
+
+    where = None if args.publish_configmap is None else ConfigMapRef.parse(args.publish_configmap)
+    return Publication(where, args.profile_out)
 
 
 @dataclass(frozen=True)
@@ -193,9 +215,9 @@ def _age(seconds: float | None) -> str:
 
 def print_status(config: MirrorConfig, as_json: bool) -> int:
     """Read only what the mirror wrote on the clusters, so it works beside a running mirror or without one."""
-    from .dr.views import flow_status
+    from .dr.views import status_of
 
-    flows = [flow_status(config, flow) for flow in config.flows]
+    flows = [status_of(config, flow) for flow in config.flows]
     copies = choices(config)
     if as_json:
         rows = [
@@ -211,6 +233,9 @@ def print_status(config: MirrorConfig, as_json: bool) -> int:
     )
     for f in flows:
         heartbeat = _age(f.heartbeat_age_s)
+        if f.unreadable is not None:
+            print(f"{f.flow:16} (its DR state cannot be read: {f.unreadable})")
+            continue
         if not f.partitions:
             print(f"{f.flow:16} {'(nothing mirrored yet)':24} {'':>4} {'':>10} {'':>8} {'-':>15} {heartbeat:>14}")
         for p in f.partitions:
@@ -222,17 +247,114 @@ def print_status(config: MirrorConfig, as_json: bool) -> int:
     return 0
 
 
-def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_run: bool, force: bool) -> int:
-    """Print where each group resumes on the target; without --dry-run, commit it there for idle groups, once the
-    flow's mirror has stopped (or, forced, is fenced)."""
-    from .dr.views import Checks, failover, failover_plan, fence, running_mirror
+def run_failover(
+    config: MirrorConfig,
+    flow_name: str,
+    groups: str | None,
+    dry_run: bool,
+    force: bool,
+    publication: Publication | None = None,
+) -> int:
+    """Failover as one promotion of the flow's target, each step printed: fence the flow's mirror (its DR lease),
+    translate the groups, lift the copies' write block, publish the applications' connection profile. A failed
+    step stops the steps after it; the exit code is 1 when one failed or a group was refused. A dry run changes
+    nothing: it prints the plan on stdout, and what each step would do on stderr."""
+    from confluent_kafka import KafkaException
 
+    from .dr.connection import GroupResume, Publication, PublishFailed, failover_profile
+    from .dr.views import Checks, fence, lift, running_mirror, translate_groups, withheld_grants
+
+    publication = publication or Publication()
+    say = sys.stderr if dry_run else sys.stdout  # a dry run's stdout is the plan alone, for scripts that read it
     flow = config.flow(flow_name)
     if groups is not None:
         try:
             re.compile(groups)
         except re.error as err:
             raise ConfigError(f"--groups: '{groups}' is not a valid regex: {err}") from None
+    plan = failover_plan_printed(config, flow, groups)
+    if not plan:
+        print(f"no checkpoint for flow {flow.name} on '{flow.target}' matches; no group to translate", file=say)
+    if publication.asked:  # before anything changes: a grant missing there refuses the failover now
+        for line in publication.check():
+            print(f"checked: {line}", file=say)
+    verb = "would " if dry_run else ""
+    running = running_mirror(config, flow, wait_s=0.0) if dry_run or force else running_mirror(config, flow)
+    checks = Checks("failover", force)
+    if dry_run:
+        fenced = f"would refuse: {running} (--force fences it)" if running else "no mirror of the flow runs"
+    elif running:
+        checks.fail(running)
+        fence(config, flow)
+        fenced = "fenced the running mirror (took the flow's DR lease)"
+    else:
+        fenced = "no mirror of the flow runs"
+    print_forced(checks.forced)
+    print(f"step 1/4 fence: {fenced}", file=say)
+
+    resumes = [GroupResume(r.group, r.topic, r.partition, r.target_offset) for r in plan]
+    refused = 0
+    if dry_run:
+        print(
+            f"step 2/4 translate groups: would commit {len({r.group for r in plan})} group(s), as planned above",
+            file=say,
+        )
+    else:
+        resumes = []
+        for result in translate_groups(config, flow, plan):
+            if result.refused:
+                refused += 1
+                print(f"refused: {result.refused}", file=sys.stderr)
+                continue
+            for (topic, partition), offset in sorted(result.committed.items()):
+                print(f"committed {result.group} {topic}[{partition}] = {offset} on '{flow.target}'", file=say)
+                resumes.append(GroupResume(result.group, topic, partition, offset))
+            for (topic, partition), offset in sorted(result.kept.items()):
+                print(
+                    f"kept {result.group} {topic}[{partition}] = {offset}: already at or past the translation", file=say
+                )
+                resumes.append(GroupResume(result.group, topic, partition, offset))
+        moved = len({g.group for g in resumes})
+        print(f"step 2/4 translate groups: {moved} group(s) translated, {refused} refused", file=say)
+
+    if not flow.sync_topic_acls:
+        print(f"step 3/4 lift write block: none (flow {flow.name} does not sync topic ACLs)", file=say)
+    else:
+        try:
+            grants = withheld_grants(config, flow) if dry_run else lift(config, flow)
+        except KafkaException as err:
+            raise MirrorFailed(
+                f"step 3/4 lift write block failed on '{flow.target}': {err.args[0].str()}; steps 1 and 2 are done"
+                " (run failover again: it keeps what it committed, and lifts what is still withheld)"
+            ) from None
+        for rule in grants:
+            print(f"{verb}grant {rule}", file=say)
+        print(f"step 3/4 lift write block: {verb}set {len(grants)} write grant(s) on '{flow.target}'", file=say)
+
+    profile = failover_profile(config.cluster(flow.target), flow, resumes)
+    print(f"profile ({len(profile.topics)} topic(s), {len(resumes)} group partition(s)):", file=say)
+    print(profile.to_json(), file=say)
+    if not publication.asked:
+        print("step 4/4 publish profile: not asked (--publish-configmap NAMESPACE/NAME, --profile-out PATH)", file=say)
+    elif dry_run:
+        print("step 4/4 publish profile: would write it where checked above", file=say)
+    else:
+        try:
+            published = publication.publish(profile)
+        except PublishFailed as err:
+            raise PublishFailed(
+                f"step 4/4 publish profile failed: {err}; steps 1 to 3 are done (run failover again to publish)"
+            ) from None
+        for line in published:
+            print(f"step 4/4 publish profile: {line}", file=say)
+    none_matched = not plan and groups is not None  # the operator named groups, and none has a checkpoint
+    return 1 if refused or none_matched else 0
+
+
+def failover_plan_printed(config: MirrorConfig, flow: FlowConfig, groups: str | None) -> list[FailoverRow]:
+    """The failover plan, printed as a table: where each group resumes on the target."""
+    from .dr.views import failover_plan
+
     plan = failover_plan(config, flow, groups)
     print(f"{'group':24} {'topic':24} {'part':>4} {'source offset':>13} {'target offset':>13} {'re-read':>8}  note")
     for r in plan:
@@ -245,36 +367,13 @@ def run_failover(config: MirrorConfig, flow_name: str, groups: str | None, dry_r
         note = ",".join(notes) or "-"
         where = f"{r.group:24} {r.topic:24} {r.partition:>4}"
         print(f"{where} {r.source_offset:>13} {r.target_offset:>13} {reread:>8}  {note}")
-    if not plan:
-        print(f"no checkpoint for flow {flow.name} on '{flow.target}' matches; nothing to fail over")
-        return 1
     clamped = sum(1 for r in plan if r.clamped_from is not None)
     if clamped:
         print(
             f"{clamped} row(s) resume at the target partition's log start: the records between their translated"
             f" offset and it were deleted on '{flow.target}' (retention), so the group cannot read them there"
         )
-    running = running_mirror(config, flow, wait_s=0.0) if dry_run or force else running_mirror(config, flow)
-    if dry_run:
-        if running:
-            print(f"failover would refuse: {running} (--force fences it)")
-        return 0
-    checks = Checks("failover", force)
-    if running:
-        checks.fail(running)
-        fence(config, flow)
-    print_forced(checks.forced)
-    refused = 0
-    for result in failover(config, flow, plan):
-        if result.refused:
-            refused += 1
-            print(f"refused: {result.refused}", file=sys.stderr)
-            continue
-        for (topic, partition), offset in sorted(result.committed.items()):
-            print(f"committed {result.group} {topic}[{partition}] = {offset} on '{flow.target}'")
-        for (topic, partition), offset in sorted(result.kept.items()):
-            print(f"kept {result.group} {topic}[{partition}] = {offset}: already at or past the translation")
-    return 1 if refused else 0
+    return plan
 
 
 def run_drill(
@@ -314,19 +413,41 @@ def run_drill(
     return 0 if report.skipped == 0 else 1
 
 
-def run_failback(config: MirrorConfig, flow_name: str, dry_run: bool, force: bool) -> int:
+def run_failback(
+    config: MirrorConfig, flow_name: str, dry_run: bool, force: bool, publication: Publication | None = None
+) -> int:
     """Refuse while the operator must act (unless forced); else commit (or, on a dry run, print) where each group
-    goes."""
-    from .dr.failback import failback
+    goes. Once every group moved back, the primary's connection profile is published where asked (checked before
+    anything moves)."""
+    from .dr.connection import GroupResume, Publication, primary_profile
+    from .dr.failback import failback, original_flow
 
-    result = failback(config, config.flow(flow_name), dry_run, force)
+    publication = publication or Publication()
+    reverse = config.flow(flow_name)
+    original = original_flow(config, reverse)
+    if publication.asked:
+        for line in publication.check():
+            print(f"checked: {line}")
+    result = failback(config, reverse, dry_run, force)
     print_forced(result.forced)
     print(f"{'move':13} {'group':24} {'topic':24} {'part':>4} {'offset':>10}  on '{result.primary}'")
     for a in result.actions:
         print(f"{a.move:13} {a.group:24} {a.topic:24} {a.partition:>4} {a.offset:>10}  {a.done}")
     if not result.actions and not result.refused:
         print(f"no group of flow {flow_name} on '{result.dr}' has offsets to move")
-    return 1 if refused(result.refused) else 0
+    if refused(result.refused):
+        if publication.asked:
+            print("profile not published: a group was refused, so the applications stay on DR's profile")
+        return 1
+    if publication.asked:
+        resumes = [GroupResume(a.group, a.topic, a.partition, a.offset) for a in result.actions]
+        profile = primary_profile(config.cluster(original.source), original, resumes)
+        print(profile.to_json())
+        if dry_run:
+            print("publish profile: would write it where checked above")
+        for line in [] if dry_run else publication.publish(profile):
+            print(f"publish profile: {line}")
+    return 0
 
 
 def refused(reasons: list[str]) -> bool:

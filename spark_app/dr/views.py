@@ -25,7 +25,7 @@ from ..clients import Partition, PartitionOffsets
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
 from ..errors import AuthenticationFailed, ClusterUnreachable, MirrorFailed
 from ..policy import PROVENANCE_HEADER, drops_record, origin, replication_policy, should_mirror, target_topic
-from ..topic_acls import lift_write_block
+from ..topic_acls import Phase, Rule, lift_write_block, read_ledger
 from .groups import ClusterGroups, GroupCommit, mark
 from .internal import newest_heartbeat_ms, read_checkpoints, read_offset_syncs
 from .lease import SESSION_S, DrLease, holder
@@ -88,6 +88,9 @@ class FlowStatus:
     source_reachable: bool
     heartbeat_age_s: float | None
     partitions: list[PartitionStatus]
+    # Why the flow's DR state (offset syncs, checkpoints, heartbeats) could not be read, or None: in an
+    # active/active pair with a region down, the reverse flow's target is the lost one.
+    unreadable: str | None = None
 
 
 def failover_plan(config: MirrorConfig, flow: FlowConfig, groups: str | None = None) -> list[FailoverRow]:
@@ -147,6 +150,13 @@ def fence(config: MirrorConfig, flow: FlowConfig) -> None:
 
 
 def failover(config: MirrorConfig, flow: FlowConfig, plan: list[FailoverRow]) -> list[GroupCommit]:
+    """Translate the groups (`translate_groups`), then lift the copies' write block (`lift`)."""
+    commits = translate_groups(config, flow, plan)
+    lift(config, flow)
+    return commits
+
+
+def translate_groups(config: MirrorConfig, flow: FlowConfig, plan: list[FailoverRow]) -> list[GroupCommit]:
     """Commit the plan on the target, group by group, marked as this flow's failover so the mirror's group sync
     leaves the groups alone from then on; a group with members there is refused by name."""
     target = ClusterGroups(config.cluster(flow.target))
@@ -154,10 +164,31 @@ def failover(config: MirrorConfig, flow: FlowConfig, plan: list[FailoverRow]) ->
     for row in plan:
         by_group.setdefault(row.group, {})[(row.topic, row.partition)] = row.target_offset
     move = mark("failover", flow.name)
-    commits = [target.commit(group, offsets, move) for group, offsets in sorted(by_group.items())]
-    if flow.sync_topic_acls:  # the copies become writable where the source granted it (spark_app.topic_acls)
-        lift_write_block(config.cluster(flow.target), flow)
-    return commits
+    return [target.commit(group, offsets, move) for group, offsets in sorted(by_group.items())]
+
+
+def withheld_grants(config: MirrorConfig, flow: FlowConfig) -> list[Rule]:
+    """The write grants the flow's topic ACL sync keeps off its copies, which `lift` would set: read on the target."""
+    if not flow.sync_topic_acls:
+        return []
+    return sorted(r for r, phase in read_ledger(config.cluster(flow.target), flow).items() if phase is Phase.WITHHELD)
+
+
+def lift(config: MirrorConfig, flow: FlowConfig) -> list[Rule]:
+    """Failover's step after the groups: the copies become writable where the source granted it
+    (spark_app.topic_acls); the grants set. Nothing for a flow that does not sync topic ACLs."""
+    if not flow.sync_topic_acls:
+        return []
+    return lift_write_block(config.cluster(flow.target), flow)
+
+
+def status_of(config: MirrorConfig, flow: FlowConfig) -> FlowStatus:
+    """`flow_status`, or, when a cluster holding the flow's DR state does not answer, a status that says so (the
+    source then counts as not reached: it was not asked), so `status` still reports the other flows."""
+    try:
+        return flow_status(config, flow)
+    except ClusterUnreachable as err:
+        return FlowStatus(flow.name, False, None, [], unreadable=str(err))
 
 
 def flow_status(config: MirrorConfig, flow: FlowConfig) -> FlowStatus:
@@ -165,10 +196,11 @@ def flow_status(config: MirrorConfig, flow: FlowConfig) -> FlowStatus:
     on the clusters and the source's last stable offsets."""
     now = time.time()
     syncs = read_offset_syncs(config, flow)
-    checkpoint_at: dict[Partition, float] = {}
-    for (_, topic, partition), (_, written) in read_checkpoints(config, flow).items():
-        checkpoint_at[(topic, partition)] = max(written, checkpoint_at.get((topic, partition), 0.0))
+    checkpoints = read_checkpoints(config, flow)
     heartbeat = newest_heartbeat_ms(config, flow)
+    checkpoint_at: dict[Partition, float] = {}
+    for (_, topic, partition), (_, written) in checkpoints.items():
+        checkpoint_at[(topic, partition)] = max(written, checkpoint_at.get((topic, partition), 0.0))
     source = config.cluster(flow.source)
     selected = [(t, p) for t, p in syncs.partitions() if should_mirror(flow, t)]
     mirrored = {tp: run.last + 1 for tp in selected if (run := syncs.latest(*tp)) is not None}
