@@ -103,6 +103,44 @@ def test_exactly_once_real_time_a_topic_made_again_while_copied_is_copied_once_a
     assert_each_record_once_in_order(remote, got, old + new)
 
 
+def test_real_time_a_topic_made_again_and_refilled_past_where_the_copy_stood_before_it_looked_loses_nothing(
+    spark, plaintext_cluster, source_cluster, tmp_path, unique
+):
+    """Refilled at once, the new life may be past where a task stood before the task looks again: its consumer then
+    reads on from there, and sees nothing go backwards. The flow's runner finds the topic's new id between topic
+    syncs and starts the copy again, the new life from its log start: nothing of it is left out (copied twice where
+    the task had read it unnoticed)."""
+    topic = f"remade-unseen-{unique}"
+    remote = f"primary.{topic}"
+    now = int(time.time() * 1000)
+    old, new = records("old", 1_000, now), records("new", 3_000, now + 10_000)
+    raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", source_alias="primary",
+                          emit_heartbeats=False, mode="realtime", exactly_once=True)  # fmt: skip
+    config = parse_config(raw)
+    create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
+    produce(plaintext_cluster.client, topic, old)
+
+    check_transactions(config)
+    flow = Mirror(spark, config).flows[0]
+    flow.start(flow.sync_topics(), available_now=False)
+    try:
+        copy_until(flow, source_cluster.client, remote, len(old))
+        recreate(plaintext_cluster, topic)
+        produce(plaintext_cluster.client, topic, new)  # at once, past where the tasks stood
+        wanted = {r.value for r in new}
+        deadline = time.monotonic() + 180
+        while not wanted <= {r.value for r in read_all(source_cluster.client, remote, expected=1, exact=False)}:
+            assert time.monotonic() < deadline, "records of the new life never reached the target"
+            assert flow.failure() is None, flow.failure()
+            flow.catch_up()  # as the mirror's loop does between topic syncs
+            time.sleep(0.5)
+    finally:
+        flow.stop()
+    got = read_all(source_cluster.client, remote, expected=len(old) + len(new), exact=False)  # read_committed
+    values = [r.value for r in got]
+    assert all(values.count(r.value) == 1 for r in old), "an old record copied twice"
+
+
 def landed_uncommitted(target, topic: str, prefix: bytes) -> int:
     """How many records of `topic` whose value starts with `prefix` the target holds, committed or not."""
     reader = clients.consumer(target, f"peek-{time.monotonic_ns()}", {

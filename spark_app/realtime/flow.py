@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Callable
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .. import clients, transactions
@@ -73,15 +74,18 @@ class RealtimeRunner(FlowRunner):
     _restarts = 0
     _restarted_at = -math.inf
     _restart_at: float | None = None
-    _went_back: dict[str, set[int]]  # per topic, its partitions the job's tasks found gone backwards (set at `start`)
+    # Per topic, its partitions the job's tasks found gone backwards (set at `start`), until the topic is filed in its
+    # new life; a start meanwhile keeps their new life's positions.
+    _went_back: dict[str, set[int]]
+    _ids_admin: AdminClient | None = None  # asks the source for its topics' ids between topic syncs
 
     def start(self, subscription: Subscription, available_now: bool) -> None:
         self.subscription = subscription
-        self._went_back = {}
+        went_back, self._went_back = getattr(self, "_went_back", {}), {}
         self._available_now = available_now
         with self.lock:
             self._release_due()
-            assignment = self._assign(subscription, available_now)
+            assignment = self._assign(subscription, available_now, went_back)
         if not assignment.starts:
             log.warning("flow %s: no topic to mirror yet", self.flow.name)
             self.job = None
@@ -109,7 +113,9 @@ class RealtimeRunner(FlowRunner):
         end = max(self.flow.realtime_tasks, self.ledger.state.slots)
         fence(self.flow, self.target, producer_settings(self.plan.rules), used, end)
 
-    def _assign(self, subscription: Subscription, available_now: bool) -> Assignment:
+    def _assign(
+        self, subscription: Subscription, available_now: bool, went_back: dict[str, set[int]] | None = None
+    ) -> Assignment:
         """Where each partition the target can take starts: its saved position (or first held offset), else an
         adopted one, else `start_from` for a new topic and the log start for a new partition. A saved position whose
         topic was made again meanwhile (another topic id) or that lies past the log's end starts over at the log
@@ -124,7 +130,11 @@ class RealtimeRunner(FlowRunner):
         waits for the leader; a log start that does not answer is read as 0, from which the consumer moves to the log
         start). Without one (a new topic at `start_from: latest`), or in an available-now run that needs its end
         (asked again for AVAILABLE_NOW_WAIT_S first), it is left out and placed when it answers (UNPLACED_RECHECK_S)
-        or by the next run."""
+        or by the next run.
+
+        Of a topic made again, the partitions the job before found gone backwards (`went_back`) are no longer the old
+        life's: they go on from their positions in the new life, and only the others start over."""
+        went_back = went_back or {}
         ready = self.ledger.quarantines.ready(self.plan.mirrored)
         every = [(t, p) for t, n in subscription for p in range(n)]
         admin = clients.admin(self.source)
@@ -136,7 +146,8 @@ class RealtimeRunner(FlowRunner):
         back = {
             tp: resume.pop(tp)
             for tp in every
-            if tp in resume and (tp[0] in remade or (tp in ends and resume[tp] > ends[tp]))
+            if tp in resume
+            and ((tp[0] in remade and tp[1] not in went_back.get(tp[0], ())) or (tp in ends and resume[tp] > ends[tp]))
         }
         fresh = [tp for tp in every if tp not in resume]
         known = {t for t, _ in resume} | {t for t, _ in back}
@@ -229,7 +240,9 @@ class RealtimeRunner(FlowRunner):
     def catch_up(self) -> None:
         """Restart the job when a quarantined topic may rejoin (read from its first held offsets), when a task held
         a partition (its topic's other partitions stop until then), when topic sync quarantined a topic the job
-        copies, or when partitions left out for not answering may answer now."""
+        copies, when partitions left out for not answering may answer now, or when a topic the job copies was made
+        again and its tasks did not find every partition gone backwards (see `_made_again`)."""
+        made_again = self._made_again()
         with self.lock:
             due = self._release_due()
             copying = {t for t, _ in self.job.reached} if self.job is not None else set()
@@ -238,9 +251,32 @@ class RealtimeRunner(FlowRunner):
         unplaced = since is not None and self.clock() - since >= UNPLACED_RECHECK_S
         if self._failed_tasks_due():
             self.start(self.subscription, available_now=False)
-        elif due or stopped or unplaced or (self.job is not None and self.job.held_any()):
+        elif due or stopped or unplaced or made_again or (self.job is not None and self.job.held_any()):
             self.stop()
             self.start(self.subscription, available_now=False)
+
+    def _made_again(self) -> set[str]:
+        """The topics the running job copies whose id at the source is not the one their positions belong to: made
+        again between two topic syncs, and not (yet) filed in their new life. A partition whose new life had passed
+        where its task stood before the task looked is read on from there, unnoticed; the start that follows takes the
+        topic as made again, so what lies below is copied too (a partition the tasks found gone backwards goes on)."""
+        job = self.job
+        if job is None or not job.running():
+            return set()
+        if self._ids_admin is None:
+            self._ids_admin = clients.admin(self.source)
+        try:
+            ids = clients.topic_ids(self._ids_admin, {t for t, _ in job.reached})
+        except KafkaException:
+            return set()  # asked again at the next topic sync
+        with self.lock:
+            saved = dict(self.ledger.state.topic_ids)
+        made = {t for t, i in ids.items() if saved.get(t, i) != i}
+        if made:
+            log.warning("flow %s: topic(s) made again while copied: %s; the copy starts again, the new life of each"
+                        " partition not yet found gone backwards from its log start", self.flow.name,
+                        ", ".join(sorted(made)))  # fmt: skip
+        return made
 
     def _failed_tasks_due(self) -> bool:
         """Whether the job's tasks failed (past Spark's own retries of a task) and their restart is due: at once
