@@ -142,3 +142,19 @@ def test_with_the_primary_down_status_reports_each_flow_and_failback_refuses_for
         err = capsys.readouterr().err
         assert f"error: cluster '{p}' ({dead}) is unreachable" in err, err
     assert ClusterGroups(config.cluster(p)).committed(group) == {}
+
+
+def test_failback_puts_the_primarys_profile_back_once_every_group_moved(pair, unique: str, tmp_path: Path, capsys):
+    """The profile failback writes: the primary, each topic by its own name there, and where the group resumes."""
+    config, failback, group = after_an_outage(pair, unique, tmp_path)
+    p, d = config.flows[0].source, config.flows[0].target
+    topic = f"orders-{unique}"
+    path = tmp_path / "profile.json"
+    capsys.readouterr()
+    assert cli_main([*failback, "--profile-out", str(path)]) == 0
+    assert f"publish profile: wrote {path}" in capsys.readouterr().out
+    profile = json.loads(path.read_text())
+    assert (profile["verb"], profile["cluster"], profile["flow"]) == ("failback", p, f"{p}->{d}")
+    assert profile["bootstrap_servers"] == config.cluster(p).bootstrap_servers
+    assert profile["topics"] == [{"source_topic": topic, "topic": topic}]
+    assert profile["groups"] == [{"group": group, "topic": f"{d}.{topic}", "partition": 0, "offset": 5}]
