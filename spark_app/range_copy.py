@@ -182,8 +182,8 @@ class RangeCopier:
                 raise DeliveryFailed(f"flow {self.flow.name}: {lost} transactions of slot {slot_txn.slot} in a row"
                                      " failed, with no record of them refused")  # fmt: skip
             for key in refused:  # held (not for a retry of its records alone, or a dead letter): cut there
-                landing = cursors[key].landing
-                if landing.held_from >= 0 and key not in cut:
+                landing = cursors[key].landing  # (earlier, if one before the cut was refused too: a topic gone)
+                if landing.held_from >= 0 and (key not in cut or landing.held_from < cut[key][0]):
                     cut[key] = (landing.held_from, landing.refused_bytes, landing.held_error)
             cursors = copy.deepcopy(last_commit)
             for key, (offset, _, _) in cut.items():

@@ -318,8 +318,8 @@ class LiveCopy:
         self._hold(outbox.settle())
         refused |= outbox.take_refused()
         for key in refused:  # held from a refused record (not one to send alone, or to dead-letter): cut there
-            landing = self.cursors[key].landing
-            if landing.held_from >= 0 and key not in self._cuts:
+            landing = self.cursors[key].landing  # (earlier, if one before the cut was refused too: a topic gone)
+            if landing.held_from >= 0 and (key not in self._cuts or landing.held_from < self._cuts[key][0]):
                 self._cuts[key] = (landing.held_from, landing.refused_bytes, landing.held_error)
         for key, cursor in self.cursors.items():
             start = self._committed[key]
