@@ -24,7 +24,7 @@ from infra.kafka.acls import AclSpec, mirror_acls
 from spark_app import clients
 from spark_app.config import ClusterConfig, ConfigError, FlowConfig, MirrorConfig, parse_config
 from spark_app.dr.failback import failback
-from spark_app.dr.views import failover
+from spark_app.dr.views import lift
 from spark_app.topic_acls import Phase, Rule, ledger_topic, plan, read_ledger
 from spark_app.topics import TopicSync
 
@@ -201,7 +201,7 @@ def test_a_producer_on_the_dr_side_is_refused_on_a_copy_before_failover_accepted
     refused = produce_one(application, copy)
     assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, refused
 
-    failover(config, flow, [])  # no group to move: the write block is lifted all the same
+    lift(config, flow)  # failover's step after the groups
     assert (principal, "WRITE", "ALLOW") in topic_rules(acl_target_cluster, copy)
     assert produce_one(application, copy) is None
     assert produce_one(config.cluster("dst"), copy) is None  # the mirror still writes its copies

@@ -30,7 +30,7 @@ from ..policy import checkpoints_topic, is_internal, should_mirror, target_topic
 from .formats import Checkpoint
 from .groups import ClusterGroups
 from .internal import read_checkpoints
-from .views import failover, failover_plan
+from .views import failover_plan, translate_groups
 
 DEFAULT_PROBE_TOPIC = "mirrorkit_drill"  # not `mirrorkit-...`: that prefix is internal, never mirrored
 PROBE_PARTITIONS = 2  # when the drill makes the probe topic
@@ -279,7 +279,8 @@ class Drill:
         if not plan:
             raise MirrorFailed(f"flow {self.flow.name}: the failover plan has no row for '{self.group}'")
         self.log(self._delete_group(self.source))  # planned: the mirror need not checkpoint the group any more
-        for result in failover(self.config, self.flow, plan):
+        # The groups alone: a drill on a live standby leaves its copies' write block in place.
+        for result in translate_groups(self.config, self.flow, plan):
             if result.refused:
                 raise MirrorFailed(result.refused)
         bounds = [r.reread for r in plan]

@@ -149,13 +149,6 @@ def fence(config: MirrorConfig, flow: FlowConfig) -> None:
     log.warning("flow %s: fenced its running mirror by taking its DR lease", flow.name)
 
 
-def failover(config: MirrorConfig, flow: FlowConfig, plan: list[FailoverRow]) -> list[GroupCommit]:
-    """Translate the groups (`translate_groups`), then lift the copies' write block (`lift`)."""
-    commits = translate_groups(config, flow, plan)
-    lift(config, flow)
-    return commits
-
-
 def translate_groups(config: MirrorConfig, flow: FlowConfig, plan: list[FailoverRow]) -> list[GroupCommit]:
     """Commit the plan on the target, group by group, marked as this flow's failover so the mirror's group sync
     leaves the groups alone from then on; a group with members there is refused by name."""
