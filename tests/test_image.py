@@ -4,13 +4,16 @@ executors as Spark on Kubernetes asks and runs the mirror in local mode."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 from bench.testbed.clients import Record, create_topics, produce, read_all
+from images.build_copier import write_jar
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
 
@@ -32,7 +35,7 @@ def test_every_path_the_dockerfile_copies_exists_or_is_staged_by_the_build_scrip
             sources += words[1:-1]
     assert len(sources) >= 6
     staged = [s for s in sources if s.startswith(f"{DIST}/")]
-    assert staged, "the copy core's wheel and the copier's jar come from the staging folder"
+    assert staged, "the copy core's wheel comes from the staging folder"
     missing = [s for s in sources if s not in staged and not (ROOT / s).exists()]
     assert missing == []
     build = BUILD.read_text()
@@ -41,6 +44,87 @@ def test_every_path_the_dockerfile_copies_exists_or_is_staged_by_the_build_scrip
         folder, _, name = source.removeprefix(f"{DIST}/").partition("/")
         assert f'"$dist/{folder}' in build, f"{source}: the build script stages nothing into {DIST}/{folder}"
         assert not name or name in build, f"{source}: the build script stages no {name}"
+
+
+def steps() -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined, comments left out."""
+    joined, current = [], ""
+    for line in (IMAGE / "Dockerfile").read_text().splitlines():
+        if line.startswith("#") and not current:
+            continue
+        current += line.rstrip("\\").strip() + " "
+        if not line.endswith("\\"):
+            joined.append(current.strip())
+            current = ""
+    return [s for s in joined if s]
+
+
+def stage_of(name: str) -> list[str]:
+    """The instructions of the stage `FROM ... AS name`, its FROM first."""
+    found: list[str] = []
+    for step in steps():
+        if step.startswith("FROM "):
+            if found:
+                break
+            if step.split()[2:] == ["AS", name]:
+                found.append(step)
+        elif found:
+            found.append(step)
+    assert found, f"the Dockerfile has no stage {name}"
+    return found
+
+
+def test_the_jvm_copier_is_compiled_in_a_stage_by_debians_jdk_at_the_runtimes_version():
+    """The image's jar comes from the Dockerfile alone: a stage on the image's Spark (its jars and the manifest's
+    kafka-clients) installs Debian's JDK 17 at the JRE's pinned version and runs the recipe set-up runs too."""
+    stage = stage_of("copier")
+    assert stage[0] == "FROM spark AS copier", "the stage compiles against the image's own jars"
+    fetch = [s for s in stage_of("spark") if "fetch_jars.py --image" in s]
+    assert fetch and "cp /tmp/jars/*/*.jar /opt/spark/jars/" in fetch[0], "kafka-clients is fetched as every image jar"
+    body = " ".join(stage)
+    assert '"openjdk-17-jdk-headless=$JAVA_DEB"' in body
+    assert '"openjdk-17-jre-headless=$JAVA_DEB"' in " ".join(stage_of("system"))
+    assert re.search(
+        r"build_copier\.py --classpath '/opt/spark/jars/\*' --sources src --jar mirrorkit-copier\.jar", body
+    )
+    assert "COPY spark_app/jvm_copier /opt/mirrorkit/copier/src" in stage
+    final = [s for s in steps() if s.startswith("COPY ") and "mirrorkit-copier.jar" in s]
+    assert final == ["COPY --from=copier /opt/mirrorkit/copier/mirrorkit-copier.jar /opt/spark/jars/"]
+    setup = (ROOT / ".ci" / "setup").read_text()
+    assert "images/build_copier.py --classpath" in setup and "-Xlint" not in setup, "one recipe, javac's flags in it"
+
+
+def test_uv_is_installed_once_and_mounted_where_packages_are_installed():
+    text = "\n".join(steps())
+    assert text.count("'^uv=='") == 1 and text.count("pip install --quiet") == 1
+    installs = [s for s in steps() if "uv pip install" in s]
+    assert len(installs) == 2
+    assert all(s.startswith("RUN --mount=type=bind,from=uv,source=/opt/uv,target=/tmp/uv ") for s in installs)
+
+
+def test_the_build_is_dated_by_the_last_commit_with_hash_based_bytecode_and_pinned_debian_packages():
+    build = BUILD.read_text()
+    assert "epoch=$(git log -1 --format=%ct)" in build and '--timestamp "$epoch"' in build
+    for step in steps():
+        if "--compile-bytecode" in step:
+            assert "SOURCE_DATE_EPOCH=315532800" in step, "checked-hash .pyc, whatever the files' dates"
+        if "apt-get install" in step:
+            packages = step.split("--no-install-recommends", 1)[1].split("&&")[0].split()
+            assert packages and all("=" in p for p in packages), packages
+
+
+def test_the_copiers_jar_is_the_same_bytes_whenever_it_is_made(tmp_path):
+    for run, when in (("a", 1_000_000_000), ("b", 1_700_000_000)):
+        classes = tmp_path / run / "classes" / "io" / "mirrorkit"
+        classes.mkdir(parents=True)
+        for name in ("B.class", "A.class"):
+            (classes / name).write_bytes(name.encode())
+            os.utime(classes / name, (when, when))
+        write_jar(tmp_path / run / "classes", tmp_path / f"{run}.jar")
+    assert (tmp_path / "a.jar").read_bytes() == (tmp_path / "b.jar").read_bytes()
+    with zipfile.ZipFile(tmp_path / "a.jar") as jar:
+        assert jar.namelist() == ["META-INF/", "META-INF/MANIFEST.MF", "io/mirrorkit/A.class", "io/mirrorkit/B.class"]
+        assert jar.read("io/mirrorkit/A.class") == b"A.class"
 
 
 def stub(folder: Path, path: str) -> Path:
