@@ -132,7 +132,13 @@ def transaction_settings(settings: Mapping[str, object]) -> dict[str, object]:
     """A slot's transactional producer's settings: the write path's, with the queue bounded (TXN_QUEUE_KBYTES) so a
     transaction never holds more than the target takes before its timeout."""
     largest = int(cast(int, settings.get("message.max.bytes", 1_000_000)))
-    return dict(settings) | {"queue.buffering.max.kbytes": max(TXN_QUEUE_KBYTES, 2 * largest // 1024 + 1)}
+    return dict(settings) | {"queue.buffering.max.kbytes": transaction_queue_kbytes(largest)}
+
+
+def transaction_queue_kbytes(largest_record: int) -> int:
+    """What a slot's transactional producer queues at most, in either language: TXN_QUEUE_KBYTES, or two of the
+    largest record the target takes."""
+    return max(TXN_QUEUE_KBYTES, 2 * largest_record // 1024 + 1)
 
 
 @dataclass

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import json
 from types import SimpleNamespace
+from typing import cast
 
 from spark_app.config import ClusterConfig, FlowConfig, TopicSelection, parse_config
 from spark_app.ledger import LedgerState
@@ -184,3 +186,18 @@ def test_a_new_partition_whose_log_start_did_not_answer_is_started_at_0_but_not_
     assert LedgerState.load(checkpoint_files(str(tmp_path))).positions == {("t", 0): 500}
     run.ledger.file([Landing("t", 1, 500, 510, records=10)])  # its task found the log start
     assert run.ledger.data_loss == []
+
+
+def test_a_jvm_slots_producer_queues_no_more_than_the_python_loops_transactions_do():
+    """Both languages bound what a slot's transactional producer queues by one rule, so a slow target slows either
+    slot instead of outliving its transactions."""
+    from spark_app.outbox import transaction_settings
+    from spark_app.realtime.channel import KeySource
+    from spark_app.realtime.jvm import slot_config
+
+    for cap in (None, 20_000_000):
+        rules = TargetRules(max_message_bytes=cap)
+        task = CopierTask(FLOW, SOURCE, TARGET, ("127.0.0.1", 9), KeySource("r").encode(), rules, 1.0)
+        java = json.loads(slot_config(task, ["t"]))["producer"]
+        python = transaction_settings(task.producer_settings)
+        assert int(java["buffer.memory"]) == int(cast(int, python["queue.buffering.max.kbytes"])) * 1024, cap

@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 
 from ..copy_wing.contract import CopyContract
 from ..errors import MirrorFailed
-from ..outbox import BATCH_BYTES
+from ..outbox import BATCH_BYTES, transaction_queue_kbytes
 from ..policy import positions_group, target_topic
 from ..profiles import java_client
 from ..transactions import TRANSACTION_TIMEOUT_MS
@@ -64,6 +64,9 @@ def slot_config(task: CopierTask, topics: list[str]) -> str:
         "linger.ms": str(JAVA_LINGER_MS),
         "batch.size": str(min(BATCH_BYTES, rules.max_message_bytes or BATCH_BYTES)),
         "transaction.timeout.ms": str(TRANSACTION_TIMEOUT_MS),
+        # Bounded as the Python loop's transactions are: a send waits for room rather than queueing more than a slow
+        # target takes before the slot's next commit.
+        "buffer.memory": str(transaction_queue_kbytes(rules.max_message_bytes or BATCH_BYTES) * 1024),
     }
     if rules.max_message_bytes is not None:
         producer["max.request.size"] = str(rules.max_message_bytes)
