@@ -7,16 +7,20 @@ offline; the whole target stopped), the network between the mirror and each clus
 a bandwidth cap, connections reset, a black hole that drops what is sent until healed), the target refusing writes
 (an ACL denied, a topic made to refuse records without a key), and the source changing under the mirror (a topic
 deleted and made again, at once or left empty a while and then refilled past its old end; records deleted before
-they were mirrored, as retention would while the mirror is down), and a forger on the real-time report channel.
+they were mirrored, as retention would while the mirror is down), a forger on the real-time report channel, and
+zombies: copiers paused while their mirror restarts on another slot count, resumed once it runs.
 Network faults act on the mirror's path alone: the generator, the groups and the checker reach the clusters
 directly. Every fault and its outcome is logged in `events`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import re
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -54,6 +58,10 @@ REFILL_PAST = 50  # a topic made again and left empty is refilled to this many r
 # Where the mirror's log says its real-time copier tasks report (spark_app.realtime.job).
 CHANNEL_PORT = re.compile(rb"the copier tasks report on port (\d+)")
 NONCE_BYTES = 32  # the report channel's challenge (spark_app.realtime.channel)
+# What the mirror logs once a flow's copy has started (spark_app.throughput, spark_app.realtime.flow): by then it has
+# fenced every slot id any run of the flow started.
+COPY_STARTED = re.compile(rb"flow \S+: mirroring \d+ topic\(s\)")
+SUCCESSOR_WAIT_S = 240.0
 
 
 Remote = Callable[[str], str]  # a source topic's name on the target
@@ -95,6 +103,7 @@ class Nemesis:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self._old_end = 0  # the end of the topic left empty, before it was made again
+        self._zombies_left: list[int] = []  # Python workers paused, then resumed after their successor started
 
     def menu(self) -> list[Fault]:
         """The faults it draws from: every one, or those `only` names."""
@@ -135,6 +144,11 @@ class Nemesis:
             Fault("delete records not yet mirrored (retention)", self._retention, s.mirror.start),
             Fault("slow the target (a produce quota)", self._slow_target, s.target.unlimit_producers),
             Fault("forge a landing and a stop on the report channel", self._forge_frames, lambda: None),
+            Fault(
+                "pause the copiers, restart the mirror on another slot count, resume them after it started",
+                self._zombies,
+                self._end_zombies,
+            ),  # fmt: skip
         ]
 
     def _executor_faults(self) -> list[Fault]:
@@ -346,6 +360,41 @@ class Nemesis:
             self.violations.append(f"the report channel on port {port} answered a forger: {answer[:64]!r}")
             return f"port {port}: ANSWERED"
         return f"port {port}: the driver closed the connection"
+
+    def _zombies(self) -> str | None:
+        """Pause (SIGSTOP) every Python worker copying for the mirror, kill the mirror and its executors but them, start
+        it again with another real-time slot count (a throughput run plans its own), and once its copy has started,
+        resume the paused ones: zombies of slots their successor may no longer run, whose writes must be fenced. With
+        no Python worker running (slots on the JVM), the restart on another slot count alone."""
+        s = self.scene
+        paused = s.mirror.workers() + (s.spark.python_workers() if s.spark else [])
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
+        self._zombies_left = paused
+        s.mirror.kill(spare=frozenset(paused))
+        if s.spark is not None:
+            s.spark.kill_executors(spare=frozenset(paused))
+        slots = s.mirror.change_slots()
+        seen = len(COPY_STARTED.findall(s.mirror.log.read_bytes()))
+        s.mirror.start()
+        deadline = time.monotonic() + SUCCESSOR_WAIT_S
+        while len(COPY_STARTED.findall(s.mirror.log.read_bytes())) <= seen and time.monotonic() < deadline:
+            time.sleep(0.5)
+        started = len(COPY_STARTED.findall(s.mirror.log.read_bytes())) > seen
+        for pid in paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        return (
+            f"{len(paused)} Python worker(s) paused; the mirror restarted with {slots} real-time slot(s);"
+            f" resumed {'after its copy started' if started else f'after {SUCCESSOR_WAIT_S:.0f} s'}"
+        )
+
+    def _end_zombies(self) -> None:
+        """Kill whatever of the resumed workers still runs (each ends on its own once it finds its JVM gone)."""
+        for pid in self._zombies_left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._zombies_left = []
 
     def _retention(self) -> str:
         """Stop the mirror, let records pile up, then delete them as retention would before the mirror is back."""

@@ -10,13 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.testbed.processes import kill_session, session_processes
+import yaml
+
+from bench.testbed.processes import kill_session, python_workers
 from spark_app.config import STOP_GRACE_S
 
 # A SIGTERM lets the batch in flight finish (or cancels it past its own bound); past this the process is killed, as
 # Kubernetes kills a pod past its grace period, which the mirror's SparkApplication sets to the same.
 STOP_WAIT_S = float(STOP_GRACE_S)
-DAEMON = "pyspark.daemon"  # the module Spark runs to fork Python workers
 
 
 class MirrorProcess:
@@ -48,12 +49,25 @@ class MirrorProcess:
     def exit_code(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
 
-    def kill(self) -> None:
-        """SIGKILL the driver and everything it started (its JVM, Spark's Python workers): a pod killed."""
+    def kill(self, spare: frozenset[int] = frozenset()) -> None:
+        """SIGKILL the driver and everything it started (its JVM, Spark's Python workers) but `spare`: a pod
+        killed."""
         if self._proc is None:
             return
-        kill_session(self._proc.pid)
+        kill_session(self._proc.pid, spare)
         self._proc.wait(60)
+
+    def change_slots(self) -> int:
+        """Give the next start another real-time slot count (1 and 2 in turn); the count it will run."""
+        raw = yaml.safe_load(self.config_file.read_text())
+        flow = raw["flows"][0]
+        flow["realtime_tasks"] = 1 if flow.get("realtime_tasks", 1) > 1 else 2
+        self.config_file.write_text(yaml.safe_dump(raw))
+        return int(flow["realtime_tasks"])
+
+    def workers(self) -> list[int]:
+        """The Python workers Spark forked for its tasks in this process's session (local mode's executors)."""
+        return python_workers(self._proc.pid) if self.alive() and self._proc is not None else []
 
     def term(self) -> int | None:
         """SIGTERM the driver and wait for it to stop between batches; its exit code (None if it had to be killed)."""
@@ -73,10 +87,7 @@ class MirrorProcess:
         """SIGKILL one Python worker that Spark forked for a task; False when none runs now."""
         if self._proc is None:
             return False
-        session = os.getsid(self._proc.pid)
-        # A worker is a fork of PySpark's daemon, so it shows the daemon's command line, as does its parent. (Spark's
-        # JVM shows the pyspark install in its class path and so does its launcher script: not a worker.)
-        workers = [pid for pid, cmd, parent in session_processes(session) if DAEMON in cmd and DAEMON in parent]
+        workers = python_workers(os.getsid(self._proc.pid))
         if not workers:
             return False
         try:

@@ -11,14 +11,24 @@ import os
 import signal
 from pathlib import Path
 
+DAEMON = "pyspark.daemon"  # the module Spark runs to fork Python workers
 
-def kill_session(session: int) -> None:
-    """SIGKILL every process of `session` (its leader first)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(session, signal.SIGKILL)
-    for pid, _, _ in session_processes(session):
+
+def kill_session(session: int, spare: frozenset[int] = frozenset()) -> None:
+    """SIGKILL every process of `session` (its leader first) but those in `spare`."""
+    if not spare:  # the leader's process group at once, before it can start more
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.killpg(session, signal.SIGKILL)
+    for pid, _, _ in session_processes(session):
+        if pid not in spare:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def python_workers(session: int) -> list[int]:
+    """The Python workers Spark forked for tasks in `session`: forks of PySpark's daemon, which show its command line,
+    as their parent does. (Spark's JVM shows the pyspark install in its class path: not a worker.)"""
+    return [pid for pid, cmd, parent in session_processes(session) if DAEMON in cmd and DAEMON in parent]
 
 
 def session_processes(session: int) -> list[tuple[int, str, str]]:

@@ -26,7 +26,7 @@ import pyspark
 
 from bench.testbed.kafka_cluster import require_java
 from bench.testbed.ports import free_ports
-from bench.testbed.processes import kill_session, session_processes
+from bench.testbed.processes import DAEMON, kill_session, python_workers, session_processes
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 READY_TIMEOUT_S = 90.0
@@ -109,6 +109,21 @@ class SparkStandalone:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         return bool(executors)
+
+    def python_workers(self) -> list[int]:
+        """The Python workers the executors of every worker forked for tasks."""
+        return [pid for p in self.workers if p is not None and p.poll() is None for pid in python_workers(p.pid)]
+
+    def kill_executors(self, spare: frozenset[int] = frozenset()) -> None:
+        """SIGKILL every executor JVM and Python daemon of every worker, and their Python workers but `spare`: an
+        application's executors lost, the workers kept."""
+        for process in self.workers:
+            if process is None or process.poll() is not None:
+                continue
+            for pid, cmd, _ in session_processes(process.pid):
+                if pid not in spare and ("CoarseGrainedExecutorBackend" in cmd or DAEMON in cmd):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
 
     def alive_workers(self) -> int:
         """Workers the master counts alive, from its web UI's JSON; none while the UI answers with its HTML page
