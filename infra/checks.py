@@ -36,6 +36,7 @@ def check(model: StackModel, mirror: MirrorConfig, part: Part | None = None) -> 
     errors += unknown_stopped_flows(model, mirror)
     errors += missing_credentials(model, _credentials_used(model, mirror, site_of_flow, part))
     errors += hubs_over_tier(model, mirror)
+    errors += eventhubs_open_to_the_internet(model)
     errors += missing_source_sizes(model, mirror)
     errors += exactly_once_without_transactions(model, mirror)
     errors += kept_policy_statements(model, mirror, site_of_flow)
@@ -333,4 +334,15 @@ def site_kafka_policy_fits(
         f" {size} characters of MSK grants inline, over IAM's {ROLE_INLINE_POLICIES_MAX} for a role's inline policies;"
         f" flow {widest.name} lists {len(widest.topics.include)} topics: select them by a pattern where the target"
         " allows one, or run some flows at another site"
+    ]
+
+
+def eventhubs_open_to_the_internet(model: StackModel) -> list[str]:
+    """A namespace the program makes with public network access lets in only the addresses it lists."""
+    return [
+        f"{PROJECT}:clusters[{j}].eventhubs.allowed_ips: public_network_access 'Enabled' lets in the whole internet;"
+        " list the mirror's egress addresses (the sites' NAT gateways), or set 'Disabled' and reach the namespace by"
+        " a private endpoint"
+        for j, c in enumerate(model.clusters)
+        if c.eventhubs is not None and c.eventhubs.public_network_access == "Enabled" and not c.eventhubs.allowed_ips
     ]

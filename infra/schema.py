@@ -57,6 +57,14 @@ def _cidr(v: str) -> str:
 Cidr = Annotated[str, Field(min_length=9)]
 
 
+def _public_ip(v: str) -> str:
+    """An IPv4 address or CIDR an Event Hubs IP rule takes, never one that lets in everyone."""
+    network = ipaddress.ip_network(v, strict=False)  # raises ValueError with a readable message
+    if network.version != 4 or network.prefixlen == 0:
+        raise ValueError(f"'{v}' is not an IPv4 address or a CIDR narrower than 0.0.0.0/0")
+    return v
+
+
 class SourceTopic(StrictModel):
     """What infra must know of a source topic to size its copy on a cluster it provisions."""
 
@@ -78,6 +86,9 @@ class EventHubsSpec(StrictModel):
     auto_inflate_max: Annotated[int, Field(ge=1, le=40)] | None = None  # Standard only; None turns auto-inflate off
     zone_redundant: bool = True
     public_network_access: Literal["Enabled", "Disabled", "SecuredByPerimeter"] = "Enabled"
+    # With public access: the only addresses let in (the sites' NAT egress, IPv4 address or CIDR); every other is
+    # denied by the namespace's network rule set.
+    allowed_ips: list[Annotated[str, AfterValidator(_public_ip)]] = Field(default_factory=list)
     disable_local_auth: bool = False
     dedicated_cluster_id: str | None = None  # Dedicated: the existing Event Hubs cluster the namespace lives on
     retention_hours: Annotated[int, Field(ge=1)] = 24

@@ -136,6 +136,28 @@ def eventhubs_namespace_speaks_kafka(typ: str, props: dict[str, Any], urn: str =
     return out
 
 
+def eventhubs_network_is_not_open(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
+    """An Event Hubs namespace says how the public network reaches it (Azure's default lets everyone in), and its
+    network rule set denies by default, letting in listed addresses only, never 0.0.0.0/0."""
+    if _eventhub(typ, "Namespace"):
+        if found := _unknowns(props, "publicNetworkAccess"):
+            return found
+        if props.get("publicNetworkAccess") in (None, _ABSENT):
+            return ["publicNetworkAccess is unset: Azure's default lets in the whole internet"]
+        return []
+    if not _eventhub(typ, "NamespaceNetworkRuleSet"):
+        return []
+    if found := _unknowns(props, "defaultAction") + _unknown_items(props, "ipRules"):
+        return found
+    out = []
+    if props.get("defaultAction") != "Deny":
+        out.append(f"defaultAction is {props.get('defaultAction')!r}: every address not listed gets in")
+    masks = [str((rule or {}).get("ipMask")) for rule in props.get("ipRules") or []]
+    if wide := [m for m in masks if m.endswith("/0")]:
+        out.append(f"ipRules let in {wide}")
+    return out
+
+
 def mirror_rule_sends_and_listens_only(typ: str, props: dict[str, Any], urn: str = "") -> list[str]:
     if not _eventhub(typ, "NamespaceAuthorizationRule"):
         return []
@@ -454,6 +476,7 @@ def data_is_protected(typ: str, props: dict[str, Any], protect: bool) -> list[st
 RULES: dict[str, tuple[Rule, str]] = {
     "eventhubs-namespace-speaks-kafka": (eventhubs_namespace_speaks_kafka, "mandatory"),
     "mirror-rule-sends-and-listens-only": (mirror_rule_sends_and_listens_only, "advisory"),
+    "eventhubs-network-is-not-open": (eventhubs_network_is_not_open, "mandatory"),
     "event-hub-keeps-producer-timestamps": (event_hub_keeps_producer_timestamps, "mandatory"),
     "security-group-opens-only-kafka-auth-port": (security_group_opens_only_kafka_auth_port, "mandatory"),
     "msk-scram-secret-uses-customer-key": (msk_scram_secret_uses_customer_key, "mandatory"),

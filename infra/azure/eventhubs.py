@@ -78,6 +78,21 @@ class EventHubs(pulumi.ComponentResource):
             disable_local_auth=spec.disable_local_auth,
             opts=data,
         )
+        if spec.public_network_access == "Enabled":
+            # The Kafka endpoint is public: only the listed addresses reach it (settings require at least one).
+            eventhub.NamespaceNetworkRuleSet(
+                f"{name}-network",
+                namespace_name=namespace.name,
+                resource_group_name=group_name,
+                default_action=eventhub.DefaultAction.DENY,
+                public_network_access=eventhub.PublicNetworkAccessFlag.ENABLED,
+                ip_rules=[
+                    eventhub.NWRuleSetIpRulesArgs(ip_mask=ip, action=eventhub.NetworkRuleIPAction.ALLOW)
+                    for ip in spec.allowed_ips
+                ],
+                trusted_service_access_enabled=False,
+                opts=child,
+            )
         self.hubs: dict[str, eventhub.EventHub] = {}
         for hub in args.hubs:
             retention = (

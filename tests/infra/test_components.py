@@ -672,3 +672,11 @@ def test_every_event_hubs_resource_keeps_its_place_when_the_pinned_api_version_m
         moved = [f'type: "azure-native:eventhub:{kind}"', f'type: "azure-native:eventhub/v20240101:{kind}"']
         missing = [m for m in moved if not any(m in a for a in resource.aliases)]
         assert missing == [], f"{resource.typ} {resource.name}"
+
+
+def test_a_public_event_hubs_namespace_lets_in_only_the_listed_addresses():
+    run = run_values(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml")))
+    (rules,) = run.of_type(f"{EVENTHUB}:NamespaceNetworkRuleSet")
+    assert rules.plain["defaultAction"] == "Deny" and rules.plain["publicNetworkAccess"] == "Enabled"
+    assert [r["ipMask"] for r in rules.plain["ipRules"]] == ["203.0.113.10", "203.0.113.11"]
+    assert rules.plain["trustedServiceAccessEnabled"] is False

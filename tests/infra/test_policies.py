@@ -13,6 +13,7 @@ from policies.rules import (
     data_is_protected,
     event_hub_keeps_producer_timestamps,
     eventhubs_namespace_speaks_kafka,
+    eventhubs_network_is_not_open,
     iam_grants_no_wildcards,
     image_is_pinned_by_digest,
     is_unknown,
@@ -257,3 +258,16 @@ def test_every_rule_passes_on_every_stack_the_pipeline_deploys():
         for message in rule(r.typ, r.plain, r.urn)
     }
     assert found == {}
+
+
+def test_an_event_hubs_namespace_open_to_every_address_is_refused():
+    namespace = "azure-native:eventhub/v20240501preview:Namespace"
+    assert eventhubs_network_is_not_open(namespace, {"publicNetworkAccess": "Disabled"}) == []
+    assert eventhubs_network_is_not_open(namespace, {"kafkaEnabled": True}) == [
+        "publicNetworkAccess is unset: Azure's default lets in the whole internet"
+    ]
+    rules = "azure-native:eventhub:NamespaceNetworkRuleSet"
+    listed = {"defaultAction": "Deny", "ipRules": [{"ipMask": "203.0.113.10", "action": "Allow"}]}
+    assert eventhubs_network_is_not_open(rules, listed) == []
+    assert eventhubs_network_is_not_open(rules, listed | {"defaultAction": "Allow"})
+    assert eventhubs_network_is_not_open(rules, listed | {"ipRules": [{"ipMask": "0.0.0.0/0", "action": "Allow"}]})

@@ -277,3 +277,18 @@ def test_a_mirror_role_whose_inline_kafka_grants_pass_iams_limit_is_refused_nami
     message = refused(edited(ACTIVE_ACTIVE, flows=topics(120)))
     assert message.startswith(f"{PROJECT}:flows[0].topics: the mirror role of site '{site}'")
     assert "over IAM's 10240" in message and "lists 120 topics" in message
+
+
+def test_an_event_hubs_namespace_open_to_the_internet_is_refused_until_it_lists_the_addresses_let_in():
+    def dr_cluster(**changes: Any) -> Callable[[list[dict[str, Any]]], None]:
+        def edit(clusters: list[dict[str, Any]]) -> None:
+            (hubs,) = [c for c in clusters if "eventhubs" in c]
+            hubs["eventhubs"] = {k: v for k, v in hubs["eventhubs"].items() if k != "allowed_ips"} | changes
+
+        return edit
+
+    message = refused(edited(DR, clusters=dr_cluster()))
+    assert ".eventhubs.allowed_ips: public_network_access 'Enabled' lets in the whole internet" in message
+    assert "0.0.0.0/0" in refused(edited(DR, clusters=dr_cluster(allowed_ips=["0.0.0.0/0"])))
+    set_config(edited(DR, clusters=dr_cluster(public_network_access="Disabled")))
+    load_settings()
