@@ -11,6 +11,14 @@ source's log start is checked: records below it that were never read were delete
 (log, `data_loss`) and mirroring goes on, unless the flow sets `fail_on_data_loss`. A gap whose log start does not
 answer (its leader offline) is saved with the positions that moved past it and checked at each filing until it does.
 
+Order after a refusal. A flow without transactions cannot keep a partition in order past a record the target's
+broker refuses in its delivery report (a cap lowered, compaction set or a timestamp rule met between topic syncs,
+where no pre-send rule could tell): librdkafka's idempotent producer starts a new epoch and sends what it had queued
+behind the refused record, so those records land first, and the catch-up writes the refused one after them. The
+landings say so (a partition held from an offset, with records past it landed): each such range is reported (log,
+`landed_ahead`, the metric `mirrorkit_records_landed_ahead`). With transactions the refusal aborts the transaction and
+nothing lands ahead (spark_app.outbox.Retries).
+
 Topics gone. Topic sync tells the ledger which topics the source has now (`topics_seen`). A topic missing from
 every round for TOPIC_GONE_GRACE_S is forgotten: its positions, landings, adopted offsets and per-topic totals, so
 the state, rewritten at every save, holds the topics that exist rather than every topic ever copied. A topic missing
@@ -158,6 +166,19 @@ def by_topic(offsets: Mapping[Partition, _Value]) -> dict[str, dict[str, _Value]
     return out
 
 
+@dataclass(frozen=True)
+class LandedAhead:
+    """Source offsets [first_offset, last_offset] of a partition (`count` records among them) that landed on the
+    target ahead of `refused_offset`, an earlier record the target refused."""
+
+    topic: str
+    partition: int
+    refused_offset: int
+    first_offset: int
+    last_offset: int
+    count: int
+
+
 def _by_partition(offsets: dict[str, dict[str, _Value]]) -> dict[Partition, _Value]:
     return {(t, int(p)): o for t, parts in offsets.items() for p, o in parts.items()}
 
@@ -177,6 +198,7 @@ class FlowLedger:
         self.lost_records = 0  # records reported deleted before they were mirrored, over this process's life
         self._losses: collections.deque[DataLoss] = collections.deque(maxlen=RECENT_EVENTS)
         self._resets: collections.deque[OffsetsReset] = collections.deque(maxlen=RECENT_EVENTS)
+        self._ahead: collections.deque[LandedAhead] = collections.deque(maxlen=RECENT_EVENTS)
         self._earliest = earliest
         self._on_landed = on_landed
         self._clock = clock
@@ -186,6 +208,11 @@ class FlowLedger:
     def data_loss(self) -> list[DataLoss]:
         """The newest RECENT_EVENTS ranges reported deleted before they were mirrored (`lost_records` counts all)."""
         return list(self._losses)
+
+    @property
+    def landed_ahead(self) -> list[LandedAhead]:
+        """The newest RECENT_EVENTS ranges that landed ahead of an earlier record the target refused."""
+        return list(self._ahead)
 
     @property
     def resets(self) -> list[OffsetsReset]:
@@ -261,6 +288,7 @@ class FlowLedger:
         lost, resets = [], []
         for row in landed:
             key = (row.topic, row.partition)
+            self._report_ahead(row, row.held_from if row.held_from >= 0 else self._held_first(key))
             if row.reset_from >= 0:
                 reset = OffsetsReset(row.topic, row.partition, row.reset_from, min(row.first_offset, row.end_offset))
                 resets.append(reset)
@@ -297,6 +325,8 @@ class FlowLedger:
         """After copying what a quarantined topic owed: count it, report records deleted meanwhile, and let the topic
         rejoin or stay held from where the copy held it again."""
         self._count(landed)
+        for row in landed:
+            self._report_ahead(row, row.held_from)
         gaps: list[tuple[str, int, int, int]] = []
         for r in owed:  # a partition's rows in order: retention may have moved it on between two of them
             rows = [row for row in landed if row.partition == r.partition]
@@ -320,6 +350,33 @@ class FlowLedger:
         for p, first in self.quarantines.release(topic).items():
             self.state.positions[(topic, p)] = min(first, self.state.positions.get((topic, p), first))
         self._save()
+
+    def _held_first(self, key: Partition) -> int:
+        """The first offset a quarantined partition has not written yet, -1 when it holds nothing."""
+        q = self.quarantines.topics.get(key[0])
+        hold = q.partitions.get(key[1]) if q is not None else None
+        return hold.first if hold is not None else -1
+
+    def _report_ahead(self, row: Landing, held: int) -> None:
+        """Report the records of `row` that landed past `held`, the first offset of its partition not written (a
+        record the target refused): on the target they came before it. Never with transactions (a refusal aborts
+        what was sent with it)."""
+        if held < 0 or self.flow.exactly_once:
+            return
+        past = [(max(first, held + 1), last) for first, _target, last in row.runs if last > held]
+        if not past:
+            return
+        ahead = LandedAhead(row.topic, row.partition, held, min(f for f, _ in past), max(last for _, last in past),
+                            sum(last - first + 1 for first, last in past))  # fmt: skip
+        self._ahead.append(ahead)
+        self.metrics.records_landed_ahead(self.flow.name, row.topic, row.partition, ahead.count)
+        log.error(
+            "flow %s: %d record(s) of '%s' partition %d, offsets %d..%d, landed on the target ahead of offset %d, which"
+            " the target refused: their first copies there are out of source order (a flow without transactions"
+            " cannot keep order past a refusal only the target's broker can judge); offset %d is copied after them"
+            " once the target takes it", self.flow.name, ahead.count, ahead.topic, ahead.partition, ahead.first_offset,
+            ahead.last_offset, ahead.refused_offset, ahead.refused_offset,
+        )  # fmt: skip
 
     def _count(self, landed: list[Landing]) -> None:
         self.totals.add(landed)

@@ -115,6 +115,13 @@ class MirrorMetrics:
             registry=r,
         )
         self.errors = Counter("mirrorkit_errors", "Errors by kind.", ("flow", "kind"), registry=r)
+        self.landed_ahead = Counter(
+            "mirrorkit_records_landed_ahead",
+            "Records that landed on the target ahead of an earlier record of their partition the target refused"
+            " (a flow without transactions): their first copies are out of source order.",
+            partition,
+            registry=r,
+        )
         self.quarantined = Gauge(
             "mirrorkit_quarantined_topics",
             "Topics the flow holds back because the target cannot take them.",
@@ -167,7 +174,7 @@ class MirrorMetrics:
             labelled -= gone
             for topic, partition in gone:
                 self._latency.pop((flow, topic), None)
-                for series in (self.records, self.bytes, self.dead_lettered, self.lag):
+                for series in (self.records, self.bytes, self.dead_lettered, self.landed_ahead, self.lag):
                     series.remove(flow, topic, partition)
 
     def selects(self, flow: str, topic: str) -> bool:
@@ -191,6 +198,13 @@ class MirrorMetrics:
         self.quarantined.labels(flow).set(len(now))
         if entered:
             self.errors.labels(flow, "quarantined").inc(len(entered))
+
+    def records_landed_ahead(self, flow: str, topic: str, partition: int, count: int) -> None:
+        """`count` records of a partition landed ahead of an earlier one the target refused (spark_app.ledger)."""
+        with self._lock:
+            labels = self._series(flow, topic, partition)
+        if labels is not None:
+            self.landed_ahead.labels(*labels).inc(count)
 
     def error(self, flow: str, kind: str, count: int = 1) -> None:
         self.errors.labels(flow, kind).inc(count)
