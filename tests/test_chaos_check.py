@@ -3,7 +3,7 @@ exists to catch, or a green long run proves nothing."""
 
 from __future__ import annotations
 
-from bench.chaos.check import check_partition, reported_losses
+from bench.chaos.check import check_partition, reported_ahead, reported_losses
 
 
 def v(i: int) -> bytes:
@@ -58,3 +58,24 @@ def test_the_mirrors_loss_lines_are_read_back_per_partition():
     log = ("2026-11-27 ERROR spark_app.ledger: flow a->b: 57 record(s) of 'chaos-plain' partition 1, offsets 865..921,"
            " were deleted at the source before they were mirrored; mirroring goes on")  # fmt: skip
     assert reported_losses(log) == {("chaos-plain", 1): [(865, 921)]}
+
+
+def test_first_copies_out_of_order_are_excused_only_inside_a_range_the_mirror_reported_as_landed_ahead():
+    """Records 3..5 landed ahead of 2, which the target refused and the catch-up wrote after them (with 3..5 again):
+    excused, and counted apart, only where the mirror reported them; a range that misses one leaves it a failure."""
+    target = [0, 1, 3, 4, 5, 2, 3, 4, 5, 6]
+    source = [(i, i) for i in range(7)]
+    assert verdict(source, target).out_of_order == 3
+    reported = check_partition("t", 0, [(o, v(i)) for o, i in source], [(o, v(i)) for o, i in enumerate(target)], {},
+                               (), False, ahead=[(2, 3, 5)])[0]  # fmt: skip
+    assert (reported.out_of_order, reported.reported_ahead, reported.lost) == (0, 3, 0)
+    partly = check_partition("t", 0, [(o, v(i)) for o, i in source], [(o, v(i)) for o, i in enumerate(target)], {},
+                             (), False, ahead=[(2, 3, 4)])[0]  # fmt: skip
+    assert (partly.out_of_order, partly.reported_ahead) == (1, 2)
+
+
+def test_the_mirrors_landed_ahead_lines_are_read_back_per_partition():
+    log = ("2026-12-06 ERROR spark_app.ledger: flow a->b: 2999 record(s) of 'chaos-plain' partition 0, offsets"
+           " 1001..3999, landed on the target ahead of offset 1000, which the target refused: their first copies"
+           " there are out of source order")  # fmt: skip
+    assert reported_ahead(log) == {("chaos-plain", 0): [(1000, 1001, 3999)]}

@@ -95,15 +95,16 @@ def render(outcomes: list[Outcome], args: argparse.Namespace | None = None) -> s
         lines += [f"`python -m bench.chaos --modes {args.modes} --minutes {args.minutes:g} --fault-every"
                   f" {args.fault_every:g} --rate {args.rate} --seed {args.seed} --hold {args.hold}{options}`",
                   ""]  # fmt: skip
-    lines += ["| mode | faults | sent | on source | lost | out of order | duplicates (bound) | deleted unmirrored,"
-              " reported | silent losses | reported but copied | translation checks | skips | mirror starts |"
-              " drained in |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["| mode | faults | sent | on source | lost | out of order | out of order, reported | duplicates (bound)"
+              " | deleted unmirrored, reported | silent losses | reported but copied | translation checks | skips |"
+              " mirror starts | drained in |", "|---" * 15 + "|"]  # fmt: skip
     for o in outcomes:
         s = o.report.summary()
         mode = f"{o.mode} exactly once" if o.exactly_once else o.mode
         lines.append(
             f"| {mode} | {o.faults} | {o.sent} | {s['on_source']} | {s['lost']} | {s['out_of_order']} |"
-            f" {s['duplicates']} ({duplicate_bound(o)}) | {s['deleted_unmirrored']} | {s['silent_losses']} |"
+            f" {s['reported_ahead']} | {s['duplicates']} ({duplicate_bound(o)}) | {s['deleted_unmirrored']} |"
+            f" {s['silent_losses']} |"
             f" {s['reported_but_copied']} | {s['translation_checks']} | {s['translation_skips']} | {o.starts} |"
             f" {o.drained_in_s:.0f} s |"
         )

@@ -10,6 +10,10 @@ a record's sequence number, below the first one the partition's present life hol
 topic was made again, since a producer's writes to one partition land in the order they were sent. A group's
 checkpoint must never point past the first copy of the first source record the group had not read: that would skip
 it after a failover.
+
+A flow without transactions cannot keep order past a record only the target's broker refuses (spark_app.ledger): the
+mirror reports each range of records that landed ahead of such a record. A first copy out of order is excused only
+inside a range the mirror reported for its partition, and counted apart (`reported_ahead`); any other is a failure.
 """
 
 from __future__ import annotations
@@ -28,6 +32,12 @@ LOSS_LINE = re.compile(
     r"(\d+) record\(s\) of '([^']+)' partition (\d+), offsets (\d+)\.\.(\d+), were deleted at the source before they"
 )
 
+# The mirror's report of records that landed on the target ahead of an earlier record it refused (spark_app.ledger).
+AHEAD_LINE = re.compile(
+    r"\d+ record\(s\) of '([^']+)' partition (\d+), offsets (\d+)\.\.(\d+), landed on the target ahead of offset"
+    r" (\d+), which the target refused"
+)
+
 
 @dataclass
 class PartitionVerdict:
@@ -37,6 +47,7 @@ class PartitionVerdict:
     on_target: int = 0
     lost: int = 0  # held by the source, not on the target
     out_of_order: int = 0  # first copies that came before an earlier source record's first copy
+    reported_ahead: int = 0  # such first copies inside a range the mirror reported as landed ahead of a refused record
     duplicates: int = 0  # copies past the first
     deleted_unmirrored: int = 0  # acknowledged, on neither side, reported by the mirror or of an earlier life
     silent_losses: int = 0  # acknowledged, on neither side, and not reported
@@ -60,8 +71,8 @@ class Report:
                     or self.translation_skips)  # fmt: skip
 
     def summary(self) -> dict[str, int]:
-        names = ("on_source", "on_target", "lost", "out_of_order", "duplicates", "deleted_unmirrored", "silent_losses",
-                 "reported_but_copied")  # fmt: skip
+        names = ("on_source", "on_target", "lost", "out_of_order", "reported_ahead", "duplicates", "deleted_unmirrored",
+                 "silent_losses", "reported_but_copied")  # fmt: skip
         return {n: self.total(n) for n in names} | {
             "translation_checks": self.translation_checks,
             "translation_skips": len(self.translation_skips),
@@ -99,6 +110,16 @@ def reported_losses(log_text: str) -> dict[tuple[str, int], list[tuple[int, int]
     return out
 
 
+def reported_ahead(log_text: str) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
+    """The ranges the mirror reported as landed ahead of a record the target refused, per partition: (the refused
+    offset, the first and the last source offset that landed ahead of it)."""
+    out: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    for match in AHEAD_LINE.finditer(log_text):
+        topic, partition, first, last, refused = match.groups()
+        out.setdefault((topic, int(partition)), []).append((int(refused), int(first), int(last)))
+    return out
+
+
 def sequence(value: bytes) -> int:
     """The generator's sequence number of a record in its partition (`<topic>:<partition>:<seq>[|padding]`)."""
     return int(value.split(b"|", 1)[0].rsplit(b":", 1)[1])
@@ -107,8 +128,11 @@ def sequence(value: bytes) -> int:
 def check_partition(
     topic: str, partition: int, source: list[tuple[int, bytes]], target: list[tuple[int, bytes]],
     acked: dict[bytes, int], reported: Iterable[tuple[int, int]], remade: bool,
+    ahead: Iterable[tuple[int, int, int]] = (),
 ) -> tuple[PartitionVerdict, dict[bytes, int]]:  # fmt: skip
-    """One partition's verdict, and where each value's first copy is on the target (value -> target offset)."""
+    """One partition's verdict, and where each value's first copy is on the target (value -> target offset).
+    `ahead`: the ranges the mirror reported as landed ahead of a refused record (`reported_ahead`), by source offset.
+    """
     verdict = PartitionVerdict(topic, partition, len(source), len(target))
     first: dict[bytes, int] = {}
     for offset, value in target:
@@ -116,11 +140,14 @@ def check_partition(
             verdict.duplicates += 1
         else:
             first[value] = offset
+    excused = [(lo, hi) for _refused, lo, hi in ahead]
     previous = -1
-    for _offset, value in source:
+    for offset, value in source:
         at = first.get(value)
         if at is None:
             verdict.lost += 1
+        elif at < previous and any(lo <= offset <= hi for lo, hi in excused):
+            verdict.reported_ahead += 1
         elif at < previous:
             verdict.out_of_order += 1
         else:

@@ -18,7 +18,7 @@ from spark_app.config import MirrorConfig, parse_config
 from spark_app.dr.internal import compacted_topics, read_checkpoints
 from spark_app.policy import event_hubs_topics, target_topic
 
-from .check import Report, check_partition, read_partition, reported_losses
+from .check import Report, check_partition, read_partition, reported_ahead, reported_losses
 from .load import Groups, Load, Topics
 from .nemesis import HOLD_S, Nemesis, Remote, Scene, placement
 from .process import MirrorProcess
@@ -173,12 +173,13 @@ def _drain(source: MultiBrokerCluster, target: KafkaCluster, topics: Topics, rem
 def check(source: MultiBrokerCluster, target: KafkaCluster, topics: Topics, remote: Remote,
           acked: dict[tuple[str, int], dict[bytes, int]], log_text: str) -> Report:  # fmt: skip
     report = Report()
-    reported = reported_losses(log_text)
+    reported, ahead = reported_losses(log_text), reported_ahead(log_text)
     for topic in topics.all:
         for p in range(topics.partitions):
             verdict, _first = check_partition(
                 topic, p, read_partition(source.client, topic, p), read_partition(target.client, remote(topic), p),
                 acked.get((topic, p), {}), reported.get((topic, p), []), remade=topic == topics.remade,
+                ahead=ahead.get((topic, p), []),
             )  # fmt: skip
             report.partitions.append(verdict)
     return report
