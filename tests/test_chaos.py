@@ -21,7 +21,7 @@ from bench.chaos.run import duplicate_bound, run_chaos
 SEED_VARIABLE = "MIRRORKIT_CHAOS_SEED"
 # Drawn first, in an order the seed picks: the faults the menu gained last, which found defects the others missed.
 FIRST = {
-    "throughput": ("make a source topic again, leave it empty", "pause the copiers"),
+    "throughput": ("make a source topic again, leave it empty", "pause the copiers", "lower a target topic's max"),
     "realtime": ("make a source topic again, leave it empty", "pause the copiers", "forge a landing and a stop"),
 }
 DURATION_S = 75.0

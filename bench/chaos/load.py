@@ -2,8 +2,10 @@
 at a steady rate, and what each topic's partitions acknowledged.
 
 Each record's value names it (`<topic>:<partition>:<seq>`), so the checker finds every copy on the target by value,
-whatever offsets it landed at. A record counts as sent once its delivery report (or, on the transactional topic, its
-transaction's commit) says so; aborted transactions put records the source never shows to read_committed readers.
+whatever offsets it landed at. A few records of the plain topic carry padding after the name (`|xxx…`), large
+enough for a target cap the nemesis lowers to refuse them. A record counts as sent once its delivery report (or, on
+the transactional topic, its transaction's commit) says so; aborted transactions put records the source never shows
+to read_committed readers.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from spark_app.config import ClusterConfig
 TXN_RECORDS = 20  # records per transaction: a commit marker after each, as Kafka Streams' exactly-once leaves
 ABORT_EVERY = 7  # one transaction in this many is aborted
 NO_KEY_SHARE = 0.05  # records of the plain topic without a key
+PADDED_SHARE = 0.02  # records of the plain topic padded to PADDED_BYTES (over the cap the nemesis may lower)
+PADDED_BYTES = 20_000
 PLAIN_PRODUCER = {"linger.ms": 5, "enable.idempotence": True, "message.timeout.ms": 20_000}
 
 
@@ -40,8 +44,9 @@ class Topics:
         return [self.plain, self.transactional, self.compacted, self.remade]
 
 
-def value_of(topic: str, partition: int, seq: int) -> bytes:
-    return f"{topic}:{partition}:{seq}".encode()
+def value_of(topic: str, partition: int, seq: int, padded: bool = False) -> bytes:
+    name = f"{topic}:{partition}:{seq}".encode()
+    return name + b"|" + b"x" * (PADDED_BYTES - len(name) - 1) if padded else name
 
 
 class Background:
@@ -98,10 +103,10 @@ class Load(Background):
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _in_txn: list[tuple[int, bytes, int]] = field(default_factory=list)  # (partition, value, offset) delivered so far
 
-    def _next(self, topic: str, partition: int) -> bytes:
+    def _next(self, topic: str, partition: int, padded: bool = False) -> bytes:
         seq = self._seq.get((topic, partition), 0)
         self._seq[(topic, partition)] = seq + 1
-        return value_of(topic, partition, seq)
+        return value_of(topic, partition, seq, padded)
 
     def _acked(self, topic: str, partition: int, value: bytes, offset: int) -> None:
         with self._lock:
@@ -125,7 +130,7 @@ class Load(Background):
                 p = rng.randrange(t.partitions)
                 if kind < 0.4:
                     key = None if rng.random() < NO_KEY_SHARE else f"k{rng.randrange(1000)}".encode()
-                    self._produce(plain, t.plain, p, key)
+                    self._produce(plain, t.plain, p, key, padded=rng.random() < PADDED_SHARE)
                 elif kind < 0.6:
                     self._produce(plain, t.compacted, p, f"k{rng.randrange(50)}".encode())
                 elif kind < 0.75:
@@ -177,8 +182,8 @@ class Load(Background):
         txn.init_transactions(60)
         return txn
 
-    def _produce(self, producer: Producer, topic: str, partition: int, key: bytes | None) -> None:
-        value = self._next(topic, partition)
+    def _produce(self, producer: Producer, topic: str, partition: int, key: bytes | None, padded: bool = False) -> None:
+        value = self._next(topic, partition, padded)
 
         def delivered(err: object, msg: Message) -> None:
             if err is not None:

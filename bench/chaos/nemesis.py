@@ -5,7 +5,8 @@ killed or stopped; on a standalone cluster an executor lost with its worker or s
 worker killed), the brokers (a source broker stopped: the partitions it leads go
 offline; the whole target stopped), the network between the mirror and each cluster (Toxiproxy: a cut, latency with
 a bandwidth cap, connections reset, a black hole that drops what is sent until healed), the target refusing writes
-(an ACL denied, a topic made to refuse records without a key), and the source changing under the mirror (a topic
+(an ACL denied, a topic made to refuse records without a key, a topic's cap lowered under the generator's padded
+records: a refusal only the broker judges until topic sync sees it), and the source changing under the mirror (a topic
 deleted and made again, at once or left empty a while and then refilled past its old end; records deleted before
 they were mirrored, as retention would while the mirror is down), a forger on the real-time report channel, and
 zombies: copiers paused while their mirror restarts on another slot count, resumed once it runs.
@@ -51,6 +52,9 @@ HOLD_S = (3.0, 12.0)  # how long a fault is held, drawn at random (by default)
 OVERRUN_S = 300.0  # how long past its end a run goes on for the faults it was asked for at least
 OFFLINE_BROKER = 2  # the source broker stopped: it alone holds partition 1 of every topic
 SLOW_TARGET_BYTES_S = 20_000
+# The plain topic's cap on the target while lowered: under the generator's padded records (bench.chaos.load), over
+# what a batch of its other records takes while the mirror keeps up.
+LOWERED_CAP_BYTES = 10_000
 # A WAN gone bad: each chunk delayed (with jitter) and the rate capped, on the way back from the brokers.
 WAN_LATENCY_MS, WAN_JITTER_MS, WAN_KB_S = 400, 150, 64
 RESET_AFTER_MS = (200, 3_000)  # connections reset this long after data first flows on them, drawn at random
@@ -103,6 +107,7 @@ class Nemesis:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self._old_end = 0  # the end of the topic left empty, before it was made again
+        self._cap: str | None = None  # the target topic's max.message.bytes before the nemesis lowered it
         self._zombies_left: list[int] = []  # Python workers paused, then resumed after their successor started
 
     def menu(self) -> list[Fault]:
@@ -135,6 +140,11 @@ class Nemesis:
             self._acl_fault("deny the mirror's writes to a target topic", AclOperation.WRITE),
             self._acl_fault("deny the mirror describing a target topic", AclOperation.DESCRIBE),
             Fault("make a target topic refuse records without a key", self._compact_target, self._uncompact_target),
+            Fault(
+                "lower a target topic's max.message.bytes (a refusal only its broker judges)",
+                self._lower_cap,
+                self._restore_cap,
+            ),  # fmt: skip
             Fault("delete a source topic and make it again", self._recreate, lambda: None),
             Fault(
                 "make a source topic again, leave it empty, then refill it past its old end",
@@ -293,14 +303,32 @@ class Nemesis:
         return Fault(name, inject, heal)
 
     def _set_cleanup(self, policy: str) -> str:
+        return self._set_topic_config("cleanup.policy", policy)
+
+    def _set_topic_config(self, name: str, value: str) -> str:
         topic = self.scene.remote(self.scene.topics.plain)
-        entry = ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)
+        entry = ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
         admin = clients.admin(self.scene.target.admin)
         for future in admin.incremental_alter_configs(
             [ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[entry])]
         ).values():
             future.result()
         return topic
+
+    def _lower_cap(self) -> str:
+        """Lower the plain topic's cap on the target under the padded records: until the mirror's topic sync sees it,
+        the broker alone refuses them, after later records were sent (spark_app.ledger reports what landed ahead)."""
+        topic = self.scene.remote(self.scene.topics.plain)
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        configs = clients.admin(self.scene.target.admin).describe_configs([resource])[resource].result()
+        self._cap = configs["max.message.bytes"].value
+        self._set_topic_config("max.message.bytes", str(LOWERED_CAP_BYTES))
+        return f"{topic}: {self._cap} -> {LOWERED_CAP_BYTES}"
+
+    def _restore_cap(self) -> None:
+        if self._cap is not None:
+            self._set_topic_config("max.message.bytes", self._cap)
+            self._cap = None
 
     def _compact_target(self) -> str:
         return self._set_cleanup("compact")
