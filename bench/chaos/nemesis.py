@@ -320,7 +320,8 @@ class Nemesis:
         the broker alone refuses them, after later records were sent (spark_app.ledger reports what landed ahead)."""
         topic = self.scene.remote(self.scene.topics.plain)
         resource = ConfigResource(ResourceType.TOPIC, topic)
-        configs = clients.admin(self.scene.target.admin).describe_configs([resource])[resource].result()
+        admin = clients.admin(self.scene.target.admin)  # held until its answer: a dropped client fails it
+        configs = admin.describe_configs([resource])[resource].result()
         self._cap = configs["max.message.bytes"].value
         self._set_topic_config("max.message.bytes", str(LOWERED_CAP_BYTES))
         return f"{topic}: {self._cap} -> {LOWERED_CAP_BYTES}"
