@@ -27,6 +27,9 @@ VERSION = "2.5.0"
 SERVER = Path(__file__).resolve().parents[2] / ".cache" / "bin" / "toxiproxy-server"
 SETUP_HINT = f"run `bash .ci/setup` (it builds Toxiproxy's server {VERSION} from the Go module proxy)"
 READY_TIMEOUT_S = 15.0
+# Removing a toxic waits for its streams to let go, which a stalled peer can hold up past the server's own request
+# timeout (it answers 503); the removal is asked again until the toxic is gone, for at most this long.
+HEAL_WAIT_S = 120.0
 
 
 class Stream(enum.StrEnum):
@@ -46,7 +49,11 @@ class Toxic:
 
 
 class ToxiproxyError(RuntimeError):
-    """The server refused a request; the message carries its own error text."""
+    """The server refused a request; the message carries its own error text, `status` its HTTP status."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def require_server() -> Path:
@@ -114,7 +121,7 @@ class ToxiproxyServer:
                 reply = response.read()
         except urllib.error.HTTPError as err:
             raise ToxiproxyError(
-                f"{method} {path}: HTTP {err.code}: {err.read().decode(errors='replace').strip()}"
+                f"{method} {path}: HTTP {err.code}: {err.read().decode(errors='replace').strip()}", err.code
             ) from None
         return json.loads(reply) if reply else None
 
@@ -190,8 +197,15 @@ class Proxy:
 
     def heal(self) -> None:
         """Remove every toxic and enable the proxy again: the path is clean."""
-        for toxic in self.toxics():
-            self.remove_toxic(toxic.name)
+        deadline = time.monotonic() + HEAL_WAIT_S
+        while toxics := self.toxics():
+            for toxic in toxics:
+                try:
+                    self.remove_toxic(toxic.name)
+                except ToxiproxyError as err:  # timed out (503), or gone meanwhile (404): look again
+                    if err.status not in (503, 404) or time.monotonic() > deadline:
+                        raise
+            time.sleep(0.2)
         self.enable()
 
 
