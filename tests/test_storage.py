@@ -32,7 +32,7 @@ PREVIOUS_VERSION_STATE = """{
  "adopted": {}
 }"""
 # Keys a newer mirror adds, with what they are for a state written before them (an older mirror ignores them).
-ADDED_SINCE = {"landed": {}, "mode": "throughput", "topic_ids": {}, "unresolved": {}}
+ADDED_SINCE = {"landed": {}, "mode": "throughput", "slots": 0, "topic_ids": {}, "unresolved": {}}
 
 
 def test_a_local_location_with_or_without_file_scheme_is_a_folder_replaced_file_by_file(tmp_path):
