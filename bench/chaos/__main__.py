@@ -112,6 +112,12 @@ def render(outcomes: list[Outcome], args: argparse.Namespace | None = None) -> s
         lines += ["", f"{o.mode}: {'passed' if passed(o) else 'FAILED'}; the mirror's exit on the last SIGTERM"
                   f" {o.exit_code}; the generator {o.load_error or 'ran to the end'}; {o.extra}"]  # fmt: skip
     for o in outcomes:
+        wrong = [v for v in o.report.partitions if v.lost or v.out_of_order or v.duplicates or v.silent_losses]
+        if wrong:  # where a failure lies, to read the mirror's log for (its folder is kept)
+            lines += ["", f"## {o.mode}: partitions with a finding", ""]
+            lines += [f"- {v.topic}[{v.partition}]: lost {v.lost}, out of order {v.out_of_order}, duplicates"
+                      f" {v.duplicates}, silent losses {v.silent_losses}" for v in wrong]  # fmt: skip
+    for o in outcomes:
         lines += ["", f"## {o.mode}: faults", "", *[f"- {e}" for e in o.events]]
         lines += [f"- translation skip: {s}" for s in o.report.translation_skips]
         lines += [f"- violation: {v}" for v in o.violations]
