@@ -32,9 +32,14 @@ def steps(job: dict) -> list[dict]:
     return job["steps"]
 
 
-def test_actionlint_finds_nothing():
+def test_actionlint_finds_nothing_in_any_workflow():
     assert ACTIONLINT.exists(), f"{ACTIONLINT} is missing; `bash .ci/setup` builds it"
-    done = subprocess.run([str(ACTIONLINT), str(WORKFLOW)], capture_output=True, text=True, timeout=120)
+    workflows = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+    assert {w.name for w in workflows} == {"infra.yml", "stack.yml"}
+    # Run from the checkout's root, so actionlint reads .github/actionlint.yaml (the self-hosted runners' labels).
+    done = subprocess.run(
+        [str(ACTIONLINT), *map(str, workflows)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -66,7 +71,7 @@ def test_unit_tests_run_then_the_stages_deploy_through_one_workflow_per_stack():
     unit, jobs = workflow["jobs"]["unit"], workflow["jobs"]
     # The fast selection holds tests/infra (tests/test_markers.py checks that).
     assert any("pytest" in s.get("run", "") and f'-m "{FAST_SELECTION}"' in s.get("run", "") for s in steps(unit))
-    assert set(jobs) == {"unit", *STAGES}
+    assert set(jobs) == {"unit", "fork", *STAGES}
     assert [jobs[s]["needs"] for s in STAGES] == ["unit", *STAGES[:-1]]
     for stage in STAGES:
         job = jobs[stage]
@@ -199,3 +204,44 @@ def test_deploys_sign_in_to_azure_with_oidc_and_every_id_it_needs():
     assert deploy["permissions"]["id-token"] == "write"
     environment = deploy["environment"]
     assert "inputs.stack" in str(environment) and "''" not in str(environment)  # previews run in one too
+
+
+def evaluated(condition: str, event: str, head_repo: str = "example/mirrorkit") -> bool:
+    """A job's `if:` as GitHub evaluates it, for the few operators the pipeline's conditions use."""
+    context = {
+        "github.event_name": event,
+        "github.repository": "example/mirrorkit",
+        "github.event.pull_request.head.repo.full_name": head_repo if event == "pull_request" else None,
+    }
+    python = condition.replace("&&", " and ").replace("||", " or ").replace("!(", " not (")
+    return bool(eval(re.sub(r"github(\.[\w]+)+", lambda m: repr(context[m[0]]), python), {}))  # noqa: S307
+
+
+def test_a_forks_pull_request_runs_the_unit_job_and_skips_the_cloud_stages_saying_why():
+    """A fork's pull request gets no OIDC token (and its code must not reach the self-hosted runners): every stage
+    is skipped for it, and only for it, and the `fork` job says why on a hosted runner with no permissions."""
+    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    events = {
+        "push": ("push", "example/mirrorkit"),
+        "schedule": ("schedule", "example/mirrorkit"),
+        "a branch's pull request": ("pull_request", "example/mirrorkit"),
+        "a fork's pull request": ("pull_request", "someone/mirrorkit"),
+    }
+    for what, (event, head) in events.items():
+        fork = what == "a fork's pull request"
+        assert "if" not in jobs["unit"]
+        assert {s: evaluated(jobs[s]["if"], event, head) for s in STAGES} == dict.fromkeys(STAGES, not fork), what
+        assert evaluated(jobs["fork"]["if"], event, head) == fork, what
+    notice = jobs["fork"]
+    assert notice["runs-on"] == "ubuntu-24.04" and notice["permissions"] == {} and notice["needs"] == "unit"
+    (step,) = notice["steps"]
+    assert "::notice title=Cloud preview skipped::" in step["run"] and "GITHUB_STEP_SUMMARY" in step["run"]
+    assert "OIDC token" in step["run"] and "${{" not in step["run"], "the fork's name reaches the shell as a variable"
+
+
+def test_a_stack_job_without_an_oidc_token_stops_before_any_sign_in_saying_why():
+    names = [s.get("uses", s.get("name", "")) for s in stack_steps()]
+    (check,) = [s for s in stack_steps() if "ACTIONS_ID_TOKEN_REQUEST_URL" in s.get("run", "")]
+    first_sign_in = next(i for i, n in enumerate(names) if n.startswith("pulumi/auth-actions@"))
+    assert names.index(check["name"]) < first_sign_in
+    assert "::error title=No OIDC token::" in check["run"] and "exit 1" in check["run"]
