@@ -12,9 +12,11 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import CodeType, ModuleType
+
+from _pytest.mark.expression import Expression  # what `-m` parses with; pytest is pinned in the lock
 
 from tests.conftest import CLUSTER_FIXTURES, FAST_SELECTION, KUBE_FIXTURES, SPARK_FIXTURES
 
@@ -32,8 +34,9 @@ COMPILED_CORE = "mirrorkit_copy_core"
 # mirror module that imports the compiled core or reads `.cache` where it stands is what the test asks for.
 FOLLOWED = ("tests", "bench")
 SHIPPED = ("spark_app",)
-# Collects as `pytest --collect-only -q -m EXPR` does, and writes each selected test's fixtures and string parameters,
-# and what of set-up's products its code and its fixtures' code reach (`set_up_needs`).
+# Collects the whole suite once, as `pytest --collect-only -q` does, and writes each test's marks, its fixtures and
+# string parameters, and what of set-up's products its code and its fixtures' code reach (`set_up_needs`). Each
+# selection below is then pytest's own `-m` expression evaluated on those marks, not another collection.
 COLLECT = """
 import json, sys
 import pytest
@@ -41,37 +44,45 @@ from tests.test_markers import set_up_needs
 
 class Record:
     def pytest_collection_finish(self, session):
-        selected = {}
+        found = {}
         for item in session.items:
             callspec = getattr(item, "callspec", None)
             params = [v for v in callspec.params.values() if isinstance(v, str)] if callspec else []
             fixtures = [defs[-1].func for defs in item._fixtureinfo.name2fixturedefs.values() if defs]
-            selected[item.nodeid] = {
+            found[item.nodeid] = {
+                "marks": sorted({mark.name for mark in item.iter_markers()}),
                 "fixtures": sorted(set(getattr(item, "fixturenames", ())) | set(params)),
                 "needs": sorted(set_up_needs(item.function, *fixtures)),
             }
-        with open(sys.argv[2], "w") as out:
-            json.dump(selected, out)
+        with open(sys.argv[1], "w") as out:
+            json.dump(found, out)
 
-sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-m", sys.argv[1]], plugins=[Record()]))
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[Record()]))
 """
 
 
 @functools.cache
-def _selected(expression: str) -> dict[str, dict[str, list[str]]]:
-    """What COLLECT writes for `expression`; each selection is collected once per run of this module."""
+def _collected() -> dict[str, dict[str, list[str]]]:
+    """What COLLECT writes; the suite is collected once per run of this module."""
     with tempfile.TemporaryDirectory(prefix="mirrorkit-markers-") as folder:
-        out = Path(folder) / "selected.json"
+        out = Path(folder) / "collected.json"
         done = subprocess.run(
-            [sys.executable, "-c", COLLECT, expression, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300
+            [sys.executable, "-c", COLLECT, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return json.loads(out.read_text())
 
 
 def collect(expression: str, what: str = "fixtures") -> dict[str, list[str]]:
-    """Each selected test's fixtures and string parameters, or (`what="needs"`) what of set-up's products it reaches."""
-    return {node: found[what] for node, found in _selected(expression).items()}
+    """Each test `pytest -m expression` selects, with its fixtures and string parameters, or (`what="needs"`) what of
+    set-up's products it reaches. The expression is evaluated by pytest's own `-m` parser on each test's marks."""
+    selects = Expression.compile(expression)
+    return {node: found[what] for node, found in _collected().items() if selects.evaluate(_has_mark(found["marks"]))}
+
+
+def _has_mark(marks: list[str]) -> Callable[..., bool]:
+    """A matcher for pytest's expression: a bare mark name is true when the test carries that mark."""
+    return lambda name, /, **kwargs: not kwargs and name in marks
 
 
 def _codes(code: CodeType) -> Iterator[CodeType]:
