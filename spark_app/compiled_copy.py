@@ -13,7 +13,9 @@ in, and cursors, landings and refused records come back, as dicts keyed by name 
 Real-time tasks that write no transactions use it too, each with a copier of its own (`live_copier`), whose
 consumer keeps its assignment from one copy to the next: a task copies until its next report (`copy_with`), and goes
 on with the Python loop for good once the core stopped at an event. Which flows it copies, spark_app.copy_wing.choice
-decides: not a flow's transactions, nor a cluster whose login needs a token callback (Entra ID, MSK IAM).
+decides: not a flow's transactions (a throughput batch in transactions copies with the Python loop, a real-time slot in
+transactions with the Java copier on the executor's JVM, spark_app.realtime.jvm, where its flow and clusters allow),
+nor a cluster whose login needs a token callback (Entra ID, MSK IAM).
 """
 
 from __future__ import annotations

@@ -38,13 +38,15 @@ STOP_GRACE_S = 300
 # deleted or deselected. Counted from the first round this process missed it, so a restart only puts it off
 # (spark_app.ledger). A throughput flow's batch log keeps its positions of such a topic as long (spark_app.planner).
 TOPIC_GONE_GRACE_S = 7 * 86_400.0
-# The driver's and executors' JVMs only schedule: records never cross into them. Spark's C2 compiles of its own planner
-# cost a 200,000-record copy 14 of its JVM's 31 CPU s, and did not pay back over a minute of continuous batches; C1
-# alone and the serial collector (a small heap, no GC threads) cost less from the start and in steady state
-# (bench/results/20261127-startup-profile.txt). The heap starts at 16 MB and grows only as far as Spark's own objects
-# need, not from the 1/64 of the machine's memory the JVM would start with and then fill with young garbage: 90 MB
-# less of the driver's peak RSS in a 1,000,000-record copy (bench/results/20261129-memory.txt). Set where a JVM starts:
-# by `build_session` for a JVM it launches, by infra's SparkApplication for the deployed driver and executors.
+# The driver's JVM only schedules, and so do the executors' but for one case: a real-time slot in transactions copies
+# there with Kafka's Java clients (spark_app.realtime.jvm, under these same options; its figures were measured with
+# them). Spark's C2 compiles of its own planner cost a 200,000-record copy 14 of its JVM's 31 CPU s, and did not pay
+# back over a minute of continuous batches; C1 alone and the serial collector (a small heap, no GC threads) cost less
+# from the start and in steady state (bench/results/20261127-startup-profile.txt). The heap starts at 16 MB and grows
+# only as far as Spark's own objects need, not from the 1/64 of the machine's memory the JVM would start with and then
+# fill with young garbage: 90 MB less of the driver's peak RSS in a 1,000,000-record copy
+# (bench/results/20261129-memory.txt). Set where a JVM starts: by `build_session` for a JVM it launches, by infra's
+# SparkApplication for the deployed driver and executors.
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xms16m"
 # Spark's own classes, mapped from one class-data-sharing archive in Spark's home instead of read from its jars and
 # verified again at each JVM start: 3-5 s of the mirror's start here (bench/results/20261128-startup-cds.txt). Set-up
