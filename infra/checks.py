@@ -40,6 +40,7 @@ def check(model: StackModel, mirror: MirrorConfig, part: Part | None = None) -> 
     errors += missing_source_sizes(model, mirror)
     errors += exactly_once_without_transactions(model, mirror)
     errors += kept_policy_statements(model, mirror, site_of_flow)
+    errors += checkpoint_pvc_without_a_storage_class(model)
     for i, site in enumerate(model.sites):
         flows = [f for f in mirror.flows if site_of_flow.get(f.name) == site.name]
         aliases = {a for f in flows for a in (f.source, f.target)}
@@ -175,6 +176,25 @@ def exactly_once_without_transactions(model: StackModel, mirror: MirrorConfig) -
                 " Dedicated, in preview. Turn exactly_once off, or give the namespace tier Premium or Dedicated"
             )
     return errors
+
+
+def checkpoint_pvc_without_a_storage_class(model: StackModel) -> list[str]:
+    """A checkpoint PVC names its StorageClass. Left out, the PVC takes whatever class the cluster marks default
+    when it is made, which the program cannot see at preview: there may be none (the PVC then stays Pending and the
+    driver never starts), or one that binds at once, which puts a zonal volume (EBS, Azure Disk) in a zone the driver
+    may never be scheduled in. Only the driver mounts the checkpoint, so the class needs ReadWriteOnce, nothing
+    wider; a PVC's class cannot change once it is made."""
+    pvc = model.mirror.checkpoint.pvc
+    if pvc is None or pvc.storage_class is not None:
+        return []
+    return [
+        f"{PROJECT}:mirror.checkpoint.pvc.storage_class: missing; the mirror's checkpoint is a PVC, and without a class"
+        " it takes the cluster's default, which preview cannot see (a cluster may mark none, and the PVC then never"
+        " binds). Name a StorageClass that provisions ReadWriteOnce volumes (only the driver mounts the checkpoint) and"
+        " binds WaitForFirstConsumer, so a zonal volume is made in the driver's zone: e.g. gp2 on EKS (gp3 only where"
+        " a class gp3 was made). A deployment whose PVC exists names the class it has:"
+        " kubectl get pvc -n <namespace> <app>-checkpoints -o jsonpath='{.spec.storageClassName}'"
+    ]
 
 
 def kept_policy_statements(model: StackModel, mirror: MirrorConfig, site_of_flow: dict[str, str]) -> list[str]:

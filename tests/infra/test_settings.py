@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from infra.naming import PROJECT
 from infra.settings import load_settings
 from spark_app.config import ConfigError
-from tests.infra.harness import ROOT, STACKS, set_config, stack_values, with_secrets
+from tests.infra.harness import ROOT, STACKS, run_values, set_config, stack_values, with_secrets
 
 DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
 ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
@@ -222,10 +223,37 @@ def test_an_image_pull_secret_that_is_no_kubernetes_name_is_named_at_its_key():
     assert "image_pull_secrets[0]" not in message
 
 
-def test_the_checkpoint_pvc_names_no_storage_class_unless_the_stack_does():
-    values = edited(DR, mirror=lambda m: m.update(checkpoint={"pvc": {"size": "20Gi"}}))
-    set_config(values)
-    assert load_settings().model.mirror.checkpoint.pvc.storage_class is None
+STORAGE_CLASS_MISSING = f"{PROJECT}:mirror.checkpoint.pvc.storage_class: missing; the mirror's checkpoint is a PVC"
+
+
+@pytest.mark.parametrize(
+    "checkpoint",
+    [{"pvc": {"size": "20Gi"}}, None],
+    ids=["a pvc naming no class", "no checkpoint key (a pvc by default)"],
+)
+def test_a_checkpoint_pvc_without_a_storage_class_is_refused_at_preview_naming_the_key(checkpoint):
+    """The cluster's default class is unknown at preview (there may be none, or one binding a zonal volume at once)."""
+
+    def without_a_class(mirror: dict[str, Any]) -> None:
+        mirror.pop("checkpoint")
+        if checkpoint is not None:
+            mirror["checkpoint"] = checkpoint
+
+    values = edited(DR, mirror=without_a_class)
+    message = refused(values)
+    assert STORAGE_CLASS_MISSING in message
+    assert "ReadWriteOnce" in message and "WaitForFirstConsumer" in message
+    # The whole program under mocks, as `pulumi preview` runs it, stops there: before any resource is registered.
+    with pytest.raises(ConfigError, match=re.escape(STORAGE_CLASS_MISSING)):
+        run_values(values, preview=True)
+
+
+def test_a_checkpoint_pvc_gets_the_class_its_stack_names_and_object_storage_needs_none(stack_runs):
+    expected = {"dr-msk-to-eventhubs": ["gp2"], "onprem-to-msk": ["gp2"], "active-active": []}
+    for stack, run in stack_runs.items():
+        claims = run.of_type("kubernetes:core/v1:PersistentVolumeClaim")
+        assert [c.plain["spec"]["storageClassName"] for c in claims] == expected[stack], stack
+        assert all(c.plain["spec"]["accessModes"] == ["ReadWriteOnce"] for c in claims)
 
 
 def test_a_storage_class_that_is_no_kubernetes_name_is_named_at_its_key():
