@@ -4,6 +4,7 @@ an earlier release's Spark checkpoint is read as it stands. No Spark session and
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from spark_app.batch_log import COMMITS, KEEP_BATCHES, OFFSETS, BatchLog, Planned
 from spark_app.errors import StateError
 from spark_app.storage import LocalFiles
+
+MEMORY = "/dev/shm"  # a tmpfs on Linux
 
 
 def test_a_batch_planned_and_not_committed_runs_again_with_the_same_start_and_end(tmp_path):
@@ -64,7 +67,9 @@ class Restarts(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.folder = Path(tempfile.mkdtemp(prefix="batch-log-"))
+        # In memory: the log fsyncs every file it writes, thousands per run, and on a disk those syncs were nearly
+        # all of this test's two minutes. What the model checks (what a new log reads back) does not change.
+        self.folder = Path(tempfile.mkdtemp(prefix="batch-log-", dir=MEMORY))
         self.log = BatchLog(LocalFiles(str(self.folder), self.folder))
         self.planned: list[Planned] = []  # every batch planned, by id
         self.committed = -1  # the last batch committed
@@ -96,6 +101,9 @@ class Restarts(RuleBasedStateMachine):
     @rule()
     def the_mirror_restarts(self) -> None:
         self.log = BatchLog(LocalFiles(str(self.folder), self.folder))
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.folder)
 
     @invariant()
     def it_resumes_after_the_last_commit_or_runs_the_batch_in_flight_again_and_stays_bounded(self) -> None:
