@@ -17,6 +17,7 @@ from spark_app.clients import watermarks
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from tests.support.assertions import assert_each_record_once_in_order, stamped
+from tests.support.polling import wait_until
 from tests.support.running import mirror_running
 
 PER_SIDE = 150
@@ -101,7 +102,15 @@ def test_both_ways_each_record_lands_once_per_direction_and_names_never_grow(
         while not done() and time.monotonic() < deadline and not errors:
             time.sleep(2)
         if not errors:
-            time.sleep(10)  # keep mirroring both ways a while longer: nothing more may arrive
+            # Keep mirroring both ways until each flow has copied what its source held 3 heartbeats after every
+            # record was counted (its newest heartbeat on the target is that new): a record sent round again would
+            # have come back by then, and nothing more may arrive.
+            since_ms = int(time.time() * 1000) + 3000
+            wait_until(
+                lambda: all((dr.newest_heartbeat_ms or 0) >= since_ms for dr in mirror.dr.values()),
+                "each flow's heartbeats from 3 s after the last record was counted on its target",
+                errors=errors,
+            )
 
     for cluster, here, there in ((east, a, b), (west, b, a)):
         names = {t for t in topics_on(cluster) if topic in t}
