@@ -555,6 +555,7 @@ def build(settings: StackSettings) -> Topology:
                 spark_version=model.mirror.spark_version,
                 config_yaml=config_yaml,
                 secret_names=namespace.secret_names,
+                secret_versions=namespace.secret_versions,
                 driver=model.mirror.driver,
                 executor=model.mirror.executor,
                 checkpoint=model.mirror.checkpoint,

@@ -177,7 +177,8 @@ class RealtimeRunner(FlowRunner):
             transactions.reset_positions(self.flow, self.target, {tp: starts[tp] for tp in back if tp in writable})
         self._report_recopies(writable)
         self.ledger.file(resets + holds)  # saves the new starts, and the marks the report left, too
-        return Assignment(writable, {tp: ends[tp] for tp in writable} if available_now else None)
+        ids = {t: i for t, i in self.ledger.state.topic_ids.items() if any(tp[0] == t for tp in writable)}
+        return Assignment(writable, {tp: ends[tp] for tp in writable} if available_now else None, ids)
 
     def _report_recopies(self, starts: PartitionOffsets) -> None:
         """Log how many records landed after the positions were saved: a crash copies them again. A partition with
@@ -213,6 +214,8 @@ class RealtimeRunner(FlowRunner):
         with self.lock:
             self.ledger.note_topic_ids(ids)
             self.ledger.file(rows)
+        if ids and self.job is not None:
+            self.job.note_ids(ids)
 
     def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
         if self.job is not None:

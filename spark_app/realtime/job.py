@@ -63,6 +63,7 @@ class CopyJob:
         # Spark's retries, and the flow's runner starts them again.
         self.terminal = False
         self._stops = assignment.stops
+        self._ids = dict(assignment.ids)  # per topic, the life its positions belong to (a task checks it: exactly once)
         keys = sorted(assignment.starts)
         self._slots = [keys[i :: max(1, tasks)] for i in range(min(max(1, tasks), len(keys)))]
         self._held: set[Partition] = set()
@@ -133,6 +134,12 @@ class CopyJob:
         transactional slot's commits (seconds apart) the landings say less, and restarts go from those."""
         with self._lock:
             return {key: max(offset, self._delivered.get(key, offset)) for key, offset in self.reached.items()}
+
+    def note_ids(self, ids: dict[str, str]) -> None:
+        """Topics filed in a new life while the job runs (every partition found gone backwards): a task Spark retries
+        checks their records against the new id."""
+        with self._lock:
+            self._ids.update(ids)
 
     def held_any(self) -> bool:
         """Whether a task held a partition: its topic is quarantined, and its other partitions stop at a restart."""
@@ -236,7 +243,8 @@ class CopyJob:
                     stops = {k: self._stops[k] for k in keys} if self._stops is not None else None
                     for key in self._slots[slot]:  # a retried task copies again from its last landings
                         self._delivered.pop(key, None)
-                    _send(conn, Assignment({k: self.reached[k] for k in keys}, stops).to_json())
+                    ids = {t: i for t, i in self._ids.items() if any(k[0] == t for k in keys)}
+                    _send(conn, Assignment({k: self.reached[k] for k in keys}, stops, ids).to_json())
                     self._conns.append(conn)
                     if self._stopping.is_set():
                         _send(conn, STOP)

@@ -18,10 +18,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from .. import clients
 from ..clients import Partition
@@ -71,24 +72,30 @@ CONSUMER_SETTINGS = CONSUMER_DEFAULTS | {"group.id": "mirrorkit-realtime", "enab
 # between commits and [DONE, rows] at the end, each row a landing's `to_row`, the offsets as an `Assignment` gives
 # them. Driver to task: the `Assignment`'s `to_json`, then at most STOP.
 HELLO, LANDED, REACHED, DONE, STOP = "hello", "landed", "reached", "done", "stop"
+# How long an exactly-once slot waits for its topics' ids before a commit (`LiveCopy._other_lives`); unanswered, a
+# transaction that carries records of a topic it asked for is aborted and copied again.
+LIFE_CHECK_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
 class Assignment:
-    """What one task copies: per source partition where it starts, and for `run --available-now` where it stops."""
+    """What one task copies: per source partition where it starts, for `run --available-now` where it stops, and per
+    topic the id (KIP-516) of the life its starts belong to, where the flow's state knows it."""
 
     starts: dict[Partition, int]
     stops: dict[Partition, int] | None
+    ids: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """As the channel carries it: each partition as [[topic, partition], offset]."""
         stops = None if self.stops is None else offsets_to_json(self.stops)
-        return {"starts": offsets_to_json(self.starts), "stops": stops}
+        return {"starts": offsets_to_json(self.starts), "stops": stops, "ids": dict(self.ids)}
 
     @classmethod
     def from_json(cls, value: Any) -> Assignment:
         stops = value["stops"]
-        return cls(offsets_from_json(value["starts"]), None if stops is None else offsets_from_json(stops))
+        ids = {str(t): str(i) for t, i in (value.get("ids") or {}).items()}
+        return cls(offsets_from_json(value["starts"]), None if stops is None else offsets_from_json(stops), ids)
 
 
 def offsets_to_json(offsets: dict[Partition, int]) -> list[list[Any]]:
@@ -154,6 +161,11 @@ class LiveCopy:
         # core is not (or no longer) used: `_consumer`.
         self.core: Copier | None = None
         self.consumer: Consumer | None = None
+        # Per topic, the id of the life its positions belong to (the driver's), and the topics found made again since:
+        # an exactly-once slot checks them before each commit (`_other_lives`) and copies those no further.
+        self._ids = dict(assignment.ids)
+        self._remade: dict[str, str] = {}
+        self._ids_admin: AdminClient | None = None
         # End-of-log events only where a partition has a stop (available-now): they say where its log ends.
         self.consumer_settings = CONSUMER_SETTINGS | {
             "enable.partition.eof": any(c.stop is not None for c in self.cursors.values())
@@ -297,12 +309,16 @@ class LiveCopy:
 
         A transaction that `failed` is aborted without waiting for what it still queues, which would never be sent."""
         refused: set[Partition] = set()
+        remade: dict[str, str] = {}
+        unsure: set[str] = set()
         if not failed:
             outbox.flush(FLUSH_S)
             self._hold(outbox.settle())
             lost = outbox.transaction_lost
             refused = outbox.take_refused()
-            if not refused and not lost:
+            if not refused and not lost and self.flow.exactly_once:
+                remade, unsure = self._other_lives()
+            if not refused and not lost and not remade and not unsure:
                 try:
                     positions = {key: self._next_to_copy(key) for key in self.cursors}
                     slot_txn.commit(positions)
@@ -331,12 +347,41 @@ class LiveCopy:
                 cursor.stop = offset if cursor.stop is None else min(cursor.stop, offset)
                 if start >= offset:
                     cursor.landing.hold(offset, size, error)
-            cursor.done = cursor.stop is not None and start >= cursor.stop
-        log.warning("flow %s: slot %d's transaction was aborted (the target refused a record of %s); copying again"
-                    " from its last commit", self.flow.name, self.slot, sorted(refused) or "it")  # fmt: skip
+            cursor.done = (cursor.stop is not None and start >= cursor.stop) or key[0] in self._remade
+        if remade or unsure:
+            log.warning("flow %s: slot %d's transaction was aborted: %s; copying again from its last commit",
+                        self.flow.name, self.slot, _lives_word(self._ids, remade, unsure))  # fmt: skip
+        else:
+            log.warning("flow %s: slot %d's transaction was aborted (the target refused a record of %s); copying again"
+                        " from its last commit", self.flow.name, self.slot, sorted(refused) or "it")  # fmt: skip
         slot_txn.begin()
         outbox.began()
         return False
+
+    def _other_lives(self) -> tuple[dict[str, str], set[str]]:
+        """Before an exactly-once commit: the topics made again at the source since the life their positions belong
+        to (their id now, another than the driver's), and the topics read since the last commit whose id did not
+        answer. A consumer reads a topic made again on from where it stood, with nothing to tell the new life's
+        records from the old one's (offsets, leader epoch 0 and record timestamps can all look alike); the id, asked
+        after the records were read, can. The same id now means no record read before was another life's (an id is
+        never given twice); another means records past where the slot stood may be the new life's: the transaction
+        is aborted, and those topics are copied no further by this task (`_remade`), until the driver, which finds
+        the new id too (spark_app.realtime.flow), starts them again from their new life's log start. What the old
+        life held past the last commit went with it. An id that does not answer cannot say: a transaction that
+        carries records of its topic is aborted and copied again."""
+        asked = {t for t, _ in self.cursors if t in self._ids and t not in self._remade}
+        moved = {t for (t, p), c in self.cursors.items() if c.next != self._committed.get((t, p), c.next) or c.retired}
+        if not asked:
+            return {}, set()
+        if self._ids_admin is None:
+            self._ids_admin = clients.admin(self.task.source)
+        try:
+            now = clients.topic_ids(self._ids_admin, asked, LIFE_CHECK_TIMEOUT_S)
+        except KafkaException:
+            now = {}
+        remade = {t: i for t, i in now.items() if i != self._ids[t]}
+        self._remade |= remade
+        return remade, {t for t in asked & moved if t not in now}
 
     def _next_to_copy(self, key: Partition) -> int:
         """Where a partition goes on from: its first held offset, if it holds (records read past it, sent before
@@ -381,6 +426,16 @@ class LiveCopy:
                 cursor.landing = Landing(key[0], key[1], landing.end_offset, landing.end_offset)
             self._reported.add(key)
         return rows
+
+
+def _lives_word(ids: dict[str, str], remade: dict[str, str], unsure: set[str]) -> str:
+    """Why the slot aborted before a commit, in the log's words."""
+    words = [f"'{t}' was made again at the source (id {ids[t]} -> {i}); what the slot read of it since its last"
+             " commit may be the new life's, and it copies the topic no further until the job starts it again from"
+             " the new life's log start" for t, i in sorted(remade.items())]  # fmt: skip
+    if unsure:
+        words.append(f"the source did not say whether {', '.join(sorted(unsure))} was made again")
+    return "; ".join(words)
 
 
 def _changed(landing: Landing) -> bool:
