@@ -1,0 +1,64 @@
+"""A source topic deleted and made again, then refilled past where a real-time task stood before the task looked: its
+consumer reads the new life on from there, and nothing in the records (offsets, leader epoch 0, timestamps) tells them
+from the old life's. An exactly-once slot asks the source for the topic's id before each commit, so it never commits a
+record of the new life under the old life's positions; the new life is then copied once, from its log start, in order.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bench.testbed.clients import create_topics, produce, read_all
+from spark_app.config import parse_config
+from spark_app.mirror import Mirror
+from spark_app.transactions import check_transactions
+from tests.support.assertions import assert_each_record_once_in_order
+from tests.support.mirror_config import one_flow_config
+from tests.test_topic_remade import copy_until, landed_uncommitted, records, recreate
+
+
+def _landed_any(target, topic: str, prefix: bytes) -> bool:
+    """Whether the target holds a record of `topic` whose value starts with `prefix`, committed or not; a peek that
+    got no answer in time (a busy machine) says no, and is asked again."""
+    try:
+        return landed_uncommitted(target, topic, prefix) > 0
+    except AssertionError:
+        return False
+
+
+def test_exactly_once_real_time_a_new_life_read_on_unnoticed_is_never_committed_and_is_copied_once_from_its_start(
+    spark, plaintext_cluster, source_cluster, tmp_path, unique
+):
+    topic = f"remade-eos-{unique}"
+    remote = f"primary.{topic}"
+    now = int(time.time() * 1000)
+    old, new = records("old", 1_000, now), records("new", 3_000, now + 10_000)
+    raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", source_alias="primary",
+                          emit_heartbeats=False, mode="realtime", exactly_once=True, copy_core="python")  # fmt: skip
+    config = parse_config(raw)
+    create_topics(plaintext_cluster.admin, {topic: 2})
+    produce(plaintext_cluster.client, topic, old)
+
+    check_transactions(config)
+    flow = Mirror(spark, config).flows[0]
+    subscription = flow.sync_topics()
+    flow.start(subscription, available_now=False)
+    try:
+        copy_until(flow, source_cluster.client, remote, len(old))
+        recreate(plaintext_cluster, topic)
+        produce(plaintext_cluster.client, topic, new)  # at once, past where the task stood (500 in each partition)
+        # The task reads the new life on from where it stood; its flow's runner is not asked to look meanwhile.
+        deadline = time.monotonic() + 120
+        while not _landed_any(source_cluster.client, remote, b"new"):
+            assert time.monotonic() < deadline, "the task never read the new life on from where it stood"
+            assert flow.failure() is None, flow.failure()
+            time.sleep(0.5)
+        flow.stop()  # the tasks' last commit: what they read of the new life must not go with it
+        flow.start(subscription, available_now=False)  # finds the new id: the new life from its log start
+        copy_until(flow, source_cluster.client, remote, len(old) + len(new))
+    finally:
+        flow.stop()
+    got = read_all(source_cluster.client, remote, expected=len(old) + len(new), exact=False)  # read_committed
+    values = [r.value for r in got]
+    assert all(values.count(r.value) == 1 for r in old), "an old record copied twice"
+    assert_each_record_once_in_order(remote, [r for r in got if r.value.startswith(b"new")], new)
