@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -90,6 +90,23 @@ def acl_source_cluster(testbed: TestBed) -> KafkaCluster:
 def acl_target_cluster(testbed: TestBed) -> KafkaCluster:
     """An MSK-like DR target (SCRAM) whose broker checks ACLs, for the copies' ACLs and their write block."""
     return testbed.start("msk-acls-target", ListenerKind.MSK_SCRAM, acls=True)
+
+
+@pytest.fixture
+def own_cluster(testbed: TestBed) -> Iterator[Callable[..., KafkaCluster]]:
+    """Starts clusters of the test's own (one it stops, throttles or fills with state no other test may see), each
+    retired when the test ends: a broker left idle for the rest of the session takes the two cores' time from the
+    tests after it."""
+    started: list[str] = []
+
+    def start(name: str, kind: ListenerKind | str, **options) -> KafkaCluster:
+        cluster = testbed.start(name, kind, **options)
+        started.append(name)
+        return cluster
+
+    yield start
+    for name in started:
+        testbed.retire(name)
 
 
 @pytest.fixture(scope="session")

@@ -223,11 +223,11 @@ def test_history_under_an_older_mirrors_dotted_names_is_never_dropped_silently(
     assert kept.checkpoints.checkpoints == {(old.group, old.topic, 0): old}
 
 
-def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, testbed, target_cluster, tmp_path, unique):
+def test_dr_drill_primary_lost_group_resumes_on_dr_without_loss(spark, own_cluster, target_cluster, tmp_path, unique):
     """Steady producer, committing consumer, running mirror; the primary's broker is killed; failover; the same
     group resumes on DR. No record it had not processed (and that reached DR) is lost; duplicates stay within the
     records processed since the last checkpoint plus a re-read under one batch, and within what failover printed."""
-    primary = testbed.start(f"drill-{unique[-8:]}", "plaintext")
+    primary = own_cluster(f"drill-{unique[-8:]}", "plaintext")
     topic, group = f"orders-{unique}", f"app-{unique}"
     remote = f"primary.{topic}"
     config = parse_config(

@@ -26,7 +26,9 @@ PER_SIDE = 150
 @pytest.fixture(scope="module")
 def pair(testbed):
     """Two clusters of their own: a running mirror writes `heartbeats` on both, which others must not inherit."""
-    return testbed.start("aa-east", "plaintext"), testbed.start("aa-west", "plaintext")
+    yield testbed.start("aa-east", "plaintext"), testbed.start("aa-west", "plaintext")
+    testbed.retire("aa-east")
+    testbed.retire("aa-west")
 
 
 def topics_on(cluster) -> set[str]:

@@ -49,7 +49,7 @@ def mm2_committed(config, offsets_topic: str) -> dict[tuple[str, int], int]:
 
 
 def test_adopt_and_handback_round_trip_with_mm2_with_no_gap_and_groups_carry_on(
-    spark, testbed, tmp_path, unique, capsys
+    spark, own_cluster, tmp_path, unique, capsys
 ):
     """MM2 mirrors two topics under a steady producer, checkpointing a group, and is killed mid-stream. Adopting
     is refused while it runs and for a flow named differently; then `adopt`, and the mirror copies the rest. Each
@@ -60,8 +60,8 @@ def test_adopt_and_handback_round_trip_with_mm2_with_no_gap_and_groups_carry_on(
     Then `handback`, more records, and MM2 started again as it was: it copies exactly the records the mirror had
     not (no duplicate more, none missing), and its checkpoints translate the group on, from the syncs handback
     wrote (a group at the mirror's last record resumes exactly) and from its own."""
-    src = testbed.start(f"mm2src-{unique[-8:]}", "plaintext")
-    dst = testbed.start(f"mm2dst-{unique[-8:]}", "plaintext")
+    src = own_cluster(f"mm2src-{unique[-8:]}", "plaintext")
+    dst = own_cluster(f"mm2dst-{unique[-8:]}", "plaintext")
     group = f"app-{unique}"
     create_topics(src.admin, TOPICS)
     raw = one_flow_config(src, dst, list(TOPICS), tmp_path / "ckpt", source_alias="primary", target_alias="dr",

@@ -26,7 +26,9 @@ from spark_app.policy import checkpoints_topic
 @pytest.fixture(scope="module")
 def pair(testbed):
     """A primary and a DR cluster of their own: both flows run both ways on them."""
-    return testbed.start("fb-primary", "plaintext"), testbed.start("fb-dr", "plaintext")
+    yield testbed.start("fb-primary", "plaintext"), testbed.start("fb-dr", "plaintext")
+    testbed.retire("fb-primary")
+    testbed.retire("fb-dr")
 
 
 def resume(cluster: ClusterConfig, group: str, topics: list[str]) -> dict[str, list[bytes]]:

@@ -131,11 +131,11 @@ def test_an_entra_cluster_is_a_valid_source_and_target_without_a_java_login_hand
 
 
 def test_the_mirror_copies_into_a_broker_that_signs_it_in_with_the_token_the_endpoint_handed_out(
-    workload_identity, testbed, plaintext_cluster, unique, tmp_path
+    workload_identity, own_cluster, plaintext_cluster, unique, tmp_path
 ):
     """A token-callback login end to end: the copy's producer (the Python loop's; the compiled core serves no token
     callback) gets its token from the endpoint and a real OAUTHBEARER listener accepts it."""
-    target = testbed.start(f"oauth-{unique}"[:40], ListenerKind.OAUTHBEARER)
+    target = own_cluster(f"oauth-{unique}"[:40], ListenerKind.OAUTHBEARER)
     now = int(time.time())
     claims = {"sub": "mirror", "iat": now, "exp": now + 3600}
     TokenEndpoint.access_token = ".".join(_b64url(part) for part in ({"alg": "none"}, claims)) + "."  # unsigned

@@ -78,9 +78,9 @@ def read_digests(cluster: KafkaCluster, topic: str) -> tuple[dict[int, str], dic
 
 
 def test_a_backlog_behind_a_throttled_target_lands_byte_exact_in_bounded_batches_none_retried(
-    testbed, plaintext_cluster, mirror_cli, tmp_path, unique
+    own_cluster, plaintext_cluster, mirror_cli, tmp_path, unique
 ):
-    target = testbed.start(f"throttled-{unique[-8:]}", ListenerKind.PLAINTEXT)
+    target = own_cluster(f"throttled-{unique[-8:]}", ListenerKind.PLAINTEXT)
     target.limit_producers(RATE)
     topic = f"backlog-{unique}"
     create_topics(plaintext_cluster.admin, {topic: PARTITIONS})

@@ -138,9 +138,9 @@ def test_run_survives_sigkill_mid_stream_and_sigterm_stops_it_cleanly_without_pr
     assert target_cluster.secret not in output, "the Event Hubs connection string was printed"
 
 
-def test_run_rides_out_its_target_broker_stopped_for_30s_mid_stream(plaintext_cluster, testbed, mirror_cli, unique):
+def test_run_rides_out_its_target_broker_stopped_for_30s_mid_stream(plaintext_cluster, own_cluster, mirror_cli, unique):
     """A dedicated target, so the shared clusters are not disturbed."""
-    target = testbed.start(f"outage-{unique[-8:]}", "plaintext")
+    target = own_cluster(f"outage-{unique[-8:]}", "plaintext")
 
     def stop_the_target_for_30s(mirror: subprocess.Popen, start: Start) -> subprocess.Popen:
         wait_mid_stream(target, topic)

@@ -143,14 +143,14 @@ def test_a_partition_whose_leader_goes_offline_mid_run_quarantines_its_topic_alo
 
 
 def test_a_source_down_past_the_stall_bound_ends_the_batch_in_flight_and_its_topic_catches_up_in_order_once_back(
-    spark, testbed, plaintext_cluster, tmp_path, unique, monkeypatch
+    spark, own_cluster, plaintext_cluster, tmp_path, unique, monkeypatch
 ):
     """The source's only broker stops while a range is being read, and stays down past the stall bound. The batch in
     flight ends holding what it could not read (so a stop meanwhile would not wait for the source) and the topic is
     quarantined saying the source does not answer; the mirror itself keeps running. Once the source is back, the
     topic catches up in order, with nothing lost or copied twice."""
     monkeypatch.setattr(quarantine, "RECORD_RETRY_S", 2.0)  # try a held topic again every 2 s, not every 60 s
-    source = testbed.start(f"outage-{unique[-8:]}", "plaintext")
+    source = own_cluster(f"outage-{unique[-8:]}", "plaintext")
     topic = f"outage-{unique}"
     create_topics(source.admin, {topic: 1})
     config = parse_config(

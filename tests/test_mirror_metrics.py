@@ -103,9 +103,9 @@ def refreshes(scrapes: list[dict], name: str, **where: str) -> int:
 
 @pytest.mark.parametrize("mode", ["throughput", "realtime"])
 def test_running_mirror_serves_figures_that_move_with_each_wave_and_lag_that_drains(
-    mode, spark, testbed, target_cluster, tmp_path, unique
+    mode, spark, own_cluster, target_cluster, tmp_path, unique
 ):
-    source = testbed.start(f"metrics-{unique[-8:]}", "msk-scram")
+    source = own_cluster(f"metrics-{unique[-8:]}", "msk-scram")
     alias = f"src{unique[-8:]}"  # its own names on the shared target: no other test's heartbeats or checkpoints
     live, held, group = f"live-{unique}", f"held-{unique}", f"app-{unique}"
     port = free_port()

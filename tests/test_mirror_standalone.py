@@ -51,9 +51,9 @@ def partly_written(start: Offsets, end: Offsets, landed: dict[tuple[str, int], i
 
 
 def test_a_standalone_cluster_copies_a_backlog_byte_exact_and_survives_a_worker_killed_mid_batch(
-    spark_standalone, plaintext_cluster, testbed, mirror_cli, tmp_path, unique
+    spark_standalone, plaintext_cluster, own_cluster, mirror_cli, tmp_path, unique
 ):
-    target_cluster = testbed.start(f"standalone-{unique[-8:]}", "plaintext")  # its own: it is throttled
+    target_cluster = own_cluster(f"standalone-{unique[-8:]}", "plaintext")  # its own: it is throttled
     target_cluster.limit_producers(TARGET_BYTES_PER_S)
     topics = [f"standalone-{n}-{unique}" for n in range(TOPICS)]
     remote = {t: f"onprem.{t}" for t in topics}
