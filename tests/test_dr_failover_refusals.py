@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from bench.testbed import clients as bed
 from bench.testbed.clients import Record, commit, create_topics, produce
@@ -24,7 +25,9 @@ from spark_app.policy import checkpoints_topic, offset_syncs_topic
 @pytest.fixture(scope="module")
 def pair(testbed):
     """A primary and a DR cluster of their own."""
-    return testbed.start("fr-primary", "plaintext"), testbed.start("fr-dr", "plaintext")
+    yield testbed.start("fr-primary", "plaintext"), testbed.start("fr-dr", "plaintext")
+    testbed.retire("fr-primary")
+    testbed.retire("fr-dr")
 
 
 def active_active(
@@ -158,3 +161,29 @@ def test_failback_puts_the_primarys_profile_back_once_every_group_moved(pair, un
     assert profile["bootstrap_servers"] == config.cluster(p).bootstrap_servers
     assert profile["topics"] == [{"source_topic": topic, "topic": topic}]
     assert profile["groups"] == [{"group": group, "topic": f"{d}.{topic}", "partition": 0, "offset": 5}]
+
+
+def test_failback_with_the_dr_clusters_groups_not_listed_stops_naming_it_and_moves_nothing(
+    monkeypatch, tmp_path: Path, capsys
+):
+    """DR's brokers too slow to list their groups (seen on a loaded machine): one line naming DR, exit 1, no
+    traceback; nothing is read from or written to the primary before it."""
+
+    def timed_out(self: ClusterGroups, selection: object) -> list[str]:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+
+    monkeypatch.setattr(ClusterGroups, "groups", timed_out)
+    dead = {"bootstrap_servers": f"127.0.0.1:{free_port()}", "profile": "kafka"}
+    config = {
+        "clusters": [{"alias": "p", **dead}, {"alias": "d", **dead}],
+        "flows": [
+            {"source": "p", "target": "d", "topics": {"include": ["orders"]}, "checkpoint_location": str(tmp_path)},
+            {"source": "d", "target": "p", "topics": {"include": ["orders"]}, "checkpoint_location": str(tmp_path)},
+        ],
+    }
+    path = tmp_path / "mirror.json"
+    path.write_text(json.dumps(config))
+    assert cli_main(["failback", "--config", str(path), "--flow", "d->p"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: failback could not list the consumer groups on 'd' ({dead['bootstrap_servers']})" in err, err
+    assert "Local: Timed out" in err and "Traceback" not in err and "nothing was moved" in err, err

@@ -24,11 +24,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import OffsetSpec
 
 from .. import clients
 from ..clients import Partition
 from ..config import ConfigError, FlowConfig, MirrorConfig
+from ..errors import MirrorFailed
 from ..policy import HEARTBEATS_TOPIC, replication_policy, should_mirror, target_topic
 from ..topic_acls import restore_write_block
 from .groups import ClusterGroups, GroupCommit, mark
@@ -110,7 +112,13 @@ def failback(config: MirrorConfig, reverse: FlowConfig, dry_run: bool = False, f
     checks = Checks("failback", force)
     dr, primary = config.cluster(reverse.source), config.cluster(reverse.target)
     on_dr, on_primary = ClusterGroups(dr), ClusterGroups(primary)
-    groups = on_dr.groups(reverse.groups)
+    try:
+        groups = on_dr.groups(reverse.groups)
+    except KafkaException as err:  # a slow or half-down DR cluster: one line naming it, not a traceback
+        raise MirrorFailed(
+            f"failback could not list the consumer groups on '{dr.alias}' ({dr.bootstrap_servers}):"
+            f" {err.args[0].str()}; nothing was moved, run failback again"
+        ) from None
     live = [f"{g} ({n} member(s))" for g in groups if (n := on_dr.members(g))]
     if live:
         checks.fail(
