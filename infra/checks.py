@@ -113,7 +113,8 @@ def missing_credentials(model: StackModel, used: dict[str, tuple[str, ...]]) -> 
     """Each credential the stack needs is set, as a secret."""
     return [
         f"{credential_key(alias, key)}: missing; set it with"
-        f" `pulumi config set --secret --path '{credential_key(alias, key)}' ...`"
+        f" `pulumi config set --secret --path '{credential_key(alias, key)}' ...`, or in the Pulumi ESC environment"
+        " the stack imports, under values.pulumiConfig (docs/deploy/stacks.md)"
         for alias, keys in used.items()
         for key in keys
         if key not in model.credentials.get(alias, {})

@@ -37,6 +37,12 @@ CONFIG_FILE = "mirror.yaml"
 # The operator resubmits an application when its spec changes, not when a mounted ConfigMap does: the rendered
 # config's hash in the spec makes a config edit restart the mirror.
 CONFIG_HASH_ANNOTATION = "mirrorkit.io/config-sha256"
+# Likewise for the credentials: a rotated secret changes its Kubernetes Secret, which the mounted files follow but
+# the running mirror's clients read once, at start, so the Secrets' versions are in the spec too. Hashed from each
+# Secret's resourceVersion (the API server's counter of its writes), never from its values: a hash of the values,
+# on a pod anyone may read, would let them test guesses of a weak password offline; a version carries nothing of
+# them.
+SECRETS_HASH_ANNOTATION = "mirrorkit.io/secrets-version-sha256"
 MAIN_FILE = "local:///opt/mirrorkit/main.py"  # images/mirror/main.py: `python -m spark_app` under spark-submit
 ALERT_METRICS = (
     RECORDS_METRIC,
@@ -103,10 +109,19 @@ class MirrorApplicationArgs:
     # Entra ID sign-in where Azure workload identity's webhook does not run: the token and AZURE_* on every pod.
     token_by_hand: TokenByHand | None = None
     protect: bool = True  # the checkpoint PVC holds the mirror's positions: `pulumi destroy` must not lose it
+    # alias -> its Secret's metadata.resourceVersion: a write to the Secret (a rotated secret) resubmits the mirror.
+    secret_versions: Mapping[str, pulumi.Input[str | None]] = field(default_factory=dict)
 
 
 def config_hash(config_yaml: str) -> str:
     return hashlib.sha256(config_yaml.encode()).hexdigest()
+
+
+def secrets_version_hash(versions: Mapping[str, str | None]) -> str:
+    """One value for the versions of the mirror's Secrets, by alias; nothing of their contents goes in."""
+    return hashlib.sha256(
+        "\n".join(f"{alias}@{versions[alias] or ''}" for alias in sorted(versions)).encode()
+    ).hexdigest()
 
 
 def spark_application_spec(
@@ -179,6 +194,11 @@ def spark_application_spec(
             "ports": [{"name": "metrics", "protocol": "TCP", "containerPort": args.metrics_port}],
             "annotations": {
                 CONFIG_HASH_ANNOTATION: pulumi.Output.from_input(config_yaml).apply(config_hash),
+                **(
+                    {SECRETS_HASH_ANNOTATION: pulumi.Output.all(**args.secret_versions).apply(secrets_version_hash)}
+                    if args.secret_versions
+                    else {}
+                ),
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(args.metrics_port),
                 "prometheus.io/path": "/metrics",

@@ -121,8 +121,9 @@ class MirrorNamespace(pulumi.ComponentResource):
             opts=in_ns,
         )
         self.secret_names: dict[str, str] = {}
+        self.secret_versions: dict[str, pulumi.Output[str | None]] = {}  # a write to a Secret changes its version
         for alias, files in args.credentials.items():
-            k8s.core.v1.Secret(
+            secret = k8s.core.v1.Secret(
                 f"{name}-{alias}",
                 metadata={"name": secret_name(alias), "namespace": ns},
                 type="Opaque",
@@ -130,6 +131,7 @@ class MirrorNamespace(pulumi.ComponentResource):
                 opts=in_ns,
             )
             self.secret_names[alias] = secret_name(alias)
+            self.secret_versions[alias] = secret.metadata.resource_version
         self.namespace = namespace.metadata.name
         self.service_account = account.metadata.name
         self.executor_service_account = executors.metadata.name
