@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
@@ -45,7 +45,7 @@ from .outbox import (
 )
 from .ranges import Landing, OffsetRange
 from .topics import TargetRules
-from .transactions import Aborted, SlotTransactions, TransactionFailed, transactional
+from .transactions import OTHER_LIFE, Aborted, PositionNote, SlotTransactions, TransactionFailed, transactional
 
 RANGE_CONSUME_BATCH = 10_000
 RANGE_CONSUME_WAIT_S = 0.1
@@ -72,12 +72,15 @@ class RangeCopier:
 
     def __init__(
         self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, ready: dict[str, int] | None = None,
-        rules: TargetRules | None = None,
+        rules: TargetRules | None = None, lives: Mapping[str, str] | None = None,
     ) -> None:  # fmt: skip
         self.flow = flow
         self.source = source
         self.target = target
         self.ready = ready
+        # Per topic, the id of the life its ranges were planned in (the batch's end entry): an exactly-once slot
+        # notes it beside each position it commits, and skips only what a position of that life says was committed.
+        self.lives = dict(lives or {})
         self.rules = rules or TargetRules()
         self.producer_settings = producer_settings(self.rules)
         self.core = choose(flow, source, target).core
@@ -137,9 +140,11 @@ class RangeCopier:
         retries = Retries()
         cursors = self._cursors(ranges, {})
         committed: PartitionOffsets = {}
+        starts = {(r.topic, r.partition): r.start for r in ranges}
         if self.flow.exactly_once:
-            committed = slot_txn.committed(k for k, c in cursors.items() if not c.done)
-            _skip_committed(cursors, ranges, committed)
+            noted = slot_txn.committed_notes(k for k, c in cursors.items() if not c.done)
+            _skip_committed(cursors, ranges, noted, self.lives)
+            committed = {key: offset for key, (offset, _note) in noted.items()}
         # A range held whole writes no position, but one whose offsets went backwards does, empty or held: the
         # new life starts there, or the next batch would skip the new topic's records to the old life's position.
         copying = {key for key, c in cursors.items() if not c.done or _starts_over(c)}
@@ -160,11 +165,13 @@ class RangeCopier:
                         cursors[key].landing.first_offset = min(cursors[key].landing.first_offset, offset)
                         cursors[key].landing.hold(offset, size, error)
                 try:  # a position never goes back, but where the partition's offsets did
-                    slot_txn.commit({
+                    positions = {
                         key: _position(c) if _starts_over(c) else max(_position(c), committed.get(key, -1))
                         for key, c in cursors.items()
                         if key in copying
-                    })  # fmt: skip
+                    }
+                    slot_txn.commit(positions, {key: _note(cursors[key], starts[key], self.lives.get(key[0], ""))
+                                                for key in copying})  # fmt: skip
                 except Aborted:  # the commit failed (the transaction after a refused one, see Outbox.refused)
                     pass
                 else:
@@ -241,19 +248,66 @@ class RangeCopier:
         return leaders
 
 
-def _skip_committed(cursors: dict[Partition, Cursor], ranges: list[OffsetRange], committed: PartitionOffsets) -> None:
-    """Start each range past what its partition's committed position says was copied already; its landing still
-    covers the range from its start. A range whose offsets went backwards starts over whatever the old life
-    committed."""
+def _skip_committed(
+    cursors: dict[Partition, Cursor], ranges: list[OffsetRange],
+    committed: Mapping[Partition, tuple[int, PositionNote]], lives: Mapping[str, str],
+) -> None:  # fmt: skip
+    """Start each range past what its partition's committed position says was copied already, where the position is
+    in the life the range was planned in (`_same_life`). The landings still cover the range from its start, as the
+    copy that committed the position left them: where its note says records were gone from the source before that
+    copy read them, a landing ends before the gap and the next starts after it, so the flow's ledger reports them."""
     for r in ranges:
         key = (r.topic, r.partition)
-        offset, cursor = committed.get(key, -1), cursors[key]
-        if r.reset_from < 0 and offset > cursor.next and not cursor.done:
-            stop = r.end if cursor.stop is None else cursor.stop
-            cursor.landing.first_offset = r.start
-            cursor.seen = True
-            cursor.next = min(offset, stop)
-            cursor.done = cursor.next >= stop
+        cursor = cursors[key]
+        if key not in committed or cursor.done:
+            continue
+        offset, note = committed[key]
+        if offset <= cursor.next or not _same_life(note, lives.get(r.topic, ""), r):
+            continue
+        stop = r.end if cursor.stop is None else cursor.stop
+        cursor.landing.first_offset = r.start
+        for expected, first_read in note.gaps:
+            if not r.start <= expected < first_read <= offset:
+                continue  # not the range's (a gap of a range before it), or not past a landing's start
+            if expected > cursor.landing.first_offset:
+                cursor.retired.append(Landing(r.topic, r.partition, cursor.landing.first_offset, expected,
+                                              reset_from=cursor.landing.reset_from))  # fmt: skip
+                cursor.landing = Landing(r.topic, r.partition, first_read, max(r.end, first_read),
+                                         reset_from=r.reset_from)  # fmt: skip
+            else:
+                cursor.landing.first_offset = first_read
+                cursor.landing.end_offset = max(cursor.landing.end_offset, first_read)
+        cursor.seen = True
+        cursor.next = min(offset, stop)
+        cursor.done = cursor.next >= stop
+
+
+def _same_life(note: PositionNote, life: str, r: OffsetRange) -> bool:
+    """Whether a committed position (with its note) is in the life of the topic range `r` reads (`life`, the id it
+    was planned in): both ids known, when they are equal; else, as before notes named lives, where the range's offsets
+    did not go backwards. Never a position a copy committed after it found its partition gone backwards in the middle
+    of its range (`OTHER_LIFE`)."""
+    if note.life == OTHER_LIFE:
+        return False
+    if note.life and life:
+        return note.life == life
+    return r.reset_from < 0
+
+
+def _note(cursor: Cursor, start: int, life: str) -> PositionNote:
+    """The note committed with a partition's position: the life its range was planned in, unless the copy found the
+    partition gone backwards in the middle of its range (then another, unnamed), and the gaps between its landings
+    from the range's `start` (where records were gone before they were read: the ledger checks which were deleted)."""
+    if any(row.reset_from >= 0 for row in [*cursor.retired, cursor.landing][1:]):
+        return PositionNote(OTHER_LIFE)
+    rows = [*cursor.retired, cursor.landing] if cursor.seen else cursor.retired
+    gaps: list[tuple[int, int]] = []
+    expected = start
+    for row in rows:
+        if row.first_offset > expected:
+            gaps.append((expected, row.first_offset))
+        expected = max(expected, row.end_offset)
+    return PositionNote(life, tuple(gaps))
 
 
 def _starts_over(cursor: Cursor) -> bool:

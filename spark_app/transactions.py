@@ -16,8 +16,10 @@ so their size is the number of partitions, whatever the history.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -49,6 +51,45 @@ _CANNOT = {
     KafkaError.UNSUPPORTED_VERSION: _NO_TRANSACTIONS,
     KafkaError._UNSUPPORTED_FEATURE: _NO_TRANSACTIONS,
 }
+
+
+# A position's note keeps at most this many gaps: Event Hubs takes at most 1024 bytes of commit metadata, and a range
+# meets one gap per deletion that overtook its copy (a handful in a long outage). Past it, the last ones merge.
+NOTE_GAPS = 16
+
+
+# A note's life when the copy found its partition gone backwards in the middle of its range: a life it has no id of.
+OTHER_LIFE = "?"
+
+
+@dataclass(frozen=True)
+class PositionNote:
+    """What an exactly-once position says besides its offset, committed with it as the offset's metadata: which life
+    of the topic (its id, KIP-516) the offset is in, and the gaps (expected, first read) the copy that committed it
+    met between the start of its range and the offset, where records were gone from the source before they were read.
+
+    A copy that runs again after a crash between its commit and the driver's filing skips what the position says
+    was committed: the note tells it whether the position is in the life it reads (a topic made again has other
+    offsets), and which of the records it skips were never copied, so the flow's ledger reports them as it would
+    have the first time."""
+
+    life: str = ""  # the topic's id the offset is in; "" when not known (committed without a note), OTHER_LIFE
+    gaps: tuple[tuple[int, int], ...] = ()
+
+    def dump(self) -> str:
+        gaps = list(self.gaps)
+        if len(gaps) > NOTE_GAPS:  # merged into one: its records read as deleted (reported, never skipped silently)
+            gaps = [*gaps[: NOTE_GAPS - 1], (gaps[NOTE_GAPS - 1][0], gaps[-1][1])]
+        return json.dumps({"life": self.life, "gaps": gaps}, separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, raw: str | None) -> PositionNote:
+        """A note as `dump` wrote it; an empty one for anything else (a position committed without a note)."""
+        try:
+            data = json.loads(raw or "")
+            return cls(str(data["life"]), tuple((int(e), int(f)) for e, f in data["gaps"]))
+        except (ValueError, KeyError, TypeError):
+            return cls()
 
 
 # What a producer hears once a newer attempt of its transactional id started.
@@ -113,6 +154,11 @@ class SlotTransactions:
     def committed(self, partitions: Iterable[Partition]) -> PartitionOffsets:
         """Where each source partition's records were committed up to (the next offset to copy), for those that have
         a position; read after this slot started, so no earlier attempt can commit past it unless it is fenced."""
+        return {key: offset for key, (offset, _note) in self.committed_notes(partitions).items()}
+
+    def committed_notes(self, partitions: Iterable[Partition]) -> dict[Partition, tuple[int, PositionNote]]:
+        """`committed`, each position with the note it was committed with (`PositionNote`; an empty one where it was
+        committed without)."""
         copies = {(target_topic(self.flow, t), p): (t, p) for t, p in partitions}
         if not copies:
             return {}
@@ -124,21 +170,29 @@ class SlotTransactions:
         except KafkaException as err:
             raise DeliveryFailed(f"flow {self.flow.name}: reading its positions on target '{self.target.alias}':"
                                  f" {err.args[0].str()}") from None  # fmt: skip
-        return {copies[(tp.topic, tp.partition)]: tp.offset for tp in found if tp.offset >= 0 and tp.error is None}
+        return {
+            copies[(tp.topic, tp.partition)]: (tp.offset, PositionNote.parse(tp.metadata))
+            for tp in found
+            if tp.offset >= 0 and tp.error is None
+        }
 
     def begin(self) -> None:
         if not self._open:
             self._call(self.producer.begin_transaction)
             self._open = True
 
-    def commit(self, positions: PartitionOffsets) -> None:
+    def commit(self, positions: PartitionOffsets, notes: Mapping[Partition, PositionNote] | None = None) -> None:
         """Commit what was sent since `begin`, with each source partition's next offset when the flow is
-        `exactly_once`. Raises `Fenced` when a newer attempt took the slot over, DeliveryFailed when the target
-        refused a record (the transaction is aborted then: nothing of it is visible)."""
+        `exactly_once`, and its note where `notes` has one. Raises `Fenced` when a newer attempt took the slot over,
+        DeliveryFailed when the target refused a record (the transaction is aborted then: nothing of it is visible)."""
         if not self._open:
             return
         if self.flow.exactly_once and positions:
-            offsets = [TopicPartition(target_topic(self.flow, t), p, o) for (t, p), o in sorted(positions.items())]
+            notes = notes or {}
+            offsets = [
+                TopicPartition(target_topic(self.flow, t), p, o, notes[(t, p)].dump() if (t, p) in notes else None)
+                for (t, p), o in sorted(positions.items())
+            ]
             metadata = self._group.consumer_group_metadata()
             self._call(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, TRANSACTION_TIMEOUT_S))
         self._call(lambda: self.producer.commit_transaction(TRANSACTION_TIMEOUT_S))
