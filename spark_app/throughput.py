@@ -23,6 +23,8 @@ import time
 import uuid
 from collections.abc import Iterable
 
+from confluent_kafka import KafkaException
+
 from .batch_log import BatchLog, Planned
 from .clients import PartitionOffsets
 from .config import STOP_BATCH_TIMEOUT_S, FlowMode
@@ -104,9 +106,10 @@ class ThroughputRunner(FlowRunner):
                     batch_log.plan(batch, end)
             if end is not None:
                 with self.lock:
-                    landed = self._copy(planner.ranges(start, end))
-                    self.ledger.note_topic_ids(end.ids | self._remade_within(start, end, landed))
-                    self.ledger.file(landed)
+                    landed = self._copy(planner.ranges(start, end), lives=end.ids)
+                    remade, restarts = self._remade_within(start, end, landed)
+                    self.ledger.note_topic_ids(end.ids | remade)
+                    self.ledger.file(landed + restarts)
                     batch_log.commit(batch)
                     self._committed = _positions(end)
                     batch, start, end = batch + 1, end, None
@@ -127,29 +130,54 @@ class ThroughputRunner(FlowRunner):
         planner.drop_other_lives({t: i for t, i in moved.ids.items() if start.ids.get(t) != i})
         return moved
 
-    def _remade_within(self, start: Planned, end: Planned, landed: list[Landing]) -> dict[str, str]:
+    def _remade_within(
+        self, start: Planned, end: Planned, landed: list[Landing]
+    ) -> tuple[dict[str, str], list[Landing]]:
         """The ids now of topics whose partitions the copy found gone backwards where the plan had not (the topic made
         again after the batch was planned): filed with the new life's positions, they tell the next batch's start.
+        With them, a landing for each other partition of such a topic that starts it over at its new log start: the
+        copy did not find it gone backwards (its range ended before the topic was made again, it had none in the
+        batch, or, rarely, its new life was already past where it stood when the copy read it), so it read nothing of
+        the new life, or read on in it unnoticed and copies that part twice; never a gap. Were the topic left to the
+        next batch to take as made again, it would copy the whole new life from its log start, and the partitions the
+        copy did find gone backwards twice.
 
-        Only a topic every partition of which went back: a partition that did not (its new life already past where it
-        stood when the copy read it, or not read in this batch) holds a position that is no new life's, and the next
-        batch copies the whole topic again from its log start, as made again (twice, rather than skip any of it)."""
+        A topic whose id, or the log start of one of those other partitions, does not answer is left so (twice, rather
+        than skip any of it)."""
         went_back: dict[str, set[int]] = {}
         for row in landed:
             if row.reset_from >= 0 and end.ids.get(row.topic) == start.ids.get(row.topic):
                 went_back.setdefault(row.topic, set()).add(row.partition)
-        every = {t for t, parts in went_back.items() if parts >= {int(p) for p in end.offsets.get(t, {})}}
-        return topic_ids_now(self.source, every, self.flow.name)
+        ids = topic_ids_now(self.source, set(went_back), self.flow.name)
+        others = {t: sorted({int(p) for p in end.offsets.get(t, {})} - went_back[t]) for t in ids}
+        wanted = [(t, p) for t, parts in others.items() for p in parts]
+        try:
+            log_starts = self.topic_sync.earliest_offsets(wanted) if wanted else {}
+        except KafkaException as err:
+            log.warning("flow %s: the log starts of topics made again did not answer (%s); they may be copied again"
+                        " from their log start", self.flow.name, err.args[0])  # fmt: skip
+            log_starts = {}
+        restarts: list[Landing] = []
+        for topic, parts in others.items():
+            if any((topic, p) not in log_starts for p in parts):
+                del ids[topic]
+                continue
+            for p in parts:
+                at, was = log_starts[(topic, p)], end.offsets[topic][str(p)]
+                restarts.append(Landing(topic, p, at, at, reset_from=was))
+        return ids, [row for row in restarts if row.topic in ids]
 
-    def _copy(self, groups: list[list[OffsetRange]], ready: dict[str, int] | None = None) -> list[Landing]:
+    def _copy(
+        self, groups: list[list[OffsetRange]], ready: dict[str, int] | None = None, lives: dict[str, str] | None = None
+    ) -> list[Landing]:
         """Copy each group of ranges in a Spark task of its own, writing only the topics `ready` (by default those not
         quarantined now); their landings. A task's index is its slot, as a transactional flow's producer is named
-        (spark_app.transactions)."""
+        (spark_app.transactions); `lives` are the ids of the topics' lives the ranges were planned in."""
         if not groups:
             return []
         if ready is None:
             ready = self.ledger.quarantines.ready(self.plan.mirrored)
-        copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.rules)
+        copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.rules, lives)
         if transactional(self.flow, self.target):  # the slots' mark, saved before a slot past it starts
             self.ledger.slots_start(len(groups))
 

@@ -223,6 +223,70 @@ def test_exactly_once_throughput_a_topic_made_again_in_the_middle_of_a_batch_is_
     assert_each_record_once_in_order(remote, got, old + new)
 
 
+def test_exactly_once_throughput_a_topic_made_again_while_a_batch_reads_one_of_its_partitions_is_copied_once(
+    spark, plaintext_cluster, source_cluster, tmp_path, unique, monkeypatch
+):
+    """The batch is planned in the old life with a range of partition 0 alone (offsets 1,000 to 1,500; partition 1
+    has nothing new). The topic is made again before the copy reads: partition 0 goes back and is copied from 0 to
+    1,500 of the new life, partition 1 is not read. The flow files the new life for both, partition 1 at its new log
+    start, so the next run copies neither partition's new life a second time, and skips none of partition 1's
+    (whose committed position, 1,000, is the old life's)."""
+    topic = f"remade-one-{unique}"
+    remote = f"primary.{topic}"
+    now = int(time.time() * 1000)
+    old = records("old", 2_000, now)
+    lost = [Record(0, f"l{i}".encode(), f"lost-{i}".encode(), timestamp_ms=now + 5_000 + i) for i in range(500)]
+    new = records("new", 6_000, now + 10_000)
+    early, rest = new[:600], new[600:]
+    raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", source_alias="primary",
+                          emit_heartbeats=False, exactly_once=True)  # fmt: skip
+    config = parse_config(raw)
+    create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
+    produce(plaintext_cluster.client, topic, old)
+    check_transactions(config)
+    Mirror(spark, config).run_available_now()
+    produce(plaintext_cluster.client, topic, lost)  # of the old life, partition 0 alone: deleted before copied
+
+    refill_errors: list[BaseException] = []
+
+    def refill_once_the_copy_went_back() -> None:
+        try:
+            deadline = time.monotonic() + 120
+            while landed_uncommitted(source_cluster.client, remote, b"new-") < len(early) // PARTITIONS:
+                assert time.monotonic() < deadline, "the copy never wrote the new life's first records"
+                time.sleep(0.5)
+            produce(plaintext_cluster.client, topic, rest)
+        except BaseException as err:  # noqa: BLE001 - the test asserts on it
+            refill_errors.append(err)
+
+    plan = BatchLog.plan
+    refill = threading.Thread(target=refill_once_the_copy_went_back, daemon=True)
+
+    def plan_then_make_the_topic_again(log: BatchLog, batch: int, end) -> None:
+        plan(log, batch, end)
+        if refill.ident is None:
+            recreate(plaintext_cluster, topic)
+            produce(plaintext_cluster.client, topic, early)
+            refill.start()
+
+    with monkeypatch.context() as hooked:
+        hooked.setattr(BatchLog, "plan", plan_then_make_the_topic_again)
+        check_transactions(config)
+        during = Mirror(spark, config)
+        during.run_available_now()
+    refill.join(120)
+    assert not refill_errors, refill_errors
+    resets = [(r.partition, r.previous, r.restart) for r in during.flows[0].ledger.resets]
+    assert resets == [(0, 1_000, 0), (1, 1_000, 0)], "partition 1 was not started over in the new life"
+
+    check_transactions(config)
+    after = Mirror(spark, config)
+    after.run_available_now()
+    assert after.flows[0].ledger.resets == [], "the new life was taken for the old one again"
+    got = read_all(source_cluster.client, remote, expected=len(old) + len(new), exact=False)  # read_committed
+    assert_each_record_once_in_order(remote, got, old + new)
+
+
 A, B = "id-of-the-old-life", "id-of-the-new-life"
 
 
