@@ -414,6 +414,12 @@ class SiteSpec(StrictModel):
     # The stack that installs the Spark Operator on this cluster for every deployment there (`mirrorkit:part:
     # platform:<stack>`); the site's own stack then installs none, whatever `sparkOperator` says.
     platform: Annotated[str, Field(pattern=DNS_LABEL.pattern)] | None = None
+    # NAMESPACE/NAME: the ConfigMap the site's toolbox publishes the applications' connection profile to on failover
+    # (infra.k8s.toolbox), in the applications' namespace; default `kafka-connection` in the mirror's namespace.
+    profile_configmap: (
+        Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")]
+        | None
+    ) = None
 
     @field_validator("api_server_cidrs")
     @classmethod

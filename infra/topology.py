@@ -31,6 +31,17 @@ from infra.azure.identity import MirrorEntraIdentity, MirrorEntraIdentityArgs, R
 from infra.k8s.mirror_app import MirrorApplication, MirrorApplicationArgs
 from infra.k8s.namespace import POD_SECURITY, MirrorNamespace, MirrorNamespaceArgs
 from infra.k8s.operator import SparkOperator, SparkOperatorArgs
+from infra.k8s.toolbox import (
+    CONFIG_PATH,
+    PROFILE_CONFIGMAP,
+    TOOLBOX,
+    ProfileConfigMap,
+    Toolbox,
+    ToolboxArgs,
+    commands,
+    granted_flows,
+    profile_pieces,
+)
 from infra.kafka.acls import MirrorAcls, MirrorAclsArgs
 from infra.naming import PROJECT
 from infra.parts import Part, cross_account_sites
@@ -41,7 +52,8 @@ from spark_app.config import ConfigError
 
 SERVICE_ACCOUNT = "mirrorkit"  # the driver's
 EXECUTOR_SERVICE_ACCOUNT = "mirrorkit-executor"
-SERVICE_ACCOUNTS = (SERVICE_ACCOUNT, EXECUTOR_SERVICE_ACCOUNT)
+# Every account whose pods sign in to the clusters as the site's identity: the toolbox's too (infra.k8s.toolbox).
+SERVICE_ACCOUNTS = (SERVICE_ACCOUNT, EXECUTOR_SERVICE_ACCOUNT, TOOLBOX)
 STACK_LABEL = "mirrorkit.io/stack"
 
 
@@ -100,6 +112,8 @@ class Topology:
     namespaces: dict[str, MirrorNamespace] = field(default_factory=dict)
     mirrors: dict[str, MirrorApplication] = field(default_factory=dict)
     mirror_configs: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # site -> rendered YAML
+    toolboxes: dict[str, Toolbox] = field(default_factory=dict)
+    toolbox_configs: dict[str, pulumi.Output[str]] = field(default_factory=dict)  # site -> its flows, stopped too
     acls: dict[str, MirrorAcls] = field(default_factory=dict)
     checkpoint_buckets: dict[str, CheckpointBucket] = field(default_factory=dict)  # by region
     checkpoint_container: CheckpointContainer | None = None
@@ -291,7 +305,7 @@ def _site_identity(
                     site.aws,
                     settings.namespace,
                     SERVICE_ACCOUNTS,
-                    settings.flows_at(site.name),
+                    granted_flows(settings.flows_at(site.name)),
                     iam,
                     checkpoints=(bucket.bucket, _checkpoint_keys(settings, site.name)) if bucket else None,
                 ),
@@ -350,7 +364,7 @@ def site_grants(settings: StackSettings, out: Topology, site: str) -> pulumi.Out
     """What a site's role may do on each IAM-auth MSK cluster its flows use: alias -> {role_arn, policy}. A site's
     part exports it, and the cluster's part merges it into the cluster policy."""
     iam = {c.alias: c.msk for c in settings.clusters_at(site) if c.msk is not None and c.msk.auth == "iam"}
-    flows = settings.flows_at(site)
+    flows = granted_flows(settings.flows_at(site))
     return out.roles[site].role_arn.apply(
         lambda arn: {a: {"role_arn": arn, "policy": kafka_policy(flows, {a: spec})} for a, spec in iam.items()}
     )
@@ -409,7 +423,12 @@ def _acls(
     out.acls[alias] = MirrorAcls(
         f"acls-{alias}",
         MirrorAclsArgs(
-            alias, bootstrap_servers, principal, admin_username, settings.mirror_config.flows, out.credentials[alias]
+            alias,
+            bootstrap_servers,
+            principal,
+            admin_username,
+            granted_flows(settings.mirror_config.flows),
+            out.credentials[alias],
         ),
     )
 
@@ -574,7 +593,62 @@ def build(settings: StackSettings) -> Topology:
             ),
             on_site,
         )
+        _toolbox(settings, site, out, identity, site_bootstraps, on_site)
     return out
+
+
+def _toolbox(
+    settings: StackSettings,
+    site: SiteSpec,
+    out: Topology,
+    identity: _SiteIdentity,
+    bootstraps: dict[str, pulumi.Output[str]],
+    on_site: pulumi.ResourceOptions,
+) -> None:
+    """The site's toolbox (infra.k8s.toolbox), from this site's objects alone: its flows' config, stopped flows
+    included, and the Secrets its namespace holds."""
+    namespace = out.namespaces[site.name]
+    clusters = settings.clusters_at(site.name)
+    aliases = {c.alias for c in clusters}
+    config = settings.mirror_config.model_copy(
+        update={
+            "flows": settings.flows_at(site.name),
+            "clusters": [c for c in settings.mirror_config.clusters if c.alias in aliases],
+        }
+    )
+    config_yaml = (
+        pulumi.Output.all(**bootstraps).apply(functools.partial(with_bootstraps, config))
+        if bootstraps
+        else pulumi.Output.from_input(with_bootstraps(config, {}))
+    )
+    out.toolbox_configs[site.name] = config_yaml
+    aws = identity.aws_credentials and site.aws is not None
+    out.toolboxes[site.name] = Toolbox(
+        f"{site.name}-toolbox",
+        ToolboxArgs(
+            namespace=namespace.namespace,
+            image=settings.image,
+            config_yaml=config_yaml,
+            secret_names=namespace.secret_names,
+            kafka_ports=sorted({p for c in clusters for p in c.ports}),
+            api_server_cidrs=site.api_server_cidrs,
+            profile=_profile_configmap(settings, site),
+            service_account_annotations=identity.annotations,
+            pod_labels=identity.pod_labels,
+            # Entra ID's token endpoint, or STS for IRSA; the toolbox reads no checkpoint in object storage.
+            https_egress=any(c.entra for c in clusters)
+            or (aws and site.aws is not None and site.aws.oidc_provider_arn is not None),
+            pod_identity_agent=aws and site.aws is not None and site.aws.eks_cluster is not None,
+            token_by_hand=identity.token_by_hand,
+            image_pull_secrets=settings.model.mirror.image_pull_secrets,
+        ),
+        pulumi.ResourceOptions.merge(on_site, pulumi.ResourceOptions(depends_on=[namespace])),
+    )
+
+
+def _profile_configmap(settings: StackSettings, site: SiteSpec) -> ProfileConfigMap:
+    where, _, name = (site.profile_configmap or f"{settings.namespace}/{PROFILE_CONFIGMAP}").partition("/")
+    return ProfileConfigMap(where, name)
 
 
 def _platform_watches(refs: _References, platform: str, namespace: str) -> pulumi.Output[str]:
@@ -648,4 +722,19 @@ def exports(out: Topology) -> dict[str, Any]:
         found[f"msk_{alias}_peerings"] = out.requested_peerings
     for site, platform in out.platform_checks.items():
         found[f"platform_{site}"] = platform
+    # What a failover from the site needs, from the site's stack alone (docs/operations/failover.md): the toolbox and
+    # the commands that run it, and the applications' profile after each flow's failover. No credential is in them.
+    for site, toolbox in out.toolboxes.items():
+        spec = settings.site(site)
+        profile = _profile_configmap(settings, spec)
+        found[f"toolbox_{site}"] = {
+            "namespace": settings.namespace,
+            "context": spec.context,
+            "cronjob": toolbox.name,
+            "service_account": toolbox.service_account,
+            "config": CONFIG_PATH,
+            "profile_configmap": str(profile),
+            "commands": commands(settings.namespace, spec.context, settings.flows_at(site), profile),
+        }
+        found[f"profile_{site}"] = out.toolbox_configs[site].apply(profile_pieces)
     return found

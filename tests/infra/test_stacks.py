@@ -86,8 +86,8 @@ def test_active_active_runs_one_mirror_per_region_owning_the_flow_into_it(stack_
     assert {r.plain["fromPort"] for r in run.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")} == {
         9098
     }
-    # use1 associates its driver and executor accounts; euw1 uses IRSA
-    assert len(run.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")) == 2
+    # use1 associates its driver, executor and toolbox accounts; euw1 uses IRSA
+    assert len(run.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")) == 3
     irsa = run.named("euw1-sa").plain["metadata"]["annotations"]
     assert irsa == {"eks.amazonaws.com/role-arn": "arn:aws:test:::euw1-mirror-role"}
 
