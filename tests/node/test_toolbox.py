@@ -1,0 +1,274 @@
+"""The failover runbook (docs/operations/failover.md, "From the survivor") on the real node: a shipped site stack's
+mirror running on the node with a producer and a consumer group on the source; then the source lost (its broker
+stopped, the mirror's pods gone as `mirrorkit:stopped` takes them); then only the site's toolbox, run with the
+runbook's own kubectl commands, and the stack's outputs: `status` says the source is down, `failover` fences,
+translates the group, and publishes the profile; the group consumes on the target with that profile and skips no
+record. It prints the RTO (from the loss to the first record consumed on the target) and the RPO.
+
+The node has one Kubernetes cluster, so the toolbox runs in the namespace the mirror ran in, standing in for the
+survivor's; the toolbox's objects are the stack's, with the node's stand-ins of tests/support/node_deploy.py (the
+node's network, the test bed's clusters) and two more of its own, below: the pod reaches the API server on loopback
+(KUBERNETES_SERVICE_HOST and _PORT), as no `kubernetes` Service address is routed here. Network policies are not
+enforced on the node's network. Run this module alone: it stops the source broker while it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench.testbed.clients import Record, by_partition, commit, consumer, create_topics, end_offsets, produce
+from bench.testbed.kafka_cluster import KafkaCluster
+from infra.k8s.mirror_app import CONFIG_FILE
+from infra.k8s.toolbox import PROFILE_CONFIGMAP, TOOLBOX, TOOLBOX_CONFIG, create_command, verb_args
+from spark_app.config import MirrorConfig
+from spark_app.dr.views import failover_plan
+from spark_app.policy import target_topic
+from tests.infra.harness import Run
+from tests.support.kube_api import KubeApiError, KubeApiServer
+from tests.support.kube_node import KubeNode
+from tests.support.mirror_config import create_event_hubs
+from tests.support.mirror_image import MirrorImage
+from tests.support.node_deploy import NodeDeployment, for_the_node
+from tests.support.polling import wait_until
+from tests.support.spark_operator import OperatorProcesses, start_operator
+from tests.support.stack_objects import (
+    apply_all,
+    in_own_namespaces,
+    most_mounted_application,
+    namespace_renaming,
+    objects_by_cluster,
+    operator_release,
+    platform_release,
+    served_by,
+)
+
+PARTITIONS = 3
+RECORDS = 900  # per topic, before the loss
+GROUP_READ = 200  # per partition of the first topic: where the application's group stands on the source
+SUFFIX = "tbx"  # the namespaces of this module, apart from tests/node/test_mirror_on_node.py's
+START_TIMEOUT_S = 600.0
+RUN_TIMEOUT_S = 300.0  # a toolbox run: a pod and the CLI on two busy cores
+
+
+@dataclass
+class Site:
+    api: KubeApiServer
+    node: KubeNode
+    operator: OperatorProcesses
+    deployment: NodeDeployment
+    source: KafkaCluster
+    target: KafkaCluster
+    local: MirrorConfig  # the mirror's config as this process reaches the test bed's clusters
+    sent: dict[str, list[Record]]
+
+    @property
+    def namespace(self) -> str:
+        return self.deployment.namespace
+
+
+def site_on_the_node(
+    api: KubeApiServer, stack_runs: dict[str, Run], platform_runs: dict[str, Run]
+) -> tuple[list[dict[str, Any]], str, OperatorProcesses]:
+    """The site tests/node/test_mirror_on_node.py deploys, in namespaces of this module's own, with its platform's
+    operator running for it."""
+    platform, site = most_mounted_application(stack_runs, platform_runs)
+    context, chart = platform_release(platform_runs[platform])
+    home_objects = objects_by_cluster(platform_runs[platform])[context]
+    served = [o for s in served_by(stack_runs, platform) for o in s.objects]
+    release = operator_release(chart, namespace_renaming(home_objects + served, SUFFIX))
+    assert apply_all(api, in_own_namespaces(home_objects, SUFFIX) + release.rbac, f"pulumi-{platform}") == {}
+    operator = start_operator(api, release.manifests, release.namespace)
+    return in_own_namespaces(site.objects, SUFFIX), site.app["metadata"]["name"], operator
+
+
+def toolbox_for_the_node(deployment: NodeDeployment, api_url: str) -> None:
+    """The toolbox's config names the test bed's clusters as the mirror's does here (node_deploy), and its pod runs on
+    the node's network and reaches the API server on loopback."""
+    (config_map,) = [
+        o for o in deployment.objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == TOOLBOX_CONFIG
+    ]
+    config = yaml.safe_load(config_map["data"][CONFIG_FILE])
+    on_node = {c["alias"]: c for c in deployment.config["clusters"]}
+    config["clusters"] = [on_node[c["alias"]] for c in config["clusters"]]
+    config_map["data"][CONFIG_FILE] = yaml.safe_dump(config, sort_keys=False)
+    (cron,) = [o for o in deployment.objects if o["kind"] == "CronJob" and o["metadata"]["name"] == TOOLBOX]
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    pod["hostNetwork"] = True
+    host, port = api_url.removeprefix("https://").rsplit(":", 1)
+    (container,) = pod["containers"]
+    container["env"] += [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": host},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": port},
+    ]
+
+
+def local_config(deployment: NodeDeployment, clusters: dict[str, KafkaCluster]) -> MirrorConfig:
+    config = MirrorConfig.model_validate(deployment.config)
+    local = [clusters[c.alias].client.model_copy(update={"alias": c.alias}) for c in config.clusters]
+    return config.model_copy(update={"clusters": local})
+
+
+@pytest.fixture(scope="module")
+def site(
+    kube_api: KubeApiServer,
+    kube_node: KubeNode,
+    mirror_image: MirrorImage,
+    stack_runs: dict[str, Run],
+    platform_runs: dict[str, Run],
+    source_cluster: KafkaCluster,
+    target_cluster: KafkaCluster,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Site]:
+    objects, app_name, operator = site_on_the_node(kube_api, stack_runs, platform_runs)
+    pinned = kube_node.import_image(mirror_image.archive, mirror_image.ref, mirror_image.digest)
+    clusters = {"primary": source_cluster, "dr": target_cluster}
+    deployment = for_the_node(
+        objects, app_name, pinned, kube_api.url, clusters, Path(tmp_path_factory.mktemp("volumes"))
+    )
+    toolbox_for_the_node(deployment, kube_api.url)
+    config = local_config(deployment, clusters)
+    (flow,) = config.flows
+    topics = list(flow.topics.include)
+    create_topics(source_cluster.admin, dict.fromkeys(topics, PARTITIONS))
+    create_event_hubs(target_cluster.admin, config, flow.target, {target_topic(flow, t): PARTITIONS for t in topics})
+    sent: dict[str, list[Record]] = {t: [] for t in topics}
+    now = int(time.time() * 1000)
+    for topic in topics:
+        batch = [
+            Record(i % PARTITIONS, f"k{i}".encode(), f"{topic}-v{i}".encode(), (), now + i) for i in range(RECORDS)
+        ]
+        produce(source_cluster.client, topic, batch)
+        sent[topic] = batch
+    assert apply_all(kube_api, deployment.objects, "pulumi-node") == {}
+    try:
+        yield Site(kube_api, kube_node, operator, deployment, source_cluster, target_cluster, config, sent)
+    finally:
+        if not source_cluster.running:
+            source_cluster.start()
+        app = deployment.app
+        path = kube_api.object_path(app["apiVersion"], app["kind"], app["metadata"]["name"], deployment.namespace)
+        with contextlib.suppress(KubeApiError):  # gone already: the test deleted it as the loss
+            kube_api.request("DELETE", path)
+
+
+def run_toolbox(site: Site, job: str, args: list[str]) -> tuple[bool, str]:
+    """The runbook's command for these arguments (infra.k8s.toolbox.create_command), through kubectl signed in to the
+    node's API server; then the run's outcome and its log once its pod finished."""
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env |= {"KUBECONFIG": str(site.api.kubeconfig()), "JOB": job, "NO_PROXY": "127.0.0.1"}
+    command = create_command(site.namespace, args)
+    print(f"$ JOB={job} && {command}")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    jobs = f"/apis/batch/v1/namespaces/{site.namespace}/jobs/{job}"
+
+    def finished() -> bool:
+        status = site.api.request("GET", jobs).get("status") or {}
+        return bool(status.get("succeeded") or status.get("failed"))
+
+    wait_until(finished, f"the toolbox run {job} to finish", timeout_s=RUN_TIMEOUT_S, every_s=2)
+    status = site.api.request("GET", jobs)["status"]
+    pods = site.api.request(
+        "GET", f"/api/v1/namespaces/{site.namespace}/pods", params={"labelSelector": f"job-name={job}"}
+    )["items"]
+    (pod,) = pods  # backoffLimit 0: one pod, never retried
+    log = site.node.pod_log(site.namespace, pod["metadata"]["name"])
+    print(log)
+    return bool(status.get("succeeded")), log
+
+
+def test_the_runbook_fails_over_from_the_toolbox_alone_after_the_source_is_lost(site: Site) -> None:
+    api, flow = site.api, site.local.flows[0]
+    app = site.deployment.app
+    app_path = api.object_path(app["apiVersion"], app["kind"], app["metadata"]["name"], site.namespace)
+
+    def running() -> bool:
+        return (api.read(app).get("status") or {}).get("applicationState", {}).get("state") == "RUNNING"
+
+    wait_until(running, "the mirror RUNNING", timeout_s=START_TIMEOUT_S, every_s=2)
+    topic = flow.topics.include[0]
+    copy = target_topic(flow, topic)
+    # Everything sent is on the target, then the application's group stands at GROUP_READ on each partition of the
+    # source, and the mirror checkpoints it on the target.
+    ends = {(copy, p): len(r) for p, r in by_partition(site.sent[topic]).items()}
+    wait_until(lambda: end_offsets(site.local.cluster(flow.target), ends) == ends, "every record mirrored",
+               timeout_s=START_TIMEOUT_S, every_s=2)  # fmt: skip
+    group = next(g for g in ("billing", "orders-app", "app") if flow.groups.matches(g))
+    commit(site.local.cluster(flow.source), group, topic, dict.fromkeys(range(PARTITIONS), GROUP_READ))
+
+    def checkpointed() -> bool:
+        rows = [r for r in failover_plan(site.local, flow) if r.group == group and r.topic == copy]
+        return len(rows) == PARTITIONS and all(r.source_offset == GROUP_READ for r in rows)
+
+    wait_until(checkpointed, f"the mirror to checkpoint {group}", timeout_s=START_TIMEOUT_S, every_s=5)
+
+    # The source region is lost: its broker stops, and the mirror's pods go (the site's flow stopped).
+    lost_at = time.monotonic()
+    site.source.stop()
+    api.request("DELETE", app_path)
+    wait_until(lambda: not running(), "the mirror gone", timeout_s=START_TIMEOUT_S, every_s=2)
+    on_target = end_offsets(site.local.cluster(flow.target), ends)
+    rpo_records = sum(ends.values()) - sum(on_target.values())
+
+    # Step 2 of the runbook: status, from the toolbox.
+    ok, log = run_toolbox(site, f"{TOOLBOX}-status-1", verb_args("status"))
+    assert ok and "source down" in log, log
+    # Steps 4 and 5: the dry run, then the failover publishing the profile.
+    profile_ref = f"{site.namespace}/{PROFILE_CONFIGMAP}"
+    ok, log = run_toolbox(site, f"{TOOLBOX}-dry-run-1", verb_args("failover", "--flow", flow.name, "--dry-run"))
+    assert ok and "step 4/4 publish profile: not asked" in log, log
+    args = verb_args("failover", "--flow", flow.name, "--publish-configmap", profile_ref)
+    ok, log = run_toolbox(site, f"{TOOLBOX}-failover-1", args)
+    assert ok, log
+    for step in (
+        "step 1/4 fence:",
+        "step 2/4 translate groups: ",
+        "step 3/4 lift write block:",
+        f"step 4/4 publish profile: wrote ConfigMap {PROFILE_CONFIGMAP} in namespace {site.namespace}",
+    ):
+        assert step in log, (step, log)  # fmt: skip
+    assert "0 refused" in log, log
+
+    # Step 6: the application reads the profile and consumes on the target with its group.
+    stored = api.request("GET", f"/api/v1/namespaces/{site.namespace}/configmaps/{PROFILE_CONFIGMAP}")["data"]
+    profile = json.loads(stored["profile.json"])
+    target = site.local.cluster(flow.target)
+    assert stored["bootstrap.servers"] == profile["bootstrap_servers"] == target.bootstrap_servers
+    (route,) = [r for r in profile["topics"] if r["source_topic"] == topic]
+    assert route["topic"] == copy
+    resumes = {g["partition"]: g["offset"] for g in profile["groups"] if g["group"] == group and g["topic"] == copy}
+    assert set(resumes) == set(range(PARTITIONS)), profile["groups"]
+    reader = consumer(target, group, {"enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    first: dict[int, Record] = {}
+    read_at = 0.0
+    try:
+        reader.subscribe([route["topic"]])
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while len(first) < PARTITIONS and time.monotonic() < deadline:
+            msg = reader.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            read_at = read_at or time.monotonic()
+            first.setdefault(msg.partition(), Record(msg.partition(), msg.key(), msg.value(), (), 0, msg.offset()))
+    finally:
+        reader.close()
+    assert set(first) == set(range(PARTITIONS)), first
+    # No partition skips a record: the first read on the target is the source record at the group's position there,
+    # or one before it (re-read).
+    for p, record in first.items():
+        source_order = [r.value for r in by_partition(site.sent[topic])[p]]
+        assert record.value is not None and source_order.index(record.value) <= GROUP_READ, (p, record)
+    print(f"RTO {read_at - lost_at:.1f} s from the loss to the first record consumed on the target;"
+          f" RPO {rpo_records} record(s) not mirrored at the loss")  # fmt: skip
