@@ -92,9 +92,9 @@ def site_on_the_node(
     return in_own_namespaces(site.objects, SUFFIX), site.app["metadata"]["name"], operator
 
 
-def toolbox_for_the_node(deployment: NodeDeployment, api_url: str) -> None:
-    """The toolbox's config names the test bed's clusters as the mirror's does here (node_deploy), and its pod runs on
-    the node's network and reaches the API server on loopback."""
+def toolbox_for_the_node(deployment: NodeDeployment, image: str, api_url: str) -> None:
+    """The toolbox's config names the test bed's clusters as the mirror's does here (node_deploy), and its pod runs the
+    image the node holds (by digest, as the mirror's), on the node's network, reaching the API server on loopback."""
     (config_map,) = [
         o for o in deployment.objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == TOOLBOX_CONFIG
     ]
@@ -107,6 +107,7 @@ def toolbox_for_the_node(deployment: NodeDeployment, api_url: str) -> None:
     pod["hostNetwork"] = True
     host, port = api_url.removeprefix("https://").rsplit(":", 1)
     (container,) = pod["containers"]
+    container["image"] = image
     container["env"] += [
         {"name": "KUBERNETES_SERVICE_HOST", "value": host},
         {"name": "KUBERNETES_SERVICE_PORT", "value": port},
@@ -136,7 +137,7 @@ def site(
     deployment = for_the_node(
         objects, app_name, pinned, kube_api.url, clusters, Path(tmp_path_factory.mktemp("volumes"))
     )
-    toolbox_for_the_node(deployment, kube_api.url)
+    toolbox_for_the_node(deployment, pinned, kube_api.url)
     config = local_config(deployment, clusters)
     (flow,) = config.flows
     topics = list(flow.topics.include)
@@ -195,7 +196,17 @@ def test_the_runbook_fails_over_from_the_toolbox_alone_after_the_source_is_lost(
     app_path = api.object_path(app["apiVersion"], app["kind"], app["metadata"]["name"], site.namespace)
 
     def running() -> bool:
-        return (api.read(app).get("status") or {}).get("applicationState", {}).get("state") == "RUNNING"
+        try:
+            return (api.read(app).get("status") or {}).get("applicationState", {}).get("state") == "RUNNING"
+        except KubeApiError as err:
+            if err.status == 404:  # deleted
+                return False
+            raise
+
+    def driver_pods() -> list[dict[str, Any]]:
+        selector = f"spark-role=driver,sparkoperator.k8s.io/app-name={app['metadata']['name']}"
+        pods = api.request("GET", f"/api/v1/namespaces/{site.namespace}/pods", params={"labelSelector": selector})
+        return list(pods["items"])
 
     wait_until(running, "the mirror RUNNING", timeout_s=START_TIMEOUT_S, every_s=2)
     topic = flow.topics.include[0]
@@ -218,7 +229,8 @@ def test_the_runbook_fails_over_from_the_toolbox_alone_after_the_source_is_lost(
     lost_at = time.monotonic()
     site.source.stop()
     api.request("DELETE", app_path)
-    wait_until(lambda: not running(), "the mirror gone", timeout_s=START_TIMEOUT_S, every_s=2)
+    # Its driver stops on SIGTERM and gives up the flow's lease, so failover needs no --force.
+    wait_until(lambda: not running() and not driver_pods(), "the mirror gone", timeout_s=START_TIMEOUT_S, every_s=2)
     on_target = end_offsets(site.local.cluster(flow.target), ends)
     rpo_records = sum(ends.values()) - sum(on_target.values())
 
