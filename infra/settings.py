@@ -202,4 +202,18 @@ def load_settings(config: pulumi.Config | None = None) -> StackSettings:
             f"{PROJECT}:part: '{part}' is not a part of topology '{deployment}'"
             f" (its parts: {', '.join(map(str, settings.parts))})"
         )
+    regions = spanned_regions(model)
+    if part is None and len(regions) > 1:
+        pulumi.log.warn(
+            f"stack '{stack}' deploys topology '{deployment}' whole, across {', '.join(regions)}: not for DR use. With"
+            " one of those regions down this stack can neither preview nor update (every call into the lost region"
+            " fails), so nothing of it, the surviving region's mirror included, can be changed until that region is"
+            " back. Deploy it as its per-region set of stacks instead (docs/deploy/regions.md)."
+        )
     return settings
+
+
+def spanned_regions(model: StackModel) -> list[str]:
+    """The regions a one-stack deployment makes resources in: its sites' and its MSK and Event Hubs clusters' (a
+    self-managed cluster's region only places it)."""
+    return sorted({s.region for s in model.sites} | {c.region for c in model.clusters if c.kafka is None})

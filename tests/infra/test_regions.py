@@ -5,13 +5,17 @@ the other region's stacks still preview and update."""
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import re
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
 import yaml
 
+import tests.infra.harness as harness
 from infra.aws.network import STACK_TAG
 from infra.parts import Part
 from spark_app import clients
@@ -20,6 +24,8 @@ from spark_app.dr.views import failover_plan
 from tests.infra.harness import (
     PART_STACKS,
     ROOT,
+    STACK_FILES,
+    STACKS,
     Answer,
     Exports,
     RegionDown,
@@ -329,3 +335,92 @@ def test_the_docs_list_each_sets_stacks_in_the_order_of_up_with_what_each_reads(
     assert stacks_table() == expected
     listed = {stack for _, stack, _ in expected}
     assert listed == {stack_name(p) for p in PART_STACKS}, "every part stack file is in a shipped set"
+
+
+NOWHERE = "nowhere-1"  # a region no stack uses: down, it fails nothing, and every call must be placed
+NOT_FOR_DR = "# Not for DR use as one stack:"  # how a multi-region topology file says it, first thing
+# A self-managed cluster's brokers, by bootstrap, and the region its stack places it in (on-prem, that region's
+# sites reach it): the Kafka provider that sets its ACLs names no region of its own.
+KAFKA_REGIONS = {
+    c["kafka"]["bootstrap_servers"]: c["region"]
+    for p in STACK_FILES
+    for c in stack_values(p).get("mirrorkit:clusters", [])
+    if "kafka" in c
+}
+
+
+class PlacingKafka(harness.RecordingMocks):
+    """The kit's mocks, which also place a Kafka provider (the ACLs of a self-managed cluster) in its cluster's
+    region."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        if args.typ == "pulumi:providers:kafka":
+            listed = args.inputs["bootstrapServers"]  # a provider's inputs arrive as JSON text
+            servers = ",".join(json.loads(listed) if isinstance(listed, str) else listed)
+            args.inputs = {**args.inputs, "region": KAFKA_REGIONS[servers]}
+        return super().new_resource(args)
+
+
+@functools.cache
+def everything_up() -> dict[str, Exports]:
+    """Every shipped stack `up` once against one backend: each set by its parts in the order of up, then each
+    topology file whole (as a one-stack deployment)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness, "RecordingMocks", PlacingKafka)
+        backend = {stack_name(p): Exports() for p in PART_STACKS}
+        for topology in SETS:
+            up(order_of_up(topology), backend, down=NOWHERE)
+        for path in STACKS:
+            stack = stack_name(path)
+            run = run_values(part_values(stack), stack=stack, stacks=dict(backend), down=NOWHERE)
+            backend[stack] = run.result["exports"]
+        return backend
+
+
+@functools.cache
+def reach(stack: str) -> frozenset[str]:
+    """The regions a deployed stack's preview calls into (a peering's peer only while it is being made, so after
+    the first `up` no more)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness, "RecordingMocks", PlacingKafka)
+        run = run_values(part_values(stack), stack=stack, stacks=dict(everything_up()), down=NOWHERE, preview=True)
+    return frozenset(r for _, r in run.mocks.placed)
+
+
+SHIPPED = [stack_name(p) for p in STACK_FILES]
+REGIONS = ("us-east-1", "eu-west-1", "westeurope")
+
+
+def test_the_region_down_run_covers_every_region_a_shipped_stack_reaches():
+    reached = {stack: reach(stack) for stack in SHIPPED}
+    assert all(reached.values()) and set().union(*reached.values()) == set(REGIONS), reached
+
+
+@pytest.mark.parametrize("stack", SHIPPED)
+def test_with_any_region_down_every_shipped_stack_outside_it_previews_and_none_is_stranded(stack, monkeypatch):
+    """Under the kit's mocks, with every call into one region failing: a stack that reaches no call into it
+    previews; one that lives only there is that region's own; one that spans it and another region is stranded,
+    which only a multi-region topology deployed whole may be, marked not for DR use in its file, its preview's
+    warning and docs/deploy/regions.md."""
+    backend, reached = everything_up(), {stack: reach(stack)}
+    monkeypatch.setattr(harness, "RecordingMocks", PlacingKafka)
+    text = (ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text()
+    marked = text.startswith(NOT_FOR_DR)
+    warned: list[str] = []
+    monkeypatch.setattr("pulumi.log.warn", lambda message, *args, **kwargs: warned.append(message))
+    stranded = []
+    for region in REGIONS:
+        warned.clear()
+        if region not in reached[stack]:
+            run_values(part_values(stack), stack=stack, stacks=dict(backend), down=region, preview=True)
+            continue
+        with pytest.raises(RegionDown):
+            run_values(part_values(stack), stack=stack, stacks=dict(backend), down=region, preview=True)
+        if reached[stack] != {region}:
+            stranded.append(region)
+            assert [w for w in warned if "not for DR use" in w], (stack, warned)
+    assert bool(stranded) == marked, f"{stack} reaches {sorted(reached[stack])}; stranded with {stranded} down"
+    if marked:
+        assert stack in {stack_name(p) for p in STACKS} and stack in SETS, "only a set's topology file, deployed whole"
+        doc = (ROOT / "docs" / "deploy" / "regions.md").read_text()
+        assert f"`Pulumi.{stack}.yaml`" in doc.split("<!-- not for DR -->")[1], stack
