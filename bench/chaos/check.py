@@ -19,6 +19,7 @@ inside a range the mirror reported for its partition, and counted apart (`report
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -79,6 +80,11 @@ class Report:
         }
 
 
+# How long a read of a partition may go without an answer: past a transaction's timeout (60 s), for which an open
+# transaction of a mirror killed in its middle holds a read_committed reader until the broker aborts it.
+READ_WAIT_S = 90.0
+
+
 def read_partition(cluster: ClusterConfig, topic: str, partition: int) -> list[tuple[int, bytes]]:
     """Every record (offset, value) the partition holds now, read_committed, from its log start to its end."""
     reader = clients.consumer(cluster, f"chaos-check-{topic}-{partition}",
@@ -87,10 +93,14 @@ def read_partition(cluster: ClusterConfig, topic: str, partition: int) -> list[t
     out: list[tuple[int, bytes]] = []
     try:
         reader.assign([TopicPartition(topic, partition, 0)])
+        silent_since = time.monotonic()
         while True:
-            msg = reader.poll(10)
+            msg = reader.poll(1)
             if msg is None:
-                raise AssertionError(f"reading {topic}[{partition}]: no answer in 10 s")
+                if time.monotonic() - silent_since > READ_WAIT_S:
+                    raise AssertionError(f"reading {topic}[{partition}]: no answer in {READ_WAIT_S:.0f} s")
+                continue
+            silent_since = time.monotonic()
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
