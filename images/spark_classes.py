@@ -10,7 +10,8 @@ So this script runs a short local Spark job shaped like the mirror's start, with
 tasks that each return Python objects to the driver, as a micro-batch's copy and a real-time flow's tasks are. Then
 `java -Xshare:dump` writes those classes, from the job JVM's own class path, into
 `<SPARK_HOME>/mirrorkit-classes.jsa`, which the mirror's JVM options name (spark_app.config.spark_jvm_conf). Set-up
-(.ci/setup) and the image (images/mirror/Dockerfile) run it.
+(.ci/setup) runs it. The image makes none: Spark on Kubernetes puts its mounted configuration folder on the pods' class
+path, past which JDK 17 maps no archive (images/mirror/Dockerfile).
 
 Usage: python images/spark_classes.py
 """
