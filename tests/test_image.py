@@ -121,6 +121,9 @@ def test_uv_is_installed_once_and_mounted_where_packages_are_installed():
     installs = [s for s in steps() if "uv pip install" in s and "/opt/mirrorkit/venv/bin/python" in s]
     assert len(installs) == 2
     assert all(s.startswith("RUN --mount=type=bind,from=uv,source=/opt/uv,target=/tmp/uv ") for s in installs)
+    # uv's lock file for an sdist's build environment, named at random, goes in the step that made it: removed by a
+    # later step, it would stay in the install's layer and give each build another digest.
+    assert all("&& rm -f /tmp/uv-*.lock " in s for s in installs)
     # The copy core's build stage, which never reaches the image, takes a copy: a stage named only by a RUN's mount
     # is not always built before the stage that mounts it.
     assert "COPY --from=uv /opt/uv /opt/uv" in stage_of("copy-core")
