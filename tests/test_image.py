@@ -14,6 +14,7 @@ from pathlib import Path
 
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from images.build_copier import write_jar
+from images.wheel_sbom import record_line, steady_wheel
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
 
@@ -158,6 +159,36 @@ def test_the_copiers_jar_is_the_same_bytes_whenever_it_is_made(tmp_path):
     with zipfile.ZipFile(tmp_path / "a.jar") as jar:
         assert jar.namelist() == ["META-INF/", "META-INF/MANIFEST.MF", "io/mirrorkit/A.class", "io/mirrorkit/B.class"]
         assert jar.read("io/mirrorkit/A.class") == b"A.class"
+
+
+def test_the_copy_cores_wheel_is_the_same_bytes_whatever_the_sbom_says_of_its_build(tmp_path):
+    """maturin's SBOM carries a random serial number and the build's time: rewritten, two builds' wheels are one."""
+    sbom = '{\n  "bomFormat": "CycloneDX",\n  "serialNumber": "urn:uuid:%s",\n  "metadata": {"timestamp": "%s"}\n}'
+    wheels = []
+    for run, (serial, when) in enumerate(
+        [
+            ("93ac5038-7890-4ba4-822f-f6841dd3ebb8", "2026-12-06T11:39:52Z"),
+            ("d5a3ebe1-7f90-4f27-8497-cf42fb1123c4", "x"),
+        ]
+    ):
+        wheel = tmp_path / f"{run}.whl"
+        files = {"m/lib.so": b"same", "m-0.1.dist-info/sboms/m.cyclonedx.json": (sbom % (serial, when)).encode()}
+        record = "".join(f"{record_line(n, d)}\n" for n, d in files.items()) + "m-0.1.dist-info/RECORD,,\n"
+        with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as out:
+            for name, data in [*files.items(), ("m-0.1.dist-info/RECORD", record.encode())]:
+                out.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), data)
+        assert steady_wheel(wheel)
+        wheels.append(wheel.read_bytes())
+    assert wheels[0] == wheels[1]
+    with zipfile.ZipFile(tmp_path / "0.whl") as done:
+        steady = done.read("m-0.1.dist-info/sboms/m.cyclonedx.json")
+        assert b'"timestamp": "1980-01-01T00:00:00Z"' in steady and b"93ac5038" not in steady
+        assert (
+            record_line("m-0.1.dist-info/sboms/m.cyclonedx.json", steady)
+            in done.read("m-0.1.dist-info/RECORD").decode()
+        )
+    stage = " ".join(stage_of("copy-core"))
+    assert "wheel_sbom.py /opt/mirrorkit/copy-core/wheels/*.whl" in stage
 
 
 def stub(folder: Path, path: str) -> Path:
