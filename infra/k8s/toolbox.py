@@ -41,6 +41,10 @@ from spark_app.config import FlowConfig, parse_config
 from spark_app.dr.connection import TopicRoute, auth_profile
 from spark_app.policy import replication_policy
 
+# mypy 2.4 fails inside (INTERNAL ERROR, after taking over 20 GB of memory) checking a call of CronJob's overloads, so
+# the class is called untyped; its fields are checked where every toolbox object is: tests/infra/test_toolbox*.py.
+_cron_job: Any = k8s.batch.v1.CronJob
+
 TOOLBOX = "mirrorkit-toolbox"  # the CronJob, its service account, Role, binding and network policy
 TOOLBOX_CONFIG = f"{TOOLBOX}-config"
 TOOLBOX_LABELS = {"app.kubernetes.io/name": TOOLBOX}  # not the mirror's: the mirror's network policy never selects it
@@ -281,27 +285,28 @@ class Toolbox(pulumi.ComponentResource):
             opts=child,
         )
         labels = {**args.pod_labels, **TOOLBOX_LABELS}
-        cron = k8s.batch.v1.CronJob(  # type: ignore[call-overload]  # camelCase fields (module doc)
-            f"{name}-cronjob",
-            metadata={"name": TOOLBOX, "namespace": ns, "labels": TOOLBOX_LABELS},
-            spec={
-                "schedule": NEVER,
-                "suspend": True,
-                "concurrencyPolicy": "Forbid",
-                "successfulJobsHistoryLimit": 3,
-                "failedJobsHistoryLimit": 3,
-                "jobTemplate": {
-                    "metadata": {"labels": TOOLBOX_LABELS},
-                    "spec": {
-                        "backoffLimit": 0,
-                        "ttlSecondsAfterFinished": 7 * 24 * 3600,  # its log is the verb's record: kept a week
-                        "template": {
-                            "metadata": {"labels": labels},
-                            "spec": pod_spec(args, account.metadata.name, config_map.metadata.name),
-                        },
+        spec: dict[str, Any] = {
+            "schedule": NEVER,
+            "suspend": True,
+            "concurrencyPolicy": "Forbid",
+            "successfulJobsHistoryLimit": 3,
+            "failedJobsHistoryLimit": 3,
+            "jobTemplate": {
+                "metadata": {"labels": TOOLBOX_LABELS},
+                "spec": {
+                    "backoffLimit": 0,
+                    "ttlSecondsAfterFinished": 7 * 24 * 3600,  # its log is the verb's record: kept a week
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": pod_spec(args, account.metadata.name, config_map.metadata.name),
                     },
                 },
             },
+        }
+        cron = _cron_job(
+            f"{name}-cronjob",
+            metadata={"name": TOOLBOX, "namespace": ns, "labels": TOOLBOX_LABELS},
+            spec=spec,
             opts=child,
         )
         self.name = cron.metadata.name
