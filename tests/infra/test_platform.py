@@ -71,12 +71,15 @@ def test_executors_run_as_their_own_service_account_with_no_rbac(stack, stack_ru
         assert accounts[executor]["metadata"]["annotations"] == accounts[driver]["metadata"]["annotations"]
 
 
-def test_executors_get_the_cloud_identity_too():
+def test_executors_and_the_toolbox_get_the_cloud_identity_too():
+    """The driver, the executors and the failover toolbox (which signs in as the site's mirror) each have a
+    federated credential, and nothing else in the namespace does."""
     run = entra_variant()
     subjects = {r.plain["subject"] for r in run.of_type("azure-native:managedidentity:FederatedIdentityCredential")}
     assert subjects == {
         "system:serviceaccount:mirrorkit-dr-msk-to-eventhubs:mirrorkit",
         "system:serviceaccount:mirrorkit-dr-msk-to-eventhubs:mirrorkit-executor",
+        "system:serviceaccount:mirrorkit-dr-msk-to-eventhubs:mirrorkit-toolbox",
     }
 
 

@@ -137,6 +137,8 @@ def host_volume_for(claim: dict[str, Any], root: Path) -> dict[str, Any]:
             "accessModes": claim["spec"]["accessModes"],
             "hostPath": {"path": str(folder), "type": "Directory"},
             "claimRef": {"namespace": meta["namespace"], "name": meta["name"]},
+            # The claim's class (the stack names one): a pre-bound volume of another class is never bound to it.
+            "storageClassName": claim["spec"].get("storageClassName", ""),
             "persistentVolumeReclaimPolicy": "Retain",
         },
     }
