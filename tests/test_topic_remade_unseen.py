@@ -2,12 +2,17 @@
 consumer reads the new life on from there, and nothing in the records (offsets, leader epoch 0, timestamps) tells them
 from the old life's. An exactly-once slot asks the source for the topic's id before each commit, so it never commits a
 record of the new life under the old life's positions; the new life is then copied once, from its log start, in order.
+The JVM copier, which serves every real-time slot into Kafka at a job's start until it hands the slot back, asks too.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
+import pytest
+
+import spark_app.realtime.job
 from bench.testbed.clients import create_topics, produce, read_all
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
@@ -62,3 +67,65 @@ def test_exactly_once_real_time_a_new_life_read_on_unnoticed_is_never_committed_
     values = [r.value for r in got]
     assert all(values.count(r.value) == 1 for r in old), "an old record copied twice"
     assert_each_record_once_in_order(remote, [r for r in got if r.value.startswith(b"new")], new)
+
+
+def test_a_jvm_slot_hands_back_rather_than_commit_a_new_life_it_reads_on_unnoticed(
+    spark, plaintext_cluster, source_cluster, tmp_path, unique, monkeypatch: pytest.MonkeyPatch
+):
+    """The flow's default copy core: the JVM copier serves each slot at the job's start. The topic is made again and
+    refilled after the driver handed the slots their positions and the old life's id, before the slots start: the
+    JVM's consumer seeks where the old life stood and reads the new life on from there, which nothing in the records
+    tells. Its check of the id before the commit aborts and hands the slot back; the new life is copied once."""
+    topic = f"remade-jvm-{unique}"
+    remote = f"primary.{topic}"
+    now = int(time.time() * 1000)
+    old, new = records("old", 1_000, now), records("new", 3_000, now + 10_000)
+    raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", source_alias="primary",
+                          emit_heartbeats=False, mode="realtime", exactly_once=True)  # fmt: skip
+    config = parse_config(raw)
+    create_topics(plaintext_cluster.admin, {topic: 2})
+    produce(plaintext_cluster.client, topic, old)
+
+    slots: list[bool] = []  # per JVM slot run: whether it copied all (False: handed back)
+    remake, remade, lock = threading.Event(), threading.Event(), threading.Lock()
+    run_slot = spark_app.realtime.job.jvm.run_slot
+
+    def remake_then_run(*args: object) -> bool:
+        """Once `remake` is set, the first slot to start makes the topic again and refills it; every slot waits."""
+        if remake.is_set():
+            with lock:
+                if not remade.is_set():
+                    recreate(plaintext_cluster, topic)
+                    produce(plaintext_cluster.client, topic, new)  # past where the slots stood (500 in each)
+                    remade.set()
+        slots.append(run_slot(*args))
+        return slots[-1]
+
+    monkeypatch.setattr(spark_app.realtime.job.jvm, "run_slot", remake_then_run)
+    check_transactions(config)
+    flow = Mirror(spark, config).flows[0]
+    subscription = flow.sync_topics()
+    flow.start(subscription, available_now=False)
+    try:
+        copy_until(flow, source_cluster.client, remote, len(old))
+        flow.stop()
+        assert slots, "no slot ran on the JVM first"
+        served = len(slots)
+        remake.set()
+        flow.start(subscription, available_now=False)  # hands over the old life's id and positions
+        deadline = time.monotonic() + 120
+        while not _landed_any(source_cluster.client, remote, b"new"):
+            assert time.monotonic() < deadline, "no slot read the new life on from where it stood"
+            assert flow.failure() is None, flow.failure()
+            time.sleep(0.5)
+        flow.stop()  # the slots' last commit: what they read of the new life must not go with it
+        assert remade.is_set() and len(slots) > served, "the slots of the job after the topic was made again"
+        flow.start(subscription, available_now=False)  # finds the new id: the new life from its log start
+        copy_until(flow, source_cluster.client, remote, len(old) + len(new))
+    finally:
+        flow.stop()
+    got = read_all(source_cluster.client, remote, expected=len(old) + len(new), exact=False)  # read_committed
+    values = [r.value for r in got]
+    assert all(values.count(r.value) == 1 for r in old), "an old record copied twice"
+    assert_each_record_once_in_order(remote, [r for r in got if (r.value or b"").startswith(b"new")], new)
+    assert False in slots[served:], "no JVM slot handed back when its topic was made again"

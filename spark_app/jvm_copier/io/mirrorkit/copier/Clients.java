@@ -6,6 +6,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Map;
 import java.util.Properties;
+import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
@@ -38,10 +39,17 @@ final class Clients {
         return new KafkaConsumer<>(props, new ByteArrayDeserializer(), new ByteArrayDeserializer());
     }
 
+    /** An admin client of the source, from the cluster's settings alone (no consumer's): it asks for topics' ids. */
+    static Admin sourceAdmin(JsonNode config) throws IOException {
+        return Admin.create(settings(config.get("source"), null));
+    }
+
     private static Properties settings(JsonNode cluster, JsonNode role) throws IOException {
         Properties props = new Properties();
         put(props, cluster.get("settings"));
-        put(props, role);
+        if (role != null) {
+            put(props, role);
+        }
         JsonNode login = cluster.get("login");
         if (login != null && !login.isNull()) {
             props.put("sasl.jaas.config", login.get("module").asText() + " required username=\""

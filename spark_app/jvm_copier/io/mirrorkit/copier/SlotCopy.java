@@ -6,14 +6,24 @@ import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
+import java.util.Base64;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
+import java.util.TreeSet;
 import java.util.concurrent.Callable;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicReference;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.DescribeTopicsOptions;
+import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.clients.consumer.ConsumerGroupMetadata;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
@@ -21,7 +31,9 @@ import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.KafkaException;
+import org.apache.kafka.common.KafkaFuture;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.errors.InvalidProducerEpochException;
 import org.apache.kafka.common.errors.ProducerFencedException;
 import org.apache.kafka.common.header.Header;
@@ -38,8 +50,10 @@ import org.slf4j.LoggerFactory;
  * and timestamp. Every commit interval it commits, with the source positions when the flow is exactly-once, and
  * reports landings; between commits it says how far each partition reached the target. At the first event the
  * Python loop treats with more care (a record the target's rules refuse, a delivery error, offsets that went back, a
- * position outside the log, any read error) it aborts the open transaction and hands the slot back: the driver runs
- * the slot's Python task from the last commit, which meets the same event and deals with it.
+ * position outside the log, any read error, and for an exactly-once slot a topic made again at the source since the
+ * life its positions belong to, found by the topic's id before a commit) it aborts the open transaction and hands the
+ * slot back: the driver runs the slot's Python task from the last commit, which meets the same event and deals with
+ * it.
  *
  * <p>What it obeys per record (the target topics' refusal rules, the size cap, the slot's transactional id, the
  * latency histogram, the landing row) is the flow's copy contract, read by field name from the config (Contract).
@@ -47,6 +61,9 @@ import org.slf4j.LoggerFactory;
 final class SlotCopy {
     private static final Logger LOG = LoggerFactory.getLogger(SlotCopy.class);
     private static final String HELLO = "hello", LANDED = "landed", REACHED = "reached", DONE = "done";
+    /** How long an exactly-once slot waits for its topics' ids before a commit (spark_app.realtime.task's
+     * LIFE_CHECK_TIMEOUT_S); unanswered, a transaction that carries records of a topic it asked for is aborted. */
+    private static final long LIFE_CHECK_TIMEOUT_MS = 10_000;
 
     /** A source partition the slot copies: where it reads next, where it stops, and its landing since the report. */
     private static final class Cursor {
@@ -85,6 +102,11 @@ final class SlotCopy {
             (a, b) -> a.topic().equals(b.topic()) ? Integer.compare(a.partition(), b.partition())
                     : a.topic().compareTo(b.topic()));
     private final AtomicReference<Exception> deliveryFailed = new AtomicReference<>();
+    /** Per topic, the id (KIP-516) of the life the slot's positions belong to, as the driver handed it over. */
+    private final Map<String, String> ids = new TreeMap<>();
+    /** Per partition, the next offset as of the last commit (or the start): a topic read past it is read since. */
+    private final Map<TopicPartition, Long> committed = new HashMap<>();
+    private Admin idsAdmin;
     long copied;
 
     SlotCopy(JsonNode config, int slot) {
@@ -114,6 +136,10 @@ final class SlotCopy {
             } catch (HandBack why) {
                 LOG.warn("flow {}: slot {} goes on with the Python loop: {}", config.get("flow").asText(), slot,
                         why.getMessage());
+            } finally {
+                if (idsAdmin != null) {
+                    idsAdmin.close(Duration.ofSeconds(5));
+                }
             }
             channel.send(List.of(DONE, List.of()));
             return copiedAll;
@@ -129,6 +155,13 @@ final class SlotCopy {
                     start.getValue(), stops == null ? null : stops.get(tp));
             cursor.landing = newLanding(tp, start.getValue());
             cursors.put(tp, cursor);
+            committed.put(tp, start.getValue());
+        }
+        JsonNode given = assignment.get("ids"); // absent from a driver that hands none over: nothing to check
+        if (given != null && !given.isNull()) {
+            for (Map.Entry<String, JsonNode> e : given.properties()) { // in either base64 alphabet: as Python's
+                ids.put(e.getKey(), e.getValue().asText().replace('-', '+').replace('_', '/'));
+            }
         }
     }
 
@@ -315,6 +348,12 @@ final class SlotCopy {
         for (Map.Entry<TopicPartition, Cursor> e : cursors.entrySet()) {
             positions.put(e.getKey(), e.getValue().next);
         }
+        if (config.get("exactly_once").asBoolean()) {
+            String why = otherLives();
+            if (why != null) {
+                throw new HandBack("its transaction was aborted: " + why + "; copying again from its last commit");
+            }
+        }
         try {
             if (config.get("exactly_once").asBoolean()) {
                 Map<TopicPartition, OffsetAndMetadata> offsets = new HashMap<>();
@@ -327,11 +366,88 @@ final class SlotCopy {
                         new ConsumerGroupMetadata(config.get("positions_group").asText()));
             }
             producer.commitTransaction();
+            committed.putAll(positions);
         } catch (ProducerFencedException | InvalidProducerEpochException fenced) {
             throw fenced;
         } catch (KafkaException error) {
             throw new HandBack("committing: " + error);
         }
+    }
+
+    /**
+     * Before an exactly-once commit (spark_app.realtime.task's LiveCopy._other_lives): why the transaction must not
+     * be committed, in the Python slot's words, or null. A consumer reads a topic deleted and made again on from
+     * where it stood, with nothing in the records to tell the new life's from the old one's; the topic's id, asked
+     * after the records were read, can. Another id than the driver's: what was read since the last commit may be
+     * the new life's. No answer for a topic read since the last commit: it cannot say. Either way the slot aborts
+     * and hands back; the Python task goes on from the last commit and checks the same ids.
+     */
+    private String otherLives() throws HandBack {
+        Set<String> asked = new TreeSet<>(), moved = new HashSet<>();
+        for (Map.Entry<TopicPartition, Cursor> e : cursors.entrySet()) {
+            String topic = e.getKey().topic();
+            if (ids.containsKey(topic)) {
+                asked.add(topic);
+            }
+            if (e.getValue().next != committed.getOrDefault(e.getKey(), e.getValue().next)) {
+                moved.add(topic);
+            }
+        }
+        if (asked.isEmpty()) {
+            return null;
+        }
+        Map<String, String> now = new TreeMap<>();
+        try {
+            if (idsAdmin == null) {
+                idsAdmin = Clients.sourceAdmin(config);
+            }
+            Map<String, KafkaFuture<TopicDescription>> described = idsAdmin.describeTopics(asked,
+                    new DescribeTopicsOptions().timeoutMs((int) LIFE_CHECK_TIMEOUT_MS)).topicNameValues();
+            long deadline = System.currentTimeMillis() + LIFE_CHECK_TIMEOUT_MS;
+            for (Map.Entry<String, KafkaFuture<TopicDescription>> e : described.entrySet()) {
+                try {
+                    long left = Math.max(1, deadline - System.currentTimeMillis());
+                    Uuid found = e.getValue().get(left, TimeUnit.MILLISECONDS).topicId();
+                    if (found != null && !Uuid.ZERO_UUID.equals(found)) { // all zero: no id yet
+                        now.put(e.getKey(), idText(found));
+                    }
+                } catch (ExecutionException | TimeoutException error) { // gone, not allowed, failing: no answer
+                    continue;
+                }
+            }
+        } catch (IOException | KafkaException error) {
+            now.clear(); // the client could not be made or asked: no topic answered
+        } catch (InterruptedException interrupted) {
+            Thread.currentThread().interrupt();
+            throw new HandBack("interrupted while asking for its topics' ids");
+        }
+        List<String> words = new ArrayList<>();
+        Set<String> unsure = new TreeSet<>();
+        for (String topic : asked) {
+            String id = now.get(topic);
+            if (id != null && !id.equals(ids.get(topic))) {
+                words.add("'" + topic + "' was made again at the source (id " + ids.get(topic) + " -> " + id
+                        + "); what the slot read of it since its last commit may be the new life's, and it copies"
+                        + " the topic no further until the job starts it again from the new life's log start");
+            } else if (id == null && moved.contains(topic)) {
+                unsure.add(topic);
+            }
+        }
+        if (!unsure.isEmpty()) {
+            words.add("the source did not say whether " + String.join(", ", unsure) + " was made again");
+        }
+        return words.isEmpty() ? null : String.join("; ", words);
+    }
+
+    /** A topic id as the Python side writes it (librdkafka's standard base64, unpadded); Java's Uuid.toString()
+     * writes the URL-safe alphabet, another text for the same id. */
+    private static String idText(Uuid id) {
+        byte[] bytes = new byte[16];
+        for (int i = 0; i < 8; i++) {
+            bytes[i] = (byte) (id.getMostSignificantBits() >>> (56 - 8 * i));
+            bytes[8 + i] = (byte) (id.getLeastSignificantBits() >>> (56 - 8 * i));
+        }
+        return Base64.getEncoder().withoutPadding().encodeToString(bytes);
     }
 
     /** Drop the open transaction: the Python task copies again from the last commit. */
@@ -361,6 +477,7 @@ final class SlotCopy {
                 long offset = e.getValue().offset();
                 if (offset > cursor.next) { // copied by an attempt that crashed before it reported
                     cursor.next = cursor.landing.endOffset = offset;
+                    committed.put(copies.get(e.getKey()), offset);
                     cursor.seen = true;
                     cursor.done = cursor.stop != null && offset >= cursor.stop;
                 }
