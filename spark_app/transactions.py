@@ -131,6 +131,14 @@ def transactional_id(flow: FlowConfig, slot: int) -> str:
     return TRANSACTIONAL_ID_RULE.format(prefix=transactional_id_prefix(flow), slot=slot)
 
 
+def _position(topic: str, partition: int, offset: int, note: PositionNote | None) -> TopicPartition:
+    """A committed position, with its note as the offset's metadata where it has one (the client takes a str there,
+    never None)."""
+    if note is None:
+        return TopicPartition(topic, partition, offset)
+    return TopicPartition(topic, partition, offset, note.dump())
+
+
 class SlotTransactions:
     """One slot's transactional producer on the flow's target, started (so fencing its earlier attempts), and the
     positions it commits with its records when the flow is `exactly_once`."""
@@ -188,9 +196,9 @@ class SlotTransactions:
         if not self._open:
             return
         if self.flow.exactly_once and positions:
-            notes = notes or {}
+            noted = notes or {}
             offsets = [
-                TopicPartition(target_topic(self.flow, t), p, o, notes[(t, p)].dump() if (t, p) in notes else None)
+                _position(target_topic(self.flow, t), p, o, noted.get((t, p)))
                 for (t, p), o in sorted(positions.items())
             ]
             metadata = self._group.consumer_group_metadata()
