@@ -28,7 +28,8 @@ import pytest
 import yaml
 
 from bench.testbed.clients import Record, by_partition, commit, consumer, create_topics, end_offsets, produce
-from bench.testbed.kafka_cluster import KafkaCluster
+from bench.testbed.kafka_cluster import KafkaCluster, ListenerKind
+from bench.testbed.testbed import TestBed
 from infra.k8s.mirror_app import CONFIG_FILE
 from infra.k8s.toolbox import PROFILE_CONFIGMAP, TOOLBOX, TOOLBOX_CONFIG, create_command, verb_args
 from spark_app.config import MirrorConfig
@@ -127,10 +128,13 @@ def site(
     mirror_image: MirrorImage,
     stack_runs: dict[str, Run],
     platform_runs: dict[str, Run],
-    source_cluster: KafkaCluster,
-    target_cluster: KafkaCluster,
+    testbed: TestBed,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Site]:
+    # Clusters of its own: the stack's flow names its topics (the other node tests made them on the session's
+    # clusters already), and this test loses the source, which no test after it may inherit.
+    source_cluster = testbed.start("tbx-primary", ListenerKind.MSK_SCRAM)
+    target_cluster = testbed.start("tbx-dr", ListenerKind.EVENTHUBS)
     objects, app_name, operator = site_on_the_node(kube_api, stack_runs, platform_runs)
     pinned = kube_node.import_image(mirror_image.archive, mirror_image.ref, mirror_image.digest)
     clusters = {"primary": source_cluster, "dr": target_cluster}
@@ -155,12 +159,12 @@ def site(
     try:
         yield Site(kube_api, kube_node, operator, deployment, source_cluster, target_cluster, config, sent)
     finally:
-        if not source_cluster.running:
-            source_cluster.start()
         app = deployment.app
         path = kube_api.object_path(app["apiVersion"], app["kind"], app["metadata"]["name"], deployment.namespace)
         with contextlib.suppress(KubeApiError):  # gone already: the test deleted it as the loss
             kube_api.request("DELETE", path)
+        testbed.retire("tbx-primary")
+        testbed.retire("tbx-dr")
 
 
 def run_toolbox(site: Site, job: str, args: list[str]) -> tuple[bool, str]:
