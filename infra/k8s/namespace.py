@@ -148,22 +148,33 @@ def _tcp(port: int) -> dict[str, Any]:
     return {"protocol": "TCP", "port": port}
 
 
+def site_egress(
+    api_server_cidrs: Sequence[str], kafka_ports: Sequence[int], https_egress: bool, pod_identity_agent: bool
+) -> list[dict[str, Any]]:
+    """What a site's pods that run the mirror's code may reach (the mirror's and the toolbox's): DNS, the API server,
+    the Kafka ports (by port), and the clouds' sign-in where the site's identity needs it."""
+    egress: list[dict[str, Any]] = [
+        {
+            "to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+            "ports": [{"protocol": "UDP", "port": 53}, _tcp(53)],
+        },
+        {"to": [{"ipBlock": {"cidr": c}} for c in api_server_cidrs], "ports": [_tcp(p) for p in API_SERVER_PORTS]},
+        {"ports": [_tcp(p) for p in sorted(set(kafka_ports))]},
+    ]
+    if https_egress:
+        egress.append({"ports": [_tcp(443)]})
+    if pod_identity_agent:
+        egress.append({"to": [{"ipBlock": b} for b in POD_IDENTITY_AGENT], "ports": [_tcp(80)]})
+    return egress
+
+
 def network_policy_spec(args: MirrorNamespaceArgs) -> dict[str, Any]:
     """Allow only what Spark and the mirror use: its own pods, DNS, the API server, Kafka, the metrics scrape."""
     same_app = {"podSelector": {"matchLabels": APP_LABELS}}
     egress = [
         {"to": [same_app]},
-        {
-            "to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
-            "ports": [{"protocol": "UDP", "port": 53}, _tcp(53)],
-        },
-        {"to": [{"ipBlock": {"cidr": c}} for c in args.api_server_cidrs], "ports": [_tcp(p) for p in API_SERVER_PORTS]},
-        {"ports": [_tcp(p) for p in sorted(set(args.kafka_ports))]},
+        *site_egress(args.api_server_cidrs, args.kafka_ports, args.https_egress, args.pod_identity_agent),
     ]
-    if args.https_egress:
-        egress.append({"ports": [_tcp(443)]})
-    if args.pod_identity_agent:
-        egress.append({"to": [{"ipBlock": b} for b in POD_IDENTITY_AGENT], "ports": [_tcp(80)]})
     monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": args.monitoring_namespace}}}
     return {
         "podSelector": {"matchLabels": APP_LABELS},

@@ -35,7 +35,7 @@ import yaml
 
 from infra.azure.identity import TokenByHand
 from infra.k8s.mirror_app import CONFIG_DIR, CONFIG_FILE, CONTAINER_SECURITY, POD_SECURITY, SCRATCH_DIR
-from infra.k8s.namespace import API_SERVER_PORTS, POD_IDENTITY_AGENT
+from infra.k8s.namespace import site_egress
 from infra.naming import SECRETS_DIR
 from spark_app.config import FlowConfig, parse_config
 from spark_app.dr.connection import TopicRoute, auth_profile
@@ -93,25 +93,10 @@ def granted_flows(flows: Sequence[FlowConfig]) -> list[FlowConfig]:
     return [f if f.sync_group_offsets else f.model_copy(update={"sync_group_offsets": True}) for f in flows]
 
 
-def _tcp(port: int) -> dict[str, Any]:
-    return {"protocol": "TCP", "port": port}
-
-
 def network_policy_spec(args: ToolboxArgs) -> dict[str, Any]:
     """Egress to DNS, the API server and the site's Kafka ports (as the mirror's is made: by port), and the clouds'
     sign-in where the site's identity needs it; no ingress at all."""
-    egress: list[dict[str, Any]] = [
-        {
-            "to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
-            "ports": [{"protocol": "UDP", "port": 53}, _tcp(53)],
-        },
-        {"to": [{"ipBlock": {"cidr": c}} for c in args.api_server_cidrs], "ports": [_tcp(p) for p in API_SERVER_PORTS]},
-        {"ports": [_tcp(p) for p in sorted(set(args.kafka_ports))]},
-    ]
-    if args.https_egress:
-        egress.append({"ports": [_tcp(443)]})
-    if args.pod_identity_agent:
-        egress.append({"to": [{"ipBlock": b} for b in POD_IDENTITY_AGENT], "ports": [_tcp(80)]})
+    egress = site_egress(args.api_server_cidrs, args.kafka_ports, args.https_egress, args.pod_identity_agent)
     return {"podSelector": {"matchLabels": TOOLBOX_LABELS}, "policyTypes": ["Ingress", "Egress"], "egress": egress}
 
 
