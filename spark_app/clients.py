@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from confluent_kafka import (
     Consumer,
+    ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -90,6 +91,21 @@ def while_coordinator_moves(call: Callable[[], _T], within_s: float = REQUEST_TI
             if not moving or time.monotonic() - began > within_s:
                 raise
             time.sleep(0.5)
+
+
+def group_offsets(
+    client: AdminClient, group: str, partitions: list[TopicPartition] | None = None
+) -> list[TopicPartition]:
+    """A group's committed offsets (of `partitions`, or of all it committed), read once its coordinator answered a
+    DescribeGroups. librdkafka's admin OffsetFetch handles a NOT_COORDINATOR answer through a consumer's group handle,
+    which an AdminClient lacks, and the process dies (SIGSEGV), as on a cluster just started; DescribeGroups hands
+    that answer back instead, so it is asked, while the coordinator moves, until it answers."""
+    while_coordinator_moves(
+        lambda: client.describe_consumer_groups([group], request_timeout=REQUEST_TIMEOUT_S)[group].result()
+    )
+    request = [ConsumerGroupTopicPartitions(group, partitions)]
+    listed = client.list_consumer_group_offsets(request, request_timeout=REQUEST_TIMEOUT_S)[group].result()
+    return listed.topic_partitions or []
 
 
 def _settings(cluster: ClusterConfig, role: Role, extra: Mapping[str, object]) -> Settings:
@@ -243,9 +259,11 @@ def produce(
 
 
 def list_topics(
-    client: AdminClient, cluster: ClusterConfig, timeout_s: float = REQUEST_TIMEOUT_S
+    client: AdminClient, cluster: ClusterConfig, timeout_s: float | None = None
 ) -> dict[str, TopicMetadata]:
-    """Topic metadata; fails at once on bad credentials, and after `timeout_s` when nothing answers."""
+    """Topic metadata; fails at once on bad credentials, and after `timeout_s` when nothing answers (by default
+    `REQUEST_TIMEOUT_S` as it stands at the call: every reach for a cluster that may be down waits this long)."""
+    timeout_s = REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -389,13 +407,13 @@ def group_members(cluster: ClusterConfig, group: str, timeout_s: float = REQUEST
 
 
 def read_topic(
-    cluster: ClusterConfig, topic: str, tail: int | None = None, timeout_s: float = REQUEST_TIMEOUT_S
+    cluster: ClusterConfig, topic: str, tail: int | None = None, timeout_s: float | None = None
 ) -> list[Message]:
     """Every record of a topic (or the last `tail` of each partition) up to its end now; [] if it does not exist."""
     return list(records(cluster, topic, tail, timeout_s))
 
 
-def read_latest(cluster: ClusterConfig, topic: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[bytes, Message]:
+def read_latest(cluster: ClusterConfig, topic: str, timeout_s: float | None = None) -> dict[bytes, Message]:
     """The newest record per key of a compacted topic up to its end now, as compaction leaves it: a tombstone (a
     null value) removes its key, a record without a key is left out. It holds one record per live key, however
     much history the topic has not compacted yet."""
@@ -412,14 +430,16 @@ def read_latest(cluster: ClusterConfig, topic: str, timeout_s: float = REQUEST_T
 
 
 def records(
-    cluster: ClusterConfig, topic: str, tail: int | None = None, timeout_s: float = REQUEST_TIMEOUT_S
+    cluster: ClusterConfig, topic: str, tail: int | None = None, timeout_s: float | None = None
 ) -> Iterator[Message]:
     """The records of a topic (or the last `tail` of each partition) up to its end now, in order per partition;
     none if it does not exist.
 
-    Partitions are read to their ends in bulk; the read fails only when it makes no progress for `timeout_s`, so a
-    large internal topic is read whole however long that takes.
+    Partitions are read to their ends in bulk; the read fails only when it makes no progress for `timeout_s` (by
+    default `REQUEST_TIMEOUT_S` as it stands at the call), so a large internal topic is read whole however long that
+    takes.
     """
+    timeout_s = REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
     client = admin(cluster)
     metadata = list_topics(client, cluster, timeout_s).get(topic)
     if metadata is None or metadata.error is not None:

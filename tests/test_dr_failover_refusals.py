@@ -15,8 +15,10 @@ from bench.testbed import clients as bed
 from bench.testbed.clients import Record, commit, create_topics, produce
 from bench.testbed.kafka_cluster import KafkaCluster, cluster_entry
 from bench.testbed.ports import free_port
+from spark_app import clients
 from spark_app.cli import main as cli_main
 from spark_app.config import MirrorConfig, parse_config
+from spark_app.dr import views
 from spark_app.dr.formats import Checkpoint, OffsetSync
 from spark_app.dr.groups import ClusterGroups
 from spark_app.policy import checkpoints_topic, offset_syncs_topic
@@ -114,12 +116,15 @@ def test_failback_refuses_a_group_with_members_on_the_primary_even_forced(pair, 
 
 
 def test_with_the_primary_down_status_reports_each_flow_and_failback_refuses_forced_or_not_naming_it(
-    pair, unique: str, tmp_path: Path, capsys
+    pair, unique: str, tmp_path: Path, capsys, monkeypatch
 ):
     """The primary gone (its address answers nothing). `status` reads what the forward flow's mirror wrote on DR and
     shows its lag as unknown, and says the reverse flow's state (on the primary) cannot be read, instead of failing
     whole; it exits 0. `failback` needs the primary: it stops, forced or not, naming it, with nothing moved."""
     config, failback, group = after_an_outage(pair, unique, tmp_path)
+    # The dead address refuses at once, so every wait for it runs to its end: shorter ones prove the same.
+    monkeypatch.setattr(clients, "REQUEST_TIMEOUT_S", 4.0)
+    monkeypatch.setattr(views, "STATUS_SOURCE_TIMEOUT_S", 4.0)
     p, d = config.flows[0].source, config.flows[0].target
     forward = config.flow(f"{p}->{d}")
     _, dr = pair

@@ -89,12 +89,23 @@ def create_placed_topics(
 
 
 def _create(cluster: ClusterConfig, new: list[NewTopic], timeout_s: float) -> None:
+    """Create, then wait until the broker asked answers every partition with a leader: a controller's answer comes
+    before each broker learns the topic, and a test that reads its metadata at once found none (seen under load)."""
     client = admin(cluster)
     for name, future in client.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s).items():
         try:
             future.result()
         except KafkaException as err:
             raise AssertionError(f"could not create topic '{name}': {err}") from err
+    deadline = time.monotonic() + timeout_s
+    for topic in new:
+        while True:
+            meta = client.list_topics(topic.topic, timeout=timeout_s).topics[topic.topic]
+            led = [m for m in meta.partitions.values() if m.leader >= 0]
+            if meta.error is None and len(led) == topic.num_partitions:
+                break
+            assert time.monotonic() < deadline, f"topic '{topic.topic}' has no leader for every partition yet: {meta}"
+            time.sleep(0.1)
 
 
 def produce(cluster: ClusterConfig, topic: str, records: Iterable[Record], **overrides: str) -> int:

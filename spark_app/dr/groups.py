@@ -86,11 +86,9 @@ class ClusterGroups:
         )
 
     def committed(self, group: str) -> dict[Partition, Committed]:
-        request = [ConsumerGroupTopicPartitions(group)]
-        future = self.admin.list_consumer_group_offsets(request, request_timeout=clients.REQUEST_TIMEOUT_S)[group]
         return {
             (tp.topic, tp.partition): Committed(tp.offset, tp.metadata or "")
-            for tp in future.result().topic_partitions
+            for tp in clients.group_offsets(self.admin, group)
             if tp.offset >= 0
         }
 

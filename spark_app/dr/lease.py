@@ -22,7 +22,7 @@ import socket
 import time
 import uuid
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from .. import clients
@@ -155,6 +155,4 @@ def holder(config: MirrorConfig, flow: FlowConfig) -> str | None:
 
 def _marks(admin: AdminClient, group: str, topic: str) -> list[str]:
     """The metadata of the lease group's commit: who took the lease, or released it."""
-    request = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0)])]
-    listed = admin.list_consumer_group_offsets(request, request_timeout=clients.REQUEST_TIMEOUT_S)[group].result()
-    return [tp.metadata for tp in listed.topic_partitions or [] if tp.metadata]
+    return [tp.metadata for tp in clients.group_offsets(admin, group, [TopicPartition(topic, 0)]) if tp.metadata]
