@@ -50,16 +50,17 @@ TOPIC_GONE_GRACE_S = 7 * 86_400.0
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xms16m"
 # Spark's own classes, mapped from one class-data-sharing archive in Spark's home instead of read from its jars and
 # verified again at each JVM start: 3-5 s of the mirror's start here (bench/results/20261128-startup-cds.txt). Set-up
-# and the image make it once per Spark install (images/spark_classes.py). A JVM that finds no archive there, or runs on
-# another class path than it was made for, starts without it, as before.
+# makes it once per local Spark install (images/spark_classes.py). A JVM that finds no archive there, or runs on
+# another class path than it was made for, starts without it, as before. The image makes none: a pod's JVMs cannot
+# map one (images/mirror/Dockerfile says why).
 SPARK_CLASS_ARCHIVE = "mirrorkit-classes.jsa"
-IMAGE_SPARK_HOME = "/opt/spark"  # the image's Spark (images/mirror/Dockerfile)
 
 
-def spark_jvm_conf(spark_home: str) -> dict[str, str]:
-    """The driver's and executors' JVM options, for a Spark installed in `spark_home`."""
-    options = f"{SPARK_JVM_OPTIONS} -XX:SharedArchiveFile={spark_home}/{SPARK_CLASS_ARCHIVE}"
-    return {f"spark.{role}.extraJavaOptions": options for role in ("driver", "executor")}
+def spark_jvm_conf(class_archive_home: str | None) -> dict[str, str]:
+    """The driver's and executors' JVM options; they map Spark's classes from the archive in `class_archive_home`
+    (a local Spark's home), or from none (None: the image's)."""
+    archive = "" if class_archive_home is None else f" -XX:SharedArchiveFile={class_archive_home}/{SPARK_CLASS_ARCHIVE}"
+    return {f"spark.{role}.extraJavaOptions": SPARK_JVM_OPTIONS + archive for role in ("driver", "executor")}
 
 
 # Kafka Java client names users carry over from MirrorMaker 2 configs, with what librdkafka (whose names

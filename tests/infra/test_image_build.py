@@ -11,7 +11,6 @@ from pathlib import Path
 import pyspark
 
 from images.fetch_jars import load_manifest
-from spark_app.config import IMAGE_SPARK_HOME
 from tests.infra.harness import ROOT
 
 DOCKERFILE = ROOT / "images" / "mirror" / "Dockerfile"
@@ -72,8 +71,6 @@ def test_the_image_makes_no_class_archive_its_pods_could_not_map():
     class-data-sharing archive past a non-empty folder: the image makes none (its bytes differed by build)."""
     steps = instructions()
     assert not [s for s in steps if "spark_classes" in s or "Xshare:dump" in s]
-    (env,) = [s for s in steps if s.startswith("ENV ")]
-    assert f"SPARK_HOME={IMAGE_SPARK_HOME}" in env.split(), "the Spark home the JVM options name"
 
 
 def instructions() -> list[str]:
