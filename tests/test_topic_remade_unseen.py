@@ -40,6 +40,8 @@ def test_exactly_once_real_time_a_new_life_read_on_unnoticed_is_never_committed_
     old, new = records("old", 1_000, now), records("new", 3_000, now + 10_000)
     raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", source_alias="primary",
                           emit_heartbeats=False, mode="realtime", exactly_once=True, copy_core="python")  # fmt: skip
+    # Commits far apart: the slot reads and lands the new life well before its next commit asks the topic's id.
+    raw["realtime_commit_interval_s"] = 15
     config = parse_config(raw)
     create_topics(plaintext_cluster.admin, {topic: 2})
     produce(plaintext_cluster.client, topic, old)
@@ -49,7 +51,7 @@ def test_exactly_once_real_time_a_new_life_read_on_unnoticed_is_never_committed_
     subscription = flow.sync_topics()
     flow.start(subscription, available_now=False)
     try:
-        copy_until(flow, source_cluster.client, remote, len(old))
+        copy_until(flow, source_cluster.client, remote, len(old))  # just after a commit
         recreate(plaintext_cluster, topic)
         produce(plaintext_cluster.client, topic, new)  # at once, past where the task stood (500 in each partition)
         # The task reads the new life on from where it stood; its flow's runner is not asked to look meanwhile.
