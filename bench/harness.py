@@ -87,8 +87,8 @@ from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
 from spark_app.config import ClusterConfig, FlowMode, MirrorConfig, Profile  # noqa: E402
+from spark_app.policy import transactional  # noqa: E402
 from spark_app.realtime.task import LIBRDKAFKA_LINGER_MS, TXN_COMMIT_S  # noqa: E402
-from spark_app.transactions import transactional  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 COPY_LOOP = ROOT / "bench" / "java"
@@ -258,7 +258,7 @@ def mirror_commits(config: dict) -> str:
     mirror = MirrorConfig.model_validate(config)
     flow = mirror.flows[0]
     target = next(c for c in mirror.clusters if c.alias == flow.target)
-    if not transactional(flow, target):
+    if not transactional(flow, target.is_eventhubs):
         return "none"
     if flow.mode is not FlowMode.REALTIME:
         return "per batch"

@@ -223,6 +223,14 @@ def positions_group(flow: FlowConfig) -> str:
     return f"{POSITIONS_GROUP_PREFIX}{flow.source}.{flow.target}"
 
 
+def transactional(flow: FlowConfig, into_eventhubs: bool) -> bool:
+    """Whether the flow's copier slots write in transactions: every exactly-once flow, and every real-time flow, whose
+    long-running tasks must not leave zombies writing beside their successors, unless its target is Event Hubs (only
+    its Premium and Dedicated tiers have transactions, in preview: there a flow asks for them with `exactly_once`).
+    The copy asks it, and so does `access`, which grants the ids."""
+    return flow.exactly_once or (flow.mode is FlowMode.REALTIME and not into_eventhubs)
+
+
 def transactional_id_prefix(flow: FlowConfig) -> str:
     """What every transactional id of the flow's copier slots starts with (the prefix infra grants)."""
     return f"mirrorkit.{flow.source}.{flow.target}."
@@ -255,8 +263,9 @@ class Access:
         return self.written | self.owned | self.dead_letters
 
 
-def access(flows: Iterable[FlowConfig], alias: str) -> Access:
-    """Everything the mirror of these flows does on cluster `alias`, and nothing more.
+def access(flows: Iterable[FlowConfig], alias: str, eventhubs: bool = False) -> Access:
+    """Everything the mirror of these flows does on cluster `alias` (an Event Hubs one with `eventhubs`), and nothing
+    more.
 
     On a source: read the selected topics, describe the selected groups; own `heartbeats` when the flow emits them
     (written there, then read back to be mirrored like any topic), and the offset syncs when they live there. On a
@@ -273,7 +282,7 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
     altered: set[str] = set()
     committed: set[str] = set()
     joined: set[str] = set()
-    transactional: set[str] = set()
+    transactional_ids: set[str] = set()
     for flow in flows:
         if flow.source == alias:
             read |= _source_topics(flow)
@@ -294,8 +303,8 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
             if flow.sync_group_offsets:
                 altered |= set(flow.groups.include)
                 committed |= copies
-            if flow.exactly_once or flow.mode is FlowMode.REALTIME:
-                transactional.add(re.escape(transactional_id_prefix(flow)) + r"\d+")
+            if transactional(flow, eventhubs):
+                transactional_ids.add(re.escape(transactional_id_prefix(flow)) + r"\d+")
             if flow.exactly_once:
                 joined.add(re.escape(positions_group(flow)))
                 committed |= copies
@@ -308,7 +317,7 @@ def access(flows: Iterable[FlowConfig], alias: str) -> Access:
         groups_altered=frozenset(altered),
         offsets_committed=frozenset(committed),
         groups_joined=frozenset(joined),
-        transactional_ids=frozenset(transactional),
+        transactional_ids=frozenset(transactional_ids),
     )
 
 
@@ -367,7 +376,7 @@ def event_hubs_topics(config: MirrorConfig) -> dict[str, list[str]]:
     access set there says it creates. Flows into Event Hubs list plain names (MirrorConfig refuses patterns), so each
     is one topic."""
     return {
-        c.alias: sorted(_one_topic(p) for p in access(config.flows, c.alias).created)
+        c.alias: sorted(_one_topic(p) for p in access(config.flows, c.alias, eventhubs=True).created)
         for c in config.clusters
         if c.is_eventhubs
     }

@@ -43,9 +43,10 @@ from .outbox import (
     producer_settings,
     transaction_settings,
 )
+from .policy import transactional
 from .ranges import Landing, OffsetRange
 from .topics import TargetRules
-from .transactions import OTHER_LIFE, Aborted, PositionNote, SlotTransactions, TransactionFailed, transactional
+from .transactions import OTHER_LIFE, Aborted, PositionNote, SlotTransactions, TransactionFailed
 
 RANGE_CONSUME_BATCH = 10_000
 RANGE_CONSUME_WAIT_S = 0.1
@@ -89,7 +90,7 @@ class RangeCopier:
         """Copy every range, each partition in order; one landing per range. A flow that writes in transactions
         copies them in one transaction of the task's `slot` (spark_app.transactions), with the Python loop (the core
         `choose` names for it)."""
-        if transactional(self.flow, self.target):
+        if transactional(self.flow, self.target.is_eventhubs):
             cursors = self._copy_in_transaction(ranges, slot)
         else:
             cursors = self._cursors(ranges, {})

@@ -32,11 +32,12 @@ from .errors import first_cause
 from .ledger import by_topic
 from .outbox import producer_settings
 from .planner import BatchPlanner, rebased, topic_ids_now
+from .policy import transactional
 from .range_copy import RangeCopier
 from .ranges import Landing, OffsetRange
 from .runner import FlowRunner, Subscription
 from .storage import checkpoint_files
-from .transactions import fence, transactional
+from .transactions import fence
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ class ThroughputRunner(FlowRunner):
 
     def start(self, subscription: Subscription, available_now: bool) -> None:
         self.subscription = subscription
-        if transactional(self.flow, self.target):  # the zombies of every slot id a run before this one started
+        if transactional(
+            self.flow, self.target.is_eventhubs
+        ):  # the zombies of every slot id a run before this one started
             fence(self.flow, self.target, producer_settings(self.plan.rules), 0, self.ledger.state.slots)
         self.catch_up()
         if not subscription:
@@ -178,7 +181,7 @@ class ThroughputRunner(FlowRunner):
         if ready is None:
             ready = self.ledger.quarantines.ready(self.plan.mirrored)
         copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.rules, lives)
-        if transactional(self.flow, self.target):  # the slots' mark, saved before a slot past it starts
+        if transactional(self.flow, self.target.is_eventhubs):  # the slots' mark, saved before a slot past it starts
             self.ledger.slots_start(len(groups))
 
         def copy(slot: int, tasks: Iterable[list[OffsetRange]]) -> list[Landing]:

@@ -28,7 +28,7 @@ from . import clients
 from .clients import Partition, PartitionOffsets
 from .config import ClusterConfig, FlowConfig, FlowMode, MirrorConfig
 from .errors import DeliveryFailed, MirrorFailed
-from .policy import positions_group, target_topic, transactional_id_prefix
+from .policy import positions_group, target_topic, transactional, transactional_id_prefix
 
 log = logging.getLogger(__name__)
 
@@ -111,13 +111,6 @@ class TransactionFailed(DeliveryFailed):
 
 class TransactionsRefused(MirrorFailed):
     """The target cannot do transactions for this flow; the message names the cluster, the flow and the key."""
-
-
-def transactional(flow: FlowConfig, target: ClusterConfig) -> bool:
-    """Whether the flow's copier slots write in transactions: every exactly-once flow, and every real-time flow, whose
-    long-running tasks must not leave zombies writing beside their successors, unless its target is Event Hubs (only
-    its Premium and Dedicated tiers have transactions, in preview: there a flow asks for them with `exactly_once`)."""
-    return flow.exactly_once or (flow.mode is FlowMode.REALTIME and not target.is_eventhubs)
 
 
 # How a slot's transactional.id is made from the flow's prefix (spark_app.policy.transactional_id_prefix, which infra
@@ -304,7 +297,7 @@ def check_transactions(config: MirrorConfig) -> None:
     of its batches or real-time job, which read the mark from the flow's state."""
     for i, flow in enumerate(config.flows):
         target = config.cluster(flow.target)
-        if not transactional(flow, target):
+        if not transactional(flow, target.is_eventhubs):
             continue
         key = f"flows[{i}].{'exactly_once' if flow.exactly_once else 'mode'}"
         try:

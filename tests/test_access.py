@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+
 from spark_app.config import FlowConfig
-from spark_app.policy import Access, access, literal_prefix
+from spark_app.policy import Access, access, literal_prefix, transactional, transactional_id_prefix
 
 SELECTED = {"include": [r"orders\..*", "payments"]}
 BASE = {"source": "src", "target": "dst", "topics": SELECTED, "checkpoint_location": "/c"}
@@ -90,3 +92,18 @@ def test_every_name_a_pattern_takes_starts_with_its_literal_prefix_and_is_it_whe
     assert literal_prefix(r"orders\.(eu|us)") == ("orders.", False)
     assert literal_prefix("orders|payments") == ("", False)
     assert literal_prefix(r"mirrorkit\-offset\-syncs\.a\.internal") == ("mirrorkit-offset-syncs.a.internal", True)
+
+
+@pytest.mark.parametrize("eventhubs", [False, True])
+@pytest.mark.parametrize("exactly_once", [False, True])
+@pytest.mark.parametrize("mode", ["throughput", "realtime"])
+def test_the_transactional_ids_granted_on_a_target_are_those_its_slots_write_with(
+    mode: str, exactly_once: bool, eventhubs: bool
+):
+    """Exactly once anywhere, and real time but into Event Hubs (no transactions below Premium): one rule, asked by
+    the copy and by the grant."""
+    one = flow(mode=mode, exactly_once=exactly_once)
+    granted = access([one], "dst", eventhubs=eventhubs).transactional_ids
+    writes = exactly_once or (mode == "realtime" and not eventhubs)
+    assert transactional(one, eventhubs) == writes
+    assert names(granted) == ({transactional_id_prefix(one) + "*"} if writes else set())

@@ -16,9 +16,8 @@ import enum
 from dataclasses import dataclass
 
 from ..config import ClusterConfig, FlowConfig, FlowMode, MirrorConfig
-from ..policy import replication_policy
+from ..policy import replication_policy, transactional
 from ..profiles import TOKEN_LOGINS, why_no_java_client
-from ..transactions import transactional
 
 
 class Core(enum.StrEnum):
@@ -54,7 +53,7 @@ _HANDS_BACK = "handing over to the Python loop at the first event it leaves to i
 
 def choose(flow: FlowConfig, source: ClusterConfig, target: ClusterConfig) -> CoreChoice:
     """The core that copies `flow` from `source` to `target`, and why."""
-    in_transactions = transactional(flow, target)
+    in_transactions = transactional(flow, target.is_eventhubs)
     copies = _copies(flow, in_transactions)
 
     def chosen(core: Core, reason: str) -> CoreChoice:

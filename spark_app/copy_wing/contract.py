@@ -19,10 +19,10 @@ from confluent_kafka import KafkaError
 
 from ..config import ClusterConfig, FlowConfig
 from ..outbox import TOPIC_SCOPED_ERRORS
-from ..policy import MAX_OFFSET, PROVENANCE_HEADER, replication_policy, transactional_id_prefix
+from ..policy import MAX_OFFSET, PROVENANCE_HEADER, replication_policy, transactional, transactional_id_prefix
 from ..ranges import LATENCY_BOUNDS_MS, MAX_RUNS_PER_RANGE, Landing
 from ..topics import CLOCK_SLACK_MS, TargetRules
-from ..transactions import TRANSACTIONAL_ID_RULE, transactional
+from ..transactions import TRANSACTIONAL_ID_RULE
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class CopyContract:
             target_alias=flow.target,
             max_provenance_offset=MAX_OFFSET,
             max_record_bytes=rules.max_message_bytes,
-            transactional_id_prefix=transactional_id_prefix(flow) if transactional(flow, target) else None,
+            transactional_id_prefix=transactional_id_prefix(flow) if transactional(flow, target.is_eventhubs) else None,
             transactional_id_rule=TRANSACTIONAL_ID_RULE,
             latency_bounds_ms=tuple(LATENCY_BOUNDS_MS),
             max_runs=MAX_RUNS_PER_RANGE,

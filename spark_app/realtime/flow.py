@@ -31,10 +31,10 @@ from ..clients import Partition, PartitionOffsets
 from ..config import STOP_BATCH_TIMEOUT_S
 from ..outbox import producer_settings
 from ..planner import topic_ids_now
-from ..policy import target_topic
+from ..policy import target_topic, transactional
 from ..ranges import Landing
 from ..runner import FlowRunner, Subscription
-from ..transactions import fence, transactional
+from ..transactions import fence
 from .job import CopyJob
 from .task import Assignment
 
@@ -94,7 +94,7 @@ class RealtimeRunner(FlowRunner):
             self.spark, self.flow, self.source, self.target, assignment, self.flow.realtime_tasks,
             self.plan.rules, self.config.realtime_commit_interval_s, self._file,
         )  # fmt: skip
-        if transactional(self.flow, self.target):
+        if transactional(self.flow, self.target.is_eventhubs):
             self._fence_idle(job.tasks)
         self.job = job.start()
         copied = sorted({t for t, _ in assignment.starts})

@@ -39,9 +39,10 @@ from ..outbox import (
     producer_settings,
     transaction_settings,
 )
+from ..policy import transactional
 from ..ranges import Landing
 from ..topics import TargetRules
-from ..transactions import Aborted, SlotTransactions, TransactionFailed, transactional
+from ..transactions import Aborted, SlotTransactions, TransactionFailed
 from . import channel
 from .channel import Channel
 
@@ -239,7 +240,7 @@ class LiveCopy:
     def _start_slot(self) -> SlotTransactions | None:
         """The slot's transactional producer, started (fencing its earlier attempts), when the flow writes in
         transactions; an exactly-once slot's partitions move to their committed positions where those are ahead."""
-        if not transactional(self.flow, self.task.target):
+        if not transactional(self.flow, self.task.target.is_eventhubs):
             return None
         settings = transaction_settings(self.task.producer_settings)
         slot_txn = SlotTransactions(self.flow, self.task.target, settings, self.slot)
