@@ -306,7 +306,7 @@ class FlowLedger:
             if row.last_target_offset >= 0:
                 self.state.landed[key] = row.last_target_offset + 1
             if row.held_from >= 0:
-                self.quarantines.hold(row)
+                self.quarantines.file(row)
         self._report_loss(lost)
         self._resets.extend(resets)
         if resets:

@@ -35,9 +35,9 @@ _INTERNAL_SUFFIXES = (".internal", "-internal")
 _CONNECT_TOPICS = ("connect-configs", "connect-offsets", "connect-status")
 
 
-def is_internal(topic: str, separator: str = ".") -> bool:
-    """Kafka's, Connect's, MM2's and the mirror's own topics, under the dotted names and those a flow's `separator`
-    gives (MM2's isInternalTopic)."""
+def never_mirrored(topic: str, separator: str = ".") -> bool:
+    """Whether a topic is internal, so no flow mirrors it whatever its patterns say: Kafka's, Connect's, MM2's and the
+    mirror's own topics, under the dotted names and those a flow's `separator` gives (MM2's isInternalTopic)."""
     return (
         topic.startswith(_INTERNAL_PREFIXES)
         or topic.endswith(_INTERNAL_SUFFIXES)
@@ -137,7 +137,7 @@ def target_topic(flow: FlowConfig, source_topic: str) -> str:
 
 def should_mirror(flow: FlowConfig, source_topic: str) -> bool:
     """Whether a topic on the flow's source cluster is copied by this flow."""
-    if is_internal(source_topic, flow.separator):
+    if never_mirrored(source_topic, flow.separator):
         return False
     if source_topic == HEARTBEATS_TOPIC:
         return True  # heartbeats always travel, like MM2's, to measure end-to-end liveness

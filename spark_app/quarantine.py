@@ -71,8 +71,9 @@ class Quarantines:
         """The topics the copy may write now, with their partition counts on the target."""
         return {t: n for t, n in mirrored.items() if t not in self.topics}
 
-    def hold(self, row: Landing) -> None:
-        """The copy held a partition (`row.held_from` to `row.held_until`): quarantine its topic, or grow its hold."""
+    def file(self, row: Landing) -> None:
+        """File a hold the copy made (`Landing.hold`: `row.held_from` to `row.held_until`): quarantine the partition's
+        topic, or grow the partition's hold."""
         q = self.topics.get(row.topic)
         if q is None:
             reason = refused_reason(self.flow, row) or f"partition {row.partition} is not on the target yet"

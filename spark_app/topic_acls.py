@@ -49,7 +49,7 @@ from .policy import target_topic
 
 log = logging.getLogger(__name__)
 
-LEDGER_PREFIX = "mirrorkit-acls."  # `mirrorkit-` topics are never mirrored (spark_app.policy.is_internal)
+LEDGER_PREFIX = "mirrorkit-acls."  # `mirrorkit-` topics are never mirrored (spark_app.policy.never_mirrored)
 LEDGER_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"}
 # How often the mirror's topic-sync loop syncs ACLs (MirrorMaker 2: every 600 s): each round is one DescribeAcls on
 # each cluster and one read of the ledger.

@@ -12,8 +12,8 @@ from spark_app.dr.formats import Checkpoint, Heartbeat, OffsetSync
 from spark_app.policy import (
     HEARTBEATS_TOPIC,
     checkpoints_topic,
-    is_internal,
     mm2_offset_syncs_topic,
+    never_mirrored,
     offset_syncs_topic,
     should_mirror,
     target_topic,
@@ -79,7 +79,7 @@ def test_internal_topics_are_named_as_mirrormakers_own_policy_names_them_for_eve
         mirrorkit = offset_syncs_topic(flow)  # on the target by default: after the source, with our prefix
         assert mirrorkit == mm2_offset_syncs_topic(flow, "target").replace("mm2-", "mirrorkit-", 1)
         for topic in (checkpoints_topic(flow), mirrorkit, mm2_offset_syncs_topic(flow, "source")):
-            assert is_internal(topic, sep) and not should_mirror(flow, topic), topic
+            assert never_mirrored(topic, sep) and not should_mirror(flow, topic), topic
     assert mm2 == ours, out.stderr
     assert ours[2] == ["src_checkpoints_internal", "mm2-offset-syncs_dst_internal", "mm2-offset-syncs_src_internal",
                        "src_heartbeats", "true"]  # fmt: skip

@@ -236,10 +236,10 @@ def test_a_lifted_grant_stays_lifted_while_the_source_keeps_it_and_goes_when_the
 
 
 def test_the_ledger_lives_on_the_target_under_a_name_no_flow_mirrors():
-    from spark_app.policy import is_internal
+    from spark_app.policy import never_mirrored
 
     flow = FlowConfig(source="src", target="dst", topics={"include": [".*"]}, checkpoint_location="/c")
-    assert ledger_topic(flow) == "mirrorkit-acls.src.dst" and is_internal(ledger_topic(flow))
+    assert ledger_topic(flow) == "mirrorkit-acls.src.dst" and never_mirrored(ledger_topic(flow))
 
 
 def two_clusters(target: dict, **flow: object) -> dict:

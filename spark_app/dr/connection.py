@@ -32,7 +32,7 @@ from typing import Any
 from .. import clients
 from ..config import ClusterConfig, ConfigError, FlowConfig, Profile
 from ..errors import MirrorFailed
-from ..policy import HEARTBEATS_TOPIC, is_internal, replication_policy, should_mirror
+from ..policy import HEARTBEATS_TOPIC, never_mirrored, replication_policy, should_mirror
 
 PROFILE_KEY = "profile.json"  # the ConfigMap's key holding the whole profile
 # Where a pod finds its service account's token and the API server's CA (Kubernetes mounts them there).
@@ -128,7 +128,7 @@ def source_topics_on_target(target: ClusterConfig, flow: FlowConfig) -> list[str
         if not name.startswith(prefix):
             continue
         source = name[len(prefix) :]
-        if is_internal(source, flow.separator) or source == HEARTBEATS_TOPIC:
+        if never_mirrored(source, flow.separator) or source == HEARTBEATS_TOPIC:
             continue
         if should_mirror(flow, source) and policy.target_topic(source) == name:
             found.append(source)

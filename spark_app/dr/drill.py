@@ -26,7 +26,7 @@ from confluent_kafka.admin import NewTopic
 from .. import clients
 from ..config import ClusterConfig, ConfigError, FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
-from ..policy import checkpoints_topic, is_internal, should_mirror, target_topic
+from ..policy import checkpoints_topic, never_mirrored, should_mirror, target_topic
 from .formats import Checkpoint
 from .groups import ClusterGroups
 from .internal import read_checkpoints
@@ -77,7 +77,7 @@ class DrillOptions:
 def check_probe(config: MirrorConfig, flow: FlowConfig, probe_topic: str, probe_group: str) -> None:
     """Refuse, naming the setting, a flow that would not mirror the probe topic or checkpoint the probe group."""
     where = f"flows[{config.flows.index(flow)}]"
-    if is_internal(probe_topic, flow.separator):
+    if never_mirrored(probe_topic, flow.separator):
         raise ConfigError(f"--probe-topic: '{probe_topic}' is an internal name the mirror never copies; pick another")
     if not should_mirror(flow, probe_topic):
         raise ConfigError(
