@@ -677,5 +677,5 @@ def test_a_public_event_hubs_namespace_lets_in_only_the_listed_addresses():
     run = run_values(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml")))
     (rules,) = run.of_type(f"{EVENTHUB}:NamespaceNetworkRuleSet")
     assert rules.plain["defaultAction"] == "Deny" and rules.plain["publicNetworkAccess"] == "Enabled"
-    assert [r["ipMask"] for r in rules.plain["ipRules"]] == ["203.0.113.10", "203.0.113.11"]
+    assert [r["ipMask"] for r in rules.plain["ipRules"]] == ["198.51.100.20", "198.51.100.21"]  # site euw1's NAT
     assert rules.plain["trustedServiceAccessEnabled"] is False

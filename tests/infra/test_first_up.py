@@ -26,7 +26,7 @@ from tests.support.stack_objects import (
     operator_release,
 )
 
-PLATFORM = "platform-eks-use1"
+PLATFORM = "platform-eks-euw1"  # two sets' sites share its cluster: two tenants on a first up
 PLATFORM_FILE = ROOT / "stacks" / f"Pulumi.{PLATFORM}.yaml"
 
 

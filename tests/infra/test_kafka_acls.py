@@ -164,7 +164,7 @@ def test_a_self_managed_scram_cluster_gets_the_mirrors_acls_under_its_scram_user
 
 
 DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
-MSK_PART, SITE_PART = "dr-msk-to-eventhubs-msk-primary", "dr-msk-to-eventhubs-site-use1"
+MSK_PART, SITE_PART = "dr-msk-to-eventhubs-msk-primary", "dr-msk-to-eventhubs-site-euw1"
 
 
 def msk_with_acls() -> dict:
@@ -197,7 +197,7 @@ def test_an_msk_scram_cluster_with_acls_gets_the_mirrors_acls_under_its_scram_us
     assert (provider.plain["saslMechanism"], provider.plain["saslUsername"]) == ("scram-sha512", "acl-admin")
     assert provider.plain["tlsEnabled"] == "true" and is_secret(provider.inputs["saslPassword"])
     assert provider.plain["saslPassword"] == sentinel("primary", "admin_password")
-    secret = run.named("use1-primary")  # the mirror's Kubernetes Secret: the admin password reaches no pod
+    secret = run.named("euw1-primary")  # the mirror's Kubernetes Secret: the admin password reaches no pod
     assert set(secret.plain["stringData"]) == {"password"}
 
 

@@ -95,7 +95,7 @@ def test_an_existing_bucket_is_taken_not_made():
 def abfss_values() -> dict:
     values = copy.deepcopy(with_secrets(stack_values(DR)))
     values["mirrorkit:mirror"]["checkpoint"] = {"url": ABFSS, "resource_group": "rg-storage", "region": "westeurope"}
-    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.us-east-1.amazonaws.com/id/X"}
+    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.eu-west-1.amazonaws.com/id/X"}
     return values
 
 
@@ -118,7 +118,7 @@ def test_the_container_is_made_and_only_the_mirrors_prefix_is_granted():
     assert conf[f"spark.hadoop.fs.azure.account.oauth.provider.type.{ACCOUNT}"] == (
         "org.apache.hadoop.fs.azurebfs.oauth2.WorkloadIdentityTokenProvider"
     )
-    assert conf[f"spark.hadoop.fs.azure.account.oauth2.client.id.{ACCOUNT}"] == "client-use1-entra-identity"
+    assert conf[f"spark.hadoop.fs.azure.account.oauth2.client.id.{ACCOUNT}"] == "client-euw1-entra-identity"
     assert conf[f"spark.hadoop.fs.azure.account.oauth2.token.file.{ACCOUNT}"].startswith("/var/run/secrets/")
     no_key_in(conf)
 
@@ -133,7 +133,7 @@ def test_object_storage_without_the_sites_cloud_identity_is_refused(scheme):
         values = copy.deepcopy(with_secrets(stack_values(DR)))
         values["mirrorkit:mirror"]["checkpoint"] = {"url": "s3a://bucket-x/x"}
         values["mirrorkit:sites"][0].pop("aws")
-        values["mirrorkit:placement"] = {"primary->dr": "use1"}
+        values["mirrorkit:placement"] = {"primary->dr": "euw1"}
         expected = r"sites\[0\]\.aws: missing; .*s3a"
     set_config(values)
     with pytest.raises(ConfigError, match=expected):
@@ -201,7 +201,7 @@ def test_a_deployment_in_one_region_keeps_its_one_bucket_as_the_url_names_it():
     assert (bucket, checkpoints) == ("bucket-x", "checkpoints-bucket")  # its name and URN of the first releases
     (config,) = run.result["configs"].values()
     assert "checkpoint_location: s3a://bucket-x/x/dr/primary-dr" in config
-    assert spark_confs(run)["mirrorkit-dr-use1"]["spark.hadoop.fs.s3a.endpoint.region"] == "us-east-1"
+    assert spark_confs(run)["mirrorkit-dr-euw1"]["spark.hadoop.fs.s3a.endpoint.region"] == "eu-west-1"  # the site's
 
 
 def test_without_per_region_every_regions_checkpoints_stay_in_the_urls_one_bucket_so_an_upgrade_moves_none():

@@ -35,7 +35,7 @@ SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
 DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
 
 
-def entra_variant(issuer: str = "https://oidc.eks.us-east-1.amazonaws.com/id/X", **azure: object) -> Run:
+def entra_variant(issuer: str = "https://oidc.eks.eu-west-1.amazonaws.com/id/X", **azure: object) -> Run:
     """The active/passive stack into an Event Hubs namespace with local auth off (Entra ID workload identity)."""
     values = copy.deepcopy(with_secrets(stack_values(DR)))
     values["mirrorkit:clusters"][1]["eventhubs"]["disable_local_auth"] = True
@@ -124,7 +124,7 @@ def test_off_aks_the_pods_get_the_token_and_variables_the_workload_identity_webh
         pod = spec[role]
         assert {"name": "azure-identity-token", "mountPath": TOKEN_DIR, "readOnly": True} in pod["volumeMounts"]
         assert {e["name"]: e["value"] for e in pod["env"]} == {
-            "AZURE_CLIENT_ID": "client-use1-entra-identity",
+            "AZURE_CLIENT_ID": "client-euw1-entra-identity",
             "AZURE_TENANT_ID": "t",
             "AZURE_FEDERATED_TOKEN_FILE": f"{TOKEN_DIR}/azure-identity-token",
             "AZURE_AUTHORITY_HOST": "https://login.microsoftonline.com/",
@@ -301,7 +301,7 @@ REACH_TYPES = (
 def test_a_second_tenant_on_the_same_vpcs_reuses_the_first_ones_peering_and_makes_no_reach_of_its_own():
     """AWS allows one peering per pair of VPCs: a second deployment between the same site VPC and MSK VPC names the
     first one's peering (`sites[].aws.peerings`), whose routes and ingress rule from the site's CIDR serve it too."""
-    site_vpc, msk_vpc = "vpc-0a1b2c3d4e5f60001", "vpc-0f1e2d3c4b5a60001"
+    site_vpc, msk_vpc = "vpc-0a1b2c3d4e5f60003", "vpc-0f1e2d3c4b5a60001"
     values = copy.deepcopy(with_secrets(stack_values(DR)))
     values["mirrorkit:sites"][0]["aws"]["peerings"] = {msk_vpc: "pcx-0f1a57"}
     others = {PEERINGS: {"ids": ["pcx-0f1a57"], "id": "x"}}  # the first tenant's, untagged with this stack
@@ -328,7 +328,7 @@ def test_a_peering_another_stack_made_for_the_same_vpcs_is_refused_at_preview():
         return {"ids": [] if tagged else ["pcx-0other"], "id": "x"}
 
     values = with_secrets(stack_values(DR))
-    with pytest.raises(Exception, match=r"pcx-0other already joins vpc-0a1b2c3d4e5f60001 and vpc-0f1e2d3c4b5a60001"):
+    with pytest.raises(Exception, match=r"pcx-0other already joins vpc-0a1b2c3d4e5f60003 and vpc-0f1e2d3c4b5a60001"):
         run_values(values, calls={PEERINGS: peerings})
     # Its own peering, on a later preview, is no overlap.
     run_values(values, calls={PEERINGS: {"ids": ["pcx-0ours"], "id": "x"}})
@@ -338,24 +338,24 @@ ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
 
 
 def test_a_route_another_stack_has_in_a_site_table_is_refused_at_preview_naming_both_keys():
-    # active-active is up: its use1 table routes its MSK VPC's 10.20.0.0/16 through its peering.
+    # active-active is up: its euw1 table routes its eu MSK VPC's 10.40.0.0/16 through its peering.
     up = stack_runs_of(ACTIVE_ACTIVE)
     (theirs,) = [
         r.plain
         for r in up.of_type("aws:ec2/route:Route")
-        if r.plain["routeTableId"] == "rtb-0a1b2c3d4e5f60001" and r.plain["destinationCidrBlock"] == "10.20.0.0/16"
+        if r.plain["routeTableId"] == "rtb-0a1b2c3d4e5f60003" and r.plain["destinationCidrBlock"] == "10.40.0.0/16"
     ]
     routes = {
-        "rtb-0a1b2c3d4e5f60001": [{"cidrBlock": theirs["destinationCidrBlock"], "vpcPeeringConnectionId": "pcx-0aa"}]
+        "rtb-0a1b2c3d4e5f60003": [{"cidrBlock": theirs["destinationCidrBlock"], "vpcPeeringConnectionId": "pcx-0aa"}]
     }
     calls = {"aws:ec2/getRouteTable:getRouteTable": lambda args: {"routes": routes.get(args["routeTableId"], [])}}
-    # dr-msk-to-eventhubs as first shipped peered the same site VPC with an MSK VPC of the same CIDR.
+    # dr-msk-to-eventhubs, its mirror at the same site VPC, peered with an MSK VPC of the same CIDR.
     values = copy.deepcopy(with_secrets(stack_values(DR)))
     values["mirrorkit:clusters"][0]["msk"]["cidr"] = theirs["destinationCidrBlock"]
     with pytest.raises(Exception) as refused:
         run_values(values, calls=calls)
     message = str(refused.value)
-    assert "mirrorkit:clusters[0].msk.cidr: route table rtb-0a1b2c3d4e5f60001 already routes 10.20.0.0/16" in message
+    assert "mirrorkit:clusters[0].msk.cidr: route table rtb-0a1b2c3d4e5f60003 already routes 10.40.0.0/16" in message
     assert "through pcx-0aa" in message and "mirrorkit:sites[0].aws.route_table_ids" in message
     # As shipped now, its MSK VPC's CIDR is apart, and both stacks come up.
     run_values(with_secrets(stack_values(DR)), calls=calls)
@@ -491,9 +491,9 @@ def test_with_geo_dr_the_mirror_connects_through_the_alias():
     run = run_values(
         values, calls={f"{EVENTHUB}:listDisasterRecoveryConfigKeys": {"aliasPrimaryConnectionString": alias_string}}
     )
-    dr = yaml.safe_load(run.result["configs"]["use1"])["clusters"][1]
+    dr = yaml.safe_load(run.result["configs"]["euw1"])["clusters"][1]
     assert dr["bootstrap_servers"] == "mirrorkit-dr.servicebus.windows.net:9093"
-    secret = run.named("use1-dr")  # the Kubernetes Secret the mirror reads its password from
+    secret = run.named("euw1-dr")  # the Kubernetes Secret the mirror reads its password from
     assert secret.plain["stringData"]["password"] == alias_string
 
 

@@ -17,6 +17,7 @@ import yaml
 
 import tests.infra.harness as harness
 from infra.aws.network import STACK_TAG
+from infra.naming import SECRETS_DIR
 from infra.parts import Part
 from spark_app import clients
 from spark_app.config import ClusterConfig, FlowConfig, MirrorConfig, parse_config
@@ -41,6 +42,7 @@ SETS = ("active-active", "dr-msk-to-eventhubs")
 ROUTE_TABLE = "aws:ec2/getRouteTable:getRouteTable"
 PEERINGS = "aws:ec2/getVpcPeeringConnections:getVpcPeeringConnections"
 PEERING = "aws:ec2/vpcPeeringConnection:VpcPeeringConnection"
+SECRET = "kubernetes:core/v1:Secret"
 MONITORING = ("kubernetes:monitoring.coreos.com/v1:PodMonitor", "kubernetes:monitoring.coreos.com/v1:PrometheusRule")
 
 
@@ -152,8 +154,13 @@ def where_failover_reads(config: MirrorConfig, flow: FlowConfig, monkeypatch: py
         ("active-active", "eu-west-1", ["platform-eks-use1", "active-active-msk-us", "active-active-site-use1"]),
         (
             "dr-msk-to-eventhubs",
+            "us-east-1",
+            ["platform-eks-euw1", "dr-msk-to-eventhubs-eventhubs-dr", "dr-msk-to-eventhubs-site-euw1"],
+        ),
+        (
+            "dr-msk-to-eventhubs",
             "westeurope",
-            ["platform-eks-use1", "dr-msk-to-eventhubs-msk-primary", "dr-msk-to-eventhubs-site-use1"],
+            ["platform-eks-euw1", "dr-msk-to-eventhubs-msk-primary", "dr-msk-to-eventhubs-site-euw1"],
         ),
     ],
 )
@@ -226,15 +233,25 @@ def test_with_a_region_down_the_other_regions_stacks_preview_and_update(topology
         else:  # on the driver's PVC, in the survivor's own Kubernetes cluster
             assert flow.checkpoint_location.startswith("/")
 
-    # Failing over a flow into the survivor plans from its target only, which is in the survivor's region, with the
-    # bootstrap its cluster's part (in that region) exports.
+    # Failing over a flow whose target survives plans from its target only, with what its cluster's part (outside
+    # the lost region) exports: an MSK target's bootstrap, in the survivor's region; an Event Hubs namespace's, in
+    # the Azure region the survivor's site sits near.
     region_of = {c.alias: c.region for c in settings.model.clusters}
-    into = [f for f in rendered.flows if region_of[f.target] == aws_region]
+    into = [f for f in rendered.flows if region_of[f.target] != region]
     for flow in into:
         assert flow.offset_syncs_location == "target"
         assert where_failover_reads(rendered, flow, monkeypatch) == {flow.target}
-        assert region_of[flow.target] != region
         target = rendered.cluster(flow.target)
+        if next(c for c in settings.model.clusters if c.alias == flow.target).eventhubs is not None:
+            exports = backend[f"{topology}-eventhubs-{flow.target}"].values
+            namespace = exports[f"eventhubs_{flow.target}_namespace"]
+            assert target.bootstrap_servers == f"{namespace}.servicebus.windows.net:9093"
+            # It signs in with the connection string the survivor's site holds in its own namespace's Secret.
+            assert target.password is not None and target.password.file == f"{SECRETS_DIR}/{flow.target}/password"
+            (secret,) = [s for s in runs[site_stack].of_type(SECRET) if s.name == f"{site}-{flow.target}"]
+            assert secret.plain["metadata"]["namespace"] == settings.namespace
+            continue
+        assert region_of[flow.target] == aws_region
         assert (
             target.bootstrap_servers == backend[f"{topology}-msk-{flow.target}"].values[f"msk_{flow.target}_bootstrap"]
         )
@@ -242,7 +259,7 @@ def test_with_a_region_down_the_other_regions_stacks_preview_and_update(topology
         assert target.password is None and target.client_key is None
         roles = before[site_stack].of_type("aws:iam/role:Role")
         assert roles and {providers[r.provider or ""] for r in roles} == {aws_region}
-    assert into or region_of[rendered.flows[0].target] == region  # dr-msk-to-eventhubs: its only DR copy was lost
+    assert into or region_of[rendered.flows[0].target] == region  # dr-msk-to-eventhubs, westeurope: its DR copy lost
 
 
 @pytest.mark.parametrize("topology", SETS)

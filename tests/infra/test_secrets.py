@@ -32,7 +32,7 @@ from tests.infra.test_regions import a_set_is_up
 
 SET = "dr-msk-to-eventhubs"
 ESC_DEFINITION = ROOT / "stacks" / "esc" / f"{SET}.yaml"
-USERS = (f"{SET}-msk-primary", f"{SET}-site-use1")  # the stacks that import the environment
+USERS = (f"{SET}-msk-primary", f"{SET}-site-euw1")  # the stacks that import the environment
 ONPREM = ROOT / "stacks" / "Pulumi.onprem-to-msk.yaml"
 SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
 K8S_SECRET = "kubernetes:core/v1:Secret"
@@ -140,7 +140,7 @@ def test_the_scram_password_reaches_the_mirror_and_the_scram_user_alike_from_con
     for stack in USERS:
         values = stack_values(ROOT / "stacks" / f"Pulumi.{stack}.yaml") | config
         runs[stack] = run_values(values, stack=stack, stacks=dict(backend))
-    site, msk = runs[f"{SET}-site-use1"], runs[f"{SET}-msk-primary"]
+    site, msk = runs[f"{SET}-site-euw1"], runs[f"{SET}-msk-primary"]
 
     (secret,) = [s for s in site.of_type(K8S_SECRET) if s.plain["metadata"]["name"] == "mirrorkit-primary"]
     assert secret.plain["stringData"] == {"password": PASSWORD}

@@ -263,10 +263,10 @@ def test_a_storage_class_that_is_no_kubernetes_name_is_named_at_its_key():
 
 
 def test_a_peer_cidr_overlapping_the_sites_own_vpc_is_refused_naming_both_keys():
-    values = edited(DR, clusters=lambda cs: cs[0]["msk"].update(cidr="10.10.128.0/17"))
+    values = edited(DR, clusters=lambda cs: cs[0]["msk"].update(cidr="10.30.128.0/17"))
     message = refused(values)
     assert (
-        f"{PROJECT}:clusters[0].msk.cidr: 10.10.128.0/17 overlaps {PROJECT}:sites[0].aws.cidr 10.10.0.0/16"
+        f"{PROJECT}:clusters[0].msk.cidr: 10.30.128.0/17 overlaps {PROJECT}:sites[0].aws.cidr 10.30.0.0/16"
     ) in message
 
 

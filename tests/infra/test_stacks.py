@@ -39,17 +39,17 @@ def test_active_passive_msk_to_event_hubs(stack_runs):
     compacted = {name for name, hub in hubs.items() if hub["retentionDescription"]["cleanupPolicy"] == "Compact"}
     assert compacted == {"mirrorkit-offset-syncs.primary.internal", "primary.checkpoints.internal", "primary.customers"}
     assert run.named("eh-dr-ns").plain["sku"]["name"] == "Premium"
-    # Cross-account peering: the accepter acts in the MSK account through its own provider.
-    assert run.named("use1-vpc-0f1e2d3c4b5a60001-peering").plain["peerOwnerId"] == "222222222222"
-    assert (
-        run.named("use1-vpc-0f1e2d3c4b5a60001-peering").provider
-        != run.named("use1-vpc-0f1e2d3c4b5a60001-accepter").provider
-    )
-    assert len(run.of_type("aws:ec2/route:Route")) == 3
+    # Cross-account, cross-region peering: the accepter acts in the MSK account and region through its own provider.
+    peering = run.named("euw1-vpc-0f1e2d3c4b5a60001-peering")
+    assert (peering.plain["peerOwnerId"], peering.plain["peerRegion"]) == ("222222222222", "us-east-1")
+    assert peering.provider != run.named("euw1-vpc-0f1e2d3c4b5a60001-accepter").provider
+    routes = {(r.plain["routeTableId"], r.plain["destinationCidrBlock"]) for r in run.of_type("aws:ec2/route:Route")}
+    assert routes == {("rtb-0a1b2c3d4e5f60003", "10.21.0.0/16"), ("rtb-0f1e2d3c4b5a60001", "10.30.0.0/16")}
     assert run.named("scram-primary-secret").plain["name"] == "AmazonMSK_mirrorkit_dr-msk-to-eventhubs.primary"
-    assert "kubernetes:helm.sh/v4:Chart" not in types(run)  # the platform stack of eks-use1 installs it
+    assert "kubernetes:helm.sh/v4:Chart" not in types(run)  # the platform stack of eks-euw1 installs it
     assert types(run)["kubernetes:monitoring.coreos.com/v1:PrometheusRule"] == 1
-    config = yaml.safe_load(run.result["configs"]["use1"])
+    assert set(run.result["configs"]) == {"euw1"}  # the mirror runs near its target, outside the primary's region
+    config = yaml.safe_load(run.result["configs"]["euw1"])
     primary, dr = config["clusters"]
     assert primary["bootstrap_servers"] == BOOTSTRAPS["bootstrapBrokersSaslScram"]
     assert (primary["profile"], primary["password"]["file"]) == ("msk-scram", "/etc/mirrorkit/secrets/primary/password")
@@ -97,7 +97,7 @@ def test_aws_providers_are_named_by_region_and_role_and_keep_their_first_names_a
         stack: {r.name: r.aliases for r in run.of_type("pulumi:providers:aws")} for stack, run in stack_runs.items()
     }
     assert sorted(names["dr-msk-to-eventhubs"]) == [
-        "aws-us-east-1",
+        "aws-eu-west-1",
         "aws-us-east-1-as-arn-aws-iam-222222222222-role-mirrorkit-deployer",
     ]
     assert sorted(names["active-active"]) == ["aws-eu-west-1", "aws-us-east-1"]
@@ -107,7 +107,7 @@ def test_aws_providers_are_named_by_region_and_role_and_keep_their_first_names_a
     assert any(
         '"aws-us-east-1-0"' in a for a in dr["aws-us-east-1-as-arn-aws-iam-222222222222-role-mirrorkit-deployer"]
     )
-    assert any('"aws-us-east-1-1"' in a for a in dr["aws-us-east-1"])
+    assert any('"aws-eu-west-1-1"' in a for a in dr["aws-eu-west-1"])
 
 
 def test_what_was_named_for_the_one_service_account_of_the_first_releases_keeps_that_name_as_an_alias(stack_runs):
@@ -118,9 +118,9 @@ def test_what_was_named_for_the_one_service_account_of_the_first_releases_keeps_
     assert not run.named("use1-mirror-pod-identity-mirrorkit-executor").aliases
     values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml")))
     values["mirrorkit:clusters"][1]["eventhubs"]["disable_local_auth"] = True
-    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.us-east-1.amazonaws.com/id/X"}
-    federation = run_values(values).named("use1-entra-federation-mirrorkit")
-    assert any('"use1-entra-federation"' in a for a in federation.aliases)
+    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.eu-west-1.amazonaws.com/id/X"}
+    federation = run_values(values).named("euw1-entra-federation-mirrorkit")
+    assert any('"euw1-entra-federation"' in a for a in federation.aliases)
 
 
 def test_hybrid_on_prem_to_msk(stack_runs):
@@ -145,23 +145,23 @@ def test_hybrid_on_prem_to_msk(stack_runs):
 def test_active_passive_into_an_entra_only_namespace_uses_workload_identity():
     values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml")))
     values["mirrorkit:clusters"][1]["eventhubs"]["disable_local_auth"] = True
-    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.us-east-1.amazonaws.com/id/X"}
+    values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.eu-west-1.amazonaws.com/id/X"}
     run = run_values(values)
-    dr = yaml.safe_load(run.result["configs"]["use1"])["clusters"][1]
+    dr = yaml.safe_load(run.result["configs"]["euw1"])["clusters"][1]
     assert (dr["profile"], dr["password"]) == ("eventhubs-entra", None)
     assert not run.of_type(f"{EVENTHUB}:NamespaceAuthorizationRule")
     assert [s.plain["metadata"]["name"] for s in run.of_type("kubernetes:core/v1:Secret")] == ["mirrorkit-primary"]
-    assert run.named("use1-entra-federation-mirrorkit").plain["subject"] == (
+    assert run.named("euw1-entra-federation-mirrorkit").plain["subject"] == (
         "system:serviceaccount:mirrorkit-test:mirrorkit"
     )
     scopes = {r.plain["scope"] for r in run.of_type("azure-native:authorization:RoleAssignment")}
     assert scopes == {"eh-dr-ns-id"}
-    annotations = run.named("use1-sa").plain["metadata"]["annotations"]
-    assert annotations == {"azure.workload.identity/client-id": "client-use1-entra-identity"}
-    spec = run.named("mirrorkit-test-use1-app").plain["spec"]
+    annotations = run.named("euw1-sa").plain["metadata"]["annotations"]
+    assert annotations == {"azure.workload.identity/client-id": "client-euw1-entra-identity"}
+    spec = run.named("mirrorkit-test-euw1-app").plain["spec"]
     for role in ("driver", "executor"):
         assert spec[role]["labels"]["azure.workload.identity/use"] == "true"
-    egress = run.named("use1-mirror").plain["spec"]["egress"]
+    egress = run.named("euw1-mirror").plain["spec"]["egress"]
     assert {"ports": [{"protocol": "TCP", "port": 443}]} in egress  # Entra ID's token endpoint
 
 

@@ -120,7 +120,7 @@ def test_every_shipped_site_stack_renders_a_suspended_toolbox_of_the_mirror_imag
 ):
     runs = site_runs(stack_runs, sets)
     assert {name for name, _ in runs} >= {*(p.name.split(".")[1] for p in STACKS), "active-active-site-use1",
-                                          "active-active-site-euw1", "dr-msk-to-eventhubs-site-use1"}  # fmt: skip
+                                          "active-active-site-euw1", "dr-msk-to-eventhubs-site-euw1"}  # fmt: skip
     for name, run in runs:
         settings = run.result["settings"]
         sites = made_sites(run)
@@ -340,7 +340,12 @@ def test_a_site_stacks_outputs_say_how_to_run_the_toolbox_and_give_the_profile_w
 
 @pytest.mark.parametrize(
     ("topology", "region"),
-    [("active-active", "us-east-1"), ("active-active", "eu-west-1"), ("dr-msk-to-eventhubs", "westeurope")],
+    [
+        ("active-active", "us-east-1"),
+        ("active-active", "eu-west-1"),
+        ("dr-msk-to-eventhubs", "us-east-1"),
+        ("dr-msk-to-eventhubs", "westeurope"),
+    ],
 )
 def test_with_a_region_down_the_survivors_site_stack_previews_its_toolbox_and_outputs_unchanged(sets, topology, region):
     backend, before = sets[topology]
@@ -360,3 +365,26 @@ def test_with_a_region_down_the_survivors_site_stack_previews_its_toolbox_and_ou
     assert values["mirrorkit:part"] == f"site:{site}"
     stopped = up([site_stack], dict(backend), down=region, preview=True, **{"mirrorkit:stopped": own})[site_stack]
     assert stopped.result["exports"].values[f"profile_{site}"].keys() == set(own)
+
+
+def test_with_the_primarys_region_down_the_dr_sets_survivors_render_the_mirrors_toolbox_and_failover_outputs(sets):
+    """dr-msk-to-eventhubs loses us-east-1, its MSK primary's region: the stacks left (those outside it) still render
+    the mirror's toolbox and the outputs `mirrorkit failover` is run from (how to run the toolbox, the applications'
+    new profile), for the flow into the surviving Event Hubs namespace (ARCHITECTURE.md: operable from the survivor)."""
+    topology, region = "dr-msk-to-eventhubs", "us-east-1"
+    backend, before = sets[topology]
+    kept = survivors(topology, region)
+    site_stacks = [s for s in kept if s.startswith(f"{topology}-site-")]
+    assert site_stacks, f"with {region} down only {kept} are left: no site stack renders the toolbox"
+    flows = {f.name for s in site_stacks for f in before[s].result["settings"].mirror_config.flows}
+    runs = up(kept, dict(backend), down=region, preview=True)
+    failover: set[str] = set()
+    for site_stack in site_stacks:
+        site = site_stack.rsplit("-", 1)[1]
+        run = runs[site_stack]
+        assert toolbox_of(run, site).plain["spec"]["suspend"] is True
+        exports = run.result["exports"].values
+        assert exports[f"toolbox_{site}"]["context"] == run.result["settings"].site(site).context
+        assert set(exports[f"toolbox_{site}"]["commands"]["failover"]) == set(exports[f"profile_{site}"])
+        failover |= set(exports[f"profile_{site}"])
+    assert failover == flows == {"primary->dr"}
