@@ -531,6 +531,10 @@ class Alerts(StrictModel):
     stalled_minutes: Annotated[int, Field(ge=1)] = 10
     checkpoint_age_s: Annotated[int, Field(ge=1)] = 300
     heartbeat_age_s: Annotated[int, Field(ge=1)] = 300
+    # Where the team publishes docs/operations/alerts.md: each alert's `runbook_url` is this plus the alert's anchor.
+    runbook_url: Annotated[str, Field(pattern=r"^https://[^#\s]+$")] = (
+        "https://github.com/example/mirrorkit/blob/main/docs/operations/alerts.md"
+    )
 
 
 def _secret_name(v: str) -> str:

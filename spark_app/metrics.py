@@ -131,6 +131,13 @@ class MirrorMetrics:
         self.last_batch = Gauge(
             "mirrorkit_last_batch_timestamp_seconds", "Unix time the flow last finished a batch.", ("flow",), registry=r
         )
+        self.dr_unusable = Gauge(
+            "mirrorkit_dr_unusable_topics",
+            "The flow's DR topics (offset syncs, checkpoints, heartbeats) its DR sync cannot use, so it keeps no such"
+            " state: failover would translate nothing the topic should hold. The log says why.",
+            ("flow",),
+            registry=r,
+        )
         self.core = Gauge(
             "mirrorkit_copy_core_info",
             "1 for the core that copies the flow's records (spark_app.copy_wing.choice), and what it copies.",
@@ -138,6 +145,10 @@ class MirrorMetrics:
             registry=r,
         )
         r.register(self)  # `collect` adds the series computed at scrape time
+
+    def dr_topics_unusable(self, flow: str, topics: Collection[str]) -> None:
+        """The DR topics the flow's DR sync found it cannot use, as its last start found them (0: all usable)."""
+        self.dr_unusable.labels(flow).set(len(topics))
 
     def core_chosen(self, flow: str, core: str, copies: str) -> None:
         """Say which core copies the flow: a label to join the copy series on by `flow`."""

@@ -17,6 +17,7 @@ from spark_app.dr.internal import offset_syncs_cluster
 from spark_app.dr.lease import holder
 from spark_app.dr.service import DrSync
 from spark_app.errors import MirrorFailed
+from spark_app.metrics import MirrorMetrics
 from spark_app.mirror import Mirror
 from spark_app.policy import checkpoints_topic, offset_syncs_topic
 from spark_app.ranges import Landing
@@ -100,9 +101,11 @@ def test_a_flow_whose_checkpoints_topic_deletes_old_records_still_has_one_writer
     )
     flow = config.flows[0]
     create_topics(source_cluster.admin, {checkpoints_topic(flow): 1}, {"cleanup.policy": "delete"})
-    first, second = DrSync(config, flow), DrSync(config, flow)
+    metrics = MirrorMetrics()
+    first, second = DrSync(config, flow, metrics), DrSync(config, flow)
     first.prepare()
     assert checkpoints_topic(flow) in first.disabled
+    assert metrics.dr_unusable.labels(flow.name)._value.get() == 1, "an alert fires on it, not only a log line"
     first.on_landed([landed(topic, 0, 10)])
     first.checkpoint_once()
     second.prepare()

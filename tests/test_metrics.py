@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.testbed.clients import Record, create_topics, produce
 from bench.testbed.kafka_cluster import cluster_entry
+from infra.k8s import series
 from spark_app import clients
 from spark_app.config import ClusterConfig
 from spark_app.metrics import LagPoller, LagSource, MetricsPortError, MirrorMetrics
@@ -126,6 +127,31 @@ def test_quarantine_is_a_gauge_per_flow_and_each_topic_entering_it_counts_one_er
     assert got[("mirrorkit_errors_total", labels(flow=FLOW, kind="quarantined"))] == 3
     assert got[("mirrorkit_errors_total", labels(flow=FLOW, kind="lag_poll"))] == 1
     assert got[("mirrorkit_lag_records", labels(flow=FLOW, topic="a", partition="3"))] == 0
+
+
+def test_dr_topics_the_dr_sync_cannot_use_are_a_gauge_per_flow_that_goes_back_to_zero():
+    metrics = MirrorMetrics()
+    metrics.dr_topics_unusable(FLOW, {"mm2-offset-syncs.dr.internal": "not compacted", "heartbeats": "denied"})
+    assert scrape(metrics.text())[("mirrorkit_dr_unusable_topics", labels(flow=FLOW))] == 2
+    metrics.dr_topics_unusable(FLOW, {})  # a later start found them usable
+    assert scrape(metrics.text())[("mirrorkit_dr_unusable_topics", labels(flow=FLOW))] == 0
+
+
+def test_every_series_the_deployed_alerts_and_dashboard_read_is_one_the_mirror_serves():
+    """infra names the series its rules and panels read (infra.k8s.series); each must be served under that name."""
+    metrics = MirrorMetrics()
+    counts = [1] + [0] * len(LATENCY_BUCKETS_S)
+    metrics.batch_landed(FLOW, [landing_row("t", 0, records=1, latency_counts=counts, latency_sum_ms=5.0)])
+    metrics.set_lag(FLOW, "t", 0, 1)
+    metrics.checkpoint_written(FLOW, "g", 1.0)
+    metrics.heartbeat_seen(FLOW, 1.0)
+    metrics.topics_quarantined(FLOW, {"q": "no hub"})
+    metrics.dr_topics_unusable(FLOW, {})
+    served = {name for name, _ in scrape(metrics.text())}
+    named = {v for k, v in vars(series).items() if k.endswith("_METRIC")}
+    assert len(named) >= 9
+    missing = {n for n in named if n not in served and f"{n}_bucket" not in served}
+    assert not missing, f"infra.k8s.series names series the mirror does not serve: {sorted(missing)}"
 
 
 def test_series_of_a_topic_that_leaves_the_selection_are_removed_and_stay_gone():

@@ -22,6 +22,7 @@ from infra.k8s.dashboard import dashboard
 from infra.k8s.labels import APP_LABELS
 from infra.k8s.series import (
     CHECKPOINT_AGE_METRIC,
+    DR_UNUSABLE_METRIC,
     ERRORS_METRIC,
     HEARTBEAT_AGE_METRIC,
     LAG_METRIC,
@@ -51,6 +52,7 @@ ALERT_METRICS = (
     HEARTBEAT_AGE_METRIC,
     LAST_BATCH_METRIC,
     ERRORS_METRIC,
+    DR_UNUSABLE_METRIC,
 )
 # Restricted Pod Security: the image runs as its non-root user 185 (images/mirror/Dockerfile), on a read-only root;
 # what Spark and Python write goes to /tmp and Spark's local dirs, each an emptyDir.
@@ -216,7 +218,9 @@ def spark_application_spec(
 
 
 def alert_rules(name: str, alerts: Alerts) -> list[dict[str, Any]]:
-    """Per flow: lag, a stalled or vanished mirror, stale checkpoints and heartbeats, errors."""
+    """Per flow: lag, a stalled or vanished mirror, stale checkpoints and heartbeats, DR topics it cannot use,
+    errors. Each links its runbook (docs/operations/alerts.md, one section per alert). They are evaluated where the
+    mirror runs, in its target's region: the region that is left when the source's is lost."""
     sel = f'{{app_kubernetes_io_instance="{name}"}}'
     window = f"{alerts.stalled_minutes}m"
     stalled_s = alerts.stalled_minutes * 60
@@ -227,7 +231,7 @@ def alert_rules(name: str, alerts: Alerts) -> list[dict[str, Any]]:
             "expr": expr,
             "for": wait,
             "labels": {"severity": severity},
-            "annotations": {"summary": summary},
+            "annotations": {"summary": summary, "runbook_url": f"{alerts.runbook_url}#{alert.lower()}"},
         }
 
     return [
@@ -264,6 +268,14 @@ def alert_rules(name: str, alerts: Alerts) -> list[dict[str, Any]]:
             f"max by (flow) ({HEARTBEAT_AGE_METRIC}{sel}) > {alerts.heartbeat_age_s}",
             "warning",
             "The newest heartbeat mirrored on {{ $labels.flow }} is {{ $value }}s old",
+        ),
+        rule(
+            "MirrorkitDrUnusable",
+            f"max by (flow) ({DR_UNUSABLE_METRIC}{sel}) > 0",
+            "critical",
+            "Mirror {{ $labels.flow }} keeps no DR state in {{ $value }} of its DR topics: failover would translate"
+            " no group there",
+            "0m",
         ),
         rule(
             "MirrorkitErrors",

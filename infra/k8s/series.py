@@ -11,3 +11,4 @@ LAST_BATCH_METRIC = "mirrorkit_last_batch_timestamp_seconds"
 ERRORS_METRIC = "mirrorkit_errors_total"
 LATENCY_METRIC = "mirrorkit_replication_latency_seconds"  # a histogram: its _bucket series
 QUARANTINED_METRIC = "mirrorkit_quarantined_topics"
+DR_UNUSABLE_METRIC = "mirrorkit_dr_unusable_topics"

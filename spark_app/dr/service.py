@@ -72,6 +72,7 @@ class DrSync:
             on_seen=None if metrics is None else lambda at: metrics.heartbeat_seen(flow.name, at),
         )  # fmt: skip
         self.lease = DrLease(self.target, flow)
+        self._metrics = metrics
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._prepared = False
@@ -112,6 +113,8 @@ class DrSync:
                 if reason:
                     self.disabled[topic] = reason
                     log.warning("flow %s: %s", self.flow.name, reason)
+            if self._metrics is not None:  # an alert fires on it: a log line alone goes unread
+                self._metrics.dr_topics_unusable(self.flow.name, self.disabled)
             checkpoints = checkpoints_topic(self.flow)
             if checkpoints not in self.disabled or topic_exists(self.target, checkpoints):
                 self.lease.acquire()  # before reading back: a mirror it fences writes no more after its round

@@ -600,6 +600,7 @@ def test_mirror_runs_the_cli_with_its_config_and_checkpoint_pvc():
         "MirrorkitAbsent",
         "MirrorkitCheckpointStale",
         "MirrorkitHeartbeatStale",
+        "MirrorkitDrUnusable",
         "MirrorkitErrors",
     }
     assert all('{app_kubernetes_io_instance="m"}' in expr for expr in rules.values())
@@ -615,6 +616,7 @@ def test_mirror_runs_the_cli_with_its_config_and_checkpoint_pvc():
             "mirrorkit_heartbeat_age_seconds",
             "mirrorkit_last_batch_timestamp_seconds",
             "mirrorkit_errors_total",
+            "mirrorkit_dr_unusable_topics",
         }
     )
     assert "time() - max by (flow) (mirrorkit_last_batch_timestamp_seconds" in rules["MirrorkitStalled"]
@@ -663,7 +665,7 @@ def test_every_event_hubs_resource_keeps_its_place_when_the_pinned_api_version_m
     provider's default module (azure-native 3 drops most versioned ones) or another version must find the resource
     by an alias, or the engine would replace the namespace and its hubs: azure-native's SDK sends one for the default
     token and every other version it knows; this holds the program to it."""
-    run = run_values(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml")))
+    run = run_values(with_secrets(stack_values(ROOT / "stacks" / "topologies" / "dr-msk-to-eventhubs.yaml")))
     found = [r for r in run.resources if r.typ.startswith(f"{EVENTHUB}:")]
     assert {r.typ.rsplit(":", 1)[1] for r in found} >= {"Namespace", "EventHub", "NamespaceAuthorizationRule"}
     for resource in found:
@@ -674,7 +676,7 @@ def test_every_event_hubs_resource_keeps_its_place_when_the_pinned_api_version_m
 
 
 def test_a_public_event_hubs_namespace_lets_in_only_the_listed_addresses():
-    run = run_values(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml")))
+    run = run_values(with_secrets(stack_values(ROOT / "stacks" / "topologies" / "dr-msk-to-eventhubs.yaml")))
     (rules,) = run.of_type(f"{EVENTHUB}:NamespaceNetworkRuleSet")
     assert rules.plain["defaultAction"] == "Deny" and rules.plain["publicNetworkAccess"] == "Enabled"
     assert [r["ipMask"] for r in rules.plain["ipRules"]] == ["198.51.100.20", "198.51.100.21"]  # site euw1's NAT
