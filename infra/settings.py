@@ -29,6 +29,9 @@ _FIELD_IN_MESSAGE = re.compile(rf"^({PROJECT}:[^:\s]+): ([a-z_]+): ")
 STRUCTURED_KEYS = ("sites", "clusters", "flows", "mirror", "placement", "stopped", "credentials", "kubeconfigs")
 SECRET_KEYS = ("credentials", "kubeconfigs")  # always the stack's own: another stack's secrets are not readable
 STACKS_DIR = Path(__file__).resolve().parents[1] / "stacks"
+# A topology its part stacks share: <name>.yaml here, never a Pulumi.<stack>.yaml, so that no one stack can deploy
+# the whole of a topology that spans regions.
+TOPOLOGIES_DIR = STACKS_DIR / "topologies"
 
 
 @dataclass(frozen=True)
@@ -96,16 +99,17 @@ class StackSettings:
 
 
 class _Keys:
-    """The stack's config, falling back for shared keys to the stack file of the topology it is a part of."""
+    """The stack's config, falling back for shared keys to the file of the topology it is a part of."""
 
     def __init__(self, config: pulumi.Config) -> None:
         self.config = config
         self.topology = config.get("topology")
         self.shared: dict[str, Any] = {}
         if self.topology is not None:
-            path = STACKS_DIR / f"Pulumi.{self.topology}.yaml"
+            path = topology_file(self.topology)
             if not path.is_file():
-                raise ConfigError(f"{PROJECT}:topology: no stack file {path.name} in {STACKS_DIR}")
+                where = path.relative_to(STACKS_DIR.parent)
+                raise ConfigError(f"{PROJECT}:topology: no topology '{self.topology}': there is no file {where}")
             raw = yaml.safe_load(path.read_text()).get("config") or {}
             self.shared = {k.removeprefix(f"{PROJECT}:"): v for k, v in raw.items()}
 
@@ -116,6 +120,11 @@ class _Keys:
     def get_bool(self, key: str) -> bool | None:
         own = self.config.get_bool(key)
         return own if own is not None else self.shared.get(key)
+
+
+def topology_file(topology: str) -> Path:
+    """Where the keys a topology's part stacks share are: stacks/topologies/<topology>.yaml."""
+    return TOPOLOGIES_DIR / f"{topology}.yaml"
 
 
 def read_part(config: pulumi.Config) -> Part | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from infra.naming import PROJECT, operator_name
 EVENTHUB = "azure-native:eventhub/v20240501preview"  # the API version infra/azure/eventhubs.py uses
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
 ROOT = Path(__file__).resolve().parents[2]
-STACK_FILES = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
+STACK_FILES = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))  # every shipped stack: Pulumi deploys these
 
 
 def _config_of(path: Path) -> dict[str, Any]:
@@ -33,6 +33,12 @@ def _config_of(path: Path) -> dict[str, Any]:
 STACKS = [p for p in STACK_FILES if f"{PROJECT}:part" not in _config_of(p)]
 PART_STACKS = [p for p in STACK_FILES if f"{PROJECT}:part" in _config_of(p)]
 PLATFORM_STACKS = [p for p in PART_STACKS if f"{PROJECT}:platform" in _config_of(p)]  # one per Kubernetes cluster
+# The topologies deployed as sets of per-region stacks: the keys each set's part stacks share (never a stack).
+TOPOLOGY_FILES = sorted((ROOT / "stacks" / "topologies").glob("*.yaml"))
+SETS = tuple(p.stem for p in TOPOLOGY_FILES)
+# Every shipped deployment by its topology's name (the keys of the stack_runs fixture): those deployed whole, then the
+# sets.
+DEPLOYMENTS = [*(p.name.split(".")[1] for p in STACKS), *SETS]
 CONNECTION_STRING = "Endpoint=sb://test.invalid/;SharedAccessKeyName=mirrorkit;SharedAccessKey=test-sentinel-sas"
 BOOTSTRAPS = {
     "bootstrapBrokersSaslScram": "b-1.msk.test.invalid:9096,b-2.msk.test.invalid:9096",
@@ -45,7 +51,10 @@ BOOTSTRAPS = {
 Answer = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
 # Each Kubernetes context's region, as the shipped stacks' sites say (a platform stack's context is its sites').
 CONTEXT_REGIONS = {
-    s["context"]: s["region"] for p in STACK_FILES for s in _config_of(p).get(f"{PROJECT}:sites", []) if "context" in s
+    s["context"]: s["region"]
+    for p in [*STACK_FILES, *TOPOLOGY_FILES]
+    for s in _config_of(p).get(f"{PROJECT}:sites", [])
+    if "context" in s
 }
 # Calls that reach no region: the backend, and Entra ID's sign-in (getClientConfig reads the provider's token).
 NO_REGION = ("pulumi:pulumi:StackReference", "azure-native:authorization:getClientConfig")
@@ -233,6 +242,32 @@ def stack_values(path: Path) -> dict[str, Any]:
     return _config_of(path)
 
 
+def stack_name(path: Path) -> str:
+    return path.name.split(".")[1]
+
+
+def topology_values(topology: str) -> dict[str, Any]:
+    """The keys a set's part stacks share (stacks/topologies/<topology>.yaml), as a stack written by hand to deploy
+    the whole topology would hold them."""
+    from infra.settings import topology_file
+
+    return _config_of(topology_file(topology))
+
+
+def shared_values(stack: str) -> dict[str, Any]:
+    """The topology a shipped stack deploys: its set's shared keys, or the stack's own file when it is the whole."""
+    values = _config_of(ROOT / "stacks" / f"Pulumi.{stack}.yaml")
+    topology = values.get(f"{PROJECT}:topology")
+    return values if topology is None else topology_values(topology)
+
+
+def part_values(stack: str) -> dict[str, Any]:
+    """A shipped stack's config: its own file, and the secrets of its topology's clusters as `config set` holds them."""
+    values = _config_of(ROOT / "stacks" / f"Pulumi.{stack}.yaml")
+    creds = credentials_for(shared_values(stack))
+    return values | ({f"{PROJECT}:credentials": creds} if creds else {})
+
+
 def platforms_watching(namespace: str) -> dict[str, Exports]:
     """The shipped platform stacks as the backend would hold them after their `up`, each also acting in `namespace`
     (a test's own deployment, which no shipped platform stack lists)."""
@@ -321,9 +356,92 @@ def run_pulumi(
     return run
 
 
+def topology_settings(topology: str) -> Any:
+    """A set's settings (infra.settings.StackSettings) as its first part stack reads them: the whole topology's
+    model, parts and placement, read without running the program."""
+    from infra.settings import load_settings
+
+    (first, *_) = [p for p in PART_STACKS if _config_of(p).get(f"{PROJECT}:topology") == topology]
+
+    async def body() -> dict[str, Any]:
+        return {"settings": load_settings()}
+
+    stack = stack_name(first)
+    return run_pulumi(body, part_values(stack), stack=stack).result["settings"]
+
+
+def order_of_up(topology: str) -> list[str]:
+    """The stacks of a set, in the order docs/deploy/regions.md gives: its parts as infra.parts orders them, then the
+    MSK parts again when a cluster policy merges the grants the sites export."""
+    settings = topology_settings(topology)
+    first = [p.stack(topology) for p in settings.parts]
+    again = [p.stack(topology) for p in settings.parts if p.kind == "msk" and settings.references(p)]
+    return first + again
+
+
+def up(
+    stacks: list[str],
+    backend: dict[str, Exports],
+    down: str | None = None,
+    calls: dict[str, Answer] | None = None,
+    preview: bool = False,
+    **changes: Any,
+) -> dict[str, Run]:
+    """`pulumi up` (or `preview`) of each stack in turn against one backend, which keeps each stack's outputs and
+    state for the next; `calls` answers the cloud's lookups, and `down` is a region that is down."""
+    runs = {}
+    for stack in stacks:
+        values = part_values(stack) | changes
+        runs[stack] = run = run_values(values, stack=stack, calls=calls, stacks=backend, down=down, preview=preview)
+        if not preview:
+            backend[stack] = run.result["exports"]
+    return runs
+
+
+def a_set_is_up(topology: str) -> tuple[dict[str, Exports], dict[str, Run]]:
+    backend = {stack_name(p): Exports() for p in PART_STACKS}  # `pulumi stack init` of every stack first
+    return backend, up(order_of_up(topology), backend)
+
+
+def the_set(runs: dict[str, Run]) -> Run:
+    """What a set's part stacks (its platform stacks aside) registered between them, read as one run: every resource
+    of each, each site's mirror config, and every stack's outputs (the backend holds them apart; keys do not clash,
+    as each names its part)."""
+    parts = [run for run in runs.values() if "settings" in run.result]
+    mocks = RecordingMocks()
+    mocks.resources = [r for run in parts for r in run.resources]
+    mocks.calls = [c for run in parts for c in run.mocks.calls]
+    exports = [run.result["exports"] for run in parts]
+    assert sum(len(e.values) for e in exports) == len({k for e in exports for k in e.values}), "outputs clash"
+    tops = [run.result["topology"] for run in parts]
+    # Each of the topology's maps, by what it is keyed by: a part's own wins over what a later part reads of it.
+    topology = replace(
+        tops[0],
+        **{
+            f.name: {k: v for t in reversed(tops) for k, v in getattr(t, f.name).items()}
+            for f in fields(tops[0])
+            if isinstance(getattr(tops[0], f.name), dict)
+        },
+        checkpoint_container=next((t.checkpoint_container for t in tops if t.checkpoint_container), None),
+    )
+    merged = Run(mocks)
+    merged.result = {
+        "settings": parts[0].result["settings"],
+        "topology": topology,
+        "configs": {site: c for run in parts for site, c in run.result["configs"].items()},
+        "credential_is_secret": {k: v for run in parts for k, v in run.result["credential_is_secret"].items()},
+        "exports": Exports(
+            {k: v for e in exports for k, v in e.values.items()},
+            [k for e in exports for k in e.secret],
+            {u: i for e in exports for u, i in e.state.items()},
+        ),
+    }
+    return merged
+
+
 def run_stack(path: Path) -> Run:
     """The whole program (__main__'s build) with a stack file's config and sentinel secrets."""
-    return run_values(with_secrets(stack_values(path)), stack=path.name.split(".")[1])
+    return run_values(with_secrets(stack_values(path)), stack=stack_name(path))
 
 
 def run_values(

@@ -14,10 +14,10 @@ from infra.schema import MSK_PORTS
 from policies.rules import OPTIONS_RULES, RULES, spark_application_is_complete
 from spark_app.cli import main as cli_main
 from spark_app.copy_wing.choice import Core
-from tests.infra.harness import CONNECTION_STRING, EVENTHUB, STACKS, Run, is_secret, sentinel
+from tests.infra.harness import CONNECTION_STRING, DEPLOYMENTS, EVENTHUB, Run, is_secret, sentinel
 
 KUBERNETES_VERSION = "1.33.0"  # the oldest release the kit supports; its OpenAPI schemas ship with kubernetes-validate
-NAMES = [p.name.split(".")[1] for p in STACKS]
+NAMES = DEPLOYMENTS
 CRDS = ("sparkoperator.k8s.io", "monitoring.coreos.com", "helm.sh")
 SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
 

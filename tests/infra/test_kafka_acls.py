@@ -16,14 +16,16 @@ from tests.infra.harness import (
     BOOTSTRAPS,
     ROOT,
     Run,
+    a_set_is_up,
     is_secret,
+    part_values,
     run_values,
     sentinel,
     set_config,
     stack_values,
     with_secrets,
 )
-from tests.infra.test_regions import SPARK_APP, a_set_is_up, part_values
+from tests.infra.test_regions import SPARK_APP
 
 ONPREM = ROOT / "stacks" / "Pulumi.onprem-to-msk.yaml"
 ACL = "kafka:index/acl:Acl"
@@ -163,7 +165,7 @@ def test_a_self_managed_scram_cluster_gets_the_mirrors_acls_under_its_scram_user
     assert set(secret.plain["stringData"]) == {"password"}  # the admin password reaches no pod
 
 
-DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
+DR = ROOT / "stacks" / "topologies" / "dr-msk-to-eventhubs.yaml"
 MSK_PART, SITE_PART = "dr-msk-to-eventhubs-msk-primary", "dr-msk-to-eventhubs-site-euw1"
 
 
@@ -213,7 +215,7 @@ def test_msk_acls_without_the_admin_password_fail_at_preview_naming_the_key():
 
 
 def test_msk_acls_are_refused_on_an_iam_cluster_at_their_key():
-    values = copy.deepcopy(stack_values(ROOT / "stacks" / "Pulumi.active-active.yaml"))
+    values = copy.deepcopy(stack_values(ROOT / "stacks" / "topologies" / "active-active.yaml"))
     values["mirrorkit:clusters"][1]["msk"]["acls"] = {"admin_username": "acl-admin"}
     set_config(values)  # IAM: no secrets
     with pytest.raises(ConfigError, match=r"mirrorkit:clusters\[1\]\.msk\.acls: .*scram"):

@@ -18,7 +18,7 @@ import yaml
 
 from infra.k8s.mirror_app import CONFIG_HASH_ANNOTATION, EXCLUDED_DRIVER_STEPS
 from infra.k8s.operator import CHART, CHART_VERSION
-from tests.infra.harness import STACKS, Run
+from tests.infra.harness import DEPLOYMENTS, Run
 from tests.support.kube_api import KubeApiError, KubeApiServer
 from tests.support.polling import wait_until
 from tests.support.spark_operator import OperatorProcesses, start_operator
@@ -38,7 +38,7 @@ from tests.support.stack_objects import (
     served_by,
 )
 
-STACK_NAMES = [p.name.split(".")[1] for p in STACKS]
+STACK_NAMES = DEPLOYMENTS
 DRIVER_RESOURCES = ("pods", "services", "configmaps", "persistentvolumeclaims")
 DRIVER_TIMEOUT_S = 90.0  # the controller's spark-submit starts a JVM: seconds, on a busy machine tens
 

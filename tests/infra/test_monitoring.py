@@ -11,7 +11,7 @@ import pytest
 
 from tests.infra.harness import ROOT, Run, run_values, stack_values, with_secrets
 
-ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
+ACTIVE_ACTIVE = ROOT / "stacks" / "topologies" / "active-active.yaml"
 PODMONITOR = "kubernetes:monitoring.coreos.com/v1:PodMonitor"
 RULES = "kubernetes:monitoring.coreos.com/v1:PrometheusRule"
 METRICS_SOURCE = (ROOT / "spark_app" / "metrics.py").read_text()

@@ -14,8 +14,8 @@ from infra.settings import load_settings
 from spark_app.config import ConfigError
 from tests.infra.harness import ROOT, Run, run_values, set_config, stack_values, with_secrets
 
-ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
-DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
+ACTIVE_ACTIVE = ROOT / "stacks" / "topologies" / "active-active.yaml"
+DR = ROOT / "stacks" / "topologies" / "dr-msk-to-eventhubs.yaml"
 BUCKET = "mirrorkit-checkpoints-example"
 BUCKETS = {BUCKET: "us-east-1", f"{BUCKET}-eu-west-1": "eu-west-1"}  # active-active's, each in its site's region
 SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"

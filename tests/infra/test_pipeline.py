@@ -14,14 +14,16 @@ from tests.infra.harness import (
     CONTEXT_REGIONS,
     PART_STACKS,
     ROOT,
+    SETS,
     STACK_FILES,
     STACKS,
     Exports,
     Run,
     run_stack,
+    shared_values,
     stack_values,
+    up,
 )
-from tests.infra.test_regions import up
 
 WORKFLOW = ROOT / ".github" / "workflows" / "infra.yml"
 ACTIONLINT = ROOT / ".cache" / "bin" / "actionlint"
@@ -45,7 +47,6 @@ def test_actionlint_finds_nothing_in_any_workflow():
 
 STACK_WORKFLOW = ROOT / ".github" / "workflows" / "stack.yml"
 STAGES = ("platform", "accounts", "sites")  # the deploy jobs, each after the one before
-SETS = ("active-active", "dr-msk-to-eventhubs")  # topologies deployed as sets of per-region stacks
 COMMAND = (
     "${{ github.event_name == 'pull_request' && 'preview' || github.event_name == 'schedule' && 'drift' || 'up' }}"
 )
@@ -83,7 +84,8 @@ def test_unit_tests_run_then_the_stages_deploy_through_one_workflow_per_stack():
 def test_the_pipeline_deploys_the_per_region_sets_and_only_single_region_stacks_whole():
     shipped = {p.name.split(".")[1] for p in STACK_FILES}
     deployed = set(staged())
-    assert deployed == shipped - set(SETS), "a set's topology file is deployed by its parts, never whole"
+    assert deployed == shipped, "the pipeline deploys every shipped stack file, and nothing else"
+    assert SETS and not deployed & set(SETS), "a set's topology is deployed by its parts, never whole"
     for stack in deployed & {p.name.split(".")[1] for p in STACKS}:
         settings = run_stack(ROOT / "stacks" / f"Pulumi.{stack}.yaml").result["settings"]
         assert len({s.region for s in settings.model.sites}) == 1, f"{stack} deploys more than one region whole"
@@ -120,7 +122,7 @@ def test_a_stack_that_reaches_a_private_endpoint_runs_on_a_self_hosted_runner_th
     doc = PIPELINE_DOC.read_text()
     for stack, (_, labels) in staged().items():
         values = stack_values(ROOT / "stacks" / f"Pulumi.{stack}.yaml")
-        topology = stack_values(ROOT / "stacks" / f"Pulumi.{values.get('mirrorkit:topology', stack)}.yaml")
+        topology = shared_values(stack)
         part = values.get("mirrorkit:part", "")
         private = part.startswith(("platform:", "site:", "msk:")) or not part
         if not private:

@@ -18,9 +18,11 @@ from infra.settings import load_settings
 from policies.rules import iam_grants_no_wildcards
 from spark_app.config import ConfigError
 from tests.infra.harness import (
+    DEPLOYMENTS,
     EVENTHUB,
     ROOT,
     STACKS,
+    TOPOLOGY_FILES,
     Run,
     run_pulumi,
     run_values,
@@ -30,9 +32,9 @@ from tests.infra.harness import (
 )
 from tests.infra.test_components import mirror_args
 
-NAMES = [p.name.split(".")[1] for p in STACKS]
+NAMES = DEPLOYMENTS
 SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
-DR = ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml"
+DR = ROOT / "stacks" / "topologies" / "dr-msk-to-eventhubs.yaml"
 
 
 def entra_variant(issuer: str = "https://oidc.eks.eu-west-1.amazonaws.com/id/X", **azure: object) -> Run:
@@ -236,7 +238,7 @@ HOLDERS = (  # what holds DR data, or other stacks' access to it
 
 def test_dr_data_is_protected_and_kept_and_a_topic_dropped_from_a_flow_leaves_its_hub_without_wedging(stack_runs):
     run = stack_runs["dr-msk-to-eventhubs"]
-    values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.active-active.yaml")))
+    values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "topologies" / "active-active.yaml")))
     values["mirrorkit:clusters"][0]["msk"]["cluster_arn"] = values["mirrorkit:clusters"][0]["msk"][
         "cluster_arn"
     ].replace("111111111111", "222222222222")
@@ -270,7 +272,7 @@ def kubernetes_identities(run: Run) -> set[tuple[str, str, str]]:
     return out
 
 
-@pytest.mark.parametrize("path", STACKS, ids=NAMES)
+@pytest.mark.parametrize("path", [*STACKS, *TOPOLOGY_FILES], ids=NAMES)
 def test_two_stacks_on_one_cluster_share_no_kubernetes_object_or_checkpoint(path):
     values = with_secrets(stack_values(path))
     blue, green = run_values(values, stack="blue"), run_values(values, stack="green")
@@ -334,7 +336,7 @@ def test_a_peering_another_stack_made_for_the_same_vpcs_is_refused_at_preview():
     run_values(values, calls={PEERINGS: {"ids": ["pcx-0ours"], "id": "x"}})
 
 
-ACTIVE_ACTIVE = ROOT / "stacks" / "Pulumi.active-active.yaml"
+ACTIVE_ACTIVE = ROOT / "stacks" / "topologies" / "active-active.yaml"
 
 
 def test_a_route_another_stack_has_in_a_site_table_is_refused_at_preview_naming_both_keys():

@@ -8,7 +8,6 @@ import copy
 import functools
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -25,20 +24,27 @@ from spark_app.dr.views import failover_plan
 from tests.infra.harness import (
     PART_STACKS,
     ROOT,
+    SETS,
     STACK_FILES,
     STACKS,
+    TOPOLOGY_FILES,
     Answer,
     Exports,
     RegionDown,
     Run,
-    credentials_for,
-    run_stack,
+    a_set_is_up,
+    order_of_up,
+    part_values,
     run_values,
+    stack_name,
     stack_values,
+    topology_settings,
+    topology_values,
+    up,
+    with_secrets,
 )
 
 SPARK_APP = "kubernetes:sparkoperator.k8s.io/v1beta2:SparkApplication"
-SETS = ("active-active", "dr-msk-to-eventhubs")
 ROUTE_TABLE = "aws:ec2/getRouteTable:getRouteTable"
 PEERINGS = "aws:ec2/getVpcPeeringConnections:getVpcPeeringConnections"
 PEERING = "aws:ec2/vpcPeeringConnection:VpcPeeringConnection"
@@ -46,54 +52,15 @@ SECRET = "kubernetes:core/v1:Secret"
 MONITORING = ("kubernetes:monitoring.coreos.com/v1:PodMonitor", "kubernetes:monitoring.coreos.com/v1:PrometheusRule")
 
 
-def stack_name(path: Path) -> str:
-    return path.name.split(".")[1]
-
-
-def part_values(stack: str) -> dict[str, Any]:
-    """A part's stack config: its own file, and the secrets of its topology's clusters as `config set` holds them."""
-    values = stack_values(ROOT / "stacks" / f"Pulumi.{stack}.yaml")
-    topology = values.get("mirrorkit:topology", stack)
-    creds = credentials_for(stack_values(ROOT / "stacks" / f"Pulumi.{topology}.yaml"))
-    return values | ({"mirrorkit:credentials": creds} if creds else {})
-
-
-def order_of_up(topology: str) -> list[str]:
-    """The stacks of a set, in the order docs/deploy/regions.md gives: its parts as infra.parts orders them, then the
-    MSK parts again when a cluster policy merges the grants the sites export."""
-    settings = run_stack(ROOT / "stacks" / f"Pulumi.{topology}.yaml").result["settings"]
-    first = [p.stack(topology) for p in settings.parts]
-    again = [p.stack(topology) for p in settings.parts if p.kind == "msk" and settings.references(p)]
-    return first + again
-
-
-def up(
-    stacks: list[str],
-    backend: dict[str, Exports],
-    down: str | None = None,
-    calls: dict[str, Answer] | None = None,
-    preview: bool = False,
-    **changes: Any,
-) -> dict[str, Run]:
-    """`pulumi up` (or `preview`) of each stack in turn against one backend, which keeps each stack's outputs and
-    state for the next; `calls` answers the cloud's lookups, and `down` is a region that is down."""
-    runs = {}
-    for stack in stacks:
-        values = part_values(stack) | changes
-        runs[stack] = run = run_values(values, stack=stack, calls=calls, stacks=backend, down=down, preview=preview)
-        if not preview:
-            backend[stack] = run.result["exports"]
-    return runs
-
-
-def a_set_is_up(topology: str) -> tuple[dict[str, Exports], dict[str, Run]]:
-    backend = {stack_name(p): Exports() for p in PART_STACKS}  # `pulumi stack init` of every stack first
-    return backend, up(order_of_up(topology), backend)
+def one_stack(topology: str) -> dict[str, Any]:
+    """A stack written by hand to deploy a set's whole topology in one stack (the kit ships none): its keys, and the
+    secrets of its clusters."""
+    return with_secrets(topology_values(topology))
 
 
 @pytest.mark.parametrize("topology", SETS)
 def test_a_set_renders_the_mirror_the_one_stack_renders_reading_other_stacks_only_through_outputs(topology):
-    whole = run_stack(ROOT / "stacks" / f"Pulumi.{topology}.yaml")
+    whole = run_values(one_stack(topology), stack=topology)
     _, runs = a_set_is_up(topology)
     for site, config in whole.result["configs"].items():
         assert runs[f"{topology}-site-{site}"].result["configs"] == {site: config}
@@ -114,7 +81,7 @@ def test_a_set_renders_the_mirror_the_one_stack_renders_reading_other_stacks_onl
 
 def survivors(topology: str, region: str) -> list[str]:
     """The stacks of a set whose parts are outside `region`: the platforms, clusters and sites there."""
-    whole = run_stack(ROOT / "stacks" / f"Pulumi.{topology}.yaml").result["settings"]
+    whole = topology_settings(topology)
     model = whole.model
     where = {Part("site", s.name): s.region for s in model.sites}
     where |= {Part("platform", s.platform): s.region for s in model.sites if s.platform}
@@ -167,13 +134,14 @@ def where_failover_reads(config: MirrorConfig, flow: FlowConfig, monkeypatch: py
 def test_with_a_region_down_the_other_regions_stacks_preview_and_update(topology, region, kept, monkeypatch):
     assert survivors(topology, region) == kept
     backend, before = a_set_is_up(topology)
-    # The lost region's own stacks, and the one-stack deployment, can neither preview nor update: the test can fail.
+    # The lost region's own stacks, and a one-stack deployment written by hand, can neither preview nor update: the
+    # test can fail.
     for preview in (True, False):
         for stack in sorted(set(order_of_up(topology)) - set(kept)):
             with pytest.raises(RegionDown):
                 up([stack], dict(backend), down=region, preview=preview)
         with pytest.raises(RegionDown):
-            run_values(part_values(topology), stack=topology, down=region, preview=preview)
+            run_values(one_stack(topology), stack=topology, down=region, preview=preview)
     (site_stack,) = [s for s in kept if s.startswith(f"{topology}-site-")]
     site = site_stack.rsplit("-", 1)[1]
     settings = before[site_stack].result["settings"]
@@ -183,7 +151,7 @@ def test_with_a_region_down_the_other_regions_stacks_preview_and_update(topology
         assert runs[site_stack].result["configs"] == before[site_stack].result["configs"], preview
 
     # ... and with the mirror resized, a topic stopped, and every flow whose mirror ran in the lost region stopped.
-    values = part_values(topology)
+    values = topology_values(topology)
     ran_there = {
         f.name for f in settings.mirror_config.flows if settings.site(settings.site_of_flow[f.name]).region == region
     }
@@ -266,7 +234,7 @@ def test_with_a_region_down_the_other_regions_stacks_preview_and_update(topology
 def test_every_call_of_a_sets_stack_reaches_its_parts_region_and_a_peering_its_peers_only_when_made(topology):
     """Where the harness places each call of each stack (with a region no stack uses down): so every call of a
     stack whose region is down fails, however it names its region."""
-    settings = run_stack(ROOT / "stacks" / f"Pulumi.{topology}.yaml").result["settings"]
+    settings = topology_settings(topology)
     model = settings.model
     where = {Part("site", s.name): s.region for s in model.sites}
     where |= {Part("platform", s.platform): s.region for s in model.sites if s.platform}
@@ -345,7 +313,7 @@ def stacks_table() -> list[tuple[str, str, list[str]]]:
 def test_the_docs_list_each_sets_stacks_in_the_order_of_up_with_what_each_reads():
     expected = []
     for topology in SETS:
-        settings = run_stack(ROOT / "stacks" / f"Pulumi.{topology}.yaml").result["settings"]
+        settings = topology_settings(topology)
         expected += [
             (topology, p.stack(topology), [r.stack(topology) for r in settings.references(p)]) for p in settings.parts
         ]
@@ -355,12 +323,11 @@ def test_the_docs_list_each_sets_stacks_in_the_order_of_up_with_what_each_reads(
 
 
 NOWHERE = "nowhere-1"  # a region no stack uses: down, it fails nothing, and every call must be placed
-NOT_FOR_DR = "# Not for DR use as one stack:"  # how a multi-region topology file says it, first thing
 # A self-managed cluster's brokers, by bootstrap, and the region its stack places it in (on-prem, that region's
 # sites reach it): the Kafka provider that sets its ACLs names no region of its own.
 KAFKA_REGIONS = {
     c["kafka"]["bootstrap_servers"]: c["region"]
-    for p in STACK_FILES
+    for p in [*STACK_FILES, *TOPOLOGY_FILES]
     for c in stack_values(p).get("mirrorkit:clusters", [])
     if "kafka" in c
 }
@@ -381,7 +348,7 @@ class PlacingKafka(harness.RecordingMocks):
 @functools.cache
 def everything_up() -> dict[str, Exports]:
     """Every shipped stack `up` once against one backend: each set by its parts in the order of up, then each
-    topology file whole (as a one-stack deployment)."""
+    single-region topology deployed whole."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(harness, "RecordingMocks", PlacingKafka)
         backend = {stack_name(p): Exports() for p in PART_STACKS}
@@ -414,30 +381,39 @@ def test_the_region_down_run_covers_every_region_a_shipped_stack_reaches():
 
 
 @pytest.mark.parametrize("stack", SHIPPED)
-def test_with_any_region_down_every_shipped_stack_outside_it_previews_and_none_is_stranded(stack, monkeypatch):
-    """Under the kit's mocks, with every call into one region failing: a stack that reaches no call into it
-    previews; one that lives only there is that region's own; one that spans it and another region is stranded,
-    which only a multi-region topology deployed whole may be, marked not for DR use in its file, its preview's
-    warning and docs/deploy/regions.md."""
-    backend, reached = everything_up(), {stack: reach(stack)}
+def test_every_shipped_stack_lies_in_one_region_so_with_any_region_down_none_is_stranded(stack, monkeypatch):
+    """Under the kit's mocks, with every call into one region failing: every shipped stack file's calls reach one
+    region only, so with that region down it fails (the test can fail) and with any other down it previews."""
+    backend, reached = everything_up(), reach(stack)
+    assert len(reached) == 1, f"{stack} spans {sorted(reached)}: with any of them down it can neither preview nor up"
     monkeypatch.setattr(harness, "RecordingMocks", PlacingKafka)
-    text = (ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text()
-    marked = text.startswith(NOT_FOR_DR)
+    for region in REGIONS:
+        if region in reached:
+            with pytest.raises(RegionDown):
+                run_values(part_values(stack), stack=stack, stacks=dict(backend), down=region, preview=True)
+        else:
+            run_values(part_values(stack), stack=stack, stacks=dict(backend), down=region, preview=True)
+
+
+@pytest.mark.parametrize("topology", SETS)
+def test_a_stack_written_by_hand_across_regions_is_warned_and_stranded_with_any_of_them_down(topology, monkeypatch):
+    """The program still deploys a topology whole in one stack, as a user may write it: its preview warns that it is
+    not for DR use (naming its regions and the per-region sets' page), and with any of its regions down it fails."""
+    monkeypatch.setattr(harness, "RecordingMocks", PlacingKafka)
     warned: list[str] = []
     monkeypatch.setattr("pulumi.log.warn", lambda message, *args, **kwargs: warned.append(message))
-    stranded = []
-    for region in REGIONS:
+    settings = topology_settings(topology)
+    regions = sorted({s.region for s in settings.model.sites} | {c.region for c in settings.model.clusters})
+    assert len(regions) > 1, regions
+    backend = dict(everything_up())  # the stack's first `up`, with every region up
+    backend[topology] = run_values(one_stack(topology), stack=topology, stacks=dict(backend), down=NOWHERE).result[
+        "exports"
+    ]
+    for region in regions:
         warned.clear()
-        if region not in reached[stack]:
-            run_values(part_values(stack), stack=stack, stacks=dict(backend), down=region, preview=True)
-            continue
         with pytest.raises(RegionDown):
-            run_values(part_values(stack), stack=stack, stacks=dict(backend), down=region, preview=True)
-        if reached[stack] != {region}:
-            stranded.append(region)
-            assert [w for w in warned if "not for DR use" in w], (stack, warned)
-    assert bool(stranded) == marked, f"{stack} reaches {sorted(reached[stack])}; stranded with {stranded} down"
-    if marked:
-        assert stack in {stack_name(p) for p in STACKS} and stack in SETS, "only a set's topology file, deployed whole"
-        doc = (ROOT / "docs" / "deploy" / "regions.md").read_text()
-        assert f"`Pulumi.{stack}.yaml`" in doc.split("<!-- not for DR -->")[1], stack
+            run_values(one_stack(topology), stack=topology, stacks=dict(backend), down=region, preview=True)
+        (warning,) = [w for w in warned if "not for DR use" in w]
+        assert f"across {', '.join(regions)}:" in warning and "docs/deploy/regions.md" in warning, warning
+        assert "Pulumi." not in warning, "it names no stack file"
+    assert (ROOT / "docs" / "deploy" / "regions.md").is_file()

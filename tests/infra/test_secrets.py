@@ -23,12 +23,13 @@ from tests.infra.harness import (
     Exports,
     RecordingMocks,
     Run,
+    a_set_is_up,
     is_secret,
     run_values,
     stack_values,
+    topology_values,
     with_secrets,
 )
-from tests.infra.test_regions import a_set_is_up
 
 SET = "dr-msk-to-eventhubs"
 ESC_DEFINITION = ROOT / "stacks" / "esc" / f"{SET}.yaml"
@@ -162,7 +163,7 @@ def test_the_shipped_esc_environment_holds_no_secret_and_feeds_the_credential_ke
     config, secret_keys = esc_open(definition, {})
     assert set(config) == {CREDENTIALS} and secret_keys == [CREDENTIALS]
     assert config[CREDENTIALS] == {"primary": {"password": "replace-me-with-esc-env-set"}}  # a placeholder
-    needed = with_secrets(stack_values(ROOT / "stacks" / f"Pulumi.{SET}.yaml"))[CREDENTIALS]
+    needed = with_secrets(topology_values(SET))[CREDENTIALS]
     assert {a: set(files) for a, files in config[CREDENTIALS].items()} == {a: set(f) for a, f in needed.items()}
 
 

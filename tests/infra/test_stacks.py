@@ -1,4 +1,5 @@
-"""One test per stack file: the whole program with that file's config, its resources and its rendered config."""
+"""One test per shipped topology: the whole program with its config (a set's part stacks, each in turn), its
+resources and its rendered config."""
 
 from __future__ import annotations
 
@@ -6,11 +7,22 @@ import copy
 
 import yaml
 
-from tests.infra.harness import BOOTSTRAPS, EVENTHUB, ROOT, STACKS, run_values, stack_values, with_secrets
+from tests.infra.harness import (
+    BOOTSTRAPS,
+    EVENTHUB,
+    ROOT,
+    SETS,
+    STACKS,
+    run_values,
+    stack_values,
+    topology_values,
+    with_secrets,
+)
 
 
-def test_every_stack_file_has_a_test():
-    assert {p.name.split(".")[1] for p in STACKS} == {"dr-msk-to-eventhubs", "active-active", "onprem-to-msk"}
+def test_every_shipped_topology_has_a_test():
+    assert {p.name.split(".")[1] for p in STACKS} == {"onprem-to-msk"}  # the single-region one, deployed whole
+    assert set(SETS) == {"dr-msk-to-eventhubs", "active-active"}  # deployed as sets of per-region stacks
 
 
 def types(run) -> dict[str, int]:
@@ -39,10 +51,14 @@ def test_active_passive_msk_to_event_hubs(stack_runs):
     compacted = {name for name, hub in hubs.items() if hub["retentionDescription"]["cleanupPolicy"] == "Compact"}
     assert compacted == {"mirrorkit-offset-syncs.primary.internal", "primary.checkpoints.internal", "primary.customers"}
     assert run.named("eh-dr-ns").plain["sku"]["name"] == "Premium"
-    # Cross-account, cross-region peering: the accepter acts in the MSK account and region through its own provider.
+    # Cross-account, cross-region peering: the MSK part requests it in the MSK account and region, toward the site's
+    # account and region, and the site's stack accepts it there, each through its own provider.
     peering = run.named("euw1-vpc-0f1e2d3c4b5a60001-peering")
-    assert (peering.plain["peerOwnerId"], peering.plain["peerRegion"]) == ("222222222222", "us-east-1")
-    assert peering.provider != run.named("euw1-vpc-0f1e2d3c4b5a60001-accepter").provider
+    assert (peering.plain["peerOwnerId"], peering.plain["peerRegion"]) == ("111111111111", "eu-west-1")
+    accepter = run.named("euw1-vpc-0f1e2d3c4b5a60001-accepter")
+    regions = {f"{p.urn}::{p.name}-id": p.plain["region"] for p in run.of_type("pulumi:providers:aws")}
+    assert (regions[peering.provider or ""], regions[accepter.provider or ""]) == ("us-east-1", "eu-west-1")
+    assert peering.provider != accepter.provider
     routes = {(r.plain["routeTableId"], r.plain["destinationCidrBlock"]) for r in run.of_type("aws:ec2/route:Route")}
     assert routes == {("rtb-0a1b2c3d4e5f60003", "10.21.0.0/16"), ("rtb-0f1e2d3c4b5a60001", "10.30.0.0/16")}
     assert run.named("scram-primary-secret").plain["name"] == "AmazonMSK_mirrorkit_dr-msk-to-eventhubs.primary"
@@ -92,7 +108,7 @@ def test_active_active_runs_one_mirror_per_region_owning_the_flow_into_it(stack_
     assert irsa == {"eks.amazonaws.com/role-arn": "arn:aws:test:::euw1-mirror-role"}
 
 
-def test_aws_providers_are_named_by_region_and_role_and_keep_their_first_names_as_aliases(stack_runs):
+def test_aws_providers_are_named_by_region_and_role_and_keep_their_first_names_as_aliases(stack_runs, set_runs):
     names = {
         stack: {r.name: r.aliases for r in run.of_type("pulumi:providers:aws")} for stack, run in stack_runs.items()
     }
@@ -101,9 +117,17 @@ def test_aws_providers_are_named_by_region_and_role_and_keep_their_first_names_a
         "aws-us-east-1-as-arn-aws-iam-222222222222-role-mirrorkit-deployer",
     ]
     assert sorted(names["active-active"]) == ["aws-eu-west-1", "aws-us-east-1"]
-    # Named by call order before: an alias to that name keeps each provider, and every resource on it, in place.
-    # The MSK cluster's (through its account's role) came first, then the site's.
-    dr = names["dr-msk-to-eventhubs"]
+    # Named by call order before: an alias to that name keeps each provider, and every resource on it, in place. In
+    # a set's stack, each region's provider is the first its stack made.
+    for runs in set_runs.values():
+        for stack, run in runs.items():
+            for provider in run.of_type("pulumi:providers:aws"):
+                first = f'"aws-{provider.plain["region"]}-0"'
+                assert any(first in a for a in provider.aliases), (stack, provider.name, provider.aliases)
+    # A topology deployed whole in one stack, as the first releases shipped it, keeps its providers too: the MSK
+    # cluster's (through its account's role) came first, then the site's.
+    whole = run_values(with_secrets(topology_values("dr-msk-to-eventhubs")), stack="dr-msk-to-eventhubs")
+    dr = {r.name: r.aliases for r in whole.of_type("pulumi:providers:aws")}
     assert any(
         '"aws-us-east-1-0"' in a for a in dr["aws-us-east-1-as-arn-aws-iam-222222222222-role-mirrorkit-deployer"]
     )
@@ -116,7 +140,7 @@ def test_what_was_named_for_the_one_service_account_of_the_first_releases_keeps_
     association = run.named("use1-mirror-pod-identity-mirrorkit")
     assert any('"use1-mirror-pod-identity"' in a for a in association.aliases)
     assert not run.named("use1-mirror-pod-identity-mirrorkit-executor").aliases
-    values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml")))
+    values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "topologies" / "dr-msk-to-eventhubs.yaml")))
     values["mirrorkit:clusters"][1]["eventhubs"]["disable_local_auth"] = True
     values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.eu-west-1.amazonaws.com/id/X"}
     federation = run_values(values).named("euw1-entra-federation-mirrorkit")
@@ -143,7 +167,7 @@ def test_hybrid_on_prem_to_msk(stack_runs):
 
 
 def test_active_passive_into_an_entra_only_namespace_uses_workload_identity():
-    values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.dr-msk-to-eventhubs.yaml")))
+    values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "topologies" / "dr-msk-to-eventhubs.yaml")))
     values["mirrorkit:clusters"][1]["eventhubs"]["disable_local_auth"] = True
     values["mirrorkit:sites"][0]["azure"] = {"oidc_issuer_url": "https://oidc.eks.eu-west-1.amazonaws.com/id/X"}
     run = run_values(values)
@@ -166,7 +190,7 @@ def test_active_passive_into_an_entra_only_namespace_uses_workload_identity():
 
 
 def test_a_realtime_flow_whose_site_seats_its_tasks_reaches_the_mirrors_config_map():
-    values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "Pulumi.active-active.yaml")))
+    values = copy.deepcopy(with_secrets(stack_values(ROOT / "stacks" / "topologies" / "active-active.yaml")))
     values["mirrorkit:flows"][0] |= {"mode": "realtime", "realtime_tasks": 4}  # euw1's 2 executors x 2 cores
     values["mirrorkit:mirror"]["runtime"]["realtime_commit_interval_s"] = 2
     run = run_values(values)

@@ -30,8 +30,8 @@ from infra.kafka.acls import mirror_acls
 from infra.naming import SECRETS_DIR
 from spark_app.config import MirrorConfig, parse_config
 from spark_app.dr.connection import failover_profile
-from tests.infra.harness import STACKS, Exports, Registered, Run, sentinel
-from tests.infra.test_regions import a_set_is_up, part_values, survivors, up
+from tests.infra.harness import STACKS, Exports, Registered, Run, a_set_is_up, part_values, sentinel, up
+from tests.infra.test_regions import survivors
 
 CRONJOB = "kubernetes:batch/v1:CronJob"
 ROLE = "kubernetes:rbac.authorization.k8s.io/v1:Role"

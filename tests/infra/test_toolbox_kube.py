@@ -16,11 +16,11 @@ from infra.k8s.toolbox import CONTAINER, TOOLBOX, create_command, verb_args
 from spark_app.config import ClusterConfig
 from spark_app.dr import connection
 from spark_app.dr.connection import ConfigMapRef, ConnectionProfile, Publication, PublishFailed, auth_profile
-from tests.infra.harness import STACKS, Run
+from tests.infra.harness import DEPLOYMENTS, Run
 from tests.support.kube_api import KubeApiError, KubeApiServer
 from tests.support.stack_objects import apply_all, in_own_namespaces, objects_by_cluster
 
-STACK_NAMES = [p.name.split(".")[1] for p in STACKS]
+STACK_NAMES = DEPLOYMENTS
 KUBECTL_TIMEOUT_S = 120
 
 
