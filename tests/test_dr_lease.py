@@ -36,16 +36,16 @@ def landed(topic: str, first: int, end: int) -> Landing:
 def test_a_second_mirror_of_a_flow_fences_the_first_which_writes_no_more_dr_state(
     plaintext_cluster, source_cluster, tmp_path, unique, caplog
 ):
-    topic, group = f"orders-{unique}", f"app-{unique}"
+    topic, group, alias = f"orders-{unique}", f"app-{unique}", f"p{unique[-8:]}"
     create_topics(plaintext_cluster.admin, {topic: 1})
-    create_topics(source_cluster.admin, {f"primary.{topic}": 1})
+    create_topics(source_cluster.admin, {f"{alias}.{topic}": 1})
     config = parse_config(
         one_flow_config(
             plaintext_cluster,
             source_cluster,
             [topic],
             tmp_path / "ckpt",
-            source_alias="primary",
+            source_alias=alias,  # its own checkpoints topic: a shared one holds others' groups, which it tombstones
             target_alias=f"dr{unique[-8:]}",
             groups={"include": [group]},
             emit_heartbeats=False,
