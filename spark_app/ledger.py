@@ -65,8 +65,11 @@ RECENT_EVENTS = 100
 
 # The source's log start of each partition that answers; one whose leader is offline is left out.
 EarliestOffsets = Callable[[list[Partition]], PartitionOffsets]
-# Copy these ranges with a copy that may write the given topics (name -> partitions on the target).
-CopyRanges = Callable[[list[OffsetRange], dict[str, int]], list[Landing]]
+# The source's topic ids now (KIP-516), of the topics that answer.
+TopicIds = Callable[[set[str]], dict[str, str]]
+# Copy these ranges with a copy that may write the given topics (name -> partitions on the target), each topic's ranges
+# owed by its life given (name -> topic id; a topic left out: its life is not known).
+CopyRanges = Callable[[list[OffsetRange], dict[str, int], dict[str, str]], list[Landing]]
 
 
 @dataclass
@@ -113,7 +116,7 @@ class LedgerState:
                 " that its held offsets are not caught up"
             )
         for topic, q in raw["quarantined"].items():
-            holds = {int(p): Hold(h["first"], h["next"]) for p, h in q["partitions"].items()}
+            holds = {int(p): Hold(h["first"], h["next"], h.get("life", "")) for p, h in q["partitions"].items()}
             state.quarantined[topic] = Quarantine(q["reason"], holds)
         state.positions = _by_partition(raw["positions"])
         state.adopted = _by_partition(raw["adopted"])
@@ -131,7 +134,7 @@ class LedgerState:
         raw = {
             "version": STATE_VERSION,
             "quarantined": {
-                t: {"reason": q.reason, "partitions": {str(p): vars(h) for p, h in sorted(q.partitions.items())}}
+                t: {"reason": q.reason, "partitions": {str(p): _hold(h) for p, h in sorted(q.partitions.items())}}
                 for t, q in sorted(self.quarantined.items())
             },
             "positions": by_topic(self.positions),
@@ -156,6 +159,11 @@ class LedgerState:
                 del offsets[tp]
         for topic in topics:
             self.topic_ids.pop(topic, None)
+
+
+def _hold(hold: Hold) -> dict[str, object]:
+    """A hold as the file has it: its life where known (a state written before holds named lives has none)."""
+    return {"first": hold.first, "next": hold.next} | ({"life": hold.life} if hold.life else {})
 
 
 def by_topic(offsets: Mapping[Partition, _Value]) -> dict[str, dict[str, _Value]]:
@@ -189,6 +197,7 @@ class FlowLedger:
     def __init__(
         self, flow: FlowConfig, state: LedgerState, earliest: EarliestOffsets, metrics: MirrorMetrics | None = None,
         on_landed: Callable[[list[Landing]], None] | None = None, clock: Callable[[], float] = time.monotonic,
+        topic_ids: TopicIds = lambda topics: {},
     ) -> None:  # fmt: skip
         self.flow = flow
         self.state = state
@@ -200,6 +209,7 @@ class FlowLedger:
         self._resets: collections.deque[OffsetsReset] = collections.deque(maxlen=RECENT_EVENTS)
         self._ahead: collections.deque[LandedAhead] = collections.deque(maxlen=RECENT_EVENTS)
         self._earliest = earliest
+        self._topic_ids = topic_ids  # a catch-up asks which life a topic is in before it copies what its holds owe
         self._on_landed = on_landed
         self._clock = clock
         self._missing_since: dict[str, float] = {}  # known topic missing from topic sync -> when first missed
@@ -299,6 +309,7 @@ class FlowLedger:
                     reset.previous, reset.restart,
                 )  # fmt: skip
                 self.state.positions.pop(key, None)
+                self.quarantines.started_over(row.topic, row.partition)
             expected = self.state.positions.get(key)
             if expected is not None and row.first_offset > expected:
                 lost.append((row.topic, row.partition, expected, row.first_offset))
@@ -306,7 +317,7 @@ class FlowLedger:
             if row.last_target_offset >= 0:
                 self.state.landed[key] = row.last_target_offset + 1
             if row.held_from >= 0:
-                self.quarantines.file(row)
+                self.quarantines.file(row, self.state.topic_ids.get(row.topic, ""))
         self._report_loss(lost)
         self._resets.extend(resets)
         if resets:
@@ -316,10 +327,20 @@ class FlowLedger:
 
     def catch_up(self, mirrored: dict[str, int], copy: CopyRanges) -> None:
         """Copy (with `copy`) what each quarantined topic that may rejoin owes (`mirrored`: the topics the target can
-        take, with their partition counts there), and file it."""
-        for topic in self.quarantines.due(mirrored):
+        take, with their partition counts there), and file it. A topic whose holds name their life is asked its id
+        first: holds of a life before it are given up, not read at their offsets in the new one; while its id does
+        not answer, it waits."""
+        due = self.quarantines.due(mirrored)
+        dated = {t for t in due if self.quarantines.lives(t)}
+        lives = self._topic_ids(dated) if dated else {}
+        for topic in due:
+            if topic in dated:
+                if topic not in lives:
+                    continue
+                self.quarantines.outlived(topic, lives[topic])
             owed = self.quarantines.owed(topic, self.flow.max_records_per_trigger)
-            self._file_catch_up(topic, owed, copy(owed, {topic: mirrored[topic]}) if owed else [])
+            life = {topic: lives[topic]} if topic in lives else {}
+            self._file_catch_up(topic, owed, copy(owed, {topic: mirrored[topic]}, life) if owed else [])
 
     def _file_catch_up(self, topic: str, owed: list[OffsetRange], landed: list[Landing]) -> None:
         """After copying what a quarantined topic owed: count it, report records deleted meanwhile, and let the topic

@@ -37,7 +37,7 @@ from .batch_log import LogOffsets, Planned
 from .clients import Partition, PartitionOffsets
 from .config import TOPIC_GONE_GRACE_S, ClusterConfig
 from .errors import ClusterUnreachable
-from .ranges import OffsetRange
+from .ranges import Landing, OffsetRange
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -310,6 +310,33 @@ def topic_ids_now(source: ClusterConfig, topics: set[str], flow: str) -> dict[st
         log.warning("flow %s: the ids of topics whose offsets went backwards did not answer (%s); they may be"
                     " copied again from their log start", flow, err.args[0])  # fmt: skip
         return {}
+
+
+def remade_within(
+    start: Planned, end: Planned, landed: list[Landing], ids_now: Callable[[set[str]], dict[str, str]]
+) -> tuple[dict[str, str], list[Landing]]:
+    """The ids now of topics whose partitions the copy found gone backwards where the plan had not, and that were
+    made again after the batch was planned (a log truncated keeps its id): filed with the new life's positions,
+    they tell the next batch's start. With them, a landing for each other partition of such a topic that starts it
+    over at offset 0, where every new topic's log starts: the copy did not find it gone backwards (its range ended
+    before the topic was made again, it had none in the batch, its leader was offline, or, rarely, its new life was
+    already past where it stood when the copy read it), so it read nothing of the new life, or read on in it
+    unnoticed and copies that part twice; never a gap, and records retention deleted from the new life meanwhile
+    are reported as lost. Were the topic left to the next batch to take as made again, it would copy the whole new
+    life from its log start, and the partitions the copy did find gone backwards twice.
+
+    A topic whose id does not answer is left so (twice, rather than skip any of it)."""
+    went_back: dict[str, set[int]] = {}
+    for row in landed:
+        if row.reset_from >= 0 and end.ids.get(row.topic) == start.ids.get(row.topic):
+            went_back.setdefault(row.topic, set()).add(row.partition)
+    ids = {t: i for t, i in ids_now(set(went_back)).items() if i != end.ids.get(t)}
+    restarts = [
+        Landing(t, p, 0, 0, reset_from=end.offsets[t][str(p)])
+        for t in ids
+        for p in sorted({int(p) for p in end.offsets.get(t, {})} - went_back[t])
+    ]
+    return ids, restarts
 
 
 def rebased(start: Planned, end: Planned | None, topic_ids: Mapping[str, str], positions: PartitionOffsets) -> Planned:

@@ -29,10 +29,13 @@ RECORD_RETRY_S = 60.0  # how often a topic held by the copy (a refused record, a
 
 @dataclass
 class Hold:
-    """Source offsets of one partition not written yet: from `first` (the first one not written) up to `next`."""
+    """Source offsets of one partition not written yet: from `first` (the first one not written) up to `next`, of the
+    topic's life `life` (its id when the hold was filed; empty where that was not known). A topic deleted and made
+    again takes the held records of its old life with it: its new life's offsets name other records."""
 
     first: int
     next: int
+    life: str = ""
 
 
 @dataclass
@@ -71,19 +74,45 @@ class Quarantines:
         """The topics the copy may write now, with their partition counts on the target."""
         return {t: n for t, n in mirrored.items() if t not in self.topics}
 
-    def file(self, row: Landing) -> None:
-        """File a hold the copy made (`Landing.hold`: `row.held_from` to `row.held_until`): quarantine the partition's
-        topic, or grow the partition's hold."""
+    def lives(self, topic: str) -> set[str]:
+        """The lives a quarantined topic's holds are of, where known."""
+        q = self.topics.get(topic)
+        return {h.life for h in q.partitions.values() if h.life} if q is not None else set()
+
+    def file(self, row: Landing, life: str = "") -> None:
+        """File a hold the copy made (`Landing.hold`: `row.held_from` to `row.held_until`) in the topic's life `life`:
+        quarantine the partition's topic, or grow the partition's hold; a hold of another life is given up first."""
         q = self.topics.get(row.topic)
         if q is None:
             reason = refused_reason(self.flow, row) or f"partition {row.partition} is not on the target yet"
             q = self.topics[row.topic] = Quarantine(reason, retry_at=self._clock() + RECORD_RETRY_S)
             log.error("flow %s: topic '%s' quarantined: %s", self.flow.name, row.topic, reason)
+        if life:
+            self.outlived(row.topic, life)
         hold = q.partitions.get(row.partition)
         if hold is None:
-            q.partitions[row.partition] = Hold(row.held_from, row.held_until)
+            q.partitions[row.partition] = Hold(row.held_from, row.held_until, life)
         else:
             hold.first, hold.next = min(hold.first, row.held_from), max(hold.next, row.held_until)
+
+    def started_over(self, topic: str, partition: int) -> None:
+        """The partition's offsets went backwards (its topic made again, or its log truncated): what it held is of the
+        old log, and is given up."""
+        q = self.topics.get(topic)
+        if q is not None and partition in q.partitions:
+            self._give_up(topic, partition, "its offsets went backwards")
+
+    def outlived(self, topic: str, life: str) -> None:
+        """The topic is in its life `life` now: the holds of another one are given up."""
+        q = self.topics.get(topic)
+        for p in sorted(p for p, h in (q.partitions.items() if q is not None else ()) if h.life and h.life != life):
+            self._give_up(topic, p, "the topic was deleted and made again")
+
+    def _give_up(self, topic: str, partition: int, why: str) -> None:
+        hold = self.topics[topic].partitions.pop(partition)
+        log.error("flow %s: topic '%s' partition %d held offsets %d..%d, but %s: those records went with the old"
+                  " log and are given up; the partition is copied from its new start", self.flow.name, topic,
+                  partition, hold.first, hold.next - 1, why)  # fmt: skip
 
     def due(self, mirrored: dict[str, int]) -> list[str]:
         """The quarantined topics to try again now: the target can take them (`mirrored`: name -> partitions on the
@@ -117,9 +146,9 @@ class Quarantines:
         for r in owed:
             hold, row = q.partitions[r.partition], rows.get(r.partition)
             if row is not None and row.held_from >= 0:
-                again[r.partition] = Hold(row.held_from, hold.next)
+                again[r.partition] = Hold(row.held_from, hold.next, hold.life)
             elif r.end < hold.next:
-                again[r.partition] = Hold(r.end, hold.next)  # more owed: the next step goes on from here
+                again[r.partition] = Hold(r.end, hold.next, hold.life)  # more owed: the next step goes on from here
         refused = sorted(p for p in again if rows.get(p) is not None and rows[p].held_from >= 0)
         q.partitions = again
         if refused:

@@ -43,7 +43,7 @@ class FlowRunner(abc.ABC):
         self.topic_sync = topic_sync or TopicSync(flow, self.source, self.target)
         self.ledger = FlowLedger(
             flow, LedgerState.load(checkpoint_files(flow.checkpoint_location, spark)), self.topic_sync.earliest_offsets,
-            metrics, on_landed,
+            metrics, on_landed, topic_ids=self.topic_sync.topic_ids,
         )  # fmt: skip
         self._on_forgotten = on_forgotten  # told the topics the ledger forgot, gone for good (DR drops their history)
         self.plan = TopicPlan()

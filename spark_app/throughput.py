@@ -23,15 +23,13 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from confluent_kafka import KafkaException
-
 from .batch_log import BatchLog, Planned
 from .clients import PartitionOffsets
 from .config import STOP_BATCH_TIMEOUT_S, FlowMode
 from .errors import first_cause
 from .ledger import by_topic
 from .outbox import producer_settings
-from .planner import BatchPlanner, rebased, topic_ids_now
+from .planner import BatchPlanner, rebased, remade_within, topic_ids_now
 from .policy import transactional
 from .range_copy import RangeCopier
 from .ranges import Landing, OffsetRange
@@ -110,7 +108,9 @@ class ThroughputRunner(FlowRunner):
             if end is not None:
                 with self.lock:
                     landed = self._copy(planner.ranges(start, end), lives=end.ids)
-                    remade, restarts = self._remade_within(start, end, landed)
+                    remade, restarts = remade_within(
+                        start, end, landed, lambda topics: topic_ids_now(self.source, topics, self.flow.name)
+                    )
                     self.ledger.note_topic_ids(end.ids | remade)
                     self.ledger.file(landed + restarts)
                     batch_log.commit(batch)
@@ -132,43 +132,6 @@ class ThroughputRunner(FlowRunner):
         moved = rebased(start, end, state.topic_ids, state.positions)
         planner.drop_other_lives({t: i for t, i in moved.ids.items() if start.ids.get(t) != i})
         return moved
-
-    def _remade_within(
-        self, start: Planned, end: Planned, landed: list[Landing]
-    ) -> tuple[dict[str, str], list[Landing]]:
-        """The ids now of topics whose partitions the copy found gone backwards where the plan had not (the topic made
-        again after the batch was planned): filed with the new life's positions, they tell the next batch's start.
-        With them, a landing for each other partition of such a topic that starts it over at its new log start: the
-        copy did not find it gone backwards (its range ended before the topic was made again, it had none in the
-        batch, or, rarely, its new life was already past where it stood when the copy read it), so it read nothing of
-        the new life, or read on in it unnoticed and copies that part twice; never a gap. Were the topic left to the
-        next batch to take as made again, it would copy the whole new life from its log start, and the partitions the
-        copy did find gone backwards twice.
-
-        A topic whose id, or the log start of one of those other partitions, does not answer is left so (twice, rather
-        than skip any of it)."""
-        went_back: dict[str, set[int]] = {}
-        for row in landed:
-            if row.reset_from >= 0 and end.ids.get(row.topic) == start.ids.get(row.topic):
-                went_back.setdefault(row.topic, set()).add(row.partition)
-        ids = topic_ids_now(self.source, set(went_back), self.flow.name)
-        others = {t: sorted({int(p) for p in end.offsets.get(t, {})} - went_back[t]) for t in ids}
-        wanted = [(t, p) for t, parts in others.items() for p in parts]
-        try:
-            log_starts = self.topic_sync.earliest_offsets(wanted) if wanted else {}
-        except KafkaException as err:
-            log.warning("flow %s: the log starts of topics made again did not answer (%s); they may be copied again"
-                        " from their log start", self.flow.name, err.args[0])  # fmt: skip
-            log_starts = {}
-        restarts: list[Landing] = []
-        for topic, parts in others.items():
-            if any((topic, p) not in log_starts for p in parts):
-                del ids[topic]
-                continue
-            for p in parts:
-                at, was = log_starts[(topic, p)], end.offsets[topic][str(p)]
-                restarts.append(Landing(topic, p, at, at, reset_from=was))
-        return ids, [row for row in restarts if row.topic in ids]
 
     def _copy(
         self, groups: list[list[OffsetRange]], ready: dict[str, int] | None = None, lives: dict[str, str] | None = None
@@ -228,7 +191,9 @@ class ThroughputRunner(FlowRunner):
 
     def _catch_up(self) -> None:
         """Copy what each quarantined topic that may rejoin owes, outside the batches (under `lock`)."""
-        self.ledger.catch_up(self.plan.mirrored, lambda ranges, ready: self._copy([[r] for r in ranges], ready))
+        self.ledger.catch_up(
+            self.plan.mirrored, lambda ranges, ready, lives: self._copy([[r] for r in ranges], ready, lives)
+        )
 
 
 def _positions(entry: Planned) -> PartitionOffsets:

@@ -229,6 +229,10 @@ class TopicSync:
                 time.sleep(0.5)
         return configs
 
+    def topic_ids(self, topics: set[str]) -> dict[str, str]:
+        """The source's ids of `topics` now, of those that answer."""
+        return clients.topic_ids(self._source_admin, topics)
+
     def earliest_offsets(self, partitions: list[Partition]) -> PartitionOffsets:
         """The source's first available offset of each partition that answers (its log start, moved on by
         retention); one whose leader is offline is left out."""

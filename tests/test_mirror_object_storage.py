@@ -134,7 +134,7 @@ def test_adopt_refuses_a_used_s3a_checkpoint_and_seeds_the_state_of_an_empty_one
         " checkpoint_location at an empty path to adopt MM2's"
     ]
     assert seen["empty"] == []
-    held = "{'orders': Quarantine(reason='why', partitions={1: Hold(first=3, next=4)}, retry_at=0.0)}"
+    held = "{'orders': Quarantine(reason='why', partitions={1: Hold(first=3, next=4, life='')}, retry_at=0.0)}"
     assert seen["again"] == f"({held}, {{('orders', 0): 42}})"
     listed = s3.client().list_objects_v2(Bucket=bucket, Prefix="empty/")["Contents"]
     assert [o["Key"] for o in listed] == [f"empty/{STATE_FILE}"], "written in place: no temporary object"

@@ -43,7 +43,7 @@ class FakeSource:
         self.refuse_at: dict[int, int] = {}  # partition -> offset the target still refuses
         self.log_start: dict[tuple[str, int], int | None] = {}
 
-    def copy(self, ranges: list[OffsetRange], ready: dict[str, int]) -> list[Landing]:
+    def copy(self, ranges: list[OffsetRange], ready: dict[str, int], lives: dict[str, str]) -> list[Landing]:
         assert set(ready) == {r.topic for r in ranges}
         self.copied += ranges
         return [landing(r.partition, r.start, r.end, self.refuse_at.get(r.partition, -1), 9) for r in ranges]
@@ -184,14 +184,16 @@ def test_a_catch_up_that_meets_retention_midway_reports_only_what_it_never_read_
     q.refused({TOPIC: "event hub 'a.orders' does not exist on 'b'; infra must create it"})
     q.file([landing(0, 0, 20, held_from=0)])
     fake.log_start[(TOPIC, 0)] = 12
-    q.catch_up({TOPIC: 1}, lambda ranges, ready: [landing(0, 0, 8), landing(0, 12, 20)])
+    q.catch_up({TOPIC: 1}, lambda ranges, ready, lives: [landing(0, 0, 8), landing(0, 12, 20)])
     assert [(x.first_offset, x.last_offset) for x in q.data_loss] == [(8, 11)], "0..7 were copied"
     assert q.quarantined == {}
 
     q.refused({TOPIC: "event hub 'a.orders' does not exist on 'b'; infra must create it"})
     q.file([landing(0, 20, 40, held_from=20)])
     fake.log_start[(TOPIC, 0)] = 30
-    q.catch_up({TOPIC: 1}, lambda ranges, ready: [landing(0, 20, 25, held_from=24, refused=9), landing(0, 30, 40)])
+    q.catch_up(
+        {TOPIC: 1}, lambda ranges, ready, lives: [landing(0, 20, 25, held_from=24, refused=9), landing(0, 30, 40)]
+    )
     assert q.held == {TOPIC: {0: 24}}, "held from the record the target refused, not past it"
 
 
@@ -285,3 +287,35 @@ def test_state_stays_one_entry_per_partition_over_thousands_of_batches_with_hold
     assert max(sizes) < 2_000, max(sizes)
     assert all(r.end - r.start <= 940 for r in fake.copied)  # each catch-up owed only what piled up since the hold
     assert len(fake.copied) == 8 * 10  # ten holds, all eight partitions held by the topic's quarantine
+
+
+def test_a_topic_made_again_gives_up_the_holds_of_its_old_life_and_a_catch_up_copies_only_its_new_ones(tmp_path):
+    """A hold names the topic's life. Filed in a new life, or found gone backwards, the old life's holds are given up
+    (their records went with the old topic), never copied from the old offsets in the new log; a catch-up asks the
+    topic's id first, and waits while it does not answer."""
+    fake, ids, clock = FakeSource(), {TOPIC: "life-a"}, Clock()
+    q = FlowLedger(flow(), LedgerState.load(checkpoint_files(str(tmp_path))), fake.earliest, clock=clock,
+                   topic_ids=lambda topics: {t: i for t, i in ids.items() if t in topics})  # fmt: skip
+    q.state.topic_ids[TOPIC] = "life-a"
+    q.file([landing(0, 0, 900, held_from=300), landing(1, 0, 900, held_from=500)])
+    assert q.state.quarantined[TOPIC].partitions == {0: Hold(300, 900, "life-a"), 1: Hold(500, 900, "life-a")}
+    q.note_topic_ids({TOPIC: "life-b"})  # made again: partition 0 starts over in a batch, held whole
+    again = Landing(TOPIC, 0, 0, 200, reset_from=900)
+    again.hold(0)
+    q.file([again])
+    assert q.state.quarantined[TOPIC].partitions == {0: Hold(0, 200, "life-b")}, "partition 1's hold went with life a"
+    again = LedgerState.load(checkpoint_files(str(tmp_path)))
+    assert again.quarantined[TOPIC].partitions == {0: Hold(0, 200, "life-b")}, "a restart knows the hold's life"
+
+    clock.now += RECORD_RETRY_S
+    ids.clear()  # the id does not answer: the catch-up waits
+    q.catch_up({TOPIC: 2}, fake.copy)
+    assert fake.copied == [] and TOPIC in q.quarantined
+    ids[TOPIC] = "life-c"  # made again once more before the catch-up came
+    q.catch_up({TOPIC: 2}, fake.copy)
+    assert fake.copied == [] and TOPIC not in q.quarantined, "nothing of life c copied at life b's offsets"
+
+    q.state.topic_ids[TOPIC] = "life-c"
+    q.file([landing(1, 0, 50, held_from=10)])
+    q.file([Landing(TOPIC, 1, 0, 0, reset_from=50)])  # truncated, or made again and found so: the hold is given up
+    assert q.state.quarantined[TOPIC].partitions == {}

@@ -36,6 +36,9 @@ class FakeTopicSync:
     def earliest_offsets(self, partitions):
         return dict.fromkeys(partitions, 0)
 
+    def topic_ids(self, topics):
+        return {}
+
 
 class MemoryFiles:
     """The checkpoint folder in memory, for thousands of saves without a disk's fsync each."""

@@ -15,7 +15,7 @@ from bench.testbed.clients import Record, create_topics, produce, read_all
 from spark_app.batch_log import BatchLog, Planned
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
-from spark_app.planner import rebased
+from spark_app.planner import rebased, remade_within
 from spark_app.ranges import Landing, OffsetRange
 from spark_app.runner import FlowRunner
 from spark_app.throughput import _ended_at_stops
@@ -312,3 +312,20 @@ def test_a_range_that_went_back_in_its_middle_ends_its_new_life_at_the_ranges_en
     plain = Landing("t", 2, 10, 20)
     landed = _ended_at_stops([old, new, held, plain], ranges)
     assert [(r.first_offset, r.end_offset) for r in landed] == [(1_000, 1_000), (0, 1_500), (0, 0), (10, 20)]
+
+
+def test_a_topic_made_again_within_a_batch_starts_its_other_partitions_over_at_zero_even_where_no_log_start_answers():
+    """Partition 0 went back in the copy; partition 1 had no range (its leader offline) and partition 2 ended before
+    the topic was made again. Both start over at offset 0, asking no log start (one whose leader is offline would not
+    answer, and the flow would take the topic as made again once more, copying partition 0's new life twice). A log
+    truncated (the same id) starts nothing over; a topic whose id does not answer is left as it was."""
+    start = Planned({"t": {"0": 100, "1": 100, "2": 100}, "u": {"0": 5}}, {"t": A, "u": "u-id"})
+    end = Planned({"t": {"0": 150, "1": 100, "2": 120}, "u": {"0": 9}}, {"t": A, "u": "u-id"})
+    landed = [Landing("t", 0, 0, 30, reset_from=100), Landing("t", 2, 100, 120), Landing("u", 0, 2, 9, reset_from=5)]
+    ids, restarts = remade_within(start, end, landed, lambda topics: {"t": B, "u": "u-id"})
+    assert ids == {"t": B}, "a truncated log keeps its id: it is no new life"
+    assert [(r.topic, r.partition, r.first_offset, r.end_offset, r.reset_from) for r in restarts] == [
+        ("t", 1, 0, 0, 100),
+        ("t", 2, 0, 0, 120),
+    ]
+    assert remade_within(start, end, landed, lambda topics: {}) == ({}, [])
