@@ -35,11 +35,11 @@ from infra.k8s.toolbox import (
     CONFIG_PATH,
     PROFILE_CONFIGMAP,
     TOOLBOX,
+    TOOLBOX_GRANTED,
     ProfileConfigMap,
     Toolbox,
     ToolboxArgs,
     commands,
-    granted_flows,
     profile_pieces,
 )
 from infra.kafka.acls import MirrorAcls, MirrorAclsArgs
@@ -305,9 +305,10 @@ def _site_identity(
                     site.aws,
                     settings.namespace,
                     SERVICE_ACCOUNTS,
-                    granted_flows(settings.flows_at(site.name)),
+                    settings.flows_at(site.name),
                     iam,
                     checkpoints=(bucket.bucket, _checkpoint_keys(settings, site.name)) if bucket else None,
+                    operator=TOOLBOX_GRANTED,
                 ),
                 pulumi.ResourceOptions(provider=site_provider),
             )
@@ -364,9 +365,11 @@ def site_grants(settings: StackSettings, out: Topology, site: str) -> pulumi.Out
     """What a site's role may do on each IAM-auth MSK cluster its flows use: alias -> {role_arn, policy}. A site's
     part exports it, and the cluster's part merges it into the cluster policy."""
     iam = {c.alias: c.msk for c in settings.clusters_at(site) if c.msk is not None and c.msk.auth == "iam"}
-    flows = granted_flows(settings.flows_at(site))
+    flows = settings.flows_at(site)
     return out.roles[site].role_arn.apply(
-        lambda arn: {a: {"role_arn": arn, "policy": kafka_policy(flows, {a: spec})} for a, spec in iam.items()}
+        lambda arn: {
+            a: {"role_arn": arn, "policy": kafka_policy(flows, {a: spec}, TOOLBOX_GRANTED)} for a, spec in iam.items()
+        }
     )
 
 
@@ -427,8 +430,9 @@ def _acls(
             bootstrap_servers,
             principal,
             admin_username,
-            granted_flows(settings.mirror_config.flows),
+            settings.mirror_config.flows,
             out.credentials[alias],
+            operator=TOOLBOX_GRANTED,
         ),
     )
 

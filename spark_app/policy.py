@@ -14,7 +14,9 @@ Internal topics are named as MM2 names them (KIP-690): the flow's separator join
 `replication.policy.internal.topic.separator.enabled`.
 
 What the mirror reads, writes and creates on each cluster (`access`) follows from these rules, in one place: infra
-renders the IAM policy, the Kafka ACLs and the event hubs to create from it.
+renders the IAM policy, the Kafka ACLs and the event hubs to create from it. With `operator`, the set holds what the
+operator verbs run with the mirror's identity (the site's toolbox: `failover`, `drill`, `adopt`, `handback`) do
+besides, so that identity is granted them too.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import abc
 import functools
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from .config import FlowConfig, FlowMode, MirrorConfig
 
@@ -236,6 +238,22 @@ def transactional_id_prefix(flow: FlowConfig) -> str:
     return f"mirrorkit.{flow.source}.{flow.target}."
 
 
+# The drill's probe topic unless one is named (spark_app.dr.drill): not `mirrorkit-...`, an internal prefix never
+# mirrored. A named probe topic is granted only when its name starts with it; each probe group is `<probe topic>-<id>`.
+PROBE_TOPIC = "mirrorkit_drill"
+
+
+def default_connect_offsets_topic(flow: FlowConfig) -> str:
+    """Where dedicated-mode MirrorMaker 2 keeps the flow's source positions on the target (Connect's offsets topic):
+    what `adopt` reads and `handback` writes unless told another (spark_app.dr.adopt)."""
+    return f"mm2-offsets.{flow.source}.internal"
+
+
+def default_connect_group(flow: FlowConfig) -> str:
+    """Dedicated-mode MirrorMaker 2's Connect group on the target, whose members tell it still runs."""
+    return f"{flow.source}-mm2"
+
+
 @dataclass(frozen=True)
 class Access:
     """What the mirror of some flows does on one cluster. Topics and groups are full-match regexes, as flows select
@@ -256,16 +274,30 @@ class Access:
     # The transactional ids its copier slots write with, one regex per flow: real-time tasks fence their zombies with
     # them, and exactly-once flows commit through them (spark_app.transactions).
     transactional_ids: frozenset[str] = frozenset()
+    # What only the operator verbs do (access(..., operator=True)):
+    # the drill's probe topics on a source: created, written and read back (probe records, consumed by its group)
+    probe_topics: frozenset[str] = frozenset()
+    groups_deleted: frozenset[str] = frozenset()  # the drill's probe groups, deleted on both clusters at its end
+    # MirrorMaker 2's and Connect's topics that `adopt` reads: MM2's heartbeats on the target and its offset syncs
+    # wherever they are (`handback` creates and writes those, so they are `owned` too)
+    foreign_read: frozenset[str] = frozenset()
+    # Connect's offsets topic on the target: `adopt` reads MM2's positions there, `handback` writes them; never
+    # created (Connect makes it)
+    foreign_written: frozenset[str] = frozenset()
 
     @property
     def created(self) -> frozenset[str]:
         """Every topic it writes, and so may have to create."""
-        return self.written | self.owned | self.dead_letters
+        return self.written | self.owned | self.dead_letters | self.probe_topics
+
+    def __or__(self, other: Access) -> Access:
+        """Both sets' rights."""
+        return Access(**{f.name: getattr(self, f.name) | getattr(other, f.name) for f in fields(self)})
 
 
-def access(flows: Iterable[FlowConfig], alias: str, eventhubs: bool = False) -> Access:
+def access(flows: Iterable[FlowConfig], alias: str, eventhubs: bool = False, operator: bool = False) -> Access:
     """Everything the mirror of these flows does on cluster `alias` (an Event Hubs one with `eventhubs`), and nothing
-    more.
+    more; with `operator`, what the operator verbs run with its identity do there besides (`operator_access`).
 
     On a source: read the selected topics, describe the selected groups; own `heartbeats` when the flow emits them
     (written there, then read back to be mirrored like any topic), and the offset syncs when they live there. On a
@@ -308,7 +340,7 @@ def access(flows: Iterable[FlowConfig], alias: str, eventhubs: bool = False) -> 
             if flow.exactly_once:
                 joined.add(re.escape(positions_group(flow)))
                 committed |= copies
-    return Access(
+    mirror = Access(
         read=frozenset(read),
         written=frozenset(written),
         owned=frozenset(owned),
@@ -319,6 +351,84 @@ def access(flows: Iterable[FlowConfig], alias: str, eventhubs: bool = False) -> 
         groups_joined=frozenset(joined),
         transactional_ids=frozenset(transactional_ids),
     )
+    return mirror | operator_access(flows, alias) if operator else mirror
+
+
+def operator_access(flows: Iterable[FlowConfig], alias: str) -> Access:
+    """What the operator verbs do on cluster `alias` for these flows, beyond what the mirror does there.
+
+    - `failover` (spark_app.dr.views): commits each selected group's translated offsets on the target, as group
+      offset sync does: alters those groups, and reads the copies they commit on.
+    - `drill` (spark_app.dr.drill), on a flow that mirrors its probe topic (`PROBE_TOPIC`, or a listed topic whose
+      name starts with it): on the source, makes the probe topic, writes it and reads it back with a probe group
+      that commits; on the target, reads the probe's copy with that group (after failing it over, as above); deletes
+      the probe group on both. Probe groups are granted where the flow's group filter selects them (the drill
+      refuses a flow that does not checkpoint them).
+    - `adopt` and `handback` (spark_app.dr.adopt, spark_app.dr.handback), for dedicated-mode MirrorMaker 2: on the
+      target, read and write Connect's offsets topic (`mm2-offsets.<source>.internal`), describe Connect's group
+      (`<source>-mm2`) and read MM2's `heartbeats`, to tell whether MM2 still runs, and read the copies (adopt checks
+      the record at MM2's position); MM2's offset syncs on either cluster (`offset-syncs.topic.location`): adopt reads
+      them, handback makes and writes them. A Connect cluster's own offsets topic and group (Strimzi) are named at
+      run time (`--offsets-topic`, `--connect-group`), so nothing here grants them.
+    """
+    altered: set[str] = set()
+    committed: set[str] = set()
+    probes: set[str] = set()
+    joined: set[str] = set()
+    deleted: set[str] = set()
+    described: set[str] = set()
+    owned: set[str] = set()
+    foreign_read: set[str] = set()
+    foreign_written: set[str] = set()
+    for flow in flows:
+        if alias not in (flow.source, flow.target):
+            continue
+        probe = probe_topics(flow)
+        probe_groups = {_probe_groups(p) for p in probe if flow.groups.matches(_probe_group_sample(p))}
+        joined |= probe_groups
+        deleted |= probe_groups
+        if flow.source == alias:
+            probes |= probe
+            owned.add(re.escape(mm2_offset_syncs_topic(flow, "source")))
+        if flow.target == alias:
+            copies = {replication_policy(flow).copies(pattern) for pattern in _source_topics(flow)}
+            altered |= set(flow.groups.include)
+            committed |= copies
+            owned.add(re.escape(mm2_offset_syncs_topic(flow, "target")))
+            foreign_read.add(re.escape(HEARTBEATS_TOPIC))
+            foreign_written.add(re.escape(default_connect_offsets_topic(flow)))
+            described.add(re.escape(default_connect_group(flow)))
+    return Access(
+        owned=frozenset(owned),
+        groups_described=frozenset(described),
+        groups_altered=frozenset(altered),
+        offsets_committed=frozenset(committed),
+        groups_joined=frozenset(joined),
+        probe_topics=frozenset(probes),
+        groups_deleted=frozenset(deleted),
+        foreign_read=frozenset(foreign_read),
+        foreign_written=frozenset(foreign_written),
+    )
+
+
+def probe_topics(flow: FlowConfig) -> set[str]:
+    """The drill's probe topics a flow mirrors, as regexes: with patterns, every name that starts with `PROBE_TOPIC`
+    when the flow mirrors `PROBE_TOPIC` itself; with a list, the listed names that start with it."""
+    names = flow.topics.literal_names()
+    if names is None:
+        return {re.escape(PROBE_TOPIC) + ".*"} if should_mirror(flow, PROBE_TOPIC) else set()
+    return {re.escape(t) for t in names if t.startswith(PROBE_TOPIC) and should_mirror(flow, t)}
+
+
+def _probe_group_sample(probe: str) -> str:
+    """A probe group of a probe topic regex, as the drill names one, to ask a flow's group filter about."""
+    return f"{literal_prefix(probe)[0]}-{'0' * 12}"
+
+
+def _probe_groups(probe: str) -> str:
+    """The probe groups of a probe topic regex: `<probe topic>-<run id>`."""
+    name, whole = literal_prefix(probe)
+    return re.escape(name) + ("-.*" if whole else ".*")
 
 
 def _source_topics(flow: FlowConfig) -> set[str]:

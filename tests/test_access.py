@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from spark_app.config import FlowConfig
-from spark_app.policy import Access, access, literal_prefix, transactional, transactional_id_prefix
+from spark_app.policy import (
+    PROBE_TOPIC,
+    Access,
+    access,
+    literal_prefix,
+    operator_access,
+    transactional,
+    transactional_id_prefix,
+)
 
 SELECTED = {"include": [r"orders\..*", "payments"]}
 BASE = {"source": "src", "target": "dst", "topics": SELECTED, "checkpoint_location": "/c"}
@@ -107,3 +115,42 @@ def test_the_transactional_ids_granted_on_a_target_are_those_its_slots_write_wit
     writes = exactly_once or (mode == "realtime" and not eventhubs)
     assert transactional(one, eventhubs) == writes
     assert names(granted) == ({transactional_id_prefix(one) + "*"} if writes else set())
+
+
+def test_the_operator_verbs_are_granted_only_with_operator_and_on_top_of_the_mirrors_own():
+    """`failover`, `drill`, `adopt` and `handback` run with the mirror's identity from the site's toolbox: their
+    rights come with `operator`, beside the mirror's, and the mirror's own set holds none of them."""
+    f = flow(topics={"include": [".*"]}, groups={"include": [".*"]})
+    for alias in ("src", "dst"):
+        mirror, operator = access([f], alias), access([f], alias, operator=True)
+        assert operator == mirror | operator_access([f], alias)
+        assert mirror.probe_topics == mirror.groups_deleted == mirror.foreign_read == mirror.foreign_written == set()
+    source, target = access([f], "src", operator=True), access([f], "dst", operator=True)
+    # drill: its probe topics on the source (made, written, read back), its probe groups joined and deleted on both
+    assert names(source.probe_topics) == {f"{PROBE_TOPIC}*"} and source.probe_topics <= source.created
+    assert names(source.groups_joined) == names(source.groups_deleted) == {f"{PROBE_TOPIC}*"}
+    assert names(target.groups_deleted) == {f"{PROBE_TOPIC}*"} and target.probe_topics == set()
+    # failover (and the drill's failover of its probe group): the groups' offsets, on the copies they commit on
+    assert target.groups_altered == {".*"} and names(target.offsets_committed) == {"src.*"}
+    # adopt and handback: MM2's offset syncs where either location puts them, Connect's offsets topic and group and
+    # MM2's heartbeats on the target
+    assert "mm2-offset-syncs.dst.internal" in names(source.owned)
+    assert "mm2-offset-syncs.src.internal" in names(target.owned)
+    assert names(target.foreign_written) == {"mm2-offsets.src.internal"}
+    assert names(target.foreign_read) == {"heartbeats"}
+    assert "src-mm2" in names(target.groups_described)
+    assert access([f], "elsewhere", operator=True) == Access()
+
+
+def test_a_drill_probe_is_granted_where_the_flow_mirrors_it_and_checkpoints_its_groups():
+    listed = flow(topics={"include": ["orders", f"{PROBE_TOPIC}_eu"]}, groups={"include": [f"{PROBE_TOPIC}_eu-.*"]})
+    grant = access([listed], "src", operator=True)
+    assert names(grant.probe_topics) == {f"{PROBE_TOPIC}_eu"}  # the listed name alone, not the prefix
+    assert names(grant.groups_deleted) == {f"{PROBE_TOPIC}_eu-*"}
+    assert all(re.fullmatch(g, f"{PROBE_TOPIC}_eu-0123456789ab") for g in grant.groups_deleted)
+    # a flow that does not mirror the default probe, or does not checkpoint probe groups, grants no drill
+    assert access([flow()], "src", operator=True).probe_topics == set()
+    unchecked = flow(topics={"include": [".*"]}, groups={"include": ["app-.*"]})
+    assert access([unchecked], "src", operator=True).groups_deleted == set()
+    excluded = flow(topics={"include": [".*"], "exclude": [f"{PROBE_TOPIC}.*"]})
+    assert access([excluded], "src", operator=True).probe_topics == set()

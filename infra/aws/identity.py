@@ -26,6 +26,8 @@ WRITE = [*READ, "kafka-cluster:CreateTopic", "kafka-cluster:AlterTopic", "kafka-
 WRITE_CONFIGS = [*WRITE, "kafka-cluster:AlterTopicDynamicConfiguration"]
 GROUP_READ = ["kafka-cluster:DescribeGroup"]
 GROUP_USE = ["kafka-cluster:DescribeGroup", "kafka-cluster:AlterGroup"]
+GROUP_DELETE = [*GROUP_USE, "kafka-cluster:DeleteGroup"]  # the drill's probe groups: joined, committed, deleted
+REWRITE = [*READ, "kafka-cluster:WriteData"]  # Connect's offsets topic, which handback writes and never creates
 # A copier slot's transactional producer: Alter to init (and fence), add to, commit and abort its transactions; it
 # takes Describe besides, and WriteData on the topics written, which the copies' grant gives.
 TRANSACTIONS = ["kafka-cluster:DescribeTransactionalId", "kafka-cluster:AlterTransactionalId"]
@@ -42,16 +44,19 @@ def _statement(actions: list[str], resources: list[str]) -> dict[str, Any]:
     return {"Effect": "Allow", "Action": sorted(set(actions)), "Resource": sorted(set(resources))}
 
 
-def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> dict[str, Any]:
-    """Least privilege on the IAM-auth MSK clusters among `clusters` (alias -> spec) for these flows."""
+def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec], operator: bool = False) -> dict[str, Any]:
+    """Least privilege on the IAM-auth MSK clusters among `clusters` (alias -> spec) for these flows; with
+    `operator`, what the operator verbs run with the role need besides (the site's toolbox)."""
     statements = []
     for alias, msk in clusters.items():
-        grant = access(flows, alias)
+        grant = access(flows, alias, operator=operator)
         # Committing a group's offsets on a topic takes DescribeTopic and ReadData on it besides AlterGroup.
-        reads = {regex_to_glob(t) for t in grant.read | grant.offsets_committed}
+        reads = {regex_to_glob(t) for t in grant.read | grant.offsets_committed | grant.foreign_read}
         writes = {regex_to_glob(t) for t in grant.created}
+        rewritten = {regex_to_glob(t) for t in grant.foreign_written} - writes  # written, never created
         groups_read = {regex_to_glob(g) for g in grant.groups_described}
         groups_use = {*OWN_GROUPS, *(regex_to_glob(g) for g in grant.groups_altered)}
+        groups_deleted = {regex_to_glob(g) for g in grant.groups_deleted}
         transactional_ids = {regex_to_glob(i) for i in grant.transactional_ids}
         if not (reads or writes):
             continue
@@ -60,7 +65,7 @@ def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> d
             "kafka-cluster:DescribeCluster",
             "kafka-cluster:DescribeClusterDynamicConfiguration",
         ]
-        if writes:
+        if writes or rewritten:
             # The mirror's producer is idempotent: with WriteData granted per topic, InitProducerId also needs this,
             # on the cluster, or every write is refused.
             on_cluster.append("kafka-cluster:WriteDataIdempotently")
@@ -69,9 +74,13 @@ def kafka_policy(flows: Sequence[FlowConfig], clusters: dict[str, MskSpec]) -> d
             statements.append(_statement(READ, [msk.arn_of("topic", t) for t in reads - writes]))
         if writes:
             statements.append(_statement(WRITE_CONFIGS, [msk.arn_of("topic", t) for t in writes]))
+        if rewritten:
+            statements.append(_statement(REWRITE, [msk.arn_of("topic", t) for t in rewritten]))
         if groups_read - groups_use:
             statements.append(_statement(GROUP_READ, [msk.arn_of("group", g) for g in groups_read - groups_use]))
         statements.append(_statement(GROUP_USE, [msk.arn_of("group", g) for g in groups_use]))
+        if groups_deleted:
+            statements.append(_statement(GROUP_DELETE, [msk.arn_of("group", g) for g in groups_deleted]))
         if transactional_ids:
             statements.append(_statement(TRANSACTIONS, [msk.arn_of("transactional-id", i) for i in transactional_ids]))
     return {"Version": "2012-10-17", "Statement": statements}
@@ -136,6 +145,7 @@ class MirrorRoleArgs:
     iam_clusters: dict[str, MskSpec]  # alias -> spec, IAM-auth clusters only
     # S3 checkpoints: (bucket, the key prefixes of this site's flows), or None
     checkpoints: tuple[pulumi.Input[str], Sequence[str]] | None = None
+    operator: bool = False  # the operator verbs' grants too: the role is also the site's toolbox's
 
 
 class MirrorRole(pulumi.ComponentResource):
@@ -160,7 +170,7 @@ class MirrorRole(pulumi.ComponentResource):
                 aws.iam.RolePolicy(
                     f"{name}-kafka",
                     role=role.name,
-                    policy=json.dumps(kafka_policy(args.flows, args.iam_clusters)),
+                    policy=json.dumps(kafka_policy(args.flows, args.iam_clusters, args.operator)),
                     opts=child,
                 )
             )

@@ -11,7 +11,9 @@ retried by Kubernetes (`backoffLimit: 0`): a failover is run again by the operat
 Everything it mounts is made by the site's own stack in its own namespace: its config (the site's flows, the stopped
 ones too, so stopping the flow of a lost region keeps what its failover needs), the Secrets the mirror signs in with,
 and a scratch folder. It signs in to the clusters as the site's mirror does (the same Secrets, the same cloud identity
-through its service account), so its grants are the site's identity's (infra.topology: `granted_flows`). Its Role
+through its service account), so its grants are the site's identity's, which holds the verbs' own besides the mirror's
+(`TOOLBOX_GRANTED`; spark_app.policy.operator_access). It mounts no flow's checkpoint location, so `adopt` and
+`handback`, which read and write the flow's state there, refuse in it (`TOOLBOX_ENV`). Its Role
 lets it write one ConfigMap, the applications' connection profile, and nothing else. Its network policy lets it reach
 DNS, the API server and the Kafka ports of the site's clusters, and the clouds' sign-in where the site's identity
 needs it; nothing reaches it.
@@ -38,6 +40,7 @@ from infra.k8s.mirror_app import CONFIG_DIR, CONFIG_FILE, CONTAINER_SECURITY, PO
 from infra.k8s.namespace import site_egress
 from infra.naming import SECRETS_DIR
 from spark_app.config import FlowConfig, parse_config
+from spark_app.dr.adopt import TOOLBOX_MARK
 from spark_app.dr.connection import TopicRoute, auth_profile
 from spark_app.policy import replication_policy
 
@@ -85,12 +88,15 @@ class ToolboxArgs:
     image_pull_secrets: Sequence[str] = ()
 
 
-def granted_flows(flows: Sequence[FlowConfig]) -> list[FlowConfig]:
-    """The flows as the site's identity is granted for them: what its mirror does, and what the toolbox's verbs do
-    besides. `failover` commits each group's translated offsets on the target, as group offset sync does (AlterGroup
-    on the flow's groups, and reading the copies); fencing, the checkpoints and lifting the write block are among
-    the mirror's own grants already. So each flow is granted as one that syncs group offsets."""
-    return [f if f.sync_group_offsets else f.model_copy(update={"sync_group_offsets": True}) for f in flows]
+# The site's identity (its Kafka ACLs, its IAM role) is granted what its mirror does and what the toolbox's verbs do
+# besides (spark_app.policy.operator_access), as the toolbox signs in with it: `failover` commits the groups'
+# translated offsets on the target; `drill` makes, writes and reads its probe topic and deletes its probe groups;
+# `adopt` and `handback` read and write MirrorMaker 2's and Connect's topics. infra.topology passes this to every
+# renderer of the identity's grants.
+TOOLBOX_GRANTED = True
+# Set in the toolbox's pod: `adopt` and `handback` refuse there, naming where to run them, since the pod mounts no
+# flow's checkpoint location (the PVC is the mirror driver's; object storage is reached through Spark's settings).
+TOOLBOX_ENV = {TOOLBOX_MARK: "1"}
 
 
 def network_policy_spec(args: ToolboxArgs) -> dict[str, Any]:
@@ -114,6 +120,7 @@ def pod_spec(args: ToolboxArgs, account: pulumi.Input[str], config_map: pulumi.I
         volumes.append({"name": f"secret-{alias}", "secret": {"secretName": secret}})
         mounts.append({"name": f"secret-{alias}", "mountPath": f"{SECRETS_DIR}/{alias}", "readOnly": True})
     env: list[dict[str, Any]] = [{"name": "HOME", "value": SCRATCH_DIR}]
+    env += [{"name": k, "value": v} for k, v in TOOLBOX_ENV.items()]
     token = args.token_by_hand
     if token is not None:
         volumes.append(token.volume)

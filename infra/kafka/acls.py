@@ -3,7 +3,8 @@ access set there (spark_app.policy.access): read the source topics and describe 
 copies; its own internal topics and DR lease group; heartbeats on the source when the flow emits them; and read the
 copies whose group offsets it commits; write with its copier slots' transactional ids; and, for a flow that syncs
 topic ACLs (spark_app.topic_acls), describe the source's ACLs, create and delete ACLs on the target and keep its
-record of them there. The program sets them with an admin credential of its own."""
+record of them there. The principal is also the site's toolbox's (infra.k8s.toolbox), so it holds what the operator
+verbs need besides (`operator`). The program sets them with an admin credential of its own."""
 
 from __future__ import annotations
 
@@ -41,9 +42,10 @@ def _pattern(regex: str) -> tuple[str, str]:
     return "Prefixed", prefix
 
 
-def mirror_acls(alias: str, flows: Sequence[FlowConfig]) -> list[AclSpec]:
-    """Every ACL the mirror needs on cluster `alias` for these flows (spark_app.policy.access), and nothing more."""
-    grant = access(flows, alias)
+def mirror_acls(alias: str, flows: Sequence[FlowConfig], operator: bool = False) -> list[AclSpec]:
+    """Every ACL the mirror needs on cluster `alias` for these flows (spark_app.policy.access), and nothing more; with
+    `operator`, what the operator verbs run with its principal need besides (the site's toolbox)."""
+    grant = access(flows, alias, operator=operator)
     rights = (
         ("Topic", grant.read, READ),
         ("Topic", grant.written, WRITE),
@@ -57,6 +59,12 @@ def mirror_acls(alias: str, flows: Sequence[FlowConfig]) -> list[AclSpec]:
         # the copier slots' transactions: Write to init (and fence), add to, commit and abort them; Describe to find
         # their coordinator
         ("TransactionalID", grant.transactional_ids, ("Write", "Describe")),
+        # the operator verbs: the drill's probe topics (made, written, read back) and groups (deleted at its end);
+        # MirrorMaker 2's heartbeats and Connect's offsets topic, which adopt reads and handback writes
+        ("Topic", grant.probe_topics, OWN),
+        ("Group", grant.groups_deleted, ("Delete",)),
+        ("Topic", grant.foreign_read, ("Read", "Describe")),
+        ("Topic", grant.foreign_written, ("Read", "Write", "Describe")),
     )
     acls = {AclSpec(kind, *_pattern(p), op) for kind, patterns, ops in rights for p in patterns for op in ops}
     return sorted(acls | _acl_sync(alias, flows))
@@ -90,6 +98,7 @@ class MirrorAclsArgs:
     admin_username: str | None  # the SCRAM user that sets the ACLs; None: the admin's client certificate (mTLS)
     flows: Sequence[FlowConfig]
     credentials: Mapping[str, pulumi.Output[str]]  # the cluster's credential files; the admin_* ones are used here
+    operator: bool = False  # the operator verbs' grants too: the principal is also the site's toolbox's
 
 
 class MirrorAcls(pulumi.ComponentResource):
@@ -110,7 +119,7 @@ class MirrorAcls(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         on_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
-        for acl in mirror_acls(args.alias, args.flows):
+        for acl in mirror_acls(args.alias, args.flows, args.operator):
             kafka.Acl(
                 f"{name}-{acl.resource_type}-{acl.pattern}-{_slug(acl.name)}-{acl.operation}".lower(),
                 acl_principal=args.principal,

@@ -31,9 +31,12 @@ between N + 1 and where MM2 stopped writing.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
 
 from confluent_kafka import Message
 from confluent_kafka.admin import OffsetSpec
@@ -47,6 +50,8 @@ from ..ledger import LedgerState
 from ..policy import (
     HEARTBEATS_TOPIC,
     checkpoints_topic,
+    default_connect_group,
+    default_connect_offsets_topic,
     mm2_offset_syncs_topic,
     named_policy,
     offset_syncs_topic,
@@ -59,18 +64,16 @@ from .internal import ensure_topic, offset_syncs_cluster, read_checkpoints, read
 from .offset_syncs import OffsetSyncWriter
 from .syncs import Run
 
+# Set in the site's toolbox pod (infra.k8s.toolbox), which mounts no flow's checkpoint location unless a run adds it.
+TOOLBOX_MARK = "MIRRORKIT_TOOLBOX"
 CONNECTOR_SUFFIX = "MirrorSourceConnector"  # dedicated mode's name; Strimzi's is `<source>-><target>.` + this
 HEARTBEAT_QUIET_S = 30.0  # MM2 counts as running while its newest heartbeat on the target is younger
 
 
 def default_offsets_topic(flow: FlowConfig) -> str:
-    """Where dedicated-mode MM2 (org.apache.kafka.connect.mirror.MirrorMaker) keeps its source positions."""
-    return f"mm2-offsets.{flow.source}.internal"
-
-
-def default_connect_group(flow: FlowConfig) -> str:
-    """Dedicated-mode MM2's Connect group on the target; Strimzi's is the Connect cluster's `group.id`."""
-    return f"{flow.source}-mm2"
+    """Where dedicated-mode MM2 (org.apache.kafka.connect.mirror.MirrorMaker) keeps its source positions (named in
+    spark_app.policy, which grants it)."""
+    return default_connect_offsets_topic(flow)
 
 
 @dataclass(frozen=True)
@@ -112,9 +115,28 @@ class Adoption:
     refused: list[str] = field(default_factory=list)
 
 
+def unreached_checkpoint(flow: FlowConfig, verb: str) -> list[str]:
+    """In the toolbox, why `verb` cannot read and write the flow's state at its checkpoint location: the pod mounts
+    the mirror's checkpoint volume only when a run adds it (the folder that holds the location is then there), and it
+    has no Spark settings to reach object storage with. [] elsewhere, and in a toolbox run that mounts it."""
+    if not os.environ.get(TOOLBOX_MARK):
+        return []
+    parts = urlsplit(flow.checkpoint_location)
+    if parts.scheme in ("", "file") and Path(parts.path).parent.is_dir():
+        return []
+    return [
+        f"{verb} reads and writes flow {flow.name}'s state at its checkpoint_location {flow.checkpoint_location},"
+        " which this toolbox pod does not mount: run it in a toolbox Job that mounts the mirror's checkpoint volume,"
+        " or where the mirror's checkpoint location and Spark settings are reached (docs/operations/adopt.md)"
+    ]
+
+
 def adopt(config: MirrorConfig, flow: FlowConfig, options: AdoptOptions) -> Adoption:
     """Check that MM2 can be taken over, then seed the flow's state and offset syncs; refusals say what to do."""
     result = Adoption(flow.name)
+    result.refused += unreached_checkpoint(flow, "adopt")
+    if result.refused:
+        return result
     index = config.flows.index(flow)
     offsets_topic = options.offsets_topic or default_offsets_topic(flow)
     positions = mm2_positions(config, flow, offsets_topic, options.connector)

@@ -26,13 +26,13 @@ from confluent_kafka.admin import NewTopic
 from .. import clients
 from ..config import ClusterConfig, ConfigError, FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
-from ..policy import checkpoints_topic, never_mirrored, should_mirror, target_topic
+from ..policy import PROBE_TOPIC, checkpoints_topic, never_mirrored, should_mirror, target_topic
 from .formats import Checkpoint
 from .groups import ClusterGroups
 from .internal import read_checkpoints
 from .views import failover_plan, translate_groups
 
-DEFAULT_PROBE_TOPIC = "mirrorkit_drill"  # not `mirrorkit-...`: that prefix is internal, never mirrored
+DEFAULT_PROBE_TOPIC = PROBE_TOPIC  # not `mirrorkit-...`: that prefix is internal, never mirrored
 PROBE_PARTITIONS = 2  # when the drill makes the probe topic
 WARMUP_TIMEOUT_S = 300.0  # for a running mirror to notice a new topic (a restart of its copy) and copy a first record
 CATCH_UP_TIMEOUT_S = 120.0  # for the probe group to read on the target what it had not consumed on the source
@@ -173,7 +173,7 @@ class Drill:
                 self.log(f"created probe topic '{topic}' on '{self.source.alias}'")
             except KafkaException as err:
                 if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    reason = err.args[0].str()
+                    reason = f"{err.args[0].str()} ({err.args[0].name()})"
                     raise DrillRefused(f"cannot create '{topic}' on '{self.source.alias}': {reason}") from None
             deadline = time.monotonic() + clients.REQUEST_TIMEOUT_S
             while (metadata := clients.list_topics(admin, self.source).get(topic)) is None or metadata.error:

@@ -33,9 +33,9 @@ from ..clients import PartitionOffsets
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
 from ..ledger import FlowLedger, LedgerState
-from ..policy import mm2_offset_syncs_topic
+from ..policy import default_connect_group, mm2_offset_syncs_topic
 from ..storage import checkpoint_files
-from .adopt import HEARTBEAT_QUIET_S, default_connect_group, default_offsets_topic, running_refusals
+from .adopt import HEARTBEAT_QUIET_S, default_offsets_topic, running_refusals, unreached_checkpoint
 from .formats import OffsetSync
 from .internal import ensure_topic, read_offset_syncs
 from .lease import SESSION_S, holder
@@ -65,6 +65,9 @@ class Handback:
 def handback(config: MirrorConfig, flow: FlowConfig, options: HandbackOptions) -> Handback:
     """Check that MM2 can take the flow over, then write its positions and offset syncs; refusals say what to do."""
     result = Handback(flow.name, syncs_topic=mm2_offset_syncs_topic(flow, options.syncs_location))
+    result.refused += unreached_checkpoint(flow, "handback")
+    if result.refused:
+        return result
     target = config.cluster(flow.target)
     offsets_topic = options.offsets_topic or default_offsets_topic(flow)
     if not options.force:

@@ -103,3 +103,23 @@ def test_iam_and_acls_grant_the_same_transactional_ids_on_a_target():
         }
         prefixes = {a.name for a in mirror_acls("dst", [flow]) if a.resource_type == "TransactionalID"}
         assert iam_ids == {f"{p}*" for p in prefixes} == ({"mirrorkit.src.dst.*"} if changes else set())
+
+
+def test_the_iam_policy_lets_the_toolbox_delete_probe_groups_and_write_connects_offsets_without_creating_it():
+    # The same operator access set the ACLs render from (spark_app.policy.operator_access).
+    flow = FlowConfig(source="src", target="dst", topics={"include": [".*"]}, checkpoint_location="/c")
+    plain = kafka_policy([flow], {"src": MSK, "dst": MSK})
+    policy = kafka_policy([flow], {"src": MSK, "dst": MSK}, operator=True)
+
+    def actions_on(doc: dict, resource: str) -> set[str]:
+        return {a for s in doc["Statement"] for r in s["Resource"] if r.endswith(resource) for a in s["Action"]}
+
+    assert "kafka-cluster:DeleteGroup" in actions_on(policy, ":group/src/abc-1/mirrorkit_drill*")
+    assert {"kafka-cluster:CreateTopic", "kafka-cluster:WriteData"} <= actions_on(
+        policy, ":topic/src/abc-1/mirrorkit_drill*"
+    )
+    offsets = actions_on(policy, ":topic/src/abc-1/mm2-offsets.src.internal")
+    assert "kafka-cluster:WriteData" in offsets and "kafka-cluster:CreateTopic" not in offsets
+    assert "kafka-cluster:ReadData" in actions_on(policy, ":topic/src/abc-1/heartbeats")
+    assert not actions_on(plain, "mirrorkit_drill*") and not actions_on(plain, "mm2-offsets.src.internal")
+    assert "kafka-cluster:DeleteGroup" not in {a for s in plain["Statement"] for a in s["Action"]}

@@ -82,7 +82,10 @@ def test_on_a_target_the_mirror_writes_its_copies_and_own_topics_and_moves_only_
     for own in ("aws.checkpoints.internal", "mirrorkit-offset-syncs.aws.internal", "aws.heartbeats"):
         assert ("Topic", "Literal", own, "Write") in got and ("Topic", "Literal", own, "Read") in got
     assert ("Group", "Literal", "billing", "Read") in got and ("Group", "Literal", "*", "Read") not in got
-    assert not [a for a in got if a[2] == "heartbeats"]  # heartbeats are written on the source, which is MSK here
+    # Heartbeats are written on the source, which is MSK here; the toolbox's adopt reads MM2's there, no more.
+    assert {a for a in got if a[2] == "heartbeats"} == {
+        ("Topic", "Literal", "heartbeats", op) for op in ("Read", "Describe")
+    }
 
 
 def test_a_target_that_syncs_group_offsets_may_read_the_copies_the_groups_commit_on():
@@ -94,7 +97,7 @@ def test_a_target_that_syncs_group_offsets_may_read_the_copies_the_groups_commit
 
 def test_a_target_that_does_not_sync_group_offsets_still_lets_failover_commit_the_groups_on_the_copies():
     # The site's toolbox runs `failover` as the mirror's principal, and it commits the groups' translated offsets on
-    # the copies whether or not the mirror syncs them (infra.k8s.toolbox.granted_flows).
+    # the copies whether or not the mirror syncs them (spark_app.policy.operator_access; infra.k8s.toolbox).
     values = onprem(reverse=True)
     values["mirrorkit:flows"][0]["sync_group_offsets"] = False
     got = acls(run_values(values))
@@ -190,7 +193,7 @@ def msk_acls(run: Run) -> set[AclSpec]:
 def test_an_msk_scram_cluster_with_acls_gets_the_mirrors_acls_under_its_scram_user_set_by_its_admin():
     run = run_values(with_secrets(msk_with_acls()))
     flows = run.result["settings"].mirror_config.flows
-    assert msk_acls(run) == set(mirror_acls("primary", flows))
+    assert msk_acls(run) == set(mirror_acls("primary", flows, operator=True))  # the toolbox's principal too
     assert ("Topic", "Literal", "orders", "Read") in {
         (a.resource_type, a.pattern, a.name, a.operation) for a in msk_acls(run)
     }
@@ -264,3 +267,42 @@ def test_topic_acl_sync_asked_of_a_cluster_without_kafka_acls_is_refused_at_its_
     set_config(with_secrets(values))
     with pytest.raises(ConfigError, match=r"mirrorkit:flows\[0\]\.sync_topic_acls: .*eventhubs.* no Kafka ACLs"):
         load_settings()
+
+
+def acl_set(alias: str, flows: list[FlowConfig], operator: bool) -> set[tuple[str, str, str, str]]:
+    return {(a.resource_type, a.pattern, a.name, a.operation) for a in mirror_acls(alias, flows, operator)}
+
+
+DRILLED = FlowConfig(
+    source="p", target="d", topics={"include": [".*"]}, groups={"include": [".*"]}, checkpoint_location="/c"
+)
+
+
+def test_the_toolbox_principal_may_run_a_drill_and_the_mirrors_own_acls_hold_none_of_it():
+    # The drill makes its probe topic on the source, writes it and reads it back with a probe group that commits;
+    # it reads the probe's copy with that group on the target after failing it over; it deletes the group on both.
+    source, target = acl_set("p", [DRILLED], True), acl_set("d", [DRILLED], True)
+    probe = [("Topic", "Prefixed", "mirrorkit_drill", op) for op in ("Create", "Write", "Read", "Describe")]
+    groups = [("Group", "Prefixed", "mirrorkit_drill", op) for op in ("Read", "Describe", "Delete")]
+    assert {*probe, *groups} <= source
+    assert {*groups, ("Topic", "Prefixed", "p.", "Read")} <= target
+    assert not {a for a in target if a[0] == "Topic" and a[3] == "Create" and a[2].startswith("mirrorkit_drill")}
+    mirror = acl_set("p", [DRILLED], False) | acl_set("d", [DRILLED], False)
+    assert not {a for a in mirror if a[2].startswith("mirrorkit_drill") or a[3] == "Delete"}
+
+
+def test_the_toolbox_principal_may_adopt_from_and_hand_back_to_mirrormaker_2():
+    # adopt reads Connect's offsets topic, MM2's heartbeats and offset syncs, and describes Connect's group; handback
+    # writes the offsets topic (never creates it) and makes and writes MM2's offset syncs where they are read.
+    source, target = acl_set("p", [DRILLED], True), acl_set("d", [DRILLED], True)
+    offsets = "mm2-offsets.p.internal"
+    assert {("Topic", "Literal", offsets, op) for op in ("Read", "Write", "Describe")} <= target
+    assert ("Topic", "Literal", offsets, "Create") not in target
+    assert {("Topic", "Literal", "heartbeats", op) for op in ("Read", "Describe")} <= target
+    assert ("Topic", "Literal", "heartbeats", "Write") not in target
+    assert ("Group", "Literal", "p-mm2", "Describe") in target and ("Group", "Literal", "p-mm2", "Read") not in target
+    for acls_there, syncs in ((source, "mm2-offset-syncs.d.internal"), (target, "mm2-offset-syncs.p.internal")):
+        assert {("Topic", "Literal", syncs, op) for op in ("Create", "Write", "Read", "Describe")} <= acls_there
+    mirror = acl_set("p", [DRILLED], False) | acl_set("d", [DRILLED], False)
+    assert not {a for a in mirror if a[2].startswith("mm2-") or a[2] == "p-mm2"}
+    assert not {a for a in acl_set("d", [DRILLED], False) if a[2] == "heartbeats"}  # written on the source

@@ -21,14 +21,16 @@ from infra.k8s.toolbox import (
     PROFILE_VERBS,
     TOOLBOX,
     TOOLBOX_CONFIG,
+    TOOLBOX_ENV,
+    TOOLBOX_GRANTED,
     TOOLBOX_LABELS,
-    granted_flows,
     run_command,
     verb_args,
 )
 from infra.kafka.acls import mirror_acls
 from infra.naming import SECRETS_DIR
 from spark_app.config import MirrorConfig, parse_config
+from spark_app.dr.adopt import TOOLBOX_MARK
 from spark_app.dr.connection import failover_profile
 from tests.infra.harness import STACKS, Exports, Registered, Run, a_set_is_up, part_values, sentinel, up
 from tests.infra.test_regions import survivors
@@ -262,27 +264,41 @@ def test_the_toolboxs_network_policy_lets_out_dns_the_api_server_and_the_kafka_p
             assert mirror["podSelector"] == {"matchLabels": APP_LABELS} != {"matchLabels": TOOLBOX_LABELS}
 
 
-def test_the_sites_identity_may_commit_the_groups_failover_translates(stack_runs, sets):
+def test_the_sites_identity_holds_what_the_toolboxs_verbs_need(stack_runs, sets):
     """failover commits each group's translated offsets on the flow's target, whether or not the flow syncs group
-    offsets: the IAM policy and the ACLs of the site's identity grant it, from the same access set."""
+    offsets; drill makes and deletes its probe; adopt and handback use MM2's and Connect's topics: the IAM policy
+    and the ACLs of the site's identity grant it, from the same access set (spark_app.policy.operator_access)."""
+    assert TOOLBOX_GRANTED
     for name, run in site_runs(stack_runs, sets):
         settings = run.result["settings"]
         topology = run.result["topology"]
         for site in made_sites(run):
-            flows = granted_flows(settings.flows_at(site))
-            assert all(f.sync_group_offsets for f in flows)
+            flows = settings.flows_at(site)
             role = topology.roles.get(site)
             if role is None:
                 continue
             (policy,) = [r for r in run.of_type("aws:iam/rolePolicy:RolePolicy") if r.name == f"{site}-mirror-kafka"]
             iam = {c.alias: c.msk for c in settings.clusters_at(site) if c.msk is not None and c.msk.auth == "iam"}
-            assert json.loads(policy.plain["policy"]) == kafka_policy(flows, iam), name
+            rendered = json.loads(policy.plain["policy"])
+            assert rendered == kafka_policy(flows, iam, operator=True), name
+            assert rendered != kafka_policy(flows, iam), name  # MM2's offset syncs, for adopt and handback, at least
     # A flow that does not sync group offsets: the toolbox's grant adds AlterGroup on its groups, on its target.
     (flow,) = parse_config(yaml.safe_load(SPARE)).flows
     assert not flow.sync_group_offsets
-    altered = {(a.resource_type, a.name, a.operation) for a in mirror_acls("d", granted_flows([flow]))}
+    altered = {(a.resource_type, a.name, a.operation) for a in mirror_acls("d", [flow], operator=True)}
     plain = {(a.resource_type, a.name, a.operation) for a in mirror_acls("d", [flow])}
     assert altered - plain >= {("Group", "billing", "Read"), ("Group", "billing", "Describe")}
+
+
+def test_the_toolbox_pod_is_marked_so_adopt_and_handback_refuse_there_without_the_checkpoint(stack_runs, sets):
+    """The toolbox mounts no flow's checkpoint location: its container carries the mark that makes `adopt` and
+    `handback` refuse there (spark_app.dr.adopt.unreached_checkpoint) rather than write state nowhere."""
+    assert TOOLBOX_ENV == {TOOLBOX_MARK: "1"}
+    for name, run in site_runs(stack_runs, sets):
+        for site in made_sites(run):
+            spec = toolbox_of(run, site).plain["spec"]
+            (container,) = spec["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+            assert {"name": TOOLBOX_MARK, "value": "1"} in container["env"], name
 
 
 SPARE = """
