@@ -92,15 +92,15 @@ def _not_compacted(admin: AdminClient, cluster: ClusterConfig, topic: str) -> st
     checkpoints of idle groups and the runs parked groups rest on. None when it is compacted, or when the cluster
     does not say (that is logged)."""
     try:
-        policy = clients.topic_configs(admin, topic).get("cleanup.policy")
+        cleanup = clients.topic_configs(admin, topic).get("cleanup.policy")
     except KafkaException as err:
-        policy, why = None, err.args[0].str()
+        cleanup, why = None, err.args[0].str()
     else:
         why = "no cleanup.policy reported"
-    if policy is None:
+    if cleanup is None:
         log.warning("cannot check that '%s' on '%s' is compacted (%s); using it", topic, cluster.alias, why)
         return None
-    if {p.strip() for p in policy.split(",")} == {"compact"}:
+    if {p.strip() for p in cleanup.split(",")} == {"compact"}:
         return None
     if cluster.is_eventhubs:
         fix = (
@@ -112,7 +112,7 @@ def _not_compacted(admin: AdminClient, cluster: ClusterConfig, topic: str) -> st
             f"set cleanup.policy=compact on it (kafka-configs --alter --entity-type topics --entity-name {topic}"
             " --add-config cleanup.policy=compact)"
         )
-    deletes = f"has cleanup.policy={policy}, which deletes records the mirror reads back"
+    deletes = f"has cleanup.policy={cleanup}, which deletes records the mirror reads back"
     return f"'{topic}' on '{cluster.alias}' {deletes}; {fix}"
 
 
