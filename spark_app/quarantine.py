@@ -110,9 +110,9 @@ class Quarantines:
 
     def _give_up(self, topic: str, partition: int, why: str) -> None:
         hold = self.topics[topic].partitions.pop(partition)
-        log.error("flow %s: topic '%s' partition %d held offsets %d..%d, but %s: those records went with the old"
-                  " log and are given up; the partition is copied from its new start", self.flow.name, topic,
-                  partition, hold.first, hold.next - 1, why)  # fmt: skip
+        log.error("flow %s: topic '%s' partition %d was held from offset %d, but %s: what it held went with the old"
+                  " log and is given up; the partition is copied from its new start", self.flow.name, topic,
+                  partition, hold.first, why)  # fmt: skip
 
     def due(self, mirrored: dict[str, int]) -> list[str]:
         """The quarantined topics to try again now: the target can take them (`mirrored`: name -> partitions on the
