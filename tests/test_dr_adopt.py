@@ -8,7 +8,9 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
+import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
@@ -18,7 +20,7 @@ from bench.testbed.mm2 import mm2_command
 from spark_app.cli import main as cli_main
 from spark_app.clients import read_topic
 from spark_app.config import parse_config
-from spark_app.dr.adopt import running_refusals
+from spark_app.dr.adopt import TOOLBOX_MARK, running_refusals, unreached_checkpoint
 from spark_app.mirror import Mirror
 from tests.support.mirror_config import one_flow_config
 from tests.support.polling import wait_until
@@ -269,3 +271,45 @@ def _ends(cluster, prefix: str) -> dict[tuple[str, int], int]:
     admin = clients.admin(cluster.admin)
     wanted = {TopicPartition(f"{prefix}{t}", p): OffsetSpec.latest() for t, n in TOPICS.items() for p in range(n)}
     return {(tp.topic, tp.partition): f.result().offset for tp, f in admin.list_offsets(wanted).items()}
+
+
+def _unreached_config(tmp_path, location: str) -> str:
+    """A config whose clusters are never reached: the verb refuses before it connects."""
+    raw = {
+        "clusters": [
+            {"alias": "primary", "bootstrap_servers": "127.0.0.1:1", "profile": "kafka"},
+            {"alias": "dr", "bootstrap_servers": "127.0.0.1:2", "profile": "kafka"},
+        ],
+        "flows": [
+            {"source": "primary", "target": "dr", "topics": {"include": ["orders"]}, "checkpoint_location": location}
+        ],
+    }
+    path = tmp_path / "mirror.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+@pytest.mark.parametrize("verb", ["adopt", "handback"])
+@pytest.mark.parametrize("location", ["/checkpoints/primary-dr", "s3a://bucket/checkpoints/primary-dr"])
+def test_adopt_and_handback_refuse_in_the_toolbox_where_the_flows_checkpoint_is_not_mounted(
+    tmp_path, capsys, monkeypatch, verb, location
+):
+    """The toolbox pod mounts no checkpoint volume and has no Spark settings for object storage: there the verbs
+    that read and write the flow's state refuse, naming the location and where to run them, instead of writing the
+    state into the pod's own file system (or failing on it) or reading none and calling the flow never run."""
+    monkeypatch.setenv(TOOLBOX_MARK, "1")
+    assert cli_main([verb, "--config", _unreached_config(tmp_path, location), "--flow", "primary->dr"]) == 1
+    out = capsys.readouterr()
+    said = out.out + out.err
+    assert f"checkpoint_location {location}, which this toolbox pod does not mount" in said, said
+    assert "docs/operations/adopt.md" in said, said
+
+
+def test_adopt_in_a_toolbox_run_that_mounts_the_checkpoint_goes_on_to_the_clusters(tmp_path, monkeypatch):
+    """A toolbox Job that mounts the mirror's checkpoint volume (docs/operations/adopt.md) is not refused for it."""
+    monkeypatch.setenv(TOOLBOX_MARK, "1")
+    config = parse_config(json.loads(Path(_unreached_config(tmp_path, str(tmp_path / "ckpt"))).read_text()))
+    assert unreached_checkpoint(config.flows[0], "adopt") == []
+    monkeypatch.delenv(TOOLBOX_MARK)
+    elsewhere = parse_config(json.loads(Path(_unreached_config(tmp_path, "/nowhere/ckpt")).read_text()))
+    assert unreached_checkpoint(elsewhere.flows[0], "adopt") == []  # outside the toolbox: not its concern
