@@ -338,13 +338,14 @@ def site_kafka_policy_fits(
     list them) inline: past IAM's limit its `up` would fail after preview passed. Said here, with the flow that
     lists the most topics."""
     from infra.aws.identity import kafka_policy  # pulumi_aws: imported only when a site's grants are sized
+    from infra.k8s.toolbox import TOOLBOX_GRANTED  # the role holds the toolbox's grants too, as infra.topology gives
 
     flows = [f for f in mirror.flows if site_of_flow.get(f.name) == site.name]
     used = {a for f in flows for a in (f.source, f.target)}
     iam = {c.alias: c.msk for c in model.clusters if c.alias in used and c.msk is not None and c.msk.auth == "iam"}
     if site.aws is None or not iam:
         return []
-    size = policy_size(kafka_policy(flows, iam))
+    size = policy_size(kafka_policy(flows, iam, TOOLBOX_GRANTED))
     if size <= ROLE_INLINE_POLICIES_MAX:
         return []
     j, widest = max(

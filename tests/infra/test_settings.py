@@ -314,6 +314,7 @@ def test_a_mirror_role_whose_inline_kafka_grants_pass_iams_limit_is_refused_nami
     policies pass 10,240 characters, which `up` would find only after preview passed."""
     from infra.aws.identity import kafka_policy
     from infra.checks import ROLE_INLINE_POLICIES_MAX, policy_size
+    from infra.k8s.toolbox import TOOLBOX_GRANTED
 
     def topics(n: int) -> Callable[[list[dict[str, Any]]], None]:
         def edit(flows: list[dict[str, Any]]) -> None:
@@ -325,10 +326,15 @@ def test_a_mirror_role_whose_inline_kafka_grants_pass_iams_limit_is_refused_nami
     settings = load_settings()  # 20 literal topics fit
     site = settings.site_of_flow[settings.mirror_config.flows[0].name]
     iam = {c.alias: c.msk for c in settings.clusters_at(site) if c.msk is not None}
-    assert policy_size(kafka_policy(settings.flows_at(site), iam)) <= ROLE_INLINE_POLICIES_MAX
+    assert policy_size(kafka_policy(settings.flows_at(site), iam, TOOLBOX_GRANTED)) <= ROLE_INLINE_POLICIES_MAX
     message = refused(edited(ACTIVE_ACTIVE, flows=topics(120)))
     assert message.startswith(f"{PROJECT}:flows[0].topics: the mirror role of site '{site}'")
     assert "over IAM's 10240" in message and "lists 120 topics" in message
+    first, *rest = settings.flows_at(site)
+    names = [f"events\\.orders\\.region-{k:03d}" for k in range(120)]
+    wide = [first.model_copy(update={"topics": first.topics.model_copy(update={"include": names})}), *rest]
+    held = policy_size(kafka_policy(wide, iam, TOOLBOX_GRANTED))  # the role's, as the program renders it
+    assert f"would hold {held} characters" in message, "sized without the toolbox's grants the role holds too"
 
 
 def test_an_event_hubs_namespace_open_to_the_internet_is_refused_until_it_lists_the_addresses_let_in():
