@@ -23,8 +23,9 @@ Then it measures end-to-end replication latency at a steady rate for each of `--
 - `mirror`: throughput mode run continuously (`run` without --available-now, the shipped trigger_interval_s);
 - `mirror-realtime`, `mirror-realtime-eos`: `mode: realtime`, at least once (its transactions only fence zombie
   tasks) or with `exactly_once: true` (records and positions committed every realtime_commit_interval_s);
-  `mirror-realtime-python`: `mirror-realtime` with `copy_core: python`, whose slots copy with the Python loop and
-  librdkafka instead of Kafka's Java clients on the executors' JVMs;
+  `mirror-realtime-python`, `mirror-realtime-eos-python`: those two with `copy_core: python`, whose slots copy with
+  the Python loop and librdkafka instead of the compiled core (Kafka's Java clients on the executors' JVMs, or the
+  Rust core into Event Hubs);
 - `mm2`, `mm2-eos`: tuned MM2, at least once or with KIP-618 exactly-once source support;
 - `limit`, `limit-txn`: bench/java's CopyLoop, `loop`, `loop-txn`: bench/copy_loop.py's librdkafka loop, each in
   `--realtime-tasks` slots with the real-time task's linger, without transactions or committing every TXN_COMMIT_S as
@@ -48,8 +49,8 @@ ratio to MM2 of the same guarantee) and .png.
 
 Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--topics 4] [--partitions 4]
        [--candidates mirror,mirror-python,mm2,mm2-untuned,limit] [--topics-scale 1,10,100 --scale-records 100000]
-       [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mirror-realtime-python,mm2,mm2-eos,limit,
-                             limit-txn,loop,loop-txn,limit-txn-mm2-linger]
+       [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mirror-realtime-python,
+                             mirror-realtime-eos-python,mm2,mm2-eos,limit,limit-txn,loop,loop-txn,limit-txn-mm2-linger]
        [--latency-rates 10000,50000]
        [--latency-seconds 60] [--latency-warmup 15]
 """
@@ -116,6 +117,9 @@ LATENCY_CANDIDATES = {
     "mirror-realtime": LatencyCandidate("mirror", READ_UNCOMMITTED, FlowMode.REALTIME),
     "mirror-realtime-eos": LatencyCandidate("mirror", READ_COMMITTED, FlowMode.REALTIME, exactly_once=True),
     "mirror-realtime-python": LatencyCandidate("mirror", READ_UNCOMMITTED, FlowMode.REALTIME, copy_core="python"),
+    "mirror-realtime-eos-python": LatencyCandidate(
+        "mirror", READ_COMMITTED, FlowMode.REALTIME, exactly_once=True, copy_core="python"
+    ),
     "mm2": LatencyCandidate("mm2", READ_UNCOMMITTED),
     "mm2-eos": LatencyCandidate("mm2", READ_COMMITTED, exactly_once=True),
     "limit": LatencyCandidate("limit", READ_UNCOMMITTED),
