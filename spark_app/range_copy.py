@@ -256,13 +256,23 @@ def _skip_committed(
     """Start each range past what its partition's committed position says was copied already, where the position is
     in the life the range was planned in (`_same_life`). The landings still cover the range from its start, as the
     copy that committed the position left them: where its note says records were gone from the source before that
-    copy read them, a landing ends before the gap and the next starts after it, so the flow's ledger reports them."""
+    copy read them, a landing ends before the gap and the next starts after it, so the flow's ledger reports them.
+
+    A position committed by a copy of this range that found its partition gone backwards (the range run again after
+    a crash before the flow filed it) is in the life after the one the range was planned in, copied from its start:
+    the range goes on from there in that life, saying it went back, as the copy before it did."""
     for r in ranges:
         key = (r.topic, r.partition)
         cursor = cursors[key]
         if key not in committed or cursor.done:
             continue
         offset, note = committed[key]
+        if _left_this_life(note, lives.get(r.topic, ""), r):
+            stop = r.end if cursor.stop is None else cursor.stop
+            cursor.retired.append(Landing(r.topic, r.partition, r.start, r.start))
+            cursor.landing = Landing(r.topic, r.partition, 0, offset, reset_from=r.start)
+            cursor.seen, cursor.next, cursor.done = True, offset, offset >= stop
+            continue
         if offset <= cursor.next or not _same_life(note, lives.get(r.topic, ""), r):
             continue
         stop = r.end if cursor.stop is None else cursor.stop
@@ -295,12 +305,18 @@ def _same_life(note: PositionNote, life: str, r: OffsetRange) -> bool:
     return r.reset_from < 0
 
 
+def _left_this_life(note: PositionNote, life: str, r: OffsetRange) -> bool:
+    """Whether a committed position is one a copy of the range `r` (planned in `life`) committed after it found the
+    partition gone backwards in the middle of it: in the life after `life`."""
+    return note.life == OTHER_LIFE and bool(life) and note.left == life and r.reset_from < 0
+
+
 def _note(cursor: Cursor, start: int, life: str) -> PositionNote:
     """The note committed with a partition's position: the life its range was planned in, unless the copy found the
     partition gone backwards in the middle of its range (then another, unnamed), and the gaps between its landings
     from the range's `start` (where records were gone before they were read: the ledger checks which were deleted)."""
     if any(row.reset_from >= 0 for row in [*cursor.retired, cursor.landing][1:]):
-        return PositionNote(OTHER_LIFE)
+        return PositionNote(OTHER_LIFE, left=life)
     rows = [*cursor.retired, cursor.landing] if cursor.seen else cursor.retired
     gaps: list[tuple[int, int]] = []
     expected = start
@@ -319,11 +335,17 @@ def _starts_over(cursor: Cursor) -> bool:
 
 def _position(cursor: Cursor) -> int:
     """Where a range's partition goes on from: its first held offset, else the range's end once copied, or where its
-    copy stands (a transaction committed before the range's end)."""
+    copy stands (a transaction committed before the range's end). A partition found gone backwards in the middle of
+    its range was copied in its new life from the start up to the range's end (as the driver files it,
+    spark_app.throughput._ended_at_stops), not only to where its new landing began."""
     landing = cursor.landing
     if landing.held_from >= 0:
         return landing.held_from
-    return landing.end_offset if cursor.done else cursor.next
+    if not cursor.done:
+        return cursor.next
+    if cursor.retired and landing.reset_from >= 0 and cursor.stop is not None:
+        return max(landing.end_offset, cursor.stop)
+    return landing.end_offset
 
 
 class PartitionWatch:

@@ -75,19 +75,24 @@ class PositionNote:
 
     life: str = ""  # the topic's id the offset is in; "" when not known (committed without a note), OTHER_LIFE
     gaps: tuple[tuple[int, int], ...] = ()
+    # With OTHER_LIFE: the life the range was planned in, which the copy left when it found its partition gone
+    # backwards; the offset is in the life after it, copied from its start.
+    left: str = ""
 
     def dump(self) -> str:
         gaps = list(self.gaps)
         if len(gaps) > NOTE_GAPS:  # merged into one: its records read as deleted (reported, never skipped silently)
             gaps = [*gaps[: NOTE_GAPS - 1], (gaps[NOTE_GAPS - 1][0], gaps[-1][1])]
-        return json.dumps({"life": self.life, "gaps": gaps}, separators=(",", ":"))
+        left = {"left": self.left} if self.left else {}
+        return json.dumps({"life": self.life, "gaps": gaps} | left, separators=(",", ":"))
 
     @classmethod
     def parse(cls, raw: str | None) -> PositionNote:
         """A note as `dump` wrote it; an empty one for anything else (a position committed without a note)."""
         try:
             data = json.loads(raw or "")
-            return cls(str(data["life"]), tuple((int(e), int(f)) for e, f in data["gaps"]))
+            gaps = tuple((int(e), int(f)) for e, f in data["gaps"])
+            return cls(str(data["life"]), gaps, str(data.get("left", "")))
         except (ValueError, KeyError, TypeError):
             return cls()
 

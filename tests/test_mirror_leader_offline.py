@@ -5,6 +5,7 @@ the batch in flight the same way, rather than holding it (and any stop) for as l
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -238,7 +239,7 @@ def test_a_real_time_mirror_started_while_a_leader_is_offline_copies_the_rest_an
 
 
 def test_exactly_once_a_topic_made_again_while_a_partition_is_held_is_copied_once_in_its_new_life(
-    spark, multi_broker_cluster, plaintext_cluster, tmp_path, unique, monkeypatch
+    spark, multi_broker_cluster, plaintext_cluster, tmp_path, unique, monkeypatch, caplog
 ):
     """Partition 1 is held (its leader, broker 2, stopped mid-range) when the topic is deleted and made again, broker 2
     still down. The hold is of the old life: its records went with it, so the catch-up must not copy the new life
@@ -247,6 +248,7 @@ def test_exactly_once_a_topic_made_again_while_a_partition_is_held_is_copied_onc
     each hold, then every record of the new life, each once, in order (seen twice before: 5,200 duplicates in a
     long run)."""
     monkeypatch.setattr(quarantine, "RECORD_RETRY_S", 2.0)
+    caplog.set_level(logging.INFO, logger="spark_app")  # a failure shows each hold, catch-up and partition answering
     source = multi_broker_cluster
     topic = f"remade-held-{unique}"
     create_placed_topics(source.admin, {topic: [1, 2]})
@@ -283,7 +285,10 @@ def test_exactly_once_a_topic_made_again_while_a_partition_is_held_is_copied_onc
             send(source, new, topic, (1,), BACKLOG + 200, size=12)  # past where the old life's hold ended
             send(source, new, topic, (0,), PER_ROUND, size=12)
             wait_until(lambda: topic not in flow.ledger.quarantined, f"'{topic}' to catch up and rejoin", errors=errors)
-            wait_until(lambda: _landed(plaintext_cluster, topic, new[topic]), "the whole new life", errors=errors)
+            try:
+                wait_until(lambda: _landed(plaintext_cluster, topic, new[topic]), "the whole new life", errors=errors)
+            except AssertionError as err:
+                raise AssertionError(f"{err}; the flow stands at {flow.ledger.resume_points()}") from None
     finally:
         source.broker(2).start()
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
 from spark_app.batch_log import BatchLog, Planned
 from spark_app.config import parse_config
+from spark_app.ledger import FlowLedger
 from spark_app.mirror import Mirror
 from spark_app.planner import rebased, remade_within
 from spark_app.ranges import Landing, OffsetRange
@@ -219,6 +221,70 @@ def test_exactly_once_throughput_a_topic_made_again_in_the_middle_of_a_batch_is_
     after = Mirror(spark, config)
     after.run_available_now()
     assert after.flows[0].ledger.resets == [], "the new life was taken for the old one again"
+    got = read_all(source_cluster.client, remote, expected=len(old) + len(new), exact=False)  # read_committed
+    assert_each_record_once_in_order(remote, got, old + new)
+
+
+def test_exactly_once_throughput_a_batch_that_found_a_topic_made_again_run_again_after_a_crash_copies_it_once(
+    spark, plaintext_cluster, source_cluster, tmp_path, unique, monkeypatch
+):
+    """As above, the batch planned in the old life (1,000 to 1,500 a partition) finds its partitions gone backwards
+    and copies the new life from 0 to 1,500, and its slots commit; then the driver dies before the flow files the
+    batch. The batch runs again as planned, in the old life's offsets: what its slots committed in the new life must
+    be skipped, not copied a second time."""
+    topic = f"remade-crash-{unique}"
+    remote = f"primary.{topic}"
+    now = int(time.time() * 1000)
+    old = records("old", 2_000, now)
+    new = records("new", 6_000, now + 10_000)
+    raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", source_alias="primary",
+                          emit_heartbeats=False, exactly_once=True)  # fmt: skip
+    config = parse_config(raw)
+    create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
+    produce(plaintext_cluster.client, topic, old)
+    check_transactions(config)
+    Mirror(spark, config).run_available_now()
+    produce(plaintext_cluster.client, topic, records("old", 1_000, now, first=2_000))  # deleted before copied
+
+    early, rest = new[:600], new[600:]
+    refill_errors: list[BaseException] = []
+
+    def refill_once_the_copy_went_back() -> None:
+        try:
+            deadline = time.monotonic() + 120
+            while landed_uncommitted(source_cluster.client, remote, b"new-") < len(early):
+                assert time.monotonic() < deadline, "the copy never wrote the new life's first records"
+                time.sleep(0.5)
+            produce(plaintext_cluster.client, topic, rest)
+        except BaseException as err:  # noqa: BLE001 - the test asserts on it
+            refill_errors.append(err)
+
+    plan = BatchLog.plan
+    refill = threading.Thread(target=refill_once_the_copy_went_back, daemon=True)
+
+    def plan_then_make_the_topic_again(log: BatchLog, batch: int, end) -> None:
+        plan(log, batch, end)
+        if refill.ident is None:
+            recreate(plaintext_cluster, topic)
+            produce(plaintext_cluster.client, topic, early)
+            refill.start()
+
+    def crash(*args, **kwargs) -> None:
+        raise RuntimeError("the driver died after the batch's slots committed")
+
+    with monkeypatch.context() as hooked:
+        hooked.setattr(BatchLog, "plan", plan_then_make_the_topic_again)
+        hooked.setattr(FlowLedger, "file", crash)
+        check_transactions(config)
+        with pytest.raises(Exception, match="driver died"):
+            Mirror(spark, config).run_available_now()
+    refill.join(120)
+    assert not refill_errors, refill_errors
+    on_target = landed_uncommitted(source_cluster.client, remote, b"new-")
+    assert on_target == 1_500 * PARTITIONS, f"the crashed batch wrote {on_target} of the new life, not 0 to 1,500"
+
+    check_transactions(config)
+    Mirror(spark, config).run_available_now()
     got = read_all(source_cluster.client, remote, expected=len(old) + len(new), exact=False)  # read_committed
     assert_each_record_once_in_order(remote, got, old + new)
 
