@@ -5,21 +5,17 @@ the batch in flight the same way, rather than holding it (and any stop) for as l
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import NewTopic
+from confluent_kafka import KafkaException
 
-from bench.testbed import clients
 from bench.testbed.clients import Record, create_placed_topics, create_topics, end_offsets, produce, read_all
 from bench.testbed.kafka_cluster import KafkaCluster, MultiBrokerCluster, cluster_entry
 from bench.testbed.ports import free_port
 from spark_app import quarantine
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
-from spark_app.transactions import check_transactions
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
 from tests.support.polling import wait_until
@@ -236,88 +232,3 @@ def test_a_real_time_mirror_started_while_a_leader_is_offline_copies_the_rest_an
     for topic in (steady, bad):
         got = read_all(plaintext_cluster.client, f"multi.{topic}", expected=100)
         assert_each_record_once_in_order(f"multi.{topic}", got, sent[(topic, 0)] + sent[(topic, 1)])
-
-
-def test_exactly_once_a_topic_made_again_while_a_partition_is_held_is_copied_once_in_its_new_life(
-    spark, multi_broker_cluster, plaintext_cluster, tmp_path, unique, monkeypatch, caplog
-):
-    """Partition 1 is held (its leader, broker 2, stopped mid-range) when the topic is deleted and made again, broker 2
-    still down. The hold is of the old life: its records went with it, so the catch-up must not copy the new life
-    from the old life's offset beside the regular copy, and the partitions whose log start does not answer must not
-    make the flow take the topic as made again once more. Read back read_committed: the old life's records up to
-    each hold, then every record of the new life, each once, in order (seen twice before: 5,200 duplicates in a
-    long run)."""
-    monkeypatch.setattr(quarantine, "RECORD_RETRY_S", 2.0)
-    caplog.set_level(logging.INFO, logger="spark_app")  # a failure shows each hold, catch-up and partition answering
-    source = multi_broker_cluster
-    topic = f"remade-held-{unique}"
-    create_placed_topics(source.admin, {topic: [1, 2]})
-    overrides = throttled_overrides(source.broker(1), f"mirror-{unique}")
-    config = parse_config(
-        one_flow_config(
-            cluster_entry(source, "multi") | {"client_overrides": overrides},
-            plaintext_cluster,
-            [topic],
-            tmp_path / "ckpt",
-            emit_heartbeats=False,
-            metrics_port=free_port(),
-            exactly_once=True,
-        )  # fmt: skip
-    )
-    old: dict[str, list[Record]] = {topic: []}
-    send(source, old, topic, (1,), BACKLOG, RECORD_BYTES, **SMALL_BATCHES)
-    send(source, old, topic, (0,), PER_ROUND)
-    new: dict[str, list[Record]] = {topic: []}
-    check_transactions(config)
-    mirror = Mirror(spark, config)
-    flow = mirror.flows[0]
-    try:
-        with mirror_running(mirror) as errors:
-            stopped_mid_range(source.broker(2).stop, plaintext_cluster, f"multi.{topic}", 1, errors)
-            wait_until(lambda: topic in flow.ledger.quarantined, f"'{topic}' to be held", errors=errors)
-            admin = clients.admin(source.admin)
-            admin.delete_topics([topic], operation_timeout=30)[topic].result()
-            wait_until(lambda: _made_again(admin, topic), f"'{topic}' to be made again", errors=errors)
-            for _ in range(3):  # the new life's partition 0, on the broker that stays up, fills in rounds
-                send(source, new, topic, (0,), PER_ROUND, size=12)
-                time.sleep(1)
-            source.broker(2).start()
-            send(source, new, topic, (1,), BACKLOG + 200, size=12)  # past where the old life's hold ended
-            send(source, new, topic, (0,), PER_ROUND, size=12)
-            wait_until(lambda: topic not in flow.ledger.quarantined, f"'{topic}' to catch up and rejoin", errors=errors)
-            try:
-                wait_until(lambda: _landed(plaintext_cluster, topic, new[topic]), "the whole new life", errors=errors)
-            except AssertionError as err:
-                raise AssertionError(f"{err}; the flow stands at {flow.ledger.resume_points()}") from None
-    finally:
-        source.broker(2).start()
-
-    got = read_all(plaintext_cluster.client, f"multi.{topic}", expected=len(new[topic]), exact=False)
-    kept = set(got)
-    old_kept = [r for r in old[topic] if r in kept]
-    for p in (0, 1):
-        mine = [r for r in old[topic] if r.partition == p]
-        assert [r for r in old_kept if r.partition == p] == mine[: len([r for r in old_kept if r.partition == p])], (
-            f"partition {p}: the old life's records on the target are not a prefix of it"
-        )
-    assert_each_record_once_in_order(f"multi.{topic}", got, old_kept + new[topic])
-
-
-def _made_again(admin, topic: str) -> bool:
-    """Make `topic` again, on the broker that is up (a fenced broker takes no new replica)."""
-    new = NewTopic(topic, 2, replication_factor=1)
-    try:
-        admin.create_topics([new], operation_timeout=10)[topic].result()
-        return True
-    except KafkaException as err:
-        if err.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:  # still being deleted
-            return False
-        raise
-
-
-def _landed(target: KafkaCluster, topic: str, records: list[Record]) -> bool:
-    try:
-        got = read_all(target.client, f"multi.{topic}", expected=len(records), timeout_s=5, exact=False)
-    except AssertionError:
-        return False
-    return set(records) <= set(got)

@@ -13,11 +13,13 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
+from spark_app import quarantine
 from spark_app.batch_log import BatchLog, Planned
 from spark_app.config import parse_config
 from spark_app.ledger import FlowLedger
 from spark_app.mirror import Mirror
 from spark_app.planner import rebased, remade_within
+from spark_app.policy import offset_syncs_topic
 from spark_app.ranges import Landing, OffsetRange
 from spark_app.runner import FlowRunner
 from spark_app.throughput import _ended_at_stops
@@ -395,3 +397,44 @@ def test_a_topic_made_again_within_a_batch_starts_its_other_partitions_over_at_z
         ("t", 2, 0, 0, 120),
     ]
     assert remade_within(start, end, landed, lambda topics: {}) == ({}, [])
+
+
+def test_exactly_once_a_topic_made_again_while_a_partition_is_held_gives_up_the_hold_and_copies_the_new_life_once(
+    spark, plaintext_cluster, target_cluster, tmp_path, unique, monkeypatch
+):
+    """Partition 1 is held from offset 50 (a record over the Event Hubs-like target's 1 MB cap) when the topic is
+    deleted and made again, then refilled past where the hold ended. The hold is of the old life: its catch-up must
+    not read the new log at the old offsets (copying 50 to 200 of the new life beside the batches that copy it from
+    its start), so it is given up, and the new life is copied once."""
+    monkeypatch.setattr(quarantine, "RECORD_RETRY_S", 0.0)  # a held topic tries to catch up at each batch
+    topic = f"remade-held-{unique}"
+    remote = f"onprem.{topic}"
+    now = int(time.time() * 1000)
+    big = Record(1, b"big", b"x" * 1_200_000, (), now + 50)
+    old = records("old", 200, now) + [r for r in records("old", 300, now, first=200) if r.partition == 0]
+    old_p1 = [r for r in old if r.partition == 1]
+    create_topics(plaintext_cluster.admin, {topic: PARTITIONS}, {"max.message.bytes": "3000000"})
+    raw = one_flow_config(plaintext_cluster, target_cluster, [topic], tmp_path / "ckpt", emit_heartbeats=False,
+                          exactly_once=True)  # fmt: skip
+    config = parse_config(raw)
+    create_topics(target_cluster.admin, {remote: PARTITIONS})  # an event hub comes from infra
+    create_topics(target_cluster.admin, {offset_syncs_topic(config.flows[0]): 1}, {"cleanup.policy": "compact"})
+    produce(plaintext_cluster.client, topic, [r for r in old if r.partition == 0] + old_p1[:50])
+    produce(plaintext_cluster.client, topic, [big], **{"message.max.bytes": "3000000"})
+    produce(plaintext_cluster.client, topic, old_p1[50:])
+    check_transactions(config)
+    first = Mirror(spark, config)
+    first.run_available_now()
+    assert first.flows[0].ledger.held == {topic: {1: 50}}, first.flows[0].ledger.held
+
+    recreate(plaintext_cluster, topic)
+    new = records("new", 800, now + 10_000)  # 400 a partition: past the old hold's end (201)
+    produce(plaintext_cluster.client, topic, new)
+    check_transactions(config)
+    again = Mirror(spark, config)
+    again.run_available_now()
+    assert again.flows[0].ledger.quarantined == {}, again.flows[0].ledger.quarantined
+
+    kept = [r for r in old if r.partition == 0] + old_p1[:50]  # the old life up to the hold; its rest went with it
+    got = read_all(target_cluster.client, remote, expected=len(kept) + len(new), exact=False)  # read_committed
+    assert_each_record_once_in_order(remote, got, kept + new)
