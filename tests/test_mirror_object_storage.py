@@ -61,9 +61,10 @@ def test_a_hold_in_an_s3a_checkpoint_survives_a_sigkill_and_the_held_topic_catch
     env = mirror_cli.env | s3.spark_env()
 
     def hold() -> dict:
-        """The hold of `held` in the state in the bucket, as {partition: {"first", "next"}}."""
+        """The hold of `held` in the state in the bucket, as {partition: {"first", "next"}} (its life aside)."""
         raw = s3.read(bucket, state_key)
-        return json.loads(raw)["quarantined"].get(held, {}).get("partitions", {}) if raw else {}
+        holds = json.loads(raw)["quarantined"].get(held, {}).get("partitions", {}) if raw else {}
+        return {p: {"first": h["first"], "next": h["next"]} for p, h in holds.items()}
 
     def wait_for_hold(next_offset: int, timeout_s: float = 180.0) -> dict:
         deadline = time.monotonic() + timeout_s

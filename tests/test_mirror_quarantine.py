@@ -96,7 +96,7 @@ def test_a_quarantined_topic_stops_alone_then_catches_up_in_order_and_retention_
     assert_each_record_once_in_order(f"onprem.{big}", got, sent[big][:5] + sent[big][11:])
     state = json.loads((ckpt / STATE_FILE).read_text())
     assert state["version"] == STATE_VERSION
-    assert state["quarantined"][big]["partitions"]["0"] == {"first": 5, "next": 11}
+    assert state["quarantined"][big]["partitions"]["0"] == {"first": 5, "next": 11, "life": state["topic_ids"][big]}
     # The query read past the held records, but their lag counts from the first held offset, in the metric and in
     # `status` (offset syncs end at the last record written).
     lag = first.flows[0].lag()
