@@ -70,12 +70,6 @@ CONNECTOR_SUFFIX = "MirrorSourceConnector"  # dedicated mode's name; Strimzi's i
 HEARTBEAT_QUIET_S = 30.0  # MM2 counts as running while its newest heartbeat on the target is younger
 
 
-def default_offsets_topic(flow: FlowConfig) -> str:
-    """Where dedicated-mode MM2 (org.apache.kafka.connect.mirror.MirrorMaker) keeps its source positions (named in
-    spark_app.policy, which grants it)."""
-    return default_connect_offsets_topic(flow)
-
-
 @dataclass(frozen=True)
 class Mm2Naming:
     """How MM2 named remote topics: `replication.policy.class` and `replication.policy.separator`."""
@@ -90,7 +84,7 @@ class Mm2Naming:
 @dataclass(frozen=True)
 class AdoptOptions:
     naming: Mm2Naming = Mm2Naming()
-    offsets_topic: str | None = None  # None: dedicated mode's default_offsets_topic
+    offsets_topic: str | None = None  # None: dedicated mode's (policy.default_connect_offsets_topic)
     connector: str | None = None  # None: the one connector named *MirrorSourceConnector with entries for the source
     heartbeat_quiet_s: float = HEARTBEAT_QUIET_S
     force: bool = False  # adopt even while MM2 looks alive
@@ -138,7 +132,7 @@ def adopt(config: MirrorConfig, flow: FlowConfig, options: AdoptOptions) -> Adop
     if result.refused:
         return result
     index = config.flows.index(flow)
-    offsets_topic = options.offsets_topic or default_offsets_topic(flow)
+    offsets_topic = options.offsets_topic or default_connect_offsets_topic(flow)
     positions = mm2_positions(config, flow, offsets_topic, options.connector)
     topics = sorted({t for t, _ in positions})
     result.skipped = [t for t in topics if not should_mirror(flow, t)]

@@ -33,9 +33,9 @@ from ..clients import PartitionOffsets
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
 from ..ledger import FlowLedger, LedgerState
-from ..policy import default_connect_group, mm2_offset_syncs_topic
+from ..policy import default_connect_group, default_connect_offsets_topic, mm2_offset_syncs_topic
 from ..storage import checkpoint_files
-from .adopt import HEARTBEAT_QUIET_S, default_offsets_topic, running_refusals, unreached_checkpoint
+from .adopt import HEARTBEAT_QUIET_S, running_refusals, unreached_checkpoint
 from .formats import OffsetSync
 from .internal import ensure_topic, read_offset_syncs
 from .lease import SESSION_S, holder
@@ -45,7 +45,7 @@ CONNECTOR = "MirrorSourceConnector"  # dedicated mode's name; Strimzi's is `<sou
 
 @dataclass(frozen=True)
 class HandbackOptions:
-    offsets_topic: str | None = None  # None: dedicated mode's default_offsets_topic
+    offsets_topic: str | None = None  # None: dedicated mode's (policy.default_connect_offsets_topic)
     connector: str = CONNECTOR
     syncs_location: Literal["source", "target"] = "source"  # MM2's offset-syncs.topic.location (its default)
     heartbeat_quiet_s: float = HEARTBEAT_QUIET_S
@@ -69,7 +69,7 @@ def handback(config: MirrorConfig, flow: FlowConfig, options: HandbackOptions) -
     if result.refused:
         return result
     target = config.cluster(flow.target)
-    offsets_topic = options.offsets_topic or default_offsets_topic(flow)
+    offsets_topic = options.offsets_topic or default_connect_offsets_topic(flow)
     if not options.force:
         result.refused += running_refusals(config, flow, options.heartbeat_quiet_s,
                                            options.connect_group or default_connect_group(flow))  # fmt: skip
