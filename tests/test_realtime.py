@@ -105,7 +105,9 @@ def test_tasks_that_fail_are_started_again_with_a_backoff_and_only_a_terminal_ca
     flow = {"source": "a", "target": "b", "topics": {"include": ["t"]}, "checkpoint_location": str(tmp_path),
             "mode": "realtime"}  # fmt: skip
     config = parse_config({"clusters": clusters, "flows": [flow]})
-    sync = SimpleNamespace(earliest_offsets=lambda partitions: dict.fromkeys(partitions, 0))
+    sync = SimpleNamespace(
+        earliest_offsets=lambda partitions: dict.fromkeys(partitions, 0), topic_ids=lambda topics: {}
+    )
     run = RealtimeRunner(None, config, config.flows[0], MirrorMetrics(), topic_sync=sync)  # type: ignore[arg-type]
     now = [1000.0]
     run.clock = lambda: now[0]  # type: ignore[method-assign]
@@ -150,7 +152,9 @@ def test_a_start_saves_where_new_partitions_start_so_a_crash_before_the_first_re
     monkeypatch.setattr(realtime_flow, "OffsetSpec", SimpleNamespace(latest=lambda: "end", earliest=lambda: "start"))
     monkeypatch.setattr(realtime_flow, "_answered", lambda admin, partitions, spec, wait_s, read_committed=True: {
         tp: log_start[0] if spec == "start" else 100 for tp in partitions})  # fmt: skip
-    sync = SimpleNamespace(earliest_offsets=lambda partitions: dict.fromkeys(partitions, log_start[0]))
+    sync = SimpleNamespace(
+        earliest_offsets=lambda partitions: dict.fromkeys(partitions, log_start[0]), topic_ids=lambda topics: {}
+    )
 
     first = RealtimeRunner(None, config, config.flows[0], MirrorMetrics(), topic_sync=sync)  # type: ignore[arg-type]
     first.plan = TopicPlan(mirrored={"t": 2}, wanted={"t": 2})
@@ -179,7 +183,9 @@ def test_a_new_partition_whose_log_start_did_not_answer_is_started_at_0_but_not_
     monkeypatch.setattr(realtime_flow, "OffsetSpec", SimpleNamespace(latest=lambda: "end", earliest=lambda: "start"))
     monkeypatch.setattr(realtime_flow, "_answered", lambda admin, partitions, spec, wait_s, read_committed=True: {
         tp: 500 if spec == "start" else 900 for tp in partitions if spec == "end" or tp == ("t", 0)})  # fmt: skip
-    sync = SimpleNamespace(earliest_offsets=lambda partitions: dict.fromkeys(partitions, 500))
+    sync = SimpleNamespace(
+        earliest_offsets=lambda partitions: dict.fromkeys(partitions, 500), topic_ids=lambda topics: {}
+    )
     run = RealtimeRunner(None, config, config.flows[0], MirrorMetrics(), topic_sync=sync)  # type: ignore[arg-type]
     run.plan = TopicPlan(mirrored={"t": 2}, wanted={"t": 2})
     assert run._assign((("t", 2),), available_now=False).starts == {("t", 0): 500, ("t", 1): 0}

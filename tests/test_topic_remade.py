@@ -407,15 +407,15 @@ def test_exactly_once_a_topic_made_again_while_a_partition_is_held_gives_up_the_
     not read the new log at the old offsets (copying 50 to 200 of the new life beside the batches that copy it from
     its start), so it is given up, and the new life is copied once."""
     monkeypatch.setattr(quarantine, "RECORD_RETRY_S", 0.0)  # a held topic tries to catch up at each batch
-    topic = f"remade-held-{unique}"
-    remote = f"onprem.{topic}"
+    topic, alias = f"remade-held-{unique}", f"p{unique[-8:]}"  # its own offset syncs hub on the shared target
+    remote = f"{alias}.{topic}"
     now = int(time.time() * 1000)
     big = Record(1, b"big", b"x" * 1_200_000, (), now + 50)
     old = records("old", 200, now) + [r for r in records("old", 300, now, first=200) if r.partition == 0]
     old_p1 = [r for r in old if r.partition == 1]
     create_topics(plaintext_cluster.admin, {topic: PARTITIONS}, {"max.message.bytes": "3000000"})
-    raw = one_flow_config(plaintext_cluster, target_cluster, [topic], tmp_path / "ckpt", emit_heartbeats=False,
-                          exactly_once=True)  # fmt: skip
+    raw = one_flow_config(plaintext_cluster, target_cluster, [topic], tmp_path / "ckpt", source_alias=alias,
+                          emit_heartbeats=False, exactly_once=True)  # fmt: skip
     config = parse_config(raw)
     create_topics(target_cluster.admin, {remote: PARTITIONS})  # an event hub comes from infra
     create_topics(target_cluster.admin, {offset_syncs_topic(config.flows[0]): 1}, {"cleanup.policy": "compact"})
