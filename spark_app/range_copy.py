@@ -22,10 +22,12 @@ one ends within the stop's own bound (spark_app.config.STOP_BATCH_TIMEOUT_S).
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from . import clients
 from .clients import Partition, PartitionOffsets
@@ -46,7 +48,17 @@ from .outbox import (
 from .policy import transactional
 from .ranges import Landing, OffsetRange
 from .topics import TargetRules
-from .transactions import OTHER_LIFE, Aborted, PositionNote, SlotTransactions, TransactionFailed
+from .transactions import (
+    OTHER_LIFE,
+    Aborted,
+    PositionNote,
+    SlotTransactions,
+    TransactionFailed,
+    lives_word,
+    other_lives,
+)
+
+log = logging.getLogger(__name__)
 
 RANGE_CONSUME_BATCH = 10_000
 RANGE_CONSUME_WAIT_S = 0.1
@@ -151,6 +163,7 @@ class RangeCopier:
         copying = {key for key, c in cursors.items() if not c.done or _starts_over(c)}
         last_commit = copy.deepcopy(cursors)
         lost = 0  # transactions in a row that failed with no refusal
+        admin: AdminClient | None = None  # asks the source for the ids of the topics' lives (exactly once)
         while True:
             slot_txn.begin()
             outbox = self._outbox(cursors, slot_txn.producer, retries)
@@ -160,6 +173,13 @@ class RangeCopier:
                 failed = True
             else:
                 failed = outbox.transaction_lost
+            remade: dict[str, str] = {}
+            unsure: set[str] = set()
+            read = _read_since(cursors, last_commit)
+            if not failed and self.flow.exactly_once and (asked := _planned_lives(cursors, self.lives, read)):
+                admin = admin or clients.admin(self.source)
+                remade, unsure = other_lives(admin, asked, read)
+                failed = bool(remade or unsure)  # what it read may be a new life's: none of it commits as the old's
             if not failed:
                 for key, (offset, size, error) in cut.items():
                     if cursors[key].done:  # copied up to its refused record: it holds from there
@@ -184,8 +204,12 @@ class RangeCopier:
             outbox.settle()
             refused = outbox.take_refused()
             outbox.raise_failures()
-            # The transaction after a refused one may fail too, with no refusal of its own (see Outbox.refused), once.
-            lost = 0 if refused else lost + 1
+            if remade or unsure:
+                log.warning("flow %s: slot %d's transaction was aborted: %s; the batch copies no more of those topics"
+                            " (one whose id did not answer holds from the last commit, to catch up once it does)",
+                            self.flow.name, slot_txn.slot, lives_word(self.lives, remade, unsure))  # fmt: skip
+            else:  # the transaction after a refused one may fail too, with no refusal of its own (Outbox.refused), once
+                lost = 0 if refused else lost + 1
             if lost > LOST_TRANSACTIONS:
                 raise DeliveryFailed(f"flow {self.flow.name}: {lost} transactions of slot {slot_txn.slot} in a row"
                                      " failed, with no record of them refused")  # fmt: skip
@@ -198,6 +222,7 @@ class RangeCopier:
                 cursor = cursors[key]
                 cursor.stop = offset if cursor.stop is None else min(cursor.stop, offset)
                 cursor.done = cursor.done or cursor.next >= cursor.stop
+            _end_other_lives(cursors, remade, unsure, self.source.alias)
 
     def _outbox(self, cursors: dict[Partition, Cursor], producer: Producer, retries: Retries | None = None) -> Outbox:
         """An outbox that writes with `producer` and files what lands into the cursors' landings; with `retries`, in
@@ -305,6 +330,45 @@ def _same_life(note: PositionNote, life: str, r: OffsetRange) -> bool:
     return r.reset_from < 0
 
 
+def _planned_lives(cursors: Mapping[Partition, Cursor], lives: Mapping[str, str], read: set[str]) -> dict[str, str]:
+    """Of the topics `read` since the last commit, those whose life the ranges were planned in is known, with its id,
+    but for those the copy found gone backwards itself: their partitions are copied in the new life already
+    (`_note`). What was read of the others before the last commit was checked before it."""
+    went_back = {t for (t, _), c in cursors.items() if _went_back_within(c)}
+    return {t: lives[t] for t in read if lives.get(t) and t not in went_back}
+
+
+def _read_since(cursors: Mapping[Partition, Cursor], last_commit: Mapping[Partition, Cursor]) -> set[str]:
+    """The topics the copy read records of since its last commit."""
+    return {
+        t
+        for (t, p), c in cursors.items()
+        if c.next != last_commit[(t, p)].next or len(c.retired) != len(last_commit[(t, p)].retired)
+    }
+
+
+def _end_other_lives(
+    cursors: Mapping[Partition, Cursor], remade: Mapping[str, str], unsure: set[str], source: str
+) -> None:
+    """After a transaction aborted by spark_app.transactions.other_lives, with the cursors back at the last commit:
+    each open partition of a topic made again ends its copy there (what its old life held past it went with it, and
+    the next batch, planned in the new life, copies that from its log start); each of a topic whose id did not answer
+    holds from there, and catches up once it does (spark_app.ledger.FlowLedger.catch_up asks the id first)."""
+    for (topic, _), cursor in cursors.items():
+        if cursor.done or (topic not in remade and topic not in unsure):
+            continue
+        cursor.landing.first_offset = min(cursor.landing.first_offset, cursor.next)
+        cursor.landing.end_offset = cursor.next
+        if topic in unsure:
+            cursor.landing.hold(cursor.next, error=f"source '{source}' did not say whether the topic was made again")
+        cursor.done = True
+
+
+def _went_back_within(cursor: Cursor) -> bool:
+    """Whether the copy found the cursor's partition gone backwards in the middle of its range."""
+    return any(row.reset_from >= 0 for row in [*cursor.retired, cursor.landing][1:])
+
+
 def _left_this_life(note: PositionNote, life: str, r: OffsetRange) -> bool:
     """Whether a committed position is one a copy of the range `r` (planned in `life`) committed after it found the
     partition gone backwards in the middle of it: in the life after `life`."""
@@ -315,7 +379,7 @@ def _note(cursor: Cursor, start: int, life: str) -> PositionNote:
     """The note committed with a partition's position: the life its range was planned in, unless the copy found the
     partition gone backwards in the middle of its range (then another, unnamed), and the gaps between its landings
     from the range's `start` (where records were gone before they were read: the ledger checks which were deleted)."""
-    if any(row.reset_from >= 0 for row in [*cursor.retired, cursor.landing][1:]):
+    if _went_back_within(cursor):
         return PositionNote(OTHER_LIFE, left=life)
     rows = [*cursor.retired, cursor.landing] if cursor.seen else cursor.retired
     gaps: list[tuple[int, int]] = []

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from . import clients
 from .clients import Partition, PartitionOffsets
@@ -95,6 +96,42 @@ class PositionNote:
             return cls(str(data["life"]), gaps, str(data.get("left", "")))
         except (ValueError, KeyError, TypeError):
             return cls()
+
+
+# How long an exactly-once copy waits for its topics' ids before a commit (`other_lives`).
+LIFE_CHECK_TIMEOUT_S = 10.0
+
+
+def other_lives(admin: AdminClient, lives: Mapping[str, str], read: Iterable[str]) -> tuple[dict[str, str], set[str]]:
+    """Before an exactly-once commit: of the topics `lives` names (each with the id, KIP-516, of the life its
+    positions belong to), those made again at the source since (with their id now), and those of `read` (read since
+    the last commit) whose id did not answer.
+
+    A consumer reads a topic made again on from where it stood, with nothing to tell the new life's records from the
+    old one's (offsets, leader epoch 0 and record timestamps can all look alike); the id, asked after the records were
+    read, can. The same id now means no record read before was another life's (an id is never given twice); another
+    means records read since the last commit may be the new life's, and an id that does not answer cannot say: either
+    way the transaction must not commit them as the old life's."""
+    if not lives:
+        return {}, set()
+    try:
+        now = clients.topic_ids(admin, lives, LIFE_CHECK_TIMEOUT_S)
+    except KafkaException:
+        now = {}
+    remade = {t: i for t, i in now.items() if i != lives[t]}
+    return remade, {t for t in read if t in lives and t not in now}
+
+
+def lives_word(ids: Mapping[str, str], remade: Mapping[str, str], unsure: set[str]) -> str:
+    """Why `other_lives` aborted a transaction, in the log's words."""
+    words = [
+        f"'{t}' was made again at the source (id {ids[t]} -> {i}): what was read of it since the last commit may be the"
+        " new life's, which is copied from its log start instead"
+        for t, i in sorted(remade.items())
+    ]
+    if unsure:
+        words.append(f"the source did not say whether {', '.join(sorted(unsure))} was made again")
+    return "; ".join(words)
 
 
 # What a producer hears once a newer attempt of its transactional id started.

@@ -13,6 +13,7 @@ from confluent_kafka.admin import OffsetSpec
 
 from bench.testbed import clients
 from bench.testbed.clients import Record
+from spark_app import clients as spark_clients
 from spark_app.clients import list_offsets
 from spark_app.config import FlowConfig, TopicSelection
 from spark_app.ledger import FlowLedger, LedgerState
@@ -41,6 +42,12 @@ def flow_between(plaintext_cluster, source_cluster, unique, tmp_path, topic):
     clients.create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
     clients.create_topics(source_cluster.admin, {f"{source.alias}.{topic}": PARTITIONS})
     return flow, source, target
+
+
+def life_of(cluster, topic: str) -> dict[str, str]:
+    """The topic's id now (KIP-516), as the planner gives a batch's copy the life its ranges were planned in."""
+    admin = clients.admin(cluster.admin)
+    return spark_clients.topic_ids(admin, [topic])
 
 
 def losses_filed(flow: FlowConfig, source_admin, landed: list[Landing], folder) -> list[DataLoss]:
@@ -89,12 +96,12 @@ def test_a_micro_batch_that_starts_a_topic_made_again_over_run_again_after_its_c
 ):
     """The batch was planned in the topic's new life (its ranges start over at the log start: their offsets went
     backwards from 3,000). Run again, it skips what its slot committed, since the position names that life; a range
-    of another life is not skipped on that position."""
+    of a later life (the topic made again once more) is not skipped on that position."""
     topic = f"replay-remade-{unique}"
     flow, source, target = flow_between(plaintext_cluster, source_cluster, unique, tmp_path, topic)
     sent = records(topic, 3_000)  # 1,500 a partition
     clients.produce(source, topic, sent)
-    copier = RangeCopier(flow, source, target, lives={topic: "id-of-the-new-life"})
+    copier = RangeCopier(flow, source, target, lives=life_of(plaintext_cluster, topic))
     batch = [OffsetRange(topic, p, 0, 1_500, reset_from=3_000) for p in range(PARTITIONS)]
 
     first = copier.copy(batch, slot=0)
@@ -107,5 +114,7 @@ def test_a_micro_batch_that_starts_a_topic_made_again_over_run_again_after_its_c
     copy_topic = f"{source.alias}.{topic}"
     assert_each_record_once_in_order(copy_topic, clients.read_all(target, copy_topic, len(sent)), sent)
     # A range planned in yet another life reads from its start: the positions are not that life's.
-    later = RangeCopier(flow, source, target, lives={topic: "id-of-a-later-life"})
+    clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
+    clients.produce(source, topic, [r for r in records(topic, 200) if r.partition == 0])
+    later = RangeCopier(flow, source, target, lives=life_of(plaintext_cluster, topic))
     assert [r.records for r in later.copy([OffsetRange(topic, 0, 0, 100)], slot=0)] == [100]

@@ -18,20 +18,6 @@ from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
 
 
-def recreate(cluster, topic: str) -> None:
-    """Delete the topic and make it again, empty, once the broker has let go of the old one."""
-    admin = clients.admin(cluster.admin)
-    admin.delete_topics([topic], operation_timeout=30)[topic].result()
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            create_topics(cluster.admin, {topic: 1})
-            return
-        except AssertionError as err:  # still being deleted
-            assert time.monotonic() < deadline, f"could not make '{topic}' again: {err}"
-            time.sleep(0.5)
-
-
 @pytest.mark.parametrize("mode", ["throughput", "realtime"])
 def test_a_topic_made_again_and_refilled_past_the_old_position_is_copied_whole_reported_and_translated_anew(
     mode, spark, plaintext_cluster, source_cluster, tmp_path, unique
@@ -47,7 +33,7 @@ def test_a_topic_made_again_and_refilled_past_the_old_position_is_copied_whole_r
     produce(plaintext_cluster.client, topic, old)
     Mirror(spark, config).run_available_now()
 
-    recreate(plaintext_cluster, topic)
+    clients.remake_topic(plaintext_cluster.admin, topic, 1)
     produce(plaintext_cluster.client, topic, new)
     commit(plaintext_cluster.client, group, topic, {0: 10})  # a consumer of the new topic read 10 of it
     mirror = Mirror(spark, config)
@@ -84,7 +70,7 @@ def test_exactly_once_a_topic_made_again_and_first_seen_empty_is_copied_whole_on
     produce(plaintext_cluster.client, topic, old)
     Mirror(spark, config).run_available_now()
 
-    recreate(plaintext_cluster, topic)
+    clients.remake_topic(plaintext_cluster.admin, topic, 1)
     seen_empty = Mirror(spark, config)
     seen_empty.run_available_now()
     assert seen_empty.flows[0].ledger.resets == [OffsetsReset(topic, 0, 100, 0)]

@@ -37,20 +37,6 @@ def records(tag: str, count: int, at_ms: int, first: int = 0) -> list[Record]:
     ]
 
 
-def recreate(cluster, topic: str) -> None:
-    """Delete the topic and make it again, empty, once the broker has let go of the old one."""
-    admin = clients.admin(cluster.admin)
-    admin.delete_topics([topic], operation_timeout=30)[topic].result()
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            create_topics(cluster.admin, {topic: PARTITIONS})
-            return
-        except AssertionError as err:  # still being deleted
-            assert time.monotonic() < deadline, f"could not make '{topic}' again: {err}"
-            time.sleep(0.5)
-
-
 def copy_until(flow: FlowRunner, target, topic: str, count: int, within_s: float = 180.0) -> None:
     """Keep the flow going as the mirror's loop does between topic syncs (tasks that failed start again) until the
     target's read_committed reader sees `count` records of `topic`."""
@@ -84,7 +70,8 @@ def test_exactly_once_real_time_a_topic_made_again_while_copied_is_copied_once_a
     flow.start(flow.sync_topics(), available_now=False)
     try:
         copy_until(flow, source_cluster.client, remote, len(old))
-        recreate(plaintext_cluster, topic)  # between two topic syncs: only the task sees it
+        # Between two topic syncs: only the task sees it.
+        clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
         # Left empty until the tasks found every partition gone backwards, as producers come back only later (refilled
         # past where the copy stood before it looked, the new life would be read from there on, unnoticed).
         deadline = time.monotonic() + 120
@@ -129,7 +116,7 @@ def test_real_time_a_topic_made_again_and_refilled_past_where_the_copy_stood_bef
     flow.start(flow.sync_topics(), available_now=False)
     try:
         copy_until(flow, source_cluster.client, remote, len(old))
-        recreate(plaintext_cluster, topic)
+        clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
         produce(plaintext_cluster.client, topic, new)  # at once, past where the tasks stood
         wanted = {r.value for r in new}
         deadline = time.monotonic() + 180
@@ -206,7 +193,7 @@ def test_exactly_once_throughput_a_topic_made_again_in_the_middle_of_a_batch_is_
     def plan_then_make_the_topic_again(log: BatchLog, batch: int, end) -> None:
         plan(log, batch, end)
         if not refill.is_alive() and not refill_errors and refill.ident is None:
-            recreate(plaintext_cluster, topic)
+            clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
             produce(plaintext_cluster.client, topic, early)
             refill.start()
 
@@ -267,7 +254,7 @@ def test_exactly_once_throughput_a_batch_that_found_a_topic_made_again_run_again
     def plan_then_make_the_topic_again(log: BatchLog, batch: int, end) -> None:
         plan(log, batch, end)
         if refill.ident is None:
-            recreate(plaintext_cluster, topic)
+            clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
             produce(plaintext_cluster.client, topic, early)
             refill.start()
 
@@ -333,7 +320,7 @@ def test_exactly_once_throughput_a_topic_made_again_while_a_batch_reads_one_of_i
     def plan_then_make_the_topic_again(log: BatchLog, batch: int, end) -> None:
         plan(log, batch, end)
         if refill.ident is None:
-            recreate(plaintext_cluster, topic)
+            clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
             produce(plaintext_cluster.client, topic, early)
             refill.start()
 
@@ -351,6 +338,56 @@ def test_exactly_once_throughput_a_topic_made_again_while_a_batch_reads_one_of_i
     after = Mirror(spark, config)
     after.run_available_now()
     assert after.flows[0].ledger.resets == [], "the new life was taken for the old one again"
+    got = read_all(source_cluster.client, remote, expected=len(old) + len(new), exact=False)  # read_committed
+    assert_each_record_once_in_order(remote, got, old + new)
+
+
+def test_exactly_once_throughput_a_batch_that_reads_a_new_life_past_where_it_was_planned_commits_none_of_it(
+    spark, plaintext_cluster, source_cluster, tmp_path, unique, monkeypatch
+):
+    """The batch is planned in the old life (offsets 1,000 to 1,500 a partition); before its copy reads, the topic is
+    made again and refilled past that, to 2,000 a partition. Nothing goes backwards where the copy reads, so only the
+    topic's id, asked before the commit, tells that offsets 1,000 to 1,500 are the new life's: none of them may commit
+    as the old life's, or the next batch, planned in the new life, copies them again from its log start (duplicates,
+    and out of order). The next run copies the whole new life, once and in order."""
+    topic = f"remade-past-{unique}"
+    remote = f"primary.{topic}"
+    now = int(time.time() * 1000)
+    old = records("old", 2_000, now)
+    new = records("new", 4_000, now + 10_000)
+    raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", source_alias="primary",
+                          emit_heartbeats=False, exactly_once=True)  # fmt: skip
+    config = parse_config(raw)
+    create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
+    produce(plaintext_cluster.client, topic, old)
+    check_transactions(config)
+    Mirror(spark, config).run_available_now()
+    produce(plaintext_cluster.client, topic, records("old", 1_000, now, first=2_000))  # deleted before copied
+
+    plan = BatchLog.plan
+    made_again: list[bool] = []
+
+    def plan_then_make_the_topic_again_past_the_plan(log: BatchLog, batch: int, end) -> None:
+        plan(log, batch, end)
+        if not made_again:
+            made_again.append(True)
+            clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
+            produce(plaintext_cluster.client, topic, new)
+
+    with monkeypatch.context() as hooked:
+        hooked.setattr(BatchLog, "plan", plan_then_make_the_topic_again_past_the_plan)
+        check_transactions(config)
+        Mirror(spark, config).run_available_now()
+    assert made_again, "no batch was planned"
+    written = landed_uncommitted(source_cluster.client, remote, b"new-")
+    committed = [r for r in read_all(source_cluster.client, remote, expected=len(old), exact=False)
+                 if r.value.startswith(b"new-")]  # fmt: skip
+    assert committed == [], f"{len(committed)} of the new life's records ({written} written) committed as the old's"
+
+    check_transactions(config)
+    after = Mirror(spark, config)
+    after.run_available_now()
+    assert [(r.previous, r.restart) for r in after.flows[0].ledger.resets] == [(1_500, 0)] * PARTITIONS
     got = read_all(source_cluster.client, remote, expected=len(old) + len(new), exact=False)  # read_committed
     assert_each_record_once_in_order(remote, got, old + new)
 
@@ -427,7 +464,7 @@ def test_exactly_once_a_topic_made_again_while_a_partition_is_held_gives_up_the_
     first.run_available_now()
     assert first.flows[0].ledger.held == {topic: {1: 50}}, first.flows[0].ledger.held
 
-    recreate(plaintext_cluster, topic)
+    clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
     new = records("new", 800, now + 10_000)  # 400 a partition: past the old hold's end (201)
     produce(plaintext_cluster.client, topic, new)
     check_transactions(config)

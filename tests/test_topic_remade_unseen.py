@@ -13,13 +13,14 @@ import time
 import pytest
 
 import spark_app.realtime.job
+from bench.testbed import clients
 from bench.testbed.clients import create_topics, produce, read_all
 from spark_app.config import parse_config
 from spark_app.mirror import Mirror
 from spark_app.transactions import check_transactions
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
-from tests.test_topic_remade import copy_until, landed_uncommitted, records, recreate
+from tests.test_topic_remade import PARTITIONS, copy_until, landed_uncommitted, records
 
 
 def _landed_any(target, topic: str, prefix: bytes) -> bool:
@@ -52,7 +53,7 @@ def test_exactly_once_real_time_a_new_life_read_on_unnoticed_is_never_committed_
     flow.start(subscription, available_now=False)
     try:
         copy_until(flow, source_cluster.client, remote, len(old))  # just after a commit
-        recreate(plaintext_cluster, topic)
+        clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
         produce(plaintext_cluster.client, topic, new)  # at once, past where the task stood (500 in each partition)
         # The task reads the new life on from where it stood; its flow's runner is not asked to look meanwhile.
         deadline = time.monotonic() + 120
@@ -97,7 +98,7 @@ def test_a_jvm_slot_hands_back_rather_than_commit_a_new_life_it_reads_on_unnotic
         if remake.is_set():
             with lock:
                 if not remade.is_set():
-                    recreate(plaintext_cluster, topic)
+                    clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
                     produce(plaintext_cluster.client, topic, new)  # past where the slots stood (500 in each)
                     remade.set()
         slots.append(run_slot(*args))

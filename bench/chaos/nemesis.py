@@ -339,17 +339,8 @@ class Nemesis:
 
     def _recreate(self) -> str:
         topic, n = self.scene.topics.remade, self.scene.topics.partitions
-        admin = clients.admin(self.scene.source.admin)
-        admin.delete_topics([topic], operation_timeout=30)[topic].result()
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                clients.create_placed_topics(self.scene.source.admin, {topic: placement(n)})
-                return topic
-            except AssertionError:  # still being deleted
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        clients.remake_topic(self.scene.source.admin, topic, placement(n))
+        return topic
 
     def _remake_empty(self) -> str:
         """Pause the generator on the topic, make it again and leave it empty until healed: the mirror first sees

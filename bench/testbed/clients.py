@@ -88,6 +88,25 @@ def create_placed_topics(
     _create(cluster, new, 30)
 
 
+def remake_topic(cluster: ClusterConfig, topic: str, partitions: int | list[int], timeout_s: float = 60) -> None:
+    """Delete the topic and make it again, empty, once the broker has let go of the old one (a create fails while the
+    name is still being deleted): with `partitions` partitions, or one per broker named in it, each led by that one."""
+    client = admin(cluster)  # held: a client collected before its future is done destroys the request
+    client.delete_topics([topic], operation_timeout=30)[topic].result()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if isinstance(partitions, int):
+                create_topics(cluster, {topic: partitions})
+            else:
+                create_placed_topics(cluster, {topic: partitions})
+            return
+        except AssertionError as err:  # still being deleted
+            if time.monotonic() > deadline:
+                raise AssertionError(f"could not make '{topic}' again within {timeout_s:.0f} s: {err}") from err
+            time.sleep(0.5)
+
+
 def _create(cluster: ClusterConfig, new: list[NewTopic], timeout_s: float) -> None:
     """Create, then wait until the broker asked answers every partition with a leader: a controller's answer comes
     before each broker learns the topic, and a test that reads its metadata at once found none (seen under load)."""

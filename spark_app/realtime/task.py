@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from .. import clients
@@ -42,7 +42,7 @@ from ..outbox import (
 from ..policy import transactional
 from ..ranges import Landing
 from ..topics import TargetRules
-from ..transactions import Aborted, SlotTransactions, TransactionFailed
+from ..transactions import Aborted, SlotTransactions, TransactionFailed, lives_word, other_lives
 from . import channel
 from .channel import Channel
 
@@ -73,9 +73,6 @@ CONSUMER_SETTINGS = CONSUMER_DEFAULTS | {"group.id": "mirrorkit-realtime", "enab
 # between commits and [DONE, rows] at the end, each row a landing's `to_row`, the offsets as an `Assignment` gives
 # them. Driver to task: the `Assignment`'s `to_json`, then at most STOP.
 HELLO, LANDED, REACHED, DONE, STOP = "hello", "landed", "reached", "done", "stop"
-# How long an exactly-once slot waits for its topics' ids before a commit (`LiveCopy._other_lives`); unanswered, a
-# transaction that carries records of a topic it asked for is aborted and copied again.
-LIFE_CHECK_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -351,7 +348,7 @@ class LiveCopy:
             cursor.done = (cursor.stop is not None and start >= cursor.stop) or key[0] in self._remade
         if remade or unsure:
             log.warning("flow %s: slot %d's transaction was aborted: %s; copying again from its last commit",
-                        self.flow.name, self.slot, _lives_word(self._ids, remade, unsure))  # fmt: skip
+                        self.flow.name, self.slot, lives_word(self._ids, remade, unsure))  # fmt: skip
         else:
             log.warning("flow %s: slot %d's transaction was aborted (the target refused a record of %s); copying again"
                         " from its last commit", self.flow.name, self.slot, sorted(refused) or "it")  # fmt: skip
@@ -360,29 +357,20 @@ class LiveCopy:
         return False
 
     def _other_lives(self) -> tuple[dict[str, str], set[str]]:
-        """Before an exactly-once commit: the topics made again at the source since the life their positions belong
-        to (their id now, another than the driver's), and the topics read since the last commit whose id did not
-        answer. A consumer reads a topic made again on from where it stood, with nothing to tell the new life's
-        records from the old one's (offsets, leader epoch 0 and record timestamps can all look alike); the id, asked
-        after the records were read, can. The same id now means no record read before was another life's (an id is
-        never given twice); another means records past where the slot stood may be the new life's: the transaction
-        is aborted, and those topics are copied no further by this task (`_remade`), until the driver, which finds
-        the new id too (spark_app.realtime.flow), starts them again from their new life's log start. What the old
-        life held past the last commit went with it. An id that does not answer cannot say: a transaction that
-        carries records of its topic is aborted and copied again."""
-        asked = {t for t, _ in self.cursors if t in self._ids and t not in self._remade}
+        """Before an exactly-once commit, spark_app.transactions.other_lives for the topics the slot still copies: a
+        topic made again is copied no further by this task (`_remade`) once its transaction is aborted, until the
+        driver, which finds the new id too (spark_app.realtime.flow), starts it again from its new life's log start.
+        What the old life held past the last commit went with it. A transaction that carries records of a topic whose
+        id did not answer is aborted and copied again."""
+        asked = {t: self._ids[t] for t, _ in self.cursors if t in self._ids and t not in self._remade}
         moved = {t for (t, p), c in self.cursors.items() if c.next != self._committed.get((t, p), c.next) or c.retired}
         if not asked:
             return {}, set()
         if self._ids_admin is None:
             self._ids_admin = clients.admin(self.task.source)
-        try:
-            now = clients.topic_ids(self._ids_admin, asked, LIFE_CHECK_TIMEOUT_S)
-        except KafkaException:
-            now = {}
-        remade = {t: i for t, i in now.items() if i != self._ids[t]}
+        remade, unsure = other_lives(self._ids_admin, asked, moved)
         self._remade |= remade
-        return remade, {t for t in asked & moved if t not in now}
+        return remade, unsure
 
     def _next_to_copy(self, key: Partition) -> int:
         """Where a partition goes on from: its first held offset, if it holds (records read past it, sent before
@@ -427,16 +415,6 @@ class LiveCopy:
                 cursor.landing = Landing(key[0], key[1], landing.end_offset, landing.end_offset)
             self._reported.add(key)
         return rows
-
-
-def _lives_word(ids: dict[str, str], remade: dict[str, str], unsure: set[str]) -> str:
-    """Why the slot aborted before a commit, in the log's words."""
-    words = [f"'{t}' was made again at the source (id {ids[t]} -> {i}); what the slot read of it since its last"
-             " commit may be the new life's, and it copies the topic no further until the job starts it again from"
-             " the new life's log start" for t, i in sorted(remade.items())]  # fmt: skip
-    if unsure:
-        words.append(f"the source did not say whether {', '.join(sorted(unsure))} was made again")
-    return "; ".join(words)
 
 
 def _changed(landing: Landing) -> bool:
