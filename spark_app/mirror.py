@@ -30,7 +30,7 @@ from .metrics import LagPoller, MirrorMetrics
 from .planner import UNREACHABLE_GIVE_UP_S
 from .realtime import jvm
 from .realtime.flow import RealtimeRunner
-from .runner import FlowRunner
+from .runner import FlowRunner, Subscription
 from .throughput import ThroughputRunner
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 # A stop waits STOP_BATCH_TIMEOUT_S for each flow's batch in flight, then cancels it; one still running well past
 # that has each Python thread's stack dumped, within the pod's STOP_GRACE_S.
 STOP_DUMP_S = STOP_BATCH_TIMEOUT_S + 30
+FIRST_SYNC_RETRY_S = 2.0  # between tries of a flow's first topic sync that failed for a moment
 
 
 def build_session(master: str | None = None, app_name: str = "mirrorkit") -> SparkSession:
@@ -112,7 +113,7 @@ class Mirror:
         for dr in self.dr.values():
             dr.prepare()
         for flow in self.flows:
-            flow.start(flow.sync_topics(), available_now=True)
+            flow.start(first_topic_sync(flow, self.stopping), available_now=True)
         while any(flow.running() for flow in self.flows) and not self.stopping.wait(0.2):
             continue
         if self.stopping.is_set():
@@ -141,7 +142,7 @@ class Mirror:
         for dr in self.dr.values():
             dr.start()
         for flow in self.flows:
-            flow.start(flow.sync_topics(), available_now=False)
+            flow.start(first_topic_sync(flow, self.stopping), available_now=False)
         unreachable_since: float | None = None
         fenced: MirrorFailed | None = None
         while not self.stopping.wait(self.config.topic_sync_interval_s):
@@ -223,6 +224,21 @@ def _transient(err: KafkaException) -> bool:
     return isinstance(error, KafkaError) and (
         error.retriable() or error.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT)
     )
+
+
+def first_topic_sync(flow: FlowRunner, stopping: threading.Event) -> Subscription:
+    """A flow's first topic sync, tried again every FIRST_SYNC_RETRY_S while it fails with a transient error (a
+    controller being elected while a broker restarts answers "Failed while waiting for controller") for up to
+    UNREACHABLE_GIVE_UP_S, as a later round's failure is outlived; any other error stops the mirror at once."""
+    since = time.monotonic()
+    while True:
+        try:
+            return flow.sync_topics()
+        except KafkaException as err:
+            if not _transient(err) or time.monotonic() - since > UNREACHABLE_GIVE_UP_S or stopping.is_set():
+                raise
+            log.warning("flow %s: first topic sync failed, retrying: %s", flow.flow.name, err)
+        stopping.wait(FIRST_SYNC_RETRY_S)
 
 
 def _raise_if_failed(flow: FlowRunner) -> None:
