@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -61,6 +62,9 @@ def main() -> int:
                                 args.rate, f"{mode[:2]}{args.seed + i}", (low, high), spark, args.exactly_once,
                                 only)  # fmt: skip
             outcomes.append(outcome)
+            if spark is not None and not passed(outcome):  # the executors' logs, for what the mirror's log lacks
+                shutil.copytree(spark.folder, folder / "spark", ignore=shutil.ignore_patterns("*.jar", "*.zip"),
+                                dirs_exist_ok=True)  # fmt: skip
             print(render([outcome]))
     finally:
         if spark is not None:
