@@ -38,7 +38,9 @@ def replay(clone: Path, out: list[str]) -> bool:
         began = time.monotonic()
         done = subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=clone, capture_output=True, text=True)
         took = time.monotonic() - began
-        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+        # The step's summary is on stdout; a failure's cause may be on stderr only.
+        failed_with = done.stderr.strip().splitlines()[-3:] if done.returncode else []
+        tail = done.stdout.strip().splitlines()[-3:] + failed_with
         out.append(f"- {name}: exit {done.returncode} in {took:.0f} s")
         out.extend(f"    {line}" for line in tail)
         print(out[-1 - len(tail)], *(f"    {line}" for line in tail), sep="\n", flush=True)
