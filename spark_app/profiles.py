@@ -105,10 +105,29 @@ def why_no_java_client(cluster: ClusterConfig) -> str | None:
     return None
 
 
-def java_client(cluster: ClusterConfig, role: Role) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class JavaLogin:
+    """A SASL password login in the Java clients' words: the login module, the user, and where the password lives (an
+    env var or a file, read where the client is made, so it never travels with a task)."""
+
+    module: str
+    username: str
+    env: str | None
+    file: str | None
+
+
+@dataclass(frozen=True)
+class JavaClient:
+    """A cluster's client settings in Kafka's Java client names, and its login if it has one."""
+
+    alias: str
+    settings: dict[str, str]
+    login: JavaLogin | None
+
+
+def java_client(cluster: ClusterConfig, role: Role) -> JavaClient | None:
     """The same profile's settings in Kafka's Java client names, for the copier slots that run on the executors' JVMs
-    (spark_app.realtime.jvm): `settings`, and `login`, where a SASL login's password lives (read on the executor, so
-    it never travels with the task). None where `why_no_java_client` has a reason."""
+    (spark_app.realtime.jvm). None where `why_no_java_client` has a reason."""
     if why_no_java_client(cluster) is not None:
         return None
     settings = {"bootstrap.servers": cluster.bootstrap_servers, "security.protocol": _protocol(cluster)}
@@ -121,13 +140,12 @@ def java_client(cluster: ClusterConfig, role: Role) -> dict[str, Any] | None:
         module = "scram.ScramLoginModule" if scram else "plain.PlainLoginModule"
         settings["sasl.mechanism"] = "SCRAM-SHA-512" if scram else "PLAIN"
         username = _required(cluster.username) if scram else "$ConnectionString"
-        login = {"module": f"org.apache.kafka.common.security.{module}", "username": username,
-                 "env": password.env, "file": password.file}  # fmt: skip
+        login = JavaLogin(f"org.apache.kafka.common.security.{module}", username, password.env, password.file)
     if cluster.is_eventhubs:
         settings |= _EVENTHUBS_TUNING | ({} if role == "consumer" else _EVENTHUBS_REQUESTS)
         if role == "producer":
             settings |= {"max.request.size": _EVENTHUBS_PRODUCER["message.max.bytes"], "compression.type": "none"}
-    return {"alias": cluster.alias, "settings": settings, "login": login}
+    return JavaClient(cluster.alias, settings, login)
 
 
 def redacted(settings: Settings) -> Settings:

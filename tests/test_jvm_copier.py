@@ -24,13 +24,14 @@ import pytest
 
 import spark_app.realtime.job
 from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
-from spark_app.config import FlowConfig, FlowMode, TopicSelection
+from spark_app.config import ClusterConfig, FlowConfig, FlowMode, TopicSelection
 from spark_app.copy_wing.choice import Core, choose
 from spark_app.policy import PROVENANCE_HEADER
 from spark_app.ranges import Landing
 from spark_app.realtime import channel
 from spark_app.realtime.job import CopyJob
-from spark_app.realtime.task import STOP, Assignment
+from spark_app.realtime.jvm import SLOT_CONFIG_FIELDS, SlotConfig
+from spark_app.realtime.task import STOP, Assignment, CopierTask
 from spark_app.topics import TargetRule, TargetRules
 from tests.test_copy_cores import CAP, PER_PARTITION, _bytes, _generated, _transactional
 
@@ -213,3 +214,47 @@ def test_the_jvm_slots_side_of_the_channel_speaks_pythons_wire_format_and_drops_
         listener.close()
     assert ended and "failed authentication" in ended[0], ended
     assert secret.hex() not in ended[0]
+
+
+def _slot_config() -> SlotConfig:
+    """A slot's config as a real-time exactly-once job makes it: a SCRAM source (password in a file) into an Event
+    Hubs target (its connection string in an env var), two topics."""
+    source = ClusterConfig.model_validate(
+        {"alias": "a", "bootstrap_servers": "127.0.0.1:9", "profile": "msk-scram", "username": "mirror",
+         "password": {"file": "/run/secrets/scram"}, "ca_file": "/ca.pem"}
+    )  # fmt: skip
+    target = ClusterConfig.model_validate(
+        {"alias": "b", "bootstrap_servers": "127.0.0.1:9", "profile": "eventhubs", "password": {"env": "EH_CS"}}
+    )
+    flow = FlowConfig.model_validate(
+        {"source": "a", "target": "b", "topics": {"include": ["t", "u"]}, "checkpoint_location": "/c",
+         "mode": "realtime", "exactly_once": True}
+    )  # fmt: skip
+    key = channel.KeySource("run-1", file="/run/key").encode()
+    task = CopierTask(flow, source, target, ("127.0.0.1", 7077), key, TargetRules(1_000_000), 2.5)
+    return SlotConfig.of(task, ["t", "u"])
+
+
+def test_the_jvm_copier_reads_every_field_of_the_slots_config_as_python_made_it(spark):
+    """What a slot is told (SlotConfig) is read by name, every field and nested field of it: one added on either side
+    and not the other, one missing or one of the wrong type fails here, naming it."""
+    job = spark.sparkContext._jvm.io.mirrorkit.copier.CopierJob
+    config = _slot_config().to_json()
+    assert tuple(config) == SLOT_CONFIG_FIELDS == tuple(f.name for f in fields(SlotConfig))
+    assert config["source"]["login"]["file"] == "/run/secrets/scram", "where the password is, never the password"
+    assert json.loads(job.checkSlotConfig(json.dumps(config))) == {"read": config}
+    login = config["target"]["login"]
+    changed = [
+        config | {"spare": 1},
+        *({k: v for k, v in config.items() if k != name} for name in SLOT_CONFIG_FIELDS),
+        config | {"driver": {"host": "127.0.0.1"}},
+        config | {"source": config["source"] | {"spare": 1}},
+        config | {"target": config["target"] | {"login": {k: v for k, v in login.items() if k != "module"}}},
+        config | {"target": config["target"] | {"login": login | {"env": None}}},
+        config | {"producer": config["producer"] | {"linger.ms": 20}},
+        config | {"commit_ms": "2500"},
+        config | {"contract": {k: v for k, v in config["contract"].items() if k != "max_runs"}},
+    ]
+    names = ["spare", *SLOT_CONFIG_FIELDS, "port", "spare", "module", "env", "producer", "commit_ms", "max_runs"]
+    for name, got in zip(names, (json.loads(job.checkSlotConfig(json.dumps(c))) for c in changed), strict=True):
+        assert "read" not in got and f"`{name}`" in got["refused"], (name, got)

@@ -101,14 +101,14 @@ def test_java_settings_name_where_each_login_secret_lives_and_never_carry_it(clu
     client key, librdkafka-named overrides)."""
     java = {profile: profiles.java_client(cluster, "producer") for profile, cluster in clusters.items()}
     assert {p for p, j in java.items() if j is None} == {"eventhubs-entra", "msk-iam", "mtls"}
-    assert java["kafka"] is not None and java["kafka"]["settings"]["ssl.truststore.type"] == "PEM"
-    assert java["kafka"]["login"] is None
+    assert java["kafka"] is not None and java["kafka"].settings["ssl.truststore.type"] == "PEM"
+    assert java["kafka"].login is None
     eh, scram = java["eventhubs"], java["msk-scram"]
-    assert eh is not None and scram is not None
-    assert eh["login"]["username"] == "$ConnectionString" and eh["login"]["env"] == "EH_CONNECTION_STRING"
-    assert eh["settings"]["max.request.size"] == "1000000" and eh["settings"]["sasl.mechanism"] == "PLAIN"
-    assert scram["login"]["file"] == clusters["msk-scram"].password.file and scram["login"]["env"] is None
-    assert scram["login"]["module"].endswith("ScramLoginModule")
+    assert eh is not None and eh.login is not None and scram is not None and scram.login is not None
+    assert eh.login.username == "$ConnectionString" and eh.login.env == "EH_CONNECTION_STRING"
+    assert eh.settings["max.request.size"] == "1000000" and eh.settings["sasl.mechanism"] == "PLAIN"
+    assert scram.login.file == clusters["msk-scram"].password.file and scram.login.env is None
+    assert scram.login.module.endswith("ScramLoginModule")
     for settings in java.values():
         assert "scram-secret" not in str(settings) and SECRET not in str(settings)
     overridden = clusters["kafka"].model_copy(update={"client_overrides": {"socket.timeout.ms": 1000}})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import json
 from types import SimpleNamespace
 from typing import cast
 
@@ -199,11 +198,11 @@ def test_a_jvm_slots_producer_queues_no_more_than_the_python_loops_transactions_
     slot instead of outliving its transactions."""
     from spark_app.outbox import transaction_settings
     from spark_app.realtime.channel import KeySource
-    from spark_app.realtime.jvm import slot_config
+    from spark_app.realtime.jvm import SlotConfig
 
     for cap in (None, 20_000_000):
         rules = TargetRules(max_message_bytes=cap)
         task = CopierTask(FLOW, SOURCE, TARGET, ("127.0.0.1", 9), KeySource("r").encode(), rules, 1.0)
-        java = json.loads(slot_config(task, ["t"]))["producer"]
+        java = SlotConfig.of(task, ["t"]).producer
         python = transaction_settings(task.producer_settings)
         assert int(java["buffer.memory"]) == int(cast(int, python["queue.buffering.max.kbytes"])) * 1024, cap

@@ -66,10 +66,10 @@ def java_settings(cluster: ClusterConfig) -> dict[str, str]:
     java = java_client(cluster, "admin")
     if java is None:
         raise ValueError(f"cluster '{cluster.alias}': no Java settings for profile {cluster.profile.value}")
-    conf: dict[str, str] = dict(java["settings"])
-    if (login := java["login"]) is not None:
-        password = read_secret(SecretRef(env=login["env"], file=login["file"]), f"cluster '{cluster.alias}'")
-        conf["sasl.jaas.config"] = f'{login["module"]} required username="{login["username"]}" password="{password}";'
+    conf = dict(java.settings)
+    if (login := java.login) is not None:
+        password = read_secret(SecretRef(env=login.env, file=login.file), f"cluster '{cluster.alias}'")
+        conf["sasl.jaas.config"] = f'{login.module} required username="{login.username}" password="{password}";'
     return conf
 
 

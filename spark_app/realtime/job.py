@@ -87,7 +87,7 @@ class CopyJob:
         # The task carries where its executor finds the key, never the key (spark_app.realtime.channel).
         self._task = CopierTask(flow, source, target, address, source_of_key.encode(), rules, commit_interval_s)
         self._jvm_config = (
-            jvm.slot_config(self._task, sorted({t for t, _ in assignment.starts}))
+            jvm.SlotConfig.of(self._task, sorted({t for t, _ in assignment.starts})).dumps()
             if choose(flow, source, target).core is Core.JVM else None
         )  # fmt: skip
 

@@ -13,6 +13,7 @@ Python task (spark_app.realtime.task) copies on from the last commit. So every r
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,9 @@ from ..copy_wing.contract import CopyContract
 from ..errors import MirrorFailed
 from ..outbox import BATCH_BYTES, transaction_queue_kbytes
 from ..policy import positions_group, target_topic
-from ..profiles import java_client
+from ..profiles import JavaClient, java_client, why_no_java_client
 from ..transactions import TRANSACTION_TIMEOUT_MS
-from .channel import RULES, KeySource
+from .channel import RULES, ChannelRules, KeySource
 from .task import REPORT_S, SLOT_CONSUME_BATCH, TXN_COMMIT_S, CopierTask
 
 # Where set-up puts the copier's jar and the kafka-clients jar it runs on (.ci/setup); the image has both in Spark's
@@ -53,42 +54,92 @@ def local_jars() -> list[str]:
     return sorted(str(p) for p in LOCAL_JARS.glob("*.jar"))
 
 
-def slot_config(task: CopierTask, topics: list[str]) -> str:
-    """What every JVM slot of a job is told, as JSON: the driver's channel (its address, its rules and where its key
-    is), the clients, and the flow's copy contract (spark_app.copy_wing.contract), which the copier reads by field
-    name."""
-    flow, rules = task.flow, task.rules
-    producer = {
-        "acks": "all",
-        "enable.idempotence": "true",
-        "linger.ms": str(JAVA_LINGER_MS),
-        "batch.size": str(min(BATCH_BYTES, rules.max_message_bytes or BATCH_BYTES)),
-        "transaction.timeout.ms": str(TRANSACTION_TIMEOUT_MS),
-        # Bounded as the Python loop's transactions are: a send waits for room rather than queueing more than a slow
-        # target takes before the slot's next commit.
-        "buffer.memory": str(transaction_queue_kbytes(rules.max_message_bytes or BATCH_BYTES) * 1024),
-    }
-    if rules.max_message_bytes is not None:
-        producer["max.request.size"] = str(rules.max_message_bytes)
-    config: dict[str, Any] = {
-        "flow": flow.name,
-        "driver": {"host": task.address[0], "port": task.address[1]},
-        # Where the slot finds the channel's key (never the key: spark_app.realtime.channel), and the channel's rules.
-        "key_source": KeySource.decode(task.key).to_json(),
-        "channel": RULES.to_json(),
-        "source": java_client(task.source, "consumer"),
-        "target": java_client(task.target, "producer"),
-        "consumer": _CONSUMER,
-        "producer": producer,
-        "exactly_once": flow.exactly_once,
-        "positions_group": positions_group(flow),
-        "commit_ms": round(1000 * (task.commit_s if flow.exactly_once else TXN_COMMIT_S)),
-        "report_ms": round(1000 * REPORT_S),
-        "poll_ms": POLL_MS,
-        "topics": {topic: target_topic(flow, topic) for topic in topics},
-        "contract": CopyContract.of(flow, task.source, task.target, rules).to_json(),
-    }
-    return json.dumps(config)
+@dataclass(frozen=True)
+class DriverAddress:
+    """Where a slot reaches the driver's report channel."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class SlotConfig:
+    """What every JVM slot of a job is told: sent as JSON, which the copier reads by field name (its SlotConfig),
+    refusing one with a field it does not know or without one it needs, naming the field (tests/test_jvm_copier.py)."""
+
+    flow: str
+    driver: DriverAddress
+    # Where the slot finds the channel's key (never the key: spark_app.realtime.channel), and the channel's rules.
+    key_source: KeySource
+    channel: ChannelRules
+    source: JavaClient
+    target: JavaClient
+    consumer: dict[str, str]
+    producer: dict[str, str]
+    exactly_once: bool
+    positions_group: str
+    commit_ms: int  # how often the slot commits its transaction
+    report_ms: int  # how often it reports landings to the driver
+    poll_ms: int
+    topics: dict[str, str]  # each source topic the job copies, and its target topic
+    contract: CopyContract
+
+    @classmethod
+    def of(cls, task: CopierTask, topics: list[str]) -> SlotConfig:
+        """What the slots of `task`'s job are told, for `topics`: the clients as the clusters' profiles say them in
+        Java names, the channel, and the flow's copy contract (spark_app.copy_wing.contract)."""
+        flow, rules = task.flow, task.rules
+        source, target = java_client(task.source, "consumer"), java_client(task.target, "producer")
+        if source is None or target is None:
+            why = why_no_java_client(task.source) or why_no_java_client(task.target)
+            raise MirrorFailed(f"flow {flow.name}: a JVM slot cannot copy it: {why}")
+        producer = {
+            "acks": "all",
+            "enable.idempotence": "true",
+            "linger.ms": str(JAVA_LINGER_MS),
+            "batch.size": str(min(BATCH_BYTES, rules.max_message_bytes or BATCH_BYTES)),
+            "transaction.timeout.ms": str(TRANSACTION_TIMEOUT_MS),
+            # Bounded as the Python loop's transactions are: a send waits for room rather than queueing more than a
+            # slow target takes before the slot's next commit.
+            "buffer.memory": str(transaction_queue_kbytes(rules.max_message_bytes or BATCH_BYTES) * 1024),
+        }
+        if rules.max_message_bytes is not None:
+            producer["max.request.size"] = str(rules.max_message_bytes)
+        return cls(
+            flow=flow.name,
+            driver=DriverAddress(*task.address),
+            key_source=KeySource.decode(task.key),
+            channel=RULES,
+            source=source,
+            target=target,
+            consumer=dict(_CONSUMER),
+            producer=producer,
+            exactly_once=flow.exactly_once,
+            positions_group=positions_group(flow),
+            commit_ms=round(1000 * (task.commit_s if flow.exactly_once else TXN_COMMIT_S)),
+            report_ms=round(1000 * REPORT_S),
+            poll_ms=POLL_MS,
+            topics={topic: target_topic(flow, topic) for topic in topics},
+            contract=CopyContract.of(flow, task.source, task.target, rules),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The config by field name, as the copier reads it."""
+        row = {f.name: getattr(self, f.name) for f in fields(self)}
+        return row | {
+            "driver": asdict(self.driver),
+            "key_source": self.key_source.to_json(),
+            "channel": self.channel.to_json(),
+            "source": asdict(self.source),
+            "target": asdict(self.target),
+            "contract": self.contract.to_json(),
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True)
+
+
+SLOT_CONFIG_FIELDS = tuple(f.name for f in fields(SlotConfig))
 
 
 def run_slot(spark: SparkSession, config: str, slot: int) -> bool:

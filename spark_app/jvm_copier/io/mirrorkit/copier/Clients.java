@@ -1,6 +1,5 @@
 package io.mirrorkit.copier;
 
-import com.fasterxml.jackson.databind.JsonNode;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -21,65 +20,55 @@ final class Clients {
     private Clients() {}
 
     /** The slot's transactional producer, its id made by the contract's rule, as every attempt of the slot makes it. */
-    static KafkaProducer<byte[], byte[]> producer(JsonNode config, Contract contract, int slot) throws IOException {
-        Properties props = settings(config.get("target"), config.get("producer"));
-        props.put("transactional.id", contract.transactionalId(slot));
+    static KafkaProducer<byte[], byte[]> producer(SlotConfig config, int slot) throws IOException {
+        Properties props = settings(config.target, config.producer);
+        props.put("transactional.id", config.contract.transactionalId(slot));
         return new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer());
     }
 
-    static KafkaConsumer<byte[], byte[]> consumer(JsonNode config) throws IOException {
-        Properties props = settings(config.get("source"), config.get("consumer"));
+    static KafkaConsumer<byte[], byte[]> consumer(SlotConfig config) throws IOException {
+        Properties props = settings(config.source, config.consumer);
         return new KafkaConsumer<>(props, new ByteArrayDeserializer(), new ByteArrayDeserializer());
     }
 
     /** A reader of the flow's positions group on the target: it never subscribes, so it never joins. */
-    static KafkaConsumer<byte[], byte[]> positionsReader(JsonNode config) throws IOException {
-        Properties props = settings(config.get("target"), config.get("consumer"));
-        props.put("group.id", config.get("positions_group").asText());
+    static KafkaConsumer<byte[], byte[]> positionsReader(SlotConfig config) throws IOException {
+        Properties props = settings(config.target, config.consumer);
+        props.put("group.id", config.positionsGroup);
         return new KafkaConsumer<>(props, new ByteArrayDeserializer(), new ByteArrayDeserializer());
     }
 
     /** An admin client of the source, from the cluster's settings alone (no consumer's): it asks for topics' ids. */
-    static Admin sourceAdmin(JsonNode config) throws IOException {
-        return Admin.create(settings(config.get("source"), null));
+    static Admin sourceAdmin(SlotConfig config) throws IOException {
+        return Admin.create(settings(config.source, Map.of()));
     }
 
-    private static Properties settings(JsonNode cluster, JsonNode role) throws IOException {
+    private static Properties settings(SlotConfig.Client cluster, Map<String, String> role) throws IOException {
         Properties props = new Properties();
-        put(props, cluster.get("settings"));
-        if (role != null) {
-            put(props, role);
-        }
-        JsonNode login = cluster.get("login");
-        if (login != null && !login.isNull()) {
-            props.put("sasl.jaas.config", login.get("module").asText() + " required username=\""
-                    + quoted(login.get("username").asText()) + "\" password=\"" + quoted(secret(login, cluster))
-                    + "\";");
+        props.putAll(cluster.settings());
+        props.putAll(role);
+        SlotConfig.Login login = cluster.login();
+        if (login != null) {
+            props.put("sasl.jaas.config", login.module() + " required username=\"" + quoted(login.username())
+                    + "\" password=\"" + quoted(secret(login, cluster.alias())) + "\";");
         }
         return props;
     }
 
-    private static void put(Properties props, JsonNode settings) {
-        for (Map.Entry<String, JsonNode> e : settings.properties()) {
-            props.put(e.getKey(), e.getValue().asText());
-        }
-    }
-
     /** The password, from the env var or file the config names; errors name where, never what. */
-    private static String secret(JsonNode login, JsonNode cluster) throws IOException {
-        String what = "cluster '" + cluster.get("alias").asText() + "'";
-        JsonNode env = login.get("env"), file = login.get("file");
-        if (env != null && !env.isNull()) {
-            String value = System.getenv(env.asText());
+    private static String secret(SlotConfig.Login login, String alias) throws IOException {
+        String what = "cluster '" + alias + "'";
+        if (login.env() != null) {
+            String value = System.getenv(login.env());
             if (value == null || value.isEmpty()) {
-                throw new IOException(what + ": env var " + env.asText() + " is not set");
+                throw new IOException(what + ": env var " + login.env() + " is not set");
             }
             return value;
         }
         try {
-            return Files.readString(Path.of(file.asText())).strip();
+            return Files.readString(Path.of(login.file())).strip();
         } catch (IOException error) {
-            throw new IOException(what + ": cannot read secret file " + file.asText(), null);
+            throw new IOException(what + ": cannot read secret file " + login.file(), null);
         }
     }
 

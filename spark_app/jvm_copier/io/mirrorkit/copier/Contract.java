@@ -5,11 +5,9 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
 import java.util.ArrayList;
 import java.util.Collections;
-import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 import java.util.TreeMap;
 
 /**
@@ -26,6 +24,7 @@ final class Contract {
             "latency_bounds_ms", "max_runs", "landing_fields");
     static final List<String> REFUSAL_FIELDS = List.of("compacted", "before_max_ms", "after_max_ms");
     private static final ObjectMapper JSON = new ObjectMapper();
+    private static final String WHERE = "the copy contract";
 
     /** What a target topic refuses that a record shows (spark_app.topics.TargetRule.refusal). */
     record Refusal(boolean compacted, Long beforeMaxMs, Long afterMaxMs) {
@@ -60,52 +59,50 @@ final class Contract {
     final List<String> landingFields;
 
     private Contract(JsonNode node) {
-        fieldsAre(node, FIELDS, "the copy contract");
-        flow = text(node, "flow");
+        Fields.are(node, FIELDS, WHERE);
+        flow = Fields.text(node, "flow", WHERE);
         Map<String, Refusal> byTopic = new TreeMap<>();
-        JsonNode rules = object(node, "refusals");
+        JsonNode rules = Fields.object(node, "refusals", WHERE);
         for (Map.Entry<String, JsonNode> e : rules.properties()) {
             String where = "the copy contract's refusals of topic '" + e.getKey() + "'";
             JsonNode rule = e.getValue();
-            if (!rule.isObject()) {
-                throw new IllegalArgumentException(where + ": not an object");
-            }
-            fieldsAre(rule, REFUSAL_FIELDS, where);
-            byTopic.put(e.getKey(), new Refusal(bool(rule, "compacted"), optionalLong(rule, "before_max_ms"),
-                    optionalLong(rule, "after_max_ms")));
+            Fields.are(rule, REFUSAL_FIELDS, where);
+            byTopic.put(e.getKey(), new Refusal(Fields.bool(rule, "compacted", where),
+                    Fields.optionalLong(rule, "before_max_ms", where),
+                    Fields.optionalLong(rule, "after_max_ms", where)));
         }
         refusals = Collections.unmodifiableMap(byTopic);
-        clockSlackMs = integer(node, "clock_slack_ms");
+        clockSlackMs = Fields.integer(node, "clock_slack_ms", WHERE);
         List<Integer> codes = new ArrayList<>();
-        for (JsonNode code : array(node, "partition_errors")) {
+        for (JsonNode code : Fields.array(node, "partition_errors", WHERE)) {
             codes.add(code.asInt());
         }
         partitionErrors = List.copyOf(codes);
-        provenanceHeader = text(node, "provenance_header");
-        stampProvenance = bool(node, "stamp_provenance");
-        dropEchoes = bool(node, "drop_echoes");
-        sourceAlias = text(node, "source_alias");
-        targetAlias = text(node, "target_alias");
-        maxProvenanceOffset = integer(node, "max_provenance_offset");
-        maxRecordBytes = optionalLong(node, "max_record_bytes");
-        transactionalIdPrefix = optionalText(node, "transactional_id_prefix");
-        transactionalIdRule = text(node, "transactional_id_rule");
+        provenanceHeader = Fields.text(node, "provenance_header", WHERE);
+        stampProvenance = Fields.bool(node, "stamp_provenance", WHERE);
+        dropEchoes = Fields.bool(node, "drop_echoes", WHERE);
+        sourceAlias = Fields.text(node, "source_alias", WHERE);
+        targetAlias = Fields.text(node, "target_alias", WHERE);
+        maxProvenanceOffset = Fields.integer(node, "max_provenance_offset", WHERE);
+        maxRecordBytes = Fields.optionalLong(node, "max_record_bytes", WHERE);
+        transactionalIdPrefix = Fields.optionalText(node, "transactional_id_prefix", WHERE);
+        transactionalIdRule = Fields.text(node, "transactional_id_rule", WHERE);
         if (!transactionalIdRule.contains("{prefix}") || !transactionalIdRule.contains("{slot}")) {
             throw new IllegalArgumentException("the copy contract's field `transactional_id_rule` names no {prefix}"
                     + " or no {slot}: " + transactionalIdRule);
         }
-        JsonNode bounds = array(node, "latency_bounds_ms");
+        JsonNode bounds = Fields.array(node, "latency_bounds_ms", WHERE);
         latencyBoundsMs = new double[bounds.size()];
         for (int i = 0; i < latencyBoundsMs.length; i++) {
             latencyBoundsMs[i] = bounds.get(i).asDouble();
         }
-        maxRuns = (int) integer(node, "max_runs");
+        maxRuns = (int) Fields.integer(node, "max_runs", WHERE);
         List<String> names = new ArrayList<>();
-        for (JsonNode name : array(node, "landing_fields")) {
+        for (JsonNode name : Fields.array(node, "landing_fields", WHERE)) {
             names.add(name.asText());
         }
         landingFields = List.copyOf(names);
-        fieldsAre(landingFields, Landing.FIELDS, "the copy contract's landing row");
+        Fields.are(landingFields, Landing.FIELDS, "the copy contract's landing row");
     }
 
     /** The contract in the slot's config; IllegalArgumentException, naming the field, for one it cannot obey. */
@@ -184,69 +181,5 @@ final class Contract {
             out.put("refused", error.getMessage());
         }
         return JSON.writeValueAsString(out);
-    }
-
-    /** `node` has exactly the fields `known`; else the first unknown or missing one is named. */
-    private static void fieldsAre(JsonNode node, List<String> known, String where) {
-        List<String> names = new ArrayList<>();
-        node.fieldNames().forEachRemaining(names::add);
-        fieldsAre(names, known, where);
-    }
-
-    private static void fieldsAre(List<String> names, List<String> known, String where) {
-        Set<String> seen = new HashSet<>();
-        for (String name : names) {
-            if (!known.contains(name)) {
-                throw new IllegalArgumentException(where + " has the field `" + name + "`, which the JVM copier does"
-                        + " not know (it knows " + known + ")");
-            }
-            if (!seen.add(name)) {
-                throw new IllegalArgumentException(where + " has the field `" + name + "` twice");
-            }
-        }
-        for (String name : known) {
-            if (!seen.contains(name)) {
-                throw new IllegalArgumentException(where + " lacks the field `" + name + "`");
-            }
-        }
-    }
-
-    private static JsonNode field(JsonNode node, String name, boolean ok, String type) {
-        JsonNode value = node.get(name);
-        if (!ok) {
-            throw new IllegalArgumentException("the copy contract's field `" + name + "` is not " + type + ": "
-                    + value);
-        }
-        return value;
-    }
-
-    private static String text(JsonNode node, String name) {
-        return field(node, name, node.get(name).isTextual(), "a string").asText();
-    }
-
-    private static String optionalText(JsonNode node, String name) {
-        JsonNode value = node.get(name);
-        return value.isNull() ? null : field(node, name, value.isTextual(), "a string or null").asText();
-    }
-
-    private static boolean bool(JsonNode node, String name) {
-        return field(node, name, node.get(name).isBoolean(), "a boolean").asBoolean();
-    }
-
-    private static long integer(JsonNode node, String name) {
-        JsonNode value = node.get(name);
-        return field(node, name, value.isIntegralNumber() && value.canConvertToLong(), "a 64-bit integer").asLong();
-    }
-
-    private static Long optionalLong(JsonNode node, String name) {
-        return node.get(name).isNull() ? null : integer(node, name);
-    }
-
-    private static JsonNode array(JsonNode node, String name) {
-        return field(node, name, node.get(name).isArray(), "a list");
-    }
-
-    private static JsonNode object(JsonNode node, String name) {
-        return field(node, name, node.get(name).isObject(), "an object");
     }
 }

@@ -37,6 +37,14 @@ public final class CopierJob {
     }
 
     /**
+     * What the copier makes of a slot's config (JSON, spark_app.realtime.jvm.SlotConfig): the config as it read it, or
+     * why it refuses it. tests/test_jvm_copier.py holds it to Python's SlotConfig with this.
+     */
+    public static String checkSlotConfig(String config) throws IOException {
+        return SlotConfig.check(config);
+    }
+
+    /**
      * What the copier makes of the report channel's rules (JSON, spark_app.realtime.channel.ChannelRules): the rules
      * as it read them, or why it refuses them. tests/test_jvm_copier.py holds it to Python's rules with this.
      */
@@ -83,8 +91,7 @@ public final class CopierJob {
 
         @Override
         public long[] call(Integer slot) throws Exception {
-            JsonNode parsed = new ObjectMapper().readTree(config);
-            SlotCopy copy = new SlotCopy(parsed, slot);
+            SlotCopy copy = new SlotCopy(SlotConfig.read(new ObjectMapper().readTree(config)), slot);
             boolean all = copy.run();
             return new long[] {copy.copied, all ? 0 : 1};
         }

@@ -95,7 +95,7 @@ final class SlotCopy {
         }
     }
 
-    private final JsonNode config;
+    private final SlotConfig config;
     private final Contract contract;
     private final int slot;
     private final Map<TopicPartition, Cursor> cursors = new TreeMap<>(
@@ -109,18 +109,16 @@ final class SlotCopy {
     private Admin idsAdmin;
     long copied;
 
-    SlotCopy(JsonNode config, int slot) {
+    SlotCopy(SlotConfig config, int slot) {
         this.config = config;
-        this.contract = Contract.read(config.get("contract"));
+        this.contract = config.contract;
         this.slot = slot;
     }
 
     /** Copy until the driver says stop or every partition reached its stop; false when the slot was handed back. */
     boolean run() throws IOException {
-        JsonNode driver = config.get("driver");
-        Channel.Rules rules = Channel.Rules.read(config.get("channel"));
-        byte[] key = Channel.runKey(rules, config.get("key_source"));
-        try (Channel channel = Channel.connect(driver.get("host").asText(), driver.get("port").asInt(), rules, key)) {
+        byte[] key = Channel.runKey(config.channel, config.keySource);
+        try (Channel channel = Channel.connect(config.driverHost, config.driverPort, config.channel, key)) {
             channel.send(List.of(HELLO, slot));
             assign(channel.recv());
             boolean copiedAll = false;
@@ -129,12 +127,12 @@ final class SlotCopy {
                 if (cannot != null) {
                     throw new HandBack(cannot);
                 }
-                try (KafkaProducer<byte[], byte[]> producer = made(() -> Clients.producer(config, contract, slot));
+                try (KafkaProducer<byte[], byte[]> producer = made(() -> Clients.producer(config, slot));
                         KafkaConsumer<byte[], byte[]> consumer = made(() -> Clients.consumer(config))) {
                     copiedAll = copy(channel, producer, consumer);
                 }
             } catch (HandBack why) {
-                LOG.warn("flow {}: slot {} goes on with the Python loop: {}", config.get("flow").asText(), slot,
+                LOG.warn("flow {}: slot {} goes on with the Python loop: {}", config.flow, slot,
                         why.getMessage());
             } finally {
                 if (idsAdmin != null) {
@@ -148,10 +146,9 @@ final class SlotCopy {
 
     private void assign(JsonNode assignment) {
         Map<TopicPartition, Long> stops = offsets(assignment.get("stops"));
-        JsonNode topics = config.get("topics");
         for (Map.Entry<TopicPartition, Long> start : offsets(assignment.get("starts")).entrySet()) {
             TopicPartition tp = start.getKey();
-            Cursor cursor = new Cursor(topics.get(tp.topic()).asText(), contract.refusals.get(tp.topic()),
+            Cursor cursor = new Cursor(config.topics.get(tp.topic()), contract.refusals.get(tp.topic()),
                     start.getValue(), stops == null ? null : stops.get(tp));
             cursor.landing = newLanding(tp, start.getValue());
             cursors.put(tp, cursor);
@@ -167,9 +164,9 @@ final class SlotCopy {
 
     private boolean copy(Channel channel, KafkaProducer<byte[], byte[]> producer,
             KafkaConsumer<byte[], byte[]> consumer) throws IOException, HandBack {
-        long reportMs = config.get("report_ms").asLong(), commitMs = config.get("commit_ms").asLong();
+        long reportMs = config.reportMs, commitMs = config.commitMs;
         long tickMs = Math.min(reportMs, commitMs);
-        Duration wait = Duration.ofMillis(config.get("poll_ms").asLong());
+        Duration wait = Duration.ofMillis(config.pollMs);
         long now = System.currentTimeMillis(), reportAt = now + tickMs, commitAt = now + commitMs;
         boolean stopped = false;
         try {
@@ -219,7 +216,7 @@ final class SlotCopy {
             throws HandBack {
         try {
             producer.initTransactions();
-            if (config.get("exactly_once").asBoolean()) {
+            if (config.exactlyOnce) {
                 resumeFromCommittedPositions();
             }
             producer.beginTransaction();
@@ -348,14 +345,14 @@ final class SlotCopy {
         for (Map.Entry<TopicPartition, Cursor> e : cursors.entrySet()) {
             positions.put(e.getKey(), e.getValue().next);
         }
-        if (config.get("exactly_once").asBoolean()) {
+        if (config.exactlyOnce) {
             String why = otherLives();
             if (why != null) {
                 throw new HandBack("its transaction was aborted: " + why + "; copying again from its last commit");
             }
         }
         try {
-            if (config.get("exactly_once").asBoolean()) {
+            if (config.exactlyOnce) {
                 Map<TopicPartition, OffsetAndMetadata> offsets = new HashMap<>();
                 for (Map.Entry<TopicPartition, Long> e : positions.entrySet()) {
                     Cursor cursor = cursors.get(e.getKey());
@@ -363,7 +360,7 @@ final class SlotCopy {
                             new OffsetAndMetadata(e.getValue()));
                 }
                 producer.sendOffsetsToTransaction(offsets,
-                        new ConsumerGroupMetadata(config.get("positions_group").asText()));
+                        new ConsumerGroupMetadata(config.positionsGroup));
             }
             producer.commitTransaction();
             committed.putAll(positions);
