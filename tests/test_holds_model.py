@@ -15,31 +15,24 @@ so do 600 random ones; these settings keep the suite's share short."""
 from __future__ import annotations
 
 import collections
-import shutil
-import tempfile
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
-from spark_app.config import FlowConfig
-from spark_app.ledger import FlowLedger, LedgerState
+from spark_app.ledger import FlowLedger
 from spark_app.quarantine import RECORD_RETRY_S
 from spark_app.ranges import Landing, OffsetRange
-from spark_app.storage import checkpoint_files
+from tests.support.ledger_machine import LedgerMachine
 
 TOPIC = "orders"
 PARTITIONS = (0, 1)
 TOO_LARGE = 2_000_000  # a record the target refuses while `refusing`
 
 
-class HoldsAcrossLives(RuleBasedStateMachine):
+class HoldsAcrossLives(LedgerMachine):
     def __init__(self) -> None:
-        super().__init__()
-        self.folder = tempfile.mkdtemp(prefix="mirrorkit-holds-model-")
-        self.flow = FlowConfig.model_validate(
-            {"source": "a", "target": "b", "topics": {"include": [TOPIC]}, "checkpoint_location": self.folder}
-        )
+        super().__init__(TOPIC)
         self.life = 0  # the source topic's present life
         self.end = dict.fromkeys(PARTITIONS, 0)  # each partition's log end in the present life
         self.ids_answer = True
@@ -52,15 +45,12 @@ class HoldsAcrossLives(RuleBasedStateMachine):
         self.ledger.file([])
         self.at = dict.fromkeys(PARTITIONS, 0)  # where the batches read next, in the life the ledger knows
 
-    def teardown(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-
     def _id(self) -> str:
         return f"id-of-life-{self.life}"
 
     def _load(self) -> FlowLedger:
         return FlowLedger(
-            self.flow, LedgerState.load(checkpoint_files(self.folder)), lambda partitions: {},
+            self.flow, self.saved(), lambda partitions: {},
             clock=lambda: self.now, topic_ids=self._topic_ids,
         )  # fmt: skip
 

@@ -14,17 +14,13 @@ is one integer; so every start can fence the slot ids from its own count up to i
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import invariant, rule
 
-from spark_app.config import FlowConfig
-from spark_app.ledger import FlowLedger, LedgerState
+from spark_app.ledger import FlowLedger
 from spark_app.ranges import Landing
-from spark_app.storage import checkpoint_files
+from tests.support.ledger_machine import LedgerMachine
 
 TOPIC = "orders"
 PARTITIONS = (0, 1)
@@ -43,13 +39,9 @@ class SourceModel:
         return {tp: self.start[tp[1]] for tp in partitions if self.answers[tp[1]]}
 
 
-class LedgerAgainstRetention(RuleBasedStateMachine):
+class LedgerAgainstRetention(LedgerMachine):
     def __init__(self) -> None:
-        super().__init__()
-        self.folder = tempfile.mkdtemp(prefix="mirrorkit-ledger-model-")
-        self.flow = FlowConfig.model_validate(
-            {"source": "a", "target": "b", "topics": {"include": [TOPIC]}, "checkpoint_location": self.folder}
-        )
+        super().__init__(TOPIC)
         self.source = SourceModel()
         self.on_target: dict[int, set[int]] = {p: set() for p in PARTITIONS}  # copied, filed or not
         self.filed: dict[int, set[int]] = {p: set() for p in PARTITIONS}  # copied and filed
@@ -60,12 +52,9 @@ class LedgerAgainstRetention(RuleBasedStateMachine):
         self.at = dict.fromkeys(PARTITIONS, 0)  # where the copier reads next
         self.slots_started: set[int] = set()  # every slot id a run started a producer of
 
-    def teardown(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-
     def _load(self) -> FlowLedger:
         self._seen = 0  # of this ledger's data-loss events
-        return FlowLedger(self.flow, LedgerState.load(checkpoint_files(self.folder)), self.source.earliest)
+        return FlowLedger(self.flow, self.saved(), self.source.earliest)
 
     def _collect(self) -> None:
         """Take the ledger's new data-loss reports into the model (a step makes far fewer than it keeps)."""
@@ -114,7 +103,7 @@ class LedgerAgainstRetention(RuleBasedStateMachine):
         """A run (a batch, a catch-up, a real-time job) starts slots 0..count - 1: it files them first, then fences
         the ids from its count up to the saved mark, then starts its own (which fences their earlier attempts)."""
         self.ledger.slots_start(count)
-        mark = LedgerState.load(checkpoint_files(self.folder)).slots
+        mark = self.saved().slots
         fenced = set(range(count, mark)) | set(range(count))
         assert self.slots_started <= fenced, f"slot ids {sorted(self.slots_started - fenced)} left unfenced"
         self.slots_started.update(range(count))
@@ -139,7 +128,7 @@ class LedgerAgainstRetention(RuleBasedStateMachine):
 
     @invariant()
     def the_saved_slot_mark_is_past_every_slot_started(self) -> None:
-        saved = LedgerState.load(checkpoint_files(self.folder))
+        saved = self.saved()
         assert saved.slots == max(self.slots_started, default=-1) + 1, (saved.slots, sorted(self.slots_started))
 
     @invariant()

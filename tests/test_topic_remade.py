@@ -153,6 +153,46 @@ def landed_uncommitted(target, topic: str, prefix: bytes) -> int:
     return count
 
 
+class RemadeAfterPlanning:
+    """The source topic made again right after the first batch is planned (in its old life), with `early` of the new
+    life in it; the rest of the new life comes once the copy has written `landed` of the new life's records to the
+    target (committed or not), so the copy is under way in the new life when it does."""
+
+    def __init__(self, source, target, topic: str, early: list[Record], rest: list[Record], landed: int) -> None:
+        self.source, self.target, self.topic = source, target, topic
+        self.early, self.rest, self.landed = early, rest, landed
+        self.errors: list[BaseException] = []
+        self._refill = threading.Thread(target=self._refill_once_the_copy_went_back, daemon=True)
+
+    def hook(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        plan = BatchLog.plan
+
+        def plan_then_make_the_topic_again(log: BatchLog, batch: int, end) -> None:
+            plan(log, batch, end)
+            if self._refill.ident is None:
+                clients.remake_topic(self.source.admin, self.topic, PARTITIONS)
+                produce(self.source.client, self.topic, self.early)
+                self._refill.start()
+
+        monkeypatch.setattr(BatchLog, "plan", plan_then_make_the_topic_again)
+
+    def joined(self) -> None:
+        """Wait for the refill; fail with what went wrong in it."""
+        assert self._refill.ident is not None, "no batch was planned"
+        self._refill.join(120)
+        assert not self.errors, self.errors
+
+    def _refill_once_the_copy_went_back(self) -> None:
+        try:
+            deadline = time.monotonic() + 120
+            while landed_uncommitted(self.target.client, f"primary.{self.topic}", b"new-") < self.landed:
+                assert time.monotonic() < deadline, "the copy never wrote the new life's first records"
+                time.sleep(0.5)
+            produce(self.source.client, self.topic, self.rest)
+        except BaseException as err:  # noqa: BLE001 - joined() asserts on it
+            self.errors.append(err)
+
+
 def test_exactly_once_throughput_a_topic_made_again_in_the_middle_of_a_batch_is_copied_once(
     spark, plaintext_cluster, source_cluster, tmp_path, unique, monkeypatch
 ):
@@ -175,35 +215,13 @@ def test_exactly_once_throughput_a_topic_made_again_in_the_middle_of_a_batch_is_
     Mirror(spark, config).run_available_now()
     produce(plaintext_cluster.client, topic, lost)
 
-    refill_errors: list[BaseException] = []
-
-    def refill_once_the_copy_went_back() -> None:
-        try:
-            deadline = time.monotonic() + 120
-            while landed_uncommitted(source_cluster.client, remote, b"new-") < len(early):
-                assert time.monotonic() < deadline, "the copy never wrote the new life's first records"
-                time.sleep(0.5)
-            produce(plaintext_cluster.client, topic, rest)
-        except BaseException as err:  # noqa: BLE001 - the test asserts on it
-            refill_errors.append(err)
-
-    plan = BatchLog.plan
-    refill = threading.Thread(target=refill_once_the_copy_went_back, daemon=True)
-
-    def plan_then_make_the_topic_again(log: BatchLog, batch: int, end) -> None:
-        plan(log, batch, end)
-        if not refill.is_alive() and not refill_errors and refill.ident is None:
-            clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
-            produce(plaintext_cluster.client, topic, early)
-            refill.start()
-
+    remade = RemadeAfterPlanning(plaintext_cluster, source_cluster, topic, early, rest, landed=len(early))
     with monkeypatch.context() as hooked:
-        hooked.setattr(BatchLog, "plan", plan_then_make_the_topic_again)
+        remade.hook(hooked)
         check_transactions(config)
         during = Mirror(spark, config)
         during.run_available_now()
-    refill.join(120)
-    assert not refill_errors, refill_errors
+    remade.joined()
     assert [(r.previous, r.restart) for r in during.flows[0].ledger.resets] == [(1_000, 0)] * PARTITIONS
 
     check_transactions(config)
@@ -235,40 +253,18 @@ def test_exactly_once_throughput_a_batch_that_found_a_topic_made_again_run_again
     Mirror(spark, config).run_available_now()
     produce(plaintext_cluster.client, topic, records("old", 1_000, now, first=2_000))  # deleted before copied
 
-    early, rest = new[:600], new[600:]
-    refill_errors: list[BaseException] = []
-
-    def refill_once_the_copy_went_back() -> None:
-        try:
-            deadline = time.monotonic() + 120
-            while landed_uncommitted(source_cluster.client, remote, b"new-") < len(early):
-                assert time.monotonic() < deadline, "the copy never wrote the new life's first records"
-                time.sleep(0.5)
-            produce(plaintext_cluster.client, topic, rest)
-        except BaseException as err:  # noqa: BLE001 - the test asserts on it
-            refill_errors.append(err)
-
-    plan = BatchLog.plan
-    refill = threading.Thread(target=refill_once_the_copy_went_back, daemon=True)
-
-    def plan_then_make_the_topic_again(log: BatchLog, batch: int, end) -> None:
-        plan(log, batch, end)
-        if refill.ident is None:
-            clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
-            produce(plaintext_cluster.client, topic, early)
-            refill.start()
+    remade = RemadeAfterPlanning(plaintext_cluster, source_cluster, topic, new[:600], new[600:], landed=600)
 
     def crash(*args, **kwargs) -> None:
         raise RuntimeError("the driver died after the batch's slots committed")
 
     with monkeypatch.context() as hooked:
-        hooked.setattr(BatchLog, "plan", plan_then_make_the_topic_again)
+        remade.hook(hooked)
         hooked.setattr(FlowLedger, "file", crash)
         check_transactions(config)
         with pytest.raises(Exception, match="driver died"):
             Mirror(spark, config).run_available_now()
-    refill.join(120)
-    assert not refill_errors, refill_errors
+    remade.joined()
     on_target = landed_uncommitted(source_cluster.client, remote, b"new-")
     assert on_target == 1_500 * PARTITIONS, f"the crashed batch wrote {on_target} of the new life, not 0 to 1,500"
 
@@ -302,35 +298,14 @@ def test_exactly_once_throughput_a_topic_made_again_while_a_batch_reads_one_of_i
     Mirror(spark, config).run_available_now()
     produce(plaintext_cluster.client, topic, lost)  # of the old life, partition 0 alone: deleted before copied
 
-    refill_errors: list[BaseException] = []
-
-    def refill_once_the_copy_went_back() -> None:
-        try:
-            deadline = time.monotonic() + 120
-            while landed_uncommitted(source_cluster.client, remote, b"new-") < len(early) // PARTITIONS:
-                assert time.monotonic() < deadline, "the copy never wrote the new life's first records"
-                time.sleep(0.5)
-            produce(plaintext_cluster.client, topic, rest)
-        except BaseException as err:  # noqa: BLE001 - the test asserts on it
-            refill_errors.append(err)
-
-    plan = BatchLog.plan
-    refill = threading.Thread(target=refill_once_the_copy_went_back, daemon=True)
-
-    def plan_then_make_the_topic_again(log: BatchLog, batch: int, end) -> None:
-        plan(log, batch, end)
-        if refill.ident is None:
-            clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
-            produce(plaintext_cluster.client, topic, early)
-            refill.start()
-
+    # Partition 0 alone is read in the new life: half of `early` lands before the rest comes.
+    remade = RemadeAfterPlanning(plaintext_cluster, source_cluster, topic, early, rest, landed=len(early) // PARTITIONS)
     with monkeypatch.context() as hooked:
-        hooked.setattr(BatchLog, "plan", plan_then_make_the_topic_again)
+        remade.hook(hooked)
         check_transactions(config)
         during = Mirror(spark, config)
         during.run_available_now()
-    refill.join(120)
-    assert not refill_errors, refill_errors
+    remade.joined()
     resets = [(r.partition, r.previous, r.restart) for r in during.flows[0].ledger.resets]
     assert resets == [(0, 1_000, 0), (1, 1_000, 0)], "partition 1 was not started over in the new life"
 
