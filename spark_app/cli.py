@@ -79,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     take.add_argument("--force", action="store_true",
                       help="adopt even while MM2's Connect group has members or its heartbeats are fresh")  # fmt: skip
     take.add_argument("--connect-group", default=None,
-                      help="MM2's Connect group on the target (default: <SRC>-mm2, dedicated mode; Strimzi: the"
-                      " Connect cluster's group.id)")  # fmt: skip
+                      help="MM2's Connect group on the target (default: the flow's mirrormaker2.connect_group, else"
+                      " <SRC>-mm2, dedicated mode's)")  # fmt: skip
     take.add_argument("--offsets-topic", default=None,
-                      help="Connect's offsets topic on the target (default: mm2-offsets.<SRC>.internal, dedicated"
-                      " mode; Strimzi: the Connect cluster's offset.storage.topic)")  # fmt: skip
+                      help="Connect's offsets topic on the target (default: the flow's mirrormaker2.offsets_topic,"
+                      " else mm2-offsets.<SRC>.internal, dedicated mode's)")  # fmt: skip
     take.add_argument("--connector", default=None, help="the MirrorSourceConnector's name, if the topic holds several")
     take.add_argument("--mm2-policy", choices=("default", "identity"), default="default",
                       help="MM2's replication.policy.class: Default- or IdentityReplicationPolicy")  # fmt: skip
@@ -96,10 +96,11 @@ def main(argv: list[str] | None = None) -> int:
                       help="hand back even while MM2's Connect group has members or either tool's heartbeats are"
                       " fresh")  # fmt: skip
     give.add_argument("--connect-group", default=None,
-                      help="MM2's Connect group on the target (default: <SRC>-mm2, dedicated mode)")  # fmt: skip
+                      help="MM2's Connect group on the target (default: the flow's mirrormaker2.connect_group, else"
+                      " <SRC>-mm2, dedicated mode's)")  # fmt: skip
     give.add_argument("--offsets-topic", default=None,
-                      help="Connect's offsets topic on the target (default: mm2-offsets.<SRC>.internal, dedicated"
-                      " mode; Strimzi: the Connect cluster's offset.storage.topic)")  # fmt: skip
+                      help="Connect's offsets topic on the target (default: the flow's mirrormaker2.offsets_topic,"
+                      " else mm2-offsets.<SRC>.internal, dedicated mode's)")  # fmt: skip
     give.add_argument("--connector", default="MirrorSourceConnector",
                       help="MM2's source connector (Strimzi: <SRC>-><DST>.MirrorSourceConnector)")  # fmt: skip
     give.add_argument("--mm2-offset-syncs-location", choices=("source", "target"), default="source",

@@ -308,6 +308,16 @@ class GroupSelection(StrictModel):
         return _selected(group, self.include, self.exclude)
 
 
+class MirrorMaker2Names(StrictModel):
+    """Where MirrorMaker 2 keeps a flow's state on its target, for `adopt` (from MM2) and `handback` (to it): Connect's
+    offsets topic and Connect's group. Unset: dedicated mode's names (spark_app.policy). A Connect cluster of its own
+    (Strimzi's KafkaMirrorMaker2) names them itself (`offset.storage.topic`, `group.id`): set them here, so the site's
+    toolbox is granted them and the verbs find them without flags."""
+
+    offsets_topic: Annotated[str, Field(pattern=TOPIC_NAME.pattern)] | None = None
+    connect_group: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+
+
 class FlowConfig(StrictModel):
     source: str
     target: str
@@ -350,6 +360,7 @@ class FlowConfig(StrictModel):
     # them until failover (spark_app.topic_acls). Unset: on where both clusters have Kafka ACLs (KAFKA_ACL_PROFILES);
     # a MirrorConfig resolves it for each of its flows. Event Hubs and MSK IAM have none: infra renders their grants.
     sync_topic_acls: bool | None = None
+    mirrormaker2: MirrorMaker2Names = Field(default_factory=MirrorMaker2Names)
 
     @property
     def name(self) -> str:

@@ -243,15 +243,16 @@ def transactional_id_prefix(flow: FlowConfig) -> str:
 PROBE_TOPIC = "mirrorkit_drill"
 
 
-def default_connect_offsets_topic(flow: FlowConfig) -> str:
-    """Where dedicated-mode MirrorMaker 2 keeps the flow's source positions on the target (Connect's offsets topic):
-    what `adopt` reads and `handback` writes unless told another (spark_app.dr.adopt)."""
-    return f"mm2-offsets.{flow.source}.internal"
+def connect_offsets_topic(flow: FlowConfig) -> str:
+    """Where MirrorMaker 2 keeps the flow's source positions on the target (Connect's offsets topic): what `adopt`
+    reads and `handback` writes (spark_app.dr.adopt). The flow's `mirrormaker2.offsets_topic`, else dedicated mode's."""
+    return flow.mirrormaker2.offsets_topic or f"mm2-offsets.{flow.source}.internal"
 
 
-def default_connect_group(flow: FlowConfig) -> str:
-    """Dedicated-mode MirrorMaker 2's Connect group on the target, whose members tell it still runs."""
-    return f"{flow.source}-mm2"
+def connect_group(flow: FlowConfig) -> str:
+    """MirrorMaker 2's Connect group on the target, whose members tell it still runs: the flow's
+    `mirrormaker2.connect_group`, else dedicated mode's."""
+    return flow.mirrormaker2.connect_group or f"{flow.source}-mm2"
 
 
 @dataclass(frozen=True)
@@ -365,11 +366,11 @@ def operator_access(flows: Iterable[FlowConfig], alias: str) -> Access:
       the probe group on both. Probe groups are granted where the flow's group filter selects them (the drill
       refuses a flow that does not checkpoint them).
     - `adopt` and `handback` (spark_app.dr.adopt, spark_app.dr.handback), for dedicated-mode MirrorMaker 2: on the
-      target, read and write Connect's offsets topic (`mm2-offsets.<source>.internal`), describe Connect's group
-      (`<source>-mm2`) and read MM2's `heartbeats`, to tell whether MM2 still runs, and read the copies (adopt checks
+      target, read and write Connect's offsets topic (`connect_offsets_topic`), describe Connect's group
+      (`connect_group`) and read MM2's `heartbeats`, to tell whether MM2 still runs, and read the copies (adopt checks
       the record at MM2's position); MM2's offset syncs on either cluster (`offset-syncs.topic.location`): adopt reads
-      them, handback makes and writes them. A Connect cluster's own offsets topic and group (Strimzi) are named at
-      run time (`--offsets-topic`, `--connect-group`), so nothing here grants them.
+      them, handback makes and writes them. Names given only at run time (`--offsets-topic`, `--connect-group`) are
+      not granted: a Connect cluster of its own (Strimzi) is named in the flow's `mirrormaker2`.
     """
     altered: set[str] = set()
     committed: set[str] = set()
@@ -396,8 +397,8 @@ def operator_access(flows: Iterable[FlowConfig], alias: str) -> Access:
             committed |= copies
             owned.add(re.escape(mm2_offset_syncs_topic(flow, "target")))
             foreign_read.add(re.escape(HEARTBEATS_TOPIC))
-            foreign_written.add(re.escape(default_connect_offsets_topic(flow)))
-            described.add(re.escape(default_connect_group(flow)))
+            foreign_written.add(re.escape(connect_offsets_topic(flow)))
+            described.add(re.escape(connect_group(flow)))
     return Access(
         owned=frozenset(owned),
         groups_described=frozenset(described),

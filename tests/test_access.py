@@ -142,6 +142,19 @@ def test_the_operator_verbs_are_granted_only_with_operator_and_on_top_of_the_mir
     assert access([f], "elsewhere", operator=True) == Access()
 
 
+def test_a_connect_cluster_of_its_own_named_in_the_flow_is_granted_for_adopt_and_handback():
+    """Strimzi's KafkaMirrorMaker2 names its Connect offsets topic and group itself: named in the flow's
+    `mirrormaker2`, they are what the toolbox is granted on the target, in place of dedicated mode's."""
+    names_ = {"offsets_topic": "mirrormaker2-cluster-offsets", "connect_group": "mirrormaker2-cluster"}
+    strimzi = access([flow(mirrormaker2=names_)], "dst", operator=True)
+    assert names(strimzi.foreign_written) == {"mirrormaker2-cluster-offsets"}
+    assert "mirrormaker2-cluster" in names(strimzi.groups_described)
+    assert "src-mm2" not in names(strimzi.groups_described)
+    assert access([flow(mirrormaker2=names_)], "dst") == access([flow()], "dst"), "the mirror's own set holds none"
+    with pytest.raises(ValueError, match="mirrormaker2.offsets_topic"):
+        flow(mirrormaker2={"offsets_topic": "no spaces"})
+
+
 def test_a_drill_probe_is_granted_where_the_flow_mirrors_it_and_checkpoints_its_groups():
     listed = flow(topics={"include": ["orders", f"{PROBE_TOPIC}_eu"]}, groups={"include": [f"{PROBE_TOPIC}_eu-.*"]})
     grant = access([listed], "src", operator=True)

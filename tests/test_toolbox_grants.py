@@ -30,7 +30,7 @@ from spark_app.errors import MirrorFailed
 from spark_app.policy import (
     PROBE_TOPIC,
     checkpoints_topic,
-    default_connect_offsets_topic,
+    connect_offsets_topic,
     mm2_offset_syncs_topic,
     target_topic,
 )
@@ -205,8 +205,9 @@ def groups_on(cluster: KafkaCluster) -> set[str]:
 def test_adopt_runs_as_the_mirrors_principal_with_the_toolboxs_grants_and_finds_nothing_without_them(
     acl_source_cluster: KafkaCluster, acl_target_cluster: KafkaCluster, unique: str, tmp_path: Path
 ):
-    """MirrorMaker 2's state as a stopped dedicated-mode MM2 leaves it, written by the super user: a copied topic,
-    Connect's offsets topic on the target with MM2's position, and MM2's offset syncs on the source. With the
+    """MirrorMaker 2's state as a stopped MM2 on a Connect cluster of its own leaves it (Strimzi's: its offsets topic
+    and group named in the flow's `mirrormaker2`), written by the super user: a copied topic, Connect's offsets topic
+    on the target with MM2's position, and MM2's offset syncs on the source. With the
     mirror's own grants Connect's offsets topic is not even visible to the mirror's principal; with the toolbox's
     identity's grants adopt takes the flow over at MM2's position."""
     tag = unique[-8:]
@@ -215,12 +216,15 @@ def test_adopt_runs_as_the_mirrors_principal_with_the_toolboxs_grants_and_finds_
         {
             "clusters": [cluster_entry(acl_source_cluster, p), cluster_entry(acl_target_cluster, d)],
             "flows": [{"source": p, "target": d, "topics": {"include": [topic]}, "sync_topic_acls": False,
-                       "emit_heartbeats": False, "checkpoint_location": str(tmp_path / "ckpt")}],
+                       "emit_heartbeats": False, "checkpoint_location": str(tmp_path / "ckpt"),
+                       # A Connect cluster of its own (Strimzi's), named in the flow: granted and found by name.
+                       "mirrormaker2": {"offsets_topic": f"mm2-cluster-offsets-{tag}",
+                                        "connect_group": f"mm2-cluster-{tag}"}}],
         }
     )  # fmt: skip
     flow = config.flows[0]
     remote = target_topic(flow, topic)
-    offsets_topic = default_connect_offsets_topic(flow)
+    offsets_topic = connect_offsets_topic(flow)
     syncs = mm2_offset_syncs_topic(flow, "source")
     create_topics(acl_source_cluster.admin, {topic: 1, syncs: 1})
     create_topics(acl_target_cluster.admin, {remote: 1, offsets_topic: 1})

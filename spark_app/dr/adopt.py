@@ -50,8 +50,8 @@ from ..ledger import LedgerState
 from ..policy import (
     HEARTBEATS_TOPIC,
     checkpoints_topic,
-    default_connect_group,
-    default_connect_offsets_topic,
+    connect_group,
+    connect_offsets_topic,
     mm2_offset_syncs_topic,
     named_policy,
     offset_syncs_topic,
@@ -84,11 +84,11 @@ class Mm2Naming:
 @dataclass(frozen=True)
 class AdoptOptions:
     naming: Mm2Naming = Mm2Naming()
-    offsets_topic: str | None = None  # None: dedicated mode's (policy.default_connect_offsets_topic)
+    offsets_topic: str | None = None  # None: the flow's (policy.connect_offsets_topic)
     connector: str | None = None  # None: the one connector named *MirrorSourceConnector with entries for the source
     heartbeat_quiet_s: float = HEARTBEAT_QUIET_S
     force: bool = False  # adopt even while MM2 looks alive
-    connect_group: str | None = None  # None: dedicated mode's default_connect_group
+    connect_group: str | None = None  # None: the flow's (policy.connect_group)
 
 
 @dataclass(frozen=True)
@@ -132,14 +132,14 @@ def adopt(config: MirrorConfig, flow: FlowConfig, options: AdoptOptions) -> Adop
     if result.refused:
         return result
     index = config.flows.index(flow)
-    offsets_topic = options.offsets_topic or default_connect_offsets_topic(flow)
+    offsets_topic = options.offsets_topic or connect_offsets_topic(flow)
     positions = mm2_positions(config, flow, offsets_topic, options.connector)
     topics = sorted({t for t, _ in positions})
     result.skipped = [t for t in topics if not should_mirror(flow, t)]
     topics = [t for t in topics if t not in result.skipped]
     result.refused += naming_refusals(config, flow, index, options.naming, topics)
     if not options.force:
-        group = options.connect_group or default_connect_group(flow)
+        group = options.connect_group or connect_group(flow)
         result.refused += running_refusals(config, flow, options.heartbeat_quiet_s, group)
     files = checkpoint_files(flow.checkpoint_location)
     result.refused += checkpoint_refusals(files)
@@ -252,14 +252,14 @@ def naming_refusals(
     return refused
 
 
-def running_refusals(config: MirrorConfig, flow: FlowConfig, quiet_s: float, connect_group: str) -> list[str]:
+def running_refusals(config: MirrorConfig, flow: FlowConfig, quiet_s: float, group: str) -> list[str]:
     """MM2 still runs while its Connect group has members, or its heartbeats for this flow reach the target."""
     target = config.cluster(flow.target)
-    members = clients.group_members(target, connect_group)
+    members = clients.group_members(target, group)
     refused = []
     if members:
         refused.append(
-            f"MirrorMaker 2 is running: its Connect group '{connect_group}' on '{flow.target}' has {members}"
+            f"MirrorMaker 2 is running: its Connect group '{group}' on '{flow.target}' has {members}"
             " member(s); stop it first (a killed one leaves after Connect's session.timeout.ms), or pass --force"
         )
     newest = None

@@ -33,7 +33,7 @@ from ..clients import PartitionOffsets
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
 from ..errors import MirrorFailed
 from ..ledger import FlowLedger, LedgerState
-from ..policy import default_connect_group, default_connect_offsets_topic, mm2_offset_syncs_topic
+from ..policy import connect_group, connect_offsets_topic, mm2_offset_syncs_topic
 from ..storage import checkpoint_files
 from .adopt import HEARTBEAT_QUIET_S, running_refusals, unreached_checkpoint
 from .formats import OffsetSync
@@ -45,12 +45,12 @@ CONNECTOR = "MirrorSourceConnector"  # dedicated mode's name; Strimzi's is `<sou
 
 @dataclass(frozen=True)
 class HandbackOptions:
-    offsets_topic: str | None = None  # None: dedicated mode's (policy.default_connect_offsets_topic)
+    offsets_topic: str | None = None  # None: the flow's (policy.connect_offsets_topic)
     connector: str = CONNECTOR
     syncs_location: Literal["source", "target"] = "source"  # MM2's offset-syncs.topic.location (its default)
     heartbeat_quiet_s: float = HEARTBEAT_QUIET_S
     force: bool = False  # hand back even while MM2 or the mirror looks alive
-    connect_group: str | None = None  # None: dedicated mode's default_connect_group
+    connect_group: str | None = None  # None: the flow's (policy.connect_group)
 
 
 @dataclass
@@ -69,10 +69,10 @@ def handback(config: MirrorConfig, flow: FlowConfig, options: HandbackOptions) -
     if result.refused:
         return result
     target = config.cluster(flow.target)
-    offsets_topic = options.offsets_topic or default_connect_offsets_topic(flow)
+    offsets_topic = options.offsets_topic or connect_offsets_topic(flow)
     if not options.force:
         result.refused += running_refusals(config, flow, options.heartbeat_quiet_s,
-                                           options.connect_group or default_connect_group(flow))  # fmt: skip
+                                           options.connect_group or connect_group(flow))  # fmt: skip
         result.refused += mirror_running(config, flow)
     result.positions = dict(FlowLedger(flow, LedgerState.load(checkpoint_files(flow.checkpoint_location)),
                                        lambda partitions: {}).resume_points())  # fmt: skip
