@@ -21,6 +21,16 @@ def test_a_faithful_copy_passes_and_copies_past_the_first_are_duplicates_only():
     assert (got.lost, got.out_of_order, got.duplicates, got.silent_losses) == (0, 0, 2, 0)
 
 
+def test_duplicates_are_named_as_runs_of_sequences_with_the_target_offsets_of_both_copies():
+    """A long run that fails on duplicates says where they are: the records copied again, and where on the target."""
+    got = verdict([(i, i) for i in range(10)], [*range(10), 3, 4, 5, 8, 9])
+    assert got.duplicates == 5
+    assert [str(run) for run in got.duplicate_runs] == [
+        "sequences 3..5 copied first at target offsets 3..5, again at 10..12",
+        "sequences 8..9 copied first at target offsets 8..9, again at 13..14",
+    ]
+
+
 def test_a_record_the_source_holds_that_the_target_lacks_is_lost():
     assert verdict([(0, 0), (1, 1), (2, 2)], [0, 2]).lost == 1
 

@@ -119,8 +119,10 @@ def render(outcomes: list[Outcome], args: argparse.Namespace | None = None) -> s
         wrong = [v for v in o.report.partitions if v.lost or v.out_of_order or v.duplicates or v.silent_losses]
         if wrong:  # where a failure lies, to read the mirror's log for (its folder is kept)
             lines += ["", f"## {o.mode}: partitions with a finding", ""]
-            lines += [f"- {v.topic}[{v.partition}]: lost {v.lost}, out of order {v.out_of_order}, duplicates"
-                      f" {v.duplicates}, silent losses {v.silent_losses}" for v in wrong]  # fmt: skip
+            for v in wrong:
+                lines += [f"- {v.topic}[{v.partition}]: lost {v.lost}, out of order {v.out_of_order}, duplicates"
+                          f" {v.duplicates}, silent losses {v.silent_losses}"]  # fmt: skip
+                lines += [f"  - copied again: {run}" for run in v.duplicate_runs]
     for o in outcomes:
         lines += ["", f"## {o.mode}: faults", "", *[f"- {e}" for e in o.events]]
         lines += [f"- translation skip: {s}" for s in o.report.translation_skips]

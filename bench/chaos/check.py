@@ -41,6 +41,22 @@ AHEAD_LINE = re.compile(
 
 
 @dataclass
+class DuplicateRun:
+    """Records of consecutive sequence numbers copied a second time, the second copies consecutive on the target."""
+
+    first_sequence: int
+    last_sequence: int
+    first_copies: tuple[int, int]  # the target offsets of the first copies, lowest and highest
+    again: tuple[int, int]  # and of the copies again
+
+    def __str__(self) -> str:
+        return (
+            f"sequences {self.first_sequence}..{self.last_sequence} copied first at target offsets"
+            f" {self.first_copies[0]}..{self.first_copies[1]}, again at {self.again[0]}..{self.again[1]}"
+        )
+
+
+@dataclass
 class PartitionVerdict:
     topic: str
     partition: int
@@ -55,6 +71,9 @@ class PartitionVerdict:
     # Reported as deleted before they were mirrored, yet on the target: a false alarm, not a loss. A mirror killed
     # after records landed but before it saved their positions reports them when retention took their source.
     reported_but_copied: int = 0
+    # Where the duplicates are, to read the mirror's log for: runs of the generator's sequence numbers copied again,
+    # each with the target offsets of its first copies and of its copies again.
+    duplicate_runs: list[DuplicateRun] = field(default_factory=list)
 
 
 @dataclass
@@ -135,6 +154,17 @@ def sequence(value: bytes) -> int:
     return int(value.split(b"|", 1)[0].rsplit(b":", 1)[1])
 
 
+def _note_duplicate(runs: list[DuplicateRun], seq: int, first_at: int, again_at: int) -> None:
+    """Add a record copied again to the last run where it follows on, else start a run (at most 20 are kept)."""
+    last = runs[-1] if runs else None
+    if last is not None and seq == last.last_sequence + 1 and again_at > last.again[1]:
+        last.last_sequence = seq
+        last.first_copies = (min(last.first_copies[0], first_at), max(last.first_copies[1], first_at))
+        last.again = (last.again[0], again_at)
+    elif len(runs) < 20:
+        runs.append(DuplicateRun(seq, seq, (first_at, first_at), (again_at, again_at)))
+
+
 def check_partition(
     topic: str, partition: int, source: list[tuple[int, bytes]], target: list[tuple[int, bytes]],
     acked: dict[bytes, int], reported: Iterable[tuple[int, int]], remade: bool,
@@ -148,6 +178,7 @@ def check_partition(
     for offset, value in target:
         if value in first:
             verdict.duplicates += 1
+            _note_duplicate(verdict.duplicate_runs, sequence(value), first[value], offset)
         else:
             first[value] = offset
     excused = [(lo, hi) for _refused, lo, hi in ahead]
