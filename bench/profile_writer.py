@@ -16,9 +16,15 @@ Python and compiled are charged this process's CPU (librdkafka's threads include
 included. Each core's target must end where the source does and hold the same records at both ends of every
 partition (bench/write_paths.py's check); the target topic is deleted afterwards.
 
+`--listener msk-scram` (or `eventhubs`, `mtls`) has the Python and Rust cores read and write through the test-bed
+broker's listener of that kind, logging in as the mirror's profile for it does (SCRAM-SHA-512, PLAIN
+`$ConnectionString`, a client certificate), where `plaintext` (the default) reads and writes without TLS; the topics
+are made, loaded and checked through the broker's plaintext admin listener either way. The Java loop runs on
+`plaintext` alone.
+
 Usage: .venv/bin/python bench/profile_writer.py --records 200000 --size 512 --partitions 4 [--profile]
-       [--cores python,compiled,java]
-       (starts a plaintext broker with the test bed, or uses --bootstrap HOST:PORT as source and target)
+       [--cores python,compiled,java] [--listener plaintext|eventhubs|msk-scram|mtls]
+       (starts a broker with the test bed, or uses --bootstrap HOST:PORT as source and target, in plaintext)
 """
 
 from __future__ import annotations
@@ -51,21 +57,24 @@ SOURCE_TOPIC = "bench"
 CORE_PREFIXES = {"python": "src.", "compiled": "core.", "java": "java."}
 
 
-def python_copier(bootstrap: str, core: str = "python") -> RangeCopier:
-    """The mirror's copier of SOURCE_TOPIC with a copy `core`, from and to `bootstrap`."""
+def python_copier(cluster: ClusterConfig, core: str = "python") -> RangeCopier:
+    """The mirror's copier of SOURCE_TOPIC with a copy `core`, from and to `cluster` (as its profile logs in)."""
     alias = CORE_PREFIXES[core].rstrip(".")
     topics = TopicSelection(include=[SOURCE_TOPIC])
     flow = FlowConfig(source=alias, target="tgt", topics=topics, checkpoint_location="/unused", copy_core=core)
-    source = ClusterConfig(alias=alias, bootstrap_servers=bootstrap, profile=Profile.KAFKA)
-    target = ClusterConfig(alias="tgt", bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+    source, target = cluster.model_copy(update={"alias": alias}), cluster.model_copy(update={"alias": "tgt"})
     return RangeCopier(flow, source, target)
 
 
+def plaintext(bootstrap: str) -> ClusterConfig:
+    return ClusterConfig(alias="plain", bootstrap_servers=bootstrap, profile=Profile.KAFKA)
+
+
 def copy_python(
-    bootstrap: str, partitions: int, per_partition: int, profiler: cProfile.Profile | None, core: str = "python"
+    cluster: ClusterConfig, partitions: int, per_partition: int, profiler: cProfile.Profile | None, core: str = "python"
 ) -> bool:
     """Copy with `RangeCopier.copy`; whether every range's landing names the partition's last record."""
-    copier = python_copier(bootstrap, core)
+    copier = python_copier(cluster, core)
     ranges = [OffsetRange(SOURCE_TOPIC, p, 0, per_partition) for p in range(partitions)]
     if profiler:
         profiler.enable()
@@ -84,9 +93,11 @@ def copy_java(cmd: list[str], log: Path) -> float:
     return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
-def compare_cores(bootstrap: str, cores: list[str], partitions: int, per_partition: int, size: int) -> bool:
-    """Copy the loaded source with each core in turn into its own fresh target topic; one line per core. Whether
-    every core's copy was right."""
+def compare_cores(
+    bootstrap: str, client: ClusterConfig, cores: list[str], partitions: int, per_partition: int, size: int
+) -> bool:
+    """Copy the loaded source with each core in turn into its own fresh target topic, the Python and Rust cores as
+    `client` says (the Java loop through `bootstrap`); one line per core. Whether every core's copy was right."""
     total = per_partition * partitions
     source_hw = {SOURCE_TOPIC: watermarks(bootstrap, SOURCE_TOPIC, partitions)}
     print(f"{total} records x {size} B, {partitions} partitions; cores in this order: {', '.join(cores)}")
@@ -104,7 +115,7 @@ def compare_cores(bootstrap: str, cores: list[str], partitions: int, per_partiti
                 wall = time.monotonic() - began
             else:
                 began_cpu, began = time.process_time(), time.monotonic()
-                landed_ok = copy_python(bootstrap, partitions, per_partition, None, core)
+                landed_ok = copy_python(client, partitions, per_partition, None, core)
                 cpu, wall = time.process_time() - began_cpu, time.monotonic() - began
                 landings = "right" if landed_ok else "WRONG"
                 all_ok &= landed_ok
@@ -132,19 +143,26 @@ def main() -> None:
     parser.add_argument("--bootstrap", help="write here instead of a fresh test-bed broker")
     parser.add_argument("--profile", action="store_true", help="print a cProfile listing of the write")
     parser.add_argument("--cores", help=f"compare these copy cores, in this order: some of {', '.join(CORE_PREFIXES)}")
+    parser.add_argument("--listener", default="plaintext", choices=["plaintext", "eventhubs", "msk-scram", "mtls"],
+                        help="the test-bed listener the Python and Rust cores read and write through")  # fmt: skip
     args = parser.parse_args()
     cores = [c for c in (args.cores or "").split(",") if c]
     if unknown := [c for c in cores if c not in CORE_PREFIXES]:
         parser.error(f"unknown cores {unknown}; known: {', '.join(CORE_PREFIXES)}")
     if cores and args.profile:
         parser.error("--profile times the Python loop alone: leave out --cores")
+    if args.listener != "plaintext" and ("java" in cores or args.bootstrap):
+        parser.error(f"--listener {args.listener}: the Java loop and --bootstrap read and write in plaintext only")
 
     bed = None
     if args.bootstrap is None:
         from bench.testbed.testbed import TestBed
 
         bed = TestBed()
-        args.bootstrap = bed.start("profile", "plaintext").client.bootstrap_servers
+        cluster = bed.start("profile", args.listener)
+        args.bootstrap, client = cluster.admin.bootstrap_servers, cluster.client
+    else:
+        client = plaintext(args.bootstrap)
     try:
         per_partition = args.records // args.partitions
         total = per_partition * args.partitions
@@ -153,14 +171,14 @@ def main() -> None:
             args.bootstrap, [SOURCE_TOPIC], args.partitions, total, args.size, int(time.time() * 1000) - 86_400_000
         )
         if cores:
-            if not compare_cores(args.bootstrap, cores, args.partitions, per_partition, args.size):
+            if not compare_cores(args.bootstrap, client, cores, args.partitions, per_partition, args.size):
                 raise SystemExit(1)
             return
         out_topic = CORE_PREFIXES["python"] + SOURCE_TOPIC
         create_topics(args.bootstrap, [out_topic], args.partitions)
         profiler = cProfile.Profile() if args.profile else None
         began = time.process_time(), time.monotonic()
-        landed_right = copy_python(args.bootstrap, args.partitions, per_partition, profiler)
+        landed_right = copy_python(client, args.partitions, per_partition, profiler)
         cpu, wall = time.process_time() - began[0], time.monotonic() - began[1]
         ends = watermarks(args.bootstrap, out_topic, args.partitions)
         ok = ends == [per_partition] * args.partitions and landed_right
