@@ -738,7 +738,9 @@ def exports(out: Topology) -> dict[str, Any]:
             "service_account": toolbox.service_account,
             "config": CONFIG_PATH,
             "profile_configmap": str(profile),
-            "commands": commands(settings.namespace, spec.context, settings.flows_at(site), profile),
+            "commands": commands(
+                settings.namespace, spec.context, settings.flows_at(site), profile, out.mirrors[site].checkpoint_claim
+            ),
         }
         found[f"profile_{site}"] = out.toolbox_configs[site].apply(profile_pieces)
     return found

@@ -315,6 +315,7 @@ class MirrorApplication(pulumi.ComponentResource):
             )
             pvc_name = f"{name}-checkpoints"
             child = pulumi.ResourceOptions(parent=self, depends_on=[pvc])
+        self.checkpoint_claim = pvc_name  # the toolbox's `adopt` and `handback` runs mount it (infra.k8s.toolbox)
         self.app_name: pulumi.Output[str] | None = None
         if args.config_yaml is not None:
             config_map = k8s.core.v1.ConfigMap(

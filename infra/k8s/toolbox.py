@@ -13,7 +13,8 @@ ones too, so stopping the flow of a lost region keeps what its failover needs), 
 and a scratch folder. It signs in to the clusters as the site's mirror does (the same Secrets, the same cloud identity
 through its service account), so its grants are the site's identity's, which holds the verbs' own besides the mirror's
 (`TOOLBOX_GRANTED`; spark_app.policy.operator_access). It mounts no flow's checkpoint location, so `adopt` and
-`handback`, which read and write the flow's state there, refuse in it (`TOOLBOX_ENV`). Its Role
+`handback`, which read and write the flow's state there, refuse in it (`TOOLBOX_ENV`), unless a run mounts the
+mirror's checkpoint PVC as the stack's `adopt` and `handback` commands do (`commands`). Its Role
 lets it write one ConfigMap, the applications' connection profile, and nothing else. Its network policy lets it reach
 DNS, the API server and the Kafka ports of the site's clusters, and the clouds' sign-in where the site's identity
 needs it; nothing reaches it.
@@ -38,7 +39,7 @@ import yaml
 from infra.azure.identity import TokenByHand
 from infra.k8s.mirror_app import CONFIG_DIR, CONFIG_FILE, CONTAINER_SECURITY, POD_SECURITY, SCRATCH_DIR
 from infra.k8s.namespace import site_egress
-from infra.naming import SECRETS_DIR
+from infra.naming import CHECKPOINT_DIR, SECRETS_DIR
 from spark_app.config import FlowConfig, parse_config
 from spark_app.dr.adopt import TOOLBOX_MARK
 from spark_app.dr.connection import TopicRoute, auth_profile
@@ -55,6 +56,7 @@ CONTAINER = "toolbox"
 ENTRYPOINT = "/opt/mirrorkit/venv/bin/mirrorkit"  # the CLI the image installs (pyproject's `mirrorkit` script)
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 NEVER = "0 0 31 2 *"  # February 31st: with `suspend` besides, the CronJob never makes a Job of its own
+CHECKPOINT_VOLUME = "checkpoints"  # the mirror's checkpoint claim, where a run of `adopt` or `handback` mounts it
 PROFILE_CONFIGMAP = "kafka-connection"  # the applications' connection profile, unless the site names another
 # What the toolbox may do to the profile's ConfigMap: server-side apply (and its dry run) of that one name.
 PROFILE_VERBS = ["get", "create", "patch", "update"]
@@ -159,14 +161,29 @@ def _kubectl(namespace: str, context: str | None) -> str:
     return "kubectl" + (f" --context {shlex.quote(context)}" if context else "") + f" -n {shlex.quote(namespace)}"
 
 
-def create_command(namespace: str, args: Sequence[str], context: str | None = None) -> str:
+def create_command(
+    namespace: str, args: Sequence[str], context: str | None = None, checkpoint_claim: str | None = None
+) -> str:
     """The shell command that makes Job `$JOB` from the CronJob, with these arguments: set in the Job before it is
-    created, as kubectl takes no command beside `--from`."""
+    created, as kubectl takes no command beside `--from`. With `checkpoint_claim`, the Job also mounts that claim (the
+    mirror's checkpoint PVC) where the driver does, so `adopt` and `handback` reach the flows' state."""
     kubectl = _kubectl(namespace, context)
     create = f'{kubectl} create job "$JOB" --from=cronjob/{TOOLBOX}'
-    if list(args) == verb_args("status"):
+    if list(args) == verb_args("status") and checkpoint_claim is None:
         return create
-    patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": list(args)}]
+    patch: list[dict[str, Any]] = [
+        {"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": list(args)}
+    ]
+    if checkpoint_claim is not None:
+        volume = {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": checkpoint_claim}}
+        patch += [
+            {"op": "add", "path": "/spec/template/spec/volumes/-", "value": volume},
+            {
+                "op": "add",
+                "path": "/spec/template/spec/containers/0/volumeMounts/-",
+                "value": {"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_DIR},
+            },
+        ]
     return (
         f"{create} --dry-run=client -o json"
         f" | {kubectl} patch --local -f - --type=json -o json -p {shlex.quote(json.dumps(patch))}"
@@ -174,31 +191,44 @@ def create_command(namespace: str, args: Sequence[str], context: str | None = No
     )
 
 
-def run_command(namespace: str, job: str, args: Sequence[str], context: str | None = None) -> str:
+def run_command(
+    namespace: str, job: str, args: Sequence[str], context: str | None = None, checkpoint_claim: str | None = None
+) -> str:
     """The shell command that runs the toolbox once with these arguments and shows what it prints: Job `job` made
-    from the CronJob (create_command), then its log followed to the end. `job` may hold a shell expansion, such as
-    `$(date +%s)`."""
+    from the CronJob (create_command, mounting `checkpoint_claim` when given), then its log followed to the end. `job`
+    may hold a shell expansion, such as `$(date +%s)`."""
     follow = f'{_kubectl(namespace, context)} logs -f --pod-running-timeout=10m "job/$JOB"'
-    return f"JOB={job} && {create_command(namespace, args, context)} && {follow}"
+    return f"JOB={job} && {create_command(namespace, args, context, checkpoint_claim)} && {follow}"
 
 
 def commands(
-    namespace: str, context: str | None, flows: Sequence[FlowConfig], profile: ProfileConfigMap
+    namespace: str,
+    context: str | None,
+    flows: Sequence[FlowConfig],
+    profile: ProfileConfigMap,
+    checkpoint_claim: str | None = None,
 ) -> dict[str, Any]:
     """What an operator runs from the site with kubectl alone: `status`, and per flow its failover's dry run and
-    the failover itself, which publishes the applications' profile to `profile`."""
+    the failover itself, which publishes the applications' profile to `profile`. Where the site's checkpoints are on
+    a PVC (`checkpoint_claim`), per flow also `adopt` and `handback`, in a Job that mounts it (run while the mirror is
+    stopped: the volume is ReadWriteOnce, and both verbs want the mirror's state to themselves); a checkpoint in
+    object storage is reached only with the mirror's Spark settings, which the toolbox does not have."""
 
     def job(verb: str) -> str:
         return f"{TOOLBOX}-{verb}-$(date +%s)"
 
-    def run(verb: str, *extra: str) -> str:
-        return run_command(namespace, job(verb), verb_args(verb, *extra), context)
+    def run(verb: str, *extra: str, claim: str | None = None) -> str:
+        return run_command(namespace, job(verb), verb_args(verb, *extra), context, claim)
 
-    return {
+    found: dict[str, Any] = {
         "status": run("status"),
         "failover_dry_run": {f.name: run("failover", "--flow", f.name, "--dry-run") for f in flows},
         "failover": {f.name: run("failover", "--flow", f.name, "--publish-configmap", str(profile)) for f in flows},
     }
+    if checkpoint_claim is not None:
+        for verb in ("adopt", "handback"):
+            found[verb] = {f.name: run(verb, "--flow", f.name, claim=checkpoint_claim) for f in flows}
+    return found
 
 
 def profile_pieces(config_yaml: str) -> dict[str, Any]:

@@ -331,6 +331,25 @@ def test_a_site_stacks_outputs_say_how_to_run_the_toolbox_and_give_the_profile_w
             for flow in flows:
                 assert f'"--publish-configmap", "{toolbox["profile_configmap"]}"' in commands["failover"][flow.name]
                 assert '"--dry-run"' in commands["failover_dry_run"][flow.name]
+            # adopt and handback mount the mirror's checkpoint claim, where it has one; else they are not offered.
+            claims = [
+                r.plain["metadata"]["name"]
+                for r in run.resources
+                if r.typ == "kubernetes:core/v1:PersistentVolumeClaim"
+                and r.plain["metadata"]["name"] == f"{settings.app_name(site)}-checkpoints"
+            ]
+            if settings.model.mirror.checkpoint.pvc is None:
+                assert not claims and not {"adopt", "handback"} & set(commands), (name, site)
+            else:
+                (claim,) = claims
+                for verb in ("adopt", "handback"):
+                    assert set(commands[verb]) == {f.name for f in flows}, (name, site, verb)
+                    for flow in flows:
+                        assert commands[verb][flow.name] == run_command(
+                            settings.namespace, f"{TOOLBOX}-{verb}-$(date +%s)", verb_args(verb, "--flow", flow.name),
+                            spec.context, claim,
+                        )  # fmt: skip
+                        assert f'"claimName": "{claim}"' in commands[verb][flow.name]
             # The profile pieces are what failover publishes, from the toolbox's own config and the target alone.
             config = MirrorConfig.model_validate(
                 yaml.safe_load(run.named(f"{site}-toolbox-config").plain["data"]["mirror.yaml"])

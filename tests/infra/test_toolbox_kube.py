@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from infra.k8s.toolbox import CONTAINER, TOOLBOX, create_command, verb_args
+from infra.naming import CHECKPOINT_DIR
 from spark_app.config import ClusterConfig
 from spark_app.dr import connection
 from spark_app.dr.connection import ConfigMapRef, ConnectionProfile, Publication, PublishFailed, auth_profile
@@ -102,6 +103,20 @@ def test_a_run_made_from_each_toolbox_with_the_runbooks_command_is_admitted_unde
         with pytest.raises(KubeApiError) as refused:
             kube_api.request("POST", pods, bad)
         assert refused.value.status == 403 and "PodSecurity" in str(refused.value), str(refused.value)
+
+        # The stack's adopt command mounts the mirror's checkpoint claim where the driver does; still admitted.
+        args = verb_args("adopt", "--flow", "a->b")
+        done = kubectl(kube_api, create_command(namespace, args, checkpoint_claim="mirror-checkpoints"),
+                       "mirrorkit-toolbox-adopt-1")  # fmt: skip
+        assert done.returncode == 0, (where, done.stderr)
+        job = kube_api.request("GET", f"/apis/batch/v1/namespaces/{namespace}/jobs/mirrorkit-toolbox-adopt-1")
+        spec = job["spec"]["template"]["spec"]
+        assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "mirror-checkpoints"}} in spec["volumes"]
+        (container,) = spec["containers"]
+        assert container["args"] == args
+        assert {"name": "checkpoints", "mountPath": CHECKPOINT_DIR} in container["volumeMounts"], where
+        admitted = kube_api.request("POST", pods, pod_from(job, "toolbox-adopt"))
+        assert "checkpoints" in {v["name"] for v in admitted["spec"]["volumes"]}, where
 
 
 def may(kube_api: KubeApiServer, namespace: str, verb: str, resource: str, where: str, name: str = "") -> bool:

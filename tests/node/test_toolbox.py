@@ -6,18 +6,14 @@ translates the group, and publishes the profile; the group consumes on the targe
 record. It prints the RTO (from the loss to the first record consumed on the target) and the RPO.
 
 The node has one Kubernetes cluster, so the toolbox runs in the namespace the mirror ran in, standing in for the
-survivor's; the toolbox's objects are the stack's, with the node's stand-ins of tests/support/node_deploy.py (the
-node's network, the test bed's clusters) and two more of its own, below: the pod reaches the API server on loopback
-(KUBERNETES_SERVICE_HOST and _PORT), as no `kubernetes` Service address is routed here. Network policies are not
-enforced on the node's network. Run this module alone: it stops the source broker while it runs.
+survivor's, as tests/support/node_toolbox.py makes it run on the node. The module's clusters are its own: it stops
+the source broker while it runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,13 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from bench.testbed.clients import Record, by_partition, commit, consumer, create_topics, end_offsets, produce
 from bench.testbed.kafka_cluster import KafkaCluster, ListenerKind
 from bench.testbed.testbed import TestBed
-from infra.k8s.mirror_app import CONFIG_FILE
-from infra.k8s.toolbox import PROFILE_CONFIGMAP, TOOLBOX, TOOLBOX_CONFIG, create_command, verb_args
+from infra.k8s.toolbox import PROFILE_CONFIGMAP, TOOLBOX, create_command, verb_args
 from spark_app.config import MirrorConfig
 from spark_app.dr.views import failover_plan
 from spark_app.policy import target_topic
@@ -41,25 +35,17 @@ from tests.support.kube_node import KubeNode
 from tests.support.mirror_config import create_event_hubs
 from tests.support.mirror_image import MirrorImage
 from tests.support.node_deploy import NodeDeployment, for_the_node
+from tests.support.node_toolbox import local_config, site_on_the_node, toolbox_for_the_node
+from tests.support.node_toolbox import run_toolbox as node_run_toolbox
 from tests.support.polling import wait_until
-from tests.support.spark_operator import OperatorProcesses, start_operator
-from tests.support.stack_objects import (
-    apply_all,
-    in_own_namespaces,
-    most_mounted_application,
-    namespace_renaming,
-    objects_by_cluster,
-    operator_release,
-    platform_release,
-    served_by,
-)
+from tests.support.spark_operator import OperatorProcesses
+from tests.support.stack_objects import apply_all
 
 PARTITIONS = 3
 RECORDS = 900  # per topic, before the loss
 GROUP_READ = 200  # per partition of the first topic: where the application's group stands on the source
 SUFFIX = "tbx"  # the namespaces of this module, apart from tests/node/test_mirror_on_node.py's
 START_TIMEOUT_S = 600.0
-RUN_TIMEOUT_S = 300.0  # a toolbox run: a pod and the CLI on two busy cores
 
 
 @dataclass
@@ -78,49 +64,6 @@ class Site:
         return self.deployment.namespace
 
 
-def site_on_the_node(
-    api: KubeApiServer, stack_runs: dict[str, Run], platform_runs: dict[str, Run]
-) -> tuple[list[dict[str, Any]], str, OperatorProcesses]:
-    """The site tests/node/test_mirror_on_node.py deploys, in namespaces of this module's own, with its platform's
-    operator running for it."""
-    platform, site = most_mounted_application(stack_runs, platform_runs)
-    context, chart = platform_release(platform_runs[platform])
-    home_objects = objects_by_cluster(platform_runs[platform])[context]
-    served = [o for s in served_by(stack_runs, platform) for o in s.objects]
-    release = operator_release(chart, namespace_renaming(home_objects + served, SUFFIX))
-    assert apply_all(api, in_own_namespaces(home_objects, SUFFIX) + release.rbac, f"pulumi-{platform}") == {}
-    operator = start_operator(api, release.manifests, release.namespace)
-    return in_own_namespaces(site.objects, SUFFIX), site.app["metadata"]["name"], operator
-
-
-def toolbox_for_the_node(deployment: NodeDeployment, image: str, api_url: str) -> None:
-    """The toolbox's config names the test bed's clusters as the mirror's does here (node_deploy), and its pod runs the
-    image the node holds (by digest, as the mirror's), on the node's network, reaching the API server on loopback."""
-    (config_map,) = [
-        o for o in deployment.objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == TOOLBOX_CONFIG
-    ]
-    config = yaml.safe_load(config_map["data"][CONFIG_FILE])
-    on_node = {c["alias"]: c for c in deployment.config["clusters"]}
-    config["clusters"] = [on_node[c["alias"]] for c in config["clusters"]]
-    config_map["data"][CONFIG_FILE] = yaml.safe_dump(config, sort_keys=False)
-    (cron,) = [o for o in deployment.objects if o["kind"] == "CronJob" and o["metadata"]["name"] == TOOLBOX]
-    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    pod["hostNetwork"] = True
-    host, port = api_url.removeprefix("https://").rsplit(":", 1)
-    (container,) = pod["containers"]
-    container["image"] = image
-    container["env"] += [
-        {"name": "KUBERNETES_SERVICE_HOST", "value": host},
-        {"name": "KUBERNETES_SERVICE_PORT", "value": port},
-    ]
-
-
-def local_config(deployment: NodeDeployment, clusters: dict[str, KafkaCluster]) -> MirrorConfig:
-    config = MirrorConfig.model_validate(deployment.config)
-    local = [clusters[c.alias].client.model_copy(update={"alias": c.alias}) for c in config.clusters]
-    return config.model_copy(update={"clusters": local})
-
-
 @pytest.fixture(scope="module")
 def site(
     kube_api: KubeApiServer,
@@ -135,7 +78,7 @@ def site(
     # clusters already), and this test loses the source, which no test after it may inherit.
     source_cluster = testbed.start("tbx-primary", ListenerKind.MSK_SCRAM)
     target_cluster = testbed.start("tbx-dr", ListenerKind.EVENTHUBS)
-    objects, app_name, operator = site_on_the_node(kube_api, stack_runs, platform_runs)
+    objects, app_name, operator = site_on_the_node(kube_api, stack_runs, platform_runs, SUFFIX)
     pinned = kube_node.import_image(mirror_image.archive, mirror_image.ref, mirror_image.digest)
     clusters = {"primary": source_cluster, "dr": target_cluster}
     deployment = for_the_node(
@@ -168,30 +111,8 @@ def site(
 
 
 def run_toolbox(site: Site, job: str, args: list[str]) -> tuple[bool, str]:
-    """The runbook's command for these arguments (infra.k8s.toolbox.create_command), through kubectl signed in to the
-    node's API server; then the run's outcome and its log once its pod finished."""
-    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    env |= {"KUBECONFIG": str(site.api.kubeconfig()), "JOB": job, "NO_PROXY": "127.0.0.1"}
-    command = create_command(site.namespace, args)
-    print(f"$ JOB={job} && {command}")
-    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    jobs = f"/apis/batch/v1/namespaces/{site.namespace}/jobs/{job}"
-
-    def finished() -> bool:
-        status = site.api.request("GET", jobs).get("status") or {}
-        return bool(status.get("succeeded") or status.get("failed"))
-
-    wait_until(finished, f"the toolbox run {job} to finish", timeout_s=RUN_TIMEOUT_S, every_s=2)
-    status = site.api.request("GET", jobs)["status"]
-    pods = site.api.request(
-        "GET", f"/api/v1/namespaces/{site.namespace}/pods", params={"labelSelector": f"job-name={job}"}
-    )["items"]
-    (pod,) = pods  # backoffLimit 0: one pod, never retried
-    log = site.node.pod_log(site.namespace, pod["metadata"]["name"])
-    print(log)
-    return bool(status.get("succeeded")), log
+    """The runbook's command for these arguments, run as tests/support/node_toolbox.py does."""
+    return node_run_toolbox(site.api, site.node, site.namespace, job, create_command(site.namespace, args))
 
 
 def test_the_runbook_fails_over_from_the_toolbox_alone_after_the_source_is_lost(site: Site) -> None:
