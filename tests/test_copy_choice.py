@@ -54,8 +54,8 @@ def config(source: str, target: str, **flow: object) -> MirrorConfig:
         ("iam", "eh", {"mode": "realtime"}, Core.PYTHON, "token callback"),
         ("mtls", "kafka", {"mode": "realtime"}, Core.PYTHON, "cluster 'mtls': no Java client settings for profile"),
         ("scram", "tuned", {"mode": "realtime"}, Core.PYTHON, "cluster 'tuned': its client_overrides are in"),
-        ("kafka", "scram", {"mode": "realtime", "replication_policy": "identity"}, Core.PYTHON,
-         "does not stamp or drop the 'identity' policy's provenance headers"),
+        ("kafka", "scram", {"mode": "realtime", "replication_policy": "identity"}, Core.JVM,
+         "Kafka's Java clients"),  # it drops the echoes and stamps the rest as the Python loop does
         ("kafka", "scram", {"mode": "realtime", "replication_policy": "identity", "provenance_header": False},
          Core.JVM, "Kafka's Java clients"),  # names kept, nothing stamped: the JVM copier copies it as it is
         ("scram", "kafka", {"mode": "realtime", "copy_core": "python"}, Core.PYTHON, "copy_core is 'python'"),

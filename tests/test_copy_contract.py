@@ -36,7 +36,7 @@ def _contract(**overrides: object) -> CopyContract:
 
 
 IDENTITY = _contract(replication_policy="identity")  # stamps and drops, writes no transactions: the Rust core's kind
-REALTIME = _contract(mode="realtime")  # writes in transactions, applies no provenance: the Java copier's kind
+REALTIME = _contract(mode="realtime")  # writes in transactions: the Java copier's kind
 CONTRACTS = [IDENTITY, REALTIME, replace(IDENTITY, max_record_bytes=None, refusals={})]
 
 

@@ -26,7 +26,7 @@ import spark_app.realtime.job
 from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
 from spark_app.config import ClusterConfig, FlowConfig, FlowMode, TopicSelection
 from spark_app.copy_wing.choice import Core, choose
-from spark_app.policy import PROVENANCE_HEADER
+from spark_app.policy import PROVENANCE_HEADER, target_topic
 from spark_app.ranges import Landing
 from spark_app.realtime import channel
 from spark_app.realtime.job import CopyJob
@@ -38,9 +38,12 @@ from tests.test_copy_cores import CAP, PER_PARTITION, _bytes, _generated, _trans
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
+@pytest.mark.parametrize("policy", ["default", "identity"])
 def test_the_jvm_copier_writes_and_reports_what_the_python_task_does(
-    spark, source_cluster, target_cluster, unique, tmp_path, monkeypatch
+    spark, source_cluster, target_cluster, unique, tmp_path, monkeypatch, policy
 ):
+    """Under the `identity` policy both cores drop the echoes of the target's own records (with their runs) and stamp
+    the others' provenance; under `default` they copy those headers as they came."""
     source, target = source_cluster, target_cluster
     now_ms = int(time.time() * 1000)
     records = _generated(random.Random(5), target.client.alias, now_ms)  # its provenance headers are headers here
@@ -51,14 +54,14 @@ def test_the_jvm_copier_writes_and_reports_what_the_python_task_does(
 
     results = {}
     for core in ("python", "compiled"):
-        a, b, c = (f"{name}-{core}-{unique}" for name in ("a", "b", "c"))
+        a, b, c = (f"{name}-{core}-{policy}-{unique}" for name in ("a", "b", "c"))
         create_topics(source.admin, {a: 2, b: 1, c: 1})
         flow = FlowConfig(
             source=source.client.alias, target=target.client.alias, topics=TopicSelection(include=[a, b, c]),
             checkpoint_location=str(tmp_path / core), copy_core=core, mode=FlowMode.REALTIME,
-            exactly_once=True,
+            exactly_once=True, replication_policy=policy,
         )  # fmt: skip
-        copies = {t: f"{source.client.alias}.{t}" for t in (a, b, c)}
+        copies = {t: target_topic(flow, t) for t in (a, b, c)}
         create_topics(target.admin, {copies[a]: 2, copies[c]: 1}, {"max.message.bytes": str(CAP)})
         create_topics(target.admin, {copies[b]: 1}, {"max.message.bytes": str(CAP), "cleanup.policy": "compact"})
         produce(source.admin, a, records)
@@ -85,9 +88,20 @@ def test_the_jvm_copier_writes_and_reports_what_the_python_task_does(
     # And the reference did what the input asks, so the two cannot agree on a wrong answer.
     assert python[1][("b", 0)]["held_from"] == 700 and python[1][("b", 0)]["records"] == 700
     held = python[1][("a", 1)]  # from the last commit before the record over the cap: its transaction was aborted
-    assert 0 <= held["held_from"] <= PER_PARTITION and held["records"] == held["held_from"]
-    assert python[1][("a", 0)]["records"] == python[1][("a", 0)]["timed"] == PER_PARTITION
+    assert 0 <= held["held_from"] <= PER_PARTITION and held["records"] + held["dropped"] == held["held_from"]
+    whole = python[1][("a", 0)]
+    assert whole["records"] == whole["timed"] == PER_PARTITION - whole["dropped"]
     assert python[1][("c", 0)]["records"] == 80 and python[1][("c", 0)]["end_offset"] > 90, "aborted ones skipped"
+    echoes = [r for r in records if (PROVENANCE_HEADER, f"{target.client.alias}:".encode()) in _stamp_prefixes(r)]
+    dropped = sum(python[1][("a", p)]["dropped"] for p in (0, 1))
+    if policy == "identity":
+        assert 0 < dropped <= len(echoes) and python[1][("a", 0)]["echoes"], "echoes dropped up to the held record"
+        stamps = [dict(r.headers)[PROVENANCE_HEADER] for r in python[0][0]]
+        ours = f"{source.client.alias}:".encode()
+        assert b"elsewhere:17" in stamps, "a third cluster's stamp kept"
+        assert all(v == b"elsewhere:17" or v.startswith(ours) for v in stamps), "every other record stamped"
+    else:
+        assert dropped == 0, "the default policy drops nothing"
 
 
 def test_the_jvm_copier_times_what_the_python_task_times_from_an_append_time_source(
@@ -156,14 +170,22 @@ def _per_partition(rows: list[Landing]) -> dict[tuple[str, int], dict]:
     out: dict[tuple[str, int], dict] = {}
     for row in rows:
         key = (row.topic.split("-", 1)[0], row.partition)
-        got = out.setdefault(key, {"records": 0, "dead_lettered": 0, "end_offset": 0, "held_from": -1, "timed": 0})
+        got = out.setdefault(key, {"records": 0, "dropped": 0, "dead_lettered": 0, "end_offset": 0, "held_from": -1,
+                                   "timed": 0, "echoes": []})  # fmt: skip
         got["records"] += row.records
+        got["dropped"] += row.dropped
+        got["echoes"] += row.echoes
         got["dead_lettered"] += row.dead_lettered
         got["timed"] += sum(row.latency_counts)
         got["end_offset"] = max(got["end_offset"], row.end_offset)
         if row.held_from >= 0 and got["held_from"] < 0:
             got["held_from"] = row.held_from
     return out
+
+
+def _stamp_prefixes(record: Record) -> set[tuple[str, bytes]]:
+    """A record's provenance headers as (name, alias and colon), for telling echoes from other stamps."""
+    return {(k, v.partition(b":")[0] + b":") for k, v in record.headers if k == PROVENANCE_HEADER and v}
 
 
 def _landed(rows: list[Landing], topic: str) -> int:

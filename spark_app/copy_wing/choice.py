@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass
 
 from ..config import ClusterConfig, FlowConfig, FlowMode, MirrorConfig
-from ..policy import replication_policy, transactional
+from ..policy import transactional
 from ..profiles import TOKEN_LOGINS, why_no_java_client
 
 
@@ -64,12 +64,6 @@ def choose(flow: FlowConfig, source: ClusterConfig, target: ClusterConfig) -> Co
     if in_transactions:
         if flow.mode is FlowMode.THROUGHPUT:
             return chosen(Core.PYTHON, "the compiled cores do not write a throughput batch's transactions yet")
-        if replication_policy(flow).stamps:
-            return chosen(
-                Core.PYTHON,
-                f"the JVM copier does not stamp or drop the '{flow.replication_policy}' policy's provenance headers,"
-                " and the Rust core writes no transactions",
-            )
         for cluster in (source, target):
             if why := why_no_java_client(cluster):
                 return chosen(Core.PYTHON, f"{why}; the Rust core writes no transactions")

@@ -3,7 +3,10 @@ package io.mirrorkit.copier;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
+import java.math.BigInteger;
+import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -113,11 +116,35 @@ final class Contract {
         return new Contract(node);
     }
 
+    /**
+     * The target offset a provenance value says the record came from, when it names the target (an echo of the
+     * target's own record, to drop); -1 otherwise, and for a value no core of the mirror made (spark_app.policy.origin:
+     * `alias:offset`, the offset all digits and at most `max_provenance_offset`).
+     */
+    long echoOf(byte[] value) {
+        int colon = 0;
+        while (colon < value.length && value[colon] != ':') {
+            colon++;
+        }
+        if (colon >= value.length - 1) {
+            return -1;
+        }
+        for (int i = colon + 1; i < value.length; i++) {
+            if (value[i] < '0' || value[i] > '9') {
+                return -1;
+            }
+        }
+        BigInteger offset = new BigInteger(new String(value, colon + 1, value.length - colon - 1,
+                StandardCharsets.US_ASCII));
+        if (offset.compareTo(BigInteger.valueOf(maxProvenanceOffset)) > 0) {
+            return -1;
+        }
+        byte[] target = targetAlias.getBytes(StandardCharsets.UTF_8);
+        return Arrays.equals(value, 0, colon, target, 0, target.length) ? offset.longValue() : -1;
+    }
+
     /** Why this copier cannot copy under the contract (the Python task does), or null when it can. */
     String cannotCopy() {
-        if (stampProvenance || dropEchoes) {
-            return "the JVM copier applies no provenance rules (stamp_provenance, drop_echoes)";
-        }
         if (transactionalIdPrefix == null) {
             return "the JVM copier writes only in transactions, and the contract has no transactional_id_prefix";
         }

@@ -25,9 +25,12 @@ final class Landing {
     long lastTargetOffset = -1;
     long records;
     long bytes;
+    long dropped;
     final long[] latencyCounts;
     double latencySumMs;
     final List<long[]> runs = new ArrayList<>();
+    /** Identity only: the dropped echoes of the target's own records, as runs (spark_app.ranges.Landing.echoes). */
+    final List<long[]> echoes = new ArrayList<>();
     private final double[] boundsMs;
     private final int maxRuns;
 
@@ -50,18 +53,32 @@ final class Landing {
         lastOffset = offset;
         lastTargetOffset = targetOffset;
         countLatency(latencyMs);
-        if (!runs.isEmpty()) { // spark_app.ranges.extend_runs
-            long[] run = runs.get(runs.size() - 1);
+        extendRuns(runs, offset, targetOffset);
+    }
+
+    /** Source `offset` was dropped as an echo of the target's record at `targetOffset` (spark_app.ranges.echoed). */
+    synchronized void echoed(long offset, long targetOffset) {
+        dropped++;
+        lastOffset = Math.max(lastOffset, offset);
+        if (targetOffset >= 0) {
+            extendRuns(echoes, offset, targetOffset);
+        }
+    }
+
+    /** spark_app.ranges.extend_runs: runs grow at their end; past maxRuns the newest replaces the last. */
+    private void extendRuns(List<long[]> into, long offset, long targetOffset) {
+        if (!into.isEmpty()) {
+            long[] run = into.get(into.size() - 1);
             if (offset == run[2] + 1 && targetOffset == run[1] + offset - run[0]) {
                 run[2] = offset;
                 return;
             }
-            if (runs.size() >= maxRuns) { // the newest replaces the last
-                runs.set(runs.size() - 1, new long[] {offset, targetOffset, offset});
+            if (into.size() >= maxRuns) {
+                into.set(into.size() - 1, new long[] {offset, targetOffset, offset});
                 return;
             }
         }
-        runs.add(new long[] {offset, targetOffset, offset});
+        into.add(new long[] {offset, targetOffset, offset});
     }
 
     private void countLatency(double latencyMs) {
@@ -78,7 +95,7 @@ final class Landing {
 
     /** Whether it says anything a position does not already (spark_app.realtime.task._changed). */
     synchronized boolean changed() {
-        return endOffset != firstOffset || records > 0 || !runs.isEmpty();
+        return endOffset != firstOffset || records + dropped > 0 || !runs.isEmpty();
     }
 
     /** The row by the contract's names (`names`, checked against FIELDS when the contract was read). */
@@ -103,11 +120,12 @@ final class Landing {
             case "latency_counts" -> latencyCounts.clone();
             case "latency_sum_ms" -> latencySumMs;
             case "runs" -> new ArrayList<>(runs);
-            // What only the Python loop does: drop echoes, dead-letter or hold records, start over.
-            case "dropped", "dead_lettered", "refused_bytes" -> 0;
+            case "dropped" -> dropped;
+            case "echoes" -> new ArrayList<>(echoes);
+            // What only the Python loop does: dead-letter or hold records, start over.
+            case "dead_lettered", "refused_bytes" -> 0;
             case "held_from", "held_until", "reset_from" -> -1;
             case "held_error" -> "";
-            case "echoes" -> List.of();
             default -> throw new IllegalArgumentException("a landing row has no field `" + name + "`");
         };
     }

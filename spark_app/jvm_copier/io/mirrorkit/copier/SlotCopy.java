@@ -37,6 +37,8 @@ import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.errors.InvalidProducerEpochException;
 import org.apache.kafka.common.errors.ProducerFencedException;
 import org.apache.kafka.common.header.Header;
+import org.apache.kafka.common.header.Headers;
+import org.apache.kafka.common.header.internals.RecordHeaders;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -47,7 +49,8 @@ import org.slf4j.LoggerFactory;
  *
  * <p>It asks the driver for its partitions, starts the slot's transactional producer (fencing every earlier attempt
  * of the slot, in either language), and copies each record as it comes: the source's key, value, headers, partition
- * and timestamp. Every commit interval it commits, with the source positions when the flow is exactly-once, and
+ * and timestamp; under the identity policy it drops the echoes of the target's own records and stamps the others'
+ * provenance, as the contract says. Every commit interval it commits, with the source positions when the flow is exactly-once, and
  * reports landings; between commits it says how far each partition reached the target. At the first event the
  * Python loop treats with more care (a record the target's rules refuse, a delivery error, offsets that went back, a
  * position outside the log, any read error, and for an exactly-once slot a topic made again at the source since the
@@ -255,12 +258,33 @@ final class SlotCopy {
         if (cursor.seen && offset < cursor.next) {
             throw new HandBack("the offsets of " + tp + " went back to " + offset);
         }
+        // The identity policy: drop an echo of the target's own record, stamp where a record came from.
+        Headers headers = record.headers();
+        int stampBytes = 0;
+        if (contract.dropEchoes || contract.stampProvenance) {
+            byte[] cameFrom = provenanceOf(headers);
+            long echoOf = contract.dropEchoes && cameFrom != null ? contract.echoOf(cameFrom) : -1;
+            if (echoOf >= 0) {
+                if (!cursor.seen) {
+                    cursor.seen = true;
+                    cursor.landing.firstOffset = offset;
+                }
+                cursor.landing.echoed(offset, echoOf);
+                passed(cursor, offset);
+                return;
+            }
+            if (contract.stampProvenance && cameFrom == null) {
+                byte[] stamp = (contract.sourceAlias + ":" + offset).getBytes(StandardCharsets.UTF_8);
+                headers = new RecordHeaders(headers.toArray()).add(contract.provenanceHeader, stamp);
+                stampBytes = contract.provenanceHeader.getBytes(StandardCharsets.UTF_8).length + stamp.length;
+            }
+        }
         long timestamp = record.timestamp();
         if (cursor.rule != null && cursor.rule.refuses(record.key(), timestamp, contract.clockSlackMs)) {
             throw new HandBack("the target's rules for " + cursor.target + " refuse the record at " + tp + "@"
                     + offset);
         }
-        if (contract.maxRecordBytes != null && size(record) > contract.maxRecordBytes) {
+        if (contract.maxRecordBytes != null && size(record) + stampBytes > contract.maxRecordBytes) {
             throw new HandBack("the record at " + tp + "@" + offset + " is over the target's cap");
         }
         if (!cursor.seen) {
@@ -273,7 +297,7 @@ final class SlotCopy {
         }
         try {
             producer.send(new ProducerRecord<>(cursor.target, record.partition(), timestamp, record.key(),
-                    record.value(), record.headers()), (metadata, error) -> {
+                    record.value(), headers), (metadata, error) -> {
                         synchronized (cursor.inFlight) {
                             cursor.inFlight.pollFirst();
                         }
@@ -294,11 +318,26 @@ final class SlotCopy {
         }
         landing.sent((record.key() == null ? 0 : record.key().length)
                 + (record.value() == null ? 0 : record.value().length));
-        cursor.next = offset + 1;
+        passed(cursor, offset);
         copied++;
+    }
+
+    /** The record at `offset` was passed on (sent, or dropped as an echo): the cursor moves past it. */
+    private static void passed(Cursor cursor, long offset) {
+        cursor.next = offset + 1;
         if (cursor.stop != null && cursor.next >= cursor.stop) {
             cursor.done = true;
         }
+    }
+
+    /** The first provenance header's value, or null when it has none (a null value counts as none, as in Python). */
+    private byte[] provenanceOf(Headers headers) {
+        for (Header header : headers) {
+            if (header.key().equals(contract.provenanceHeader)) {
+                return header.value();
+            }
+        }
+        return null;
     }
 
     /** The open partitions; one with a stop whose log position passed it (past transaction markers) is done. */
