@@ -94,14 +94,50 @@ TOKEN_LOGINS = frozenset({Profile.EVENTHUBS_ENTRA, Profile.MSK_IAM})
 JAVA_LOGINS = frozenset({Profile.KAFKA, Profile.EVENTHUBS, Profile.MSK_SCRAM})
 
 
+# Tuning keys of `client_overrides` (librdkafka's names) that Kafka's Java clients take too, with their Java names
+# and the roles that have them: a cluster whose overrides are all among them is reached from the JVM with them
+# (`java_client`), as librdkafka's clients apply them. The keys the copy's guarantees rest on never get here
+# (spark_app.config.GUARANTEE_KEYS refuses them at validation).
+_BOTH: frozenset[Role] = frozenset({"consumer", "producer", "admin"})
+_PRODUCER: frozenset[Role] = frozenset({"producer"})
+_CONSUMER: frozenset[Role] = frozenset({"consumer"})
+JAVA_TUNING: dict[str, tuple[str, frozenset[Role]]] = {
+    "client.id": ("client.id", _BOTH),
+    "request.timeout.ms": ("request.timeout.ms", _BOTH),
+    "connections.max.idle.ms": ("connections.max.idle.ms", _BOTH),
+    "metadata.max.age.ms": ("metadata.max.age.ms", _BOTH),
+    "reconnect.backoff.ms": ("reconnect.backoff.ms", _BOTH),
+    "reconnect.backoff.max.ms": ("reconnect.backoff.max.ms", _BOTH),
+    "retry.backoff.ms": ("retry.backoff.ms", _BOTH),
+    "retry.backoff.max.ms": ("retry.backoff.max.ms", _BOTH),
+    "socket.connection.setup.timeout.ms": ("socket.connection.setup.timeout.ms", _BOTH),
+    "socket.send.buffer.bytes": ("send.buffer.bytes", _BOTH),
+    "socket.receive.buffer.bytes": ("receive.buffer.bytes", _BOTH),
+    "linger.ms": ("linger.ms", _PRODUCER),
+    "batch.size": ("batch.size", _PRODUCER),
+    "compression.type": ("compression.type", _PRODUCER),
+    "message.max.bytes": ("max.request.size", _PRODUCER),
+    "message.timeout.ms": ("delivery.timeout.ms", _PRODUCER),
+    "delivery.timeout.ms": ("delivery.timeout.ms", _PRODUCER),
+    "fetch.min.bytes": ("fetch.min.bytes", _CONSUMER),
+    "fetch.max.bytes": ("fetch.max.bytes", _CONSUMER),
+    "fetch.wait.max.ms": ("fetch.max.wait.ms", _CONSUMER),
+    "max.partition.fetch.bytes": ("max.partition.fetch.bytes", _CONSUMER),
+}
+
+
 def why_no_java_client(cluster: ClusterConfig) -> str | None:
     """Why the Java clients cannot reach this cluster as its profile says; None when they can. They would need more
-    than `java_client` gives: a token callback (Entra ID, MSK IAM), a client key (mTLS), or `client_overrides`,
-    which are in librdkafka's names."""
+    than `java_client` gives: a token callback (Entra ID, MSK IAM), a client key (mTLS), or a `client_overrides` key
+    with no Java name in JAVA_TUNING."""
     if cluster.profile not in JAVA_LOGINS:
         return f"cluster '{cluster.alias}': no Java client settings for profile '{cluster.profile.value}'"
-    if cluster.client_overrides:
-        return f"cluster '{cluster.alias}': its client_overrides are in librdkafka's names"
+    untranslated = sorted(k for k in cluster.client_overrides if k not in JAVA_TUNING)
+    if untranslated:
+        return (
+            f"cluster '{cluster.alias}': client_overrides.{untranslated[0]} is a librdkafka setting the Java clients"
+            " have no name for here"
+        )
     return None
 
 
@@ -145,6 +181,10 @@ def java_client(cluster: ClusterConfig, role: Role) -> JavaClient | None:
         settings |= _EVENTHUBS_TUNING | ({} if role == "consumer" else _EVENTHUBS_REQUESTS)
         if role == "producer":
             settings |= {"max.request.size": _EVENTHUBS_PRODUCER["message.max.bytes"], "compression.type": "none"}
+    for key, value in cluster.client_overrides.items():  # last, as librdkafka_settings applies them
+        java, roles = JAVA_TUNING[key]
+        if role in roles:
+            settings[java] = str(value)
     return JavaClient(cluster.alias, settings, login)
 
 

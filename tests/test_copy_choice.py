@@ -30,6 +30,8 @@ CLUSTERS = [
      "client_key": {"file": "/k.pem"}},
     {"alias": "tuned", "bootstrap_servers": "t.example:9092", "profile": "kafka",
      "client_overrides": {"fetch.wait.max.ms": "100"}},
+    {"alias": "raw", "bootstrap_servers": "r.example:9092", "profile": "kafka",
+     "client_overrides": {"linger.ms": "5", "queue.buffering.max.messages": "1000"}},
 ]  # fmt: skip
 
 
@@ -53,7 +55,9 @@ def config(source: str, target: str, **flow: object) -> MirrorConfig:
         ("scram", "eh", {"mode": "realtime"}, Core.RUST, "librdkafka"),  # no transactions into Event Hubs
         ("iam", "eh", {"mode": "realtime"}, Core.PYTHON, "token callback"),
         ("mtls", "kafka", {"mode": "realtime"}, Core.PYTHON, "cluster 'mtls': no Java client settings for profile"),
-        ("scram", "tuned", {"mode": "realtime"}, Core.PYTHON, "cluster 'tuned': its client_overrides are in"),
+        ("scram", "tuned", {"mode": "realtime"}, Core.JVM, "Kafka's Java clients"),  # tuning overrides, by Java names
+        ("scram", "raw", {"mode": "realtime"}, Core.PYTHON,
+         "cluster 'raw': client_overrides.queue.buffering.max.messages is a librdkafka setting"),
         ("kafka", "scram", {"mode": "realtime", "replication_policy": "identity"}, Core.JVM,
          "Kafka's Java clients"),  # it drops the echoes and stamps the rest as the Python loop does
         ("kafka", "scram", {"mode": "realtime", "replication_policy": "identity", "provenance_header": False},

@@ -109,8 +109,11 @@ def test_the_jvm_copier_times_what_the_python_task_times_from_an_append_time_sou
 ):
     """Records from a source topic that stamps its broker's append time land on a create-time target with that time:
     the Python task times every one of them (its delivery reports say the target kept their timestamp), and so must
-    the JVM slot. Headers, a 20-digit provenance value among them, are copied as they came (the `default` policy)."""
+    the JVM slot. Headers, a 20-digit provenance value among them, are copied as they came (the `default` policy).
+    The target's client_overrides are tuning keys, which reach the JVM slot by their Java names: it copies them all."""
     source, target = source_cluster, target_cluster
+    tuning = {"linger.ms": "5", "message.max.bytes": "900000", "request.timeout.ms": "61000", "fetch.wait.max.ms": "50"}
+    tuned = target.client.model_copy(update={"client_overrides": tuning})
     now_ms = int(time.time() * 1000)
     twenty = f"{target.client.alias}:{'9' * 20}".encode()
     records = [
@@ -135,10 +138,10 @@ def test_the_jvm_copier_times_what_the_python_task_times_from_an_append_time_sou
         create_topics(target.admin, {copy: 2})
         produce(source.admin, topic, records)
         ends = end_offsets(source.admin, [(topic, 0), (topic, 1)])
-        assert (choose(flow, source.client, target.client).core is Core.JVM) == (core == "compiled")
+        assert (choose(flow, source.client, tuned).core is Core.JVM) == (core == "compiled")
 
         rows: list[Landing] = []
-        job = CopyJob(spark, flow, source.client, target.client, Assignment(dict.fromkeys(ends, 0), ends), 1,
+        job = CopyJob(spark, flow, source.client, tuned, Assignment(dict.fromkeys(ends, 0), ends), 1,
                       TargetRules(), 1.0, rows.extend).start()  # fmt: skip
         job.wait()
         assert job.error is None, job.error

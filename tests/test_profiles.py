@@ -113,3 +113,25 @@ def test_java_settings_name_where_each_login_secret_lives_and_never_carry_it(clu
         assert "scram-secret" not in str(settings) and SECRET not in str(settings)
     overridden = clusters["kafka"].model_copy(update={"client_overrides": {"socket.timeout.ms": 1000}})
     assert profiles.java_client(overridden, "consumer") is None
+    assert profiles.why_no_java_client(overridden) == (
+        "cluster 'k': client_overrides.socket.timeout.ms is a librdkafka setting the Java clients have no name for here"
+    )
+
+
+def test_tuning_overrides_reach_the_java_clients_by_their_java_names_for_the_roles_that_have_them(clusters):
+    """A cluster's tuning overrides do not keep it off the JVM: each goes to the roles that take it, by its Java
+    name, last (over the profile's own, as in librdkafka's settings)."""
+    tuning = {
+        "linger.ms": "20",
+        "message.max.bytes": "900000",
+        "fetch.wait.max.ms": "50",
+        "request.timeout.ms": "70000",
+    }
+    tuned = clusters["eventhubs"].model_copy(update={"client_overrides": tuning})
+    producer, consumer = profiles.java_client(tuned, "producer"), profiles.java_client(tuned, "consumer")
+    assert producer is not None and consumer is not None
+    assert producer.settings["linger.ms"] == "20" and producer.settings["max.request.size"] == "900000"
+    assert producer.settings["request.timeout.ms"] == consumer.settings["request.timeout.ms"] == "70000"
+    assert consumer.settings["fetch.max.wait.ms"] == "50"
+    assert "fetch.max.wait.ms" not in producer.settings and "linger.ms" not in consumer.settings
+    assert not {"message.max.bytes", "fetch.wait.max.ms"} & (set(producer.settings) | set(consumer.settings))
