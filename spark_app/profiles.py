@@ -90,8 +90,8 @@ def librdkafka_settings(cluster: ClusterConfig, role: Role) -> Settings:
 
 # Profiles whose login takes a token from a Python callback (OAUTHBEARER), which only confluent-kafka's clients run.
 TOKEN_LOGINS = frozenset({Profile.EVENTHUBS_ENTRA, Profile.MSK_IAM})
-# Profiles `java_client` can say in Kafka's Java client names: a password login or none.
-JAVA_LOGINS = frozenset({Profile.KAFKA, Profile.EVENTHUBS, Profile.MSK_SCRAM})
+# Profiles `java_client` can say in Kafka's Java client names: a password login, a client certificate, or none.
+JAVA_PROFILES = frozenset({Profile.KAFKA, Profile.EVENTHUBS, Profile.MSK_SCRAM, Profile.MTLS})
 
 
 # Tuning keys of `client_overrides` (librdkafka's names) that Kafka's Java clients take too, with their Java names
@@ -128,9 +128,9 @@ JAVA_TUNING: dict[str, tuple[str, frozenset[Role]]] = {
 
 def why_no_java_client(cluster: ClusterConfig) -> str | None:
     """Why the Java clients cannot reach this cluster as its profile says; None when they can. They would need more
-    than `java_client` gives: a token callback (Entra ID, MSK IAM), a client key (mTLS), or a `client_overrides` key
-    with no Java name in JAVA_TUNING."""
-    if cluster.profile not in JAVA_LOGINS:
+    than `java_client` gives: a token callback (Entra ID, MSK IAM), or a `client_overrides` key with no Java name in
+    JAVA_TUNING."""
+    if cluster.profile not in JAVA_PROFILES:
         return f"cluster '{cluster.alias}': no Java client settings for profile '{cluster.profile.value}'"
     untranslated = sorted(k for k in cluster.client_overrides if k not in JAVA_TUNING)
     if untranslated:
@@ -153,12 +153,23 @@ class JavaLogin:
 
 
 @dataclass(frozen=True)
+class JavaClientKey:
+    """An mTLS client certificate (a PEM file) and where its key lives (an env var or a file, PEM, PKCS#8 as Kafka's
+    Java clients read it), read where the client is made, so the key never travels with a task."""
+
+    cert_file: str
+    env: str | None
+    file: str | None
+
+
+@dataclass(frozen=True)
 class JavaClient:
-    """A cluster's client settings in Kafka's Java client names, and its login if it has one."""
+    """A cluster's client settings in Kafka's Java client names, and its login or client key if it has one."""
 
     alias: str
     settings: dict[str, str]
     login: JavaLogin | None
+    client_key: JavaClientKey | None = None
 
 
 def java_client(cluster: ClusterConfig, role: Role) -> JavaClient | None:
@@ -169,8 +180,11 @@ def java_client(cluster: ClusterConfig, role: Role) -> JavaClient | None:
     settings = {"bootstrap.servers": cluster.bootstrap_servers, "security.protocol": _protocol(cluster)}
     if cluster.ca_file:
         settings |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": cluster.ca_file}
-    login = None
-    if cluster.profile is not Profile.KAFKA:
+    login, client_key = None, None
+    if cluster.profile is Profile.MTLS:
+        key = _required(cluster.client_key)
+        client_key = JavaClientKey(_required(cluster.client_cert_file), key.env, key.file)
+    elif cluster.profile is not Profile.KAFKA:
         password = _required(cluster.password)
         scram = cluster.profile is Profile.MSK_SCRAM
         module = "scram.ScramLoginModule" if scram else "plain.PlainLoginModule"
@@ -185,7 +199,7 @@ def java_client(cluster: ClusterConfig, role: Role) -> JavaClient | None:
         java, roles = JAVA_TUNING[key]
         if role in roles:
             settings[java] = str(value)
-    return JavaClient(cluster.alias, settings, login)
+    return JavaClient(cluster.alias, settings, login, client_key)
 
 
 def redacted(settings: Settings) -> Settings:

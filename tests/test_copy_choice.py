@@ -54,7 +54,8 @@ def config(source: str, target: str, **flow: object) -> MirrorConfig:
         ("scram", "eh", {"mode": "realtime", "exactly_once": True}, Core.JVM, "Kafka's Java clients"),
         ("scram", "eh", {"mode": "realtime"}, Core.RUST, "librdkafka"),  # no transactions into Event Hubs
         ("iam", "eh", {"mode": "realtime"}, Core.PYTHON, "token callback"),
-        ("mtls", "kafka", {"mode": "realtime"}, Core.PYTHON, "cluster 'mtls': no Java client settings for profile"),
+        ("mtls", "kafka", {"mode": "realtime"}, Core.JVM, "Kafka's Java clients"),  # the key read on the executor
+        ("iam", "kafka", {"mode": "realtime"}, Core.PYTHON, "cluster 'iam': no Java client settings for profile"),
         ("scram", "tuned", {"mode": "realtime"}, Core.JVM, "Kafka's Java clients"),  # tuning overrides, by Java names
         ("scram", "raw", {"mode": "realtime"}, Core.PYTHON,
          "cluster 'raw': client_overrides.queue.buffering.max.messages is a librdkafka setting"),

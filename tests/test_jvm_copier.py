@@ -23,7 +23,8 @@ from dataclasses import fields
 import pytest
 
 import spark_app.realtime.job
-from bench.testbed.clients import Record, create_topics, end_offsets, produce, read_all
+from bench.testbed.clients import Record, by_partition, create_topics, end_offsets, produce, read_all
+from bench.testbed.kafka_cluster import ListenerKind
 from spark_app.config import ClusterConfig, FlowConfig, FlowMode, TopicSelection
 from spark_app.copy_wing.choice import Core, choose
 from spark_app.policy import PROVENANCE_HEADER, target_topic
@@ -161,6 +162,40 @@ def test_the_jvm_copier_times_what_the_python_task_times_from_an_append_time_sou
     assert all(r[-1][0] == (PROVENANCE_HEADER, twenty) for r in python[0]), "the header copied as it came"
 
 
+def test_the_jvm_copier_signs_in_with_a_client_certificate_whose_key_it_reads_on_the_executor(
+    spark, testbed, unique, tmp_path, monkeypatch
+):
+    """The `mtls` profile on the JVM: the slot's consumer and transactional producer both present the client
+    certificate, with the key read from the file the config names, to a listener that refuses a TLS client without
+    one; the slot copies every record whole and hands nothing back."""
+    cluster = testbed.start(f"jmtls-{unique}"[:40], ListenerKind.MTLS)
+    source = cluster.client
+    target = source.model_copy(update={"alias": "mtls-dr"})  # the same broker, written as another cluster
+    topic = f"jcerts-{unique}"
+    flow = FlowConfig(source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]),
+                      checkpoint_location=str(tmp_path), mode=FlowMode.REALTIME, exactly_once=True)  # fmt: skip
+    create_topics(cluster.admin, {topic: 2, target_topic(flow, topic): 2})
+    now_ms = int(time.time() * 1000)
+    records = [
+        Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (("h", bytes([i % 256])),), now_ms + i) for i in range(300)
+    ]
+    produce(source, topic, records)
+    slots: list[bool] = []
+    run_slot = spark_app.realtime.job.jvm.run_slot
+    monkeypatch.setattr(spark_app.realtime.job.jvm, "run_slot", lambda *a: slots.append(run_slot(*a)) or slots[-1])
+    assert choose(flow, source, target).core is Core.JVM
+    ends = end_offsets(cluster.admin, [(topic, 0), (topic, 1)])
+    rows: list[Landing] = []
+    job = CopyJob(spark, flow, source, target, Assignment(dict.fromkeys(ends, 0), ends), 1, TargetRules(), 1.0,
+                  rows.extend).start()  # fmt: skip
+    job.wait()
+    assert job.error is None, job.error
+    assert slots == [True], "the JVM slot copied it all"
+    copied = read_all(cluster.admin, target_topic(flow, topic), len(records))
+    assert by_partition(copied) == by_partition(records), "each record whole, in its partition's order"
+    testbed.retire(f"jmtls-{unique}"[:40])
+
+
 def _in_order(records: list[Record]) -> list[tuple]:
     """Target records whole, in partition and offset order, without their offsets: each slot's aborted transactions
     and commit markers take target offsets of their own."""
@@ -242,15 +277,16 @@ def test_the_jvm_slots_side_of_the_channel_speaks_pythons_wire_format_and_drops_
 
 
 def _slot_config() -> SlotConfig:
-    """A slot's config as a real-time exactly-once job makes it: a SCRAM source (password in a file) into an Event
-    Hubs target (its connection string in an env var), two topics."""
+    """A slot's config as a real-time exactly-once job makes it: a SCRAM source (password in a file) into an mTLS
+    target (its client key in an env var), two topics."""
     source = ClusterConfig.model_validate(
         {"alias": "a", "bootstrap_servers": "127.0.0.1:9", "profile": "msk-scram", "username": "mirror",
          "password": {"file": "/run/secrets/scram"}, "ca_file": "/ca.pem"}
     )  # fmt: skip
     target = ClusterConfig.model_validate(
-        {"alias": "b", "bootstrap_servers": "127.0.0.1:9", "profile": "eventhubs", "password": {"env": "EH_CS"}}
-    )
+        {"alias": "b", "bootstrap_servers": "127.0.0.1:9", "profile": "mtls", "client_cert_file": "/cert.pem",
+         "client_key": {"env": "CLIENT_KEY"}, "ca_file": "/ca.pem"}
+    )  # fmt: skip
     flow = FlowConfig.model_validate(
         {"source": "a", "target": "b", "topics": {"include": ["t", "u"]}, "checkpoint_location": "/c",
          "mode": "realtime", "exactly_once": True}
@@ -267,19 +303,24 @@ def test_the_jvm_copier_reads_every_field_of_the_slots_config_as_python_made_it(
     config = _slot_config().to_json()
     assert tuple(config) == SLOT_CONFIG_FIELDS == tuple(f.name for f in fields(SlotConfig))
     assert config["source"]["login"]["file"] == "/run/secrets/scram", "where the password is, never the password"
+    assert config["target"]["client_key"] == {"cert_file": "/cert.pem", "env": "CLIENT_KEY", "file": None}
     assert json.loads(job.checkSlotConfig(json.dumps(config))) == {"read": config}
-    login = config["target"]["login"]
+    login, key = config["source"]["login"], config["target"]["client_key"]
     changed = [
         config | {"spare": 1},
         *({k: v for k, v in config.items() if k != name} for name in SLOT_CONFIG_FIELDS),
         config | {"driver": {"host": "127.0.0.1"}},
         config | {"source": config["source"] | {"spare": 1}},
-        config | {"target": config["target"] | {"login": {k: v for k, v in login.items() if k != "module"}}},
-        config | {"target": config["target"] | {"login": login | {"env": None}}},
+        config | {"source": config["source"] | {"login": {k: v for k, v in login.items() if k != "module"}}},
+        config | {"source": config["source"] | {"login": login | {"file": None}}},
+        config | {"target": config["target"] | {"client_key": {k: v for k, v in key.items() if k != "cert_file"}}},
+        config | {"target": config["target"] | {"client_key": key | {"file": "/k.pem"}}},
+        config | {"target": {k: v for k, v in config["target"].items() if k != "client_key"}},
         config | {"producer": config["producer"] | {"linger.ms": 20}},
         config | {"commit_ms": "2500"},
         config | {"contract": {k: v for k, v in config["contract"].items() if k != "max_runs"}},
     ]
-    names = ["spare", *SLOT_CONFIG_FIELDS, "port", "spare", "module", "env", "producer", "commit_ms", "max_runs"]
+    names = ["spare", *SLOT_CONFIG_FIELDS, "port", "spare", "module", "file", "cert_file", "env", "client_key",
+             "producer", "commit_ms", "max_runs"]  # fmt: skip
     for name, got in zip(names, (json.loads(job.checkSlotConfig(json.dumps(c))) for c in changed), strict=True):
         assert "read" not in got and f"`{name}`" in got["refused"], (name, got)

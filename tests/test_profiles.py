@@ -98,9 +98,18 @@ def test_a_missing_secret_names_where_it_was_looked_for_not_its_value(clusters, 
 def test_java_settings_name_where_each_login_secret_lives_and_never_carry_it(clusters):
     """The JVM copier's settings (spark_app.realtime.jvm): Java names for the profiles it serves, the password read on
     the executor from where the config says, and None where the Java clients would need more (a token callback, a
-    client key, librdkafka-named overrides)."""
+    librdkafka setting with no Java name)."""
     java = {profile: profiles.java_client(cluster, "producer") for profile, cluster in clusters.items()}
-    assert {p for p, j in java.items() if j is None} == {"eventhubs-entra", "msk-iam", "mtls"}
+    assert {p for p, j in java.items() if j is None} == {"eventhubs-entra", "msk-iam"}
+    mtls = java["mtls"]
+    assert mtls is not None and mtls.login is None and mtls.client_key is not None
+    key = clusters["mtls"].client_key
+    assert (mtls.client_key.cert_file, mtls.client_key.env, mtls.client_key.file) == (
+        clusters["mtls"].client_cert_file,
+        key.env,
+        key.file,
+    ), "where the key is, never the key"
+    assert mtls.settings["security.protocol"] == "SSL"
     assert java["kafka"] is not None and java["kafka"].settings["ssl.truststore.type"] == "PEM"
     assert java["kafka"].login is None
     eh, scram = java["eventhubs"], java["msk-scram"]

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.infra.conftest import platform_runs, stack_runs  # noqa: F401  # the stacks' runs under mocks
+from tests.infra.conftest import platform_runs, set_runs, stack_runs  # noqa: F401  # the stacks' runs under mocks
 from tests.support.kube_api import KubeApiServer
 from tests.support.kube_node import KubeNode, running_node
 from tests.support.mirror_image import MirrorImage, built_image

@@ -25,7 +25,7 @@ from infra.k8s.toolbox import TOOLBOX, create_command, verb_args
 from spark_app.clients import producer, read_topic
 from spark_app.config import MirrorConfig
 from spark_app.dr.handback import connect_key
-from spark_app.policy import connect_offsets_topic, target_topic
+from spark_app.policy import HEARTBEATS_TOPIC, connect_offsets_topic, target_topic
 from tests.infra.harness import Run
 from tests.support.kube_api import KubeApiError, KubeApiServer
 from tests.support.kube_node import KubeNode
@@ -154,9 +154,12 @@ def test_the_stacks_adopt_and_handback_commands_take_the_flow_from_mm2_and_give_
                               create_command(namespace, handback_args, checkpoint_claim=claim))  # fmt: skip
         assert ok and f"flow {flow.name} handed back to MirrorMaker 2" in log, log
         last = RECORDS // PARTITIONS - 1
-        assert mm2_positions(config, flow.target, offsets_topic) == {
+        handed = mm2_positions(config, flow.target, offsets_topic)
+        assert {k: v for k, v in handed.items() if k[0] in topics} == {
             (t, p): last for t in topics for p in range(PARTITIONS)
         }
+        # Besides, the source's heartbeats topic, which the mirror copies as MM2's source connector does.
+        assert {t for t, _ in handed} - set(topics) <= {HEARTBEATS_TOPIC}, handed
     finally:
         with contextlib.suppress(KubeApiError):
             kube_api.request("DELETE", app_path)

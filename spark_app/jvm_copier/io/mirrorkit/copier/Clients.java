@@ -13,8 +13,8 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 /**
  * The slot's Kafka clients, from the settings the driver derived from the clusters' profiles (spark_app.realtime.jvm),
- * in Java names. A SASL password is read here, on the executor, from the env var or file the config names, as the
- * Python loop reads it: it never travels with the task, and never appears in an error.
+ * in Java names. A SASL password or an mTLS client key is read here, on the executor, from the env var or file the
+ * config names, as the Python loop reads it: it never travels with the task, and never appears in an error.
  */
 final class Clients {
     private Clients() {}
@@ -43,32 +43,45 @@ final class Clients {
         return Admin.create(settings(config.source, Map.of()));
     }
 
+    /** The role's settings, then the cluster's (its profile's and its tuning overrides, which win as they do over
+     * the Python loop's own), then its login or client key. */
     private static Properties settings(SlotConfig.Client cluster, Map<String, String> role) throws IOException {
         Properties props = new Properties();
-        props.putAll(cluster.settings());
         props.putAll(role);
+        props.putAll(cluster.settings());
         SlotConfig.Login login = cluster.login();
         if (login != null) {
             props.put("sasl.jaas.config", login.module() + " required username=\"" + quoted(login.username())
-                    + "\" password=\"" + quoted(secret(login, cluster.alias())) + "\";");
+                    + "\" password=\"" + quoted(secret(login.env(), login.file(), cluster.alias())) + "\";");
+        }
+        SlotConfig.ClientKey key = cluster.clientKey();
+        if (key != null) {
+            String what = "cluster '" + cluster.alias() + "'";
+            props.put("ssl.keystore.type", "PEM");
+            try {
+                props.put("ssl.keystore.certificate.chain", Files.readString(Path.of(key.certFile())));
+            } catch (IOException error) {
+                throw new IOException(what + ": cannot read client certificate " + key.certFile(), null);
+            }
+            props.put("ssl.keystore.key", secret(key.env(), key.file(), cluster.alias()));
         }
         return props;
     }
 
-    /** The password, from the env var or file the config names; errors name where, never what. */
-    private static String secret(SlotConfig.Login login, String alias) throws IOException {
+    /** A secret, from the env var or file the config names; errors name where, never what. */
+    private static String secret(String env, String file, String alias) throws IOException {
         String what = "cluster '" + alias + "'";
-        if (login.env() != null) {
-            String value = System.getenv(login.env());
+        if (env != null) {
+            String value = System.getenv(env);
             if (value == null || value.isEmpty()) {
-                throw new IOException(what + ": env var " + login.env() + " is not set");
+                throw new IOException(what + ": env var " + env + " is not set");
             }
             return value;
         }
         try {
-            return Files.readString(Path.of(login.file())).strip();
+            return Files.readString(Path.of(file)).strip();
         } catch (IOException error) {
-            throw new IOException(what + ": cannot read secret file " + login.file(), null);
+            throw new IOException(what + ": cannot read secret file " + file, null);
         }
     }
 

@@ -17,16 +17,20 @@ final class SlotConfig {
             "consumer", "producer", "exactly_once", "positions_group", "commit_ms", "report_ms", "poll_ms", "topics",
             "contract");
     static final List<String> DRIVER_FIELDS = List.of("host", "port");
-    static final List<String> CLIENT_FIELDS = List.of("alias", "settings", "login");
+    static final List<String> CLIENT_FIELDS = List.of("alias", "settings", "login", "client_key");
     static final List<String> LOGIN_FIELDS = List.of("module", "username", "env", "file");
+    static final List<String> CLIENT_KEY_FIELDS = List.of("cert_file", "env", "file");
     private static final ObjectMapper JSON = new ObjectMapper();
     private static final String WHERE = "the slot's config";
 
     /** A SASL password login: where the password lives (an env var or a file), never the password. */
     record Login(String module, String username, String env, String file) {}
 
+    /** An mTLS client certificate, and where its key lives (an env var or a file), never the key. */
+    record ClientKey(String certFile, String env, String file) {}
+
     /** A cluster's client settings in Java names (spark_app.profiles.JavaClient). */
-    record Client(String alias, Map<String, String> settings, Login login) {}
+    record Client(String alias, Map<String, String> settings, Login login, ClientKey clientKey) {}
 
     final String flow;
     final String driverHost;
@@ -86,7 +90,18 @@ final class SlotConfig {
                 throw new IllegalArgumentException(at + " names neither or both of `env` and `file`");
             }
         }
-        return new Client(Fields.text(client, "alias", where), Fields.strings(client, "settings", where), login);
+        ClientKey clientKey = null;
+        if (!client.get("client_key").isNull()) {
+            String at = where + "'s client_key";
+            JsonNode given = Fields.are(client.get("client_key"), CLIENT_KEY_FIELDS, at);
+            clientKey = new ClientKey(Fields.text(given, "cert_file", at), Fields.optionalText(given, "env", at),
+                    Fields.optionalText(given, "file", at));
+            if ((clientKey.env() == null) == (clientKey.file() == null)) {
+                throw new IllegalArgumentException(at + " names neither or both of `env` and `file`");
+            }
+        }
+        return new Client(Fields.text(client, "alias", where), Fields.strings(client, "settings", where), login,
+                clientKey);
     }
 
     /** The config as read, by field name: what the test compares with the config it sent. */
@@ -123,6 +138,14 @@ final class SlotConfig {
             login.put("file", client.login().file());
         }
         out.put("login", login);
+        Map<String, Object> clientKey = null;
+        if (client.clientKey() != null) {
+            clientKey = new LinkedHashMap<>();
+            clientKey.put("cert_file", client.clientKey().certFile());
+            clientKey.put("env", client.clientKey().env());
+            clientKey.put("file", client.clientKey().file());
+        }
+        out.put("client_key", clientKey);
         return out;
     }
 
