@@ -22,6 +22,7 @@ one ends within the stop's own bound (spark_app.config.STOP_BATCH_TIMEOUT_S).
 from __future__ import annotations
 
 import copy
+import faulthandler
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -62,6 +63,9 @@ log = logging.getLogger(__name__)
 
 RANGE_CONSUME_BATCH = 10_000
 RANGE_CONSUME_WAIT_S = 0.1
+# A copy that runs this long is slow (a slow target, transactions aborted and copied again) or stuck: it dumps its
+# threads' stacks then, and again each time as long again, so a stuck one says where in the executor's log.
+STACK_DUMP_S = 300.0
 
 # A partition with records left that reads nothing this long is looked up in the source's metadata, and held at once
 # when it has no leader (its broker offline). A fetch waits at most 500 ms (librdkafka's fetch.wait.max.ms), so 5 s
@@ -101,7 +105,15 @@ class RangeCopier:
     def copy(self, ranges: list[OffsetRange], slot: int = 0) -> list[Landing]:
         """Copy every range, each partition in order; one landing per range. A flow that writes in transactions
         copies them in one transaction of the task's `slot` (spark_app.transactions), with the Python loop (the core
-        `choose` names for it)."""
+        `choose` names for it). A copy still running after STACK_DUMP_S writes every thread's stack to the worker's
+        stderr (the executor's log), and again as often while it runs: a copy that hangs says where."""
+        faulthandler.dump_traceback_later(STACK_DUMP_S, repeat=True, file=2)  # fd 2: the worker's own stderr
+        try:
+            return self._copy(ranges, slot)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+    def _copy(self, ranges: list[OffsetRange], slot: int) -> list[Landing]:
         if transactional(self.flow, self.target.is_eventhubs):
             cursors = self._copy_in_transaction(ranges, slot)
         else:

@@ -1,8 +1,13 @@
 """The writer's per-partition stall decision on its own: how long each partition of a copy has read nothing, and
-which idle partitions it holds. No broker: the copy loop's offsets and the source's leaders are given."""
+which idle partitions it holds; and a copy stuck past its bound saying where. No broker: the copy loop's offsets and
+the source's leaders are given."""
 
 from __future__ import annotations
 
+import time
+
+from spark_app import range_copy
+from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
 from spark_app.range_copy import LEADER_CHECK_S, PARTITION_STALL_S, PartitionWatch, unreadable
 
 A0, A1, B0 = ("a", 0), ("a", 1), ("b", 0)
@@ -42,3 +47,18 @@ def test_a_source_that_does_not_answer_at_all_holds_its_idle_partitions_after_th
     assert unreadable({A0: PARTITION_STALL_S, A1: LEADER_CHECK_S}, None, "src") == {
         A0: "no progress reading partition for 60 s: source 'src' does not answer"
     }
+
+
+def test_a_copy_that_runs_past_the_dump_bound_writes_its_threads_stacks_to_the_workers_stderr(capfd, monkeypatch):
+    """A copy stuck in a task leaves no word in the executor's log unless it says where it is: past STACK_DUMP_S it
+    dumps every thread's stack to file descriptor 2, the worker's stderr, and stops once the copy returns."""
+    monkeypatch.setattr(range_copy, "STACK_DUMP_S", 0.3)
+    flow = FlowConfig(source="a", target="b", topics=TopicSelection(include=["t"]), checkpoint_location="/c")
+    cluster = ClusterConfig(alias="a", bootstrap_servers="127.0.0.1:9", profile="kafka")
+    copier = range_copy.RangeCopier(flow, cluster, cluster.model_copy(update={"alias": "b"}))
+    monkeypatch.setattr(copier, "_copy", lambda ranges, slot: time.sleep(0.8) or [])
+    assert copier.copy([], 0) == []
+    stuck = capfd.readouterr().err
+    assert "most recent call first" in stuck and "in copy" in stuck, stuck
+    time.sleep(0.8)
+    assert "most recent call first" not in capfd.readouterr().err, "no dump once the copy returned"
