@@ -9,8 +9,10 @@ quarantine catch-ups and topic-sync updates.
 from __future__ import annotations
 
 import abc
+import contextlib
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from pyspark.sql import SparkSession
 
@@ -22,8 +24,13 @@ from .ranges import Landing
 from .storage import checkpoint_files
 from .topics import TopicPlan, TopicSync
 
+log = logging.getLogger(__name__)
+
 # What a flow's copy subscribes to: (source topic, partition count), sorted. A change restarts the copy.
 Subscription = tuple[tuple[str, int], ...]
+# How long the mirror's loop waits for the lock a batch in flight holds, for topic sync's update or a catch-up, before
+# it leaves that to its next round: a batch that hangs must never keep the loop from hearing a stop.
+BETWEEN_COPIES_WAIT_S = 5.0
 
 
 class FlowRunner(abc.ABC):
@@ -51,15 +58,32 @@ class FlowRunner(abc.ABC):
         self.lock = threading.Lock()  # between copies: a batch, a report's filing, a catch-up, a topic-sync update
         self._reached: PartitionOffsets = {}
 
+    @contextlib.contextmanager
+    def between_copies(self) -> Iterator[bool]:
+        """The lock between copies, for the mirror's loop: True once held, False when a copy kept it past
+        BETWEEN_COPIES_WAIT_S (the caller leaves its work to its next round)."""
+        if not self.lock.acquire(timeout=BETWEEN_COPIES_WAIT_S):
+            log.warning("flow %s: the copy in flight kept its lock past %.0f s; topic sync and catch-ups wait for"
+                        " their next round", self.flow.name, BETWEEN_COPIES_WAIT_S)  # fmt: skip
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self.lock.release()
+
     @property
     def totals(self) -> FlowTotals:
         return self.ledger.totals
 
     def sync_topics(self) -> Subscription:
         """Run topic sync; quarantine what the target cannot take; let the ledger forget topics gone for good.
-        Returns what the copy should subscribe to."""
+        Returns what the copy should subscribe to: its subscription as it is while a batch in flight holds the lock
+        past BETWEEN_COPIES_WAIT_S (the next round updates it)."""
         plan = self.topic_sync.sync()
-        with self.lock:
+        with self.between_copies() as free:
+            if not free:
+                return self.subscription
             self.plan = plan
             self.metrics.topics_selected(self.flow.name, plan.wanted)
             self.ledger.refused(plan.quarantined)

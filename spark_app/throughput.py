@@ -181,9 +181,11 @@ class ThroughputRunner(FlowRunner):
         return None if self.running() else self._error
 
     def catch_up(self) -> None:
-        """Catch up the quarantined topics that are due; between two batches, as each batch holds the lock."""
-        with self.lock:
-            self._catch_up()
+        """Catch up the quarantined topics that are due; between two batches, as each batch holds the lock (a batch
+        that holds it long leaves the catch-up to the next round)."""
+        with self.between_copies() as free:
+            if free:
+                self._catch_up()
 
     def _positions(self) -> PartitionOffsets:
         """Where the last committed batch ended."""
