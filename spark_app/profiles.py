@@ -195,8 +195,8 @@ def java_client(cluster: ClusterConfig, role: Role) -> JavaClient | None:
         settings |= _EVENTHUBS_TUNING | ({} if role == "consumer" else _EVENTHUBS_REQUESTS)
         if role == "producer":
             settings |= {"max.request.size": _EVENTHUBS_PRODUCER["message.max.bytes"], "compression.type": "none"}
-    for key, value in cluster.client_overrides.items():  # last, as librdkafka_settings applies them
-        java, roles = JAVA_TUNING[key]
+    for name, value in cluster.client_overrides.items():  # last, as librdkafka_settings applies them
+        java, roles = JAVA_TUNING[name]
         if role in roles:
             settings[java] = str(value)
     return JavaClient(cluster.alias, settings, login, client_key)

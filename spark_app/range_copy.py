@@ -48,6 +48,7 @@ from .outbox import (
 )
 from .policy import transactional
 from .ranges import Landing, OffsetRange
+from .run_check import RunAddress, confirm_run
 from .topics import TargetRules
 from .transactions import (
     OTHER_LIFE,
@@ -89,7 +90,7 @@ class RangeCopier:
 
     def __init__(
         self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, ready: dict[str, int] | None = None,
-        rules: TargetRules | None = None, lives: Mapping[str, str] | None = None,
+        rules: TargetRules | None = None, lives: Mapping[str, str] | None = None, run: RunAddress | None = None,
     ) -> None:  # fmt: skip
         self.flow = flow
         self.source = source
@@ -98,6 +99,8 @@ class RangeCopier:
         # Per topic, the id of the life its ranges were planned in (the batch's end entry): an exactly-once slot
         # notes it beside each position it commits, and skips only what a position of that life says was committed.
         self.lives = dict(lives or {})
+        # Where an exactly-once slot asks whether its run is still on, once its producer started (spark_app.run_check).
+        self.run = run
         self.rules = rules or TargetRules()
         self.producer_settings = producer_settings(self.rules)
         self.core = choose(flow, source, target).core
@@ -154,6 +157,8 @@ class RangeCopier:
         from there (spark_app.outbox.Retries)."""
         slot_txn = SlotTransactions(self.flow, self.target, transaction_settings(self.producer_settings), slot)
         try:
+            if self.flow.exactly_once and self.run is not None:  # a task of a run that is over commits nothing
+                confirm_run(self.run, f"flow {self.flow.name}: slot {slot}")
             with slot_txn.fenced_raises():
                 return self._transactions(ranges, slot_txn)
         finally:  # a transaction left open is aborted by the task's retry, which starts the slot again

@@ -33,6 +33,7 @@ from .planner import BatchPlanner, rebased, remade_within, topic_ids_now
 from .policy import transactional
 from .range_copy import RangeCopier
 from .ranges import Landing, OffsetRange
+from .run_check import RunWitness
 from .runner import FlowRunner, Subscription
 from .storage import checkpoint_files
 from .transactions import fence
@@ -46,9 +47,14 @@ class ThroughputRunner(FlowRunner):
     _thread: threading.Thread | None = None
     _error: str | None = None  # why the last run of batches failed
     _committed: PartitionOffsets | None = None  # where the last committed batch ended
+    # An exactly-once flow's run of batches answers its tasks (spark_app.run_check): none of an earlier run commits.
+    _witness: RunWitness | None = None
 
     def start(self, subscription: Subscription, available_now: bool) -> None:
         self.subscription = subscription
+        self._end_run()
+        if self.flow.exactly_once and transactional(self.flow, self.target.is_eventhubs):
+            self._witness = RunWitness(self.spark, f"flow {self.flow.name}: exactly_once")
         if transactional(
             self.flow, self.target.is_eventhubs
         ):  # the zombies of every slot id a run before this one started
@@ -143,7 +149,8 @@ class ThroughputRunner(FlowRunner):
             return []
         if ready is None:
             ready = self.ledger.quarantines.ready(self.plan.mirrored)
-        copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.rules, lives)
+        run = self._witness.address if self._witness is not None else None
+        copier = RangeCopier(self.flow, self.source, self.target, ready, self.plan.rules, lives, run)
         if transactional(self.flow, self.target.is_eventhubs):  # the slots' mark, saved before a slot past it starts
             self.ledger.slots_start(len(groups))
 
@@ -158,6 +165,7 @@ class ThroughputRunner(FlowRunner):
         `timeout_s` is cancelled, and runs again, as planned, when the flow starts again (at least once)."""
         thread = self._thread
         if thread is None or not thread.is_alive():
+            self._end_run()
             return
         self._stopping.set()
         thread.join(timeout_s)
@@ -169,6 +177,13 @@ class ThroughputRunner(FlowRunner):
             if thread.is_alive():  # a daemon thread: it ends with the process, its batch uncommitted
                 log.error("flow %s: the cancelled batch did not end within %.0f s either; stopping without it",
                           self.flow.name, timeout_s)  # fmt: skip
+        self._end_run()
+
+    def _end_run(self) -> None:
+        """The run of batches is over: a task of it still copying (a batch cancelled, or abandoned) commits nothing."""
+        if self._witness is not None:
+            self._witness.close()
+            self._witness = None
 
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

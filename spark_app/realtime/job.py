@@ -18,10 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
-import shutil
 import socket
-import tempfile
 import threading
 import time
 import uuid
@@ -34,6 +31,7 @@ from ..config import STOP_BATCH_TIMEOUT_S, ClusterConfig, FlowConfig
 from ..copy_wing.choice import Core, choose
 from ..errors import MirrorFailed, first_cause
 from ..ranges import Landing
+from ..run_check import run_keys
 from ..topics import TargetRules
 from . import channel, jvm
 from .channel import Channel
@@ -79,8 +77,9 @@ class CopyJob:
         self._done = threading.Event()  # and its last reports are filed
         self._closed = False
         self._group = f"mirrorkit-realtime-{uuid.uuid4().hex[:8]}"
-        self._key_folder: str | None = None  # local mode: where the run's secret is, removed when the job ends
-        self._key, source_of_key = self._channel_key(spark)
+        # The report channel's key for this run (local mode: its secret in a file, removed when the job ends).
+        self._keys = run_keys(spark, f"flow {flow.name}: real-time mode")
+        self._key, source_of_key = self._keys.key, self._keys.source
         self._listener = channel.Listener()
         address = (spark.conf.get("spark.driver.host") or "127.0.0.1", self._listener.port)
         log.info("flow %s: the copier tasks report on port %d", flow.name, self._listener.port)
@@ -90,32 +89,6 @@ class CopyJob:
             jvm.SlotConfig.of(self._task, sorted({t for t, _ in assignment.starts})).dumps()
             if choose(flow, source, target).core is Core.JVM else None
         )  # fmt: skip
-
-    def _channel_key(self, spark: SparkSession) -> tuple[bytes, channel.KeySource]:
-        """The report channel's key for this run, and where the tasks find it: in local mode, a secret of the run's
-        in a file only this user can read; with `spark.authenticate`, Spark's own application secret, which Spark
-        hands its executors itself. On a cluster without it, nothing Spark protects reaches the executors: refused."""
-        run = uuid.uuid4().hex
-        master = spark.sparkContext.master or ""
-        if master == "local" or master.startswith("local["):
-            secret = channel.new_key()
-            self._key_folder = tempfile.mkdtemp(prefix="mirrorkit-channel-")  # 0700
-            path = os.path.join(self._key_folder, "secret")
-            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
-                out.write(secret)
-            return channel.run_key(secret, run), channel.KeySource(run, file=path)
-        if (spark.conf.get("spark.authenticate", "false") or "").lower() != "true":
-            raise MirrorFailed(
-                f"flow {self.flow.name}: real-time mode on a Spark cluster ({master}) needs spark.authenticate=true:"
-                " its copier tasks find the report channel's key through Spark's own secret, which Spark sends its"
-                " executors only with authentication on (and spark.network.crypto.enabled=true encrypts what they"
-                " say); the mirror's SparkApplication sets both"
-            )
-        secret = spark.sparkContext._jvm.org.apache.spark.SparkEnv.get().securityManager().getSecretKey()  # type: ignore[union-attr]
-        files = [spark.conf.get(f"spark.authenticate.secret{role}.file", None) for role in (".executor", "")]
-        return channel.run_key(str(secret).encode(), run), channel.KeySource(
-            run, spark_secret_file=next((f for f in files if f), None)
-        )
 
     def start(self) -> CopyJob:
         for target in (self._accept, self._run, self._file_every):
@@ -209,8 +182,7 @@ class CopyJob:
             thread.join(30)
         self._closed = True
         self._listener.close()
-        if self._key_folder is not None:
-            shutil.rmtree(self._key_folder, ignore_errors=True)
+        self._keys.close()
         self._file()
         self._done.set()
 
