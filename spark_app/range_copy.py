@@ -258,11 +258,18 @@ class RangeCopier:
         try:
             for key in open_:
                 outbox.open(key)
-            watch = PartitionWatch({key: c.next for key, c in open_.items()}, time.monotonic())
+            began = time.monotonic()
+            watch = PartitionWatch({key: c.next for key, c in open_.items()}, began)
+            say_at = began + STACK_DUMP_S  # a copy open this long says where each partition stands (see copy)
             # consume() returns once it has as many messages as asked, or at its timeout: ask for no more than the
             # ranges still hold, so a small batch (continuous mode) does not wait out the timeout.
             left = sum((c.stop or c.next) - c.next for c in open_.values())
             while open_ and not outbox.full:
+                if time.monotonic() >= say_at:
+                    say_at += STACK_DUMP_S
+                    log.warning("flow %s: a copy open for %.0f s; its open partitions (next offset, stop): %s",
+                                self.flow.name, time.monotonic() - began,
+                                {f"{t}[{p}]": (c.next, c.stop) for (t, p), c in sorted(open_.items())})  # fmt: skip
                 if time.monotonic() >= watch.look_at:  # a partition the source does not serve holds from where it is
                     idle = watch.idle({key: c.next for key, c in open_.items()}, time.monotonic())
                     for key, why in unreadable(idle, self._leaders(consumer, idle), self.source.alias).items():
