@@ -318,7 +318,8 @@ def _skip_committed(
         offset, note = committed[key]
         if _left_this_life(note, lives.get(r.topic, ""), r):
             stop = r.end if cursor.stop is None else cursor.stop
-            cursor.retired.append(Landing(r.topic, r.partition, r.start, r.start))
+            # A range that starts a life over (planned from a log start) keeps its own reset, then the one its copy met.
+            cursor.retired.append(Landing(r.topic, r.partition, r.start, r.start, reset_from=r.reset_from))
             cursor.landing = Landing(r.topic, r.partition, 0, offset, reset_from=r.start)
             cursor.seen, cursor.next, cursor.done = True, offset, offset >= stop
             continue
@@ -395,8 +396,9 @@ def _went_back_within(cursor: Cursor) -> bool:
 
 def _left_this_life(note: PositionNote, life: str, r: OffsetRange) -> bool:
     """Whether a committed position is one a copy of the range `r` (planned in `life`) committed after it found the
-    partition gone backwards in the middle of it: in the life after `life`."""
-    return note.life == OTHER_LIFE and bool(life) and note.left == life and r.reset_from < 0
+    partition gone backwards in the middle of it: in the life after `life`. A range that itself starts `life` over
+    (planned from its log start) is no exception: the topic made again once more while it was copied is the same."""
+    return note.life == OTHER_LIFE and bool(life) and note.left == life
 
 
 def _note(cursor: Cursor, start: int, life: str) -> PositionNote:

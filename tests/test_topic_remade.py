@@ -18,12 +18,14 @@ from spark_app.batch_log import BatchLog, Planned
 from spark_app.config import parse_config
 from spark_app.ledger import FlowLedger
 from spark_app.mirror import Mirror
+from spark_app.outbox import Cursor
 from spark_app.planner import rebased, remade_within
 from spark_app.policy import offset_syncs_topic
+from spark_app.range_copy import _skip_committed
 from spark_app.ranges import Landing, OffsetRange
 from spark_app.runner import FlowRunner
 from spark_app.throughput import _ended_at_stops
-from spark_app.transactions import check_transactions
+from spark_app.transactions import OTHER_LIFE, PositionNote, check_transactions
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
 
@@ -392,6 +394,26 @@ def test_a_range_that_went_back_in_its_middle_ends_its_new_life_at_the_ranges_en
     plain = Landing("t", 2, 10, 20)
     landed = _ended_at_stops([old, new, held, plain], ranges)
     assert [(r.first_offset, r.end_offset) for r in landed] == [(1_000, 1_000), (0, 1_500), (0, 0), (10, 20)]
+
+
+def test_a_batch_that_starts_a_life_over_and_found_the_topic_made_again_once_more_goes_on_in_that_life_when_run_again():
+    """A batch planned from a new life's start (its range 0 to 300, reset from the old life's 1,000) finds the topic
+    made again once more while it copies, copies that newer life from 0 to 300 and commits there, noting the life it
+    left; the driver dies before filing it. Run again as planned, the range goes on from that position in the newer
+    life, as a range planned in an old life does, and still files its own reset: before, it copied the newer life's
+    300 records a second time (chaos-20261207-073210: 501 records copied twice, back to back)."""
+    start_over = OffsetRange("t", 0, 0, 300, reset_from=1_000)
+    cursors = {("t", 0): Cursor(Landing("t", 0, 300, 300, reset_from=1_000), 0, 300)}
+    committed = {("t", 0): (300, PositionNote(OTHER_LIFE, left=A))}
+    _skip_committed(cursors, [start_over], committed, {"t": A})
+    cursor = cursors[("t", 0)]
+    assert (cursor.next, cursor.done) == (300, True), "nothing of the newer life copied again"
+    assert [(r.first_offset, r.end_offset, r.reset_from) for r in cursor.retired] == [(0, 0, 1_000)]
+    assert (cursor.landing.first_offset, cursor.landing.end_offset) == (0, 300)
+    assert cursor.landing.reset_from >= 0, "filed as a life started over, as the copy before it would have"
+    other = {("t", 0): Cursor(Landing("t", 0, 300, 300, reset_from=1_000), 0, 300)}
+    _skip_committed(other, [start_over], {("t", 0): (300, PositionNote(OTHER_LIFE, left=B))}, {"t": A})
+    assert other[("t", 0)].next == 0, "a position that left another life says nothing of this range"
 
 
 def test_a_topic_made_again_within_a_batch_starts_its_other_partitions_over_at_zero_even_where_no_log_start_answers():
