@@ -7,7 +7,7 @@ one started. It would then hold the slot's newest epoch, copy its run's ranges b
 partitions, and commit both records and positions: records copied twice under exactly once.
 
 So an exactly-once slot, once its producer started, asks its driver whether the run is still on: it connects with
-the run's key and passes the channel's handshake (spark_app.realtime.channel; the key is found where Spark keeps its
+the run's key and passes the channel's handshake (spark_app.channel; the key is found where Spark keeps its
 secret, never carried by the task), and the driver answers that its run goes on. A run whose driver is gone cannot
 answer, and a new driver does not hold the old run's key: the task commits nothing. The order makes it whole: a run's
 fence comes after its predecessor's driver is gone, so a task whose producer started after the fence finds its
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
+from . import channel
 from .errors import MirrorFailed
-from .realtime import channel
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ DRIVER = r"""
 import json, os, sys, threading
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
-from spark_app.realtime import channel
+from spark_app import channel
 
 spark = SparkSession.builder.master(sys.argv[1]).appName("mirrorkit-channel-key").getOrCreate()
 secret = spark.sparkContext._jvm.org.apache.spark.SparkEnv.get().securityManager().getSecretKey()
@@ -44,7 +44,7 @@ def serve():
 
 def task(_rows):
     import os
-    from spark_app.realtime import channel as task_channel
+    from spark_app import channel as task_channel
 
     with task_channel.connect(address, carried) as conn:
         conn.send(["hello", task_channel.SPARK_SECRET_ENV in os.environ, os.getpid()])

@@ -25,11 +25,11 @@ import pytest
 import spark_app.realtime.job
 from bench.testbed.clients import Record, by_partition, create_topics, end_offsets, produce, read_all
 from bench.testbed.kafka_cluster import ListenerKind
+from spark_app import channel
 from spark_app.config import ClusterConfig, FlowConfig, FlowMode, TopicSelection
 from spark_app.copy_wing.choice import Core, choose
 from spark_app.policy import PROVENANCE_HEADER, target_topic
 from spark_app.ranges import Landing
-from spark_app.realtime import channel
 from spark_app.realtime.job import CopyJob
 from spark_app.realtime.jvm import SLOT_CONFIG_FIELDS, SlotConfig
 from spark_app.realtime.task import STOP, Assignment, CopierTask

@@ -196,8 +196,8 @@ def test_a_new_partition_whose_log_start_did_not_answer_is_started_at_0_but_not_
 def test_a_jvm_slots_producer_queues_no_more_than_the_python_loops_transactions_do():
     """Both languages bound what a slot's transactional producer queues by one rule, so a slow target slows either
     slot instead of outliving its transactions."""
+    from spark_app.channel import KeySource
     from spark_app.outbox import transaction_settings
-    from spark_app.realtime.channel import KeySource
     from spark_app.realtime.jvm import SlotConfig
 
     for cap in (None, 20_000_000):

@@ -26,10 +26,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from spark_app import channel
 from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
 from spark_app.errors import MirrorFailed
 from spark_app.ranges import Landing
-from spark_app.realtime import channel
 from spark_app.realtime.job import CopyJob
 from spark_app.realtime.task import DONE, LANDED, REACHED, STOP, Assignment, CopierTask, hello, offsets_to_json
 from spark_app.topics import TargetRules

@@ -61,7 +61,7 @@ RESET_AFTER_MS = (200, 3_000)  # connections reset this long after data first fl
 REFILL_PAST = 50  # a topic made again and left empty is refilled to this many records past its old end
 # Where the mirror's log says its real-time copier tasks report (spark_app.realtime.job).
 CHANNEL_PORT = re.compile(rb"the copier tasks report on port (\d+)")
-NONCE_BYTES = 32  # the report channel's challenge (spark_app.realtime.channel)
+NONCE_BYTES = 32  # the report channel's challenge (spark_app.channel)
 # What the mirror logs once a flow's copy has started (spark_app.throughput, spark_app.realtime.flow): by then it has
 # fenced every slot id any run of the flow started.
 COPY_STARTED = re.compile(rb"flow \S+: mirroring \d+ topic\(s\)")

@@ -67,7 +67,7 @@ SCRATCH_DIR = "/tmp"
 # for each application and gives it to the executor pods itself (SecurityManager; `_SPARK_AUTH_SECRET` in their
 # environment): every RPC and block transfer between them is then authenticated (and, with the second key, AES
 # encrypted), and the real-time slots derive their report channel's key from that secret instead of carrying one in
-# their tasks (spark_app.realtime.channel). Set after every other key, so nothing turns them off.
+# their tasks (spark_app.channel). Set after every other key, so nothing turns them off.
 SPARK_SECURITY = {"spark.authenticate": "true", "spark.network.crypto.enabled": "true"}
 # `pulumi up` waits until the operator reports the application running, and fails when it does not within the
 # timeout: otherwise it is green while the mirror never starts (pulumi-kubernetes' await annotations, v4.18 and later).

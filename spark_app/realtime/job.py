@@ -4,13 +4,13 @@ filing of what they report.
 The driver runs the flow's `realtime_tasks` slots, each a Spark job of one task that holds a core for as long as the
 flow runs: on the executor's JVM where that serves the flow (spark_app.realtime.jvm), going on with the slot's Python
 task at an event it leaves to Python, else the Python task from the start. Each task connects back
-(spark_app.realtime.task) over the report channel (spark_app.realtime.channel), gets its partitions from the newest
+(spark_app.realtime.task) over the report channel (spark_app.channel), gets its partitions from the newest
 reports (a task Spark retries, or a slot handed back, resumes where its partitions' reports ended), and reports. Each
 connection is served in its own thread from its handshake on, so a peer that is not one of the tasks holds up none of
 them. Every `realtime_commit_interval_s` the job hands what it heard to `on_landed` (the flow's ledger), and once more
 when the job ends.
 
-The channel's key for the run comes from a secret no task carries (`channel_secret`, spark_app.realtime.channel).
+The channel's key for the run comes from a secret no task carries (`channel_secret`, spark_app.channel).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 from pyspark.sql import SparkSession
 
+from .. import channel
+from ..channel import Channel
 from ..clients import Partition
 from ..config import STOP_BATCH_TIMEOUT_S, ClusterConfig, FlowConfig
 from ..copy_wing.choice import Core, choose
@@ -33,8 +35,7 @@ from ..errors import MirrorFailed, first_cause
 from ..ranges import Landing
 from ..run_check import run_keys
 from ..topics import TargetRules
-from . import channel, jvm
-from .channel import Channel
+from . import jvm
 from .task import REACHED, STOP, Assignment, CopierTask, offsets_from_json
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class CopyJob:
         self._listener = channel.Listener()
         address = (spark.conf.get("spark.driver.host") or "127.0.0.1", self._listener.port)
         log.info("flow %s: the copier tasks report on port %d", flow.name, self._listener.port)
-        # The task carries where its executor finds the key, never the key (spark_app.realtime.channel).
+        # The task carries where its executor finds the key, never the key (spark_app.channel).
         self._task = CopierTask(flow, source, target, address, source_of_key.encode(), rules, commit_interval_s)
         self._jvm_config = (
             jvm.SlotConfig.of(self._task, sorted({t for t, _ in assignment.starts})).dumps()

@@ -20,13 +20,13 @@ from typing import Any
 from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
 from pyspark.sql import SparkSession
 
+from ..channel import RULES, ChannelRules, KeySource
 from ..copy_wing.contract import CopyContract
 from ..errors import MirrorFailed
 from ..outbox import BATCH_BYTES, transaction_queue_kbytes
 from ..policy import positions_group, target_topic
 from ..profiles import JavaClient, java_client, why_no_java_client
 from ..transactions import TRANSACTION_TIMEOUT_MS
-from .channel import RULES, ChannelRules, KeySource
 from .task import REPORT_S, SLOT_CONSUME_BATCH, TXN_COMMIT_S, CopierTask
 
 # Where set-up puts the copier's jar and the kafka-clients jar it runs on (.ci/setup); the image has both in Spark's
@@ -69,7 +69,7 @@ class SlotConfig:
 
     flow: str
     driver: DriverAddress
-    # Where the slot finds the channel's key (never the key: spark_app.realtime.channel), and the channel's rules.
+    # Where the slot finds the channel's key (never the key: spark_app.channel), and the channel's rules.
     key_source: KeySource
     channel: ChannelRules
     source: JavaClient

@@ -7,7 +7,7 @@ once the core met an event it leaves to Python) through the per-record path (spa
 slot's transaction (without transactions: every REPORT_S) it sends the driver one landing per partition, covering its
 offsets since the last one up to the first record not delivered yet; between commits, every REPORT_S, it says how far
 each partition reached the target. It copies until the driver says STOP or (an available-now run) every partition
-reached its stop. The channel (spark_app.realtime.channel) carries
+reached its stop. The channel (spark_app.channel) carries
 JSON messages, authenticated with a key made for the job's run. Where a flow's slots copy on the executors' JVM
 (spark_app.realtime.jvm), which speaks the same channel, a slot's task here runs once the JVM handed the slot back.
 """
@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from .. import clients
+from .. import channel, clients
+from ..channel import Channel
 from ..clients import Partition
 from ..compiled_copy import copy_with, live_copier
 from ..config import ClusterConfig, FlowConfig
@@ -43,8 +44,6 @@ from ..policy import transactional
 from ..ranges import Landing
 from ..topics import TargetRules
 from ..transactions import Aborted, SlotTransactions, TransactionFailed, lives_word, other_lives
-from . import channel
-from .channel import Channel
 
 if TYPE_CHECKING:
     from mirrorkit_copy_core import Copier

@@ -560,7 +560,7 @@ def mirror_args(**changes) -> MirrorApplicationArgs:
 def test_the_application_turns_on_sparks_authentication_and_encryption_and_nothing_turns_them_off():
     """Spark authenticates and encrypts every connection between the driver and its executors with a secret it makes
     for the application and hands the executor pods itself, so the spec holds no secret; the real-time slots' report
-    channel takes its key from that secret (spark_app.realtime.channel)."""
+    channel takes its key from that secret (spark_app.channel)."""
 
     async def body():
         off = {"spark.authenticate": "false", "spark.network.crypto.enabled": "false"}

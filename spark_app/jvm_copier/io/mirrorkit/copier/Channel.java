@@ -23,7 +23,7 @@ import javax.crypto.spec.SecretKeySpec;
 import org.apache.spark.SparkEnv;
 
 /**
- * The task's side of the real-time report channel (spark_app.realtime.channel has the driver's side and the rules).
+ * The task's side of the real-time report channel (spark_app.channel has the driver's side and the rules).
  *
  * <p>Frames are a 4-byte big-endian length, that many bytes of UTF-8 JSON, and a MAC. The connection opens with a
  * challenge each way on the run's key: the driver's nonce is answered with HMAC-SHA256(key, task label + nonce) and a
@@ -37,7 +37,7 @@ import org.apache.spark.SparkEnv;
  * never travels in the config.
  */
 final class Channel implements AutoCloseable {
-    /** The channel's wire rules (spark_app.realtime.channel.ChannelRules), by field name. */
+    /** The channel's wire rules (spark_app.channel.ChannelRules), by field name. */
     record Rules(int nonceBytes, int macBytes, int maxFrameBytes, int handshakeTimeoutMs, String taskLabel,
             String driverLabel, String keyLabel, String sessionLabel, String toDriverLabel, String toTaskLabel) {
         static final List<String> FIELDS = List.of("nonce_bytes", "mac_bytes", "max_frame_bytes",

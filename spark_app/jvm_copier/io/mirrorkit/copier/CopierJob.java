@@ -45,7 +45,7 @@ public final class CopierJob {
     }
 
     /**
-     * What the copier makes of the report channel's rules (JSON, spark_app.realtime.channel.ChannelRules): the rules
+     * What the copier makes of the report channel's rules (JSON, spark_app.channel.ChannelRules): the rules
      * as it read them, or why it refuses them. tests/test_jvm_copier.py holds it to Python's rules with this.
      */
     public static String checkChannel(String rules) throws IOException {

@@ -1,4 +1,4 @@
-"""The report channel between a real-time job's driver and its copier tasks: framing and authenticating messages.
+"""The channel between a run's driver and its tasks (real-time reports, the run check): framing and authenticating.
 
 A message is a JSON value in one frame: a 4-byte big-endian length, that many bytes of UTF-8 JSON, and a MAC. What a
 peer sends is data, never code, and no Python class layout is part of the format. A frame whose header claims more
