@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.testbed.clients import Record, by_partition, create_topics, end_offsets, produce, read_all
-from bench.testbed.kafka_cluster import ListenerKind
 from bench.testbed.testbed import TestBed
 from infra.k8s.toolbox import TOOLBOX, create_command, verb_args
 from spark_app.clients import producer, read_topic
@@ -31,8 +30,7 @@ from tests.support.kube_api import KubeApiError, KubeApiServer
 from tests.support.kube_node import KubeNode
 from tests.support.mirror_config import create_event_hubs
 from tests.support.mirror_image import MirrorImage
-from tests.support.node_deploy import for_the_node
-from tests.support.node_toolbox import local_config, run_toolbox, site_on_the_node, toolbox_for_the_node
+from tests.support.node_toolbox import run_toolbox, toolbox_site
 from tests.support.polling import wait_until
 from tests.support.stack_objects import apply_all
 
@@ -67,16 +65,9 @@ def test_the_stacks_adopt_and_handback_commands_take_the_flow_from_mm2_and_give_
     testbed: TestBed,
     tmp_path_factory: Any,
 ) -> None:
-    source_cluster = testbed.start("adp-primary", ListenerKind.MSK_SCRAM)
-    target_cluster = testbed.start("adp-dr", ListenerKind.EVENTHUBS)
-    objects, app_name, _ = site_on_the_node(kube_api, stack_runs, platform_runs, SUFFIX)
-    pinned = kube_node.import_image(mirror_image.archive, mirror_image.ref, mirror_image.digest)
-    clusters = {"primary": source_cluster, "dr": target_cluster}
-    deployment = for_the_node(
-        objects, app_name, pinned, kube_api.url, clusters, Path(tmp_path_factory.mktemp("volumes"))
-    )
-    toolbox_for_the_node(deployment, pinned, kube_api.url)
-    config = local_config(deployment, clusters)
+    volumes = Path(tmp_path_factory.mktemp("volumes"))
+    made = toolbox_site(kube_api, kube_node, mirror_image, stack_runs, platform_runs, testbed, volumes, SUFFIX)
+    deployment, config, source_cluster, target_cluster = made.deployment, made.local, made.source, made.target
     namespace = deployment.namespace
     (flow,) = config.flows
     (claim,) = [o["metadata"]["name"] for o in deployment.objects if o["kind"] == "PersistentVolumeClaim"]

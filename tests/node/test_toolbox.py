@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from bench.testbed.clients import Record, by_partition, commit, consumer, create_topics, end_offsets, produce
-from bench.testbed.kafka_cluster import KafkaCluster, ListenerKind
+from bench.testbed.kafka_cluster import KafkaCluster
 from bench.testbed.testbed import TestBed
 from infra.k8s.toolbox import PROFILE_CONFIGMAP, TOOLBOX, create_command, verb_args
 from spark_app.config import MirrorConfig
@@ -34,9 +34,9 @@ from tests.support.kube_api import KubeApiError, KubeApiServer
 from tests.support.kube_node import KubeNode
 from tests.support.mirror_config import create_event_hubs
 from tests.support.mirror_image import MirrorImage
-from tests.support.node_deploy import NodeDeployment, for_the_node
-from tests.support.node_toolbox import local_config, site_on_the_node, toolbox_for_the_node
+from tests.support.node_deploy import NodeDeployment
 from tests.support.node_toolbox import run_toolbox as node_run_toolbox
+from tests.support.node_toolbox import toolbox_site
 from tests.support.polling import wait_until
 from tests.support.spark_operator import OperatorProcesses
 from tests.support.stack_objects import apply_all
@@ -74,18 +74,11 @@ def site(
     testbed: TestBed,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Site]:
-    # Clusters of its own: the stack's flow names its topics (the other node tests made them on the session's
-    # clusters already), and this test loses the source, which no test after it may inherit.
-    source_cluster = testbed.start("tbx-primary", ListenerKind.MSK_SCRAM)
-    target_cluster = testbed.start("tbx-dr", ListenerKind.EVENTHUBS)
-    objects, app_name, operator = site_on_the_node(kube_api, stack_runs, platform_runs, SUFFIX)
-    pinned = kube_node.import_image(mirror_image.archive, mirror_image.ref, mirror_image.digest)
-    clusters = {"primary": source_cluster, "dr": target_cluster}
-    deployment = for_the_node(
-        objects, app_name, pinned, kube_api.url, clusters, Path(tmp_path_factory.mktemp("volumes"))
-    )
-    toolbox_for_the_node(deployment, pinned, kube_api.url)
-    config = local_config(deployment, clusters)
+    # Clusters of its own: this test loses the source, which no test after it may inherit.
+    volumes = Path(tmp_path_factory.mktemp("volumes"))
+    made = toolbox_site(kube_api, kube_node, mirror_image, stack_runs, platform_runs, testbed, volumes, SUFFIX)
+    deployment, operator, config = made.deployment, made.operator, made.local
+    source_cluster, target_cluster = made.source, made.target
     (flow,) = config.flows
     topics = list(flow.topics.include)
     create_topics(source_cluster.admin, dict.fromkeys(topics, PARTITIONS))

@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bench.testbed.kafka_cluster import KafkaCluster
+from bench.testbed.kafka_cluster import KafkaCluster, ListenerKind
+from bench.testbed.testbed import TestBed
 from infra.k8s.mirror_app import CONFIG_FILE
 from infra.k8s.toolbox import TOOLBOX, TOOLBOX_CONFIG
 from spark_app.config import MirrorConfig
 from tests.infra.harness import Run
 from tests.support.kube_api import KubeApiServer
 from tests.support.kube_node import KubeNode
-from tests.support.node_deploy import NodeDeployment
+from tests.support.mirror_image import MirrorImage
+from tests.support.node_deploy import NodeDeployment, for_the_node
 from tests.support.polling import wait_until
 from tests.support.spark_operator import OperatorProcesses, start_operator
 from tests.support.stack_objects import (
@@ -81,6 +85,35 @@ def local_config(deployment: NodeDeployment, clusters: dict[str, KafkaCluster]) 
     config = MirrorConfig.model_validate(deployment.config)
     local = [clusters[c.alias].client.model_copy(update={"alias": c.alias}) for c in config.clusters]
     return config.model_copy(update={"clusters": local})
+
+
+@dataclass(frozen=True)
+class ToolboxSite:
+    """A site deployed for its toolbox on the node: its objects as applied, the operator running for it, its two
+    clusters of the test bed, and the mirror's config as this process reaches them."""
+
+    deployment: NodeDeployment
+    operator: OperatorProcesses
+    source: KafkaCluster
+    target: KafkaCluster
+    local: MirrorConfig
+
+
+def toolbox_site(
+    api: KubeApiServer, node: KubeNode, image: MirrorImage, stack_runs: dict[str, Run], platform_runs: dict[str, Run],
+    testbed: TestBed, volumes: Path, suffix: str,
+) -> ToolboxSite:  # fmt: skip
+    """The site of `site_on_the_node`, over clusters of its own (`<suffix>-primary`, an MSK-like source, and
+    `<suffix>-dr`, an Event Hubs-like target: the stack's flow names its topics, and a test that loses or seeds a
+    cluster leaves none to the next), on the node's image, with its toolbox made to run there; nothing applied yet."""
+    source = testbed.start(f"{suffix}-primary", ListenerKind.MSK_SCRAM)
+    target = testbed.start(f"{suffix}-dr", ListenerKind.EVENTHUBS)
+    objects, app_name, operator = site_on_the_node(api, stack_runs, platform_runs, suffix)
+    pinned = node.import_image(image.archive, image.ref, image.digest)
+    clusters = {"primary": source, "dr": target}
+    deployment = for_the_node(objects, app_name, pinned, api.url, clusters, volumes)
+    toolbox_for_the_node(deployment, pinned, api.url)
+    return ToolboxSite(deployment, operator, source, target, local_config(deployment, clusters))
 
 
 def run_toolbox(api: KubeApiServer, node: KubeNode, namespace: str, job: str, command: str) -> tuple[bool, str]:
