@@ -316,7 +316,7 @@ def _skip_committed(
         if key not in committed or cursor.done:
             continue
         offset, note = committed[key]
-        if _left_this_life(note, lives.get(r.topic, ""), r):
+        if _left_this_life(note, lives.get(r.topic, "")):
             stop = r.end if cursor.stop is None else cursor.stop
             # A range that starts a life over (planned from a log start) keeps its own reset, then the one its copy met.
             cursor.retired.append(Landing(r.topic, r.partition, r.start, r.start, reset_from=r.reset_from))
@@ -394,8 +394,8 @@ def _went_back_within(cursor: Cursor) -> bool:
     return any(row.reset_from >= 0 for row in [*cursor.retired, cursor.landing][1:])
 
 
-def _left_this_life(note: PositionNote, life: str, r: OffsetRange) -> bool:
-    """Whether a committed position is one a copy of the range `r` (planned in `life`) committed after it found the
+def _left_this_life(note: PositionNote, life: str) -> bool:
+    """Whether a committed position is one a copy of a range planned in `life` committed after it found the
     partition gone backwards in the middle of it: in the life after `life`. A range that itself starts `life` over
     (planned from its log start) is no exception: the topic made again once more while it was copied is the same."""
     return note.life == OTHER_LIFE and bool(life) and note.left == life

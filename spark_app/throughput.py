@@ -53,11 +53,10 @@ class ThroughputRunner(FlowRunner):
     def start(self, subscription: Subscription, available_now: bool) -> None:
         self.subscription = subscription
         self._end_run()
-        if self.flow.exactly_once and transactional(self.flow, self.target.is_eventhubs):
-            self._witness = RunWitness(self.spark, f"flow {self.flow.name}: exactly_once")
-        if transactional(
-            self.flow, self.target.is_eventhubs
-        ):  # the zombies of every slot id a run before this one started
+        if transactional(self.flow, self.target.is_eventhubs):
+            if self.flow.exactly_once:
+                self._witness = RunWitness(self.spark, f"flow {self.flow.name}: exactly_once")
+            # The zombies of every slot id a run before this one started.
             fence(self.flow, self.target, producer_settings(self.plan.rules), 0, self.ledger.state.slots)
         self.catch_up()
         if not subscription:
