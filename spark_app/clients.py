@@ -11,6 +11,7 @@ consumer and producer (a `Copier`, spark_app.copy_core) are made and kept here t
 
 from __future__ import annotations
 
+import faulthandler
 import threading
 import time
 from collections import OrderedDict
@@ -59,9 +60,28 @@ _T = TypeVar("_T")
 # and one consumer, so this covers the flows and modes a worker serves in turn; past it the least recently used is
 # closed (a producer flushes first), and a worker serving more costs a new client per task, never a leak.
 SHARED_CLIENTS = 8
+# A consume() that has not returned this long is stuck, not slow: a copy asks it to wait a fraction of a second. After a
+# source broker came back, one of librdkafka's consumers was seen to stay inside a single call for good, its task with
+# it (docs/mirror/adversary.md).
+READ_STUCK_S = 60.0
 
 Partition = tuple[str, int]  # (topic, partition), the one name every module uses for it
 PartitionOffsets = dict[Partition, int]  # (topic, partition) -> offset
+
+
+def consume(consumer: Consumer, most: int, wait_s: float) -> list[Message]:
+    """`consumer.consume(most, wait_s)` in a Spark task: should the call not return within READ_STUCK_S, the process
+    writes every thread's stack to its stderr (the executor's log) and exits with status 1.
+
+    A task's process is a Python worker; its exit fails the task, and Spark runs it again in a new worker with a new
+    consumer, from the same ranges. The watch is faulthandler's own thread, which needs neither the GIL nor the stuck
+    call's cooperation. Elsewhere (a test that copies in its own process) a stuck read ends that process the same way.
+    """
+    faulthandler.dump_traceback_later(READ_STUCK_S, exit=True, file=2)  # fd 2: the worker's own stderr
+    try:
+        return consumer.consume(most, wait_s)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def auth_error_callback(cluster: ClusterConfig) -> Callable[[KafkaError], None]:

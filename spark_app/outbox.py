@@ -194,7 +194,7 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
     """
     taken = 0
     # Read from assigned partitions, so topic, partition and offset are set (the stubs say Optional).
-    consumed = cast(list[Record], consumer.consume(max(1, most), wait_s))
+    consumed = cast(list[Record], clients.consume(consumer, max(1, most), wait_s))
     for i, msg in enumerate(consumed):
         if outbox.full:  # the transaction carried what it may: what was fetched past is read again in the next one
             _rewind(consumer, cursors, consumed[i:])

@@ -22,7 +22,6 @@ one ends within the stop's own bound (spark_app.config.STOP_BATCH_TIMEOUT_S).
 from __future__ import annotations
 
 import copy
-import faulthandler
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -64,9 +63,10 @@ log = logging.getLogger(__name__)
 
 RANGE_CONSUME_BATCH = 10_000
 RANGE_CONSUME_WAIT_S = 0.1
-# A copy that runs this long is slow (a slow target, transactions aborted and copied again) or stuck: it dumps its
-# threads' stacks then, and again each time as long again, so a stuck one says where in the executor's log.
-STACK_DUMP_S = 300.0
+# A copy that runs this long is slow (a slow target, transactions aborted and copied again): it logs where each of its
+# open partitions stands then, and again each time as long again. (A read that never returns ends its worker instead,
+# spark_app.clients.consume.)
+SAY_OPEN_S = 300.0
 
 # A partition with records left that reads nothing this long is looked up in the source's metadata, and held at once
 # when it has no leader (its broker offline). A fetch waits at most 500 ms (librdkafka's fetch.wait.max.ms), so 5 s
@@ -108,15 +108,7 @@ class RangeCopier:
     def copy(self, ranges: list[OffsetRange], slot: int = 0) -> list[Landing]:
         """Copy every range, each partition in order; one landing per range. A flow that writes in transactions
         copies them in one transaction of the task's `slot` (spark_app.transactions), with the Python loop (the core
-        `choose` names for it). A copy still running after STACK_DUMP_S writes every thread's stack to the worker's
-        stderr (the executor's log), and again as often while it runs: a copy that hangs says where."""
-        faulthandler.dump_traceback_later(STACK_DUMP_S, repeat=True, file=2)  # fd 2: the worker's own stderr
-        try:
-            return self._copy(ranges, slot)
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-
-    def _copy(self, ranges: list[OffsetRange], slot: int) -> list[Landing]:
+        `choose` names for it)."""
         if transactional(self.flow, self.target.is_eventhubs):
             cursors = self._copy_in_transaction(ranges, slot)
         else:
@@ -260,13 +252,13 @@ class RangeCopier:
                 outbox.open(key)
             began = time.monotonic()
             watch = PartitionWatch({key: c.next for key, c in open_.items()}, began)
-            say_at = began + STACK_DUMP_S  # a copy open this long says where each partition stands (see copy)
+            say_at = began + SAY_OPEN_S
             # consume() returns once it has as many messages as asked, or at its timeout: ask for no more than the
             # ranges still hold, so a small batch (continuous mode) does not wait out the timeout.
             left = sum((c.stop or c.next) - c.next for c in open_.values())
             while open_ and not outbox.full:
                 if time.monotonic() >= say_at:
-                    say_at += STACK_DUMP_S
+                    say_at += SAY_OPEN_S
                     log.warning("flow %s: a copy open for %.0f s; its open partitions (next offset, stop): %s",
                                 self.flow.name, time.monotonic() - began,
                                 {f"{t}[{p}]": (c.next, c.stop) for (t, p), c in sorted(open_.items())})  # fmt: skip

@@ -1,13 +1,12 @@
 """The writer's per-partition stall decision on its own: how long each partition of a copy has read nothing, and
-which idle partitions it holds; and a copy stuck past its bound saying where. No broker: the copy loop's offsets and
+which idle partitions it holds; and a read that never returns ending its worker. No broker: the copy loop's offsets and
 the source's leaders are given."""
 
 from __future__ import annotations
 
-import time
+import subprocess
+import sys
 
-from spark_app import range_copy
-from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
 from spark_app.range_copy import LEADER_CHECK_S, PARTITION_STALL_S, PartitionWatch, unreadable
 
 A0, A1, B0 = ("a", 0), ("a", 1), ("b", 0)
@@ -49,16 +48,31 @@ def test_a_source_that_does_not_answer_at_all_holds_its_idle_partitions_after_th
     }
 
 
-def test_a_copy_that_runs_past_the_dump_bound_writes_its_threads_stacks_to_the_workers_stderr(capfd, monkeypatch):
-    """A copy stuck in a task leaves no word in the executor's log unless it says where it is: past STACK_DUMP_S it
-    dumps every thread's stack to file descriptor 2, the worker's stderr, and stops once the copy returns."""
-    monkeypatch.setattr(range_copy, "STACK_DUMP_S", 0.3)
-    flow = FlowConfig(source="a", target="b", topics=TopicSelection(include=["t"]), checkpoint_location="/c")
-    cluster = ClusterConfig(alias="a", bootstrap_servers="127.0.0.1:9", profile="kafka")
-    copier = range_copy.RangeCopier(flow, cluster, cluster.model_copy(update={"alias": "b"}))
-    monkeypatch.setattr(copier, "_copy", lambda ranges, slot: time.sleep(0.8) or [])
-    assert copier.copy([], 0) == []
-    stuck = capfd.readouterr().err
-    assert "most recent call first" in stuck and "in copy" in stuck, stuck
-    time.sleep(0.8)
-    assert "most recent call first" not in capfd.readouterr().err, "no dump once the copy returned"
+def _reads(stuck: bool) -> subprocess.CompletedProcess[str]:
+    """A process that reads 30 times through `clients.consume`, with READ_STUCK_S at 1 s, from a source that refuses
+    connections; `stuck`: its error callback never returns, so neither does the real consume() that serves it."""
+    script = f"""
+import threading
+from confluent_kafka import Consumer, TopicPartition
+from spark_app import clients
+clients.READ_STUCK_S = 1.0
+never = threading.Event()
+on_error = (lambda err: never.wait()) if {stuck} else (lambda err: None)
+consumer = Consumer({{"bootstrap.servers": "127.0.0.1:9", "group.id": "g", "error_cb": on_error, "log_level": 0}})
+consumer.assign([TopicPartition("t", 0, 0)])
+for _ in range(30):
+    clients.consume(consumer, 10, 0.1)
+print("all reads returned")
+"""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_read_that_never_returns_ends_its_process_with_the_stacks_and_reads_that_return_do_not():
+    """One librdkafka consume() was seen to stay stuck for good after a source broker came back, its task and batch
+    with it. A read not back within READ_STUCK_S ends the worker (status 1), its stacks in stderr, so Spark runs the
+    task again on a new consumer; reads that return, 3 s of them here, leave the process alone."""
+    stuck = _reads(stuck=True)
+    assert stuck.returncode == 1 and "all reads returned" not in stuck.stdout, (stuck.returncode, stuck.stdout)
+    assert "most recent call first" in stuck.stderr and "in consume" in stuck.stderr, stuck.stderr
+    fine = _reads(stuck=False)
+    assert fine.returncode == 0 and "all reads returned" in fine.stdout, (fine.returncode, fine.stderr[-2000:])
