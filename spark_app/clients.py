@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from confluent_kafka import (
     Consumer,
-    ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -114,18 +113,22 @@ def while_coordinator_moves(call: Callable[[], _T], within_s: float = REQUEST_TI
 
 
 def group_offsets(
-    client: AdminClient, group: str, partitions: list[TopicPartition] | None = None
+    cluster: ClusterConfig, group: str, partitions: list[TopicPartition], timeout_s: float = REQUEST_TIMEOUT_S
 ) -> list[TopicPartition]:
-    """A group's committed offsets (of `partitions`, or of all it committed), read once its coordinator answered a
-    DescribeGroups. librdkafka's admin OffsetFetch handles a NOT_COORDINATOR answer through a consumer's group handle,
-    which an AdminClient lacks, and the process dies (SIGSEGV), as on a cluster just started; DescribeGroups hands
-    that answer back instead, so it is asked, while the coordinator moves, until it answers."""
-    while_coordinator_moves(
-        lambda: client.describe_consumer_groups([group], request_timeout=REQUEST_TIMEOUT_S)[group].result()
-    )
-    request = [ConsumerGroupTopicPartitions(group, partitions)]
-    listed = client.list_consumer_group_offsets(request, request_timeout=REQUEST_TIMEOUT_S)[group].result()
-    return listed.topic_partitions or []
+    """A group's committed offsets and metadata on `partitions` (offset -1001 where it committed none), read through a
+    consumer's group handle, which never joins the group nor commits.
+
+    Not through the AdminClient: its group requests take librdkafka's admin coordinator path, which aborts the process
+    when one times out while its coordinator look-up is still in flight (a broker down; librdkafka's issue 4605, seen
+    in the mirror's DR loop) and crashes it on a NOT_COORDINATOR answer (a cluster just started). A consumer's
+    OffsetFetch finds and follows the coordinator itself, and is asked again while it moves."""
+    if not partitions:
+        return []
+    reader = consumer(cluster, {"group.id": group, "enable.auto.commit": False})
+    try:
+        return while_coordinator_moves(lambda: reader.committed(partitions, timeout=timeout_s), timeout_s)
+    finally:
+        reader.close()
 
 
 def _settings(cluster: ClusterConfig, role: Role, extra: Mapping[str, object]) -> Settings:

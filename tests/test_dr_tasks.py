@@ -42,8 +42,11 @@ class FakeSource:
     def groups(self, selection: GroupSelection) -> list[str]:
         return sorted(g for g in self.by_group if selection.matches(g))
 
-    def committed(self, group: str) -> dict[Partition, Committed]:
-        return self.by_group[group]
+    def partitions(self) -> list[Partition]:
+        return sorted({tp for offsets in self.by_group.values() for tp in offsets})
+
+    def committed(self, group: str, partitions: list[Partition]) -> dict[Partition, Committed]:
+        return {tp: c for tp, c in self.by_group[group].items() if tp in partitions}
 
 
 class FakeTarget:

@@ -1,17 +1,17 @@
 """The checkpoint task: translate the selected groups' committed offsets and write MM2-format checkpoints.
 
-Every `checkpoint_interval_s` the committed offsets of the flow's selected groups are read on the source and
-translated through the offset-sync store. A checkpoint is written to `<source>.checkpoints.internal` on the target,
-in MirrorMaker 2's format keyed by (group, target topic, partition) so MM2's `RemoteClusterUtils.translateOffsets`
-reads it, only when it differs from the last one written for its key: an idle group costs nothing. A group that
-leaves the selection (deleted on the source, its offsets expired, or no longer matched by `groups`) gets a tombstone
-for each of its keys, so the compacted topic forgets it and a failover or drill does not bring it back. A group's
-checkpoint age is reported (`on_written`) only while it has a checkpoint: one gone, no longer selected, or no longer
-committing on a mirrored partition loses its series at that round, so the stale-checkpoint alert watches only groups
-the flow still checkpoints. Each round tells the store which committed offsets groups hold, so the runs they need
-are kept however old they grow. With `sync_group_offsets` a changed translation is also committed on the target for
-groups with no member there, except a group an operator's `failover` or `failback` moved there (its commits carry
-their mark, spark_app.dr.groups). The source and the target are injected, so the task runs without a cluster in
+Every `checkpoint_interval_s` the committed offsets of the flow's selected groups on its mirrored partitions are read on
+the source and translated through the offset-sync store. A checkpoint is written to `<source>.checkpoints.internal` on
+the target, in MirrorMaker 2's format keyed by (group, target topic, partition) so MM2's
+`RemoteClusterUtils.translateOffsets` reads it, only when it differs from the last one written for its key: an idle
+group costs nothing. A group that leaves the selection (deleted on the source, its offsets expired, or no longer matched
+by `groups`) gets a tombstone for each of its keys, so the compacted topic forgets it and a failover or drill does not
+bring it back. A group's checkpoint age is reported (`on_written`) only while it has a checkpoint: one gone, no longer
+selected, or no longer committing on a mirrored partition loses its series at that round, so the stale-checkpoint alert
+watches only groups the flow still checkpoints. Each round tells the store which committed offsets groups hold, so the
+runs they need are kept however old they grow. With `sync_group_offsets` a changed translation is also committed on the
+target for groups with no member there, except a group an operator's `failover` or `failback` moved there (its commits
+carry their mark, spark_app.dr.groups). The source and the target are injected, so the task runs without a cluster in
 tests.
 """
 
@@ -40,7 +40,13 @@ class SourceGroups(Protocol):
 
     def groups(self, selection: GroupSelection) -> list[str]: ...
 
-    def committed(self, group: str) -> dict[Partition, Committed]: ...
+    def partitions(self) -> list[Partition]:
+        """Every partition of the cluster's topics."""
+        ...
+
+    def committed(self, group: str, partitions: list[Partition]) -> dict[Partition, Committed]:
+        """The group's committed positions on `partitions`, where it committed one."""
+        ...
 
 
 class CheckpointTarget(Protocol):
@@ -92,17 +98,16 @@ class CheckpointTask:
         changed, so the next round writes it again."""
         current: list[Checkpoint] = []
         needed: dict[Partition, set[int]] = {}
-        remote: dict[str, str | None] = {}  # source topic -> its copy's name, None when not mirrored; once a round
         listed = self.source.groups(self.flow.groups)
+        partitions = self.source.partitions() if listed else []
+        copies = {t: target_topic(self.flow, t) for t in {t for t, _ in partitions} if should_mirror(self.flow, t)}
+        mirrored = [tp for tp in partitions if tp[0] in copies]
         for group in listed:
-            offsets = self.source.committed(group)
+            offsets = self.source.committed(group, mirrored)
             for tp, c in offsets.items():
                 needed.setdefault(tp, set()).add(c.offset)
             for tp, c in sorted(offsets.items()):
-                if tp[0] not in remote:
-                    remote[tp[0]] = target_topic(self.flow, tp[0]) if should_mirror(self.flow, tp[0]) else None
-                copy = remote[tp[0]]
-                if copy is not None and (cp := self.checkpoint(group, tp, copy, c)) is not None:
+                if (cp := self.checkpoint(group, tp, copies[tp[0]], c)) is not None:
                     current.append(cp)
         with self._lock:
             self.syncs.keep_for(needed)

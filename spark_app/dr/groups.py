@@ -85,10 +85,18 @@ class ClusterGroups:
             if selection.matches(g.group_id) and not g.group_id.startswith(MIRROR_GROUP_PREFIXES)
         )
 
-    def committed(self, group: str) -> dict[Partition, Committed]:
+    def partitions(self) -> list[Partition]:
+        """Every partition of the cluster's topics but Kafka's own (`__consumer_offsets` and the like)."""
+        topics = clients.list_topics(self.admin, self.cluster)
+        return sorted((t, p) for t, m in topics.items() if not t.startswith("__") for p in m.partitions)
+
+    def committed(self, group: str, partitions: list[Partition] | None = None) -> dict[Partition, Committed]:
+        """The group's committed positions on `partitions` (by default every partition of `partitions()`), where it
+        committed one."""
+        asked = [TopicPartition(t, p) for t, p in (self.partitions() if partitions is None else partitions)]
         return {
             (tp.topic, tp.partition): Committed(tp.offset, tp.metadata or "")
-            for tp in clients.group_offsets(self.admin, group)
+            for tp in clients.group_offsets(self.cluster, group, asked)
             if tp.offset >= 0
         }
 

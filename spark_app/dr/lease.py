@@ -23,7 +23,6 @@ import time
 import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from .. import clients
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
@@ -113,7 +112,7 @@ class DrLease:
     def _mark_is_mine(self) -> bool:
         """Whether the lease group's committed mark is still the one this lease made: a mirror that takes the lease
         commits its own at once, so an unchanged mark means no other mirror holds it."""
-        return _marks(clients.admin(self.cluster), self.group, self.topic) == [self._mark.metadata]
+        return _marks(self.cluster, self.group, self.topic) == [self._mark.metadata]
 
     def release(self) -> None:
         """Give the lease up: a static member does not leave its group (the session ends `SESSION_S` on), so the
@@ -147,12 +146,12 @@ def holder(config: MirrorConfig, flow: FlowConfig) -> str | None:
     described = admin.describe_consumer_groups([group], request_timeout=clients.REQUEST_TIMEOUT_S)[group].result()
     if not described.members:
         return None
-    marks = _marks(admin, group, checkpoints_topic(flow))
+    marks = _marks(config.cluster(flow.target), group, checkpoints_topic(flow))
     if marks and marks[0].startswith(RELEASED):
         return None  # stopped: its membership lapses, but it writes nothing more
     return marks[0] if marks else f"a member at {described.members[0].host}"
 
 
-def _marks(admin: AdminClient, group: str, topic: str) -> list[str]:
+def _marks(cluster: ClusterConfig, group: str, topic: str) -> list[str]:
     """The metadata of the lease group's commit: who took the lease, or released it."""
-    return [tp.metadata for tp in clients.group_offsets(admin, group, [TopicPartition(topic, 0)]) if tp.metadata]
+    return [tp.metadata for tp in clients.group_offsets(cluster, group, [TopicPartition(topic, 0)]) if tp.metadata]
