@@ -26,7 +26,8 @@ from bench.testbed.kafka_cluster import EVENTHUBS_USER, cluster_entry
 from spark_app.config import FlowConfig, FlowMode, TopicSelection, parse_config
 from spark_app.range_copy import RangeCopier
 from spark_app.ranges import OffsetRange
-from spark_app.realtime.task import LANDED, STOP, Assignment, CopierTask, LiveCopy
+from spark_app.realtime.task import LANDED, ON, OVER, STARTED, STOP, Assignment, CopierTask, LiveCopy
+from spark_app.run_check import RunGone
 from spark_app.topics import TargetRules
 from spark_app.transactions import Fenced, SlotTransactions, TransactionsRefused, check_transactions, fence
 from tests.support.assertions import assert_each_record_once_in_order
@@ -36,7 +37,8 @@ COMMIT_S = 0.5
 
 
 class DriverGone:
-    """A report channel whose driver is gone while its socket still takes what is sent (half open): a zombie's."""
+    """A report channel whose driver is gone once it said the slot's run is on, while its socket still takes what is
+    sent (half open): a zombie's."""
 
     def __init__(self) -> None:
         self.reports: list[Any] = []
@@ -48,6 +50,8 @@ class DriverGone:
         return False
 
     def recv(self) -> object:
+        if self.reports and self.reports[-1][0] == STARTED:
+            return ON
         raise AssertionError("a zombie hears nothing from its driver")
 
 
@@ -62,7 +66,7 @@ class Driver(DriverGone):
         return self.stop.is_set()
 
     def recv(self) -> object:
-        return STOP
+        return ON if self.reports and self.reports[-1][0] == STARTED else STOP
 
 
 def records(topic_tag: str, first: int, count: int) -> list[Record]:
@@ -157,6 +161,53 @@ def test_a_real_time_task_cut_off_from_its_driver_is_fenced_when_its_successor_s
         restart = len(values) - len(expected)
         assert restart >= 0 and values[restart:] == expected, f"partition {partition}: the copies interleave"
         assert values[:restart] == expected[:restart], f"partition {partition}: the zombie's copies are not a prefix"
+
+
+class RunOver(DriverGone):
+    """A report channel whose driver, asked once the slot's producer started, says the run is over (`answer`), or
+    is gone (None: the connection ends). A task that never asks is told to stop once it reported a commit."""
+
+    def __init__(self, answer: str | None) -> None:
+        super().__init__()
+        self.answer = answer
+
+    def poll(self) -> bool:
+        return any(kind == LANDED for kind, _ in self.reports)
+
+    def recv(self) -> object:
+        if self.reports[-1][0] != STARTED:
+            return STOP
+        if self.answer is None:
+            raise EOFError
+        return self.answer
+
+
+@pytest.mark.parametrize("answer", [OVER, None], ids=["its-job-ended", "its-driver-gone"])
+def test_a_real_time_slot_of_a_run_that_is_over_starting_its_producer_after_the_next_runs_fence_commits_nothing(
+    answer, plaintext_cluster, source_cluster, unique, tmp_path
+):
+    """A Python worker paused (or slow) between its assignment and its producer's start, while its run ended and the
+    next run fenced every slot id: started after that fence, the producer holds the slot's newest epoch, and only the
+    driver can tell it that its run is over. Its task commits nothing, and its records never show; without asking
+    (as real-time slots did before) it commits its copy."""
+    source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
+    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
+    topic = f"late-rt-{unique}"
+    flow = FlowConfig(
+        source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]), mode=FlowMode.REALTIME,
+        exactly_once=True, checkpoint_location=str(tmp_path),
+    )  # fmt: skip
+    copy_topic = f"{source.alias}.{topic}"
+    clients.create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
+    clients.create_topics(source_cluster.admin, {copy_topic: PARTITIONS})
+    clients.produce(source, topic, records(topic, 0, 200))
+    fence(flow, target, {}, 0, 1)  # the next run's start
+    task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", TargetRules(), COMMIT_S)
+    conn = RunOver(answer)
+    with pytest.raises(RunGone, match="commits nothing"):
+        LiveCopy(task, Assignment({(topic, p): 0 for p in range(PARTITIONS)}, None), 0).run(conn)
+    assert [kind for kind, _ in conn.reports] == [STARTED], "it asked, once its producer started, and said no more"
+    assert clients.read_all(target, copy_topic, 0) == [], "nothing of the late task shows"
 
 
 def test_a_fenced_slot_leaves_as_fenced_from_a_call_that_only_hears_the_producer_is_dead(

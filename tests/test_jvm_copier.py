@@ -13,6 +13,7 @@ its broker's append time, with a 20-digit provenance value among its headers: re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import struct
@@ -32,8 +33,9 @@ from spark_app.policy import PROVENANCE_HEADER, target_topic
 from spark_app.ranges import Landing
 from spark_app.realtime.job import CopyJob
 from spark_app.realtime.jvm import SLOT_CONFIG_FIELDS, SlotConfig
-from spark_app.realtime.task import STOP, Assignment, CopierTask
+from spark_app.realtime.task import LANDED, OVER, STARTED, STOP, Assignment, CopierTask
 from spark_app.topics import TargetRule, TargetRules
+from spark_app.transactions import fence
 from tests.test_copy_cores import CAP, PER_PARTITION, _bytes, _generated, _transactional
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -274,6 +276,57 @@ def test_the_jvm_slots_side_of_the_channel_speaks_pythons_wire_format_and_drops_
         listener.close()
     assert ended and "failed authentication" in ended[0], ended
     assert secret.hex() not in ended[0]
+
+
+def test_a_jvm_slot_of_a_run_that_is_over_starting_its_producer_after_the_next_runs_fence_commits_nothing(
+    spark, source_cluster, target_cluster, unique, tmp_path
+):
+    """A JVM slot paused (or slow) between its assignment and its producer's start, while its run ended and the next
+    run fenced every slot id: its driver, asked once the producer started, says the run is over, and the slot ends
+    having committed nothing; every attempt Spark makes of it asks the same."""
+    source, target = source_cluster, target_cluster
+    topic = f"late-jvm-{unique}"
+    flow = FlowConfig(
+        source=source.client.alias, target=target.client.alias, topics=TopicSelection(include=[topic]),
+        checkpoint_location=str(tmp_path), mode=FlowMode.REALTIME, exactly_once=True,
+    )  # fmt: skip
+    copy = target_topic(flow, topic)
+    create_topics(source.admin, {topic: 2})
+    create_topics(target.admin, {copy: 2})
+    now_ms = int(time.time() * 1000)
+    produce(source.admin, topic, [Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (), now_ms) for i in range(100)])
+    fence(flow, target.client, {}, 0, 1)  # the next run's start
+    secret = channel.new_key()
+    (tmp_path / "secret").write_bytes(secret)
+    key_source = channel.KeySource("run-over", file=str(tmp_path / "secret"))
+    listener = channel.Listener()
+    task = CopierTask(flow, source.client, target.client, ("127.0.0.1", listener.port), key_source.encode(),
+                      TargetRules(), 0.5)  # fmt: skip
+    asked: list[object] = []
+
+    def driver_of_a_run_that_is_over() -> None:
+        while True:
+            try:
+                sock = listener.accept()
+            except OSError:
+                return
+            with channel.challenge(sock, channel.run_key(secret, key_source.run)) as conn:
+                asked.append(conn.recv())
+                conn.send(Assignment({(topic, 0): 0, (topic, 1): 0}, None).to_json())
+                asked.append(conn.recv())
+                conn.send(OVER)
+                with contextlib.suppress(EOFError, OSError):
+                    asked.append(conn.recv())
+
+    threading.Thread(target=driver_of_a_run_that_is_over, daemon=True).start()
+    try:
+        with pytest.raises(Exception, match="commits nothing"):
+            spark_app.realtime.job.jvm.run_slot(spark, SlotConfig.of(task, [topic]).dumps(), 0)
+    finally:
+        listener.close()
+    assert asked[:2] == [["hello", 0], [STARTED, 0]], asked
+    assert not any(isinstance(m, list) and m[0] in (LANDED, "reached") for m in asked), asked
+    assert read_all(target.client, copy, 0) == [], "nothing of the late slot shows"
 
 
 def _slot_config() -> SlotConfig:

@@ -19,7 +19,7 @@ from bench.testbed.clients import Record
 from spark_app import clients as spark_clients
 from spark_app.config import ClusterConfig, FlowConfig, TopicSelection
 from spark_app.ranges import Landing
-from spark_app.realtime.task import LANDED, STOP, Assignment, CopierTask, LiveCopy
+from spark_app.realtime.task import LANDED, ON, STARTED, STOP, Assignment, CopierTask, LiveCopy
 from spark_app.topics import TargetRules
 from tests.support.polling import wait_until
 
@@ -41,7 +41,7 @@ class Driver:
         return self.stopping.is_set()
 
     def recv(self) -> object:
-        return STOP
+        return ON if self.sent and self.sent[-1][0] == STARTED else STOP  # type: ignore[index]
 
     def held(self, partition: int) -> list[Landing]:
         rows = [Landing.from_row(row) for kind, rows in self.sent if kind == LANDED for row in rows]  # type: ignore[misc]

@@ -36,7 +36,7 @@ from ..ranges import Landing
 from ..run_check import run_keys
 from ..topics import TargetRules
 from . import jvm
-from .task import REACHED, STOP, Assignment, CopierTask, offsets_from_json
+from .task import ON, OVER, REACHED, STARTED, STOP, Assignment, CopierTask, offsets_from_json
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +223,10 @@ class CopyJob:
                         _send(conn, STOP)
                 while True:
                     kind, message = conn.recv()
+                    if kind == STARTED:  # a task of a job that ended is a zombie: it must commit nothing
+                        with self._lock:
+                            _send(conn, OVER if self._ended.is_set() or self._closed else ON)
+                        continue
                     if kind == REACHED:
                         with self._lock:
                             self._delivered.update(offsets_from_json(message))

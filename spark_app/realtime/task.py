@@ -42,6 +42,7 @@ from ..outbox import (
 )
 from ..policy import transactional
 from ..ranges import Landing
+from ..run_check import RunGone
 from ..topics import TargetRules
 from ..transactions import Aborted, SlotTransactions, TransactionFailed, lives_word, other_lives
 
@@ -68,10 +69,12 @@ LIBRDKAFKA_LINGER_MS = 2
 # End-of-log events tell an available-now run where each partition ends (past transaction markers); a continuous run
 # has no use for them, and they cost about a tenth more events at a steady rate.
 CONSUMER_SETTINGS = CONSUMER_DEFAULTS | {"group.id": "mirrorkit-realtime", "enable.partition.eof": False}
-# The channel's messages, as JSON. Task to driver: [HELLO, slot], then [LANDED, rows] per commit, [REACHED, offsets]
-# between commits and [DONE, rows] at the end, each row a landing's `to_row`, the offsets as an `Assignment` gives
-# them. Driver to task: the `Assignment`'s `to_json`, then at most STOP.
-HELLO, LANDED, REACHED, DONE, STOP = "hello", "landed", "reached", "done", "stop"
+# The channel's messages, as JSON. Task to driver: [HELLO, slot], an exactly-once slot's [STARTED, slot] once its
+# producer started, then [LANDED, rows] per commit, [REACHED, offsets] between commits and [DONE, rows] at the end,
+# each row a landing's `to_row`, the offsets as an `Assignment` gives them. Driver to task: the `Assignment`'s
+# `to_json`, ON or OVER to a STARTED, and at most one STOP (before or after that answer).
+HELLO, STARTED, LANDED, REACHED, DONE = "hello", "started", "landed", "reached", "done"
+ON, OVER, STOP = "on", "over", "stop"
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,28 @@ def hello(conn: Channel, slot: int) -> Assignment:
     return Assignment.from_json(conn.recv())
 
 
+def still_on(conn: Channel, slot: int, flow: str) -> bool:
+    """Ask the driver, once the slot's producer started, whether the task's run is still on; whether it did not also
+    say stop. A run that is over (its job ended, or its driver gone) raises RunGone: the task commits nothing.
+
+    Starting the producer fences every earlier attempt of the slot, and a mirror's start fences every slot id of the
+    runs before; what neither fences is a task of a run that is over whose producer starts only after that: a Python
+    worker paused, or slow, between its assignment and its producer's start. It would hold the slot's newest epoch and
+    commit its old assignment's copy beside the new run's (spark_app.run_check says the same of batches)."""
+    conn.send([STARTED, slot])
+    stop = False
+    try:
+        while (answer := conn.recv()) == STOP:
+            stop = True
+    except (EOFError, OSError) as err:
+        raise RunGone(f"flow {flow}: real-time slot {slot}: its driver does not answer ({err or 'gone'}): a task of a"
+                      " run that is over, it commits nothing") from None  # fmt: skip
+    if answer != ON:
+        raise RunGone(f"flow {flow}: real-time slot {slot}: its driver answered {answer!r}: its run is over, it"
+                      " commits nothing")  # fmt: skip
+    return not stop
+
+
 class LiveCopy:
     """One task's copy loop over its assigned partitions."""
 
@@ -175,7 +200,7 @@ class LiveCopy:
         earlier attempt of the slot, and commits every `commit_s` (exactly once) or TXN_COMMIT_S; only then does it
         report landings, so the driver never hears of records a crash can still abort. An exactly-once slot resumes
         where its positions were committed, when that is past where the driver says it starts (a crash after a
-        commit, before its report)."""
+        commit, before its report), and copies only once its driver said its run is still on (`still_on`)."""
         slot_txn = self._start_slot()
         producer = slot_txn.producer if slot_txn is not None else clients.shared_producer(
             self.task.target, self.task.producer_settings)  # fmt: skip
@@ -196,6 +221,8 @@ class LiveCopy:
         stopped, failed = False, False
         fencing = slot_txn.fenced_raises() if slot_txn is not None else contextlib.nullcontext()
         try:
+            if slot_txn is not None and self.flow.exactly_once:
+                stopped = not still_on(conn, self.slot, self.flow.name)
             with fencing:
                 while True:
                     while open_ and not stopped:

@@ -1,6 +1,7 @@
 package io.mirrorkit.copier;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import java.io.EOFException;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
@@ -63,7 +64,8 @@ import org.slf4j.LoggerFactory;
  */
 final class SlotCopy {
     private static final Logger LOG = LoggerFactory.getLogger(SlotCopy.class);
-    private static final String HELLO = "hello", LANDED = "landed", REACHED = "reached", DONE = "done";
+    private static final String HELLO = "hello", STARTED = "started", LANDED = "landed", REACHED = "reached",
+            DONE = "done", ON = "on", STOP = "stop";
     /** How long an exactly-once slot waits for its topics' ids before a commit (spark_app.realtime.task's
      * LIFE_CHECK_TIMEOUT_S); unanswered, a transaction that carries records of a topic it asked for is aborted. */
     private static final long LIFE_CHECK_TIMEOUT_MS = 10_000;
@@ -174,6 +176,7 @@ final class SlotCopy {
         boolean stopped = false;
         try {
             List<TopicPartition> open = start(producer, consumer);
+            stopped = config.exactlyOnce && !stillOn(channel);
             while (!stopped && !open.isEmpty()) {
                 for (ConsumerRecord<byte[], byte[]> record : poll(consumer, wait)) {
                     take(producer, record);
@@ -193,7 +196,7 @@ final class SlotCopy {
                     producer.beginTransaction();
                     commitAt = now + commitMs;
                 }
-                stopped = channel.ready() && "stop".equals(channel.recv().asText());
+                stopped = channel.ready() && STOP.equals(channel.recv().asText());
             }
             commit(producer);
             channel.send(List.of(LANDED, report()));
@@ -202,6 +205,30 @@ final class SlotCopy {
             abort(producer);
             throw why;
         }
+    }
+
+    /** Ask the driver, once the slot's producer started, whether the run is still on; false when it also said stop.
+     * A run that is over (its job ended, its driver gone) throws: the slot commits nothing. Its producer's start fenced
+     * the slot's earlier attempts, and the mirror's start every slot id of the runs before; a task of a run that is
+     * over whose producer started only after that (its JVM paused, or slow) is fenced by neither (as the Python task's
+     * still_on says). */
+    private boolean stillOn(Channel channel) throws IOException {
+        channel.send(List.of(STARTED, slot));
+        boolean stop = false;
+        String answer;
+        try {
+            while (STOP.equals(answer = channel.recv().asText())) {
+                stop = true;
+            }
+        } catch (EOFException gone) {
+            throw new IOException("flow " + config.flow + ": slot " + slot + ": its driver does not answer: a task of"
+                    + " a run that is over, it commits nothing", gone);
+        }
+        if (!ON.equals(answer)) {
+            throw new IOException("flow " + config.flow + ": slot " + slot + ": its driver answered '" + answer
+                    + "': its run is over, it commits nothing");
+        }
+        return !stop;
     }
 
     /** A client, or a hand-back when it cannot be made (a secret not found, a setting refused). */
