@@ -171,13 +171,14 @@ class RangeCopier:
         # new life starts there, or the next batch would skip the new topic's records to the old life's position.
         copying = {key for key, c in cursors.items() if not c.done or _starts_over(c)}
         last_commit = copy.deepcopy(cursors)
+        watch = PartitionWatch({key: c.next for key, c in cursors.items()}, time.monotonic())
         lost = 0  # transactions in a row that failed with no refusal
         admin: AdminClient | None = None  # asks the source for the ids of the topics' lives (exactly once)
         while True:
             slot_txn.begin()
             outbox = self._outbox(cursors, slot_txn.producer, retries)
             try:
-                self._copy_open(cursors, outbox)
+                self._copy_open(cursors, outbox, watch)
             except TransactionFailed:  # a refusal failed the transaction: it takes no more records
                 failed = True
             else:
@@ -239,31 +240,31 @@ class RangeCopier:
         landing_of: Callable[[Partition], Landing] = lambda key: cursors[key].landing  # noqa: E731
         return Outbox(self.flow, producer, landing_of, self.rules, in_transaction=retries is not None, retries=retries)
 
-    def _copy_open(self, cursors: dict[Partition, Cursor], outbox: Outbox) -> None:
+    def _copy_open(self, cursors: dict[Partition, Cursor], outbox: Outbox, watch: PartitionWatch | None = None) -> None:
         """Copy the cursors not done through `outbox` (its landings are the cursors'), or as many as its transaction
-        may carry (`Outbox.full`)."""
+        may carry (`Outbox.full`). `watch` is the copy's, across its transactions: each lasts at most TXN_OPEN_S, and
+        a partition that reads nothing in one after another must still reach the stall bound, and be held."""
         open_ = {key: c for key, c in cursors.items() if not c.done}
         if not open_:
             return
+        watch = watch or PartitionWatch({key: c.next for key, c in open_.items()}, time.monotonic())
         consumer = clients.shared_consumer(self.source, CONSUMER_DEFAULTS)
         consumer.assign([TopicPartition(t, p, c.next) for (t, p), c in open_.items()])
         try:
             for key in open_:
                 outbox.open(key)
-            began = time.monotonic()
-            watch = PartitionWatch({key: c.next for key, c in open_.items()}, began)
-            say_at = began + SAY_OPEN_S
             # consume() returns once it has as many messages as asked, or at its timeout: ask for no more than the
             # ranges still hold, so a small batch (continuous mode) does not wait out the timeout.
             left = sum((c.stop or c.next) - c.next for c in open_.values())
             while open_ and not outbox.full:
-                if time.monotonic() >= say_at:
-                    say_at += SAY_OPEN_S
+                now = time.monotonic()
+                if now >= watch.say_at:
+                    watch.say_at += SAY_OPEN_S
                     log.warning("flow %s: a copy open for %.0f s; its open partitions (next offset, stop): %s",
-                                self.flow.name, time.monotonic() - began,
+                                self.flow.name, now - watch.began,
                                 {f"{t}[{p}]": (c.next, c.stop) for (t, p), c in sorted(open_.items())})  # fmt: skip
-                if time.monotonic() >= watch.look_at:  # a partition the source does not serve holds from where it is
-                    idle = watch.idle({key: c.next for key, c in open_.items()}, time.monotonic())
+                if now >= watch.look_at:  # a partition the source does not serve holds from where it is
+                    idle = watch.idle({key: c.next for key, c in open_.items()}, now)
                     for key, why in unreadable(idle, self._leaders(consumer, idle), self.source.alias).items():
                         cursor = open_[key]
                         cursor.landing.first_offset = min(cursor.landing.first_offset, cursor.next)
@@ -432,12 +433,14 @@ def _position(cursor: Cursor) -> int:
 
 class PartitionWatch:
     """How long each partition of a copy has read nothing: its next offset to read is compared with what it was at
-    the previous look, at most once a second."""
+    the previous look, at most once a second. One per copy, from its start (`began`): also when it next says where
+    its partitions stand (`say_at`)."""
 
     def __init__(self, reached: dict[Partition, int], now: float) -> None:
         self._seen = dict(reached)
         self._since = dict.fromkeys(reached, now)
         self.look_at = now + LEADER_CHECK_S
+        self.began, self.say_at = now, now + SAY_OPEN_S
 
     def idle(self, reached: dict[Partition, int], now: float) -> dict[Partition, float]:
         """Those of the partitions in `reached` (each with its next offset to read) that read nothing for

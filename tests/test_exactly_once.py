@@ -23,9 +23,10 @@ from confluent_kafka.admin import (
 from bench.testbed import clients
 from bench.testbed.clients import Record
 from bench.testbed.kafka_cluster import EVENTHUBS_USER, cluster_entry
+from spark_app import outbox, range_copy
 from spark_app.config import FlowConfig, FlowMode, TopicSelection, parse_config
 from spark_app.range_copy import RangeCopier
-from spark_app.ranges import OffsetRange
+from spark_app.ranges import Landing, OffsetRange
 from spark_app.realtime.task import LANDED, ON, OVER, STARTED, STOP, Assignment, CopierTask, LiveCopy
 from spark_app.run_check import RunGone
 from spark_app.topics import TargetRules
@@ -265,6 +266,42 @@ def test_a_micro_batch_run_again_after_its_commit_writes_nothing_twice_and_the_n
     assert [(r.first_offset, r.end_offset, r.records) for r in following] == [(1_000, 2_000, 500)] * PARTITIONS
     positions = clients.committed(target, f"mirrorkit-positions.{source.alias}.{target.alias}", copy_topic, PARTITIONS)
     assert positions == dict.fromkeys(range(PARTITIONS), 2_000)
+    assert_each_record_once_in_order(copy_topic, clients.read_all(target, copy_topic, len(sent)), sent)
+
+
+def test_an_exactly_once_batch_whose_range_reaches_past_what_the_source_holds_ends_holding_that_partition(
+    plaintext_cluster, source_cluster, unique, tmp_path, monkeypatch
+):
+    """A range planned in a life of the topic that is gone (made again, and refilled with fewer records) waits for
+    records that never come, its leader serving. Each transaction of the batch lasts at most TXN_OPEN_S, and the
+    partition must reach the stall bound across them and be held, or the batch never ends: a long run's task
+    committed an empty transaction every 10 s for its last 15 minutes, its partition's clock started anew each time."""
+    monkeypatch.setattr(outbox, "TXN_OPEN_S", 0.5)
+    monkeypatch.setattr(range_copy, "LEADER_CHECK_S", 0.5)
+    monkeypatch.setattr(range_copy, "PARTITION_STALL_S", 3.0)
+    source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
+    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
+    topic = f"short-{unique}"
+    flow = FlowConfig(
+        source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]), exactly_once=True,
+        checkpoint_location=str(tmp_path),
+    )  # fmt: skip
+    copy_topic = f"{source.alias}.{topic}"
+    clients.create_topics(plaintext_cluster.admin, {topic: 1})
+    clients.create_topics(source_cluster.admin, {copy_topic: 1})
+    sent = [Record(0, r.key, r.value, timestamp_ms=r.timestamp_ms) for r in records(topic, 0, 50)]
+    clients.produce(source, topic, sent)
+    landings: list[Landing] = []
+    copy = threading.Thread(
+        target=lambda: landings.extend(RangeCopier(flow, source, target).copy([OffsetRange(topic, 0, 0, 80)], 0)),
+        daemon=True,
+    )
+    copy.start()
+    copy.join(60)
+    assert not copy.is_alive(), "the batch still waits for records past the source's end after 60 s"
+    [landing] = landings
+    assert (landing.records, landing.held_from) == (50, 50), landing
+    assert "no progress reading partition" in landing.held_error, landing.held_error
     assert_each_record_once_in_order(copy_topic, clients.read_all(target, copy_topic, len(sent)), sent)
 
 
