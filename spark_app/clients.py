@@ -16,7 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
 from confluent_kafka import (
     Consumer,
@@ -32,7 +32,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, Resou
 
 from .config import ClusterConfig
 from .errors import AuthenticationFailed, ClusterUnreachable
-from .profiles import Role, Settings, librdkafka_settings
+from .profiles import OAuthCallback, Role, Settings, librdkafka_settings
 
 if TYPE_CHECKING:
     from mirrorkit_copy_core import Copier
@@ -206,9 +206,8 @@ def shared_copier(
     producer_defaults: Mapping[str, object], idle_s: float | None,
 ) -> Copier:  # fmt: skip
     """A `copier` kept like the shared clients."""
-    settings = _copier_settings(source, target, consumer_defaults, producer_defaults)
     key = (*_key(source, consumer_defaults), *_key(target, producer_defaults), repr(idle_s))
-    return _copiers.get(key, lambda: _copier_class()(*settings, idle_s))
+    return _copiers.get(key, lambda: copier(source, target, consumer_defaults, producer_defaults, idle_s))
 
 
 def copier(
@@ -216,18 +215,11 @@ def copier(
     producer_defaults: Mapping[str, object], idle_s: float | None,
 ) -> Copier:  # fmt: skip
     """The compiled copy core's consumer and producer (spark_app.compiled_copy), its own; a partition that reads
-    nothing for `idle_s` (None: never) goes back to the Python loop."""
-    return _copier_class()(*_copier_settings(source, target, consumer_defaults, producer_defaults), idle_s)
-
-
-def _copier_settings(
-    source: ClusterConfig, target: ClusterConfig, consumer_defaults: Mapping[str, object],
-    producer_defaults: Mapping[str, object],
-) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:  # fmt: skip
-    """The core's consumer and producer settings as librdkafka's strings."""
-    consumer_conf = _plain(dict(consumer_defaults) | librdkafka_settings(source, "consumer"))
-    producer_conf = _plain(dict(producer_defaults) | librdkafka_settings(target, "producer"))
-    return consumer_conf, producer_conf
+    nothing for `idle_s` (None: never) goes back to the Python loop. A cluster that logs in with a token gives the
+    core its profile's callback, the same one confluent-kafka's clients call."""
+    consumer_conf, consumer_token = _core_settings(dict(consumer_defaults) | librdkafka_settings(source, "consumer"))
+    producer_conf, producer_token = _core_settings(dict(producer_defaults) | librdkafka_settings(target, "producer"))
+    return _copier_class()(consumer_conf, producer_conf, idle_s, consumer_token, producer_token)
 
 
 def _copier_class() -> type[Copier]:
@@ -246,16 +238,21 @@ def discard_copier(copier: Copier) -> None:
     _copiers.discard(copier)
 
 
-def _plain(settings: Mapping[str, object]) -> list[tuple[str, str]]:
-    """Settings as librdkafka's strings. A callback (a token login) cannot cross into the compiled core, and
-    spark_app.copy_wing.choice gives no such cluster to it: one here is the caller's mistake."""
-    callbacks = sorted(k for k, v in settings.items() if callable(v))
+def _core_settings(settings: Mapping[str, object]) -> tuple[list[tuple[str, str]], OAuthCallback | None]:
+    """Settings as librdkafka's strings for the compiled core, and the token callback (`oauth_cb`) apart: the core
+    calls it itself. Any other callback cannot cross into it; one here is the caller's mistake."""
+    token = settings.get("oauth_cb")
+    callbacks = sorted(k for k, v in settings.items() if callable(v) and k != "oauth_cb")
     if callbacks:
         raise ValueError(
-            f"the compiled copy core takes no callback setting ({', '.join(callbacks)}): spark_app.copy_wing.choice"
-            " copies such a cluster's flows with the Python loop"
+            f"the compiled copy core takes no callback setting but a token login's ({', '.join(callbacks)})"
         )
-    return [(k, ("true" if v else "false") if isinstance(v, bool) else str(v)) for k, v in settings.items()]
+    plain = [
+        (k, ("true" if v else "false") if isinstance(v, bool) else str(v))
+        for k, v in settings.items()
+        if k != "oauth_cb"
+    ]
+    return plain, cast("OAuthCallback | None", token)
 
 
 def discard_producer(client: Producer) -> None:

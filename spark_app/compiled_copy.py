@@ -14,8 +14,9 @@ Real-time tasks that write no transactions use it too, each with a copier of its
 consumer keeps its assignment from one copy to the next: a task copies until its next report (`copy_with`), and goes
 on with the Python loop for good once the core stopped at an event. Which flows it copies, spark_app.copy_wing.choice
 decides: not a flow's transactions (a throughput batch in transactions copies with the Python loop, a real-time slot in
-transactions with the Java copier on the executor's JVM, spark_app.realtime.jvm, where its flow and clusters allow),
-nor a cluster whose login needs a token callback (Entra ID, MSK IAM).
+transactions with the Java copier on the executor's JVM, spark_app.realtime.jvm, where its flow and clusters allow).
+A cluster that logs in with a token (Entra ID, MSK IAM) gives the core its profile's callback, which it calls for
+each token librdkafka asks for.
 """
 
 from __future__ import annotations
@@ -98,13 +99,13 @@ def copy_with(
     kind, index, offset, detail = stopped["kind"], stopped["range"], stopped["offset"], stopped["detail"]
     if copier.fatal():
         clients.discard_copier(copier)
+    if kind == "auth_source":
+        raise AuthenticationFailed(source)
+    if kind == "auth_target":  # what did not land, for that reason
+        raise AuthenticationFailed(target)
     if undelivered:
         raise DeliveryFailed(f"flow {flow.name}: {undelivered} undelivered (compiled core)")
     outbox.raise_failures()
-    if kind == "auth_source":
-        raise AuthenticationFailed(source)
-    if kind == "auth_target":
-        raise AuthenticationFailed(target)
     if kind == "read_error":
         where = keys[index] if index >= 0 else ("?", -1)
         raise DeliveryFailed(read_error(flow, where, detail))

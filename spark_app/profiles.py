@@ -88,8 +88,6 @@ def librdkafka_settings(cluster: ClusterConfig, role: Role) -> Settings:
     return conf | cluster.client_overrides
 
 
-# Profiles whose login takes a token from a Python callback (OAUTHBEARER), which only confluent-kafka's clients run.
-TOKEN_LOGINS = frozenset({Profile.EVENTHUBS_ENTRA, Profile.MSK_IAM})
 # Profiles `java_client` can say in Kafka's Java client names: a password login, a client certificate, or none.
 JAVA_PROFILES = frozenset({Profile.KAFKA, Profile.EVENTHUBS, Profile.MSK_SCRAM, Profile.MTLS})
 

@@ -13,7 +13,7 @@ from confluent_kafka.admin import ListOffsetsResultInfo, OffsetSpec
 
 from bench.testbed.clients import Record, create_topics, produce
 from bench.testbed.kafka_cluster import cluster_entry
-from spark_app import clients
+from spark_app import clients, profiles
 from spark_app.clients import auth_error_callback, list_offsets_each, read_topic
 from spark_app.config import ClusterConfig
 from spark_app.errors import AuthenticationFailed
@@ -164,29 +164,31 @@ def test_shared_clients_stay_within_their_bound_over_thousands_of_changed_overri
     assert len(made) > 200  # a producer per cap, all closed but the few kept
 
 
-def test_the_compiled_core_gets_librdkafka_strings_and_serves_no_cluster_whose_login_needs_a_token_callback(
-    compiled_core, monkeypatch
-):
-    """A Copier takes librdkafka's settings as strings; a token callback (MSK IAM, Entra ID) is a Python function,
-    which only confluent-kafka's clients can call: the choice of core keeps such a flow on the Python loop, and a
-    copier asked for one anyway is refused, naming the setting."""
-    made: list[tuple[list[tuple[str, str]], list[tuple[str, str]]]] = []
+def test_the_compiled_core_gets_librdkafka_strings_and_a_token_logins_callback_apart(compiled_core, monkeypatch):
+    """A Copier takes librdkafka's settings as strings; a token login (MSK IAM, Entra ID) gives it the profile's own
+    callback apart, for the side that logs in so, which the core calls for each token librdkafka asks for."""
+    made: list[tuple[list[tuple[str, str]], list[tuple[str, str]], object, object]] = []
 
     class FakeCopier:
-        def __init__(self, consumer_settings, producer_settings, idle_s):
-            made.append((consumer_settings, producer_settings))
+        def __init__(self, consumer_settings, producer_settings, idle_s, consumer_token=None, producer_token=None):
+            made.append((consumer_settings, producer_settings, consumer_token, producer_token))
 
     monkeypatch.setattr(compiled_core, "Copier", FakeCopier)
     monkeypatch.setattr(clients._copiers, "_clients", OrderedDict())
+    monkeypatch.setattr(profiles, "_msk_iam_token", lambda region: lambda _config: (f"token-for-{region}", 1.0))
     iam = ClusterConfig(alias="msk", bootstrap_servers="b-1.msk:9098", profile="msk-iam", region="us-east-1")
-    for source, target in ((iam, CLUSTER), (CLUSTER, iam)):
-        with pytest.raises(ValueError, match=r"no callback setting \(oauth_cb\)"):
-            clients.shared_copier(source, target, {"enable.auto.commit": False}, {"acks": "all"}, 5.0)
-    assert made == []
+    clients.shared_copier(iam, CLUSTER, {"enable.auto.commit": False}, {"acks": "all"}, 5.0)
+    clients.shared_copier(CLUSTER, iam, {"enable.auto.commit": False}, {"acks": "all"}, 5.0)
+    (from_iam, _, source_token, none), (_, to_iam, none_either, target_token) = made
+    assert none is None and none_either is None, "a password login has no callback"
+    assert source_token("") == target_token("") == ("token-for-us-east-1", 1.0)
+    assert ("sasl.mechanism", "OAUTHBEARER") in from_iam and ("sasl.mechanism", "OAUTHBEARER") in to_iam
+    assert not any(k == "oauth_cb" for k, _ in from_iam + to_iam), "the callback is not a librdkafka string"
+    made.clear()
 
     copier = clients.shared_copier(CLUSTER, CLUSTER, {"enable.auto.commit": False}, {"linger.ms": 20}, 5.0)
     assert clients.shared_copier(CLUSTER, CLUSTER, {"enable.auto.commit": False}, {"linger.ms": 20}, 5.0) is copier
-    consumer_settings, producer_settings = made[0]
+    consumer_settings, producer_settings, _, _ = made[0]
     assert ("enable.auto.commit", "false") in consumer_settings and ("linger.ms", "20") in producer_settings
     assert ("bootstrap.servers", "127.0.0.1:9093") in consumer_settings
     assert all(isinstance(v, str) for _, v in consumer_settings + producer_settings)

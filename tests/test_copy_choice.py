@@ -47,13 +47,13 @@ def config(source: str, target: str, **flow: object) -> MirrorConfig:
         ("scram", "eh", {}, Core.RUST, "librdkafka without Python per record"),
         ("scram", "kafka", {"copy_core": "python"}, Core.PYTHON, "the flow's copy_core is 'python'"),
         ("scram", "kafka", {"exactly_once": True}, Core.PYTHON, "do not write a throughput batch's transactions"),
-        ("iam", "eh", {}, Core.PYTHON, "cluster 'iam' logs in with a token callback (msk-iam)"),
-        ("scram", "entra", {}, Core.PYTHON, "cluster 'entra' logs in with a token callback (eventhubs-entra)"),
+        ("iam", "eh", {}, Core.RUST, "librdkafka without Python per record"),  # the token callback's, called by it
+        ("scram", "entra", {}, Core.RUST, "librdkafka without Python per record"),
         ("mtls", "eh", {}, Core.RUST, "librdkafka"),
         ("scram", "kafka", {"mode": "realtime"}, Core.JVM, "a slot's transactions with Kafka's Java clients"),
         ("scram", "eh", {"mode": "realtime", "exactly_once": True}, Core.JVM, "Kafka's Java clients"),
         ("scram", "eh", {"mode": "realtime"}, Core.RUST, "librdkafka"),  # no transactions into Event Hubs
-        ("iam", "eh", {"mode": "realtime"}, Core.PYTHON, "token callback"),
+        ("iam", "eh", {"mode": "realtime"}, Core.RUST, "librdkafka"),
         ("mtls", "kafka", {"mode": "realtime"}, Core.JVM, "Kafka's Java clients"),  # the key read on the executor
         ("iam", "kafka", {"mode": "realtime"}, Core.PYTHON, "cluster 'iam': no Java client settings for profile"),
         ("scram", "tuned", {"mode": "realtime"}, Core.JVM, "Kafka's Java clients"),  # tuning overrides, by Java names

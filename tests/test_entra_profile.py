@@ -15,7 +15,9 @@ import pytest
 
 from bench.testbed import clients
 from bench.testbed.kafka_cluster import ListenerKind
+from spark_app import profiles
 from spark_app.config import ClusterConfig, FlowConfig, TopicSelection, parse_config
+from spark_app.copy_wing.choice import Core, choose
 from spark_app.errors import AuthenticationFailed
 from spark_app.profiles import SecretError, librdkafka_settings
 from spark_app.range_copy import RangeCopier
@@ -133,8 +135,9 @@ def test_an_entra_cluster_is_a_valid_source_and_target_without_a_java_login_hand
 def test_the_mirror_copies_into_a_broker_that_signs_it_in_with_the_token_the_endpoint_handed_out(
     workload_identity, own_cluster, plaintext_cluster, unique, tmp_path
 ):
-    """A token-callback login end to end: the copy's producer (the Python loop's; the compiled core serves no token
-    callback) gets its token from the endpoint and a real OAUTHBEARER listener accepts it."""
+    """A token-callback login end to end: the copy's producer (the compiled core's, which calls the profile's
+    callback for each token librdkafka asks for) gets its token from the endpoint and a real OAUTHBEARER listener
+    accepts it; a token the broker refuses stops the copy at once, naming the login."""
     target = own_cluster(f"oauth-{unique}"[:40], ListenerKind.OAUTHBEARER)
     now = int(time.time())
     claims = {"sub": "mirror", "iat": now, "exp": now + 3600}
@@ -146,6 +149,7 @@ def test_the_mirror_copies_into_a_broker_that_signs_it_in_with_the_token_the_end
     clients.produce(plaintext_cluster.admin, topic, records)
     flow = FlowConfig(source=plaintext_cluster.client.alias, target=target.client.alias,
                       topics=TopicSelection(include=[topic]), checkpoint_location=str(tmp_path))  # fmt: skip
+    assert choose(flow, plaintext_cluster.client, target.client).core is Core.RUST
 
     (landing,) = RangeCopier(flow, plaintext_cluster.client, target.client).copy([OffsetRange(topic, 0, 0, 50)])
 
@@ -164,3 +168,44 @@ def test_the_mirror_copies_into_a_broker_that_signs_it_in_with_the_token_the_end
 
 def _b64url(part: dict) -> str:
     return base64.urlsafe_b64encode(json.dumps(part).encode()).rstrip(b"=").decode()
+
+
+def test_the_compiled_core_reads_from_a_token_login_and_writes_to_another_each_with_its_profiles_callback(
+    workload_identity, own_cluster, plaintext_cluster, unique, tmp_path, monkeypatch
+):
+    """Both sides of the compiled core log in with tokens: its consumer from an Entra ID source (the workload identity
+    exchange against the loopback endpoint), its producer into an MSK IAM target (the profile's callback, its AWS
+    signer stood in for by one that hands out what the test broker checks). Both callbacks are Python, called by the
+    Rust core; a copy with the Python loop shows the same records."""
+    broker = own_cluster(f"oauth2-{unique}"[:40], ListenerKind.OAUTHBEARER)
+    now = int(time.time())
+    token = (
+        ".".join(_b64url(part) for part in ({"alg": "none"}, {"sub": "mirror", "iat": now, "exp": now + 3600})) + "."
+    )
+    TokenEndpoint.access_token = token
+    signed: list[str] = []
+    monkeypatch.setattr(
+        profiles, "_msk_iam_token", lambda region: lambda _config: signed.append(region) or (token, now + 3600.0)
+    )
+    source = broker.client  # eventhubs-entra
+    target = ClusterConfig(alias="msk", bootstrap_servers=source.bootstrap_servers, profile="msk-iam",
+                           region="eu-west-1", ca_file=source.ca_file)  # fmt: skip
+    records = [clients.Record(i % 2, f"k{i}".encode(), f"v{i}".encode(), (), now * 1000 + i) for i in range(60)]
+    got = {}
+    for core, expected in (("compiled", Core.RUST), ("python", Core.PYTHON)):
+        topic = f"tokens-{core}-{unique}"
+        copy = f"{source.alias}.{topic}"
+        clients.create_topics(broker.admin, {topic: 2, copy: 2})
+        clients.produce(broker.admin, topic, records)
+        flow = FlowConfig(source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]),
+                          checkpoint_location=str(tmp_path / core), copy_core=core)  # fmt: skip
+        assert choose(flow, source, target).core is expected
+        landings = RangeCopier(flow, source, target).copy([OffsetRange(topic, p, 0, 30) for p in range(2)])
+        assert [landing.records for landing in landings] == [30, 30]
+        got[core] = clients.read_all(broker.admin, copy, 60)
+    for partition in (0, 1):
+        expected = [r for r in records if r.partition == partition]
+        assert [r for r in got["compiled"] if r.partition == partition] == expected, f"compiled core, {partition}"
+        assert [r for r in got["python"] if r.partition == partition] == expected, f"Python loop, {partition}"
+    assert TokenEndpoint.posts, "the source's token came from the Entra ID exchange"
+    assert signed and set(signed) == {"eu-west-1"}, "the target's token came from the MSK IAM callback"

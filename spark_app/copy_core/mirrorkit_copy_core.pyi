@@ -1,6 +1,7 @@
 """Types of the compiled copy core (src/lib.rs); spark_app.compiled_copy drives it. Everything crosses by name: the
 contract as JSON (spark_app.copy_wing.contract), ranges and results as dicts."""
 
+from collections.abc import Callable
 from typing import TypedDict
 
 class RangeIn(TypedDict):
@@ -51,9 +52,18 @@ class Copied(TypedDict):
     refused: list[RefusedOut]
     undelivered: int
 
+# A token login's callback, as confluent-kafka's `oauth_cb`: the cluster's sasl.oauthbearer.config in, the token and
+# its expiry (seconds since the epoch) out, and optionally a principal.
+TokenCallback = Callable[[str], tuple[str, float] | tuple[str, float, str]]
+
 class Copier:
     def __init__(
-        self, consumer_settings: list[tuple[str, str]], producer_settings: list[tuple[str, str]], idle_s: float | None
+        self,
+        consumer_settings: list[tuple[str, str]],
+        producer_settings: list[tuple[str, str]],
+        idle_s: float | None,
+        consumer_token: TokenCallback | None = None,
+        producer_token: TokenCallback | None = None,
     ) -> None: ...
     def copy(self, contract: str, ranges: list[RangeIn], flush_s: float, until_s: float | None = None) -> Copied: ...
     def fatal(self) -> bool: ...

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..config import ClusterConfig, FlowConfig, FlowMode, MirrorConfig
 from ..policy import transactional
-from ..profiles import TOKEN_LOGINS, why_no_java_client
+from ..profiles import why_no_java_client
 
 
 class Core(enum.StrEnum):
@@ -68,13 +68,6 @@ def choose(flow: FlowConfig, source: ClusterConfig, target: ClusterConfig) -> Co
             if why := why_no_java_client(cluster):
                 return chosen(Core.PYTHON, f"{why}; the Rust core writes no transactions")
         return chosen(Core.JVM, f"a slot's transactions with Kafka's Java clients, {_HANDS_BACK}")
-    for cluster in (source, target):
-        if cluster.profile in TOKEN_LOGINS:
-            return chosen(
-                Core.PYTHON,
-                f"cluster '{cluster.alias}' logs in with a token callback ({cluster.profile.value}), which only"
-                " confluent-kafka's Python clients take",
-            )
     return chosen(Core.RUST, f"librdkafka without Python per record, {_HANDS_BACK}")
 
 

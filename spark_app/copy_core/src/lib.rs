@@ -17,7 +17,8 @@
 
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
-use std::ffi::{c_void, CStr};
+use std::error::Error;
+use std::ffi::{c_void, CStr, CString};
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::raw::c_char;
@@ -29,8 +30,9 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use rdkafka::bindings as rdsys;
+use rdkafka::client::OAuthToken;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{
@@ -157,11 +159,88 @@ struct Landings {
     max_runs: usize,
 }
 
-/// The producer's context: the landings, the refused records, and a refused login.
+/// A token login's callback (spark_app.profiles: Entra ID, MSK IAM), the same Python callable confluent-kafka's
+/// clients take as `oauth_cb`: given the cluster's `sasl.oauthbearer.config`, it returns the token and when it
+/// expires (seconds since the epoch), and may name a principal. None for a cluster that logs in otherwise.
+struct TokenSource(Option<Py<PyAny>>);
+
+impl TokenSource {
+    /// A new token, from the callback, with the GIL taken for the call (the copy runs without it).
+    fn token(&self, config: Option<&str>) -> Result<OAuthToken, Box<dyn Error>> {
+        let Some(callback) = &self.0 else {
+            return Err("an OAUTHBEARER login with no token callback".into());
+        };
+        Python::attach(|py| -> PyResult<OAuthToken> {
+            let reply = callback.call1(py, (config.unwrap_or(""),))?;
+            let reply = reply.bind(py);
+            let token: String = reply.get_item(0)?.extract()?;
+            let expiry_s: f64 = reply.get_item(1)?.extract()?;
+            let principal_name = match reply.len()? {
+                n if n > 2 => reply
+                    .get_item(2)?
+                    .extract::<Option<String>>()?
+                    .unwrap_or_default(),
+                _ => String::new(),
+            };
+            Ok(OAuthToken {
+                token,
+                principal_name,
+                lifetime_ms: (expiry_s * 1000.0) as i64,
+            })
+        })
+        .map_err(|e| {
+            Python::attach(|py| format!("the token callback failed: {}", e.value(py))).into()
+        })
+    }
+
+    /// Hand a client the token librdkafka asked for (its refresh event), or the callback's failure, which librdkafka
+    /// reports as a failed login.
+    unsafe fn refresh(&self, client: *mut rdsys::rd_kafka_t, config: Option<&str>) {
+        let mut err = [0 as c_char; 512];
+        let failure = match self.token(config) {
+            Ok(t) => match (CString::new(t.token), CString::new(t.principal_name)) {
+                (Ok(token), Ok(principal)) => {
+                    let code = rdsys::rd_kafka_oauthbearer_set_token(
+                        client,
+                        token.as_ptr(),
+                        t.lifetime_ms,
+                        principal.as_ptr(),
+                        std::ptr::null_mut(),
+                        0,
+                        err.as_mut_ptr(),
+                        err.len(),
+                    );
+                    if code == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+                        return;
+                    }
+                    c_str(err.as_ptr())
+                }
+                _ => {
+                    "the token callback returned a token or principal with a NUL in it".to_string()
+                }
+            },
+            Err(e) => e.to_string(),
+        };
+        let failure = CString::new(failure.replace('\0', " ")).unwrap_or_default();
+        rdsys::rd_kafka_oauthbearer_set_token_failure(client, failure.as_ptr());
+    }
+}
+
+/// The consumer's context: its token login, served where the copy reads its queue (`Copier::serve`).
+struct Reads {
+    tokens: TokenSource,
+}
+
+impl ClientContext for Reads {}
+impl ConsumerContext for Reads {}
+
+/// The producer's context: the landings, the refused records, a refused login, and its token login, whose refresh
+/// events rdkafka serves with its own `poll` (`Copier::serve_reports`).
 struct Deliveries {
     landed: Mutex<Landings>,
     refused: Mutex<Vec<Refused>>,
     auth_failed: Mutex<Option<String>>,
+    tokens: TokenSource,
 }
 
 /// Whether a client error is the cluster refusing the credentials, not a connection lost during the handshake
@@ -174,6 +253,12 @@ fn is_auth_failure(code: RDKafkaErrorCode, reason: &str) -> bool {
 }
 
 impl ClientContext for Deliveries {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(&self, config: Option<&str>) -> Result<OAuthToken, Box<dyn Error>> {
+        self.tokens.token(config)
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if let Some(code) = error.rdkafka_error_code() {
             if is_auth_failure(code, reason) {
@@ -338,7 +423,7 @@ struct Stopped {
 /// The compiled copy core of one flow's source and target clients, kept per worker like the Python loop's clients.
 #[pyclass(module = "mirrorkit_copy_core")]
 struct Copier {
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<Reads>,
     queue: *mut rdsys::rd_kafka_queue_t,
     /// The producer's main queue, where its delivery reports wait to be served.
     reports: *mut rdsys::rd_kafka_queue_t,
@@ -451,22 +536,29 @@ impl Refused {
 
 #[pymethods]
 impl Copier {
-    /// Clients from librdkafka settings (strings only). A partition with records left that reads nothing for `idle_s`
-    /// (None: never) ends a copy; what each copy obeys comes with it, as the flow's contract.
+    /// Clients from librdkafka settings (strings only), and for a cluster that logs in with a token its callback
+    /// (`consumer_token`, `producer_token`). A partition with records left that reads nothing for `idle_s` (None:
+    /// never) ends a copy; what each copy obeys comes with it, as the flow's contract.
     #[new]
-    #[pyo3(signature = (consumer_settings, producer_settings, idle_s))]
+    #[pyo3(signature = (consumer_settings, producer_settings, idle_s, consumer_token=None, producer_token=None))]
     fn new(
         consumer_settings: Vec<(String, String)>,
         producer_settings: Vec<(String, String)>,
         idle_s: Option<f64>,
+        consumer_token: Option<Py<PyAny>>,
+        producer_token: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
-        let consumer: BaseConsumer = config(consumer_settings)
-            .create()
+        let reads = Reads {
+            tokens: TokenSource(consumer_token),
+        };
+        let consumer: BaseConsumer<Reads> = config(consumer_settings)
+            .create_with_context(reads)
             .map_err(|e| PyRuntimeError::new_err(format!("source consumer: {e}")))?;
         let deliveries = Deliveries {
             landed: Mutex::new(Landings::default()),
             refused: Mutex::new(Vec::new()),
             auth_failed: Mutex::new(None),
+            tokens: TokenSource(producer_token),
         };
         let producer: BaseProducer<Deliveries> = config(producer_settings)
             .create_with_context(deliveries)
@@ -723,11 +815,21 @@ impl Copier {
         let deadline = Instant::now() + timeout;
         let rk = self.producer.client().native_ptr();
         loop {
-            if unsafe { rdsys::rd_kafka_flush(rk, 0) } == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            if unsafe { rdsys::rd_kafka_flush(rk, 0) } == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR
+            {
                 return true;
             }
             let now = Instant::now();
-            if now >= deadline {
+            // A refused login lands nothing more: the copy stops with it (`auth_target`) rather than wait it out.
+            if now >= deadline
+                || self
+                    .producer
+                    .context()
+                    .auth_failed
+                    .lock()
+                    .unwrap()
+                    .is_some()
+            {
                 return false;
             }
             self.wait_for_reports((deadline - now).min(WAIT));
@@ -784,11 +886,16 @@ impl Copier {
                     ..Stopped::default()
                 };
             }
-            let wait = until.map_or(WAIT, |u| WAIT.min(u.saturating_duration_since(Instant::now())));
+            let wait = until.map_or(WAIT, |u| {
+                WAIT.min(u.saturating_duration_since(Instant::now()))
+            });
             let event = unsafe { rdsys::rd_kafka_queue_poll(self.queue, wait.as_millis() as i32) };
             if event.is_null() {
                 self.serve_reports();
-                if let Some(idle) = self.idle.filter(|_| idle_check.elapsed() >= Duration::from_secs(1)) {
+                if let Some(idle) = self
+                    .idle
+                    .filter(|_| idle_check.elapsed() >= Duration::from_secs(1))
+                {
                     idle_check = Instant::now();
                     if let Some(i) = ranges
                         .iter()
@@ -867,6 +974,16 @@ impl Copier {
                 };
                 rdsys::rd_kafka_topic_partition_destroy(tp);
                 self.take(contract, e, ranges, open, unpolled)
+            }
+            rdsys::RD_KAFKA_EVENT_OAUTHBEARER_TOKEN_REFRESH => {
+                let config = rdsys::rd_kafka_event_config_string(event);
+                let config = (!config.is_null()).then(|| c_str(config));
+                let consumer = self.consumer.client();
+                consumer
+                    .context()
+                    .tokens
+                    .refresh(consumer.native_ptr(), config.as_deref());
+                None
             }
             _ => None,
         }
