@@ -3,7 +3,9 @@ that path and nothing else."""
 
 from __future__ import annotations
 
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from confluent_kafka import KafkaException
@@ -91,3 +93,41 @@ def test_a_missing_toxiproxy_server_fails_naming_the_setup_command(tmp_path, mon
     monkeypatch.setattr(toxiproxy, "SERVER", tmp_path / "toxiproxy-server")
     with pytest.raises(RuntimeError, match=r"toxiproxy-server is missing: run `bash \.ci/setup`"):
         ToxiproxyServer(tmp_path).start()
+
+
+def test_a_busy_servers_503_is_asked_again_for_a_read_or_a_delete_and_a_delete_done_the_first_time_is_done(tmp_path):
+    """Toxiproxy ends a call it cannot serve in time with 503 (Go's timeout handler), as on a machine loaded by the
+    nemesis: a long run died on one while healing. A GET or DELETE is asked again; a POST is not (it may have been
+    done); a DELETE that finds its object gone on the retry had done its work."""
+    answers: list[int] = []
+
+    class Busy(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            status = answers.pop(0)
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"[]" if status == 200 else b"no")
+
+        do_GET = do_DELETE = do_POST = _answer  # noqa: N815 (http.server's names)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    api = ToxiproxyServer(tmp_path)
+    api.port = server.server_port
+    try:
+        answers[:] = [503, 503, 200]
+        assert api.request("GET", "/proxies/p/toxics") == [] and answers == []
+        answers[:] = [503, 404]
+        assert api.request("DELETE", "/proxies/p/toxics/t") is None and answers == []
+        answers[:] = [503]
+        with pytest.raises(toxiproxy.ToxiproxyError, match="HTTP 503"):
+            api.request("POST", "/proxies", {"name": "p"})
+        answers[:] = [404]
+        with pytest.raises(toxiproxy.ToxiproxyError, match="HTTP 404"):
+            api.request("DELETE", "/proxies/p/toxics/t")  # gone before any retry: the caller's mistake
+    finally:
+        server.shutdown()
