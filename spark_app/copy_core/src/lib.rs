@@ -809,6 +809,16 @@ impl Copier {
         }
     }
 
+    /// Whether the target refused the producer's login: nothing more it sends can land.
+    fn login_refused(&self) -> bool {
+        self.producer
+            .context()
+            .auth_failed
+            .lock()
+            .unwrap()
+            .is_some()
+    }
+
     /// Wait up to `timeout` for every record sent to land or fail, serving delivery reports as they come; whether
     /// they all did.
     fn flush(&self, timeout: Duration) -> bool {
@@ -821,15 +831,7 @@ impl Copier {
             }
             let now = Instant::now();
             // A refused login lands nothing more: the copy stops with it (`auth_target`) rather than wait it out.
-            if now >= deadline
-                || self
-                    .producer
-                    .context()
-                    .auth_failed
-                    .lock()
-                    .unwrap()
-                    .is_some()
-            {
+            if now >= deadline || self.login_refused() {
                 return false;
             }
             self.wait_for_reports((deadline - now).min(WAIT));
@@ -873,14 +875,7 @@ impl Copier {
                     detail: String::new(),
                 };
             }
-            if self
-                .producer
-                .context()
-                .auth_failed
-                .lock()
-                .unwrap()
-                .is_some()
-            {
+            if self.login_refused() {
                 return Stopped {
                     kind: "auth_target",
                     ..Stopped::default()
