@@ -174,6 +174,7 @@ class RangeCopier:
         watch = PartitionWatch({key: c.next for key, c in cursors.items()}, time.monotonic())
         lost = 0  # transactions in a row that failed with no refusal
         admin: AdminClient | None = None  # asks the source for the ids of the topics' lives (exactly once)
+        misread: set[str] = set()  # topics found gone backwards in the life they were planned in: copied again once
         while True:
             slot_txn.begin()
             outbox = self._outbox(cursors, slot_txn.producer, retries)
@@ -185,11 +186,18 @@ class RangeCopier:
                 failed = outbox.transaction_lost
             remade: dict[str, str] = {}
             unsure: set[str] = set()
+            same: set[str] = set()
             read = _read_since(cursors, last_commit)
-            if not failed and self.flow.exactly_once and (asked := _planned_lives(cursors, self.lives, read)):
+            asked = {t: self.lives[t] for t in read if self.lives.get(t)} if self.flow.exactly_once else {}
+            if not failed and asked:
                 admin = admin or clients.admin(self.source)
                 remade, unsure = other_lives(admin, asked, read)
-                failed = bool(remade or unsure)  # what it read may be a new life's: none of it commits as the old's
+                went_back = _went_back(cursors, read)
+                # A partition the copy found gone backwards is copied in its new life: right when the id changed; with
+                # the id it was planned under, no new life began, and what it read again is copied already.
+                same = {t for t in went_back if t in asked and t not in remade and t not in unsure}
+                remade = {t: i for t, i in remade.items() if t not in went_back}
+                failed = bool(remade or unsure or same)  # what it read may be a new life's, or read twice
             if not failed:
                 for key, (offset, size, error) in cut.items():
                     if cursors[key].done:  # copied up to its refused record: it holds from there
@@ -214,12 +222,21 @@ class RangeCopier:
             outbox.settle()
             refused = outbox.take_refused()
             outbox.raise_failures()
+            if same:
+                log.warning(
+                    "flow %s: slot %d's transaction was aborted: %s went backwards with the id it was planned"
+                    " under (a stale read of the log's end, or the log truncated): %s",
+                    self.flow.name,
+                    slot_txn.slot,
+                    ", ".join(sorted(same)),
+                    "held from the last commit" if same & misread else "copied again from the last commit",
+                )
             if remade or unsure:
                 log.warning("flow %s: slot %d's transaction was aborted: %s; the batch copies no more of those topics"
                             " (one whose id did not answer holds from the last commit, to catch up once it does)",
                             self.flow.name, slot_txn.slot, lives_word(self.lives, remade, unsure))  # fmt: skip
-            else:  # the transaction after a refused one may fail too, with no refusal of its own (Outbox.refused), once
-                lost = 0 if refused else lost + 1
+            elif not same:  # the transaction after a refused one may fail too, with no refusal of its own, once
+                lost = 0 if refused else lost + 1  # (Outbox.refused)
             if lost > LOST_TRANSACTIONS:
                 raise DeliveryFailed(f"flow {self.flow.name}: {lost} transactions of slot {slot_txn.slot} in a row"
                                      " failed, with no record of them refused")  # fmt: skip
@@ -233,6 +250,8 @@ class RangeCopier:
                 cursor.stop = offset if cursor.stop is None else min(cursor.stop, offset)
                 cursor.done = cursor.done or cursor.next >= cursor.stop
             _end_other_lives(cursors, remade, unsure, self.source.alias)
+            _hold_misread(cursors, same & misread)
+            misread |= same
 
     def _outbox(self, cursors: dict[Partition, Cursor], producer: Producer, retries: Retries | None = None) -> Outbox:
         """An outbox that writes with `producer` and files what lands into the cursors' landings; with `retries`, in
@@ -348,12 +367,9 @@ def _same_life(note: PositionNote, life: str, r: OffsetRange) -> bool:
     return r.reset_from < 0
 
 
-def _planned_lives(cursors: Mapping[Partition, Cursor], lives: Mapping[str, str], read: set[str]) -> dict[str, str]:
-    """Of the topics `read` since the last commit, those whose life the ranges were planned in is known, with its id,
-    but for those the copy found gone backwards itself: their partitions are copied in the new life already
-    (`_note`). What was read of the others before the last commit was checked before it."""
-    went_back = {t for (t, _), c in cursors.items() if _went_back_within(c)}
-    return {t: lives[t] for t in read if lives.get(t) and t not in went_back}
+def _went_back(cursors: Mapping[Partition, Cursor], read: set[str]) -> set[str]:
+    """Of the topics `read` since the last commit, those with a partition the copy found gone backwards itself."""
+    return {t for (t, _), c in cursors.items() if t in read and _went_back_within(c)}
 
 
 def _read_since(cursors: Mapping[Partition, Cursor], last_commit: Mapping[Partition, Cursor]) -> set[str]:
@@ -380,6 +396,17 @@ def _end_other_lives(
         if topic in unsure:
             cursor.landing.hold(cursor.next, error=f"source '{source}' did not say whether the topic was made again")
         cursor.done = True
+
+
+def _hold_misread(cursors: Mapping[Partition, Cursor], topics: set[str]) -> None:
+    """After a transaction aborted a second time because a partition of `topics` went backwards in the life its range
+    was planned in: each such partition holds from the last commit, to catch up from there."""
+    for (topic, _), cursor in cursors.items():
+        if topic in topics and not cursor.done:
+            cursor.landing.first_offset = min(cursor.landing.first_offset, cursor.next)
+            cursor.landing.end_offset = cursor.next
+            cursor.landing.hold(cursor.next, error="its offsets went backwards with the topic's id unchanged, twice")
+            cursor.done = True
 
 
 def _went_back_within(cursor: Cursor) -> bool:

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -23,6 +23,7 @@ from confluent_kafka.admin import (
 from bench.testbed import clients
 from bench.testbed.clients import Record
 from bench.testbed.kafka_cluster import EVENTHUBS_USER, cluster_entry
+from spark_app import clients as spark_clients
 from spark_app import outbox, range_copy
 from spark_app.config import FlowConfig, FlowMode, TopicSelection, parse_config
 from spark_app.range_copy import RangeCopier
@@ -302,6 +303,67 @@ def test_an_exactly_once_batch_whose_range_reaches_past_what_the_source_holds_en
     [landing] = landings
     assert (landing.records, landing.held_from) == (50, 50), landing
     assert "no progress reading partition" in landing.held_error, landing.held_error
+    assert_each_record_once_in_order(copy_topic, clients.read_all(target, copy_topic, len(sent)), sent)
+
+
+class ReadsBackOnce:
+    """A consumer that, once it has read up to `at`, is sent back to the log's start in the same life (as a stale
+    read of the log's end sends a copy's consumer there): what librdkafka hands over then starts again at 0."""
+
+    def __init__(self, consumer, at: int) -> None:
+        self._consumer, self._at, self.sent_back = consumer, at, False
+
+    def __getattr__(self, name: str):
+        return getattr(self._consumer, name)
+
+    def consume(self, most: int, wait_s: float):
+        got = self._consumer.consume(most, wait_s)
+        if self.sent_back or not any(m.error() is None and m.offset() >= self._at for m in got):
+            return got
+        self.sent_back = True
+        self._consumer.seek(TopicPartition(got[0].topic(), got[0].partition(), 0))
+        return [m for m in got if m.offset() < self._at]
+
+
+@pytest.mark.parametrize("always", [False, True], ids=["once", "every-time"])
+def test_an_exactly_once_batch_that_reads_its_partition_again_from_0_in_the_same_life_commits_it_once(
+    always, plaintext_cluster, source_cluster, unique, tmp_path, monkeypatch
+):
+    """Offsets that go backwards read as the topic made again, and the copy goes on in the new life. A long run found
+    them going back with the topic's id unchanged (its copy's consumer sent back to the log's start): the copy took
+    that for a new life and committed the records it read again, 1,185 duplicates. The id asked before the commit now
+    says whether a new life began; with the planned one, the transaction is aborted and copied again from the last
+    commit, each record once; sent back every time, the partition holds there."""
+    source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
+    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
+    topic = f"back-{unique}"
+    flow = FlowConfig(
+        source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]), exactly_once=True,
+        checkpoint_location=str(tmp_path),
+    )  # fmt: skip
+    copy_topic = f"{source.alias}.{topic}"
+    clients.create_topics(plaintext_cluster.admin, {topic: 1})
+    clients.create_topics(source_cluster.admin, {copy_topic: 1})
+    sent = [Record(0, r.key, r.value, timestamp_ms=r.timestamp_ms) for r in records(topic, 0, 100)]
+    clients.produce(source, topic, sent)
+    life = spark_clients.topic_ids(spark_clients.admin(source), [topic])[topic]
+    glitches: list[ReadsBackOnce] = []
+    shared_consumer = spark_clients.shared_consumer
+
+    def consumer_sent_back(cluster, defaults):  # the worker's one consumer, sent back once; or each time, `always`
+        if always or not glitches:
+            glitches.append(ReadsBackOnce(shared_consumer(cluster, defaults), at=60))
+        return glitches[-1]
+
+    monkeypatch.setattr(spark_clients, "shared_consumer", consumer_sent_back)
+    (landing,) = RangeCopier(flow, source, target, lives={topic: life}).copy([OffsetRange(topic, 0, 0, 100)], 0)
+    if always:  # no way to copy it once: held where the last commit left it, with why
+        assert len(glitches) == 2 and (landing.end_offset, landing.held_from) == (0, 0), landing
+        assert "went backwards with the topic's id unchanged" in landing.held_error
+        assert clients.read_all(target, copy_topic, 0) == [], "nothing read twice, or at all, was committed"
+        return
+    assert glitches[0].sent_back, "the consumer was sent back once"
+    assert (landing.first_offset, landing.end_offset, landing.held_from) == (0, 100, -1), landing
     assert_each_record_once_in_order(copy_topic, clients.read_all(target, copy_topic, len(sent)), sent)
 
 
