@@ -59,6 +59,9 @@ _T = TypeVar("_T")
 # and one consumer, so this covers the flows and modes a worker serves in turn; past it the least recently used is
 # closed (a producer flushes first), and a worker serving more costs a new client per task, never a leak.
 SHARED_CLIENTS = 8
+# Consumers kept to read groups' committed offsets (`group_offsets`), one per cluster and group: past this many groups
+# a round makes the least recently read group's reader again.
+GROUP_READERS = 32
 # A consume() that has not returned this long is stuck, not slow: a copy asks it to wait a fraction of a second. After a
 # source broker came back, one of librdkafka's consumers was seen to stay inside a single call for good, its task with
 # it (docs/mirror/adversary.md).
@@ -121,14 +124,14 @@ def group_offsets(
     Not through the AdminClient: its group requests take librdkafka's admin coordinator path, which aborts the process
     when one times out while its coordinator look-up is still in flight (a broker down; librdkafka's issue 4605, seen
     in the mirror's DR loop) and crashes it on a NOT_COORDINATOR answer (a cluster just started). A consumer's
-    OffsetFetch finds and follows the coordinator itself, and is asked again while it moves."""
+    OffsetFetch finds and follows the coordinator itself, and is asked again while it moves. A reader is kept per
+    group (GROUP_READERS of them), so a checkpoint round every few seconds costs one request per group, not a new
+    client's connections and coordinator look-up each time."""
     if not partitions:
         return []
-    reader = consumer(cluster, {"group.id": group, "enable.auto.commit": False})
-    try:
-        return while_coordinator_moves(lambda: reader.committed(partitions, timeout=timeout_s), timeout_s)
-    finally:
-        reader.close()
+    key = (cluster.model_dump_json(), group)
+    reader = _group_readers.get(key, lambda: consumer(cluster, {"group.id": group, "enable.auto.commit": False}))
+    return while_coordinator_moves(lambda: reader.committed(partitions, timeout=timeout_s), timeout_s)
 
 
 def _settings(cluster: ClusterConfig, role: Role, extra: Mapping[str, object]) -> Settings:
@@ -157,11 +160,12 @@ C = TypeVar("C", bound=_Closable)
 
 
 class _Shared(Generic[C]):
-    """Clients of one kind kept in this process by what makes them: the SHARED_CLIENTS most recently used."""
+    """Clients of one kind kept in this process by what makes them: the `bound` most recently used."""
 
-    def __init__(self) -> None:
+    def __init__(self, bound: int = SHARED_CLIENTS) -> None:
         self._clients: OrderedDict[tuple[str, ...], C] = OrderedDict()
         self._lock = threading.Lock()
+        self._bound = bound
 
     def get(self, key: tuple[str, ...], make: Callable[[], C]) -> C:
         with self._lock:
@@ -169,7 +173,7 @@ class _Shared(Generic[C]):
                 self._clients.move_to_end(key)
                 return self._clients[key]
             client = self._clients[key] = make()
-            while len(self._clients) > SHARED_CLIENTS:
+            while len(self._clients) > self._bound:
                 self._clients.popitem(last=False)[1].close()
             return client
 
@@ -183,6 +187,7 @@ class _Shared(Generic[C]):
 _consumers: _Shared[Consumer] = _Shared()
 _producers: _Shared[Producer] = _Shared()
 _copiers: _Shared[Copier] = _Shared()
+_group_readers: _Shared[Consumer] = _Shared(GROUP_READERS)
 
 
 def _key(cluster: ClusterConfig, defaults: Mapping[str, object]) -> tuple[str, str]:
