@@ -58,6 +58,34 @@ class ToxiproxyError(RuntimeError):
         self.status = status
 
 
+def call(port: int, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """One call to the Toxiproxy API on `port`; the decoded JSON reply, or None for an empty one. A refusal raises
+    ToxiproxyError.
+
+    The server ends a call it cannot serve in time with 503 (Go's timeout handler), as on a machine loaded by the
+    nemesis's own faults: a GET or DELETE is asked again, a few times; a DELETE that then finds its object gone (404)
+    had done its work the first time."""
+    data = None if body is None else json.dumps(body).encode()
+    retries = BUSY_RETRIES if method in ("GET", "DELETE") else 0
+    for attempt in range(retries + 1):
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                reply = response.read()
+        except urllib.error.HTTPError as err:
+            if err.code == 503 and attempt < retries:
+                time.sleep(1.0)
+                continue
+            if err.code == 404 and method == "DELETE" and attempt > 0:
+                return None
+            raise ToxiproxyError(
+                f"{method} {path}: HTTP {err.code}: {err.read().decode(errors='replace').strip()}", err.code
+            ) from None
+        return json.loads(reply) if reply else None
+    raise AssertionError("unreachable")
+
+
 def require_server() -> Path:
     """The server binary; fails naming the set-up command when it is missing."""
     if not SERVER.is_file():
@@ -114,30 +142,8 @@ class ToxiproxyServer:
         return Proxy(self, name, made["listen"])
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One API call; the decoded JSON reply, or None for an empty one. A refusal raises ToxiproxyError.
-
-        The server ends a call it cannot serve in time with 503 (Go's timeout handler), as on a machine loaded by
-        the nemesis's own faults: a GET or DELETE is asked again, a few times; a DELETE that then finds its object
-        gone (404) had done its work the first time."""
-        data = None if body is None else json.dumps(body).encode()
-        retries = BUSY_RETRIES if method in ("GET", "DELETE") else 0
-        for attempt in range(retries + 1):
-            call = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method)
-            call.add_header("Content-Type", "application/json")
-            try:
-                with urllib.request.urlopen(call, timeout=30) as response:
-                    reply = response.read()
-            except urllib.error.HTTPError as err:
-                if err.code == 503 and attempt < retries:
-                    time.sleep(1.0)
-                    continue
-                if err.code == 404 and method == "DELETE" and attempt > 0:
-                    return None
-                raise ToxiproxyError(
-                    f"{method} {path}: HTTP {err.code}: {err.read().decode(errors='replace').strip()}", err.code
-                ) from None
-            return json.loads(reply) if reply else None
-        raise AssertionError("unreachable")
+        """One API call (`call`) to this server."""
+        return call(self.port, method, path, body)
 
     def _wait_ready(self) -> str | None:
         """The version the API answers with, once it answers; None if the process exits first."""
