@@ -80,6 +80,20 @@ def records(topic_tag: str, first: int, count: int) -> list[Record]:
     ]
 
 
+def a_flow(plaintext_cluster, source_cluster, unique: str, tmp_path, tag: str, partitions: int, **keys: Any):
+    """A source and a target of the test's own (aliases from `unique`), a topic `<tag>-<unique>` of `partitions` on
+    the source and its copy on the target, and the flow between them (`keys`: its mode, exactly_once)."""
+    source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
+    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
+    topic = f"{tag}-{unique}"
+    flow = FlowConfig(source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]),
+                      checkpoint_location=str(tmp_path), **keys)  # fmt: skip
+    copy_topic = f"{source.alias}.{topic}"
+    clients.create_topics(plaintext_cluster.admin, {topic: partitions})
+    clients.create_topics(source_cluster.admin, {copy_topic: partitions})
+    return source, target, topic, copy_topic, flow
+
+
 def reached(conn: DriverGone) -> dict[int, int]:
     """Per partition, the end of the newest landing the task reported (committed, as it reports after commits)."""
     out: dict[int, int] = {}
@@ -116,16 +130,16 @@ def in_thread(run, conn) -> tuple[threading.Thread, list[BaseException]]:
 def test_a_real_time_task_cut_off_from_its_driver_is_fenced_when_its_successor_starts(
     exactly_once, plaintext_cluster, source_cluster, unique, tmp_path
 ):
-    source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
-    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
-    topic = f"zombie-{unique}"
-    flow = FlowConfig(
-        source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]), mode=FlowMode.REALTIME,
-        exactly_once=exactly_once, checkpoint_location=str(tmp_path),
-    )  # fmt: skip
-    copy_topic = f"{source.alias}.{topic}"
-    clients.create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
-    clients.create_topics(source_cluster.admin, {copy_topic: PARTITIONS})
+    source, target, topic, copy_topic, flow = a_flow(
+        plaintext_cluster,
+        source_cluster,
+        unique,
+        tmp_path,
+        "zombie",
+        PARTITIONS,
+        mode=FlowMode.REALTIME,
+        exactly_once=exactly_once,
+    )
     first = records(topic, 0, 2_000)
     clients.produce(source, topic, first)
     task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", TargetRules(), COMMIT_S)
@@ -192,16 +206,16 @@ def test_a_real_time_slot_of_a_run_that_is_over_starting_its_producer_after_the_
     next run fenced every slot id: started after that fence, the producer holds the slot's newest epoch, and only the
     driver can tell it that its run is over. Its task commits nothing, and its records never show; without asking
     (as real-time slots did before) it commits its copy."""
-    source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
-    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
-    topic = f"late-rt-{unique}"
-    flow = FlowConfig(
-        source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]), mode=FlowMode.REALTIME,
-        exactly_once=True, checkpoint_location=str(tmp_path),
-    )  # fmt: skip
-    copy_topic = f"{source.alias}.{topic}"
-    clients.create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
-    clients.create_topics(source_cluster.admin, {copy_topic: PARTITIONS})
+    source, target, topic, copy_topic, flow = a_flow(
+        plaintext_cluster,
+        source_cluster,
+        unique,
+        tmp_path,
+        "late-rt",
+        PARTITIONS,
+        mode=FlowMode.REALTIME,
+        exactly_once=True,
+    )
     clients.produce(source, topic, records(topic, 0, 200))
     fence(flow, target, {}, 0, 1)  # the next run's start
     task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", TargetRules(), COMMIT_S)
@@ -242,16 +256,9 @@ def test_a_fenced_slot_leaves_as_fenced_from_a_call_that_only_hears_the_producer
 def test_a_micro_batch_run_again_after_its_commit_writes_nothing_twice_and_the_next_goes_on_from_it(
     plaintext_cluster, source_cluster, unique, tmp_path
 ):
-    source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
-    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
-    topic = f"replay-{unique}"
-    flow = FlowConfig(
-        source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]), exactly_once=True,
-        checkpoint_location=str(tmp_path),
-    )  # fmt: skip
-    copy_topic = f"{source.alias}.{topic}"
-    clients.create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
-    clients.create_topics(source_cluster.admin, {copy_topic: PARTITIONS})
+    source, target, topic, copy_topic, flow = a_flow(
+        plaintext_cluster, source_cluster, unique, tmp_path, "replay", PARTITIONS, exactly_once=True
+    )
     sent = records(topic, 0, 4_000)  # 2,000 a partition
     clients.produce(source, topic, sent)
     copier = RangeCopier(flow, source, target)
@@ -280,16 +287,9 @@ def test_an_exactly_once_batch_whose_range_reaches_past_what_the_source_holds_en
     monkeypatch.setattr(outbox, "TXN_OPEN_S", 0.5)
     monkeypatch.setattr(range_copy, "LEADER_CHECK_S", 0.5)
     monkeypatch.setattr(range_copy, "PARTITION_STALL_S", 3.0)
-    source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
-    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
-    topic = f"short-{unique}"
-    flow = FlowConfig(
-        source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]), exactly_once=True,
-        checkpoint_location=str(tmp_path),
-    )  # fmt: skip
-    copy_topic = f"{source.alias}.{topic}"
-    clients.create_topics(plaintext_cluster.admin, {topic: 1})
-    clients.create_topics(source_cluster.admin, {copy_topic: 1})
+    source, target, topic, copy_topic, flow = a_flow(
+        plaintext_cluster, source_cluster, unique, tmp_path, "short", 1, exactly_once=True
+    )
     sent = [Record(0, r.key, r.value, timestamp_ms=r.timestamp_ms) for r in records(topic, 0, 50)]
     clients.produce(source, topic, sent)
     landings: list[Landing] = []
@@ -334,16 +334,9 @@ def test_an_exactly_once_batch_that_reads_its_partition_again_from_0_in_the_same
     that for a new life and committed the records it read again, 1,185 duplicates. The id asked before the commit now
     says whether a new life began; with the planned one, the transaction is aborted and copied again from the last
     commit, each record once; sent back every time, the partition holds there."""
-    source = plaintext_cluster.client.model_copy(update={"alias": f"on{unique[-6:]}"})
-    target = source_cluster.client.model_copy(update={"alias": f"dr{unique[-6:]}"})
-    topic = f"back-{unique}"
-    flow = FlowConfig(
-        source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]), exactly_once=True,
-        checkpoint_location=str(tmp_path),
-    )  # fmt: skip
-    copy_topic = f"{source.alias}.{topic}"
-    clients.create_topics(plaintext_cluster.admin, {topic: 1})
-    clients.create_topics(source_cluster.admin, {copy_topic: 1})
+    source, target, topic, copy_topic, flow = a_flow(
+        plaintext_cluster, source_cluster, unique, tmp_path, "back", 1, exactly_once=True
+    )
     sent = [Record(0, r.key, r.value, timestamp_ms=r.timestamp_ms) for r in records(topic, 0, 100)]
     clients.produce(source, topic, sent)
     life = spark_clients.topic_ids(spark_clients.admin(source), [topic])[topic]
