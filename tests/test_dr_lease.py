@@ -10,16 +10,17 @@ import pytest
 
 from bench.testbed.clients import commit, create_topics
 from bench.testbed.ports import free_port
+from spark_app import clients
 from spark_app.clients import read_topic
 from spark_app.config import parse_config
 from spark_app.dr.formats import Checkpoint, OffsetSync
 from spark_app.dr.internal import offset_syncs_cluster
-from spark_app.dr.lease import holder
+from spark_app.dr.lease import DrLease, holder
 from spark_app.dr.service import DrSync
 from spark_app.errors import MirrorFailed
 from spark_app.metrics import MirrorMetrics
 from spark_app.mirror import Mirror
-from spark_app.policy import checkpoints_topic, offset_syncs_topic
+from spark_app.policy import checkpoints_topic, lease_group, offset_syncs_topic
 from spark_app.ranges import Landing
 from tests.support.mirror_config import one_flow_config
 from tests.support.running import in_background
@@ -154,3 +155,38 @@ def test_a_running_mirror_whose_flow_another_mirror_takes_over_stops_and_says_wh
     assert not running.is_alive(), "the fenced mirror stopped"
     assert len(failed) == 1 and isinstance(failed[0], MirrorFailed), failed
     assert "took over its DR state" in str(failed[0]) and "this mirror stops" in str(failed[0])
+
+
+def test_a_lease_taken_by_a_mirror_that_has_not_yet_marked_it_is_not_taken_back(
+    plaintext_cluster, source_cluster, tmp_path, unique
+):
+    """Between another mirror's join and its mark's commit the group still carries the holder's own mark, which once
+    made the holder read its fence as its own rejoin and take the lease back from the replacement."""
+    config = parse_config(
+        one_flow_config(
+            plaintext_cluster,
+            source_cluster,
+            [f"orders-{unique}"],
+            tmp_path / "ckpt",
+            source_alias=f"p{unique[-8:]}",
+            target_alias=f"dr{unique[-8:]}",
+            emit_heartbeats=False,
+        )  # fmt: skip
+    )
+    flow = config.flows[0]
+    target = config.cluster(flow.target)
+    create_topics(source_cluster.admin, {checkpoints_topic(flow): 1}, {"cleanup.policy": "compact"})
+    lease = DrLease(target, flow)
+    lease.acquire()
+    assert lease.held()
+    group = lease_group(flow)
+    replacement = clients.consumer(target, {"group.id": group, "group.instance.id": group, "client.id": "replacement"})
+    replacement.subscribe([checkpoints_topic(flow)])  # joins, fencing the holder, and commits no mark
+    deadline = time.monotonic() + 30
+    while not replacement.assignment() and time.monotonic() < deadline:
+        replacement.poll(0.2)
+    assert replacement.assignment(), "the replacement joined the lease group"
+    assert not lease.held(), "the holder learns it was fenced"
+    assert lease.fenced is not None and "took over its DR state" in lease.fenced
+    assert holder(config, flow) is not None and replacement.poll(0.5) is None, "the replacement is still the member"
+    replacement.close()

@@ -23,6 +23,7 @@ import time
 import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import MemberDescription
 
 from .. import clients
 from ..config import ClusterConfig, FlowConfig, MirrorConfig
@@ -94,7 +95,7 @@ class DrLease:
                 err = failed.args[0]
                 if not _fenced(err):
                     raise
-        if err is not None and _fenced(err) and self._mark_is_mine():
+        if err is not None and _fenced(err) and not self._taken():
             # librdkafka's own rejoin after the target came back (a broker restart, a coordinator that moved) took
             # the instance id from the member id the commit carried: no other mirror holds the lease, so take it again.
             log.warning("flow %s: the DR lease's consumer lost its membership to its own rejoin; joining again",
@@ -109,10 +110,13 @@ class DrLease:
             return False
         return True
 
-    def _mark_is_mine(self) -> bool:
-        """Whether the lease group's committed mark is still the one this lease made: a mirror that takes the lease
-        commits its own at once, so an unchanged mark means no other mirror holds it."""
-        return _marks(self.cluster, self.group, self.topic) == [self._mark.metadata]
+    def _taken(self) -> bool:
+        """Whether a consumer other than this lease's is the lease group's member now. Asked of the member, not of
+        the committed mark: a mirror that takes the lease is the member from its join on but commits its mark a
+        moment later, and a look between the two would take the lease back. Told by member id: a static member that
+        replaces another keeps the other's client id in the group's description."""
+        mine = self._consumer.memberid() if self._consumer is not None else None
+        return any(member.member_id != mine for member in _members(self.cluster, self.group))
 
     def release(self) -> None:
         """Give the lease up: a static member does not leave its group (the session ends `SESSION_S` on), so the
@@ -141,15 +145,23 @@ def _error_of(msg: Message | None) -> KafkaError | None:
 
 def holder(config: MirrorConfig, flow: FlowConfig) -> str | None:
     """Who holds the flow's DR lease (host, pid, since when), or None when no mirror of the flow runs."""
-    admin = clients.admin(config.cluster(flow.target))
     group = lease_group(flow)
-    described = admin.describe_consumer_groups([group], request_timeout=clients.REQUEST_TIMEOUT_S)[group].result()
-    if not described.members:
+    members = _members(config.cluster(flow.target), group)
+    if not members:
         return None
     marks = _marks(config.cluster(flow.target), group, checkpoints_topic(flow))
     if marks and marks[0].startswith(RELEASED):
         return None  # stopped: its membership lapses, but it writes nothing more
-    return marks[0] if marks else f"a member at {described.members[0].host}"
+    return marks[0] if marks else f"a member at {members[0].host}"
+
+
+def _members(cluster: ClusterConfig, group: str) -> list[MemberDescription]:
+    """The lease group's members, asked again while its coordinator loads or moves (a target that just started)."""
+    admin = clients.admin(cluster)
+    described = clients.while_coordinator_moves(
+        lambda: admin.describe_consumer_groups([group], request_timeout=clients.REQUEST_TIMEOUT_S)[group].result()
+    )
+    return list(described.members)
 
 
 def _marks(cluster: ClusterConfig, group: str, topic: str) -> list[str]:

@@ -128,7 +128,7 @@ def running_mirror(config: MirrorConfig, flow: FlowConfig, wait_s: float = SESSI
     crashed holds it until its session lapses, so this waits up to `wait_s` for that."""
     began = time.monotonic()
     while True:
-        running = clients.while_coordinator_moves(lambda: holder(config, flow))
+        running = holder(config, flow)
         if running is None:
             return None
         if time.monotonic() - began >= wait_s:
