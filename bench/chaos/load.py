@@ -3,9 +3,10 @@ at a steady rate, and what each topic's partitions acknowledged.
 
 Each record's value names it (`<topic>:<partition>:<seq>`), so the checker finds every copy on the target by value,
 whatever offsets it landed at. A few records of the plain topic carry padding after the name (`|xxx…`), large
-enough for a target cap the nemesis lowers to refuse them. A record counts as sent once its delivery report (or, on
-the transactional topic, its transaction's commit) says so; aborted transactions put records the source never shows
-to read_committed readers.
+enough for a target cap the nemesis lowers to refuse them; while the nemesis asks, a share of them carry a timestamp
+from the past, as a backlog's records do, for a timestamp bound it lowers on the target to refuse. A record counts as
+sent once its delivery report (or, on the transactional topic, its transaction's commit) says so; aborted
+transactions put records the source never shows to read_committed readers.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ ABORT_EVERY = 7  # one transaction in this many is aborted
 NO_KEY_SHARE = 0.05  # records of the plain topic without a key
 PADDED_SHARE = 0.02  # records of the plain topic padded to PADDED_BYTES (over the cap the nemesis may lower)
 PADDED_BYTES = 20_000
+AGED_SHARE = 0.2  # records of the plain topic stamped in the past while the nemesis asks (`age`)
 PLAIN_PRODUCER = {"linger.ms": 5, "enable.idempotence": True, "message.timeout.ms": 20_000}
 
 
@@ -98,6 +100,7 @@ class Load(Background):
     # on the loop's next round (its refill), both set by the nemesis.
     paused: set[str] = field(default_factory=set)
     bursts: dict[str, int] = field(default_factory=dict)
+    aged_ms: dict[str, int] = field(default_factory=dict)  # topics a share of whose records are stamped this far back
     thread_name = "chaos-load"
     _seq: dict[tuple[str, int], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -130,7 +133,9 @@ class Load(Background):
                 p = rng.randrange(t.partitions)
                 if kind < 0.4:
                     key = None if rng.random() < NO_KEY_SHARE else f"k{rng.randrange(1000)}".encode()
-                    self._produce(plain, t.plain, p, key, padded=rng.random() < PADDED_SHARE)
+                    age_ms = self.aged_ms.get(t.plain)
+                    stamp = int(time.time() * 1000) - age_ms if age_ms and rng.random() < AGED_SHARE else None
+                    self._produce(plain, t.plain, p, key, padded=rng.random() < PADDED_SHARE, timestamp_ms=stamp)
                 elif kind < 0.6:
                     self._produce(plain, t.compacted, p, f"k{rng.randrange(50)}".encode())
                 elif kind < 0.75:
@@ -176,13 +181,21 @@ class Load(Background):
         with self._lock:
             self.bursts[topic] = count
 
+    def age(self, topic: str, by_ms: int | None) -> None:
+        """Stamp a share (AGED_SHARE) of the topic's next records `by_ms` in the past, or none again (None)."""
+        if by_ms is None:
+            self.aged_ms.pop(topic, None)
+        else:
+            self.aged_ms[topic] = by_ms
+
     def _transactional(self) -> Producer:
         txn = clients.producer(self.source, {"transactional.id": f"chaos-{self.topics.transactional}",
                                              "linger.ms": 5, "transaction.timeout.ms": 60_000})  # fmt: skip
         txn.init_transactions(60)
         return txn
 
-    def _produce(self, producer: Producer, topic: str, partition: int, key: bytes | None, padded: bool = False) -> None:
+    def _produce(self, producer: Producer, topic: str, partition: int, key: bytes | None, padded: bool = False,
+                 timestamp_ms: int | None = None) -> None:  # fmt: skip
         value = self._next(topic, partition, padded)
 
         def delivered(err: object, msg: Message) -> None:
@@ -194,7 +207,7 @@ class Load(Background):
                 self._acked(topic, partition, value, msg.offset() or 0)
 
         try:
-            producer.produce(topic, value, key, partition=partition, on_delivery=delivered)
+            producer.produce(topic, value, key, partition=partition, on_delivery=delivered, timestamp=timestamp_ms or 0)
         except (BufferError, KafkaException):
             self.failed += 1
 

@@ -6,9 +6,10 @@ worker killed), the brokers (a source broker stopped: the partitions it leads go
 offline; the whole target stopped), the network between the mirror and each cluster (Toxiproxy: a cut, latency with
 a bandwidth cap, connections reset, a black hole that drops what is sent until healed), the target refusing writes
 (an ACL denied, a topic made to refuse records without a key, a topic's cap lowered under the generator's padded
-records: a refusal only the broker judges until topic sync sees it), and the source changing under the mirror (a topic
-deleted and made again, at once or left empty a while and then refilled past its old end; records deleted before
-they were mirrored, as retention would while the mirror is down), a forger on the real-time report channel, and
+records: a refusal only the broker judges until topic sync sees it; its timestamp bound lowered, with records stamped
+past it inside the mirror's clock slack: a refusal only the broker judges), and the source changing under the mirror (a
+topic deleted and made again, at once or left empty a while and then refilled past its old end; records deleted
+before they were mirrored, as retention would while the mirror is down), a forger on the real-time report channel, and
 zombies: copiers paused while their mirror restarts on another slot count, resumed once it runs.
 Network faults act on the mirror's path alone: the generator, the groups and the checker reach the clusters
 directly. Every fault and its outcome is logged in `events`.
@@ -55,6 +56,13 @@ SLOW_TARGET_BYTES_S = 20_000
 # The plain topic's cap on the target while lowered: under the generator's padded records (bench.chaos.load), over
 # what a batch of its other records takes while the mirror keeps up.
 LOWERED_CAP_BYTES = 10_000
+# The plain topic's message.timestamp.before.max.ms on the target while lowered, and how far in the past the generator
+# stamps a share of its records meanwhile: inside the mirror's clock slack (spark_app.topics.CLOCK_SLACK_MS), so its
+# pre-send rule lets them through and the broker alone refuses them, while the records beside them land. The bound
+# stays far above the time the broker's own transaction markers take to be written: a marker it refuses would leave a
+# transaction open for good (Kafka's marker writer treats that refusal as a state it never expects).
+LOWERED_TIMESTAMP_BOUND_MS = 60_000
+AGED_BY_MS = LOWERED_TIMESTAMP_BOUND_MS + 20_000
 # A WAN gone bad: each chunk delayed (with jitter) and the rate capped, on the way back from the brokers.
 WAN_LATENCY_MS, WAN_JITTER_MS, WAN_KB_S = 400, 150, 64
 RESET_AFTER_MS = (200, 3_000)  # connections reset this long after data first flows on them, drawn at random
@@ -108,6 +116,7 @@ class Nemesis:
         self.rng = random.Random(self.seed)
         self._old_end = 0  # the end of the topic left empty, before it was made again
         self._cap: str | None = None  # the target topic's max.message.bytes before the nemesis lowered it
+        self._timestamp_bound: str | None = None  # its message.timestamp.before.max.ms before, likewise
         self._zombies_left: list[int] = []  # Python workers paused, then resumed after their successor started
 
     def menu(self) -> list[Fault]:
@@ -144,6 +153,11 @@ class Nemesis:
                 "lower a target topic's max.message.bytes (a refusal only its broker judges)",
                 self._lower_cap,
                 self._restore_cap,
+            ),  # fmt: skip
+            Fault(
+                "lower a target topic's timestamp bound inside the clock slack (a refusal only its broker judges)",
+                self._lower_timestamp_bound,
+                self._restore_timestamp_bound,
             ),  # fmt: skip
             Fault("delete a source topic and make it again", self._recreate, lambda: None),
             Fault(
@@ -318,18 +332,37 @@ class Nemesis:
     def _lower_cap(self) -> str:
         """Lower the plain topic's cap on the target under the padded records: until the mirror's topic sync sees it,
         the broker alone refuses them, after later records were sent (spark_app.ledger reports what landed ahead)."""
-        topic = self.scene.remote(self.scene.topics.plain)
-        resource = ConfigResource(ResourceType.TOPIC, topic)
-        admin = clients.admin(self.scene.target.admin)  # held until its answer: a dropped client fails it
-        configs = admin.describe_configs([resource])[resource].result()
-        self._cap = configs["max.message.bytes"].value
-        self._set_topic_config("max.message.bytes", str(LOWERED_CAP_BYTES))
+        self._cap, topic = self._lower_topic_config("max.message.bytes", LOWERED_CAP_BYTES)
         return f"{topic}: {self._cap} -> {LOWERED_CAP_BYTES}"
 
     def _restore_cap(self) -> None:
         if self._cap is not None:
             self._set_topic_config("max.message.bytes", self._cap)
             self._cap = None
+
+    def _lower_timestamp_bound(self) -> str:
+        """Lower the plain topic's timestamp bound on the target and have the generator stamp a share of its records
+        past it, inside the mirror's clock slack: the broker alone refuses those, after records behind them in the
+        partition were sent (spark_app.ledger reports what landed ahead), until the mirror's own rule or the undo."""
+        name = "message.timestamp.before.max.ms"
+        self._timestamp_bound, topic = self._lower_topic_config(name, LOWERED_TIMESTAMP_BOUND_MS)
+        self.scene.load.age(self.scene.topics.plain, AGED_BY_MS)
+        return f"{topic}: {name} {self._timestamp_bound} -> {LOWERED_TIMESTAMP_BOUND_MS}; stamped {AGED_BY_MS} ms back"
+
+    def _restore_timestamp_bound(self) -> None:
+        self.scene.load.age(self.scene.topics.plain, None)
+        if self._timestamp_bound is not None:
+            self._set_topic_config("message.timestamp.before.max.ms", self._timestamp_bound)
+            self._timestamp_bound = None
+
+    def _lower_topic_config(self, name: str, value: int) -> tuple[str, str]:
+        """Set one config of the plain topic on the target; its value before, and the topic."""
+        topic = self.scene.remote(self.scene.topics.plain)
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        admin = clients.admin(self.scene.target.admin)  # held until its answer: a dropped client fails it
+        before = admin.describe_configs([resource])[resource].result()[name].value
+        self._set_topic_config(name, str(value))
+        return before, topic
 
     def _compact_target(self) -> str:
         return self._set_cleanup("compact")
