@@ -3,6 +3,7 @@ that path and nothing else."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -130,3 +131,60 @@ def test_a_busy_servers_503_is_asked_again_for_a_read_or_a_delete_and_a_delete_d
             toxiproxy.call(port, "DELETE", "/proxies/p/toxics/t")  # gone before any retry: the caller's mistake
     finally:
         server.shutdown()
+
+
+class StandIn:
+    """The API calls of a Toxiproxy server, answered by a fake on `port` in place of the real server."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def request(self, method: str, path: str, body: dict[str, object] | None = None) -> object:
+        return toxiproxy.call(self.port, method, path, body)
+
+
+def test_a_heal_that_cannot_remove_a_toxic_in_time_closes_the_proxys_connections_and_then_removes_it(monkeypatch):
+    """A stalled peer holds a toxic's stream, and the server answers each removal with 503 until the stream lets go: a
+    long run died healing one. Past HEAL_WAIT_S the heal closes the proxy's connections, then the removal goes on."""
+    calls: list[str] = []
+    state = {"toxics": ["latency_downstream"], "enabled": True}
+
+    class Stalled(BaseHTTPRequestHandler):
+        def _reply(self, status: int, body: object = None) -> None:
+            data = json.dumps(body).encode() if body is not None else b""
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's names)
+            toxic = {"type": "latency", "stream": "downstream", "toxicity": 1.0, "attributes": {"latency": 400}}
+            self._reply(200, [toxic | {"name": name} for name in state["toxics"]])
+
+        def do_DELETE(self) -> None:  # noqa: N802
+            calls.append("DELETE")
+            if state["enabled"]:
+                self._reply(503, "timeout")
+            else:
+                state["toxics"].clear()
+                self._reply(204)
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state["enabled"] = body["enabled"]
+            calls.append(f"enabled={body['enabled']}")
+            self._reply(200, {"name": "p", "enabled": body["enabled"]})
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Stalled)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(toxiproxy, "HEAL_WAIT_S", 0.0)
+    monkeypatch.setattr(toxiproxy, "BUSY_RETRIES", 0)
+    try:
+        toxiproxy.Proxy(StandIn(server.server_port), "p", "127.0.0.1:1").heal()
+    finally:
+        server.shutdown()
+    assert calls == ["DELETE", "enabled=False", "DELETE", "enabled=True"], calls
+    assert state == {"toxics": [], "enabled": True}

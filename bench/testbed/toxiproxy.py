@@ -216,17 +216,34 @@ class Proxy:
         self.server.request("DELETE", f"/proxies/{self.name}/toxics/{name}")
 
     def heal(self) -> None:
-        """Remove every toxic and enable the proxy again: the path is clean."""
-        deadline = time.monotonic() + HEAL_WAIT_S
+        """Remove every toxic and enable the proxy again: the path is clean. A toxic whose stream a stalled peer holds
+        (a client that stopped reading) is not removed until the stream lets go, the server answering 503 meanwhile:
+        past HEAL_WAIT_S the proxy's connections are closed, as a peer's reset would, and the removal goes on."""
+        deadline, closed = time.monotonic() + HEAL_WAIT_S, False
         while toxics := self.toxics():
             for toxic in toxics:
                 try:
                     self.remove_toxic(toxic.name)
                 except ToxiproxyError as err:  # timed out (503), or gone meanwhile (404): look again
-                    if err.status not in (503, 404) or time.monotonic() > deadline:
+                    if err.status not in (503, 404):
                         raise
+                    if time.monotonic() > deadline:
+                        if closed:
+                            raise
+                        closed = self._close_connections()
+                        deadline = time.monotonic() + HEAL_WAIT_S if closed else deadline
             time.sleep(0.2)
         self.enable()
+
+    def _close_connections(self) -> bool:
+        """Close every connection through the proxy (`disable`); False when the busy server did not get to it."""
+        try:
+            self.disable()
+        except ToxiproxyError as err:
+            if err.status != 503:
+                raise
+            return False
+        return True
 
 
 class Faults:
