@@ -17,7 +17,10 @@ where no pre-send rule could tell): librdkafka's idempotent producer starts a ne
 behind the refused record, so those records land first, and the catch-up writes the refused one after them. The
 landings say so (a partition held from an offset, with records past it landed): each such range is reported (log,
 `landed_ahead`, the metric `mirrorkit_records_landed_ahead`). With transactions the refusal aborts the transaction and
-nothing lands ahead (spark_app.outbox.Retries).
+nothing lands ahead (spark_app.outbox.Retries). The same bound holds for a topic made again and refilled past where a
+real-time copy stood before the mirror saw its new id: the copy reads the new life on from there, and nothing in the
+records tells it from the old one's. Once the new id is seen the new life is copied from its log start, after what
+landed; the copy's runner names the offsets that may be the new life's (`read_on`), reported the same way.
 
 Topics gone. Topic sync tells the ledger which topics the source has now (`topics_seen`). A topic missing from
 every round for TOPIC_GONE_GRACE_S is forgotten: its positions, landings, adopted offsets and per-topic totals, so
@@ -177,7 +180,8 @@ def by_topic(offsets: Mapping[Partition, _Value]) -> dict[str, dict[str, _Value]
 @dataclass(frozen=True)
 class LandedAhead:
     """Source offsets [first_offset, last_offset] of a partition (`count` records among them) that landed on the
-    target ahead of `refused_offset`, an earlier record the target refused."""
+    target ahead of `refused_offset`: an earlier record the target refused, or the start of a topic's new life that
+    a copy read on unnoticed (`FlowLedger.read_on`: at most `count`, some of them may be the old life's)."""
 
     topic: str
     partition: int
@@ -208,6 +212,7 @@ class FlowLedger:
         self._losses: collections.deque[DataLoss] = collections.deque(maxlen=RECENT_EVENTS)
         self._resets: collections.deque[OffsetsReset] = collections.deque(maxlen=RECENT_EVENTS)
         self._ahead: collections.deque[LandedAhead] = collections.deque(maxlen=RECENT_EVENTS)
+        self._read_on: dict[Partition, tuple[int, int]] = {}  # `read_on`, reported with the partition's reset
         self._earliest = earliest
         self._topic_ids = topic_ids  # a catch-up asks which life a topic is in before it copies what its holds owe
         self._on_landed = on_landed
@@ -308,6 +313,7 @@ class FlowLedger:
                     " there and its offset translation restarts", self.flow.name, row.topic, row.partition,
                     reset.previous, reset.restart,
                 )  # fmt: skip
+                self._report_read_on(key, reset.restart)
                 self.state.positions.pop(key, None)
                 self.quarantines.started_over(row.topic, row.partition)
             expected = self.state.positions.get(key)
@@ -397,6 +403,28 @@ class FlowLedger:
             " cannot keep order past a refusal only the target's broker can judge); offset %d is copied after them"
             " once the target takes it", self.flow.name, ahead.count, ahead.topic, ahead.partition, ahead.first_offset,
             ahead.last_offset, ahead.refused_offset, ahead.refused_offset,
+        )  # fmt: skip
+
+    def read_on(self, partitions: dict[Partition, tuple[int, int]]) -> None:
+        """Source offsets [first, last] per partition that may be a topic's new life, read on unnoticed and landed
+        before the copy went back to the new life's start: reported when the partition's reset is filed. Never with
+        transactions (a slot asks the topic's id before it commits)."""
+        if not self.flow.exactly_once:
+            self._read_on.update(partitions)
+
+    def _report_read_on(self, key: Partition, restart: int) -> None:
+        first, last = self._read_on.pop(key, (0, -1))
+        if last < first:
+            return
+        ahead = LandedAhead(key[0], key[1], restart, first, last, last - first + 1)
+        self._ahead.append(ahead)
+        self.metrics.records_landed_ahead(self.flow.name, key[0], key[1], ahead.count)
+        log.error(
+            "flow %s: up to %d record(s) of '%s' partition %d, offsets %d..%d, may have landed on the target ahead of"
+            " offset %d, the start of the topic's new life: it was made again and read on past where the copy stood"
+            " before the mirror saw its new id, and a flow without transactions cannot tell the two lives' records"
+            " apart; their first copies there may be out of source order", self.flow.name, ahead.count, ahead.topic,
+            ahead.partition, ahead.first_offset, ahead.last_offset, ahead.refused_offset,
         )  # fmt: skip
 
     def _count(self, landed: list[Landing]) -> None:

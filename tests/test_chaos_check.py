@@ -89,3 +89,19 @@ def test_the_mirrors_landed_ahead_lines_are_read_back_per_partition():
            " 1001..3999, landed on the target ahead of offset 1000, which the target refused: their first copies"
            " there are out of source order")  # fmt: skip
     assert reported_ahead(log) == {("chaos-plain", 0): [(1000, 1001, 3999)]}
+
+
+def test_a_range_reported_before_its_partition_went_backwards_excuses_nothing_of_the_life_after():
+    """A range names source offsets of one life of the partition: once its offsets went backwards (a topic made again)
+    only what was reported since counts, the new life's start read on unnoticed among it."""
+    log = "\n".join([
+        "ERROR flow a->b: 5 record(s) of 'remade' partition 0, offsets 10..14, landed on the target ahead of offset 9,"
+        " which the target refused: their first copies there are out of source order",
+        "ERROR flow a->b: 3 record(s) of 'remade' partition 1, offsets 1..3, landed on the target ahead of offset 0,"
+        " which the target refused: their first copies there are out of source order",
+        "ERROR flow a->b: offsets of 'remade' partition 0 went backwards (deleted and made again, or truncated): the"
+        " mirror had copied up to offset 40, the partition now starts over at 0",
+        "ERROR flow a->b: up to 15 record(s) of 'remade' partition 0, offsets 25..39, may have landed on the target"
+        " ahead of offset 0, the start of the topic's new life: it was made again and read on unnoticed",
+    ])  # fmt: skip
+    assert reported_ahead(log) == {("remade", 0): [(0, 25, 39)], ("remade", 1): [(0, 1, 3)]}

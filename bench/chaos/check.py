@@ -11,9 +11,11 @@ topic was made again, since a producer's writes to one partition land in the ord
 checkpoint must never point past the first copy of the first source record the group had not read: that would skip
 it after a failover.
 
-A flow without transactions cannot keep order past a record only the target's broker refuses (spark_app.ledger): the
-mirror reports each range of records that landed ahead of such a record. A first copy out of order is excused only
-inside a range the mirror reported for its partition, and counted apart (`reported_ahead`); any other is a failure.
+A flow without transactions cannot keep order past a record only the target's broker refuses, nor past the start of a
+topic's new life a real-time copy read on unnoticed (spark_app.ledger): the mirror reports each range of records that
+landed, or may have landed, ahead of such an offset. A first copy out of order is excused only inside a range the
+mirror reported for its partition since the partition last went backwards (a range reported before concerns an
+earlier life), and counted apart (`reported_ahead`); any other is a failure.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ LOSS_LINE = re.compile(
     r"(\d+) record\(s\) of '([^']+)' partition (\d+), offsets (\d+)\.\.(\d+), were deleted at the source before they"
 )
 
-# The mirror's report of records that landed on the target ahead of an earlier record it refused (spark_app.ledger).
+# The mirror's report of records that landed on the target ahead of an earlier record it refused, or may have landed
+# ahead of the start of a topic's new life (spark_app.ledger), and of a partition whose offsets went backwards.
 AHEAD_LINE = re.compile(
-    r"\d+ record\(s\) of '([^']+)' partition (\d+), offsets (\d+)\.\.(\d+), landed on the target ahead of offset"
-    r" (\d+), which the target refused"
+    r"\d+ record\(s\) of '([^']+)' partition (\d+), offsets (\d+)\.\.(\d+), (?:may have )?landed on the target"
+    r" ahead of offset (\d+), (?:which the target refused|the start of the topic's new life)"
 )
+BACKWARDS_LINE = re.compile(r"offsets of '([^']+)' partition (\d+) went backwards")
 
 
 @dataclass
@@ -140,12 +144,15 @@ def reported_losses(log_text: str) -> dict[tuple[str, int], list[tuple[int, int]
 
 
 def reported_ahead(log_text: str) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
-    """The ranges the mirror reported as landed ahead of a record the target refused, per partition: (the refused
-    offset, the first and the last source offset that landed ahead of it)."""
+    """The ranges the mirror reported as landed ahead of an offset, per partition, since its offsets last went
+    backwards: (that offset, the first and the last source offset that landed ahead of it)."""
     out: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
-    for match in AHEAD_LINE.finditer(log_text):
-        topic, partition, first, last, refused = match.groups()
-        out.setdefault((topic, int(partition)), []).append((int(refused), int(first), int(last)))
+    for line in log_text.splitlines():
+        if back := BACKWARDS_LINE.search(line):
+            out.pop((back[1], int(back[2])), None)
+        elif match := AHEAD_LINE.search(line):
+            topic, partition, first, last, refused = match.groups()
+            out.setdefault((topic, int(partition)), []).append((int(refused), int(first), int(last)))
     return out
 
 

@@ -78,10 +78,14 @@ class RealtimeRunner(FlowRunner):
     # new life; a start meanwhile keeps their new life's positions.
     _went_back: dict[str, set[int]]
     _ids_admin: AdminClient | None = None  # asks the source for its topics' ids between topic syncs
+    # Per partition, where the job's tasks had reached the target when the source last answered the id its positions
+    # belong to: what landed below it was read before, so was the old life's (`_made_again`).
+    _old_life: dict[Partition, int]
 
     def start(self, subscription: Subscription, available_now: bool) -> None:
         self.subscription = subscription
         went_back, self._went_back = getattr(self, "_went_back", {}), {}
+        self._old_life = getattr(self, "_old_life", {})
         self._available_now = available_now
         with self.lock:
             self._release_due()
@@ -149,6 +153,11 @@ class RealtimeRunner(FlowRunner):
             if tp in resume
             and ((tp[0] in remade and tp[1] not in went_back.get(tp[0], ())) or (tp in ends and resume[tp] > ends[tp]))
         }
+        # What landed of a topic made again past where the old life was last confirmed may be the new life's, read on
+        # unnoticed; without a confirmation in this process (the mirror started since), from its start.
+        self.ledger.read_on({tp: (min(self._old_life.get(tp, 0), was), was - 1) for tp, was in back.items()
+                             if tp[0] in remade})  # fmt: skip
+        self._old_life = {tp: o for tp, o in self._old_life.items() if tp[0] not in remade}
         fresh = [tp for tp in every if tp not in resume]
         known = {t for t, _ in resume} | {t for t, _ in back}
         at_end = [tp for tp in fresh if self.flow.start_from == "latest" and tp[0] not in known]
@@ -268,13 +277,15 @@ class RealtimeRunner(FlowRunner):
             return set()
         if self._ids_admin is None:
             self._ids_admin = clients.admin(self.source)
+        landed = job.lag_positions()  # before the ids are asked: what had landed then was read before
         try:
-            ids = clients.topic_ids(self._ids_admin, {t for t, _ in job.reached})
+            ids = clients.topic_ids(self._ids_admin, {t for t, _ in landed})
         except KafkaException:
             return set()  # asked again at the next topic sync
         with self.lock:
             saved = dict(self.ledger.state.topic_ids)
         made = {t for t, i in ids.items() if saved.get(t, i) != i}
+        self._old_life |= {tp: offset for tp, offset in landed.items() if tp[0] in ids and tp[0] not in made}
         if made:
             log.warning("flow %s: topic(s) made again while copied: %s; the copy starts again, the new life of each"
                         " partition not yet found gone backwards from its log start", self.flow.name,
