@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -80,12 +81,11 @@ class RealtimeRunner(FlowRunner):
     _ids_admin: AdminClient | None = None  # asks the source for its topics' ids between topic syncs
     # Per partition, where the job's tasks had reached the target when the source last answered the id its positions
     # belong to: what landed below it was read before, so was the old life's (`_made_again`).
-    _old_life: dict[Partition, int]
+    _old_life: Mapping[Partition, int] = MappingProxyType({})  # rebound, never changed in place
 
     def start(self, subscription: Subscription, available_now: bool) -> None:
         self.subscription = subscription
         went_back, self._went_back = getattr(self, "_went_back", {}), {}
-        self._old_life = getattr(self, "_old_life", {})
         self._available_now = available_now
         with self.lock:
             self._release_due()
@@ -285,7 +285,7 @@ class RealtimeRunner(FlowRunner):
         with self.lock:
             saved = dict(self.ledger.state.topic_ids)
         made = {t for t, i in ids.items() if saved.get(t, i) != i}
-        self._old_life |= {tp: offset for tp, offset in landed.items() if tp[0] in ids and tp[0] not in made}
+        self._old_life = {**self._old_life, **{tp: o for tp, o in landed.items() if tp[0] in ids and tp[0] not in made}}
         if made:
             log.warning("flow %s: topic(s) made again while copied: %s; the copy starts again, the new life of each"
                         " partition not yet found gone backwards from its log start", self.flow.name,
