@@ -12,7 +12,7 @@ from bench.testbed.clients import commit, create_topics
 from bench.testbed.ports import free_port
 from spark_app import clients
 from spark_app.clients import read_topic
-from spark_app.config import parse_config
+from spark_app.config import MirrorConfig, parse_config
 from spark_app.dr.formats import Checkpoint, OffsetSync
 from spark_app.dr.internal import offset_syncs_cluster
 from spark_app.dr.lease import DrLease, holder
@@ -32,6 +32,21 @@ def landed(topic: str, first: int, end: int) -> Landing:
         topic, 0, first, end, last_offset=end - 1, last_target_offset=end - 1, records=end - first,
         runs=[(first, first, end - 1)],
     )  # fmt: skip
+
+
+def _own_aliases_config(source, target, topics: list[str], tmp_path, unique: str) -> MirrorConfig:
+    """One flow with aliases of the test's own, so its checkpoints topic and lease group are its own too."""
+    return parse_config(
+        one_flow_config(
+            source,
+            target,
+            topics,
+            tmp_path / "ckpt",
+            source_alias=f"p{unique[-8:]}",
+            target_alias=f"dr{unique[-8:]}",
+            emit_heartbeats=False,
+        )  # fmt: skip
+    )
 
 
 def test_a_second_mirror_of_a_flow_fences_the_first_which_writes_no_more_dr_state(
@@ -89,17 +104,7 @@ def test_a_flow_whose_checkpoints_topic_deletes_old_records_still_has_one_writer
     """Checkpoints are refused on such a topic, yet offset syncs go on: the lease rides on the topic all the same, so
     a replaced mirror does not write syncs beside its replacement."""
     topic = f"orders-{unique}"
-    config = parse_config(
-        one_flow_config(
-            plaintext_cluster,
-            source_cluster,
-            [topic],
-            tmp_path / "ckpt",
-            source_alias=f"p{unique[-8:]}",
-            target_alias=f"dr{unique[-8:]}",
-            emit_heartbeats=False,
-        )  # fmt: skip
-    )
+    config = _own_aliases_config(plaintext_cluster, source_cluster, [topic], tmp_path, unique)
     flow = config.flows[0]
     create_topics(source_cluster.admin, {checkpoints_topic(flow): 1}, {"cleanup.policy": "delete"})
     metrics = MirrorMetrics()
@@ -162,17 +167,7 @@ def test_a_lease_taken_by_a_mirror_that_has_not_yet_marked_it_is_not_taken_back(
 ):
     """Between another mirror's join and its mark's commit the group still carries the holder's own mark, which once
     made the holder read its fence as its own rejoin and take the lease back from the replacement."""
-    config = parse_config(
-        one_flow_config(
-            plaintext_cluster,
-            source_cluster,
-            [f"orders-{unique}"],
-            tmp_path / "ckpt",
-            source_alias=f"p{unique[-8:]}",
-            target_alias=f"dr{unique[-8:]}",
-            emit_heartbeats=False,
-        )  # fmt: skip
-    )
+    config = _own_aliases_config(plaintext_cluster, source_cluster, [f"orders-{unique}"], tmp_path, unique)
     flow = config.flows[0]
     target = config.cluster(flow.target)
     create_topics(source_cluster.admin, {checkpoints_topic(flow): 1}, {"cleanup.policy": "compact"})

@@ -35,6 +35,15 @@ def _landed_any(target, topic: str, prefix: bytes) -> bool:
         return False
 
 
+def _until_read_on(flow, target, remote: str, who: str) -> None:
+    """Until the target holds a record of the new life, read on from where the old one stood (`who` did)."""
+    deadline = time.monotonic() + 120
+    while not _landed_any(target, remote, b"new"):
+        assert time.monotonic() < deadline, f"{who} never read the new life on from where it stood"
+        assert flow.failure() is None, flow.failure()
+        time.sleep(0.5)
+
+
 def test_exactly_once_real_time_a_new_life_read_on_unnoticed_is_never_committed_and_is_copied_once_from_its_start(
     spark, plaintext_cluster, source_cluster, tmp_path, unique
 ):
@@ -59,11 +68,7 @@ def test_exactly_once_real_time_a_new_life_read_on_unnoticed_is_never_committed_
         clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
         produce(plaintext_cluster.client, topic, new)  # at once, past where the task stood (500 in each partition)
         # The task reads the new life on from where it stood; its flow's runner is not asked to look meanwhile.
-        deadline = time.monotonic() + 120
-        while not _landed_any(source_cluster.client, remote, b"new"):
-            assert time.monotonic() < deadline, "the task never read the new life on from where it stood"
-            assert flow.failure() is None, flow.failure()
-            time.sleep(0.5)
+        _until_read_on(flow, source_cluster.client, remote, "the task")
         flow.stop()  # the tasks' last commit: what they read of the new life must not go with it
         flow.start(subscription, available_now=False)  # finds the new id: the new life from its log start
         copy_until(flow, source_cluster.client, remote, len(old) + len(new))
@@ -119,11 +124,7 @@ def test_a_jvm_slot_hands_back_rather_than_commit_a_new_life_it_reads_on_unnotic
         served = len(slots)
         remake.set()
         flow.start(subscription, available_now=False)  # hands over the old life's id and positions
-        deadline = time.monotonic() + 120
-        while not _landed_any(source_cluster.client, remote, b"new"):
-            assert time.monotonic() < deadline, "no slot read the new life on from where it stood"
-            assert flow.failure() is None, flow.failure()
-            time.sleep(0.5)
+        _until_read_on(flow, source_cluster.client, remote, "the slots")
         flow.stop()  # the slots' last commit: what they read of the new life must not go with it
         assert remade.is_set() and len(slots) > served, "the slots of the job after the topic was made again"
         flow.start(subscription, available_now=False)  # finds the new id: the new life from its log start
@@ -159,15 +160,12 @@ def test_at_least_once_real_time_reports_where_a_new_life_read_on_unnoticed_may_
         flow.catch_up()  # a topic sync: the old life's id answered where the tasks stand
         clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
         produce(plaintext_cluster.client, topic, new)  # at once, past where the tasks stood (500 in each partition)
+        _until_read_on(flow, source_cluster.client, remote, "the tasks")
         deadline = time.monotonic() + 120
-        while not _landed_any(source_cluster.client, remote, b"new"):
-            assert time.monotonic() < deadline, "the tasks never read the new life on from where they stood"
-            assert flow.failure() is None, flow.failure()
-            time.sleep(0.5)
         with caplog.at_level(logging.ERROR, logger="spark_app.ledger"):
             wanted = {r.value for r in new}
             while not wanted <= {r.value for r in read_all(source_cluster.client, remote, 0, exact=False)}:
-                assert time.monotonic() < deadline + 120, "the new life was not copied whole"
+                assert time.monotonic() < deadline, "the new life was not copied whole"
                 assert flow.failure() is None, flow.failure()
                 flow.catch_up()  # the next topic sync sees the new id: the new life from its log start
                 time.sleep(0.5)
