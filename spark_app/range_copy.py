@@ -166,7 +166,7 @@ class RangeCopier:
         if self.flow.exactly_once:
             noted = slot_txn.committed_notes(k for k, c in cursors.items() if not c.done)
             _skip_committed(cursors, ranges, noted, self.lives)
-            committed = {key: offset for key, (offset, _note) in noted.items()}
+            committed = _in_planned_life(noted, ranges, self.lives)
         # A range held whole writes no position, but one whose offsets went backwards does, empty or held: the
         # new life starts there, or the next batch would skip the new topic's records to the old life's position.
         copying = {key for key, c in cursors.items() if not c.done or _starts_over(c)}
@@ -353,6 +353,20 @@ def _skip_committed(
         cursor.seen = True
         cursor.next = min(offset, stop)
         cursor.done = cursor.next >= stop
+
+
+def _in_planned_life(
+    committed: Mapping[Partition, tuple[int, PositionNote]], ranges: list[OffsetRange], lives: Mapping[str, str]
+) -> PartitionOffsets:
+    """The committed positions in the life each range was planned in (`_same_life`): the floor of what the copy
+    commits, as a position never goes back within a life. One of another life is no floor: carried into the new
+    life's commit, it would make the next batch skip the new life's records up to it."""
+    out: PartitionOffsets = {}
+    for r in ranges:
+        key = (r.topic, r.partition)
+        if key in committed and _same_life(committed[key][1], lives.get(r.topic, ""), r):
+            out[key] = committed[key][0]
+    return out
 
 
 def _same_life(note: PositionNote, life: str, r: OffsetRange) -> bool:

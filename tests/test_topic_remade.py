@@ -283,7 +283,10 @@ def test_exactly_once_throughput_a_topic_made_again_while_a_batch_reads_one_of_i
     has nothing new). The topic is made again before the copy reads: partition 0 goes back and is copied from 0 to
     1,500 of the new life, partition 1 is not read. The flow files the new life for both, partition 1 at its new log
     start, so the next run copies neither partition's new life a second time, and skips none of partition 1's
-    (whose committed position, 1,000, is the old life's)."""
+    (whose committed position, 1,000, is the old life's). The next run copies in batches of at most 1,000 records, so
+    partition 1's first batch of the new life ends below 1,000: the old life's position must not be carried into its
+    commit (before, it was, as a position never goes back, and the next batch skipped the new life's records up to it:
+    chaos-20261207-143946, 3,915 records)."""
     topic = f"remade-one-{unique}"
     remote = f"primary.{topic}"
     now = int(time.time() * 1000)
@@ -311,9 +314,11 @@ def test_exactly_once_throughput_a_topic_made_again_while_a_batch_reads_one_of_i
     resets = [(r.partition, r.previous, r.restart) for r in during.flows[0].ledger.resets]
     assert resets == [(0, 1_000, 0), (1, 1_000, 0)], "partition 1 was not started over in the new life"
 
+    raw["flows"][0]["max_records_per_trigger"] = 1_000
     check_transactions(config)
-    after = Mirror(spark, config)
+    after = Mirror(spark, parse_config(raw))
     after.run_available_now()
+    assert after.flows[0].totals.batches > 2, "the new life was copied in too few batches to tell"
     assert after.flows[0].ledger.resets == [], "the new life was taken for the old one again"
     got = read_all(source_cluster.client, remote, expected=len(old) + len(new), exact=False)  # read_committed
     assert_each_record_once_in_order(remote, got, old + new)
