@@ -12,9 +12,12 @@ in, and cursors, landings and refused records come back, as dicts keyed by name 
 
 Real-time tasks that write no transactions use it too, each with a copier of its own (`live_copier`), whose
 consumer keeps its assignment from one copy to the next: a task copies until its next report (`copy_with`), and goes
-on with the Python loop for good once the core stopped at an event. Which flows it copies, spark_app.copy_wing.choice
-decides: not a flow's transactions (a throughput batch in transactions copies with the Python loop, a real-time slot in
-transactions with the Java copier on the executor's JVM, spark_app.realtime.jvm, where its flow and clusters allow).
+on with the Python loop for good once the core stopped at an event. A throughput batch's slot in transactions copies
+with a copier of its own too, whose producer is the slot's transactional one (`CoreTransactions`): the slot's
+transactions (spark_app.transactions.SlotTransactions) begin, commit with their positions and abort through it, one
+transaction's worth of records per copy, and at the first event the slot goes on with the Python loop's producer,
+which fences the core's. Which flows it copies, spark_app.copy_wing.choice decides (a real-time slot in transactions
+copies with the Java copier on the executor's JVM, spark_app.realtime.jvm, where its flow and clusters allow).
 A cluster that logs in with a token (Entra ID, MSK IAM) gives the core its profile's callback, which it calls for
 each token librdkafka asks for.
 """
@@ -22,9 +25,9 @@ each token librdkafka asks for.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from . import clients
 from .clients import Partition
@@ -44,7 +47,7 @@ from .policy import target_topic
 from .topics import TargetRules
 
 if TYPE_CHECKING:
-    from mirrorkit_copy_core import Copier, RangeIn, RangeOut
+    from mirrorkit_copy_core import Copier, RangeIn, RangeOut, TxnError
 
 # A partition with records left that reads nothing this long goes to the Python loop, which looks up its leader
 # (spark_app.range_copy.LEADER_CHECK_S) and holds it when the source does not serve it.
@@ -72,12 +75,62 @@ def live_copier(
     return clients.copier(source, target, consumer_settings, producer_settings, None)
 
 
+class CoreTransactions:
+    """A copier's producer as a slot's transactions make their calls on it (spark_app.transactions.SlotTransactions),
+    confluent-kafka's Producer's calls: each raises KafkaException with the KafkaError librdkafka gave, so one slot
+    logic reads every error, whichever core wrote the transaction. Its producer settings carry the slot's
+    transactional id."""
+
+    def __init__(self, copier: Copier) -> None:
+        self.copier = copier
+
+    def init_transactions(self, timeout: float) -> None:
+        _raise(self.copier.init_transactions(timeout))
+
+    def begin_transaction(self) -> None:
+        _raise(self.copier.begin_transaction())
+
+    def send_offsets_to_transaction(self, positions: list[TopicPartition], group_metadata: Any, timeout: float) -> None:
+        rows = [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in positions]
+        _raise(self.copier.send_offsets_to_transaction(rows, bytes(group_metadata), timeout))
+
+    def commit_transaction(self, timeout: float) -> None:
+        _raise(self.copier.commit_transaction(timeout))
+
+    def abort_transaction(self, timeout: float) -> None:
+        _raise(self.copier.abort_transaction(timeout))
+
+    def purge(self, in_queue: bool, in_flight: bool) -> None:
+        self.copier.purge(in_queue, in_flight)
+
+    def poll(self, timeout: float) -> int:
+        self.copier.poll()
+        return 0
+
+    def flush(self, timeout: float) -> int:
+        return self.copier.flush(timeout)
+
+
+def transactional_copier(
+    source: ClusterConfig, target: ClusterConfig, producer_settings: Mapping[str, object]
+) -> CoreTransactions:
+    """A slot's own copier, its producer transactional by `producer_settings` (they name the slot's id)."""
+    return CoreTransactions(clients.copier(source, target, CONSUMER_DEFAULTS, producer_settings, IDLE_S))
+
+
+def _raise(error: TxnError) -> None:
+    if error is not None:
+        code, reason, fatal, retriable, abort = error
+        raise KafkaException(KafkaError(code, reason, fatal=fatal, retriable=retriable, txn_requires_abort=abort))
+
+
 def copy_with(
     copier: Copier, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, cursors: Mapping[Partition, Cursor],
-    rules: TargetRules, outbox: Outbox, until_s: float | None = None,
+    rules: TargetRules, outbox: Outbox, until_s: float | None = None, until_bytes: int | None = None,
 ) -> tuple[int, bool]:  # fmt: skip
     """Copy the open cursors with `copier` as `copy_compiled` does, for at most `until_s` (None: until they are
-    done): how many records it passed on, and whether it stopped at an event the Python loop goes on from."""
+    done) and `until_bytes` read: how many records it passed on, and whether it stopped at an event the Python loop
+    goes on from."""
     contract = CopyContract.of(flow, source, target, rules)
     keys = [key for key, c in cursors.items() if not c.done]
     ranges: list[RangeIn] = [
@@ -85,7 +138,7 @@ def copy_with(
          "stop": _stop(cursors[t, p])}
         for t, p in keys
     ]  # fmt: skip
-    copied = copier.copy(contract.dumps(), ranges, FLUSH_S, until_s)
+    copied = copier.copy(contract.dumps(), ranges, FLUSH_S, until_s, until_bytes)
     taken = 0
     for key, out in zip(keys, copied["ranges"], strict=True):
         taken += out["landing"]["records"] + out["landing"]["dropped"]  # records sent and echoes dropped

@@ -21,23 +21,26 @@ one ends within the stop's own bound (spark_app.config.STOP_BATCH_TIMEOUT_S).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from . import clients
 from .clients import Partition, PartitionOffsets
-from .compiled_copy import copy_compiled
+from .compiled_copy import CoreTransactions, copy_compiled, copy_with, transactional_copier
 from .config import ClusterConfig, FlowConfig
 from .copy_wing.choice import Core, choose
 from .errors import DeliveryFailed
 from .outbox import (
     CONSUMER_DEFAULTS,
     FLUSH_S,
+    TXN_BYTES,
+    TXN_OPEN_S,
     Cursor,
     Outbox,
     Retries,
@@ -57,6 +60,7 @@ from .transactions import (
     TransactionFailed,
     lives_word,
     other_lives,
+    python_slot,
 )
 
 log = logging.getLogger(__name__)
@@ -107,8 +111,8 @@ class RangeCopier:
 
     def copy(self, ranges: list[OffsetRange], slot: int = 0) -> list[Landing]:
         """Copy every range, each partition in order; one landing per range. A flow that writes in transactions
-        copies them in one transaction of the task's `slot` (spark_app.transactions), with the Python loop (the core
-        `choose` names for it)."""
+        copies them in transactions of the task's `slot` (spark_app.transactions); either way with the core `choose`
+        names for it, handing back to the Python loop at the core's first event."""
         if transactional(self.flow, self.target.is_eventhubs):
             cursors = self._copy_in_transaction(ranges, slot)
         else:
@@ -146,25 +150,26 @@ class RangeCopier:
         its positions, and the next one goes on. When the target refuses a record, the transaction is aborted whole
         and copied again from the last commit: the largest record of a batch the broker refused goes alone in its
         batch, a record refused alone goes to the dead-letter topic, or its partition is copied up to it and holds
-        from there (spark_app.outbox.Retries)."""
-        slot_txn = SlotTransactions(self.flow, self.target, transaction_settings(self.producer_settings), slot)
+        from there (spark_app.outbox.Retries). The compiled core copies the transactions while it takes the common
+        case (`_SlotCopy`)."""
+        slot_copy = _SlotCopy(self, slot)
         try:
             if self.flow.exactly_once and self.run is not None:  # a task of a run that is over commits nothing
                 confirm_run(self.run, f"flow {self.flow.name}: slot {slot}")
-            with slot_txn.fenced_raises():
-                return self._transactions(ranges, slot_txn)
+            with slot_copy.fenced_raises():
+                return self._transactions(ranges, slot_copy)
         finally:  # a transaction left open is aborted by the task's retry, which starts the slot again
-            slot_txn.close()
+            slot_copy.close()
 
-    def _transactions(self, ranges: list[OffsetRange], slot_txn: SlotTransactions) -> dict[Partition, Cursor]:
-        """Copy the ranges in transactions of `slot_txn` until the last one commits (see `_copy_in_transaction`)."""
+    def _transactions(self, ranges: list[OffsetRange], slot_copy: _SlotCopy) -> dict[Partition, Cursor]:
+        """Copy the ranges in transactions of the slot until the last one commits (see `_copy_in_transaction`)."""
         cut: dict[Partition, tuple[int, int, str]] = {}  # a refused partition: its first refused offset, size, why
         retries = Retries()
         cursors = self._cursors(ranges, {})
         committed: PartitionOffsets = {}
         starts = {(r.topic, r.partition): r.start for r in ranges}
         if self.flow.exactly_once:
-            noted = slot_txn.committed_notes(k for k, c in cursors.items() if not c.done)
+            noted = slot_copy.txn.committed_notes(k for k, c in cursors.items() if not c.done)
             _skip_committed(cursors, ranges, noted, self.lives)
             committed = _in_planned_life(noted, ranges, self.lives)
         # A range held whole writes no position, but one whose offsets went backwards does, empty or held: the
@@ -176,10 +181,12 @@ class RangeCopier:
         admin: AdminClient | None = None  # asks the source for the ids of the topics' lives (exactly once)
         misread: set[str] = set()  # topics found gone backwards in the life they were planned in: copied again once
         while True:
+            slot_copy.hand_back_if_stopped()
+            slot_txn = slot_copy.txn
             slot_txn.begin()
-            outbox = self._outbox(cursors, slot_txn.producer, retries)
+            outbox = slot_copy.outbox(cursors, retries)
             try:
-                self._copy_open(cursors, outbox, watch)
+                slot_copy.copy(cursors, outbox, watch)
             except TransactionFailed:  # a refusal failed the transaction: it takes no more records
                 failed = True
             else:
@@ -470,6 +477,78 @@ def _position(cursor: Cursor) -> int:
     if cursor.retired and landing.reset_from >= 0 and cursor.stop is not None:
         return max(landing.end_offset, cursor.stop)
     return landing.end_offset
+
+
+class _SlotCopy:
+    """A slot's copy in transactions: by the compiled core while it takes the common case, each copy one
+    transaction's worth (Outbox.full's bounds); from its first event on, by the Python loop, whose producer, started
+    then, fences the core's (the transaction the event fell in is committed or aborted first, as any). A flow whose
+    core is not the compiled one copies with the Python loop from the start (spark_app.copy_wing.choice)."""
+
+    def __init__(self, copier: RangeCopier, slot: int) -> None:
+        self.copier = copier
+        self.slot = slot
+        self.settings = transaction_settings(copier.producer_settings)
+        self.core: SlotTransactions[CoreTransactions] | None = None
+        self.python: SlotTransactions[Producer] | None = None
+        self.stopped = False  # the core stopped at an event: the slot goes on with the Python loop
+        if copier.core is Core.RUST:
+            source, target = copier.source, copier.target
+            self.core = SlotTransactions(copier.flow, target, self.settings, slot,
+                                         lambda conf: transactional_copier(source, target, conf))  # fmt: skip
+        else:
+            self.python = python_slot(copier.flow, copier.target, self.settings, slot)
+
+    @property
+    def txn(self) -> SlotTransactions[CoreTransactions] | SlotTransactions[Producer]:
+        """The slot's transactions now."""
+        if self.core is not None:
+            return self.core
+        assert self.python is not None
+        return self.python
+
+    def outbox(self, cursors: dict[Partition, Cursor], retries: Retries) -> Outbox:
+        """The outbox of the next transaction: the Python loop's producer's, or, for the core, one that files the
+        refusals it heard (the process's shared producer stands in: nothing is written through it)."""
+        producer = self.python.producer if self.python is not None else clients.shared_producer(
+            self.copier.target, self.copier.producer_settings)  # fmt: skip
+        return self.copier._outbox(cursors, producer, retries)
+
+    def copy(self, cursors: dict[Partition, Cursor], outbox: Outbox, watch: PartitionWatch) -> None:
+        """Copy what the open transaction may carry."""
+        if self.core is None:
+            self.copier._copy_open(cursors, outbox, watch)
+            return
+        c = self.copier
+        _, self.stopped = copy_with(self.core.producer.copier, c.flow, c.source, c.target, cursors, c.rules, outbox,
+                                    until_s=TXN_OPEN_S, until_bytes=TXN_BYTES)  # fmt: skip
+
+    def hand_back_if_stopped(self) -> None:
+        """Between transactions: once the core stopped at an event, the Python loop's producer takes the slot."""
+        if self.core is None or not self.stopped:
+            return
+        self._close_core()
+        self.python = python_slot(self.copier.flow, self.copier.target, self.settings, self.slot)
+
+    @contextlib.contextmanager
+    def fenced_raises(self) -> Iterator[None]:
+        """SlotTransactions.fenced_raises of the transactions the slot writes when a call raises."""
+        try:
+            yield
+        except KafkaException:
+            with self.txn.fenced_raises():
+                raise
+
+    def close(self) -> None:
+        if self.python is not None:
+            self.python.close()
+        self._close_core()
+
+    def _close_core(self) -> None:
+        if self.core is not None:
+            self.core.close()
+            self.core.producer.copier.close()
+            self.core = None
 
 
 class PartitionWatch:

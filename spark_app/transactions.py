@@ -18,11 +18,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from . import clients
@@ -174,17 +174,40 @@ def _position(topic: str, partition: int, offset: int, note: PositionNote | None
     return TopicPartition(topic, partition, offset, note.dump())
 
 
-class SlotTransactions:
-    """One slot's transactional producer on the flow's target, started (so fencing its earlier attempts), and the
-    positions it commits with its records when the flow is `exactly_once`."""
+class TransactionalProducer(Protocol):
+    """The calls a slot's transactions make on its producer: confluent-kafka's Producer has them, and so has the
+    compiled core's (spark_app.compiled_copy.CoreTransactions), each raising KafkaException with librdkafka's error."""
 
-    def __init__(self, flow: FlowConfig, target: ClusterConfig, settings: Mapping[str, object], slot: int) -> None:
+    def init_transactions(self, timeout: float) -> None: ...
+    def begin_transaction(self) -> None: ...
+    def send_offsets_to_transaction(
+        self, positions: list[TopicPartition], group_metadata: Any, timeout: float
+    ) -> None: ...
+    def commit_transaction(self, timeout: float) -> None: ...
+    def abort_transaction(self, timeout: float) -> None: ...
+    def purge(self, in_queue: bool, in_flight: bool) -> None: ...
+    def poll(self, timeout: float) -> int: ...
+    def flush(self, timeout: float) -> int: ...
+
+
+P = TypeVar("P", bound=TransactionalProducer)
+
+
+class SlotTransactions(Generic[P]):
+    """One slot's transactional producer on the flow's target, started (so fencing its earlier attempts), and the
+    positions it commits with its records when the flow is `exactly_once`. `make` makes the producer from its
+    settings (the slot's transactional id among them): confluent-kafka's (`python_slot`), or the compiled core's."""
+
+    def __init__(
+        self, flow: FlowConfig, target: ClusterConfig, settings: Mapping[str, object], slot: int,
+        make: Callable[[dict[str, object]], P],
+    ) -> None:  # fmt: skip
         self.flow = flow
         self.target = target
         self.slot = slot
         self.id = transactional_id(flow, slot)
-        self.producer = clients.producer(
-            target, dict(settings) | {"transactional.id": self.id, "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}
+        self.producer = make(
+            dict(settings) | {"transactional.id": self.id, "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}
         )
         self._group = clients.consumer(target, _positions_reader(flow))
         self._open = False
@@ -306,6 +329,13 @@ class SlotTransactions:
                       " this one writes nothing more")  # fmt: skip
 
 
+def python_slot(
+    flow: FlowConfig, target: ClusterConfig, settings: Mapping[str, object], slot: int
+) -> SlotTransactions[Producer]:
+    """A slot's transactions through confluent-kafka's producer (the Python loop's)."""
+    return SlotTransactions(flow, target, settings, slot, lambda conf: clients.producer(target, conf))
+
+
 def _positions_reader(flow: FlowConfig) -> dict[str, object]:
     """A consumer of the positions group: it never subscribes, so it never joins; it reads and names the group."""
     return {"group.id": positions_group(flow), "enable.auto.commit": False, "isolation.level": "read_committed"}
@@ -328,7 +358,7 @@ def fence(flow: FlowConfig, target: ClusterConfig, settings: Mapping[str, object
     """Start and drop a producer for each of the flow's slot ids from `first` up to `end`: every earlier attempt of
     them (a zombie of a run before this one) is fenced, and its open transaction aborted."""
     for slot in range(first, end):
-        SlotTransactions(flow, target, settings, slot).close()
+        python_slot(flow, target, settings, slot).close()
 
 
 def check_transactions(config: MirrorConfig) -> None:

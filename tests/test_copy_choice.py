@@ -46,7 +46,8 @@ def config(source: str, target: str, **flow: object) -> MirrorConfig:
     [
         ("scram", "eh", {}, Core.RUST, "librdkafka without Python per record"),
         ("scram", "kafka", {"copy_core": "python"}, Core.PYTHON, "the flow's copy_core is 'python'"),
-        ("scram", "kafka", {"exactly_once": True}, Core.PYTHON, "do not write a throughput batch's transactions"),
+        ("scram", "kafka", {"exactly_once": True}, Core.RUST, "a slot's transactions with librdkafka"),
+        ("iam", "kafka", {"exactly_once": True}, Core.RUST, "a slot's transactions with librdkafka"),  # token logins
         ("iam", "eh", {}, Core.RUST, "librdkafka without Python per record"),  # the token callback's, called by it
         ("scram", "entra", {}, Core.RUST, "librdkafka without Python per record"),
         ("mtls", "eh", {}, Core.RUST, "librdkafka"),

@@ -93,12 +93,22 @@ def test_the_rust_core_hands_back_landing_fields_by_the_contracts_names_and_refu
         short = IDENTITY.to_json() | {"landing_fields": [f for f in LANDING_FIELDS if f != "latency_counts"]}
         with pytest.raises(ValueError, match="landing row has no field `latency_counts`"):
             copier.copy(json.dumps(short), [], 1.0)
-        with pytest.raises(ValueError, match="writes no transactions"):
+        with pytest.raises(ValueError, match="writes transactions .* none of its slots'"):
             copier.copy(REALTIME.dumps(), [], 1.0)
         done = copier.copy(IDENTITY.dumps(), [], 1.0)
         assert done["ranges"] == [] and done["stopped"]["kind"] == "" and done["undelivered"] == 0
     finally:
         copier.close()
+    slot = compiled_core.Copier(
+        [("bootstrap.servers", "127.0.0.1:9"), ("group.id", "contract-test")],
+        [("bootstrap.servers", "127.0.0.1:9"), ("transactional.id", REALTIME.transactional_id(3))], None,
+    )  # fmt: skip
+    try:
+        with pytest.raises(ValueError, match="writes no transactions, and this copier's producer is slot"):
+            slot.copy(IDENTITY.dumps(), [], 1.0)
+        assert slot.copy(REALTIME.dumps(), [], 1.0)["stopped"]["kind"] == ""
+    finally:
+        slot.close()
 
 
 # The Java copier.

@@ -28,7 +28,7 @@ from bench.testbed import clients as testbed_clients
 from bench.testbed.clients import Record, by_partition, create_topics, end_offsets, produce, read_all
 from bench.testbed.kafka_cluster import ListenerKind
 from spark_app.config import ClusterConfig, FlowConfig, FlowMode, TopicSelection
-from spark_app.policy import PROVENANCE_HEADER
+from spark_app.policy import PROVENANCE_HEADER, positions_group
 from spark_app.range_copy import RangeCopier
 from spark_app.ranges import Landing, OffsetRange
 from spark_app.realtime.task import DONE, LANDED, Assignment, CopierTask, LiveCopy
@@ -138,6 +138,78 @@ def test_the_compiled_core_writes_and_accounts_exactly_what_the_python_loop_does
     stamped = python[0][0]
     assert all(r.headers[-1][0] == PROVENANCE_HEADER for r in stamped), "each record says where it came from"
     _odd_ones_as_the_contract_says(rows, python[0][3], python[1])
+
+
+def test_exactly_once_the_compiled_core_commits_what_the_python_loop_does(
+    source_cluster, target_cluster, unique, tmp_path, monkeypatch
+):
+    """Throughput exactly once: each core writes the slot's transactions, the compiled one until its first event
+    (the record over the cap, the null key the compacted topic refuses, the record only the broker refuses), where it
+    hands the slot to the Python loop. The same input gives a read_committed reader the same records in each
+    partition's order, the same dead letters, the same landings (but where their records landed: aborted attempts
+    and commit markers take target offsets of their own) and the same committed positions."""
+    source, target = source_cluster, target_cluster
+    rng = random.Random(11)
+    now_ms = int(time.time() * 1000)
+    records = _generated(rng, target.client.alias, now_ms)
+    refusing = [Record(0, None if i == 5 else f"k{i}".encode(), f"v{i}".encode(), (), now_ms) for i in range(10)]
+    by_core = [0]
+    compiled = spark_app.range_copy.copy_with
+
+    def spy(copier, flow, source, target, cursors, *rest, **bounds):
+        before = sum(c.landing.records for c in cursors.values())
+        taken = compiled(copier, flow, source, target, cursors, *rest, **bounds)
+        by_core[0] += sum(c.landing.records for c in cursors.values()) - before
+        return taken
+
+    monkeypatch.setattr(spark_app.range_copy, "copy_with", spy)
+    results: dict[str, tuple[list[dict], list[tuple], list[dict], list[dict[int, int]]]] = {}
+    for core in ("python", "compiled"):
+        flow, rules, ends = _inputs(source, target, core, f"eo-{unique}", tmp_path, records, refusing, now_ms,
+                                    exactly_once=True)  # fmt: skip
+        a, b, c, d = topics = flow.topics.include
+        copier = RangeCopier(flow, source.client, target.client, None, rules)
+        landings: list[Landing] = []
+        for task in ([(a, 0), (a, 1)], [(b, 0)], [(c, 0)], [(d, 0), (d, 1)]):  # one task each, as Spark hands them
+            landings += copier.copy([OffsetRange(t, p, 0, ends[(t, p)]) for t, p in task])
+        # A dead letter is written in place of its record, not after it was sent: it counts as dead-lettered alone.
+        sent = {t: sum(x.records for x in landings if x.topic == t) for t in topics}
+        copied = [_in_order(read_all(target.admin, t, sent[t]), role) for t, role in zip(topics, "abcd", strict=True)]
+        positions = [testbed_clients.committed(target.admin, positions_group(flow), t, 2) for t in topics]
+        assert positions[0] == {0: ends[(a, 0)], 1: ends[(a, 1)]}, "each partition's position at its range's end"
+        rows = [_comparable(x) | {"runs": None, "last_target_offset": None} for x in landings]
+        letters = map(_dead_letter, read_all(target.admin, flow.dead_letter_topic or "", 2))
+        dead = sorted(_letter_anywhere(x) for x in letters)
+        results[core] = (copied, dead, rows, positions)
+        assert by_core[0] == 0 if core == "python" else by_core[0] > 0
+    python, compiled_ = results["python"], results["compiled"]
+    assert by_core[0] >= 0.5 * sum(row["records"] for row in compiled_[2]), "the core did the work, not its fallback"
+    assert compiled_[0] == python[0], "the same records, in each partition's order"
+    assert compiled_[1] == python[1], "the same dead letters"
+    assert compiled_[2] == python[2], "the same landings"
+    assert compiled_[3] == python[3], "the same committed positions"
+
+
+def _letter_anywhere(letter: tuple) -> tuple:
+    """A dead letter (`_dead_letter`) without its offset (aborted attempts take offsets too) and, for the append-time
+    topic, without the source timestamp it names (each core's run has a source topic of its own)."""
+    partition, _offset, *rest, headers = letter
+    if (DLQ_TOPIC, b"d") in headers:
+        headers = tuple(h for h in headers if h[0] != DLQ_TIMESTAMP)
+    return (partition, *rest, headers)
+
+
+DLQ_TOPIC, DLQ_TIMESTAMP = "mirrorkit.dlq.topic", "mirrorkit.dlq.timestamp"
+
+
+def _in_order(records: list[Record], role: str) -> dict[int, list[tuple]]:
+    """Target records per partition in their order, without their offsets (and, as `_whole` says, without the
+    append-time topic's timestamps)."""
+    out: dict[int, list[tuple]] = {}
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        whole = _bytes(r)[2:]
+        out.setdefault(r.partition, []).append(whole[:-1] if role == "d" else whole)
+    return out
 
 
 def _whole(records: list[Record], role: str) -> list[tuple]:
@@ -250,7 +322,7 @@ def _landed_rows(rows: list[dict], topic: str) -> int:
 
 def _inputs(
     source, target, core: str, unique: str, tmp_path, records: list[Record], refusing: list[Record], now_ms: int,
-    realtime: bool = False,
+    realtime: bool = False, exactly_once: bool = False,
 ) -> tuple[FlowConfig, TargetRules, dict[tuple[str, int], int]]:  # fmt: skip
     """Topics a, b, c and d of `core`'s run on both clusters, loaded (a: `records`, b: `refusing`, c: transactions,
     d: `_odd`), and its flow, the target's rules and each source partition's end."""
@@ -267,7 +339,7 @@ def _inputs(
     flow = FlowConfig(
         source=source.client.alias, target=target.client.alias, topics=TopicSelection(include=[a, b, c, d]),
         checkpoint_location=str(tmp_path / f"{core}-{realtime}"), replication_policy="identity", dead_letter_topic=dlq,
-        copy_core=core, mode=FlowMode.REALTIME if realtime else FlowMode.THROUGHPUT,
+        copy_core=core, mode=FlowMode.REALTIME if realtime else FlowMode.THROUGHPUT, exactly_once=exactly_once,
     )  # fmt: skip
     rules = TargetRules(max_message_bytes=CAP, topics={b: TargetRule(compacted=True)})
     return flow, rules, end_offsets(source.admin, [(a, 0), (a, 1), (b, 0), (c, 0), (d, 0), (d, 1)])

@@ -31,7 +31,7 @@ from spark_app.ranges import Landing, OffsetRange
 from spark_app.realtime.task import LANDED, ON, OVER, STARTED, STOP, Assignment, CopierTask, LiveCopy
 from spark_app.run_check import RunGone
 from spark_app.topics import TargetRules
-from spark_app.transactions import Fenced, SlotTransactions, TransactionsRefused, check_transactions, fence
+from spark_app.transactions import Fenced, TransactionsRefused, check_transactions, fence, python_slot
 from tests.support.assertions import assert_each_record_once_in_order
 
 PARTITIONS = 2
@@ -236,7 +236,7 @@ def test_a_fenced_slot_leaves_as_fenced_from_a_call_that_only_hears_the_producer
                       checkpoint_location=str(tmp_path))  # fmt: skip
     topic = f"fatal-{unique}"
     clients.create_topics(source_cluster.admin, {topic: 1})
-    zombie = SlotTransactions(flow, target, {}, 0)
+    zombie = python_slot(flow, target, {}, 0)
     zombie.begin()
     fence(flow, target, {}, 0, 1)  # its successor starts
     heard = []

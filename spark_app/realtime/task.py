@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from .. import channel, clients
@@ -44,7 +44,7 @@ from ..policy import transactional
 from ..ranges import Landing
 from ..run_check import RunGone
 from ..topics import TargetRules
-from ..transactions import Aborted, SlotTransactions, TransactionFailed, lives_word, other_lives
+from ..transactions import Aborted, SlotTransactions, TransactionFailed, lives_word, other_lives, python_slot
 
 if TYPE_CHECKING:
     from mirrorkit_copy_core import Copier
@@ -260,13 +260,13 @@ class LiveCopy:
         self._send_report(conn, DONE, outbox)
         return self.copied
 
-    def _start_slot(self) -> SlotTransactions | None:
+    def _start_slot(self) -> SlotTransactions[Producer] | None:
         """The slot's transactional producer, started (fencing its earlier attempts), when the flow writes in
         transactions; an exactly-once slot's partitions move to their committed positions where those are ahead."""
         if not transactional(self.flow, self.task.target.is_eventhubs):
             return None
         settings = transaction_settings(self.task.producer_settings)
-        slot_txn = SlotTransactions(self.flow, self.task.target, settings, self.slot)
+        slot_txn = python_slot(self.flow, self.task.target, settings, self.slot)
         if self.flow.exactly_once:
             for key, offset in slot_txn.committed(self.cursors).items():
                 cursor = self.cursors[key]
@@ -324,7 +324,7 @@ class LiveCopy:
             self._assign()
         return taken
 
-    def _commit(self, slot_txn: SlotTransactions, outbox: Outbox, failed: bool = False) -> bool:
+    def _commit(self, slot_txn: SlotTransactions[Producer], outbox: Outbox, failed: bool = False) -> bool:
         """Commit what was sent (with each partition's next offset, exactly-once) and begin the next transaction;
         False when the target refused a record of it: then all of it was aborted, and every cursor is back where the
         last commit left it, to copy it again as spark_app.outbox.Retries says (a record sent alone, or written to the

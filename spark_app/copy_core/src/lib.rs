@@ -105,8 +105,9 @@ impl Contract {
         serde_json::from_str(json).map_err(|e| PyValueError::new_err(format!("copy contract: {e}")))
     }
 
-    /// The contract, when this core can obey it for a copy.
-    fn for_copy(json: &str) -> PyResult<Contract> {
+    /// The contract, when a copier whose producer has `slot_id` (its transactional.id, if any) can obey it: a flow
+    /// that writes transactions is copied by one of its slots' producers, any other by a producer of none.
+    fn for_copy(json: &str, slot_id: Option<&str>) -> PyResult<Contract> {
         let contract = Contract::read(json)?;
         if let Some(missing) = LANDING_FIELDS
             .iter()
@@ -117,13 +118,19 @@ impl Contract {
                 contract.flow
             )));
         }
-        if contract.transactional_id_prefix.is_some() {
-            return Err(PyValueError::new_err(format!(
-                "copy contract of flow {}: the compiled core writes no transactions",
+        match (contract.transactional_id_prefix.as_deref(), slot_id) {
+            (Some(prefix), Some(id)) if id.starts_with(prefix) => Ok(contract),
+            (None, None) => Ok(contract),
+            (Some(prefix), _) => Err(PyValueError::new_err(format!(
+                "copy contract of flow {}: it writes transactions (ids '{prefix}...'), and this copier's producer is \
+                 none of its slots'",
                 contract.flow
-            )));
+            ))),
+            (None, Some(id)) => Err(PyValueError::new_err(format!(
+                "copy contract of flow {}: it writes no transactions, and this copier's producer is slot '{id}'",
+                contract.flow
+            ))),
         }
-        Ok(contract)
     }
 }
 
@@ -433,6 +440,8 @@ struct Copier {
     _report_writer: UnixStream,
     producer: BaseProducer<Deliveries>,
     idle: Option<Duration>,
+    /// The producer's transactional.id, when it writes a slot's transactions.
+    slot_id: Option<String>,
     /// The (topic, partition, next offset) the consumer was left reading by a copy that ran out of time; a copy
     /// that goes on from exactly there keeps the assignment, and what the consumer fetched meanwhile.
     kept: Mutex<Vec<(String, i32, i64)>>,
@@ -548,6 +557,10 @@ impl Copier {
         consumer_token: Option<Py<PyAny>>,
         producer_token: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
+        let slot_id = producer_settings
+            .iter()
+            .find(|(k, _)| k == "transactional.id")
+            .map(|(_, v)| v.clone());
         let reads = Reads {
             tokens: TokenSource(consumer_token),
         };
@@ -589,17 +602,19 @@ impl Copier {
             _report_writer,
             producer,
             idle: idle_s.map(Duration::from_secs_f64),
+            slot_id,
             kept: Mutex::new(Vec::new()),
         })
     }
 
     /// Copy the ranges (dicts: topic, partition, target, next, stop), each from `next` up to `stop`, as the flow's
-    /// `contract` (JSON) says, for at most `until_s` (None: until every range is done). Returns a dict: `ranges`, per
+    /// `contract` (JSON) says, for at most `until_s` (None: until every range is done) and, with `until_bytes`, until
+    /// it has read that many bytes of keys and values (a transaction's bound). Returns a dict: `ranges`, per
     /// range its cursor and landing (RangeOut); `stopped`, why it stopped early (kind `""` when it did not, or ran
     /// out of time), with the range index, offset and detail; `refused`, the records refused in delivery reports;
     /// `undelivered`, how many records did not land within `flush_s`. Whatever stops it, what it sent has landed (or
     /// failed) by the time it returns.
-    #[pyo3(signature = (contract, ranges, flush_s, until_s=None))]
+    #[pyo3(signature = (contract, ranges, flush_s, until_s=None, until_bytes=None))]
     fn copy<'py>(
         &self,
         py: Python<'py>,
@@ -607,9 +622,13 @@ impl Copier {
         ranges: Vec<RangeIn>,
         flush_s: f64,
         until_s: Option<f64>,
+        until_bytes: Option<i64>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let contract = Contract::for_copy(contract)?;
-        let until = until_s.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+        let contract = Contract::for_copy(contract, self.slot_id.as_deref())?;
+        let until = Until {
+            at: until_s.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0))),
+            bytes: until_bytes,
+        };
         let (out, stopped, refused, undelivered) =
             py.detach(|| self.run(&contract, ranges, flush_s, until));
         let result = PyDict::new(py);
@@ -642,6 +661,101 @@ impl Copier {
         code != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR
     }
 
+    /// The producer's transactions, as confluent-kafka's Producer calls them (its `transactional.id` comes with
+    /// the producer settings): spark_app.compiled_copy.CoreTransactions drives them for a slot. Each of these returns
+    /// None, or the error as (code, reason, fatal, retriable, txn_requires_abort).
+    fn init_transactions(&self, py: Python<'_>, timeout_s: f64) -> TxnError {
+        let ms = millis(timeout_s);
+        py.detach(|| unsafe { txn_error(rdsys::rd_kafka_init_transactions(self.rk(), ms)) })
+    }
+
+    fn begin_transaction(&self) -> TxnError {
+        unsafe { txn_error(rdsys::rd_kafka_begin_transaction(self.rk())) }
+    }
+
+    /// Send source positions (topic, partition, offset, metadata) to the open transaction, as offsets of the group
+    /// `group_metadata` names (confluent-kafka's `consumer_group_metadata()`, serialized by librdkafka).
+    fn send_offsets_to_transaction(
+        &self,
+        py: Python<'_>,
+        positions: Vec<(String, i32, i64, Option<String>)>,
+        group_metadata: &[u8],
+        timeout_s: f64,
+    ) -> PyResult<TxnError> {
+        let mut offsets = TopicPartitionList::new();
+        for (topic, partition, offset, metadata) in positions {
+            offsets
+                .add_partition_offset(&topic, partition, Offset::Offset(offset))
+                .map_err(|e| PyValueError::new_err(format!("{topic}[{partition}]: {e}")))?;
+            if let (Some(note), Some(mut elem)) = (metadata, offsets.find_partition(&topic, partition)) {
+                elem.set_metadata(note);
+            }
+        }
+        let mut group: *mut rdsys::rd_kafka_consumer_group_metadata_t = std::ptr::null_mut();
+        let read = unsafe {
+            rdsys::rd_kafka_consumer_group_metadata_read(
+                &mut group,
+                group_metadata.as_ptr() as *const c_void,
+                group_metadata.len(),
+            )
+        };
+        if let Some(error) = unsafe { txn_error(read) } {
+            return Ok(Some(error));
+        }
+        let group = Native(group);
+        let ms = millis(timeout_s);
+        let sent = py.detach(|| unsafe {
+            let group = &group;
+            txn_error(rdsys::rd_kafka_send_offsets_to_transaction(
+                self.rk(),
+                offsets.ptr(),
+                group.0,
+                ms,
+            ))
+        });
+        unsafe { rdsys::rd_kafka_consumer_group_metadata_destroy(group.0) };
+        Ok(sent)
+    }
+
+    fn commit_transaction(&self, py: Python<'_>, timeout_s: f64) -> TxnError {
+        let ms = millis(timeout_s);
+        py.detach(|| unsafe { txn_error(rdsys::rd_kafka_commit_transaction(self.rk(), ms)) })
+    }
+
+    fn abort_transaction(&self, py: Python<'_>, timeout_s: f64) -> TxnError {
+        let ms = millis(timeout_s);
+        py.detach(|| unsafe { txn_error(rdsys::rd_kafka_abort_transaction(self.rk(), ms)) })
+    }
+
+    /// Drop what the producer queues (`in_queue`) and what it has in flight (`in_flight`), as confluent-kafka's.
+    fn purge(&self, in_queue: bool, in_flight: bool) {
+        let mut how = PurgeConfig::default();
+        if in_queue {
+            how = how.queue();
+        }
+        if in_flight {
+            how = how.inflight();
+        }
+        self.producer.purge(how);
+    }
+
+    /// Serve the delivery reports waiting.
+    fn poll(&self) {
+        self.serve_reports();
+    }
+
+    /// Wait up to `timeout_s` for what was sent to land or fail; how many records did not (confluent-kafka's).
+    #[pyo3(name = "flush")]
+    fn flush_within(&self, py: Python<'_>, timeout_s: f64) -> usize {
+        py.detach(|| {
+            if self.flush(Duration::from_secs_f64(timeout_s.max(0.0))) {
+                0
+            } else {
+                self.producer.in_flight_count().max(0) as usize
+            }
+        })
+    }
+
     /// Let what was sent land, and close the clients.
     fn close(&self, py: Python<'_>) {
         py.detach(|| {
@@ -663,13 +777,53 @@ impl Drop for Copier {
     }
 }
 
+/// A transaction call's error as confluent-kafka's KafkaError takes it: code, reason, and whether it is fatal,
+/// retriable, or requires the transaction to be aborted. None when the call succeeded.
+type TxnError = Option<(i32, String, bool, bool, bool)>;
+
+/// The error a librdkafka transaction call returned, freed; None for none.
+unsafe fn txn_error(error: *mut rdsys::rd_kafka_error_t) -> TxnError {
+    if error.is_null() {
+        return None;
+    }
+    let out = (
+        rdsys::rd_kafka_error_code(error) as i32,
+        c_str(rdsys::rd_kafka_error_string(error)),
+        rdsys::rd_kafka_error_is_fatal(error) != 0,
+        rdsys::rd_kafka_error_is_retriable(error) != 0,
+        rdsys::rd_kafka_error_txn_requires_abort(error) != 0,
+    );
+    rdsys::rd_kafka_error_destroy(error);
+    Some(out)
+}
+
+fn millis(seconds: f64) -> i32 {
+    (seconds.max(0.0) * 1000.0).min(i32::MAX as f64) as i32
+}
+
+/// A librdkafka object handed to a call made without the GIL; librdkafka's objects are thread-safe.
+struct Native<T>(*mut T);
+unsafe impl<T> Send for Native<T> {}
+unsafe impl<T> Sync for Native<T> {}
+
+/// Where a copy ends short of its ranges' stops: at an instant, and after reading so many bytes.
+#[derive(Clone, Copy)]
+struct Until {
+    at: Option<Instant>,
+    bytes: Option<i64>,
+}
+
 impl Copier {
+    fn rk(&self) -> *mut rdsys::rd_kafka_t {
+        self.producer.client().native_ptr()
+    }
+
     fn run(
         &self,
         contract: &Contract,
         ranges_in: Vec<RangeIn>,
         flush_s: f64,
-        until: Option<Instant>,
+        until: Until,
     ) -> (PyResult<Vec<RangeOut>>, Stopped, Vec<Refused>, usize) {
         let now = Instant::now();
         let mut ranges: Vec<Cursor> = Vec::with_capacity(ranges_in.len());
@@ -855,18 +1009,24 @@ impl Copier {
             .map_err(|e| format!("assign: {e}"))
     }
 
-    /// Read and send until every range is done, an event stops the copy, or it is `until`.
+    /// Read and send until every range is done, an event stops the copy, or `until` says.
     fn copy_until_stopped(
         &self,
         contract: &Contract,
         ranges: &mut [Cursor],
-        until: Option<Instant>,
+        bound: Until,
     ) -> Stopped {
+        let until = bound.at;
         let mut open = ranges.iter().filter(|r| !r.done).count();
         let mut unpolled = 0u32;
         let mut polled_at = Instant::now();
         let mut idle_check = Instant::now();
-        while open > 0 && until.is_none_or(|u| Instant::now() < u) {
+        while open > 0
+            && until.is_none_or(|u| Instant::now() < u)
+            && bound
+                .bytes
+                .is_none_or(|b| ranges.iter().map(|r| r.bytes).sum::<i64>() < b)
+        {
             if !self.producer.context().refused.lock().unwrap().is_empty() {
                 return Stopped {
                     kind: "refused",
