@@ -6,6 +6,8 @@ candidate in turn:
 
 - `mirror`: `python -m spark_app run --available-now --master local[2]`, the real CLI and the shipped write path
   (the compiled copy core); `mirror-python`: the same with the flow's `copy_core: python`, the per-record Python loop;
+  `mirror-eos`, `mirror-eos-python`: those two with `exactly_once: true`, timed by what a read_committed reader can
+  see (the flow's committed positions, which commit with the records) and checked by reading the copies so;
 - `wp:<path>`: a write path of bench/write_paths.py (e.g. `wp:sink+interceptor`), in its own Spark child;
 - `mm2`, `mm2-untuned`: MirrorMaker 2 in dedicated mode (org.apache.kafka.connect.mirror.MirrorMaker), tasks.max=2,
   with the tuned batching of FACTS.md or Connect's defaults;
@@ -13,9 +15,10 @@ candidate in turn:
 
 For each it samples the candidate's whole process tree from /proc (CPU seconds, peak RSS) and the target's end
 offsets: start-up is launch to the first record on the target, records/s is the copy from first to last record.
-A copy counts only if every target partition ends exactly at the source's end offset, and its first and last
-records equal the source's (key, value, headers, timestamp). `--topics-scale 1,10,100` repeats the copy at each
-topic count to show how start-up, throughput and memory grow.
+A copy counts only if every target partition ends exactly at the source's end offset (an exactly-once copy: holds
+exactly the source's records for a read_committed reader, its commit markers and aborted attempts aside), and its
+first and last records equal the source's (key, value, headers, timestamp). `--topics-scale 1,10,100` repeats the
+copy at each topic count to show how start-up, throughput and memory grow.
 
 Then it measures end-to-end replication latency at a steady rate for each of `--latency-candidates`
 (LATENCY_CANDIDATES), each started first on fresh topics of the same shape:
@@ -48,7 +51,8 @@ Results go to bench/results/<stamp>.json, .md (each figure with its ratio to MM2
 ratio to MM2 of the same guarantee) and .png.
 
 Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--topics 4] [--partitions 4]
-       [--candidates mirror,mirror-python,mm2,mm2-untuned,limit] [--topics-scale 1,10,100 --scale-records 100000]
+       [--candidates mirror,mirror-python,mirror-eos,mirror-eos-python,mm2,mm2-untuned,limit]
+       [--topics-scale 1,10,100 --scale-records 100000]
        [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mirror-realtime-python,
                              mirror-realtime-eos-python,mm2,mm2-eos,limit,limit-txn,loop,loop-txn,limit-txn-mm2-linger]
        [--latency-rates 10000,50000]
@@ -88,13 +92,17 @@ from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
 from spark_app.config import ClusterConfig, FlowMode, MirrorConfig, Profile  # noqa: E402
-from spark_app.policy import transactional  # noqa: E402
+from spark_app.policy import positions_group, transactional  # noqa: E402
 from spark_app.realtime.task import LIBRDKAFKA_LINGER_MS, TXN_COMMIT_S  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 COPY_LOOP = ROOT / "bench" / "java"
 MM2_TUNED = {"target.producer.linger.ms": "20", "target.producer.batch.size": "1048576"}
 READ_COMMITTED, READ_UNCOMMITTED = "read_committed", "read_uncommitted"
+
+
+# The mirror as a throughput candidate: the shipped core or the Python loop, at least once or exactly once.
+MIRROR_CANDIDATES = ("mirror", "mirror-python", "mirror-eos", "mirror-eos-python")
 
 
 @dataclass(frozen=True)
@@ -171,9 +179,11 @@ def log_tail(log: Path, lines: int = 15) -> str:
 
 def run_candidate(
     name: str, cmd: list[str], env: dict[str, str], target: str, out_topics: list[str], partitions: int,
-    expected: int, exits_by_itself: bool, log: Path, timeout: float,
+    expected: int, exits_by_itself: bool, log: Path, timeout: float, committed_group: str | None = None,
 ) -> dict:  # fmt: skip
-    """Launch, watch the target fill up, stop; timings, CPU and memory of the whole process tree."""
+    """Launch, watch the target fill up, stop; timings, CPU and memory of the whole process tree. With
+    `committed_group` (an exactly-once mirror's positions group), what counts is what that group committed: the
+    records a read_committed reader sees, not what was written."""
     admin = kafka_clients.admin(plaintext(target))
     began = time.monotonic()
     proc, monitor = launch(cmd, env, log)
@@ -181,7 +191,10 @@ def run_candidate(
     total = 0
     try:
         while time.monotonic() - began < timeout:
-            total = sum(end_offsets(admin, out_topics, partitions).values())
+            if committed_group is None:
+                total = sum(end_offsets(admin, out_topics, partitions).values())
+            else:
+                total = committed_total(target, committed_group, out_topics, partitions)
             now = time.monotonic()
             if total and first is None:
                 first = now
@@ -210,6 +223,11 @@ def run_candidate(
         "records_per_s": round(expected / copy_s),
         "exit_code": proc.returncode,
     }
+
+
+def committed_total(target: str, group: str, topics: list[str], partitions: int) -> int:
+    """How many source records `group` has committed positions past, over every partition of `topics`."""
+    return sum(sum(kafka_clients.committed(plaintext(target), group, t, partitions).values()) for t in topics)
 
 
 def mirror_config(
@@ -349,10 +367,15 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
         made = make_mm2_topics(target, target_client, alias) if name.startswith("mm2") else []
         exits = True
         run_env = env
-        if name in ("mirror", "mirror-python"):
-            core = "python" if name == "mirror-python" else "compiled"
-            config = mirror_config(alias, source, target_client, topics, work, copy_core=core)
+        group = None
+        if name in MIRROR_CANDIDATES:
+            core = "python" if name.endswith("-python") else "compiled"
+            exactly_once = name.startswith("mirror-eos")
+            config = mirror_config(alias, source, target_client, topics, work, exactly_once=exactly_once,
+                                   copy_core=core)  # fmt: skip
             cmd = mirror_command(config, work, available_now=True)
+            if exactly_once:
+                group = positions_group(MirrorConfig.model_validate(config).flows[0])
         elif name in ("mm2", "mm2-untuned"):
             cmd, exits = mm2_command(alias, source, target_client, topics, name == "mm2", work), False
         elif name == "limit":
@@ -367,17 +390,21 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
         # written back during a candidate, they cost it seconds of start-up and throughput that the next one is spared.
         os.sync()
         result = run_candidate(name, cmd, run_env, target, out_topics, args.partitions, records, exits, log,
-                               args.timeout)  # fmt: skip
+                               args.timeout, group)  # fmt: skip
         result["scenario"] = f"{len(topics)}x{args.partitions}"
         result["mb_per_s"] = round(result.get("records_per_s", 0) * args.size / 1e6, 1)
         if "error" not in result:
             check = wp.Result(name)
             spec = {"topics": topics, "prefix": alias + ".", "target": target, "source": source}
-            if len(topics) <= 10:  # sampling both ends of hundreds of partitions would dominate the run
-                wp.verify(check, spec, source_hw, args.partitions)
-            ends = end_offsets(kafka_clients.admin(plaintext(target)), out_topics, args.partitions)
             pairs = [(t, p) for t in topics for p in range(args.partitions)]
-            result["counts_ok"] = all(ends[(alias + "." + t, p)] == source_hw[t][p] for t, p in pairs)
+            if group is not None:  # exactly once: the copies as a read_committed reader reads them, whole
+                wp.verify_committed(check, spec, source_hw, args.partitions)
+                result["counts_ok"] = check.counts_ok
+            else:
+                if len(topics) <= 10:  # sampling both ends of hundreds of partitions would dominate the run
+                    wp.verify(check, spec, source_hw, args.partitions)
+                ends = end_offsets(kafka_clients.admin(plaintext(target)), out_topics, args.partitions)
+                result["counts_ok"] = all(ends[(alias + "." + t, p)] == source_hw[t][p] for t, p in pairs)
             if len(topics) <= 10:
                 result["records_equal"] = check.data_ok and check.ts_kept and check.headers_kept
         show(result)

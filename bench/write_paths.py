@@ -344,6 +344,52 @@ def verify(result: Result, spec: dict, source_hw: dict[str, list[int]], partitio
         result.notes.append("headers differ from the source")
 
 
+def read_committed(bootstrap: str, topic: str, partition: int) -> list[tuple]:
+    """Every record of one partition a read_committed reader sees, as `read_range` gives them."""
+    consumer = kafka_clients.consumer(
+        plaintext(bootstrap), "bench-reader",
+        {"enable.auto.commit": False, "fetch.max.bytes": 8_388_608, "enable.partition.eof": True,
+         "isolation.level": "read_committed"},
+    )  # fmt: skip
+    consumer.assign([TopicPartition(topic, partition, 0)])
+    out: list[tuple] = []
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, 1.0):
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        return out
+                    raise RuntimeError(f"reading {topic}[{partition}]: {msg.error()}")
+                out.append((msg.key(), msg.value(), tuple(msg.headers() or ()), *msg.timestamp()))
+    finally:
+        consumer.close()
+    raise RuntimeError(f"{topic}[{partition}]: no end after reading {len(out)} records for 120 s")
+
+
+def verify_committed(result: Result, spec: dict, source_hw: dict[str, list[int]], partitions: int) -> None:
+    """`verify` for an exactly-once copy, read as a read_committed reader does (commit markers and aborted attempts
+    take target offsets of their own): each partition holds exactly the source's count, its first and last records
+    the source's."""
+    ts_ok = headers_ok = data_ok = counts_ok = True
+    for topic in spec["topics"]:
+        for p in range(partitions):
+            count = source_hw[topic][p]
+            got = read_committed(spec["target"], spec["prefix"] + topic, p)
+            if len(got) != count:
+                counts_ok = False
+                result.notes.append(f"{spec['prefix']}{topic}[{p}]: {len(got)} committed records, not {count}")
+                continue
+            n = min(SAMPLE, count)
+            for start in sorted({0, count - n}):
+                src = read_range(spec["source"], topic, p, start, n)
+                for s, t in zip(src, got[start : start + n], strict=True):
+                    data_ok &= s[:2] == t[:2]
+                    headers_ok &= s[2] == t[2]
+                    ts_ok &= s[3:] == t[3:]
+    result.counts_ok, result.data_ok, result.ts_kept, result.headers_kept = counts_ok, data_ok, ts_ok, headers_ok
+
+
 def check_landings(result: Result, spec: dict, landed: list[dict], source_hw: dict[str, list[int]]) -> None:
     """The landings the path handed back must name each partition's last record and where it really landed."""
     if not landed:
