@@ -688,7 +688,9 @@ impl Copier {
                 .add_partition_offset(&topic, partition, Offset::Offset(offset))
                 .map_err(|e| PyValueError::new_err(format!("{topic}[{partition}]: {e}")))?;
             if let (Some(note), Some(mut elem)) = (metadata, offsets.find_partition(&topic, partition)) {
-                elem.set_metadata(note);
+                // With its C string's NUL, as confluent-kafka writes a position's metadata, and as it reads one back
+                // (up to the NUL): written without it, a reader reads past its end.
+                elem.set_metadata(format!("{note}\0"));
             }
         }
         let mut group: *mut rdsys::rd_kafka_consumer_group_metadata_t = std::ptr::null_mut();
