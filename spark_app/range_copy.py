@@ -210,17 +210,20 @@ class RangeCopier:
                     if cursors[key].done:  # copied up to its refused record: it holds from there
                         cursors[key].landing.first_offset = min(cursors[key].landing.first_offset, offset)
                         cursors[key].landing.hold(offset, size, error)
-                try:  # a position never goes back, but where the partition's offsets did
-                    positions = {
-                        key: _position(c) if _starts_over(c) else max(_position(c), committed.get(key, -1))
-                        for key, c in cursors.items()
-                        if key in copying
-                    }
+                # A position never goes back, but where the partition's offsets did.
+                positions = {
+                    key: _position(c) if _starts_over(c) else max(_position(c), committed.get(key, -1))
+                    for key, c in cursors.items()
+                    if key in copying
+                }
+                try:
                     slot_txn.commit(positions, {key: _note(cursors[key], starts[key], self.lives.get(key[0], ""))
                                                 for key in copying})  # fmt: skip
-                except Aborted:  # the commit failed (the transaction after a refused one, see Outbox.refused)
-                    pass
-                else:
+                    went_through = True
+                except Aborted:  # the commit failed (the transaction after a refused one, see Outbox.refused), or
+                    # said so after all: an end retried after its answer was lost, refused as the first went through
+                    went_through = self.flow.exactly_once and slot_txn.went_through(positions)
+                if went_through:
                     if all(c.done for c in cursors.values()):
                         return cursors
                     last_commit, lost = copy.deepcopy(cursors), 0

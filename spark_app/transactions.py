@@ -242,6 +242,13 @@ class SlotTransactions(Generic[P]):
             if tp.offset >= 0 and tp.error is None
         }
 
+    def went_through(self, positions: PartitionOffsets) -> bool:
+        """After a commit with `positions` that answered abort: whether it went through after all (its end retried
+        after a lost answer and refused, INVALID_TXN_STATE, once the first had committed). The positions read back,
+        as a read_committed reader reads them (a transaction still ending is waited for), are the ones it committed;
+        a commit with no position cannot say, and is taken as failed."""
+        return bool(positions) and self.committed(positions) == dict(positions)
+
     def begin(self) -> None:
         if not self._open:
             self._call(self.producer.begin_transaction)

@@ -31,7 +31,15 @@ from spark_app.ranges import Landing, OffsetRange
 from spark_app.realtime.task import LANDED, ON, OVER, STARTED, STOP, Assignment, CopierTask, LiveCopy
 from spark_app.run_check import RunGone
 from spark_app.topics import TargetRules
-from spark_app.transactions import Fenced, TransactionsRefused, check_transactions, fence, python_slot
+from spark_app.transactions import (
+    Aborted,
+    Fenced,
+    SlotTransactions,
+    TransactionsRefused,
+    check_transactions,
+    fence,
+    python_slot,
+)
 from tests.support.assertions import assert_each_record_once_in_order
 
 PARTITIONS = 2
@@ -358,6 +366,35 @@ def test_an_exactly_once_batch_that_reads_its_partition_again_from_0_in_the_same
         return
     assert glitches[0].sent_back, "the consumer was sent back once"
     assert (landing.first_offset, landing.end_offset, landing.held_from) == (0, 100, -1), landing
+    assert_each_record_once_in_order(copy_topic, clients.read_all(target, copy_topic, len(sent)), sent)
+
+
+@pytest.mark.parametrize("core", ["python", "compiled"])
+def test_an_exactly_once_commit_that_went_through_though_its_end_answered_abort_is_not_copied_again(
+    core, plaintext_cluster, source_cluster, unique, tmp_path, monkeypatch
+):
+    """A transaction's end retried after its answer was lost can be refused (INVALID_TXN_STATE) when the first went
+    through, and librdkafka then says the transaction must be aborted though its records and positions are committed
+    (a long run: 184 records copied twice, back to back). The slot reads its positions back: the ones it committed
+    mean the transaction went through, and nothing of it is copied again."""
+    source, target, topic, copy_topic, flow = a_flow(
+        plaintext_cluster, source_cluster, unique, tmp_path, f"through-{core}", 1, exactly_once=True, copy_core=core
+    )
+    sent = [Record(0, r.key, r.value, timestamp_ms=r.timestamp_ms) for r in records(topic, 0, 200)]
+    clients.produce(source, topic, sent)
+    commit = SlotTransactions.commit
+    lost: list[int] = []
+
+    def commit_and_lose_the_answer(self: SlotTransactions, positions, notes=None) -> None:  # type: ignore[type-arg]
+        commit(self, positions, notes)
+        if not lost:
+            lost.append(1)
+            raise Aborted(f"flow {flow.name}: the transaction of slot 0 was aborted: INVALID_TXN_STATE (a retried end)")
+
+    monkeypatch.setattr(SlotTransactions, "commit", commit_and_lose_the_answer)
+    (landing,) = RangeCopier(flow, source, target).copy([OffsetRange(topic, 0, 0, 200)], 0)
+    assert lost, "no commit answered abort"
+    assert (landing.end_offset, landing.held_from) == (200, -1), landing
     assert_each_record_once_in_order(copy_topic, clients.read_all(target, copy_topic, len(sent)), sent)
 
 

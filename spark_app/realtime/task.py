@@ -343,12 +343,13 @@ class LiveCopy:
             if not refused and not lost and self.flow.exactly_once:
                 remade, unsure = self._other_lives()
             if not refused and not lost and not remade and not unsure:
+                positions = {key: self._next_to_copy(key) for key in self.cursors}
                 try:
-                    positions = {key: self._next_to_copy(key) for key in self.cursors}
                     slot_txn.commit(positions)
-                except Aborted:
-                    pass
-                else:
+                    went_through = True
+                except Aborted:  # or said so after all (SlotTransactions.went_through)
+                    went_through = self.flow.exactly_once and slot_txn.went_through(positions)
+                if went_through:
                     self._committed = positions
                     self.retries.forget_below(positions)
                     slot_txn.begin()
