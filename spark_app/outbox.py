@@ -211,6 +211,8 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
             end_of_log(outbox.flow, msg)
             _first_event(cursor, offset)
             cursor.next = max(cursor.next, offset)
+            if stop is not None and in_a_later_life(cursor):  # copied up to this life's end now: it ends here
+                cursor.stop = stop = cursor.next
             cursor.done = stop is not None and cursor.next >= stop
             continue
         if stop is not None and offset >= stop:
@@ -267,6 +269,15 @@ def _outside_the_log(consumer: Consumer, cursors: Mapping[Partition, Cursor], ke
     if not cursor.done:  # a partition stopped by this error takes no seek: it is assigned again where it goes on
         consumer.incremental_unassign([TopicPartition(*key)])
         consumer.incremental_assign([TopicPartition(key[0], key[1], low)])
+
+
+def in_a_later_life(cursor: Cursor) -> bool:
+    """Whether the cursor copies a life of its partition after the one its range was planned in: it found the
+    partition gone backwards in the middle of its range (the topic made again), or goes on from where a copy that did
+    left it. Its stop is an offset of the life it left, which says nothing of this one: the range ends at the first
+    end of this life's log it reads (else a new life slower to fill than the old one was kept its batch open, and
+    every other topic's copy with it, for as long as it took: 34 minutes in a long run)."""
+    return bool(cursor.retired) and cursor.landing.reset_from >= 0
 
 
 def went_back(cursors: Mapping[Partition, Cursor], key: Partition, offset: int, outbox: Outbox) -> None:

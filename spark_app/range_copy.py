@@ -45,6 +45,7 @@ from .outbox import (
     Outbox,
     Retries,
     copy_some,
+    in_a_later_life,
     producer_settings,
     transaction_settings,
 )
@@ -121,6 +122,8 @@ class RangeCopier:
             if self.core is Core.RUST and any(not c.done for c in cursors.values()):
                 copy_compiled(self.flow, self.source, self.target, cursors, self.rules, self.producer_settings, outbox)
             self._copy_open(cursors, outbox)
+        for cursor in cursors.values():
+            _end_a_later_life(cursor)
         return [landing for c in cursors.values() for landing in (*c.retired, c.landing)]
 
     def _cursors(self, ranges: list[OffsetRange], cut: dict[Partition, int]) -> dict[Partition, Cursor]:
@@ -181,7 +184,7 @@ class RangeCopier:
         admin: AdminClient | None = None  # asks the source for the ids of the topics' lives (exactly once)
         misread: set[str] = set()  # topics found gone backwards in the life they were planned in: copied again once
         while True:
-            slot_copy.hand_back_if_stopped()
+            slot_copy.hand_back_if_stopped(cursors)
             slot_txn = slot_copy.txn
             slot_txn.begin()
             outbox = slot_copy.outbox(cursors, retries)
@@ -433,6 +436,15 @@ def _hold_misread(cursors: Mapping[Partition, Cursor], topics: set[str]) -> None
             cursor.done = True
 
 
+def _end_a_later_life(cursor: Cursor) -> None:
+    """A range that copied a later life of its partition (`in_a_later_life`) and was not held ended at its stop, the
+    range's or the later life's log end it met first: its landing ends there, the new life's position, where it still
+    ends where that life's landing began."""
+    landing = cursor.landing
+    if in_a_later_life(cursor) and landing.held_from < 0 and cursor.done and cursor.stop is not None:
+        landing.end_offset = max(landing.end_offset, cursor.stop)
+
+
 def _went_back_within(cursor: Cursor) -> bool:
     """Whether the copy found the cursor's partition gone backwards in the middle of its range."""
     return any(row.reset_from >= 0 for row in [*cursor.retired, cursor.landing][1:])
@@ -470,14 +482,14 @@ def _starts_over(cursor: Cursor) -> bool:
 def _position(cursor: Cursor) -> int:
     """Where a range's partition goes on from: its first held offset, else the range's end once copied, or where its
     copy stands (a transaction committed before the range's end). A partition found gone backwards in the middle of
-    its range was copied in its new life from the start up to the range's end (as the driver files it,
-    spark_app.throughput._ended_at_stops), not only to where its new landing began."""
+    its range was copied in its new life from the start up to its stop (`_end_a_later_life` files it so), not only to
+    where its new landing began."""
     landing = cursor.landing
     if landing.held_from >= 0:
         return landing.held_from
     if not cursor.done:
         return cursor.next
-    if cursor.retired and landing.reset_from >= 0 and cursor.stop is not None:
+    if in_a_later_life(cursor) and cursor.stop is not None:
         return max(landing.end_offset, cursor.stop)
     return landing.end_offset
 
@@ -526,9 +538,11 @@ class _SlotCopy:
         _, self.stopped = copy_with(self.core.producer.copier, c.flow, c.source, c.target, cursors, c.rules, outbox,
                                     until_s=TXN_OPEN_S, until_bytes=TXN_BYTES)  # fmt: skip
 
-    def hand_back_if_stopped(self) -> None:
-        """Between transactions: once the core stopped at an event, the Python loop's producer takes the slot."""
-        if self.core is None or not self.stopped:
+    def hand_back_if_stopped(self, cursors: dict[Partition, Cursor]) -> None:
+        """Between transactions: once the core stopped at an event, or a partition open copies a later life of its
+        topic (which ends at that life's log end: the Python loop's rule), the Python loop's producer takes the slot."""
+        later = any(in_a_later_life(c) for c in cursors.values() if not c.done)
+        if self.core is None or not (self.stopped or later):
             return
         self._close_core()
         self.python = python_slot(self.copier.flow, self.copier.target, self.settings, self.slot)

@@ -157,7 +157,7 @@ class ThroughputRunner(FlowRunner):
             return [landing for ranges in tasks for landing in copier.copy(ranges, slot)]
 
         tasks = self.spark.sparkContext.parallelize(groups, len(groups))
-        return _ended_at_stops(tasks.mapPartitionsWithIndex(copy).collect(), [r for g in groups for r in g])
+        return tasks.mapPartitionsWithIndex(copy).collect()
 
     def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
         """Stop after the batch in flight, so no batch is cut in half and none is written twice. A batch stuck past
@@ -214,16 +214,3 @@ class ThroughputRunner(FlowRunner):
 
 def _positions(entry: Planned) -> PartitionOffsets:
     return {(topic, int(p)): offset for topic, offsets in entry.offsets.items() for p, offset in offsets.items()}
-
-
-def _ended_at_stops(landed: list[Landing], ranges: list[OffsetRange]) -> list[Landing]:
-    """The landings, each partition's last one ending at its range's end where the copy found the partition gone
-    backwards in the middle of the range and was not held: it copied the new life from where it went back up to the
-    range's end, while the landing it started there still ends where it started. Filed so, the new life's position
-    would be that start, and the next batch would copy the new life again from there."""
-    ends = {(r.topic, r.partition): r.end for r in ranges}
-    last = {(row.topic, row.partition): row for row in landed}
-    for key, row in last.items():
-        if row.reset_from >= 0 and row.held_from < 0 and key in ends:
-            row.end_offset = max(row.end_offset, ends[key])
-    return landed

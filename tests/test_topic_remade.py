@@ -13,6 +13,7 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from bench.testbed import clients
 from bench.testbed.clients import Record, create_topics, produce, read_all
+from spark_app import clients as spark_clients
 from spark_app import quarantine
 from spark_app.batch_log import BatchLog, Planned
 from spark_app.config import parse_config
@@ -21,10 +22,9 @@ from spark_app.mirror import Mirror
 from spark_app.outbox import Cursor
 from spark_app.planner import rebased, remade_within
 from spark_app.policy import offset_syncs_topic
-from spark_app.range_copy import _skip_committed
+from spark_app.range_copy import RangeCopier, _end_a_later_life, _skip_committed
 from spark_app.ranges import Landing, OffsetRange
 from spark_app.runner import FlowRunner
-from spark_app.throughput import _ended_at_stops
 from spark_app.transactions import OTHER_LIFE, PositionNote, check_transactions
 from tests.support.assertions import assert_each_record_once_in_order
 from tests.support.mirror_config import one_flow_config
@@ -238,9 +238,9 @@ def test_exactly_once_throughput_a_batch_that_found_a_topic_made_again_run_again
     spark, plaintext_cluster, source_cluster, tmp_path, unique, monkeypatch
 ):
     """As above, the batch planned in the old life (1,000 to 1,500 a partition) finds its partitions gone backwards
-    and copies the new life from 0 to 1,500, and its slots commit; then the driver dies before the flow files the
-    batch. The batch runs again as planned, in the old life's offsets: what its slots committed in the new life must
-    be skipped, not copied a second time."""
+    and copies the new life from 0 to its log end then (300 a partition: a range in a later life ends there), and its
+    slots commit; then the driver dies before the flow files the batch. The batch runs again as planned, in the old
+    life's offsets: what its slots committed in the new life must be skipped, not copied a second time."""
     topic = f"remade-crash-{unique}"
     remote = f"primary.{topic}"
     now = int(time.time() * 1000)
@@ -268,7 +268,7 @@ def test_exactly_once_throughput_a_batch_that_found_a_topic_made_again_run_again
             Mirror(spark, config).run_available_now()
     remade.joined()
     on_target = landed_uncommitted(source_cluster.client, remote, b"new-")
-    assert on_target == 1_500 * PARTITIONS, f"the crashed batch wrote {on_target} of the new life, not 0 to 1,500"
+    assert on_target == 300 * PARTITIONS, f"the crashed batch wrote {on_target} of the new life, not 0 to 300"
 
     check_transactions(config)
     Mirror(spark, config).run_available_now()
@@ -374,6 +374,35 @@ def test_exactly_once_throughput_a_batch_that_reads_a_new_life_past_where_it_was
     assert_each_record_once_in_order(remote, got, old + new)
 
 
+def test_exactly_once_a_range_that_found_its_topic_made_again_ends_at_the_new_lifes_log_end_not_the_old_stop(
+    plaintext_cluster, source_cluster, unique, tmp_path
+):
+    """A range planned in the old life (1,000 to 1,500 a partition) meets the topic made again with 300 records a
+    partition and nothing more coming. It copies the new life up to its log end and ends there, committed, not held:
+    before, it waited for the new life to reach the old life's offset 1,500 (a batch open 34 minutes in a long run,
+    every other topic's copy with it), and was held after 60 s of no progress."""
+    topic = f"remade-end-{unique}"
+    remote = f"primary.{topic}"
+    config = parse_config(one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path, source_alias="primary",
+                                          emit_heartbeats=False, exactly_once=True))  # fmt: skip
+    flow = config.flows[0]
+    source, target = config.cluster(flow.source), config.cluster(flow.target)
+    now = int(time.time() * 1000)
+    create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
+    create_topics(source_cluster.admin, {remote: PARTITIONS})
+    produce(plaintext_cluster.client, topic, records("old", 3_000, now))
+    old_life = spark_clients.topic_ids(spark_clients.admin(source), [topic])[topic]
+    clients.remake_topic(plaintext_cluster.admin, topic, PARTITIONS)
+    new = records("new", 600, now + 10_000)
+    produce(plaintext_cluster.client, topic, new)
+    copier = RangeCopier(flow, source, target, lives={topic: old_life})
+    landed = copier.copy([OffsetRange(topic, p, 1_000, 1_500) for p in range(PARTITIONS)], 0)
+    last = {(row.partition): row for row in landed}
+    assert [(r.held_from, r.reset_from, r.end_offset) for r in last.values()] == [(-1, 1_000, 300)] * PARTITIONS
+    got = read_all(source_cluster.client, remote, expected=len(new))  # read_committed
+    assert_each_record_once_in_order(remote, got, new)
+
+
 A, B = "id-of-the-old-life", "id-of-the-new-life"
 
 
@@ -390,15 +419,24 @@ def test_a_start_is_rebased_on_a_topic_filed_in_its_new_life_and_a_batch_planned
     assert rebased(start, None, {"t": A}, filed) == start  # nothing filed in another life
 
 
-def test_a_range_that_went_back_in_its_middle_ends_its_new_life_at_the_ranges_end_unless_held():
-    ranges = [OffsetRange("t", 0, 1_000, 1_500), OffsetRange("t", 1, 1_000, 1_500), OffsetRange("t", 2, 10, 20)]
-    old = Landing("t", 0, 1_000, 1_000)
-    new = Landing("t", 0, 0, 0, reset_from=1_000)
-    held = Landing("t", 1, 0, 0, reset_from=1_000)
-    held.hold(200)
-    plain = Landing("t", 2, 10, 20)
-    landed = _ended_at_stops([old, new, held, plain], ranges)
-    assert [(r.first_offset, r.end_offset) for r in landed] == [(1_000, 1_000), (0, 1_500), (0, 0), (10, 20)]
+def test_a_range_that_went_back_in_its_middle_ends_its_new_life_at_its_stop_unless_held():
+    """A range copied in a later life of its partition ends at its stop: the range's, or the later life's log end it
+    read first (the copy lowers the stop there, `in_a_later_life`), so its landing ends there, not where the new life
+    began; one held keeps its hold, and a range that never went back is left as it is."""
+
+    def cursor(landing: Landing, stop: int, *retired: Landing) -> Cursor:
+        return Cursor(landing, 0, stop, done=True, retired=list(retired))
+
+    whole = cursor(Landing("t", 0, 0, 0, reset_from=1_000), 1_500, Landing("t", 0, 1_000, 1_000))
+    short = cursor(Landing("t", 1, 0, 0, reset_from=1_000), 300, Landing("t", 1, 1_000, 1_000))
+    held = cursor(Landing("t", 2, 0, 0, reset_from=1_000), 1_500, Landing("t", 2, 1_000, 1_000))
+    held.landing.hold(200)
+    plain = cursor(Landing("t", 3, 10, 20), 20)
+    for c in (whole, short, held, plain):
+        _end_a_later_life(c)
+    assert [(c.landing.first_offset, c.landing.end_offset) for c in (whole, short, held, plain)] == [
+        (0, 1_500), (0, 300), (0, 0), (10, 20)
+    ]  # fmt: skip
 
 
 def test_a_batch_that_starts_a_life_over_and_found_the_topic_made_again_once_more_goes_on_in_that_life_when_run_again():
