@@ -441,6 +441,11 @@ class Outbox:
         committed before more is sent. Never without transactions."""
         return self.in_transaction and (self.carried >= TXN_BYTES or time.monotonic() - self.opened >= TXN_OPEN_S)
 
+    def transaction_room(self) -> tuple[float, int]:
+        """What the open transaction may still carry before it is `full`: seconds, and bytes of records (the compiled
+        core copies a transaction's worth by them)."""
+        return max(0.0, TXN_OPEN_S - (time.monotonic() - self.opened)), max(0, TXN_BYTES - self.carried)
+
     def began(self) -> None:
         """A new transaction of the slot began: it has carried nothing yet."""
         self.carried, self.opened = 0, time.monotonic()

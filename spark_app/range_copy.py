@@ -39,8 +39,6 @@ from .errors import DeliveryFailed
 from .outbox import (
     CONSUMER_DEFAULTS,
     FLUSH_S,
-    TXN_BYTES,
-    TXN_OPEN_S,
     Cursor,
     Outbox,
     Retries,
@@ -496,9 +494,10 @@ def _position(cursor: Cursor) -> int:
 
 class _SlotCopy:
     """A slot's copy in transactions: by the compiled core while it takes the common case, each copy one
-    transaction's worth (Outbox.full's bounds); from its first event on, by the Python loop, whose producer, started
-    then, fences the core's (the transaction the event fell in is committed or aborted first, as any). A flow whose
-    core is not the compiled one copies with the Python loop from the start (spark_app.copy_wing.choice)."""
+    transaction's worth (`Outbox.transaction_room`, Outbox.full's bounds); from its first event on, by the Python
+    loop, whose producer, started then, fences the core's (the transaction the event fell in is committed or aborted
+    first, as any). A flow whose core is not the compiled one copies with the Python loop from the start
+    (spark_app.copy_wing.choice)."""
 
     def __init__(self, copier: RangeCopier, slot: int) -> None:
         self.copier = copier
@@ -535,8 +534,9 @@ class _SlotCopy:
             self.copier._copy_open(cursors, outbox, watch)
             return
         c = self.copier
+        seconds, room = outbox.transaction_room()
         _, self.stopped = copy_with(self.core.producer.copier, c.flow, c.source, c.target, cursors, c.rules, outbox,
-                                    until_s=TXN_OPEN_S, until_bytes=TXN_BYTES)  # fmt: skip
+                                    until_s=seconds, until_bytes=room)  # fmt: skip
 
     def hand_back_if_stopped(self, cursors: dict[Partition, Cursor]) -> None:
         """Between transactions: once the core stopped at an event, or a partition open copies a later life of its
