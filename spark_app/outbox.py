@@ -177,6 +177,10 @@ class Cursor:
     done: bool = False  # its stop reached, or held from a refused record: what the consumer fetched past is skipped
     # Landings ended early because the partition's offsets went backwards, to be filed before the current one.
     retired: list[Landing] = field(default_factory=list)
+    # A range planned in one life of its topic (throughput mode): it ends where its partition went backwards, and
+    # never reads a later life, whose id nothing read can tell (a later life made again once more would be read on
+    # unnoticed); the next batch, planned in that life, copies it from its log start.
+    one_life: bool = False
 
 
 def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: Outbox, most: int, wait_s: float) -> int:
@@ -211,8 +215,6 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
             end_of_log(outbox.flow, msg)
             _first_event(cursor, offset)
             cursor.next = max(cursor.next, offset)
-            if stop is not None and in_a_later_life(cursor):  # copied up to this life's end now: it ends here
-                cursor.stop = stop = cursor.next
             cursor.done = stop is not None and cursor.next >= stop
             continue
         if stop is not None and offset >= stop:
@@ -220,6 +222,8 @@ def copy_some(consumer: Consumer, cursors: Mapping[Partition, Cursor], outbox: O
             continue
         if cursor.seen and offset < cursor.next:
             went_back(cursors, key, offset, outbox)
+            if cursor.done:  # a range of one life ends there
+                continue
         _first_event(cursor, offset)
         cursor.next = offset + 1
         taken += 1
@@ -271,15 +275,6 @@ def _outside_the_log(consumer: Consumer, cursors: Mapping[Partition, Cursor], ke
         consumer.incremental_assign([TopicPartition(key[0], key[1], low)])
 
 
-def in_a_later_life(cursor: Cursor) -> bool:
-    """Whether the cursor copies a life of its partition after the one its range was planned in: it found the
-    partition gone backwards in the middle of its range (the topic made again), or goes on from where a copy that did
-    left it. Its stop is an offset of the life it left, which says nothing of this one: the range ends at the first
-    end of this life's log it reads (else a new life slower to fill than the old one was kept its batch open, and
-    every other topic's copy with it, for as long as it took: 34 minutes in a long run)."""
-    return bool(cursor.retired) and cursor.landing.reset_from >= 0
-
-
 def went_back(cursors: Mapping[Partition, Cursor], key: Partition, offset: int, outbox: Outbox) -> None:
     """Deliver what was sent, retire the partition's landing where it stood, and start one that says it went back."""
     cursor = cursors[key]
@@ -287,6 +282,9 @@ def went_back(cursors: Mapping[Partition, Cursor], key: Partition, offset: int, 
     cursor.landing.end_offset = cursor.next
     cursor.retired.append(cursor.landing)
     cursor.landing = Landing(key[0], key[1], offset, offset, reset_from=cursor.next)
+    if cursor.one_life:
+        cursor.next = cursor.stop = offset
+        cursor.done = True
 
 
 def _deliver_sent(cursors: Mapping[Partition, Cursor], outbox: Outbox) -> None:

@@ -43,7 +43,6 @@ from .outbox import (
     Outbox,
     Retries,
     copy_some,
-    in_a_later_life,
     producer_settings,
     transaction_settings,
 )
@@ -131,7 +130,7 @@ class RangeCopier:
             key = (r.topic, r.partition)
             landing = Landing(r.topic, r.partition, r.end, r.end, reset_from=r.reset_from)
             stop = min(r.end, cut.get(key, r.end))
-            cursors[key] = Cursor(landing, r.start, stop, done=stop <= r.start)
+            cursors[key] = Cursor(landing, r.start, stop, done=stop <= r.start, one_life=True)
             if self.ready is not None and r.partition >= self.ready.get(r.topic, 0):
                 landing.first_offset = r.start
                 landing.hold(r.start)
@@ -182,7 +181,7 @@ class RangeCopier:
         admin: AdminClient | None = None  # asks the source for the ids of the topics' lives (exactly once)
         misread: set[str] = set()  # topics found gone backwards in the life they were planned in: copied again once
         while True:
-            slot_copy.hand_back_if_stopped(cursors)
+            slot_copy.hand_back_if_stopped()
             slot_txn = slot_copy.txn
             slot_txn.begin()
             outbox = slot_copy.outbox(cursors, retries)
@@ -331,8 +330,8 @@ def _skip_committed(
     copy read them, a landing ends before the gap and the next starts after it, so the flow's ledger reports them.
 
     A position committed by a copy of this range that found its partition gone backwards (the range run again after
-    a crash before the flow filed it) is in the life after the one the range was planned in, copied from its start:
-    the range goes on from there in that life, saying it went back, as the copy before it did."""
+    a crash before the flow filed it) is in the life after the one the range was planned in: the range ends there,
+    saying it went back, as the copy before it did."""
     for r in ranges:
         key = (r.topic, r.partition)
         cursor = cursors[key]
@@ -340,11 +339,11 @@ def _skip_committed(
             continue
         offset, note = committed[key]
         if _left_this_life(note, lives.get(r.topic, "")):
-            stop = r.end if cursor.stop is None else cursor.stop
             # A range that starts a life over (planned from a log start) keeps its own reset, then the one its copy met.
+            # It ends where that copy left the later life, as a range of one life does (`Cursor.one_life`).
             cursor.retired.append(Landing(r.topic, r.partition, r.start, r.start, reset_from=r.reset_from))
             cursor.landing = Landing(r.topic, r.partition, 0, offset, reset_from=r.start)
-            cursor.seen, cursor.next, cursor.done = True, offset, offset >= stop
+            cursor.seen, cursor.next, cursor.stop, cursor.done = True, offset, offset, True
             continue
         if offset <= cursor.next or not _same_life(note, lives.get(r.topic, ""), r):
             continue
@@ -434,12 +433,19 @@ def _hold_misread(cursors: Mapping[Partition, Cursor], topics: set[str]) -> None
             cursor.done = True
 
 
+def _in_a_later_life(cursor: Cursor) -> bool:
+    """Whether the cursor's landing is in a life of its partition after the one its range was planned in: it found
+    the partition gone backwards in the middle of its range (the topic made again), or ends where a copy that did
+    left it."""
+    return bool(cursor.retired) and cursor.landing.reset_from >= 0
+
+
 def _end_a_later_life(cursor: Cursor) -> None:
-    """A range that copied a later life of its partition (`in_a_later_life`) and was not held ended at its stop, the
-    range's or the later life's log end it met first: its landing ends there, the new life's position, where it still
-    ends where that life's landing began."""
+    """A range that found its partition in a later life (`_in_a_later_life`) and was not held ends at its stop, where
+    its partition went backwards (`Cursor.one_life`) or where a copy before it left that life: its landing ends
+    there, the new life's position."""
     landing = cursor.landing
-    if in_a_later_life(cursor) and landing.held_from < 0 and cursor.done and cursor.stop is not None:
+    if _in_a_later_life(cursor) and landing.held_from < 0 and cursor.done and cursor.stop is not None:
         landing.end_offset = max(landing.end_offset, cursor.stop)
 
 
@@ -487,7 +493,7 @@ def _position(cursor: Cursor) -> int:
         return landing.held_from
     if not cursor.done:
         return cursor.next
-    if in_a_later_life(cursor) and cursor.stop is not None:
+    if _in_a_later_life(cursor) and cursor.stop is not None:
         return max(landing.end_offset, cursor.stop)
     return landing.end_offset
 
@@ -537,12 +543,15 @@ class _SlotCopy:
         seconds, room = outbox.transaction_room()
         _, self.stopped = copy_with(self.core.producer.copier, c.flow, c.source, c.target, cursors, c.rules, outbox,
                                     until_s=seconds, until_bytes=room)  # fmt: skip
+        # The core's own idle clock starts again with each copy; the copy's watch spans its transactions: a partition
+        # that read nothing for LEADER_CHECK_S goes to the Python loop, which looks it up and holds it when stalled.
+        now = time.monotonic()
+        if now >= watch.look_at and watch.idle({key: cur.next for key, cur in cursors.items() if not cur.done}, now):
+            self.stopped = True
 
-    def hand_back_if_stopped(self, cursors: dict[Partition, Cursor]) -> None:
-        """Between transactions: once the core stopped at an event, or a partition open copies a later life of its
-        topic (which ends at that life's log end: the Python loop's rule), the Python loop's producer takes the slot."""
-        later = any(in_a_later_life(c) for c in cursors.values() if not c.done)
-        if self.core is None or not (self.stopped or later):
+    def hand_back_if_stopped(self) -> None:
+        """Between transactions: once the core stopped at an event, the Python loop's producer takes the slot."""
+        if self.core is None or not self.stopped:
             return
         self._close_core()
         self.python = python_slot(self.copier.flow, self.copier.target, self.settings, self.slot)
