@@ -12,6 +12,7 @@ consumer and producer (a `Copier`, spark_app.copy_core) are made and kept here t
 from __future__ import annotations
 
 import faulthandler
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -36,6 +37,8 @@ from .profiles import OAuthCallback, Role, Settings, librdkafka_settings
 
 if TYPE_CHECKING:
     from mirrorkit_copy_core import Copier
+
+log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 30.0
 READ_BATCH = 10_000  # records asked of each consume() in whole-topic reads
@@ -174,7 +177,7 @@ class _Shared(Generic[C]):
                 return self._clients[key]
             client = self._clients[key] = make()
             while len(self._clients) > self._bound:
-                self._clients.popitem(last=False)[1].close()
+                _close_unused(self._clients.popitem(last=False)[1])
             return client
 
     def discard(self, client: C) -> None:
@@ -182,6 +185,16 @@ class _Shared(Generic[C]):
         with self._lock:
             for key in [k for k, c in self._clients.items() if c is client]:
                 del self._clients[key]
+
+
+def _close_unused(client: _Closable) -> None:
+    """Close a client no one uses any more. Closing serves its last callbacks, and its `error_cb` raises what its
+    cluster refused (a stopped broker's flow, a token refused long ago): that belongs to no caller now, and raised
+    here it would fail whichever flow asked for a client (seen: one flow's copy failing on another's login)."""
+    try:
+        client.close()
+    except Exception as err:  # noqa: BLE001 - its owner is gone; say so and go on
+        log.info("a client closed for want of use reported on its way out: %s", err)
 
 
 _consumers: _Shared[Consumer] = _Shared()

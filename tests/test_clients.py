@@ -4,11 +4,12 @@ record sizes, offsets listed per partition, and the shared clients a worker keep
 from __future__ import annotations
 
 import random
+import time
 from collections import OrderedDict
 from concurrent.futures import Future
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import ListOffsetsResultInfo, OffsetSpec
 
 from bench.testbed.clients import Record, create_topics, produce
@@ -162,6 +163,25 @@ def test_shared_clients_stay_within_their_bound_over_thousands_of_changed_overri
             assert steady.setdefault(flow, (producer, consumer)) == (producer, consumer), "reused, not made again"
         assert sum(not c.closed for c in made) <= clients.SHARED_CLIENTS + 1  # producers, plus the one consumer
     assert len(made) > 200  # a producer per cap, all closed but the few kept
+
+
+def test_a_client_dropped_from_the_shared_ones_keeps_what_its_cluster_refused_to_itself():
+    """A client pushed out of the shared ones is closed, and closing serves its last callbacks: its cluster's
+    refusal (here every error counts as one) must not fail the caller who only asked for another client."""
+
+    def refused(err: KafkaError) -> None:
+        raise AuthenticationFailed(CLUSTER)
+
+    shared: clients._Shared[Consumer] = clients._Shared(bound=1)
+    gone = shared.get(("gone",), lambda: Consumer({"bootstrap.servers": "127.0.0.1:1", "group.id": "g",
+                                                   "error_cb": refused, "log_level": 0}))  # fmt: skip
+    gone.assign([TopicPartition("t", 0, 0)])
+    time.sleep(1.0)  # its connection refused, the error waits for a call that serves callbacks
+    wanted = Consumer({"bootstrap.servers": "127.0.0.1:1", "group.id": "g", "log_level": 0})
+    assert shared.get(("wanted",), lambda: wanted) is wanted
+    with pytest.raises(RuntimeError, match="closed"):
+        gone.assign([TopicPartition("t", 0, 0)])  # it was closed all the same
+    wanted.close()
 
 
 def test_the_compiled_core_gets_librdkafka_strings_and_a_token_logins_callback_apart(compiled_core, monkeypatch):

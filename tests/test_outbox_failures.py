@@ -55,7 +55,9 @@ def test_a_timed_out_delivery_purges_what_is_queued_behind_it_and_fails_naming_t
     assert len(writer) >= 40, "queued behind the failed ones"
     with pytest.raises(DeliveryFailed, match="_MSG_TIMED_OUT"):
         outbox.raise_failures()
-    assert len(writer) == 0, "nothing is left queued to be written after the failed record"
+    # The purged records' reports may still be on their way (a busy machine): serve them for a moment, far less than
+    # the 300 ms a record queued behind the failed ones would wait before its own timeout emptied the queue anyway.
+    assert writer.flush(0.05) == 0, "nothing is left queued to be written after the failed record"
     assert landing.last_target_offset < 0, "and none of it counts as landed"
 
 
