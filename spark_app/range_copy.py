@@ -119,6 +119,8 @@ class RangeCopier:
             if self.core is Core.RUST and any(not c.done for c in cursors.values()):
                 copy_compiled(self.flow, self.source, self.target, cursors, self.rules, self.producer_settings, outbox)
             self._copy_open(cursors, outbox)
+            while self._read_on_in_the_same_life(cursors, ranges):
+                self._copy_open(cursors, outbox)
         for cursor in cursors.values():
             _end_a_later_life(cursor)
         return [landing for c in cursors.values() for landing in (*c.retired, c.landing)]
@@ -130,12 +132,35 @@ class RangeCopier:
             key = (r.topic, r.partition)
             landing = Landing(r.topic, r.partition, r.end, r.end, reset_from=r.reset_from)
             stop = min(r.end, cut.get(key, r.end))
-            cursors[key] = Cursor(landing, r.start, stop, done=stop <= r.start, one_life=True)
+            # A range of a topic whose life is known reads that life only (one of a topic whose id the planner could
+            # not learn reads on to its stop: it cannot tell lives apart, so it copies twice rather than skip).
+            one_life = bool(self.lives.get(r.topic))
+            cursors[key] = Cursor(landing, r.start, stop, done=stop <= r.start, one_life=one_life)
             if self.ready is not None and r.partition >= self.ready.get(r.topic, 0):
                 landing.first_offset = r.start
                 landing.hold(r.start)
                 cursors[key].done = True
         return cursors
+
+    def _read_on_in_the_same_life(self, cursors: dict[Partition, Cursor], ranges: list[OffsetRange]) -> bool:
+        """At least once: whether ranges that ended where their partition went backwards (`Cursor.one_life`) read on
+        to their planned stop, as they do when the topic's id is the one they were planned under (a log truncated, a
+        stale read of its end) or does not answer: the next batch starts at the planned stop, so ending there would
+        skip the records in between. Where the topic was made again, the range ends there, and the next batch copies
+        the new life from its log start (spark_app.planner.remade_within)."""
+        planned = {(r.topic, r.partition): r.end for r in ranges}
+        ended = {key: c for key, c in cursors.items() if _went_back_within(c) and c.done and c.landing.held_from < 0
+                 and c.stop is not None and c.stop < planned[key]}  # fmt: skip
+        if not ended:
+            return False
+        asked = {t: self.lives[t] for t, _ in ended if self.lives.get(t)}
+        remade, _unsure = other_lives(clients.admin(self.source), asked, asked)
+        reading_on = reopened(ended, planned, set(remade))
+        if reading_on:
+            log.warning("flow %s: %s went backwards with the id their ranges were planned under (or one that did not"
+                        " answer): read on to the planned stop", self.flow.name,
+                        ", ".join(f"{t}[{p}]" for t, p in sorted(reading_on)))  # fmt: skip
+        return bool(reading_on)
 
     def _copy_in_transaction(self, ranges: list[OffsetRange], slot: int) -> dict[Partition, Cursor]:
         """Copy the ranges in transactions of the slot, each with their next offsets when the flow is exactly-once.
@@ -216,13 +241,13 @@ class RangeCopier:
                     for key, c in cursors.items()
                     if key in copying
                 }
+                notes = {key: _note(cursors[key], starts[key], self.lives.get(key[0], "")) for key in copying}
                 try:
-                    slot_txn.commit(positions, {key: _note(cursors[key], starts[key], self.lives.get(key[0], ""))
-                                                for key in copying})  # fmt: skip
+                    slot_txn.commit(positions, notes)
                     went_through = True
                 except Aborted:  # the commit failed (the transaction after a refused one, see Outbox.refused), or
                     # said so after all: an end retried after its answer was lost, refused as the first went through
-                    went_through = self.flow.exactly_once and slot_txn.went_through(positions)
+                    went_through = self.flow.exactly_once and slot_txn.went_through(positions, notes)
                 if went_through:
                     if all(c.done for c in cursors.values()):
                         return cursors
@@ -438,6 +463,18 @@ def _in_a_later_life(cursor: Cursor) -> bool:
     the partition gone backwards in the middle of its range (the topic made again), or ends where a copy that did
     left it."""
     return bool(cursor.retired) and cursor.landing.reset_from >= 0
+
+
+def reopened(ended: Mapping[Partition, Cursor], planned: Mapping[Partition, int], remade: set[str]) -> set[Partition]:
+    """Of the cursors that `ended` where their partition went backwards, those of a topic not `remade` read on to
+    their `planned` stop again; which ones."""
+    out = set()
+    for key, cursor in ended.items():
+        if key[0] not in remade:
+            cursor.stop = planned[key]
+            cursor.done = cursor.next >= cursor.stop
+            out.add(key)
+    return out
 
 
 def _end_a_later_life(cursor: Cursor) -> None:

@@ -242,12 +242,22 @@ class SlotTransactions(Generic[P]):
             if tp.offset >= 0 and tp.error is None
         }
 
-    def went_through(self, positions: PartitionOffsets) -> bool:
+    def went_through(
+        self, positions: PartitionOffsets, notes: Mapping[Partition, PositionNote] | None = None,
+        before: PartitionOffsets | None = None,
+    ) -> bool:  # fmt: skip
         """After a commit with `positions` that answered abort: whether it went through after all (its end retried
         after a lost answer and refused, INVALID_TXN_STATE, once the first had committed). The positions read back,
-        as a read_committed reader reads them (a transaction still ending is waited for), are the ones it committed;
-        a commit with no position cannot say, and is taken as failed."""
-        return bool(positions) and self.committed(positions) == dict(positions)
+        as a read_committed reader reads them (a transaction still ending is waited for), are the ones it committed,
+        with the `notes` it sent; without notes, at least one of them moved from where the slot's last commit left
+        it (`before`). Offsets alone cannot tell this commit from an older one at the same offsets (another life of
+        the topic), and a commit with no position cannot say: either is taken as failed."""
+        found = self.committed_notes(positions) if positions else {}
+        if not positions or {key: offset for key, (offset, _) in found.items()} != dict(positions):
+            return False
+        if notes is not None:
+            return all(found[key][1] == PositionNote.parse(note.dump()) for key, note in notes.items() if key in found)
+        return before is not None and any(before.get(key) != offset for key, offset in positions.items())
 
     def begin(self) -> None:
         if not self._open:

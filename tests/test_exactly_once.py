@@ -34,6 +34,7 @@ from spark_app.topics import TargetRules
 from spark_app.transactions import (
     Aborted,
     Fenced,
+    PositionNote,
     SlotTransactions,
     TransactionsRefused,
     check_transactions,
@@ -367,6 +368,21 @@ def test_an_exactly_once_batch_that_reads_its_partition_again_from_0_in_the_same
     assert glitches[0].sent_back, "the consumer was sent back once"
     assert (landing.first_offset, landing.end_offset, landing.held_from) == (0, 100, -1), landing
     assert_each_record_once_in_order(copy_topic, clients.read_all(target, copy_topic, len(sent)), sent)
+
+
+def test_a_commit_that_answered_abort_is_not_taken_for_an_older_one_at_the_same_offsets(monkeypatch):
+    """The positions read back after a commit that answered abort may be an older commit's at the same offsets (the
+    topic made again, its new life copied up to where the old one stood): the notes say whose they are. Without notes
+    (real time), positions that did not move from the slot's last commit cannot say, and are taken as failed."""
+    slot = SlotTransactions.__new__(SlotTransactions)
+    key = ("t", 0)
+    found = {key: (500, PositionNote("life-1"))}
+    monkeypatch.setattr(slot, "committed_notes", lambda _partitions: found, raising=False)
+    assert not slot.went_through({key: 500}, {key: PositionNote("life-2")}), "another life's commit"
+    assert slot.went_through({key: 500}, {key: PositionNote("life-1")})
+    assert not slot.went_through({key: 500}, before={key: 500}), "where the last commit left it: cannot say"
+    assert slot.went_through({key: 500}, before={key: 300})
+    assert not slot.went_through({key: 600}, before={key: 300}), "not these offsets"
 
 
 @pytest.mark.parametrize("core", ["python", "compiled"])

@@ -5,6 +5,7 @@ life's position: the new topic is copied once, not a second time from its log st
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -386,6 +387,45 @@ def test_exactly_once_a_range_that_found_its_topic_made_again_ends_there_and_rea
     last = {(row.partition): row for row in landed}
     assert [(r.held_from, r.reset_from, r.end_offset) for r in last.values()] == [(-1, 1_000, 0)] * PARTITIONS
     assert read_all(source_cluster.client, remote, expected=0) == [], "a later life copied"  # read_committed
+
+
+def test_at_least_once_a_range_that_went_backwards_with_its_topics_id_unchanged_reads_on_to_its_planned_stop(
+    plaintext_cluster, source_cluster, unique, tmp_path
+):
+    """A partition's offsets can go backwards with its topic's id unchanged (a log truncated, a stale read of its
+    end): here a range planned from 1,000 to 1,500 a partition finds 300 records there, and 1,200 more come. The next
+    batch starts at the planned stop, so the range reads on to it (copying from the log start), not end where its
+    partition went backwards, which skipped 1,500 records a partition without a word. Planned under another id (the
+    topic made again since), it ends there and copies nothing: the next batch copies the new life."""
+    topic = f"back-same-{unique}"
+    remote = f"primary.{topic}"
+    config = parse_config(one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path, source_alias="primary",
+                                          emit_heartbeats=False))  # fmt: skip
+    flow = config.flows[0]
+    source, target = config.cluster(flow.source), config.cluster(flow.target)
+    now = int(time.time() * 1000)
+    create_topics(plaintext_cluster.admin, {topic: PARTITIONS})
+    create_topics(source_cluster.admin, {remote: PARTITIONS})
+    sent = records("r", 600, now)
+    produce(plaintext_cluster.client, topic, sent)
+    life = spark_clients.topic_ids(spark_clients.admin(source), [topic])[topic]
+    ranges = [OffsetRange(topic, p, 1_000, 1_500) for p in range(PARTITIONS)]
+
+    landed = RangeCopier(flow, source, target, lives={topic: "id-of-an-older-life"}).copy(ranges)
+    assert [(r.reset_from, r.end_offset) for r in landed if r.reset_from >= 0] == [(1_000, 0)] * PARTITIONS
+    assert read_all(source_cluster.client, remote, expected=0) == []
+
+    more = records("r", 2_400, now, first=600)
+    later = threading.Timer(2.0, lambda: produce(plaintext_cluster.client, topic, more))
+    later.start()
+    try:
+        landed = RangeCopier(flow, source, target, lives={topic: life}).copy(ranges)
+    finally:
+        later.join()
+    assert [(r.reset_from, r.first_offset, r.end_offset) for r in landed if r.reset_from >= 0] == [
+        (1_000, 0, 1_500)
+    ] * PARTITIONS  # fmt: skip
+    assert_each_record_once_in_order(remote, read_all(source_cluster.client, remote, expected=3_000), sent + more)
 
 
 A, B = "id-of-the-old-life", "id-of-the-new-life"
