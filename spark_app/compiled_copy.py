@@ -10,14 +10,15 @@ has one implementation, and a differential test holds the two cores to the same 
 record comes with each copy as the flow's contract (spark_app.copy_wing.contract), JSON it reads by name; ranges go
 in, and cursors, landings and refused records come back, as dicts keyed by name too.
 
-Real-time tasks that write no transactions use it too, each with a copier of its own (`live_copier`), whose
-consumer keeps its assignment from one copy to the next: a task copies until its next report (`copy_with`), and goes
-on with the Python loop for good once the core stopped at an event. A throughput batch's slot in transactions copies
-with a copier of its own too, whose producer is the slot's transactional one (`CoreTransactions`): the slot's
-transactions (spark_app.transactions.SlotTransactions) begin, commit with their positions and abort through it, one
-transaction's worth of records per copy, and at the first event the slot goes on with the Python loop's producer,
-which fences the core's. Which flows it copies, spark_app.copy_wing.choice decides (a real-time slot in transactions
-copies with the Java copier on the executor's JVM, spark_app.realtime.jvm, where its flow and clusters allow).
+Real-time tasks use it too, each with a copier of its own (`live_copier`), whose consumer keeps its assignment from
+one copy to the next: a task copies until its next report (`copy_with`), and goes on with the Python loop for good
+once the core stopped at an event. A slot in transactions (a throughput batch's, or a real-time task's) copies with a
+copier of its own whose producer is the slot's transactional one (`CoreTransactions`): the slot's transactions
+(spark_app.transactions.SlotTransactions) begin, commit with their positions and abort through it, at most one
+transaction's worth of records per copy, and after the transaction its first event fell in, the slot goes on with
+the Python loop's producer, which fences the core's. Which flows it copies, spark_app.copy_wing.choice decides (a
+real-time slot in transactions copies with the Java copier on the executor's JVM, spark_app.realtime.jvm, where its
+flow and clusters allow).
 A cluster that logs in with a token (Entra ID, MSK IAM) gives the core its profile's callback, which it calls for
 each token librdkafka asks for.
 """
@@ -112,10 +113,12 @@ class CoreTransactions:
 
 
 def transactional_copier(
-    source: ClusterConfig, target: ClusterConfig, producer_settings: Mapping[str, object]
-) -> CoreTransactions:
-    """A slot's own copier, its producer transactional by `producer_settings` (they name the slot's id)."""
-    return CoreTransactions(clients.copier(source, target, CONSUMER_DEFAULTS, producer_settings, IDLE_S))
+    source: ClusterConfig, target: ClusterConfig, producer_settings: Mapping[str, object],
+    consumer_settings: Mapping[str, object] = CONSUMER_DEFAULTS, idle_s: float | None = IDLE_S,
+) -> CoreTransactions:  # fmt: skip
+    """A slot's own copier, its producer transactional by `producer_settings` (they name the slot's id); a real-time
+    slot's reads with the task's consumer settings and never counts a partition idle (`live_copier`)."""
+    return CoreTransactions(clients.copier(source, target, consumer_settings, producer_settings, idle_s))
 
 
 def _raise(error: TxnError) -> None:

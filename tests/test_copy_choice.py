@@ -56,9 +56,10 @@ def config(source: str, target: str, **flow: object) -> MirrorConfig:
         ("scram", "eh", {"mode": "realtime"}, Core.RUST, "librdkafka"),  # no transactions into Event Hubs
         ("iam", "eh", {"mode": "realtime"}, Core.RUST, "librdkafka"),
         ("mtls", "kafka", {"mode": "realtime"}, Core.JVM, "Kafka's Java clients"),  # the key read on the executor
-        ("iam", "kafka", {"mode": "realtime"}, Core.PYTHON, "cluster 'iam': no Java client settings for profile"),
+        ("iam", "kafka", {"mode": "realtime"}, Core.RUST, "cluster 'iam': no Java client settings for profile"),
+        ("iam", "kafka", {"mode": "realtime", "exactly_once": True}, Core.RUST, "a slot's transactions with librdkafka"),
         ("scram", "tuned", {"mode": "realtime"}, Core.JVM, "Kafka's Java clients"),  # tuning overrides, by Java names
-        ("scram", "raw", {"mode": "realtime"}, Core.PYTHON,
+        ("scram", "raw", {"mode": "realtime"}, Core.RUST,
          "cluster 'raw': client_overrides.queue.buffering.max.messages is a librdkafka setting"),
         ("kafka", "scram", {"mode": "realtime", "replication_policy": "identity"}, Core.JVM,
          "Kafka's Java clients"),  # it drops the echoes and stamps the rest as the Python loop does
@@ -116,7 +117,7 @@ def test_describe_offline_shows_each_flows_core_and_why_without_reading_a_secret
     described = json.loads(capsys.readouterr().out)
     copies = {f["flow"]: (f["copy"]["core"], f["copy"]["copies"]) for f in described["flows"]}
     assert copies == {"scram->eh": ("rust", "throughput batches"),
-                      "iam->kafka": ("python", "real-time slots (transactions)")}  # fmt: skip
+                      "iam->kafka": ("rust", "real-time slots (transactions)")}  # fmt: skip
     assert "no Java client settings for profile 'msk-iam'" in described["flows"][1]["copy"]["reason"]
     assert all(f["topics"] is None for f in described["flows"])
     assert all(c["settings"] is None for c in described["clusters"].values())

@@ -61,12 +61,12 @@ def choose(flow: FlowConfig, source: ClusterConfig, target: ClusterConfig) -> Co
 
     if flow.copy_core == "python":
         return chosen(Core.PYTHON, _ASKED_FOR_PYTHON)
-    if in_transactions and flow.mode is FlowMode.REALTIME:
-        for cluster in (source, target):
-            if why := why_no_java_client(cluster):
-                return chosen(Core.PYTHON, f"{why}; the Rust core writes no transactions")
-        return chosen(Core.JVM, f"a slot's transactions with Kafka's Java clients, {_HANDS_BACK}")
     how = "a slot's transactions with librdkafka" if in_transactions else "librdkafka"
+    if in_transactions and flow.mode is FlowMode.REALTIME:
+        why = next((why for cluster in (source, target) if (why := why_no_java_client(cluster))), None)
+        if why is None:
+            return chosen(Core.JVM, f"a slot's transactions with Kafka's Java clients, {_HANDS_BACK}")
+        how = f"{why}: {how}"
     return chosen(Core.RUST, f"{how} without Python per record, {_HANDS_BACK}")
 
 

@@ -21,13 +21,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from .. import channel, clients
 from ..channel import Channel
 from ..clients import Partition
-from ..compiled_copy import copy_with, live_copier
+from ..compiled_copy import CoreTransactions, copy_with, live_copier, transactional_copier
 from ..config import ClusterConfig, FlowConfig
 from ..copy_wing.choice import Core, choose
 from ..outbox import (
@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from mirrorkit_copy_core import Copier
 
 log = logging.getLogger(__name__)
+
+# A slot's transactions: through the Python loop's producer, or the compiled core's until its first event.
+Slot = SlotTransactions[Producer] | SlotTransactions[CoreTransactions]
 
 REPORT_S = 0.5  # how often a task tells the driver where its partitions stand
 # How often an at-least-once slot that writes in transactions (to fence its zombie attempts) commits, and so reports
@@ -180,8 +183,11 @@ class LiveCopy:
         self.retries = Retries()
         self._cuts: dict[Partition, tuple[int, int, str]] = {}
         # The compiled core's copier while the task copies with it; the Python loop's consumer is made only once the
-        # core is not (or no longer) used: `_consumer`.
+        # core is not (or no longer) used: `_consumer`. A slot in transactions whose core stopped at an event goes on
+        # with the Python loop's producer once that transaction ended (`_hand_back`).
         self.core: Copier | None = None
+        self.slot_txn: Slot | None = None
+        self._core_stopped = False
         self.consumer: Consumer | None = None
         # Per topic, the id of the life its positions belong to (the driver's), and the topics found made again since:
         # an exactly-once slot checks them before each commit (`_other_lives`) and copies those no further.
@@ -201,16 +207,11 @@ class LiveCopy:
         report landings, so the driver never hears of records a crash can still abort. An exactly-once slot resumes
         where its positions were committed, when that is past where the driver says it starts (a crash after a
         commit, before its report), and copies only once its driver said its run is still on (`still_on`)."""
-        slot_txn = self._start_slot()
-        producer = slot_txn.producer if slot_txn is not None else clients.shared_producer(
-            self.task.target, self.task.producer_settings)  # fmt: skip
-        if self.task.core is Core.RUST:
+        slot_txn = self.slot_txn = self._start_slot()
+        if self.task.core is Core.RUST and slot_txn is None:
             source, target, settings = self.task.source, self.task.target, self.task.producer_settings
             self.core = live_copier(source, target, self.consumer_settings, settings)
-        outbox = Outbox(self.flow, producer, lambda key: self.cursors[key].landing, self.task.rules,
-                        in_transaction=slot_txn is not None, retries=self.retries)  # fmt: skip
-        for key in self.cursors:
-            outbox.open(key)
+        outbox = self._outbox()
         open_ = self._assign()
         commit_s = self.task.commit_s if self.flow.exactly_once else TXN_COMMIT_S if slot_txn else REPORT_S
         tick_s = min(REPORT_S, commit_s)
@@ -219,28 +220,33 @@ class LiveCopy:
         # A record the target refused fails the slot's open transaction (librdkafka sends nothing more of it): it is
         # aborted at once, not at its commit, and copied again.
         stopped, failed = False, False
-        fencing = slot_txn.fenced_raises() if slot_txn is not None else contextlib.nullcontext()
         try:
             if slot_txn is not None and self.flow.exactly_once:
                 stopped = not still_on(conn, self.slot, self.flow.name)
-            with fencing:
+            with self._fenced_raises():
                 while True:
                     while open_ and not stopped:
                         try:
                             self.copied += self._copy(open_, outbox, report_at)
                         except TransactionFailed:  # the producer takes no more of it: abort it now
                             failed, report_at = True, 0.0
+                        if self._core_stopped:  # its transaction ends now, for the Python loop to go on after it
+                            report_at = 0.0
                         now = time.monotonic()
                         if now >= report_at or outbox.full:  # a transaction that carried what it may commits now
                             report_at = now + tick_s
                             self._hold(outbox.settle())
                             outbox.raise_failures()
                             failed = failed or (slot_txn is not None and outbox.transaction_lost)
-                            if now < commit_at and not failed and not outbox.full:
+                            if now < commit_at and not failed and not outbox.full and not self._core_stopped:
                                 conn.send([REACHED, offsets_to_json(self._reached(outbox))])
                             else:
                                 commit_at = now + commit_s
-                                if slot_txn is not None and not self._commit(slot_txn, outbox, failed):
+                                committed = slot_txn is None or self._commit(slot_txn, outbox, failed)
+                                if self._core_stopped:
+                                    slot_txn = self._hand_back()
+                                    outbox = self._outbox()
+                                if not committed:
                                     open_, failed = self._assign(), False
                                     continue
                                 self._send_report(conn, LANDED, outbox)
@@ -254,19 +260,29 @@ class LiveCopy:
         finally:
             if self.consumer is not None:
                 self.consumer.close()
+            self._close_slot()
             self.core = None
-            if slot_txn is not None:
-                slot_txn.close()
         self._send_report(conn, DONE, outbox)
         return self.copied
 
-    def _start_slot(self) -> SlotTransactions[Producer] | None:
+    def _start_slot(self) -> Slot | None:
         """The slot's transactional producer, started (fencing its earlier attempts), when the flow writes in
-        transactions; an exactly-once slot's partitions move to their committed positions where those are ahead."""
+        transactions: the compiled core's where the flow copies with it, else the Python loop's. An exactly-once
+        slot's partitions move to their committed positions where those are ahead."""
         if not transactional(self.flow, self.task.target.is_eventhubs):
             return None
         settings = transaction_settings(self.task.producer_settings)
-        slot_txn = python_slot(self.flow, self.task.target, settings, self.slot)
+        slot_txn: Slot
+        if self.task.core is Core.RUST:
+            source, target, reading = self.task.source, self.task.target, self.consumer_settings
+
+            def make(conf: dict[str, object]) -> CoreTransactions:
+                return transactional_copier(source, target, conf, reading, None)
+
+            core_slot = SlotTransactions(self.flow, target, settings, self.slot, make)
+            self.core, slot_txn = core_slot.producer.copier, core_slot
+        else:
+            slot_txn = python_slot(self.flow, self.task.target, settings, self.slot)
         if self.flow.exactly_once:
             for key, offset in slot_txn.committed(self.cursors).items():
                 cursor = self.cursors[key]
@@ -277,6 +293,49 @@ class LiveCopy:
         self._committed = {key: c.next for key, c in self.cursors.items()}
         slot_txn.begin()
         return slot_txn
+
+    def _hand_back(self) -> SlotTransactions[Producer]:
+        """Between transactions, after the one the core's event fell in: the Python loop's producer takes the slot,
+        fencing the core's, and its consumer reads on from where each partition's cursor stands."""
+        self._close_slot()
+        self._core_stopped = False
+        settings = transaction_settings(self.task.producer_settings)
+        slot_txn = self.slot_txn = python_slot(self.flow, self.task.target, settings, self.slot)
+        slot_txn.begin()
+        self._assign()
+        return slot_txn
+
+    def _close_slot(self) -> None:
+        """Let go of the slot's producer (and the core's copier, if it wrote the slot's transactions)."""
+        slot_txn, self.slot_txn = self.slot_txn, None
+        if slot_txn is not None:
+            slot_txn.close()
+            if isinstance(slot_txn.producer, CoreTransactions):
+                slot_txn.producer.copier.close()
+                self.core = None
+
+    def _outbox(self) -> Outbox:
+        """The outbox of the slot's records: through its producer, or, while the core writes its transactions, one
+        that files the refusals the core heard (the process's shared producer stands in: nothing goes through it)."""
+        slot_txn = self.slot_txn
+        producer = slot_txn.producer if slot_txn is not None and isinstance(slot_txn.producer, Producer) else (
+            clients.shared_producer(self.task.target, self.task.producer_settings))  # fmt: skip
+        outbox = Outbox(self.flow, producer, lambda key: self.cursors[key].landing, self.task.rules,
+                        in_transaction=slot_txn is not None, retries=self.retries)  # fmt: skip
+        for key in self.cursors:
+            outbox.open(key)
+        return outbox
+
+    @contextlib.contextmanager
+    def _fenced_raises(self) -> Iterator[None]:
+        """SlotTransactions.fenced_raises of the producer that writes the slot's transactions when a call raises."""
+        try:
+            yield
+        except KafkaException:
+            if self.slot_txn is None:
+                raise
+            with self.slot_txn.fenced_raises():
+                raise
 
     def _consumer(self) -> Consumer:
         """The Python loop's consumer, the task's own (it pauses what the task holds), made at its first use."""
@@ -316,15 +375,22 @@ class LiveCopy:
         if self.core is None:
             return copy_some(self._consumer(), open_, outbox, SLOT_CONSUME_BATCH, SLOT_CONSUME_WAIT_S)
         task, left = self.task, max(0.0, until - time.monotonic())
-        taken, event = copy_with(self.core, self.flow, task.source, task.target, open_, task.rules, outbox, left)
+        room: int | None = None
+        if self.slot_txn is not None:  # one transaction's worth at most (spark_app.outbox.Outbox.full)
+            seconds, room = outbox.transaction_room()
+            left = min(left, seconds)
+        taken, event = copy_with(self.core, self.flow, task.source, task.target, open_, task.rules, outbox, left, room)
         if event:
             log.warning("flow %s: slot %d goes on with the Python loop (the compiled core met a record or event it"
                         " leaves to it)", self.flow.name, self.slot)  # fmt: skip
-            self.core = None
-            self._assign()
+            if self.slot_txn is not None:  # after this transaction ends (`_hand_back`)
+                self._core_stopped = True
+            else:
+                self.core = None
+                self._assign()
         return taken
 
-    def _commit(self, slot_txn: SlotTransactions[Producer], outbox: Outbox, failed: bool = False) -> bool:
+    def _commit(self, slot_txn: Slot, outbox: Outbox, failed: bool = False) -> bool:
         """Commit what was sent (with each partition's next offset, exactly-once) and begin the next transaction;
         False when the target refused a record of it: then all of it was aborted, and every cursor is back where the
         last commit left it, to copy it again as spark_app.outbox.Retries says (a record sent alone, or written to the
@@ -348,7 +414,7 @@ class LiveCopy:
                     slot_txn.commit(positions)
                     went_through = True
                 except Aborted:  # or said so after all (SlotTransactions.went_through)
-                    went_through = self.flow.exactly_once and slot_txn.went_through(positions)
+                    went_through = self.flow.exactly_once and slot_txn.went_through(positions, before=self._committed)
                 if went_through:
                     self._committed = positions
                     self.retries.forget_below(positions)
