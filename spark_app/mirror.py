@@ -77,8 +77,8 @@ class Mirror:
         ]
         self.stopping = threading.Event()
         _warn_if_cores_short(spark, config)
-        for choice in choices(config):  # a fallback to Python is worth a warning: it costs CPU per record
-            log.log(logging.WARNING if choice.fallback else logging.INFO, "%s", choice)
+        for choice in choices(config):
+            log.info("%s", choice)
             self.metrics.core_chosen(choice.flow, choice.core.value, choice.copies)
         self._on_jvm_sigterm: _SetOnSignal | None = None
 

@@ -57,7 +57,7 @@ def config(source: str, target: str, **flow: object) -> MirrorConfig:
         ("iam", "eh", {"mode": "realtime"}, Core.RUST, "librdkafka"),
         ("mtls", "kafka", {"mode": "realtime"}, Core.JVM, "Kafka's Java clients"),  # the key read on the executor
         ("iam", "kafka", {"mode": "realtime"}, Core.RUST, "cluster 'iam': no Java client settings for profile"),
-        ("iam", "kafka", {"mode": "realtime", "exactly_once": True}, Core.RUST, "a slot's transactions with librdkafka"),
+        ("iam", "kafka", {"mode": "realtime", "exactly_once": True}, Core.RUST, "transactions with librdkafka"),
         ("scram", "tuned", {"mode": "realtime"}, Core.JVM, "Kafka's Java clients"),  # tuning overrides, by Java names
         ("scram", "raw", {"mode": "realtime"}, Core.RUST,
          "cluster 'raw': client_overrides.queue.buffering.max.messages is a librdkafka setting"),
@@ -73,7 +73,7 @@ def test_each_flow_gets_one_core_and_the_reason_for_it(source, target, flow, cor
     (choice,) = choices(cfg)
     assert (choice.core, choice.flow) == (core, f"{source}->{target}")
     assert why in choice.reason, choice
-    assert choice.fallback == (core is Core.PYTHON and flow.get("copy_core") != "python")
+    assert (core is Core.PYTHON) == (flow.get("copy_core") == "python"), "the Python loop only where asked for"
     assert str(choice).startswith(f"flow {source}->{target}: {choice.copies} copy with the {core.value} core")
 
 

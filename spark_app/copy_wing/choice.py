@@ -31,23 +31,17 @@ class Core(enum.StrEnum):
 @dataclass(frozen=True)
 class CoreChoice:
     """The core that copies one flow, what it copies (`copies`: the flow's batches or slots, and how they commit) and
-    why that core: for a fallback to Python, what rules out the compiled ones."""
+    why that core: for a compiled one the Java clients could not take, what rules them out."""
 
     flow: str
     copies: str
     core: Core
     reason: str
 
-    @property
-    def fallback(self) -> bool:
-        """Whether the flow asked for a compiled core (`copy_core: compiled`) and copies with Python anyway."""
-        return self.core is Core.PYTHON and not self.reason.startswith(_ASKED_FOR_PYTHON)
-
     def __str__(self) -> str:
         return f"flow {self.flow}: {self.copies} copy with the {self.core.value} core ({self.reason})"
 
 
-_ASKED_FOR_PYTHON = "the flow's copy_core is 'python'"
 _HANDS_BACK = "handing over to the Python loop at the first event it leaves to it"
 
 
@@ -60,7 +54,7 @@ def choose(flow: FlowConfig, source: ClusterConfig, target: ClusterConfig) -> Co
         return CoreChoice(flow.name, copies, core, reason)
 
     if flow.copy_core == "python":
-        return chosen(Core.PYTHON, _ASKED_FOR_PYTHON)
+        return chosen(Core.PYTHON, "the flow's copy_core is 'python'")
     how = "a slot's transactions with librdkafka" if in_transactions else "librdkafka"
     if in_transactions and flow.mode is FlowMode.REALTIME:
         why = next((why for cluster in (source, target) if (why := why_no_java_client(cluster))), None)
