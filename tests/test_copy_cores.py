@@ -33,8 +33,9 @@ from spark_app.copy_wing.choice import Core
 from spark_app.policy import PROVENANCE_HEADER, positions_group
 from spark_app.range_copy import RangeCopier
 from spark_app.ranges import Landing, OffsetRange
-from spark_app.realtime.task import DONE, LANDED, ON, STARTED, Assignment, CopierTask, LiveCopy
+from spark_app.realtime.task import Assignment, CopierTask, LiveCopy
 from spark_app.topics import TargetRule, TargetRules
+from tests.support.report_channel import AvailableNowDriver
 
 CAP = 10_000  # the target topics' max.message.bytes
 PER_PARTITION = 400
@@ -274,7 +275,7 @@ def test_a_real_time_task_with_the_compiled_core_writes_and_reports_what_the_pyt
         reports: list[dict] = []
         for slot, topic in enumerate(flow.topics.include or ()):  # one task each
             keys = [key for key in ends if key[0] == topic]
-            conn = _Reports()
+            conn = AvailableNowDriver()
             live = LiveCopy(task, Assignment(dict.fromkeys(keys, 0), {key: ends[key] for key in keys}), slot)
             live.run(conn)
             reports += conn.rows
@@ -322,7 +323,7 @@ def test_a_real_time_slot_in_transactions_on_the_compiled_core_commits_what_the_
         reports: list[dict] = []
         for slot, topic in enumerate(flow.topics.include or ()):  # one task each
             keys = [key for key in ends if key[0] == topic]
-            conn = _Reports()
+            conn = AvailableNowDriver()
             LiveCopy(task, Assignment(dict.fromkeys(keys, 0), {key: ends[key] for key in keys}), slot).run(conn)
             reports += conn.rows
         topics = flow.topics.include or []
@@ -342,27 +343,6 @@ def test_a_real_time_slot_in_transactions_on_the_compiled_core_commits_what_the_
     assert compiled_[1] == python[1], "the same dead letters"
     assert compiled_[2] == python[2], "the same reports, partition by partition"
     assert compiled_[3] == python[3], "the same committed positions"
-
-
-class _Reports:
-    """A real-time task's report channel whose driver never says stop (an exactly-once slot that asks, once started,
-    is told its run is on): the rows it was sent."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict] = []
-        self.started = False
-
-    def send(self, message: list) -> None:
-        self.started = self.started or message[0] == STARTED
-        self.rows += message[1] if message[0] in (LANDED, DONE) else []
-
-    def poll(self) -> bool:
-        return False
-
-    def recv(self) -> object:
-        assert self.started, "an available-now task hears nothing from its driver but that its run is on"
-        self.started = False
-        return ON
 
 
 def _per_partition(rows: list[dict]) -> dict[tuple[str, int], dict]:

@@ -16,13 +16,16 @@ import pytest
 from bench.testbed import clients
 from bench.testbed.kafka_cluster import ListenerKind
 from spark_app import profiles
-from spark_app.config import ClusterConfig, FlowConfig, TopicSelection, parse_config
+from spark_app.config import ClusterConfig, FlowConfig, FlowMode, TopicSelection, parse_config
 from spark_app.copy_wing.choice import Core, choose
 from spark_app.errors import AuthenticationFailed
 from spark_app.profiles import SecretError, librdkafka_settings
 from spark_app.range_copy import RangeCopier
 from spark_app.ranges import OffsetRange
+from spark_app.realtime.task import Assignment, CopierTask, LiveCopy
+from spark_app.topics import TargetRules
 from tests.support.mirror_config import one_flow_config
+from tests.support.report_channel import AvailableNowDriver
 
 ENTRA = {"alias": "dr", "bootstrap_servers": "dr-ns.servicebus.windows.net:9093", "profile": "eventhubs-entra"}
 
@@ -176,7 +179,8 @@ def test_the_compiled_core_reads_from_a_token_login_and_writes_to_another_each_w
     """Both sides of the compiled core log in with tokens: its consumer from an Entra ID source (the workload identity
     exchange against the loopback endpoint), its producer into an MSK IAM target (the profile's callback, its AWS
     signer stood in for by one that hands out what the test broker checks). Both callbacks are Python, called by the
-    Rust core; a copy with the Python loop shows the same records."""
+    Rust core; a copy with the Python loop shows the same records, and so does a real-time exactly-once slot, whose
+    transactions the Rust core writes."""
     broker = own_cluster(f"oauth2-{unique}"[:40], ListenerKind.OAUTHBEARER)
     now = int(time.time())
     token = (
@@ -203,9 +207,24 @@ def test_the_compiled_core_reads_from_a_token_login_and_writes_to_another_each_w
         landings = RangeCopier(flow, source, target).copy([OffsetRange(topic, p, 0, 30) for p in range(2)])
         assert [landing.records for landing in landings] == [30, 30]
         got[core] = clients.read_all(broker.admin, copy, 60)
+    # Real time, exactly once: a slot's transactions over the same logins, which Kafka's Java clients cannot make, so
+    # the compiled core writes them (its producer the slot's transactional one) and commits the slot's positions.
+    topic = f"tokens-rt-{unique}"
+    copy = f"{source.alias}.{topic}"
+    clients.create_topics(broker.admin, {topic: 2, copy: 2})
+    clients.produce(broker.admin, topic, records)
+    flow = FlowConfig(source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]),
+                      checkpoint_location=str(tmp_path / "rt"), mode=FlowMode.REALTIME, exactly_once=True)  # fmt: skip
+    assert choose(flow, source, target).core is Core.RUST
+    task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", TargetRules(), 1.0)
+    keys = [(topic, 0), (topic, 1)]
+    driver = AvailableNowDriver()
+    LiveCopy(task, Assignment(dict.fromkeys(keys, 0), dict.fromkeys(keys, 30)), 0).run(driver)
+    assert sum(row["records"] for row in driver.rows) == 60
+    got["real time"] = clients.read_all(broker.admin, copy, 60)  # read_committed
     for partition in (0, 1):
         expected = [r for r in records if r.partition == partition]
-        assert [r for r in got["compiled"] if r.partition == partition] == expected, f"compiled core, {partition}"
-        assert [r for r in got["python"] if r.partition == partition] == expected, f"Python loop, {partition}"
+        for core, copied in got.items():
+            assert [r for r in copied if r.partition == partition] == expected, f"{core}, partition {partition}"
     assert TokenEndpoint.posts, "the source's token came from the Entra ID exchange"
     assert signed and set(signed) == {"eu-west-1"}, "the target's token came from the MSK IAM callback"

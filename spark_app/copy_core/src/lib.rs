@@ -48,6 +48,8 @@ const POLL_EVERY: u32 = 1024;
 const POLL_AFTER: Duration = Duration::from_millis(5);
 /// How long one wait for the source lasts before the copy looks at its clock again.
 const WAIT: Duration = Duration::from_millis(100);
+/// How long one wait for the transaction coordinator lasts before the producer is polled (`init_transactions`).
+const INIT_STEP: Duration = Duration::from_millis(500);
 
 /// The flow's per-record contract (spark_app.copy_wing.contract.CopyContract), read by field name. An Option field
 /// must be there too, as null: `Option::deserialize` keeps serde from taking a missing one for None.
@@ -664,9 +666,30 @@ impl Copier {
     /// The producer's transactions, as confluent-kafka's Producer calls them (its `transactional.id` comes with
     /// the producer settings): spark_app.compiled_copy.CoreTransactions drives them for a slot. Each of these returns
     /// None, or the error as (code, reason, fatal, retriable, txn_requires_abort).
+    /// Start the producer's transactions, fencing the id's earlier producers. A producer that logs in with a token
+    /// gets its first one from a refresh event, which only a poll serves: the wait is cut into short ones with a
+    /// poll before each (librdkafka takes an init that timed out again, "retry call to resume"), or it would run out
+    /// with no login at all.
     fn init_transactions(&self, py: Python<'_>, timeout_s: f64) -> TxnError {
-        let ms = millis(timeout_s);
-        py.detach(|| unsafe { txn_error(rdsys::rd_kafka_init_transactions(self.rk(), ms)) })
+        let deadline = Instant::now() + Duration::from_secs_f64(timeout_s.max(0.0));
+        py.detach(|| loop {
+            self.producer.poll(Duration::ZERO);
+            let step = deadline
+                .saturating_duration_since(Instant::now())
+                .min(INIT_STEP);
+            let error = unsafe {
+                txn_error(rdsys::rd_kafka_init_transactions(
+                    self.rk(),
+                    step.as_millis() as i32,
+                ))
+            };
+            match error {
+                Some((code, ..))
+                    if code == RDKafkaErrorCode::OperationTimedOut as i32
+                        && Instant::now() < deadline => {}
+                other => return other,
+            }
+        })
     }
 
     fn begin_transaction(&self) -> TxnError {
@@ -687,7 +710,9 @@ impl Copier {
             offsets
                 .add_partition_offset(&topic, partition, Offset::Offset(offset))
                 .map_err(|e| PyValueError::new_err(format!("{topic}[{partition}]: {e}")))?;
-            if let (Some(note), Some(mut elem)) = (metadata, offsets.find_partition(&topic, partition)) {
+            if let (Some(note), Some(mut elem)) =
+                (metadata, offsets.find_partition(&topic, partition))
+            {
                 // With its C string's NUL, as confluent-kafka writes a position's metadata, and as it reads one back
                 // (up to the NUL): written without it, a reader reads past its end.
                 elem.set_metadata(format!("{note}\0"));
