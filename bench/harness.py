@@ -6,8 +6,9 @@ candidate in turn:
 
 - `mirror`: `python -m spark_app run --available-now --master local[2]`, the real CLI and the shipped write path
   (the compiled copy core); `mirror-python`: the same with the flow's `copy_core: python`, the per-record Python loop;
-  `mirror-eos`, `mirror-eos-python`: those two with `exactly_once: true`, timed by what a read_committed reader can
-  see (the flow's committed positions, which commit with the records) and checked by reading the copies so;
+  `mirror-eos`, `mirror-eos-python`: those two with `exactly_once: true`, timed from the first record written to the
+  last one a read_committed reader can see (the flow's committed positions, which commit with the records) and
+  checked by reading the copies so;
 - `wp:<path>`: a write path of bench/write_paths.py (e.g. `wp:sink+interceptor`), in its own Spark child;
 - `mm2`, `mm2-untuned`: MirrorMaker 2 in dedicated mode (org.apache.kafka.connect.mirror.MirrorMaker), tasks.max=2,
   with the tuned batching of FACTS.md or Connect's defaults;
@@ -182,21 +183,24 @@ def run_candidate(
     expected: int, exits_by_itself: bool, log: Path, timeout: float, committed_group: str | None = None,
 ) -> dict:  # fmt: skip
     """Launch, watch the target fill up, stop; timings, CPU and memory of the whole process tree. With
-    `committed_group` (an exactly-once mirror's positions group), what counts is what that group committed: the
-    records a read_committed reader sees, not what was written."""
+    `committed_group` (an exactly-once mirror's positions group), the copy ends once that group committed every
+    record (what a read_committed reader sees, not what was written); it starts, as any, at the first record written,
+    and `visible_s` says when a read_committed reader saw the first ones (the first transaction's commit)."""
     admin = kafka_clients.admin(plaintext(target))
     began = time.monotonic()
     proc, monitor = launch(cmd, env, log)
-    first = done = None
-    total = 0
+    first = done = visible = None
+    written = total = 0
     try:
         while time.monotonic() - began < timeout:
-            if committed_group is None:
-                total = sum(end_offsets(admin, out_topics, partitions).values())
-            else:
-                total = committed_total(target, committed_group, out_topics, partitions)
+            if committed_group is None or first is None:
+                written = sum(end_offsets(admin, out_topics, partitions).values())
+            total = written if committed_group is None else committed_total(
+                target, committed_group, out_topics, partitions)  # fmt: skip
             now = time.monotonic()
-            if total and first is None:
+            if committed_group is not None and total and visible is None:
+                visible = now
+            if written and first is None:
                 first = now
             if total >= expected:
                 done = now
@@ -216,6 +220,8 @@ def run_candidate(
         tail = log_tail(log)
         return result | {"error": f"copied {total} of {expected} (exit {proc.returncode}); log tail:\n{tail}"}
     copy_s = max(done - first, 0.2)
+    if visible is not None:
+        result["visible_s"] = round(visible - began, 1)
     return result | {
         "startup_s": round(first - began, 1),
         "copy_s": round(copy_s, 1),
@@ -558,7 +564,9 @@ def throughput_lines(results: list[dict]) -> list[str]:
             )
     return lines + [
         "",
-        "records/s: first to last record on the target; start-up: launch to first record on the target; CPU, peak",
+        "records/s: first record written to the target to the last (exactly once: to the last committed, as a",
+        "read_committed reader sees it; the first it sees came with the first commit, `visible_s` in the JSON);",
+        "start-up: launch to first record on the target; CPU, peak",
         "RSS and peak PSS: the candidate's whole process tree (JVM, Python workers) sampled from /proc every 0.25 s.",
         "RSS counts a page shared by several processes (shared libraries, forked workers) once in each; PSS splits it.",
     ]
