@@ -56,7 +56,7 @@ Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--top
        [--topics-scale 1,10,100 --scale-records 100000]
        [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mirror-realtime-python,
                              mirror-realtime-eos-python,mm2,mm2-eos,limit,limit-txn,loop,loop-txn,limit-txn-mm2-linger]
-       [--latency-rates 10000,50000]
+       [--latency-rates 10000,50000] [--realtime-tasks 2] [--realtime-commit-interval 0.2]
        [--latency-seconds 60] [--latency-warmup 15]
 """
 
@@ -246,10 +246,12 @@ def mirror_config(
     realtime_tasks: int = 1,
     exactly_once: bool = False,
     copy_core: str = "compiled",
+    realtime_commit_interval_s: float | None = None,
 ) -> dict:
-    """A config with the shipped defaults and one flow from `alias` to the `target` cluster in `mode` (real time: with
-    `realtime_tasks`), exactly once or not, copied by `copy_core`."""
-    return {
+    """A config with the shipped defaults (but a `realtime_commit_interval_s` given) and one flow from `alias` to the
+    `target` cluster in `mode` (real time: with `realtime_tasks`), exactly once or not, copied by `copy_core`."""
+    interval = {} if realtime_commit_interval_s is None else {"realtime_commit_interval_s": realtime_commit_interval_s}
+    return interval | {
         "clusters": [
             {"alias": alias, "bootstrap_servers": source, "profile": "kafka"},
             target.model_dump(mode="json", exclude_none=True, exclude_defaults=True),
@@ -435,7 +437,7 @@ def run_latency(
     made: list[str] = []
     if spec.copier == "mirror":
         config = mirror_config(alias, source, target_client, topics, work, spec.mode, args.realtime_tasks,
-                               spec.exactly_once, spec.copy_core)  # fmt: skip
+                               spec.exactly_once, spec.copy_core, args.realtime_commit_interval)  # fmt: skip
         cmd, commits = mirror_command(config, work, available_now=False), mirror_commits(config)
     elif spec.copier == "mm2":
         made = make_mm2_topics(target, target_client, alias)
@@ -631,6 +633,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per candidate")
     parser.add_argument("--latency-rates", default="10000", help="probe records/s over all partitions: 10000,50000")
     parser.add_argument("--realtime-tasks", type=int, default=1, help="mirror-realtime's realtime_tasks")
+    parser.add_argument("--realtime-commit-interval", type=float, default=None,
+                        help="the mirror's realtime_commit_interval_s (default: the shipped one)")  # fmt: skip
     parser.add_argument("--latency-seconds", type=float, default=60, help="how long the probe sends")
     parser.add_argument("--latency-warmup", type=float, default=15, help="first seconds of the load not counted")
     parser.add_argument(
@@ -671,7 +675,8 @@ def main() -> None:
         "broker_warmup_s": args.latency_broker_warmup,
         "realtime_tasks": args.realtime_tasks,
         "mirror_trigger_interval_s": MirrorConfig.model_fields["trigger_interval_s"].default,
-        "realtime_commit_interval_s": MirrorConfig.model_fields["realtime_commit_interval_s"].default,
+        "realtime_commit_interval_s": args.realtime_commit_interval
+        or MirrorConfig.model_fields["realtime_commit_interval_s"].default,
     }
     bed = TestBed()
     work = Path(tempfile.mkdtemp(prefix="mirrorkit-bench-"))
