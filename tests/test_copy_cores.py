@@ -264,22 +264,14 @@ def test_a_real_time_task_with_the_compiled_core_writes_and_reports_what_the_pyt
     now_ms = int(time.time() * 1000)
     records = _generated(rng, target.client.alias, now_ms)
     refusing = [Record(0, None if i == 5 else f"k{i}".encode(), f"v{i}".encode(), (), now_ms) for i in range(10)]
-    copies: list[tuple[int, bool]] = []
-    copy_with = spark_app.realtime.task.copy_with
-    monkeypatch.setattr(spark_app.realtime.task, "copy_with", lambda *a: copies.append(copy_with(*a)) or copies[-1])
+    copies = _spy_on_live_copies(monkeypatch)
 
     results, python_consumers = {}, {}
     for core in ("python", "compiled"):
         flow, rules, ends = _inputs(source, target, core, unique, tmp_path, records, refusing, now_ms, realtime=True)
         task = CopierTask(flow, source.client, target.client, ("127.0.0.1", 9), b"unused", rules, 1.0)
-        reports: list[dict] = []
-        for slot, topic in enumerate(flow.topics.include or ()):  # one task each
-            keys = [key for key in ends if key[0] == topic]
-            conn = AvailableNowDriver()
-            live = LiveCopy(task, Assignment(dict.fromkeys(keys, 0), {key: ends[key] for key in keys}), slot)
-            live.run(conn)
-            reports += conn.rows
-            python_consumers[core, topic.split("-", 1)[0]] = live.consumer is not None
+        reports, made_consumer = _run_slots(task, ends)
+        python_consumers |= {(core, role): made for role, made in made_consumer.items()}
         copied = [read_all(target.admin, t, _landed_rows(reports, t)) for t in flow.topics.include or ()]
         _kept_append_times(source, (flow.topics.include or [])[3], copied[3])
         results[core] = (copied, read_all(target.admin, flow.dead_letter_topic or "", 2), _per_partition(reports))
@@ -310,9 +302,7 @@ def test_a_real_time_slot_in_transactions_on_the_compiled_core_commits_what_the_
     now_ms = int(time.time() * 1000)
     records = _generated(rng, target.client.alias, now_ms)
     refusing = [Record(0, None if i == 5 else f"k{i}".encode(), f"v{i}".encode(), (), now_ms) for i in range(10)]
-    copies: list[tuple[int, bool]] = []
-    copy_with = spark_app.realtime.task.copy_with
-    monkeypatch.setattr(spark_app.realtime.task, "copy_with", lambda *a: copies.append(copy_with(*a)) or copies[-1])
+    copies = _spy_on_live_copies(monkeypatch)
 
     results = {}
     for core in ("python", "compiled"):
@@ -320,12 +310,7 @@ def test_a_real_time_slot_in_transactions_on_the_compiled_core_commits_what_the_
                                     realtime=True, exactly_once=True)  # fmt: skip
         task = CopierTask(flow, source.client, target.client, ("127.0.0.1", 9), b"unused", rules, 1.0)
         task.core = Core.RUST if core == "compiled" else Core.PYTHON
-        reports: list[dict] = []
-        for slot, topic in enumerate(flow.topics.include or ()):  # one task each
-            keys = [key for key in ends if key[0] == topic]
-            conn = AvailableNowDriver()
-            LiveCopy(task, Assignment(dict.fromkeys(keys, 0), {key: ends[key] for key in keys}), slot).run(conn)
-            reports += conn.rows
+        reports, _ = _run_slots(task, ends)
         topics = flow.topics.include or []
         # In a transaction a dead letter is written in place of its record, not after it was sent: counted alone.
         sent = {t: sum(row["records"] for row in reports if row["topic"] == t) for t in topics}
@@ -343,6 +328,31 @@ def test_a_real_time_slot_in_transactions_on_the_compiled_core_commits_what_the_
     assert compiled_[1] == python[1], "the same dead letters"
     assert compiled_[2] == python[2], "the same reports, partition by partition"
     assert compiled_[3] == python[3], "the same committed positions"
+
+
+def _spy_on_live_copies(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """What each of a real-time task's copies with the compiled core returned: records taken, and whether it stopped
+    at an event it leaves to the Python loop."""
+    copies: list[tuple[int, bool]] = []
+    copy_with = spark_app.realtime.task.copy_with
+    monkeypatch.setattr(spark_app.realtime.task, "copy_with", lambda *a: copies.append(copy_with(*a)) or copies[-1])
+    return copies
+
+
+def _run_slots(task: CopierTask, ends: dict[tuple[str, int], int]) -> tuple[list[dict], dict[str, bool]]:
+    """One available-now real-time task per topic of the task's flow, each from 0 to its partitions' ends, as
+    `LiveCopy` runs in a Spark task: the rows they reported, and per topic (by role) whether it made the Python loop's
+    consumer."""
+    reports: list[dict] = []
+    made_consumer: dict[str, bool] = {}
+    for slot, topic in enumerate(task.flow.topics.include or ()):
+        keys = [key for key in ends if key[0] == topic]
+        conn = AvailableNowDriver()
+        live = LiveCopy(task, Assignment(dict.fromkeys(keys, 0), {key: ends[key] for key in keys}), slot)
+        live.run(conn)
+        reports += conn.rows
+        made_consumer[topic.split("-", 1)[0]] = live.consumer is not None
+    return reports, made_consumer
 
 
 def _per_partition(rows: list[dict]) -> dict[tuple[str, int], dict]:
