@@ -11,7 +11,9 @@ candidate in turn:
   checked by reading the copies so;
 - `wp:<path>`: a write path of bench/write_paths.py (e.g. `wp:sink+interceptor`), in its own Spark child;
 - `mm2`, `mm2-untuned`: MirrorMaker 2 in dedicated mode (org.apache.kafka.connect.mirror.MirrorMaker), tasks.max=2,
-  with the tuned batching of FACTS.md or Connect's defaults;
+  with the tuned batching of FACTS.md or Connect's defaults; `mm2-eos`: tuned, with KIP-618 exactly-once source
+  support, timed from the first record written to the last one a read_committed consumer of the target sees, and
+  checked as `mirror-eos` is;
 - `limit`: bench/java CopyLoop, one KafkaConsumer feeding one KafkaProducer with the same delivery settings.
 
 For each it samples the candidate's whole process tree from /proc (CPU seconds, peak RSS) and the target's end
@@ -29,41 +31,49 @@ Then it measures end-to-end replication latency at a steady rate for each of `--
   tasks) or with `exactly_once: true` (records and positions committed every realtime_commit_interval_s);
   `mirror-realtime-python`, `mirror-realtime-eos-python`: those two with `copy_core: python`, whose slots copy with
   the Python loop and librdkafka instead of the compiled core (Kafka's Java clients on the executors' JVMs, or the
-  Rust core into Event Hubs);
+  Rust core into Event Hubs); `mirror-realtime-identity`, `mirror-realtime-eos-identity`: the first two with
+  `replication_policy: identity`, whose copies keep their source topics' names and carry the provenance header;
 - `mm2`, `mm2-eos`: tuned MM2, at least once or with KIP-618 exactly-once source support;
 - `limit`, `limit-txn`: bench/java's CopyLoop, `loop`, `loop-txn`: bench/copy_loop.py's librdkafka loop, each in
   `--realtime-tasks` slots with the real-time task's linger, without transactions or committing every TXN_COMMIT_S as
   an at-least-once real-time slot does: the floor of each client library, with and without the slot's transactions.
-  They write through the target's plaintext listener. `limit-txn-mm2-linger` is `limit-txn` with tuned MM2's
+  `limit-eos`: CopyLoop committing as often as the mirror's exactly-once slots do in this run
+  (`eos_commit_interval_s`), read read_committed: the floor of `mirror-realtime-eos`, whose transactions hold its
+  positions too. The copy loops write through
+  the target's plaintext listener, whatever `--target-kind`. `limit-txn-mm2-linger` is `limit-txn` with tuned MM2's
   producer linger (20 ms): what real-time tasks copying with Kafka's Java clients would do (docs/benchmarks.md).
 
 Before the first of them, the plain `loop` copies under the same load for `--latency-broker-warmup` seconds (120),
 not counted: freshly started brokers answer slowly for minutes, and the first candidate paid for it.
 
-Once a warm-up record has crossed every partition, bench/latency.py's probe sends `--latency-rate` records/s of
-`--size` B for `--latency-seconds`, stamped with their send time as CreateTime, and reads the target as the
-candidate's consumers would: read_committed for an exactly-once candidate, read_uncommitted (the Java consumer's
-default) for the others. Per record: receive time minus that timestamp. Records sent in the first
-`--latency-warmup` seconds do not count. It reports the isolation level read at, when the candidate commits on the
-target, the achieved send rate, records sent and received, p50, p99, p99.9 and max, and the candidate's CPU seconds
-over the counted window.
+Once a warm-up record has crossed every partition, bench/latency.py's probe sends, at each of `--latency-rates`,
+that many records/s of `--size` B for `--latency-seconds`, stamped with their send time as CreateTime, and reads the
+target as the candidate's consumers would: read_committed for an exactly-once candidate (and `limit-eos`),
+read_uncommitted (the Java consumer's default) for the others. It reads through the target's plaintext admin listener
+whatever `--target-kind` (its own login left out of the figures). Per record: receive time minus that timestamp.
+Records sent in the first `--latency-warmup` seconds do not count. It reports the isolation level read at, when the
+candidate commits on the target, the achieved send rate, records sent and received, p50, p99, p99.9 and max, and the
+candidate's CPU seconds over the counted window.
 
 Results go to bench/results/<stamp>.json, .md (each figure with its ratio to MM2 and to the limit; p99 with its
-ratio to MM2 of the same guarantee) and .png.
+ratio to MM2 read at the same isolation level) and .png.
 
 Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--topics 4] [--partitions 4]
-       [--candidates mirror,mirror-python,mirror-eos,mirror-eos-python,mm2,mm2-untuned,limit]
+       [--target-kind plaintext|eventhubs]
+       [--candidates mirror,mirror-python,mirror-eos,mirror-eos-python,mm2,mm2-untuned,mm2-eos,limit]
        [--topics-scale 1,10,100 --scale-records 100000]
        [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mirror-realtime-python,
-                             mirror-realtime-eos-python,mm2,mm2-eos,limit,limit-txn,loop,loop-txn,limit-txn-mm2-linger]
+                             mirror-realtime-eos-python,mirror-realtime-identity,mirror-realtime-eos-identity,
+                             mm2,mm2-eos,limit,limit-txn,limit-eos,loop,loop-txn,limit-txn-mm2-linger]
        [--latency-rates 10000,50000] [--realtime-tasks 2] [--realtime-commit-interval 0.2]
-       [--latency-seconds 60] [--latency-warmup 15]
+       [--latency-seconds 60] [--latency-warmup 15] [--latency-broker-warmup 120] [--out /tmp/run]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -71,7 +81,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -81,7 +91,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
-from confluent_kafka import KafkaException, TopicPartition  # noqa: E402
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, OffsetSpec  # noqa: E402
 
 from bench import latency  # noqa: E402
@@ -93,7 +103,7 @@ from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
 from spark_app.config import ClusterConfig, FlowMode, MirrorConfig, Profile  # noqa: E402
-from spark_app.policy import positions_group, transactional  # noqa: E402
+from spark_app.policy import positions_group, target_topic, transactional  # noqa: E402
 from spark_app.realtime.task import LIBRDKAFKA_LINGER_MS, TXN_COMMIT_S  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -102,8 +112,12 @@ MM2_TUNED = {"target.producer.linger.ms": "20", "target.producer.batch.size": "1
 READ_COMMITTED, READ_UNCOMMITTED = "read_committed", "read_uncommitted"
 
 
-# The mirror as a throughput candidate: the shipped core or the Python loop, at least once or exactly once.
+# The mirror as a throughput candidate: the shipped core or the Python loop, at least once or exactly once; MM2 tuned
+# or not, or tuned with exactly-once source support.
 MIRROR_CANDIDATES = ("mirror", "mirror-python", "mirror-eos", "mirror-eos-python")
+MM2_CANDIDATES = ("mm2", "mm2-untuned", "mm2-eos")
+# Those that copy exactly once: timed and checked as a read_committed reader sees the copy.
+EXACTLY_ONCE_CANDIDATES = ("mirror-eos", "mirror-eos-python", "mm2-eos")
 
 
 @dataclass(frozen=True)
@@ -116,9 +130,12 @@ class LatencyCandidate:
     isolation: str
     mode: FlowMode = FlowMode.THROUGHPUT  # the mirror's
     exactly_once: bool = False
-    transactions: bool = False  # the copy loops': commit every TXN_COMMIT_S, as a real-time slot of the mirror does
+    # The copy loops' transactions: none; `fencing`, committed every TXN_COMMIT_S as an at-least-once real-time slot
+    # of the mirror does; `eos`, as often as its exactly-once slots commit in this run (eos_commit_interval_s).
+    transactions: Literal["fencing", "eos"] | None = None
     linger_ms: int = LIBRDKAFKA_LINGER_MS  # the copy loops' producer linger: by default the librdkafka slots'
     copy_core: str = "compiled"  # the mirror's
+    policy: Literal["default", "identity"] = "default"  # the mirror's replication_policy
 
 
 LATENCY_CANDIDATES = {
@@ -129,14 +146,19 @@ LATENCY_CANDIDATES = {
     "mirror-realtime-eos-python": LatencyCandidate(
         "mirror", READ_COMMITTED, FlowMode.REALTIME, exactly_once=True, copy_core="python"
     ),
+    "mirror-realtime-identity": LatencyCandidate("mirror", READ_UNCOMMITTED, FlowMode.REALTIME, policy="identity"),
+    "mirror-realtime-eos-identity": LatencyCandidate(
+        "mirror", READ_COMMITTED, FlowMode.REALTIME, exactly_once=True, policy="identity"
+    ),
     "mm2": LatencyCandidate("mm2", READ_UNCOMMITTED),
     "mm2-eos": LatencyCandidate("mm2", READ_COMMITTED, exactly_once=True),
     "limit": LatencyCandidate("limit", READ_UNCOMMITTED),
-    "limit-txn": LatencyCandidate("limit", READ_UNCOMMITTED, transactions=True),
+    "limit-txn": LatencyCandidate("limit", READ_UNCOMMITTED, transactions="fencing"),
+    "limit-eos": LatencyCandidate("limit", READ_COMMITTED, transactions="eos"),
     "loop": LatencyCandidate("loop", READ_UNCOMMITTED),
-    "loop-txn": LatencyCandidate("loop", READ_UNCOMMITTED, transactions=True),
+    "loop-txn": LatencyCandidate("loop", READ_UNCOMMITTED, transactions="fencing"),
     "limit-txn-mm2-linger": LatencyCandidate(
-        "limit", READ_UNCOMMITTED, transactions=True, linger_ms=int(MM2_TUNED["target.producer.linger.ms"])
+        "limit", READ_UNCOMMITTED, transactions="fencing", linger_ms=int(MM2_TUNED["target.producer.linger.ms"])
     ),
 }
 # When Connect commits an exactly-once task's transaction: after each poll, its default `transaction.boundary`.
@@ -180,12 +202,13 @@ def log_tail(log: Path, lines: int = 15) -> str:
 
 def run_candidate(
     name: str, cmd: list[str], env: dict[str, str], target: str, out_topics: list[str], partitions: int,
-    expected: int, exits_by_itself: bool, log: Path, timeout: float, committed_group: str | None = None,
+    expected: int, exits_by_itself: bool, log: Path, timeout: float, committed: Callable[[], int] | None = None,
 ) -> dict:  # fmt: skip
-    """Launch, watch the target fill up, stop; timings, CPU and memory of the whole process tree. With
-    `committed_group` (an exactly-once mirror's positions group), the copy ends once that group committed every
-    record (what a read_committed reader sees, not what was written); it starts, as any, at the first record written,
-    and `visible_s` says when a read_committed reader saw the first ones (the first transaction's commit)."""
+    """Launch, watch the target fill up, stop; timings, CPU and memory of the whole process tree. With `committed`
+    (an exactly-once copy's count of the source records a read_committed reader can see so far), the copy ends once
+    it reaches every record (what such a reader sees, not what was written: the end offsets count commit markers and
+    aborted attempts too); it starts, as any, at the first record written, and `visible_s` says when a read_committed
+    reader saw the first ones (the first transaction's commit)."""
     admin = kafka_clients.admin(plaintext(target))
     began = time.monotonic()
     proc, monitor = launch(cmd, env, log)
@@ -193,12 +216,11 @@ def run_candidate(
     written = total = 0
     try:
         while time.monotonic() - began < timeout:
-            if committed_group is None or first is None:
+            if committed is None or first is None:
                 written = sum(end_offsets(admin, out_topics, partitions).values())
-            total = written if committed_group is None else committed_total(
-                target, committed_group, out_topics, partitions)  # fmt: skip
+            total = written if committed is None else committed()
             now = time.monotonic()
-            if committed_group is not None and total and visible is None:
+            if committed is not None and total and visible is None:
                 visible = now
             if written and first is None:
                 first = now
@@ -236,6 +258,30 @@ def committed_total(target: str, group: str, topics: list[str], partitions: int)
     return sum(sum(kafka_clients.committed(plaintext(target), group, t, partitions).values()) for t in topics)
 
 
+@contextlib.contextmanager
+def visible_records(target: str, topics: list[str], partitions: int) -> Iterator[Callable[[], int]]:
+    """A count of the records a read_committed consumer of `topics` has read so far, read on at each call: how an
+    exactly-once copy is timed when it keeps no positions the bench can ask for (MM2's sit in Connect's offsets
+    topic). The count costs the bench's own process a consumer's reads of the whole copy."""
+    consumer = kafka_clients.consumer(
+        plaintext(target), f"bench-visible-{os.getpid()}",
+        {"isolation.level": READ_COMMITTED, "enable.auto.commit": False},
+    )  # fmt: skip
+    consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in range(partitions)])
+    seen = 0
+
+    def count() -> int:
+        nonlocal seen
+        while batch := consumer.consume(10_000, 0.05):
+            seen += sum(msg.error() is None for msg in batch)
+        return seen
+
+    try:
+        yield count
+    finally:
+        consumer.close()
+
+
 def mirror_config(
     alias: str,
     source: str,
@@ -247,9 +293,11 @@ def mirror_config(
     exactly_once: bool = False,
     copy_core: str = "compiled",
     realtime_commit_interval_s: float | None = None,
+    policy: Literal["default", "identity"] = "default",
 ) -> dict:
     """A config with the shipped defaults (but a `realtime_commit_interval_s` given) and one flow from `alias` to the
-    `target` cluster in `mode` (real time: with `realtime_tasks`), exactly once or not, copied by `copy_core`."""
+    `target` cluster in `mode` (real time: with `realtime_tasks`), exactly once or not, copied by `copy_core`, its
+    copies named by `policy` (identity: the source's names, and the provenance header the flow stamps by default)."""
     interval = {} if realtime_commit_interval_s is None else {"realtime_commit_interval_s": realtime_commit_interval_s}
     return interval | {
         "clusters": [
@@ -261,6 +309,7 @@ def mirror_config(
                 "source": alias,
                 "target": target.alias,
                 "topics": {"include": topics},
+                "replication_policy": policy,
                 "checkpoint_location": str(work / alias),
                 "mode": mode.value,
                 "realtime_tasks": realtime_tasks,
@@ -292,7 +341,14 @@ def mirror_commits(config: dict) -> str:
         return "none"
     if flow.mode is not FlowMode.REALTIME:
         return "per batch"
-    return f"every {mirror.realtime_commit_interval_s if flow.exactly_once else TXN_COMMIT_S} s"
+    return f"every {eos_commit_interval_s(config) if flow.exactly_once else TXN_COMMIT_S} s"
+
+
+def eos_commit_interval_s(config: dict) -> float:
+    """How often the exactly-once real-time slots of `config`'s flow commit their records and positions: the one
+    place the harness reads it, for the mirror's rows and for `limit-eos`, which commits as often."""
+    mirror = MirrorConfig.model_validate(config)
+    return mirror.realtime_commit_interval_s
 
 
 def mm2_command(
@@ -348,17 +404,20 @@ def copy_loop_command(
 
 
 def copy_loop_latency_command(
-    spec: LatencyCandidate, work: Path, source: str, target: str, prefix: str, topics: list[str], slots: int
-) -> tuple[list[str], str]:
+    spec: LatencyCandidate, work: Path, source: str, target: str, prefix: str, topics: list[str], slots: int,
+    eos_commit_s: float,
+) -> tuple[list[str], str]:  # fmt: skip
     """A copy loop's command as a latency candidate, and when it commits: in `slots` slots with the candidate's
-    linger, committing every TXN_COMMIT_S as an at-least-once real-time slot does when `spec.transactions`."""
-    commit_ms = int(TXN_COMMIT_S * 1000) if spec.transactions else 0
+    linger, in `spec.transactions` committed every TXN_COMMIT_S as an at-least-once real-time slot does, or every
+    `eos_commit_s` as an exactly-once one does."""
+    commit_s = {None: 0.0, "fencing": TXN_COMMIT_S, "eos": eos_commit_s}[spec.transactions]
+    commit_ms = round(commit_s * 1000)
     if spec.copier == "limit":
         cmd = copy_loop_command(work, source, target, prefix, 0, topics, spec.linger_ms, commit_ms, slots)
     else:
         cmd = [sys.executable, str(ROOT / "bench" / "copy_loop.py"), source, target, prefix, ",".join(topics),
                "--slots", str(slots), "--commit-ms", str(commit_ms)]  # fmt: skip
-    return cmd, f"every {TXN_COMMIT_S} s" if spec.transactions else "none"
+    return cmd, f"every {commit_s} s" if commit_s else "none"
 
 
 def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], records: int, tag: str) -> list[dict]:
@@ -372,20 +431,25 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
         alias = f"{tag}c{n}"
         out_topics = [f"{alias}.{t}" for t in topics]
         wp.create_topics(target, out_topics, args.partitions)
-        made = make_mm2_topics(target, target_client, alias) if name.startswith("mm2") else []
+        made = make_mm2_topics(target, target_client, alias) if name in MM2_CANDIDATES else []
         exits = True
         run_env = env
-        group = None
+        exactly_once = name in EXACTLY_ONCE_CANDIDATES
+        committed: Callable[[], int] | None = None
+        stack = contextlib.ExitStack()
         if name in MIRROR_CANDIDATES:
             core = "python" if name.endswith("-python") else "compiled"
-            exactly_once = name.startswith("mirror-eos")
             config = mirror_config(alias, source, target_client, topics, work, exactly_once=exactly_once,
                                    copy_core=core)  # fmt: skip
             cmd = mirror_command(config, work, available_now=True)
             if exactly_once:
                 group = positions_group(MirrorConfig.model_validate(config).flows[0])
-        elif name in ("mm2", "mm2-untuned"):
-            cmd, exits = mm2_command(alias, source, target_client, topics, name == "mm2", work), False
+                committed = functools.partial(committed_total, target, group, out_topics, args.partitions)
+        elif name in MM2_CANDIDATES:
+            cmd = mm2_command(alias, source, target_client, topics, name != "mm2-untuned", work, exactly_once)
+            exits = False
+            if exactly_once:
+                committed = stack.enter_context(visible_records(target, out_topics, args.partitions))
         elif name == "limit":
             cmd = copy_loop_command(work, source, target, alias + ".", records, topics)
         elif name.startswith("wp:"):
@@ -397,15 +461,16 @@ def run_all(args: argparse.Namespace, bed, work: Path, topics: list[str], record
         # The load (or the previous candidate's copy) leaves hundreds of MB of the brokers' writes in the page cache:
         # written back during a candidate, they cost it seconds of start-up and throughput that the next one is spared.
         os.sync()
-        result = run_candidate(name, cmd, run_env, target, out_topics, args.partitions, records, exits, log,
-                               args.timeout, group)  # fmt: skip
+        with stack:
+            result = run_candidate(name, cmd, run_env, target, out_topics, args.partitions, records, exits, log,
+                                   args.timeout, committed)  # fmt: skip
         result["scenario"] = f"{len(topics)}x{args.partitions}"
         result["mb_per_s"] = round(result.get("records_per_s", 0) * args.size / 1e6, 1)
         if "error" not in result:
             check = wp.Result(name)
             spec = {"topics": topics, "prefix": alias + ".", "target": target, "source": source}
             pairs = [(t, p) for t in topics for p in range(args.partitions)]
-            if group is not None:  # exactly once: the copies as a read_committed reader reads them, whole
+            if exactly_once:  # the copies as a read_committed reader reads them, whole
                 wp.verify_committed(check, spec, source_hw, args.partitions)
                 result["counts_ok"] = check.counts_ok
             else:
@@ -431,20 +496,26 @@ def run_latency(
     spec = LATENCY_CANDIDATES[name]
     alias = f"lat{n}"
     topics = [f"{alias}-{t}" for t in range(args.topics)]
-    out_topics = [f"{alias}.{t}" for t in topics]
-    wp.create_topics(source, topics, args.partitions)
-    wp.create_topics(target, out_topics, args.partitions)
+    out_topics = [f"{alias}.{t}" for t in topics]  # MM2's default policy, and the copy loops' prefix
     made: list[str] = []
     if spec.copier == "mirror":
         config = mirror_config(alias, source, target_client, topics, work, spec.mode, args.realtime_tasks,
-                               spec.exactly_once, spec.copy_core, args.realtime_commit_interval)  # fmt: skip
+                               spec.exactly_once, spec.copy_core, args.realtime_commit_interval,
+                               spec.policy)  # fmt: skip
+        out_topics = [target_topic(MirrorConfig.model_validate(config).flows[0], t) for t in topics]
         cmd, commits = mirror_command(config, work, available_now=False), mirror_commits(config)
     elif spec.copier == "mm2":
         made = make_mm2_topics(target, target_client, alias)
         cmd = mm2_command(alias, source, target_client, topics, True, work, spec.exactly_once)
         commits = MM2_EOS_COMMITS if spec.exactly_once else "none"
     else:
-        cmd, commits = copy_loop_latency_command(spec, work, source, target, f"{alias}.", topics, args.realtime_tasks)
+        # as often as the mirror's exactly-once slots would commit in this run
+        eos = mirror_config(alias, source, target_client, topics, work, FlowMode.REALTIME, args.realtime_tasks, True,
+                            realtime_commit_interval_s=args.realtime_commit_interval)  # fmt: skip
+        cmd, commits = copy_loop_latency_command(spec, work, source, target, f"{alias}.", topics, args.realtime_tasks,
+                                                 eos_commit_interval_s(eos))  # fmt: skip
+    wp.create_topics(source, topics, args.partitions)
+    wp.create_topics(target, out_topics, args.partitions)
     log = work / f"{alias}.log"
     result: dict = {"candidate": name, "scenario": f"{args.topics}x{args.partitions}", "rate": rate}
     result |= {"exactly_once": spec.exactly_once, "isolation": spec.isolation, "commits": commits}
@@ -487,7 +558,7 @@ def ratio(value: float | None, base: float | None) -> str:
 
 def latency_lines(rows: list[dict], meta: dict) -> list[str]:
     """The Markdown section of the latency runs: one table per rate, each p99 as a ratio to MM2's of the same
-    guarantee at that rate (`mm2` for at-least-once rows, `mm2-eos` for exactly-once ones)."""
+    isolation level at that rate (`mm2` for rows read read_uncommitted, `mm2-eos` for those read read_committed)."""
     lat = meta["latency"]
     lines = [
         "",
@@ -499,18 +570,18 @@ def latency_lines(rows: list[dict], meta: dict) -> list[str]:
         f" (micro-batches) run continuously at the shipped trigger_interval_s ({lat['mirror_trigger_interval_s']} s);"
         " `mirror-realtime`: `mode: realtime` with"
         f" {lat.get('realtime_tasks', 1)} task(s), at least once (`-python`: copied by the Python loop instead of"
-        " the JVM slots); `mirror-realtime-eos`: the same with"
-        f" `exactly_once: true` (realtime_commit_interval_s {lat.get('realtime_commit_interval_s')} s); MM2 tuned;"
-        " `mm2-eos`: the same with exactly-once source support (KIP-618). Each row is read at the isolation level its"
-        " consumers would use: read_committed for exactly-once candidates, else read_uncommitted (the Java consumer's"
-        " default). Commits: when the candidate's transactions commit on the target, which is when a read_committed"
-        " reader sees its records.",
+        " the compiled core; `-identity`: `replication_policy: identity`, the copies keep their topics' names and carry"
+        " the provenance header); `mirror-realtime-eos`: the same with `exactly_once: true`, committing as its"
+        " Commits say; MM2 tuned; `mm2-eos`: the same with exactly-once source support (KIP-618); `limit`, `loop`:"
+        " the Java and librdkafka copy loops in as many slots, without transactions (`-txn`: committing as an"
+        " at-least-once real-time slot does, to fence; `limit-eos`: as often as the exactly-once slots do). Each row"
+        " is read at the isolation level its consumers would use: read_committed for exactly-once candidates and"
+        " `limit-eos`, else read_uncommitted (the Java consumer's default). Commits: when the candidate's transactions"
+        " commit on the target, which is when a read_committed reader sees its records.",
     ]
     for rate in dict.fromkeys(r["rate"] for r in rows):
         at_rate = [r for r in rows if r["rate"] == rate]
-        mm2 = {
-            r["exactly_once"]: r.get("p99_ms") for r in at_rate if LATENCY_CANDIDATES[r["candidate"]].copier == "mm2"
-        }
+        mm2 = {r["isolation"]: r.get("p99_ms") for r in at_rate if LATENCY_CANDIDATES[r["candidate"]].copier == "mm2"}
         lines += [
             "",
             f"### {rate:,} records/s",
@@ -528,7 +599,7 @@ def latency_lines(rows: list[dict], meta: dict) -> list[str]:
             lines.append(
                 f"| {r['candidate']} | {r['isolation']} | {r['commits']} | {r['send_rate']:,} | {r['sent']:,} |"
                 f" {r['received']:,} | {r['duplicates']:,} | {r['p50_ms']} | {r['p99_ms']} |"
-                f" {ratio(r['p99_ms'], mm2.get(r['exactly_once']))} | {r['p999_ms']} | {r['max_ms']} | {r['cpu_s']} |"
+                f" {ratio(r['p99_ms'], mm2.get(r['isolation']))} | {r['p999_ms']} | {r['max_ms']} | {r['cpu_s']} |"
                 f" {r.get('source_broker_cpu_s', '-')} / {r.get('target_broker_cpu_s', '-')} | {r['window_s']} |"
             )
         lines += [f"\n{r['candidate']}: {r['warning']}" for r in at_rate if r.get("warning")]
@@ -536,9 +607,9 @@ def latency_lines(rows: list[dict], meta: dict) -> list[str]:
         "",
         "Latency: the probe consumer's receive wall time minus the target record's timestamp (the source CreateTime,",
         "set when the probe producer sent it); probe producer, consumer and candidate on this machine, one clock, 1 ms",
-        "resolution. p99 vs MM2: against `mm2` for at-least-once rows, `mm2-eos` for exactly-once ones. CPU s: the",
-        "candidate's process tree over the counted window; broker CPU s: each broker JVM's over the same window (the",
-        "probe's load, the candidate's reads and writes, and the probe consumer's reads).",
+        "resolution. p99 vs MM2: against `mm2` for rows read read_uncommitted, `mm2-eos` for rows read read_committed.",
+        "CPU s: the candidate's process tree over the counted window; broker CPU s: each broker JVM's over the same",
+        "window (the probe's load, the candidate's reads and writes, and the probe consumer's reads).",
     ]
 
 

@@ -14,12 +14,16 @@ import pytest
 from bench.harness import (
     LATENCY_CANDIDATES,
     ROOT,
+    LatencyCandidate,
     copy_loop_latency_command,
+    eos_commit_interval_s,
+    latency_lines,
     mirror_commits,
     mirror_config,
     mm2_command,
 )
 from spark_app.config import ClusterConfig, FlowMode, MirrorConfig, Profile, SecretRef
+from spark_app.policy import PROVENANCE_HEADER, replication_policy, target_topic
 from spark_app.realtime.task import LIBRDKAFKA_LINGER_MS
 
 SOURCE = "127.0.0.1:9092"
@@ -27,6 +31,12 @@ KAFKA = ClusterConfig(alias="tgt", bootstrap_servers="127.0.0.1:9093", profile=P
 EVENTHUBS = ClusterConfig(
     alias="tgt", bootstrap_servers="127.0.0.1:9094", profile=Profile.EVENTHUBS, password=SecretRef(env="EH_CONN")
 )
+
+
+def mm2_properties(command: list[str]) -> dict[str, str]:
+    """The properties file MM2 is started with, as a dict."""
+    path = Path(command[command.index("org.apache.kafka.connect.mirror.MirrorMaker") + 1])
+    return dict(line.split(" = ", 1) for line in path.read_text().splitlines())
 
 
 def test_real_time_into_kafka_writes_fencing_transactions_and_into_event_hubs_none(tmp_path: Path) -> None:
@@ -49,10 +59,7 @@ def test_mm2_signs_in_to_the_target_as_the_mirror_does_and_its_secret_stays_in_i
     monkeypatch.setenv("EH_CONN", secret)
     command = mm2_command("src", SOURCE, EVENTHUBS, ["orders"], tuned=True, work=tmp_path)
     assert not any(secret in arg for arg in command)
-    props = dict(
-        line.split(" = ", 1) for line in Path(command[command.index("org.apache.kafka.connect.mirror.MirrorMaker") + 1])
-        .read_text().splitlines()
-    )  # fmt: skip
+    props = mm2_properties(command)
     assert props["target.bootstrap.servers"] == "127.0.0.1:9094"
     assert (props["target.security.protocol"], props["target.sasl.mechanism"]) == ("SASL_SSL", "PLAIN")
     assert "$ConnectionString" in props["target.sasl.jaas.config"] and secret in props["target.sasl.jaas.config"]
@@ -69,7 +76,7 @@ def test_copy_loops_run_as_a_real_time_slot_does_with_and_without_its_transactio
     }  # 20: tuned MM2's, above
     for name in ("limit", "limit-txn", "limit-txn-mm2-linger", "loop", "loop-txn"):
         cmd, commits = copy_loop_latency_command(
-            LATENCY_CANDIDATES[name], tmp_path, SOURCE, "127.0.0.1:9093", "lat0.", ["a", "b"], slots=2
+            LATENCY_CANDIDATES[name], tmp_path, SOURCE, "127.0.0.1:9093", "lat0.", ["a", "b"], slots=2, eos_commit_s=0.2
         )
         if name.startswith("limit"):  # CopyLoop's arguments: ... expected records, topics, linger, commit ms, slots
             assert cmd[cmd.index("io.mirrorkit.bench.CopyLoop") + 1 :] == [
@@ -87,3 +94,50 @@ def test_copy_loops_run_as_a_real_time_slot_does_with_and_without_its_transactio
         "loop": ("0", "none"),
         "loop-txn": ("5000", "every 5.0 s"),
     }
+
+
+def test_the_exactly_once_floor_commits_as_often_as_the_mirrors_exactly_once_slots_and_is_read_so(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "copy-loop.jar").touch()
+    spec = LATENCY_CANDIDATES["limit-eos"]
+    assert spec.isolation == LATENCY_CANDIDATES["mirror-realtime-eos"].isolation == "read_committed"
+    for given in (None, 0.2):
+        mirror = mirror_config("src", SOURCE, KAFKA, ["a"], tmp_path, FlowMode.REALTIME, exactly_once=True,
+                               realtime_commit_interval_s=given)  # fmt: skip
+        interval = eos_commit_interval_s(mirror)
+        cmd, commits = copy_loop_latency_command(spec, tmp_path, SOURCE, "127.0.0.1:9093", "lat0.", ["a"], 2, interval)
+        assert commits == mirror_commits(mirror) == f"every {interval} s"
+        assert cmd[-2] == str(round(interval * 1000))
+    assert interval == 0.2
+
+
+def test_identity_candidates_keep_topic_names_and_stamp_provenance_as_their_default_twins_copy(
+    tmp_path: Path,
+) -> None:
+    for name in ("mirror-realtime", "mirror-realtime-eos"):
+        twin, identity = LATENCY_CANDIDATES[name], LATENCY_CANDIDATES[f"{name}-identity"]
+        assert identity == LatencyCandidate(**(vars(twin) | {"policy": "identity"}))
+        config = mirror_config("lat0", SOURCE, KAFKA, ["lat0-0"], tmp_path, identity.mode, 2,
+                               identity.exactly_once, policy=identity.policy)  # fmt: skip
+        flow = MirrorConfig.model_validate(config).flows[0]
+        assert (flow.replication_policy, flow.provenance_header) == ("identity", True)
+        assert replication_policy(flow).stamps, f"the copies carry {PROVENANCE_HEADER}"
+        assert target_topic(flow, "lat0-0") == "lat0-0"
+        assert mirror_commits(config) == ("every 1.0 s" if identity.exactly_once else "every 5.0 s")
+    default = MirrorConfig.model_validate(mirror_config("lat0", SOURCE, KAFKA, ["lat0-0"], tmp_path)).flows[0]
+    assert target_topic(default, "lat0-0") == "lat0.lat0-0"
+
+
+def test_each_latency_row_is_compared_with_mm2_read_at_the_same_isolation_level() -> None:
+    def row(candidate: str, p99: float) -> dict:
+        spec = LATENCY_CANDIDATES[candidate]
+        return {"candidate": candidate, "rate": 10_000, "scenario": "4x16", "isolation": spec.isolation,
+                "exactly_once": spec.exactly_once, "commits": "-", "send_rate": 10_000, "sent": 1, "received": 1,
+                "duplicates": 0, "p50_ms": 1, "p99_ms": p99, "p999_ms": 1, "max_ms": 1, "cpu_s": 1,
+                "window_s": 1}  # fmt: skip
+
+    meta = {"size": 512, "latency": {"seconds": 60, "warmup_s": 15, "mirror_trigger_interval_s": 0.25}}
+    rows = [row("mm2", 10.0), row("mm2-eos", 400.0), row("limit-txn", 5.0), row("limit-eos", 200.0)]
+    table = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in latency_lines(rows, meta) if "|" in line}
+    assert table["limit-txn"][9] == "0.50" and table["limit-eos"][9] == "0.50"
