@@ -1,8 +1,9 @@
 """The mirror against MirrorMaker 2 and against a plain Java copy loop: same brokers, same machine, one run.
 
-It starts two plaintext clusters with the test bed, loads the source (bench/write_paths.py's records: tricky
-headers, null keys, explicit timestamps), and copies everything into empty, pre-created target topics with each
-candidate in turn:
+It starts two clusters with the test bed, the source plaintext and the target of `--target-kind` (TARGET_KINDS:
+plaintext, SASL_SSL PLAIN as Event Hubs', SASL_SSL SCRAM-SHA-512 as MSK's, or TLS with a client certificate), loads
+the source (bench/write_paths.py's records: tricky headers, null keys, explicit timestamps), and copies everything
+into empty, pre-created target topics with each candidate in turn:
 
 - `mirror`: `python -m spark_app run --available-now --master local[2]`, the real CLI and the shipped write path
   (the compiled copy core); `mirror-python`: the same with the flow's `copy_core: python`, the per-record Python loop;
@@ -59,7 +60,7 @@ Results go to bench/results/<stamp>.json, .md (each figure with its ratio to MM2
 ratio to MM2 read at the same isolation level) and .png.
 
 Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--topics 4] [--partitions 4]
-       [--target-kind plaintext|eventhubs]
+       [--target-kind plaintext|eventhubs|msk-scram|mtls]
        [--candidates mirror,mirror-python,mirror-eos,mirror-eos-python,mm2,mm2-untuned,mm2-eos,limit]
        [--topics-scale 1,10,100 --scale-records 100000]
        [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mirror-realtime-python,
@@ -99,17 +100,26 @@ from bench import write_paths as wp  # noqa: E402
 from bench.testbed import clients as kafka_clients  # noqa: E402
 from bench.testbed import mm2  # noqa: E402
 from bench.testbed.clients import plaintext  # noqa: E402
+from bench.testbed.kafka_cluster import ListenerKind  # noqa: E402
 from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
-from spark_app.config import ClusterConfig, FlowMode, MirrorConfig, Profile  # noqa: E402
+from spark_app.config import ClusterConfig, FlowMode, MirrorConfig  # noqa: E402
 from spark_app.policy import positions_group, target_topic, transactional  # noqa: E402
+from spark_app.profiles import read_secret  # noqa: E402
 from spark_app.realtime.task import LIBRDKAFKA_LINGER_MS, TXN_COMMIT_S  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 COPY_LOOP = ROOT / "bench" / "java"
 MM2_TUNED = {"target.producer.linger.ms": "20", "target.producer.batch.size": "1048576"}
 READ_COMMITTED, READ_UNCOMMITTED = "read_committed", "read_uncommitted"
+# How the copiers reach the target (a test-bed listener kind), as the results say it.
+TARGET_KINDS = {
+    ListenerKind.PLAINTEXT: "plaintext",
+    ListenerKind.EVENTHUBS: "the target in SASL_SSL PLAIN as Event Hubs',",
+    ListenerKind.MSK_SCRAM: "the target in SASL_SSL SCRAM-SHA-512 as MSK's,",
+    ListenerKind.MTLS: "the target in TLS with a client certificate,",
+}
 
 
 # The mirror as a throughput candidate: the shipped core or the Python loop, at least once or exactly once; MM2 tuned
@@ -356,8 +366,15 @@ def mm2_command(
     exactly_once: bool = False,
 ) -> list[str]:  # fmt: skip
     """MirrorMaker 2 in dedicated mode into the `target` cluster (aliased `target` there, signed in as the mirror
-    is), tuned as FACTS.md says a user would, with exactly-once source support or not."""
+    is), tuned as FACTS.md says a user would, with exactly-once source support or not. A client certificate and its
+    key go into one PEM keystore file in `work` (0600), as Kafka's Java clients read them from a properties file."""
     signed_in = {f"target.{k}": v for k, v in kafka_clients.java_settings(target).items() if k != "bootstrap.servers"}
+    if target.client_cert_file is not None and target.client_key is not None:
+        keystore = work / f"mm2-{alias}-keystore.pem"
+        keystore.touch(mode=0o600)
+        key = read_secret(target.client_key, f"cluster '{target.alias}' client_key")
+        keystore.write_text(f"{key}\n{Path(target.client_cert_file).read_text()}")
+        signed_in |= {"target.ssl.keystore.type": "PEM", "target.ssl.keystore.location": str(keystore)}
     tuning = MM2_TUNED | {f"{alias}.consumer.max.poll.records": "10000"} if tuned else {}
     return mm2.mm2_command(alias, source, "target", target.bootstrap_servers, topics, work, signed_in | tuning,
                            exactly_once)  # fmt: skip
@@ -366,7 +383,7 @@ def mm2_command(
 def make_mm2_topics(target: str, target_client: ClusterConfig, alias: str) -> list[str]:
     """On a target where topics cannot be made from Kafka (an Event Hubs-like one), MM2's own topics there, made first
     through the bench's admin access as an operator would; the names made, to delete after the run."""
-    if target_client.profile is Profile.KAFKA:
+    if not target_client.is_eventhubs:
         return []
     existing = kafka_clients.admin(plaintext(target)).list_topics(timeout=15).topics
     wanted = {name: n for name, n in mm2.target_topics(alias).items() if name not in existing}
@@ -685,7 +702,7 @@ def write_outputs(results: list[dict], latencies: list[dict], meta: dict, out: P
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "latency": latencies}, indent=2))
     scope = f"{meta['records']:,} records x {meta['size']} B per scenario; " if results else ""
-    reach = "plaintext" if meta["target_kind"] == "plaintext" else "the target in SASL_SSL PLAIN as Event Hubs',"
+    reach = TARGET_KINDS[ListenerKind(meta["target_kind"])]
     lines = [f"# Benchmark {meta['stamp']}", "", f"{meta['machine']}; {scope}{reach} loopback."]
     if results:
         lines += throughput_lines(results)
@@ -717,9 +734,11 @@ def main() -> None:
         help="empty: no latency runs",
     )
     parser.add_argument("--out", type=Path, default=None, help="result path without suffix")
-    parser.add_argument("--target-kind", choices=["plaintext", "eventhubs"], default="plaintext",
-                        help="how the copiers reach the target: eventhubs is SASL_SSL PLAIN as Event Hubs' Kafka"
-                        " endpoint, where the mirror writes no transactions")  # fmt: skip
+    parser.add_argument("--target-kind", choices=[k.value for k in TARGET_KINDS], default="plaintext",
+                        help="how the copiers but the bare copy loops reach the target: eventhubs is SASL_SSL PLAIN as"
+                        " Event Hubs' Kafka endpoint, where the mirror's at-least-once slots write no transactions;"
+                        " msk-scram is SASL_SSL SCRAM-SHA-512 as MSK's; mtls is TLS with a client"
+                        " certificate")  # fmt: skip
     args = parser.parse_args()
     latency_candidates = [c for c in args.latency_candidates.split(",") if c]
     if unknown := set(latency_candidates) - set(LATENCY_CANDIDATES):

@@ -31,6 +31,10 @@ KAFKA = ClusterConfig(alias="tgt", bootstrap_servers="127.0.0.1:9093", profile=P
 EVENTHUBS = ClusterConfig(
     alias="tgt", bootstrap_servers="127.0.0.1:9094", profile=Profile.EVENTHUBS, password=SecretRef(env="EH_CONN")
 )
+MSK_SCRAM = ClusterConfig(
+    alias="tgt", bootstrap_servers="127.0.0.1:9095", profile=Profile.MSK_SCRAM, username="mirror",
+    password=SecretRef(env="MSK_PASSWORD"), ca_file="/tls/ca.pem",
+)  # fmt: skip
 
 
 def mm2_properties(command: list[str]) -> dict[str, str]:
@@ -41,12 +45,12 @@ def mm2_properties(command: list[str]) -> dict[str, str]:
 
 def test_real_time_into_kafka_writes_fencing_transactions_and_into_event_hubs_none(tmp_path: Path) -> None:
     seen = {}
-    for target in (KAFKA, EVENTHUBS):
+    for target in (KAFKA, EVENTHUBS, MSK_SCRAM):
         config = mirror_config("src", SOURCE, target, ["orders"], tmp_path, FlowMode.REALTIME, realtime_tasks=2)
         flow = MirrorConfig.model_validate(config).flows[0]
         assert (flow.target, flow.realtime_tasks, flow.copy_core) == ("tgt", 2, "compiled")
         seen[target.profile] = mirror_commits(config)
-    assert seen == {Profile.KAFKA: "every 5.0 s", Profile.EVENTHUBS: "none"}
+    assert seen == {Profile.KAFKA: "every 5.0 s", Profile.EVENTHUBS: "none", Profile.MSK_SCRAM: "every 5.0 s"}
     exactly_once = mirror_config("src", SOURCE, KAFKA, ["orders"], tmp_path, FlowMode.REALTIME, exactly_once=True)
     assert mirror_commits(exactly_once) == "every 1.0 s"
     assert mirror_commits(mirror_config("src", SOURCE, KAFKA, ["orders"], tmp_path)) == "none"
@@ -118,7 +122,7 @@ def test_identity_candidates_keep_topic_names_and_stamp_provenance_as_their_defa
     for name in ("mirror-realtime", "mirror-realtime-eos"):
         twin, identity = LATENCY_CANDIDATES[name], LATENCY_CANDIDATES[f"{name}-identity"]
         assert identity == LatencyCandidate(**(vars(twin) | {"policy": "identity"}))
-        config = mirror_config("lat0", SOURCE, KAFKA, ["lat0-0"], tmp_path, identity.mode, 2,
+        config = mirror_config("lat0", SOURCE, MSK_SCRAM, ["lat0-0"], tmp_path, identity.mode, 2,
                                identity.exactly_once, policy=identity.policy)  # fmt: skip
         flow = MirrorConfig.model_validate(config).flows[0]
         assert (flow.replication_policy, flow.provenance_header) == ("identity", True)
@@ -127,6 +131,33 @@ def test_identity_candidates_keep_topic_names_and_stamp_provenance_as_their_defa
         assert mirror_commits(config) == ("every 1.0 s" if identity.exactly_once else "every 5.0 s")
     default = MirrorConfig.model_validate(mirror_config("lat0", SOURCE, KAFKA, ["lat0-0"], tmp_path)).flows[0]
     assert target_topic(default, "lat0-0") == "lat0.lat0-0"
+
+
+def test_mm2_into_msk_signs_in_with_scram_and_copies_exactly_once_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MSK_PASSWORD", "placeholder-password")
+    props = mm2_properties(mm2_command("src", SOURCE, MSK_SCRAM, ["orders"], tuned=True, work=tmp_path,
+                                       exactly_once=True))  # fmt: skip
+    assert (props["target.security.protocol"], props["target.sasl.mechanism"]) == ("SASL_SSL", "SCRAM-SHA-512")
+    assert 'username="mirror"' in props["target.sasl.jaas.config"]
+    assert props["target.ssl.truststore.location"] == "/tls/ca.pem"
+    assert props["target.exactly.once.source.support"] == "enabled"
+    assert props["src.consumer.isolation.level"] == "read_committed"
+
+
+def test_mm2_into_mtls_reads_its_client_certificate_and_key_from_one_private_pem_file(tmp_path: Path) -> None:
+    (tmp_path / "cert.pem").write_text("-----BEGIN CERTIFICATE-----\ncert\n-----END CERTIFICATE-----\n")
+    (tmp_path / "key.pem").write_text("-----BEGIN PRIVATE KEY-----\nkey\n-----END PRIVATE KEY-----\n")
+    mtls = ClusterConfig(
+        alias="tgt", bootstrap_servers="127.0.0.1:9096", profile=Profile.MTLS, ca_file="/tls/ca.pem",
+        client_cert_file=str(tmp_path / "cert.pem"), client_key=SecretRef(file=str(tmp_path / "key.pem")),
+    )  # fmt: skip
+    props = mm2_properties(mm2_command("src", SOURCE, mtls, ["orders"], tuned=True, work=tmp_path))
+    assert (props["target.security.protocol"], props["target.ssl.keystore.type"]) == ("SSL", "PEM")
+    keystore = Path(props["target.ssl.keystore.location"])
+    assert keystore.read_text() == (tmp_path / "key.pem").read_text() + (tmp_path / "cert.pem").read_text()
+    assert keystore.stat().st_mode & 0o077 == 0
 
 
 def test_each_latency_row_is_compared_with_mm2_read_at_the_same_isolation_level() -> None:
