@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.sharedctypes import Synchronized
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_CREATE_TIME, TopicPartition
@@ -97,7 +97,7 @@ def _consume(bootstrap: str, topics: list[str], partitions: int, total: int, iso
     seqs, sent_ms, latency_ms = array("q"), array("q"), array("d")
     got = bytearray(total)
     unique = restamped = 0
-    warm_partitions: set[tuple[str, int]] = set()
+    warm_partitions: set[tuple[str | None, int | None]] = set()
     expected: int | None = None
     quiet_s = 0.0
     last_new = time.monotonic()
@@ -105,16 +105,17 @@ def _consume(bootstrap: str, topics: list[str], partitions: int, total: int, iso
         msg = consumer.poll(0.05)
         now_ms = time.time() * 1000
         if msg is not None and msg.error() is None:
-            if msg.key() == WARMUP_KEY:
+            key, value = cast(bytes, msg.key()), cast(bytes, msg.value())  # the probe sends both in every record
+            if key == WARMUP_KEY:
                 warm_partitions.add((msg.topic(), msg.partition()))
                 warm.value = len(warm_partitions)
                 continue
             kind, ts = msg.timestamp()
-            seq = int.from_bytes(msg.key(), "big")
+            seq = int.from_bytes(key, "big")
             seqs.append(seq)
             sent_ms.append(ts)
             latency_ms.append(now_ms - ts)
-            restamped += kind != TIMESTAMP_CREATE_TIME or int.from_bytes(msg.value()[:8], "big") != ts
+            restamped += kind != TIMESTAMP_CREATE_TIME or int.from_bytes(value[:8], "big") != ts
             if not got[seq]:
                 got[seq] = 1
                 unique += 1
