@@ -40,9 +40,9 @@ Then it measures end-to-end replication latency at a steady rate for each of `--
   an at-least-once real-time slot does: the floor of each client library, with and without the slot's transactions.
   `limit-eos`: CopyLoop committing as often as the mirror's exactly-once slots do in this run
   (`eos_commit_interval_s`), read read_committed: the floor of `mirror-realtime-eos`, whose transactions hold its
-  positions too. The copy loops write through
-  the target's plaintext listener, whatever `--target-kind`. `limit-txn-mm2-linger` is `limit-txn` with tuned MM2's
-  producer linger (20 ms): what real-time tasks copying with Kafka's Java clients would do (docs/benchmarks.md).
+  positions too. The copy loops write through the target's plaintext listener, whatever `--target-kind`.
+  `limit-txn-mm2-linger` is `limit-txn` with tuned MM2's producer linger (20 ms): what real-time tasks copying with
+  Kafka's Java clients would do (docs/benchmarks.md).
 
 Before the first of them, the plain `loop` copies under the same load for `--latency-broker-warmup` seconds (120),
 not counted: freshly started brokers answer slowly for minutes, and the first candidate paid for it.
