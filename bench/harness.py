@@ -29,7 +29,7 @@ Then it measures end-to-end replication latency at a steady rate for each of `--
 
 - `mirror`: throughput mode run continuously (`run` without --available-now, the shipped trigger_interval_s);
 - `mirror-realtime`, `mirror-realtime-eos`: `mode: realtime`, at least once (its transactions only fence zombie
-  tasks) or with `exactly_once: true` (records and positions committed every realtime_commit_interval_s);
+  tasks) or with `exactly_once: true` (records and positions committed every exactly_once_commit_interval_s);
   `mirror-realtime-python`, `mirror-realtime-eos-python`: those two with `copy_core: python`, whose slots copy with
   the Python loop and librdkafka instead of the compiled core (Kafka's Java clients on the executors' JVMs, or the
   Rust core into Event Hubs); `mirror-realtime-identity`, `mirror-realtime-eos-identity`: the first two with
@@ -66,7 +66,7 @@ Usage: .venv/bin/python bench/harness.py [--records 1000000] [--size 512] [--top
        [--latency-candidates mirror,mirror-realtime,mirror-realtime-eos,mirror-realtime-python,
                              mirror-realtime-eos-python,mirror-realtime-identity,mirror-realtime-eos-identity,
                              mm2,mm2-eos,limit,limit-txn,limit-eos,loop,loop-txn,limit-txn-mm2-linger]
-       [--latency-rates 10000,50000] [--realtime-tasks 2] [--realtime-commit-interval 0.2]
+       [--latency-rates 10000,50000] [--realtime-tasks 2] [--eos-commit-interval 0.2]
        [--latency-seconds 60] [--latency-warmup 15] [--latency-broker-warmup 120] [--out /tmp/run]
 """
 
@@ -104,7 +104,7 @@ from bench.testbed.kafka_cluster import ListenerKind  # noqa: E402
 from bench.testbed.ports import free_port  # noqa: E402
 from bench.testbed.proc import TreeMonitor  # noqa: E402
 from images.fetch_jars import cached_jars  # noqa: E402
-from spark_app.config import ClusterConfig, FlowMode, MirrorConfig  # noqa: E402
+from spark_app.config import EXACTLY_ONCE_COMMIT_S, ClusterConfig, FlowMode, MirrorConfig  # noqa: E402
 from spark_app.policy import positions_group, target_topic, transactional  # noqa: E402
 from spark_app.profiles import read_secret  # noqa: E402
 from spark_app.realtime.task import LIBRDKAFKA_LINGER_MS, TXN_COMMIT_S  # noqa: E402
@@ -302,14 +302,14 @@ def mirror_config(
     realtime_tasks: int = 1,
     exactly_once: bool = False,
     copy_core: str = "compiled",
-    realtime_commit_interval_s: float | None = None,
+    eos_commit_interval_s: float | None = None,
     policy: Literal["default", "identity"] = "default",
 ) -> dict:
-    """A config with the shipped defaults (but a `realtime_commit_interval_s` given) and one flow from `alias` to the
-    `target` cluster in `mode` (real time: with `realtime_tasks`), exactly once or not, copied by `copy_core`, its
+    """A config with the shipped defaults and one flow from `alias` to the `target` cluster in `mode` (real time: with
+    `realtime_tasks`), exactly once or not (its `exactly_once_commit_interval_s` as given), copied by `copy_core`, its
     copies named by `policy` (identity: the source's names, and the provenance header the flow stamps by default)."""
-    interval = {} if realtime_commit_interval_s is None else {"realtime_commit_interval_s": realtime_commit_interval_s}
-    return interval | {
+    interval = {} if eos_commit_interval_s is None else {"exactly_once_commit_interval_s": eos_commit_interval_s}
+    return {
         "clusters": [
             {"alias": alias, "bootstrap_servers": source, "profile": "kafka"},
             target.model_dump(mode="json", exclude_none=True, exclude_defaults=True),
@@ -326,6 +326,7 @@ def mirror_config(
                 "exactly_once": exactly_once,
                 "copy_core": copy_core,
             }
+            | interval
         ],
     }
 
@@ -358,7 +359,8 @@ def eos_commit_interval_s(config: dict) -> float:
     """How often the exactly-once real-time slots of `config`'s flow commit their records and positions: the one
     place the harness reads it, for the mirror's rows and for `limit-eos`, which commits as often."""
     mirror = MirrorConfig.model_validate(config)
-    return mirror.realtime_commit_interval_s
+    flow = mirror.flows[0]
+    return flow.commit_interval_s(next(c for c in mirror.clusters if c.alias == flow.target))
 
 
 def mm2_command(
@@ -517,7 +519,7 @@ def run_latency(
     made: list[str] = []
     if spec.copier == "mirror":
         config = mirror_config(alias, source, target_client, topics, work, spec.mode, args.realtime_tasks,
-                               spec.exactly_once, spec.copy_core, args.realtime_commit_interval,
+                               spec.exactly_once, spec.copy_core, args.eos_commit_interval,
                                spec.policy)  # fmt: skip
         out_topics = [target_topic(MirrorConfig.model_validate(config).flows[0], t) for t in topics]
         cmd, commits = mirror_command(config, work, available_now=False), mirror_commits(config)
@@ -528,7 +530,7 @@ def run_latency(
     else:
         # as often as the mirror's exactly-once slots would commit in this run
         eos = mirror_config(alias, source, target_client, topics, work, FlowMode.REALTIME, args.realtime_tasks, True,
-                            realtime_commit_interval_s=args.realtime_commit_interval)  # fmt: skip
+                            eos_commit_interval_s=args.eos_commit_interval)  # fmt: skip
         cmd, commits = copy_loop_latency_command(spec, work, source, target, f"{alias}.", topics, args.realtime_tasks,
                                                  eos_commit_interval_s(eos))  # fmt: skip
     wp.create_topics(source, topics, args.partitions)
@@ -721,8 +723,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per candidate")
     parser.add_argument("--latency-rates", default="10000", help="probe records/s over all partitions: 10000,50000")
     parser.add_argument("--realtime-tasks", type=int, default=1, help="mirror-realtime's realtime_tasks")
-    parser.add_argument("--realtime-commit-interval", type=float, default=None,
-                        help="the mirror's realtime_commit_interval_s (default: the shipped one)")  # fmt: skip
+    parser.add_argument("--eos-commit-interval", type=float, default=None,
+                        help="the flow's exactly_once_commit_interval_s (default: the shipped one)")  # fmt: skip
     parser.add_argument("--latency-seconds", type=float, default=60, help="how long the probe sends")
     parser.add_argument("--latency-warmup", type=float, default=15, help="first seconds of the load not counted")
     parser.add_argument(
@@ -765,8 +767,7 @@ def main() -> None:
         "broker_warmup_s": args.latency_broker_warmup,
         "realtime_tasks": args.realtime_tasks,
         "mirror_trigger_interval_s": MirrorConfig.model_fields["trigger_interval_s"].default,
-        "realtime_commit_interval_s": args.realtime_commit_interval
-        or MirrorConfig.model_fields["realtime_commit_interval_s"].default,
+        "eos_commit_interval_s": args.eos_commit_interval or EXACTLY_ONCE_COMMIT_S,
     }
     bed = TestBed()
     work = Path(tempfile.mkdtemp(prefix="mirrorkit-bench-"))

@@ -318,6 +318,14 @@ class MirrorMaker2Names(StrictModel):
     connect_group: Annotated[str, Field(min_length=1, max_length=255)] | None = None
 
 
+# How often an exactly-once real-time slot commits by default: Kafka's Java clients add each new transaction's
+# partitions in one request, so committing often costs little, and at 0.2 s the p99 a read_committed reader saw was
+# MirrorMaker 2's with exactly-once source support, which commits after every poll (bench/results/JOURNAL.md).
+EXACTLY_ONCE_COMMIT_S = 0.1
+# Event Hubs takes at most 4 offset commits per second per partition, and each commit sends the slot's positions.
+EVENTHUBS_COMMIT_S = 0.25
+
+
 class FlowConfig(StrictModel):
     source: str
     target: str
@@ -350,6 +358,11 @@ class FlowConfig(StrictModel):
     # (spark_app.transactions): a read_committed consumer of the target sees every record once, through any crash.
     # Needs transactions on the target (Kafka 3.x or later, MSK; Event Hubs Premium or Dedicated only).
     exactly_once: bool = False
+    # How often an exactly-once real-time slot commits its transaction, records and positions together: a
+    # read_committed reader sees a record at the first commit after it landed, so this is most of the latency it sees.
+    # Each commit costs a round of transaction requests and a marker in every partition it touched. Unset:
+    # `commit_interval_s(target)`.
+    exactly_once_commit_interval_s: Annotated[float, Field(ge=0.01, le=60)] | None = None
     # What copies the flow's records: `compiled`, a compiled core where one serves the flow, else the Python loop;
     # `python`, the reference loop (spark_app.outbox) everywhere. spark_app.copy_wing.choice decides which core and
     # says why (`mirrorkit describe`): the Rust core (librdkafka, about a third of the Python loop's CPU per record)
@@ -366,6 +379,13 @@ class FlowConfig(StrictModel):
     def name(self) -> str:
         return f"{self.source}->{self.target}"
 
+    def commit_interval_s(self, target: ClusterConfig) -> float:
+        """How often the flow's exactly-once real-time slots commit into `target`: as set, else
+        EXACTLY_ONCE_COMMIT_S, or EVENTHUBS_COMMIT_S into Event Hubs."""
+        if self.exactly_once_commit_interval_s is not None:
+            return self.exactly_once_commit_interval_s
+        return EVENTHUBS_COMMIT_S if target.is_eventhubs else EXACTLY_ONCE_COMMIT_S
+
 
 class MirrorConfig(StrictModel):
     version: Literal[1] = CONFIG_VERSION
@@ -379,7 +399,9 @@ class MirrorConfig(StrictModel):
     trigger_interval_s: Annotated[float, Field(ge=0)] = 0.25
     metrics_port: Annotated[int, Field(ge=1, le=65535)] = 9404
     # How often a real-time flow saves its positions (spark_app.realtime): a SIGKILL copies again at most what landed
-    # since, and each save is one write of the state file beside the checkpoint (object storage too).
+    # since (exactly once: nothing, the target's positions win), and each save is one write of the state file beside
+    # the checkpoint (object storage too). An exactly-once slot's own commits follow its flow's
+    # `exactly_once_commit_interval_s`.
     realtime_commit_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
 
     _some_flow = field_validator("flows")(_non_empty("define at least one flow"))
@@ -405,6 +427,13 @@ class MirrorConfig(StrictModel):
                 errors.append(f"{where}: a second flow {flow.name}")
             by_pair[(flow.source, flow.target)] = flow
             target = aliases.get(flow.target)
+            every = flow.exactly_once_commit_interval_s
+            if target is not None and target.is_eventhubs and every is not None and every < EVENTHUBS_COMMIT_S:
+                errors.append(
+                    f"{where}.exactly_once_commit_interval_s: {every} s is too often for Event Hubs cluster"
+                    f" '{flow.target}', which takes at most 4 offset commits per second per partition; give"
+                    f" {EVENTHUBS_COMMIT_S} or more"
+                )
             if target is not None and target.is_eventhubs and flow.topics.literal_names() is None:
                 errors.append(
                     f"{where}.topics.include: a flow into Event Hubs cluster '{flow.target}' must list topic names,"

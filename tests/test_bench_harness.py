@@ -22,7 +22,7 @@ from bench.harness import (
     mirror_config,
     mm2_command,
 )
-from spark_app.config import ClusterConfig, FlowMode, MirrorConfig, Profile, SecretRef
+from spark_app.config import EXACTLY_ONCE_COMMIT_S, ClusterConfig, FlowMode, MirrorConfig, Profile, SecretRef
 from spark_app.policy import PROVENANCE_HEADER, replication_policy, target_topic
 from spark_app.realtime.task import LIBRDKAFKA_LINGER_MS
 
@@ -52,7 +52,7 @@ def test_real_time_into_kafka_writes_fencing_transactions_and_into_event_hubs_no
         seen[target.profile] = mirror_commits(config)
     assert seen == {Profile.KAFKA: "every 5.0 s", Profile.EVENTHUBS: "none", Profile.MSK_SCRAM: "every 5.0 s"}
     exactly_once = mirror_config("src", SOURCE, KAFKA, ["orders"], tmp_path, FlowMode.REALTIME, exactly_once=True)
-    assert mirror_commits(exactly_once) == "every 1.0 s"
+    assert mirror_commits(exactly_once) == f"every {EXACTLY_ONCE_COMMIT_S} s"
     assert mirror_commits(mirror_config("src", SOURCE, KAFKA, ["orders"], tmp_path)) == "none"
 
 
@@ -108,7 +108,7 @@ def test_the_exactly_once_floor_commits_as_often_as_the_mirrors_exactly_once_slo
     assert spec.isolation == LATENCY_CANDIDATES["mirror-realtime-eos"].isolation == "read_committed"
     for given in (None, 0.2):
         mirror = mirror_config("src", SOURCE, KAFKA, ["a"], tmp_path, FlowMode.REALTIME, exactly_once=True,
-                               realtime_commit_interval_s=given)  # fmt: skip
+                               eos_commit_interval_s=given)  # fmt: skip
         interval = eos_commit_interval_s(mirror)
         cmd, commits = copy_loop_latency_command(spec, tmp_path, SOURCE, "127.0.0.1:9093", "lat0.", ["a"], 2, interval)
         assert commits == mirror_commits(mirror) == f"every {interval} s"
@@ -128,7 +128,9 @@ def test_identity_candidates_keep_topic_names_and_stamp_provenance_as_their_defa
         assert (flow.replication_policy, flow.provenance_header) == ("identity", True)
         assert replication_policy(flow).stamps, f"the copies carry {PROVENANCE_HEADER}"
         assert target_topic(flow, "lat0-0") == "lat0-0"
-        assert mirror_commits(config) == ("every 1.0 s" if identity.exactly_once else "every 5.0 s")
+        assert mirror_commits(config) == (
+            f"every {EXACTLY_ONCE_COMMIT_S} s" if identity.exactly_once else "every 5.0 s"
+        )
     default = MirrorConfig.model_validate(mirror_config("lat0", SOURCE, KAFKA, ["lat0-0"], tmp_path)).flows[0]
     assert target_topic(default, "lat0-0") == "lat0.lat0-0"
 

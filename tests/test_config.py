@@ -9,7 +9,7 @@ import pytest
 from infra.hubs import HubSpec, plan_hubs
 from infra.schema import ClusterSpec, SourceTopic
 from spark_app.cli import main as cli_main
-from spark_app.config import ConfigError, parse_config
+from spark_app.config import EVENTHUBS_COMMIT_S, EXACTLY_ONCE_COMMIT_S, ConfigError, parse_config
 from spark_app.policy import event_hubs_topics, should_mirror, target_topic
 
 GOOD = {
@@ -64,14 +64,33 @@ def variant(**changes) -> dict:
         (variant(clusters__0__password=None), "config:clusters[0]: profile 'msk-scram' needs 'password'"),
         (variant(clusters__1__bootstrap_servers="a:1,nohost"), "bootstrap_servers: entry 2 of 2 is not host:port"),
         (variant(clusters__1__alias="a"), "config:clusters[1].alias: 'a' is used twice"),
+        (
+            variant(flows__0__target="eh", flows__0__topics={"include": ["orders"]},
+                    flows__0__exactly_once_commit_interval_s=0.1),
+            "config:flows[0].exactly_once_commit_interval_s: 0.1 s is too often for Event Hubs cluster 'eh', which"
+            " takes at most 4 offset commits per second per partition; give 0.25 or more",
+        ),
     ],
     ids=["unknown-alias", "empty-selection", "bad-regex", "same-cluster", "identity-loop", "eh-codec",
-         "java-client-name", "eh-pattern", "missing-secret", "bad-bootstrap", "duplicate-alias"],
+         "java-client-name", "eh-pattern", "missing-secret", "bad-bootstrap", "duplicate-alias", "eh-commit-often"],
 )  # fmt: skip
 def test_bad_config_is_refused_naming_the_key(raw, message):
     with pytest.raises(ConfigError) as refused:
         parse_config(raw)
     assert message in str(refused.value)
+
+
+def test_an_exactly_once_slot_commits_as_set_else_as_often_as_its_target_allows():
+    kafka, eventhubs = variant(), variant(flows__0__target="eh", flows__0__topics={"include": ["orders"]})
+    set_ = variant(flows__0__exactly_once_commit_interval_s=2.5)
+    every = {
+        name: (lambda c: c.flows[0].commit_interval_s(next(k for k in c.clusters if k.alias == c.flows[0].target)))(
+            parse_config(raw)
+        )
+        for name, raw in {"kafka": kafka, "eventhubs": eventhubs, "set": set_}.items()
+    }
+    assert every == {"kafka": EXACTLY_ONCE_COMMIT_S, "eventhubs": EVENTHUBS_COMMIT_S, "set": 2.5}
+    assert EXACTLY_ONCE_COMMIT_S < EVENTHUBS_COMMIT_S
 
 
 def test_a_connection_string_pasted_as_bootstrap_servers_is_refused_without_its_key_in_the_message():

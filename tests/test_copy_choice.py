@@ -91,7 +91,7 @@ def test_the_throughput_copy_and_the_real_time_task_copy_with_the_core_chosen():
         assert RangeCopier(flow, source, target).core is core is choose(flow, source, target).core
     cfg = config("scram", "eh", mode="realtime")
     flow, source, target = cfg.flows[0], cfg.cluster("scram"), cfg.cluster("eh")
-    task = CopierTask(flow, source, target, ("127.0.0.1", 1), b"k", TargetRules(), 5.0)
+    task = CopierTask(flow, source, target, ("127.0.0.1", 1), b"k", TargetRules())
     assert task.core is Core.RUST is choose(flow, source, target).core
 
 

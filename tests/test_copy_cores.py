@@ -269,7 +269,7 @@ def test_a_real_time_task_with_the_compiled_core_writes_and_reports_what_the_pyt
     results, python_consumers = {}, {}
     for core in ("python", "compiled"):
         flow, rules, ends = _inputs(source, target, core, unique, tmp_path, records, refusing, now_ms, realtime=True)
-        task = CopierTask(flow, source.client, target.client, ("127.0.0.1", 9), b"unused", rules, 1.0)
+        task = CopierTask(flow, source.client, target.client, ("127.0.0.1", 9), b"unused", rules)
         reports, made_consumer = _run_slots(task, ends)
         python_consumers |= {(core, role): made for role, made in made_consumer.items()}
         copied = [read_all(target.admin, t, _landed_rows(reports, t)) for t in flow.topics.include or ()]
@@ -308,7 +308,7 @@ def test_a_real_time_slot_in_transactions_on_the_compiled_core_commits_what_the_
     for core in ("python", "compiled"):
         flow, rules, ends = _inputs(source, target, core, f"eo-{unique}", tmp_path, records, refusing, now_ms,
                                     realtime=True, exactly_once=True)  # fmt: skip
-        task = CopierTask(flow, source.client, target.client, ("127.0.0.1", 9), b"unused", rules, 1.0)
+        task = CopierTask(flow, source.client, target.client, ("127.0.0.1", 9), b"unused", rules)
         task.core = Core.RUST if core == "compiled" else Core.PYTHON
         reports, _ = _run_slots(task, ends)
         topics = flow.topics.include or []

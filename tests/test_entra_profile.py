@@ -216,7 +216,7 @@ def test_the_compiled_core_reads_from_a_token_login_and_writes_to_another_each_w
     flow = FlowConfig(source=source.alias, target=target.alias, topics=TopicSelection(include=[topic]),
                       checkpoint_location=str(tmp_path / "rt"), mode=FlowMode.REALTIME, exactly_once=True)  # fmt: skip
     assert choose(flow, source, target).core is Core.RUST
-    task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", TargetRules(), 1.0)
+    task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", TargetRules())
     keys = [(topic, 0), (topic, 1)]
     driver = AvailableNowDriver()
     LiveCopy(task, Assignment(dict.fromkeys(keys, 0), dict.fromkeys(keys, 30)), 0).run(driver)

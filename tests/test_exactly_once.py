@@ -148,10 +148,11 @@ def test_a_real_time_task_cut_off_from_its_driver_is_fenced_when_its_successor_s
         PARTITIONS,
         mode=FlowMode.REALTIME,
         exactly_once=exactly_once,
+        exactly_once_commit_interval_s=COMMIT_S,
     )
     first = records(topic, 0, 2_000)
     clients.produce(source, topic, first)
-    task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", TargetRules(), COMMIT_S)
+    task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", TargetRules())
     starts = {(topic, p): 0 for p in range(PARTITIONS)}
 
     zombie_conn = DriverGone()
@@ -224,10 +225,11 @@ def test_a_real_time_slot_of_a_run_that_is_over_starting_its_producer_after_the_
         PARTITIONS,
         mode=FlowMode.REALTIME,
         exactly_once=True,
+        exactly_once_commit_interval_s=COMMIT_S,
     )
     clients.produce(source, topic, records(topic, 0, 200))
     fence(flow, target, {}, 0, 1)  # the next run's start
-    task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", TargetRules(), COMMIT_S)
+    task = CopierTask(flow, source, target, ("127.0.0.1", 9), b"unused", TargetRules())
     conn = RunOver(answer)
     with pytest.raises(RunGone, match="commits nothing"):
         LiveCopy(task, Assignment({(topic, p): 0 for p in range(PARTITIONS)}, None), 0).run(conn)

@@ -301,7 +301,7 @@ def test_a_jvm_slot_of_a_run_that_is_over_starting_its_producer_after_the_next_r
     key_source = channel.KeySource("run-over", file=str(tmp_path / "secret"))
     listener = channel.Listener()
     task = CopierTask(flow, source.client, target.client, ("127.0.0.1", listener.port), key_source.encode(),
-                      TargetRules(), 0.5)  # fmt: skip
+                      TargetRules())  # fmt: skip
     asked: list[object] = []
 
     def driver_of_a_run_that_is_over() -> None:
@@ -342,10 +342,10 @@ def _slot_config() -> SlotConfig:
     )  # fmt: skip
     flow = FlowConfig.model_validate(
         {"source": "a", "target": "b", "topics": {"include": ["t", "u"]}, "checkpoint_location": "/c",
-         "mode": "realtime", "exactly_once": True}
+         "mode": "realtime", "exactly_once": True, "exactly_once_commit_interval_s": 2.5}
     )  # fmt: skip
     key = channel.KeySource("run-1", file="/run/key").encode()
-    task = CopierTask(flow, source, target, ("127.0.0.1", 7077), key, TargetRules(1_000_000), 2.5)
+    task = CopierTask(flow, source, target, ("127.0.0.1", 7077), key, TargetRules(1_000_000))
     return SlotConfig.of(task, ["t", "u"])
 
 

@@ -56,7 +56,7 @@ def test_records_that_land_ahead_of_a_record_the_broker_refused_are_reported_exa
             [OffsetRange(topic, 0, 0, end)]
         )
     else:  # one available-now task, its reports in the order it sent them
-        task = CopierTask(flow, source.client, producing, ("127.0.0.1", 9), b"unused", TargetRules(), 1.0)
+        task = CopierTask(flow, source.client, producing, ("127.0.0.1", 9), b"unused", TargetRules())
         reports = _Reports()
         LiveCopy(task, Assignment({(topic, 0): 0}, {(topic, 0): end}), 0).run(reports)
         landings = [Landing.from_row(row) for row in reports.rows]

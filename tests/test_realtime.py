@@ -22,7 +22,7 @@ FLOW = FlowConfig(source="a", target="b", topics=TopicSelection(include=["t"]), 
 
 
 def live_copy(starts: dict[tuple[str, int], int]) -> LiveCopy:
-    task = CopierTask(FLOW, SOURCE, TARGET, ("127.0.0.1", 9), b"key", TargetRules(), 1.0)
+    task = CopierTask(FLOW, SOURCE, TARGET, ("127.0.0.1", 9), b"key", TargetRules())
     return LiveCopy(task, Assignment(starts, None), 0)
 
 
@@ -202,7 +202,7 @@ def test_a_jvm_slots_producer_queues_no_more_than_the_python_loops_transactions_
 
     for cap in (None, 20_000_000):
         rules = TargetRules(max_message_bytes=cap)
-        task = CopierTask(FLOW, SOURCE, TARGET, ("127.0.0.1", 9), KeySource("r").encode(), rules, 1.0)
+        task = CopierTask(FLOW, SOURCE, TARGET, ("127.0.0.1", 9), KeySource("r").encode(), rules)
         java = SlotConfig.of(task, ["t"]).producer
         python = transaction_settings(task.producer_settings)
         assert int(java["buffer.memory"]) == int(cast(int, python["queue.buffering.max.kbytes"])) * 1024, cap

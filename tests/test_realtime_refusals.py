@@ -97,7 +97,7 @@ def copying(
     config = FlowConfig(source="a", target="b", topics=TopicSelection(include=[flow.topic]),
                         checkpoint_location="/unused", mode="realtime", dead_letter_topic=dead_letter_topic,
                         exactly_once=exactly_once)  # fmt: skip
-    task = CopierTask(config, flow.source, flow.target, ("127.0.0.1", 9), b"unused", rules, 1.0)
+    task = CopierTask(config, flow.source, flow.target, ("127.0.0.1", 9), b"unused", rules)
     copy, driver = LiveCopy(task, Assignment({(flow.topic, 0): 0, (flow.topic, 1): 0}, None), slot=0), Driver()
 
     def run() -> None:

@@ -85,7 +85,7 @@ class CopyJob:
         address = (spark.conf.get("spark.driver.host") or "127.0.0.1", self._listener.port)
         log.info("flow %s: the copier tasks report on port %d", flow.name, self._listener.port)
         # The task carries where its executor finds the key, never the key (spark_app.channel).
-        self._task = CopierTask(flow, source, target, address, source_of_key.encode(), rules, commit_interval_s)
+        self._task = CopierTask(flow, source, target, address, source_of_key.encode(), rules)
         self._jvm_config = (
             jvm.SlotConfig.of(self._task, sorted({t for t, _ in assignment.starts})).dumps()
             if choose(flow, source, target).core is Core.JVM else None

@@ -114,7 +114,7 @@ class CopierTask:
 
     def __init__(
         self, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig, address: tuple[str, int],
-        key: bytes, rules: TargetRules, commit_s: float,
+        key: bytes, rules: TargetRules,
     ) -> None:  # fmt: skip
         self.flow = flow
         self.source = source
@@ -123,7 +123,7 @@ class CopierTask:
         self.key = key
         self.rules = rules
         self.producer_settings = producer_settings(rules) | {"linger.ms": LIBRDKAFKA_LINGER_MS}
-        self.commit_s = commit_s
+        self.commit_s = flow.commit_interval_s(target)  # exactly once's
         self.core = choose(flow, source, target).core
 
     def __call__(self, slot: int, _rows: Iterable[int]) -> Iterator[int]:
