@@ -20,6 +20,18 @@ def stamped(sent: Sequence[Record], alias: str) -> list[Record]:
     return out
 
 
+def stamped_at(held: Sequence[Record], alias: str) -> list[Record]:
+    """The records an `identity` flow from `alias` writes for the records its source `held` (as `read_all` read them,
+    with their offsets): each with the provenance header last, naming the alias and the record's offset there."""
+    return [dataclasses.replace(r, headers=(*r.headers, (PROVENANCE_HEADER, provenance(alias, _at(r))))) for r in held]
+
+
+def _at(record: Record) -> int:
+    if record.offset is None:
+        raise ValueError(f"{record} carries no offset: read it with read_all")
+    return record.offset
+
+
 def assert_each_record_once_in_order(
     topic: str, got: Sequence[Record], sent: Sequence[Record], *, at_least_once: bool = False
 ) -> None:
