@@ -7,12 +7,14 @@ config or argument the command refuses, 1 for a mirror, cluster or group state t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
 import logging
 import re
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -518,9 +520,18 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
             flow.name, src.alias, src.profile.value, dst.alias, dst.profile.value,
             flow.replication_policy, flow.topics.include, flow.topics.exclude,
         )  # fmt: skip
-    check_reachable(config.clusters, PREFLIGHT_TIMEOUT_S)  # before Spark: a wrong address or password fails fast
-    check_transactions(config)  # and a target that cannot do the transactions a flow needs
-    spark = build_session(master)
+    # Spark's JVM starts (about 2 s) while the clusters are asked, so neither waits for the other. A wrong address or
+    # password, or a target that cannot do the transactions a flow needs, still stops `run` before any flow starts.
+    with ThreadPoolExecutor(1, thread_name_prefix="spark-start") as starting:
+        session = starting.submit(build_session, master)
+        try:
+            check_reachable(config.clusters, PREFLIGHT_TIMEOUT_S)
+            check_transactions(config)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                session.result().stop()
+            raise
+        spark = session.result()
     mirror = Mirror(spark, config)
     mirror.stop_on_sigterm()
     if available_now:

@@ -22,10 +22,11 @@ from confluent_kafka import KafkaError, KafkaException
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
 
+from . import range_copy
 from .config import STOP_BATCH_TIMEOUT_S, FlowMode, MirrorConfig, cores_needed, spark_jvm_conf
 from .copy_wing.choice import choices
 from .dr.service import DrSync
-from .errors import ClusterUnreachable, MirrorFailed
+from .errors import ClusterUnreachable, MirrorFailed, first_cause
 from .metrics import LagPoller, MirrorMetrics
 from .planner import UNREACHABLE_GIVE_UP_S
 from .realtime import jvm
@@ -77,6 +78,8 @@ class Mirror:
         ]
         self.stopping = threading.Event()
         _warn_if_cores_short(spark, config)
+        if any(f.mode is FlowMode.THROUGHPUT for f in config.flows):
+            _warm_copy_workers(spark)
         for choice in choices(config):
             log.info("%s", choice)
             self.metrics.core_chosen(choice.flow, choice.core.value, choice.copies)
@@ -110,10 +113,15 @@ class Mirror:
     def run_available_now(self) -> None:
         """Mirror what is there now, write a final offset sync and checkpoint, then return. When `stopping` is set
         first (SIGTERM), every flow stops between batches instead, and a later run copies the rest."""
-        for dr in self.dr.values():
-            dr.prepare()
-        for flow in self.flows:
-            flow.start(first_topic_sync(flow, self.stopping), available_now=True)
+        with ThreadPoolExecutor(max(1, len(self.dr)), thread_name_prefix="dr-prepare") as preparing:
+            prepared = []
+            for dr in self.dr.values():
+                dr.make_topics()
+                prepared.append(preparing.submit(dr.prepare))  # beside the copy (DrSync.make_topics says why)
+            for flow in self.flows:
+                flow.start(first_topic_sync(flow, self.stopping), available_now=True)
+        for done in prepared:
+            done.result()
         while any(flow.running() for flow in self.flows) and not self.stopping.wait(0.2):
             continue
         if self.stopping.is_set():
@@ -187,6 +195,23 @@ class Mirror:
         """Stop the flow between batches, then write its final offset syncs and checkpoints."""
         flow.stop()
         self.dr[flow.flow.name].stop()
+
+
+def _warm_copy_workers(spark: SparkSession) -> None:
+    """Start a Python worker on each core, with the copy's modules imported, while the driver makes topics, takes its
+    DR lease and plans the first batch: that batch's tasks then reuse them (`spark.python.worker.reuse`, on by
+    default) instead of waiting for their start, about half a second each (bench/results/JOURNAL.md). A job of its
+    own in a daemon thread; should it fail, the first batch starts its workers itself."""
+    sc = spark.sparkContext
+    cores = sc.defaultParallelism
+
+    def run() -> None:
+        try:
+            sc.parallelize(range(cores), cores).foreach(range_copy.warm)
+        except Exception as err:  # noqa: BLE001 - only a head start is lost
+            log.info("the copy's Python workers were not started ahead: %s", first_cause(str(err)))
+
+    threading.Thread(target=run, name="mirrorkit-warm-workers", daemon=True).start()
 
 
 def _warn_if_cores_short(spark: SparkSession, config: MirrorConfig) -> None:

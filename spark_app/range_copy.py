@@ -83,6 +83,12 @@ PARTITION_STALL_S = 60.0
 LOST_TRANSACTIONS = 3
 
 
+def warm(_task: int) -> None:
+    """What a task runs to start an executor's Python worker with this module (and so the copy's) imported, and
+    the compiled core loaded: spark_app.mirror runs it while the driver prepares the first batch."""
+    import mirrorkit_copy_core  # noqa: F401  # the extension module's load, which each worker pays once
+
+
 class RangeCopier:
     """A flow's copy of offset ranges, picklable into a task: `copy` for a batch's planned group, or a catch-up's.
 

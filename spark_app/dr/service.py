@@ -75,6 +75,7 @@ class DrSync:
         self._metrics = metrics
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._topics_made = False
         self._prepared = False
         self._leaseless = False  # the flow has no topic to hold its lease on: its DR writes are not fenced
 
@@ -89,32 +90,15 @@ class DrSync:
         return self.heartbeats.newest_ms
 
     def prepare(self, emit_heartbeats: bool = False) -> None:
-        """Make the internal topics and reload the syncs and checkpoints a previous run left.
+        """Make the internal topics, take the flow's DR lease and reload the syncs and checkpoints a previous run left.
 
         A cluster that does not answer leaves translation safe but coarse (no history: resume points fall back to
-        the start of the target partition); it is retried at the next checkpoint.
+        the start of the target partition); it is retried at the next checkpoint. The copy may land meanwhile: its
+        landings wait in memory, as nothing is written before this is done.
         """
-        if self._prepared:
+        if self._prepared or not self.make_topics(emit_heartbeats):
             return
-        self.emit_heartbeats = emit_heartbeats and self.flow.emit_heartbeats
-        syncs_cluster = self.config.cluster(offset_syncs_cluster(self.flow))
-        wanted = [
-            (syncs_cluster, offset_syncs_topic(self.flow), True),
-            (self.target, checkpoints_topic(self.flow), True),
-        ]
-        if self.emit_heartbeats:
-            wanted.append((self.source, HEARTBEATS_TOPIC, False))  # read by its tail: any cleanup policy does
-        self.disabled.clear()  # as this attempt finds them
-        self._leaseless = False
         try:
-            refuse_dotted_history(self.config, self.flow)
-            for cluster, topic, compacted in wanted:
-                reason = ensure_topic(cluster, topic, compacted)
-                if reason:
-                    self.disabled[topic] = reason
-                    log.warning("flow %s: %s", self.flow.name, reason)
-            if self._metrics is not None:  # an alert fires on it: a log line alone goes unread
-                self._metrics.dr_topics_unusable(self.flow.name, self.disabled)
             checkpoints = checkpoints_topic(self.flow)
             if checkpoints not in self.disabled or topic_exists(self.target, checkpoints):
                 self.lease.acquire()  # before reading back: a mirror it fences writes no more after its round
@@ -134,6 +118,38 @@ class DrSync:
         with self._lock:
             self.syncs.rebase(stored)  # batches that landed while the history was read stay the newest
         self._prepared = True
+
+    def make_topics(self, emit_heartbeats: bool = False) -> bool:
+        """Refuse a history the flow's internal topic names would lose (raises), and make the internal topics; False
+        while a cluster does not answer (`prepare` tries again). Quick, so the mirror does it before its flows start
+        (their first topic sync finds `heartbeats`) and the rest of `prepare` (a group join for the lease, which a
+        broker may hold for its initial rebalance delay, and the history's reads) goes on beside the copy."""
+        if self._topics_made:
+            return True
+        self.emit_heartbeats = emit_heartbeats and self.flow.emit_heartbeats
+        syncs_cluster = self.config.cluster(offset_syncs_cluster(self.flow))
+        wanted = [
+            (syncs_cluster, offset_syncs_topic(self.flow), True),
+            (self.target, checkpoints_topic(self.flow), True),
+        ]
+        if self.emit_heartbeats:
+            wanted.append((self.source, HEARTBEATS_TOPIC, False))  # read by its tail: any cleanup policy does
+        self.disabled.clear()  # as this attempt finds them
+        self._leaseless = False
+        try:
+            refuse_dotted_history(self.config, self.flow)
+            for cluster, topic, compacted in wanted:
+                reason = ensure_topic(cluster, topic, compacted)
+                if reason:
+                    self.disabled[topic] = reason
+                    log.warning("flow %s: %s", self.flow.name, reason)
+        except (KafkaException, TimeoutError) as err:
+            log.warning("flow %s: cannot make its DR topics yet: %s", self.flow.name, err)
+            return False
+        if self._metrics is not None:  # an alert fires on it: a log line alone goes unread
+            self._metrics.dr_topics_unusable(self.flow.name, self.disabled)
+        self._topics_made = True
+        return True
 
     def on_landed(self, rows: Iterable[Landing]) -> None:
         """The copy's after-landing hook: record where each range landed (written to the topic at the next round)."""
@@ -177,9 +193,10 @@ class DrSync:
     # -- the loop ---------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Run checkpoints and heartbeats on their intervals in a daemon thread until `stop`."""
-        self.prepare(emit_heartbeats=True)
-        self._attempt(self.heartbeat_once)  # before topic sync runs, so `heartbeats` is there to be mirrored
+        """Run checkpoints and heartbeats on their intervals in a daemon thread until `stop`. The internal topics are
+        made first, so the flows' first topic sync finds `heartbeats`; the thread's first round prepares the rest
+        while the flows start, then beats."""
+        self.make_topics(emit_heartbeats=True)
         self._thread = threading.Thread(target=self._run, name=f"dr {self.flow.name}", daemon=True)
         self._thread.start()
 
