@@ -188,10 +188,10 @@ def end_offsets(admin: AdminClient, topics: list[str], partitions: int) -> dict[
     raise AssertionError("unreachable")
 
 
-def launch(cmd: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen, TreeMonitor]:
+def launch(cmd: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT) -> tuple[subprocess.Popen, TreeMonitor]:
     """Start a candidate in its own session (so it is stopped with all its children), sampled from the start."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, TreeMonitor(proc.pid)
 
 
@@ -213,6 +213,7 @@ def log_tail(log: Path, lines: int = 15) -> str:
 def run_candidate(
     name: str, cmd: list[str], env: dict[str, str], target: str, out_topics: list[str], partitions: int,
     expected: int, exits_by_itself: bool, log: Path, timeout: float, committed: Callable[[], int] | None = None,
+    cwd: Path = ROOT,
 ) -> dict:  # fmt: skip
     """Launch, watch the target fill up, stop; timings, CPU and memory of the whole process tree. With `committed`
     (an exactly-once copy's count of the source records a read_committed reader can see so far), the copy ends once
@@ -221,7 +222,7 @@ def run_candidate(
     reader saw the first ones (the first transaction's commit)."""
     admin = kafka_clients.admin(plaintext(target))
     began = time.monotonic()
-    proc, monitor = launch(cmd, env, log)
+    proc, monitor = launch(cmd, env, log, cwd)
     first = done = visible = None
     written = total = 0
     try:
@@ -398,11 +399,11 @@ def show(result: dict) -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "error"}), result.get("error", ""), flush=True)
 
 
-def candidate_env() -> dict[str, str]:
-    """The environment every candidate runs in: Spark's Python workers import this checkout's spark_app."""
+def candidate_env(checkout: Path = ROOT) -> dict[str, str]:
+    """The environment every candidate runs in: Spark's Python workers import `checkout`'s spark_app."""
     return os.environ | {
         "PYSPARK_PYTHON": sys.executable,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": str(checkout),
     }
 
 

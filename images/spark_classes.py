@@ -6,7 +6,7 @@ must list the classes a mirror's start loads, and be made by the same `java` on 
 that maps it.
 
 So this script runs a short local Spark job shaped like the mirror's start, with the JVM listing every class it loads
-(-XX:DumpLoadedClassList). The job is the mirror's own session (spark_app.mirror.build_session) and one job of Python
+(-XX:DumpLoadedClassList). The job is the mirror's own Spark (spark_app.mirror.start_spark) and one job of Python
 tasks that each return Python objects to the driver, as a micro-batch's copy and a real-time flow's tasks are. Then
 `java -Xshare:dump` writes those classes, from the job JVM's own class path, into
 `<SPARK_HOME>/mirrorkit-classes.jsa`, which the mirror's JVM options name (spark_app.config.spark_jvm_conf). Set-up
@@ -60,15 +60,15 @@ def _run(command: list[str], env: dict[str, str], what: str) -> None:
 
 
 def job(work: Path) -> None:
-    """The mirror's session and one job of Python tasks, as a batch's copy runs them; then the driver JVM's class
+    """The mirror's Spark and one job of Python tasks, as a batch's copy runs them; then the driver JVM's class
     path, which the archive is made for."""
-    from spark_app.mirror import build_session
+    from spark_app.mirror import start_spark
 
-    spark = build_session("local[2]")
+    spark = start_spark("local[2]")
     groups = [[("topic", 0, 0, 1)], [("topic", 1, 0, 1)]]
-    spark.sparkContext.parallelize(groups, len(groups)).mapPartitionsWithIndex(lambda slot, tasks: [slot]).collect()
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None  # a live session's
+    spark.parallelize(groups, len(groups)).mapPartitionsWithIndex(lambda slot, tasks: [slot]).collect()
+    jvm = spark._jvm
+    assert jvm is not None  # a running SparkContext's
     (work / CLASS_PATH).write_text(jvm.System.getProperty("java.class.path"))
     spark.stop()
 

@@ -509,7 +509,7 @@ def run_handback(config: MirrorConfig, args: argparse.Namespace) -> int:
 
 def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) -> int:
     from .clients import check_reachable
-    from .mirror import Mirror, build_session
+    from .mirror import Mirror, start_spark
     from .progress import FlowProgress, ProgressReport
     from .transactions import check_transactions
 
@@ -523,7 +523,7 @@ def run_mirror(config: MirrorConfig, available_now: bool, master: str | None) ->
     # Spark's JVM starts (about 2 s) while the clusters are asked, so neither waits for the other. A wrong address or
     # password, or a target that cannot do the transactions a flow needs, still stops `run` before any flow starts.
     with ThreadPoolExecutor(1, thread_name_prefix="spark-start") as starting:
-        session = starting.submit(build_session, master)
+        session = starting.submit(start_spark, master)
         try:
             check_reachable(config.clusters, PREFLIGHT_TIMEOUT_S)
             check_transactions(config)

@@ -45,7 +45,7 @@ TOPIC_GONE_GRACE_S = 7 * 86_400.0
 # from the start and in steady state (bench/results/20261127-startup-profile.txt). The heap starts at 16 MB and grows
 # only as far as Spark's own objects need, not from the 1/64 of the machine's memory the JVM would start with and then
 # fill with young garbage: 90 MB less of the driver's peak RSS in a 1,000,000-record copy
-# (bench/results/20261129-memory.txt). Set where a JVM starts: by `build_session` for a JVM it launches, by infra's
+# (bench/results/20261129-memory.txt). Set where a JVM starts: by `start_spark` for a JVM it launches, by infra's
 # SparkApplication for the deployed driver and executors.
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xms16m"
 # Spark's own classes, mapped from one class-data-sharing archive in Spark's home instead of read from its jars and
@@ -54,6 +54,10 @@ SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xms16m"
 # another class path than it was made for, starts without it, as before. The image makes none: a pod's JVMs cannot
 # map one (images/mirror/Dockerfile says why).
 SPARK_CLASS_ARCHIVE = "mirrorkit-classes.jsa"
+# Spark settings of the mirror wherever it starts (`start_spark` for a JVM it launches, infra's SparkApplication for
+# the deployed one, where a stack's spark_conf may set them otherwise): Spark's web UI is off, as the mirror's metrics
+# and `status` make up for it, and starting it took 0.2-0.6 s of every start (bench/results/JOURNAL.md).
+SPARK_DEFAULTS = {"spark.ui.enabled": "false"}
 
 
 def spark_jvm_conf(class_archive_home: str | None) -> dict[str, str]:

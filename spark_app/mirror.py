@@ -19,11 +19,11 @@ from typing import Any
 
 import pyspark
 from confluent_kafka import KafkaError, KafkaException
+from pyspark import SparkConf, SparkContext
 from pyspark.java_gateway import ensure_callback_server_started
-from pyspark.sql import SparkSession
 
 from . import range_copy
-from .config import STOP_BATCH_TIMEOUT_S, FlowMode, MirrorConfig, cores_needed, spark_jvm_conf
+from .config import SPARK_DEFAULTS, STOP_BATCH_TIMEOUT_S, FlowMode, MirrorConfig, cores_needed, spark_jvm_conf
 from .copy_wing.choice import choices
 from .dr.service import DrSync
 from .errors import ClusterUnreachable, MirrorFailed, first_cause
@@ -42,30 +42,34 @@ STOP_DUMP_S = STOP_BATCH_TIMEOUT_S + 30
 FIRST_SYNC_RETRY_S = 2.0  # between tries of a flow's first topic sync that failed for a moment
 
 
-def build_session(master: str | None = None, app_name: str = "mirrorkit") -> SparkSession:
-    """The session `run` uses; spark-submit's own settings win inside the image. Given a master, this process starts
-    the JVM itself, with the mirror's JVM options (inside the image, infra's SparkApplication sets them)."""
-    builder = SparkSession.builder.appName(app_name)
+def start_spark(master: str | None = None, app_name: str = "mirrorkit") -> SparkContext:
+    """The Spark `run` uses; spark-submit's own settings win inside the image. Given a master, this process starts
+    the JVM itself, with the mirror's JVM options (inside the image, infra's SparkApplication sets them).
+
+    A SparkContext, not a SparkSession: the mirror runs plain jobs, and a session's SQL state took 0.6-1.0 s of every
+    start (bench/results/JOURNAL.md)."""
+    conf = SparkConf().setAppName(app_name)
     # Spark's console progress bar would draw over the mirror's own progress line (spark_app.progress).
-    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    conf.set("spark.ui.showConsoleProgress", "false")
     if master:
-        builder = builder.master(master)
-        for key, value in spark_jvm_conf(spark_home()).items():
-            builder = builder.config(key, value)
+        # PYSPARK_SUBMIT_ARGS, which pyspark hands spark-submit, may set a default otherwise (`--conf key=value`).
+        submitted = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+        defaults = [(key, value) for key, value in SPARK_DEFAULTS.items() if f"{key}=" not in submitted]
+        conf.setMaster(master).setAll([*spark_jvm_conf(spark_home()).items(), *defaults])
         if jars := jvm.local_jars():  # the real-time JVM copier, as set-up built it
-            builder = builder.config("spark.jars", ",".join(jars))
-    return builder.config("spark.task.maxFailures", "4").getOrCreate()
+            conf.set("spark.jars", ",".join(jars))
+    return SparkContext.getOrCreate(conf.set("spark.task.maxFailures", "4"))
 
 
 def spark_home() -> str:
-    """The Spark that pyspark starts for `build_session`: $SPARK_HOME, else the installed pyspark's own."""
+    """The Spark that pyspark starts for `start_spark`: $SPARK_HOME, else the installed pyspark's own."""
     return os.environ.get("SPARK_HOME") or str(Path(pyspark.__file__).parent)
 
 
 class Mirror:
     """All flows of a config in one Spark application."""
 
-    def __init__(self, spark: SparkSession, config: MirrorConfig) -> None:
+    def __init__(self, spark: SparkContext, config: MirrorConfig) -> None:
         self.spark = spark
         self.config = config
         self.metrics = MirrorMetrics()
@@ -97,8 +101,8 @@ class Mirror:
         the signal reaches Python, and its own handler does the same. Call it from the main thread.
         """
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
-        gateway = self.spark.sparkContext._gateway
-        assert gateway is not None  # a live SparkSession has its py4j gateway
+        gateway = self.spark._gateway
+        assert gateway is not None  # a live SparkContext has its py4j gateway
         ensure_callback_server_started(gateway)  # type: ignore[no-untyped-call]  # pyspark leaves it unannotated
         self._on_jvm_sigterm = _SetOnSignal(self)
         jvm_signal = gateway.jvm.sun.misc.Signal
@@ -197,27 +201,26 @@ class Mirror:
         self.dr[flow.flow.name].stop()
 
 
-def _warm_copy_workers(spark: SparkSession) -> None:
+def _warm_copy_workers(spark: SparkContext) -> None:
     """Start a Python worker on each core, with the copy's modules imported, while the driver makes topics, takes its
     DR lease and plans the first batch: that batch's tasks then reuse them (`spark.python.worker.reuse`, on by
     default) instead of waiting for their start, about half a second each (bench/results/JOURNAL.md). A job of its
     own in a daemon thread; should it fail, the first batch starts its workers itself."""
-    sc = spark.sparkContext
-    cores = sc.defaultParallelism
+    cores = spark.defaultParallelism
 
     def run() -> None:
         try:
-            sc.parallelize(range(cores), cores).foreach(range_copy.warm)
+            spark.parallelize(range(cores), cores).foreach(range_copy.warm)
         except Exception as err:  # noqa: BLE001 - only a head start is lost
             log.info("the copy's Python workers were not started ahead: %s", first_cause(str(err)))
 
     threading.Thread(target=run, name="mirrorkit-warm-workers", daemon=True).start()
 
 
-def _warn_if_cores_short(spark: SparkSession, config: MirrorConfig) -> None:
+def _warn_if_cores_short(spark: SparkContext, config: MirrorConfig) -> None:
     """Tasks without a core wait, and so do their partitions (spark_app.config.cores_needed). Only a warning: on
     Kubernetes, executors may still be registering; infra refuses a site too small at preview."""
-    needed, cores = cores_needed(config.flows), spark.sparkContext.defaultParallelism
+    needed, cores = cores_needed(config.flows), spark.defaultParallelism
     if needed > cores:
         log.warning(
             "the flows need %d core(s) (one per real-time task, one more for micro-batches) and the"

@@ -25,7 +25,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 
-from pyspark.sql import SparkSession
+from pyspark import SparkContext
 
 from . import channel
 from .errors import MirrorFailed
@@ -49,12 +49,12 @@ class RunKeys:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def run_keys(spark: SparkSession, needs: str) -> RunKeys:
+def run_keys(spark: SparkContext, needs: str) -> RunKeys:
     """A new run's channel key: in local mode from a secret of the run's in a file only this user can read; with
     `spark.authenticate`, from Spark's own application secret, which Spark hands its executors itself. On a cluster
     without it nothing Spark protects reaches the executors: refused, saying `needs` it."""
     run = uuid.uuid4().hex
-    master = spark.sparkContext.master or ""
+    master = spark.master or ""
     if master == "local" or master.startswith("local["):
         secret = channel.new_key()
         folder = tempfile.mkdtemp(prefix="mirrorkit-channel-")  # 0700
@@ -62,14 +62,14 @@ def run_keys(spark: SparkSession, needs: str) -> RunKeys:
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
             out.write(secret)
         return RunKeys(channel.run_key(secret, run), channel.KeySource(run, file=path), folder)
-    if (spark.conf.get("spark.authenticate", "false") or "").lower() != "true":
+    if (spark.getConf().get("spark.authenticate", "false") or "").lower() != "true":
         raise MirrorFailed(
             f"{needs} on a Spark cluster ({master}) needs spark.authenticate=true: its tasks find the report channel's"
             " key through Spark's own secret, which Spark sends its executors only with authentication on (and"
             " spark.network.crypto.enabled=true encrypts what they say); the mirror's SparkApplication sets both"
         )
-    secret = spark.sparkContext._jvm.org.apache.spark.SparkEnv.get().securityManager().getSecretKey()  # type: ignore[union-attr]
-    files = [spark.conf.get(f"spark.authenticate.secret{role}.file", None) for role in (".executor", "")]
+    secret = spark._jvm.org.apache.spark.SparkEnv.get().securityManager().getSecretKey()  # type: ignore[union-attr]
+    files = [spark.getConf().get(f"spark.authenticate.secret{role}.file", None) for role in (".executor", "")]
     source = channel.KeySource(run, spark_secret_file=next((f for f in files if f), None))
     return RunKeys(channel.run_key(str(secret).encode(), run), source, None)
 
@@ -86,11 +86,11 @@ class RunAddress:
 class RunWitness:
     """The driver's side: answers each task of its run that proves it holds the run's key, until closed."""
 
-    def __init__(self, spark: SparkSession, needs: str) -> None:
+    def __init__(self, spark: SparkContext, needs: str) -> None:
         self._keys = run_keys(spark, needs)
         self._listener = channel.Listener()
         self._closed = threading.Event()
-        host = spark.conf.get("spark.driver.host") or "127.0.0.1"
+        host = spark.getConf().get("spark.driver.host") or "127.0.0.1"
         self.address = RunAddress(host, self._listener.port, self._keys.source.encode())
         threading.Thread(target=self._accept, name="mirrorkit-run-witness", daemon=True).start()
 

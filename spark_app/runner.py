@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
-from pyspark.sql import SparkSession
+from pyspark import SparkContext
 
 from .clients import PartitionOffsets
 from .config import STOP_BATCH_TIMEOUT_S, FlowConfig, MirrorConfig
@@ -37,7 +37,7 @@ class FlowRunner(abc.ABC):
     """One flow: sync its topics, start its copy on a subscription, stop it, and tell where it stands."""
 
     def __init__(
-        self, spark: SparkSession, config: MirrorConfig, flow: FlowConfig, metrics: MirrorMetrics,
+        self, spark: SparkContext, config: MirrorConfig, flow: FlowConfig, metrics: MirrorMetrics,
         on_landed: Callable[[list[Landing]], None] | None = None, topic_sync: TopicSync | None = None,
         on_forgotten: Callable[[list[str]], None] | None = None,
     ) -> None:  # fmt: skip

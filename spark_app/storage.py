@@ -6,7 +6,7 @@ moves together, and goes when the folder is deleted. A
 location with no scheme (or `file:`) is a local path, a PVC mounted as one included, and is written from Python
 (temporary file, fsync, rename): no JVM needed, so `adopt` and the unit tests run without Spark. Any other scheme
 (`s3a://`, `abfss://`, `hdfs://`) goes through the Hadoop `FileSystem` Spark itself uses for such a location, reached
-through the session's JVM: the same jars, the same `spark.hadoop.*` settings and credentials, nothing to set twice.
+through Spark's JVM: the same jars, the same `spark.hadoop.*` settings and credentials, nothing to set twice.
 
 Why Hadoop rather than a compacted Kafka topic (measured with `bench/state_store.py`; docs/mirror/state.md): a topic
 saves faster (0.9 ms against 20 ms on s3a, medians, moto on loopback), but both are small beside the offset and commit
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark import SparkContext
 
 ABORTABLE = "fs.capability.outputstream.abortable"  # Hadoop's CommonPathCapabilities.ABORTABLE_STREAM
 
@@ -61,15 +61,15 @@ class CheckpointFiles(Protocol):
         ...
 
 
-def checkpoint_files(location: str, spark: SparkSession | None = None) -> CheckpointFiles:
-    """The files at a checkpoint location. For a Hadoop location, `spark` is the session whose JVM and Hadoop
-    settings to use (the active one, or a new one, when not given)."""
+def checkpoint_files(location: str, spark: SparkContext | None = None) -> CheckpointFiles:
+    """The files at a checkpoint location. For a Hadoop location, `spark` is the Spark whose JVM and Hadoop settings
+    to use (the running one, or a new one, when not given)."""
     parts = urlsplit(location)
     if parts.scheme == "file":
         return LocalFiles(location, Path(parts.path))
     if not parts.scheme:
         return LocalFiles(location, Path(location))
-    return HadoopFiles(location, spark or _session())
+    return HadoopFiles(location, spark or _spark())
 
 
 class LocalFiles:
@@ -109,16 +109,16 @@ class LocalFiles:
 
 
 class HadoopFiles:
-    """A folder on any Hadoop file system, through the JVM of a Spark session (Py4J)."""
+    """A folder on any Hadoop file system, through Spark's JVM (Py4J)."""
 
     local = False
 
-    def __init__(self, location: str, spark: SparkSession) -> None:
-        session: Any = spark  # its JVM handles are private, untyped attributes
+    def __init__(self, location: str, spark: SparkContext) -> None:
+        context: Any = spark  # its JVM handles are private, untyped attributes
         self.location = location
-        self._jvm = session._jvm
-        self._gateway = session.sparkContext._gateway
-        self._conf = session._jsc.hadoopConfiguration()
+        self._jvm = context._jvm
+        self._gateway = context._gateway
+        self._conf = context._jsc.hadoopConfiguration()
         self._root = self._jvm.org.apache.hadoop.fs.Path(location)
         self._fs = self._root.getFileSystem(self._conf)
 
@@ -188,8 +188,8 @@ def _java_class(err: Exception) -> str | None:
     return None if java is None else str(java.getClass().getName())
 
 
-def _session() -> SparkSession:
-    """The active Spark session, or a new one for a command that runs without a mirror (`adopt`)."""
-    from pyspark.sql import SparkSession
+def _spark() -> SparkContext:
+    """The running Spark, or a new one for a command that runs without a mirror (`adopt`)."""
+    from pyspark import SparkConf, SparkContext
 
-    return SparkSession.getActiveSession() or SparkSession.builder.appName("mirrorkit").getOrCreate()
+    return SparkContext.getOrCreate(SparkConf().setAppName("mirrorkit"))

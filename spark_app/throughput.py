@@ -66,7 +66,7 @@ class ThroughputRunner(FlowRunner):
         state = self.ledger.state
         self._stopping = threading.Event()
         planner = BatchPlanner(
-            self.source, dict(subscription), self.flow.start_from, self.spark.sparkContext.defaultParallelism,
+            self.source, dict(subscription), self.flow.start_from, self.spark.defaultParallelism,
             self.flow.max_records_per_trigger, self.flow.max_bytes_per_trigger, by_topic(state.adopted),
             by_topic(state.positions) if state.mode is FlowMode.REALTIME else None, self._stopping,
         )  # fmt: skip
@@ -84,7 +84,7 @@ class ThroughputRunner(FlowRunner):
 
     def _run(self, planner: BatchPlanner, available_now: bool) -> None:
         """Run batches until stopped (or, available-now, until nothing new is left); a failure is `failure`'s."""
-        self.spark.sparkContext.setJobGroup(self._group, f"mirror {self.flow.name}", interruptOnCancel=True)
+        self.spark.setJobGroup(self._group, f"mirror {self.flow.name}", interruptOnCancel=True)
         try:
             self._batches(planner, available_now)
         except Exception as err:  # the flow's failure, in the mirror's own words; a cancelled batch is no failure
@@ -156,7 +156,7 @@ class ThroughputRunner(FlowRunner):
         def copy(slot: int, tasks: Iterable[list[OffsetRange]]) -> list[Landing]:
             return [landing for ranges in tasks for landing in copier.copy(ranges, slot)]
 
-        tasks = self.spark.sparkContext.parallelize(groups, len(groups))
+        tasks = self.spark.parallelize(groups, len(groups))
         return tasks.mapPartitionsWithIndex(copy).collect()
 
     def stop(self, timeout_s: float = STOP_BATCH_TIMEOUT_S) -> None:
@@ -171,7 +171,7 @@ class ThroughputRunner(FlowRunner):
         if thread.is_alive():
             log.warning("flow %s: the batch in flight did not end within %.0f s; cancelling it, it runs"
                         " again when the flow starts again", self.flow.name, timeout_s)  # fmt: skip
-            self.spark.sparkContext.cancelJobGroup(self._group)
+            self.spark.cancelJobGroup(self._group)
             thread.join(timeout_s)
             if thread.is_alive():  # a daemon thread: it ends with the process, its batch uncommitted
                 log.error("flow %s: the cancelled batch did not end within %.0f s either; stopping without it",

@@ -118,15 +118,15 @@ def multi_broker_cluster(testbed: TestBed) -> MultiBrokerCluster:
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local Spark session for the whole run, with the mirror's offset-range source registered."""
+    """One local Spark for the whole run, started as the mirror starts its own."""
     # Python workers must run this interpreter, or they cannot import pyarrow and confluent-kafka.
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    from spark_app.mirror import build_session
+    from spark_app.mirror import start_spark
 
-    session = build_session("local[2]", app_name="mirrorkit-tests")
-    session.sparkContext.setLogLevel("WARN")
-    yield session
-    session.stop()
+    context = start_spark("local[2]", app_name="mirrorkit-tests")
+    context.setLogLevel("WARN")
+    yield context
+    context.stop()
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,12 @@ benchmark table or of the benchmark journal (bench/results/JOURNAL.md).
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import pytest
 
+from bench import startup
 from bench.harness import (
     LATENCY_CANDIDATES,
     ROOT,
@@ -174,3 +176,16 @@ def test_each_latency_row_is_compared_with_mm2_read_at_the_same_isolation_level(
     rows = [row("mm2", 10.0), row("mm2-eos", 400.0), row("limit-txn", 5.0), row("limit-eos", 200.0)]
     table = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in latency_lines(rows, meta) if "|" in line}
     assert table["limit-txn"][9] == "0.50" and table["limit-eos"][9] == "0.50"
+
+
+def test_the_start_up_profile_reads_each_phase_from_the_first_line_that_marks_it(tmp_path: Path) -> None:
+    log = tmp_path / "mirror.log"
+    log.write_text(
+        "2026-12-07 10:00:00,400 INFO spark_app: flow a->b: a (kafka) -> b (kafka), policy default\n"
+        "WARNING: Using incubator modules: jdk.incubator.vector\n"
+        "2026-12-07 10:00:02,900 INFO spark_app.mirror: flow a->b: throughput batches copy with the rust core (...)\n"
+        "2026-12-07 10:00:03,350 INFO spark_app.throughput: flow a->b: mirroring 4 topic(s): t0, t1, t2, t3\n"
+        "2026-12-07 10:00:09,000 INFO spark_app.throughput: flow a->b: mirroring 5 topic(s): t0, t1, t2, t3, t4\n"
+    )
+    launched = datetime.datetime(2026, 12, 7, 10, 0, 0).timestamp()
+    assert startup.phases(log, launched) == {"config": 0.4, "spark": 2.9, "flow": 3.35}

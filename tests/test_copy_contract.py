@@ -116,7 +116,7 @@ def test_the_rust_core_hands_back_landing_fields_by_the_contracts_names_and_refu
 
 def _java(spark, contracts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What the Java copier made of each contract, asked on the driver's JVM (CopierJob.checkContract)."""
-    job = spark.sparkContext._jvm.io.mirrorkit.copier.CopierJob
+    job = spark._jvm.io.mirrorkit.copier.CopierJob
     assert isinstance(job, JavaClass), "the JVM copier is not on Spark's class path: `bash .ci/setup` builds it"
     return [json.loads(job.checkContract(json.dumps(c))) for c in contracts]
 

@@ -235,7 +235,7 @@ def _landed(rows: list[Landing], topic: str) -> int:
 def test_the_jvm_copier_reads_every_rule_of_the_report_channel_as_python_made_them(spark):
     """The channel's labels, sizes and limits are Python's (ChannelRules), read by name: a field added on either side
     and not the other, or one missing, fails here."""
-    job = spark.sparkContext._jvm.io.mirrorkit.copier.CopierJob
+    job = spark._jvm.io.mirrorkit.copier.CopierJob
     rules = channel.RULES.to_json()
     assert json.loads(job.checkChannel(json.dumps(rules))) == {"read": rules}
     assert {f.name for f in fields(channel.ChannelRules)} == set(rules)
@@ -259,7 +259,7 @@ def test_the_jvm_slots_side_of_the_channel_speaks_pythons_wire_format_and_drops_
         "channel": channel.RULES.to_json(),
         "key_source": source.to_json(),
     }
-    job = spark.sparkContext._jvm.io.mirrorkit.copier.CopierJob
+    job = spark._jvm.io.mirrorkit.copier.CopierJob
     ended: list[str] = []
     echo = threading.Thread(target=lambda: ended.append(job.echoChannel(json.dumps(config))), daemon=True)
     echo.start()
@@ -352,7 +352,7 @@ def _slot_config() -> SlotConfig:
 def test_the_jvm_copier_reads_every_field_of_the_slots_config_as_python_made_it(spark):
     """What a slot is told (SlotConfig) is read by name, every field and nested field of it: one added on either side
     and not the other, one missing or one of the wrong type fails here, naming it."""
-    job = spark.sparkContext._jvm.io.mirrorkit.copier.CopierJob
+    job = spark._jvm.io.mirrorkit.copier.CopierJob
     config = _slot_config().to_json()
     assert tuple(config) == SLOT_CONFIG_FIELDS == tuple(f.name for f in fields(SlotConfig))
     assert config["source"]["login"]["file"] == "/run/secrets/scram", "where the password is, never the password"

@@ -76,7 +76,7 @@ def test_a_standalone_cluster_copies_a_backlog_byte_exact_and_survives_a_worker_
         | spark_standalone.driver_env
         | {
             "SPARK_LOCAL_IP": "127.0.0.1",
-            "PYSPARK_SUBMIT_ARGS": f"--conf spark.ui.port={ui_port} pyspark-shell",
+            "PYSPARK_SUBMIT_ARGS": f"--conf spark.ui.enabled=true --conf spark.ui.port={ui_port} pyspark-shell",
         }
     )
     with open(tmp_path / "driver.log", "w+") as out:

@@ -45,14 +45,14 @@ pytestmark = pytest.mark.timeout(120)
 
 
 class StandInSpark:
-    """Just enough of a SparkSession for a CopyJob: each slot's Spark job hands the test the task, and runs until
+    """Just enough of a SparkContext for a CopyJob: each slot's Spark job hands the test the task, and runs until
     `end`."""
 
     def __init__(self, master: str = "local[2]", conf: dict[str, str] | None = None, secret: str | None = None):
         settings = {"spark.driver.host": "127.0.0.1"} | (conf or {})
-        self.conf = SimpleNamespace(get=lambda key, default=None: settings.get(key, default))
+        conf = SimpleNamespace(get=lambda key, default=None: settings.get(key, default))
+        self.getConf = lambda: conf
         self.master = master
-        self.sparkContext = self
         # The driver's SecurityManager, as py4j shows it: where a cluster's job finds Spark's secret.
         security = SimpleNamespace(getSecretKey=lambda: secret)
         env = SimpleNamespace(get=lambda: SimpleNamespace(securityManager=lambda: security))

@@ -31,7 +31,7 @@ from infra.k8s.series import (
 )
 from infra.naming import CHECKPOINT_DIR, SECRETS_DIR
 from infra.schema import Alerts, CheckpointStore, ExecutorResources, Resources
-from spark_app.config import STOP_GRACE_S, spark_jvm_conf
+from spark_app.config import SPARK_DEFAULTS, STOP_GRACE_S, spark_jvm_conf
 
 CONFIG_DIR = "/etc/mirrorkit/config"
 CONFIG_FILE = "mirror.yaml"
@@ -180,6 +180,7 @@ def spark_application_spec(
             "spark.kubernetes.executor.deleteOnTermination": "true",
             "spark.kubernetes.driver.pod.excludedFeatureSteps": EXCLUDED_DRIVER_STEPS,
             **spark_jvm_conf(None),  # the image has no class archive
+            **SPARK_DEFAULTS,
             **args.spark_conf,
             **SPARK_SECURITY,
         },

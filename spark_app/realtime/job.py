@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from pyspark.sql import SparkSession
+from pyspark import SparkContext
 
 from .. import channel
 from ..channel import Channel
@@ -48,7 +48,7 @@ class CopyJob:
     """
 
     def __init__(
-        self, spark: SparkSession, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig,
+        self, spark: SparkContext, flow: FlowConfig, source: ClusterConfig, target: ClusterConfig,
         assignment: Assignment, tasks: int, rules: TargetRules, commit_interval_s: float,
         on_landed: Callable[[list[Landing]], None],
     ) -> None:  # fmt: skip
@@ -82,7 +82,7 @@ class CopyJob:
         self._keys = run_keys(spark, f"flow {flow.name}: real-time mode")
         self._key, source_of_key = self._keys.key, self._keys.source
         self._listener = channel.Listener()
-        address = (spark.conf.get("spark.driver.host") or "127.0.0.1", self._listener.port)
+        address = (spark.getConf().get("spark.driver.host") or "127.0.0.1", self._listener.port)
         log.info("flow %s: the copier tasks report on port %d", flow.name, self._listener.port)
         # The task carries where its executor finds the key, never the key (spark_app.channel).
         self._task = CopierTask(flow, source, target, address, source_of_key.encode(), rules)
@@ -130,7 +130,7 @@ class CopyJob:
         self._stop_tasks()
         if not self._ended.wait(timeout_s):
             log.warning("flow %s: copier tasks did not stop within %.0f s; cancelling them", self.flow.name, timeout_s)
-            self.spark.sparkContext.cancelJobGroup(self._group)
+            self.spark.cancelJobGroup(self._group)
         self._done.wait()
 
     def _stop_tasks(self) -> None:
@@ -156,7 +156,7 @@ class CopyJob:
         """One slot: on the executors' JVM where it serves the flow (spark_app.realtime.jvm), and with the Python task
         from where it handed the slot back, or from the start. A slot that fails past Spark's retries stops the
         others, and the job ends with its error."""
-        sc = self.spark.sparkContext
+        sc = self.spark
         sc.setJobGroup(self._group, f"mirror {self.flow.name} (real time, slot {slot})", interruptOnCancel=True)
         try:
             if self._jvm_config is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
-from pyspark.sql import SparkSession
+from pyspark import SparkContext
 
 from ..channel import RULES, ChannelRules, KeySource
 from ..copy_wing.contract import CopyContract
@@ -142,14 +142,14 @@ class SlotConfig:
 SLOT_CONFIG_FIELDS = tuple(f.name for f in fields(SlotConfig))
 
 
-def run_slot(spark: SparkSession, config: str, slot: int) -> bool:
+def run_slot(spark: SparkContext, config: str, slot: int) -> bool:
     """Run one slot as a Spark job on the JVM until it stops; False when it handed the slot back to the Python loop."""
-    copier = spark.sparkContext._jvm.io.mirrorkit.copier.CopierJob  # type: ignore[union-attr]
+    copier = spark._jvm.io.mirrorkit.copier.CopierJob  # type: ignore[union-attr]
     if not isinstance(copier, JavaClass):
         raise MirrorFailed(
             f"copy_core 'compiled' needs the mirror's JVM copier ({COPIER_CLASS}) on Spark's class path for real-time"
             " flows into Kafka: `bash .ci/setup` builds it, and the mirror image ships it; or set the flow's"
             " copy_core to 'python'"
         )
-    _copied, handed_back = copier.run(spark.sparkContext._jsc, config, slot)
+    _copied, handed_back = copier.run(spark._jsc, config, slot)
     return not handed_back

@@ -573,6 +573,17 @@ def test_the_application_turns_on_sparks_authentication_and_encryption_and_nothi
     assert not [key for key in conf if key.startswith("spark.authenticate.secret")], conf
 
 
+def test_sparks_web_ui_is_off_unless_the_stacks_spark_conf_turns_it_on():
+    async def body():
+        MirrorApplication("off", mirror_args())
+        MirrorApplication("on", mirror_args(spark_conf={"spark.ui.enabled": "true"}))
+        return {}
+
+    run = run_pulumi(body, {})
+    enabled = {name: run.named(f"{name}-app").plain["spec"]["sparkConf"]["spark.ui.enabled"] for name in ("off", "on")}
+    assert enabled == {"off": "false", "on": "true"}
+
+
 def test_mirror_runs_the_cli_with_its_config_and_checkpoint_pvc():
     async def body():
         MirrorApplication("m", mirror_args())
