@@ -24,6 +24,7 @@ import datetime
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +47,14 @@ PHASES = {
     "flow": re.compile(r"INFO spark_app\.throughput: flow \S+: mirroring "),
 }
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def commit_of(checkout: Path) -> str:
+    """The checkout's commit, as a result names it (a folder's path says nothing once the run is over)."""
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return (done.stdout.strip() or str(checkout)) + (" (uncommitted changes)" if dirty else "")
 
 
 def phases(log: Path, launched: float) -> dict[str, float]:
@@ -134,7 +143,7 @@ def main() -> None:
         f"{', exactly once' if args.exactly_once else ''}; seconds from launch, medians of {args.runs} run(s)"
         " (each run's figures in brackets).",
         "",
-        "| checkout | " + " | ".join(columns) + " |",
+        "| commit | " + " | ".join(columns) + " |",
         "|---|" + "---|" * len(columns),
     ]
     for checkout in checkouts:
@@ -144,7 +153,7 @@ def main() -> None:
             values = [r[column] for r in mine if column in r]
             runs = " · ".join(f"{v}" for v in values)
             cells.append(f"{statistics.median(values):.2f} [{runs}]" if values else "-")
-        lines.append(f"| {checkout} | " + " | ".join(cells) + " |")
+        lines.append(f"| {commit_of(checkout)} | " + " | ".join(cells) + " |")
     out = args.out or harness.RESULTS / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-startup"
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
