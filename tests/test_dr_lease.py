@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -186,39 +185,3 @@ def test_a_lease_taken_by_a_mirror_that_has_not_yet_marked_it_is_not_taken_back(
     assert lease.fenced is not None and "took over its DR state" in lease.fenced
     assert holder(config, flow) is not None and replacement.poll(0.5) is None, "the replacement is still the member"
     replacement.close()
-
-
-class _Consumer:
-    """A lease's consumer as `_taken` sees it: its member id, which a poll that serves its rejoin's answer changes."""
-
-    def __init__(self, member_id: str, after_poll: str | None = None) -> None:
-        self.member_id, self.after_poll = member_id, after_poll
-
-    def memberid(self) -> str:
-        return self.member_id
-
-    def poll(self, _timeout: float) -> None:
-        self.member_id = self.after_poll or self.member_id
-
-
-def test_the_leases_own_rejoin_is_not_taken_for_another_mirror_but_a_member_that_lasts_is(monkeypatch):
-    """After the target came back, its broker may hold the consumer's own rejoin under a new member id before the
-    consumer has the answer, and refuse the commit it sends meanwhile: a mirror stopped itself as fenced so. The
-    member counts as another mirror's only if it lasts once the consumer served its events."""
-    from spark_app.config import ClusterConfig, FlowConfig
-    from spark_app.dr import lease as lease_module
-
-    cluster = ClusterConfig(alias="b", bootstrap_servers="127.0.0.1:9", profile="kafka")
-    flow = FlowConfig.model_validate({"source": "a", "target": "b", "topics": {"include": ["t"]},
-                                      "checkpoint_location": "/c"})  # fmt: skip
-    monkeypatch.setattr(lease_module, "_members", lambda *_: [SimpleNamespace(member_id="rejoined")])
-    monkeypatch.setattr(lease_module, "REJOIN_SETTLE_S", 1.0)
-    monkeypatch.setattr(lease_module, "SETTLE_POLL_S", 0.05)
-    own = DrLease(cluster, flow)
-    own._consumer = _Consumer("before", after_poll="rejoined")  # type: ignore[assignment]
-    assert not own._taken()
-    other = DrLease(cluster, flow)
-    other._consumer = _Consumer("mine")  # type: ignore[assignment]
-    began = time.monotonic()
-    assert other._taken()
-    assert time.monotonic() - began >= 1.0, "taken only once the other member lasted"

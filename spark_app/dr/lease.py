@@ -34,10 +34,6 @@ log = logging.getLogger(__name__)
 SESSION_S = 10  # how long a lease outlives a mirror that crashed
 RELEASED = "released by"  # how the mark of a mirror that stopped starts
 JOIN_TIMEOUT_S = clients.REQUEST_TIMEOUT_S
-# How long a member that is not this lease's consumer must last before the lease counts as taken: a member of a
-# consumer that stopped goes once its session lapses (`_taken`).
-REJOIN_SETTLE_S = SESSION_S + 5
-SETTLE_POLL_S = 0.5
 
 
 class DrLease:
@@ -115,23 +111,12 @@ class DrLease:
         return True
 
     def _taken(self) -> bool:
-        """Whether a consumer other than this lease's is the lease group's member. Asked of the member, not of the
-        committed mark: a mirror that takes the lease is the member from its join on but commits its mark a moment
-        later, and a look between the two would take the lease back. Told by member id: a static member that replaces
-        another keeps the other's client id in the group's description.
-
-        A member with another id may still be this consumer's own: a rejoin after the target came back that the
-        broker took before the consumer had its answer (it then commits with its old id, and is fenced), or one of a
-        consumer that can no longer use it. So it counts only if it is there still once the consumer served its
-        events, and after the session that a member of a consumer that stopped outlives (REJOIN_SETTLE_S)."""
-        deadline = time.monotonic() + REJOIN_SETTLE_S
-        while True:
-            mine = self._consumer.memberid() if self._consumer is not None else None
-            if not any(member.member_id != mine for member in _members(self.cluster, self.group)):
-                return False
-            if self._consumer is None or time.monotonic() >= deadline:
-                return True
-            self._consumer.poll(SETTLE_POLL_S)
+        """Whether a consumer other than this lease's is the lease group's member now. Asked of the member, not of
+        the committed mark: a mirror that takes the lease is the member from its join on but commits its mark a
+        moment later, and a look between the two would take the lease back. Told by member id: a static member that
+        replaces another keeps the other's client id in the group's description."""
+        mine = self._consumer.memberid() if self._consumer is not None else None
+        return any(member.member_id != mine for member in _members(self.cluster, self.group))
 
     def release(self) -> None:
         """Give the lease up: a static member does not leave its group (the session ends `SESSION_S` on), so the
