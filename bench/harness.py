@@ -359,9 +359,7 @@ def mirror_commits(config: dict) -> str:
 def eos_commit_interval_s(config: dict) -> float:
     """How often the exactly-once real-time slots of `config`'s flow commit their records and positions: the one
     place the harness reads it, for the mirror's rows and for `limit-eos`, which commits as often."""
-    mirror = MirrorConfig.model_validate(config)
-    flow = mirror.flows[0]
-    return flow.commit_interval_s(next(c for c in mirror.clusters if c.alias == flow.target))
+    return MirrorConfig.model_validate(config).flows[0].exactly_once_commit_interval_s
 
 
 def mm2_command(

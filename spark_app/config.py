@@ -322,12 +322,12 @@ class MirrorMaker2Names(StrictModel):
     connect_group: Annotated[str, Field(min_length=1, max_length=255)] | None = None
 
 
-# How often an exactly-once real-time slot commits by default: Kafka's Java clients add each new transaction's
-# partitions in one request, so committing often costs little, and at 0.2 s the p99 a read_committed reader saw was
-# MirrorMaker 2's with exactly-once source support, which commits after every poll (bench/results/JOURNAL.md).
-EXACTLY_ONCE_COMMIT_S = 0.1
+# How often an exactly-once real-time slot commits by default. At 0.1 s its p99 for a read_committed reader was 0.61×
+# that of MirrorMaker 2 with exactly-once source support (bench/results/JOURNAL.md, 2026-12-07 23:42), but a topic
+# made again while a slot committed that often had its new life never copied in a test: 1 s until that is found.
+EXACTLY_ONCE_COMMIT_S = 1.0
 # Event Hubs takes at most 4 offset commits per second per partition, and each commit sends the slot's positions.
-EVENTHUBS_COMMIT_S = 0.25
+EVENTHUBS_MIN_COMMIT_S = 0.25
 
 
 class FlowConfig(StrictModel):
@@ -364,9 +364,8 @@ class FlowConfig(StrictModel):
     exactly_once: bool = False
     # How often an exactly-once real-time slot commits its transaction, records and positions together: a
     # read_committed reader sees a record at the first commit after it landed, so this is most of the latency it sees.
-    # Each commit costs a round of transaction requests and a marker in every partition it touched. Unset:
-    # `commit_interval_s(target)`.
-    exactly_once_commit_interval_s: Annotated[float, Field(ge=0.01, le=60)] | None = None
+    # Each commit costs a round of transaction requests and a marker in every partition it touched.
+    exactly_once_commit_interval_s: Annotated[float, Field(ge=0.01, le=60)] = EXACTLY_ONCE_COMMIT_S
     # What copies the flow's records: `compiled`, a compiled core where one serves the flow, else the Python loop;
     # `python`, the reference loop (spark_app.outbox) everywhere. spark_app.copy_wing.choice decides which core and
     # says why (`mirrorkit describe`): the Rust core (librdkafka, about a third of the Python loop's CPU per record)
@@ -382,13 +381,6 @@ class FlowConfig(StrictModel):
     @property
     def name(self) -> str:
         return f"{self.source}->{self.target}"
-
-    def commit_interval_s(self, target: ClusterConfig) -> float:
-        """How often the flow's exactly-once real-time slots commit into `target`: as set, else
-        EXACTLY_ONCE_COMMIT_S, or EVENTHUBS_COMMIT_S into Event Hubs."""
-        if self.exactly_once_commit_interval_s is not None:
-            return self.exactly_once_commit_interval_s
-        return EVENTHUBS_COMMIT_S if target.is_eventhubs else EXACTLY_ONCE_COMMIT_S
 
 
 class MirrorConfig(StrictModel):
@@ -432,11 +424,11 @@ class MirrorConfig(StrictModel):
             by_pair[(flow.source, flow.target)] = flow
             target = aliases.get(flow.target)
             every = flow.exactly_once_commit_interval_s
-            if target is not None and target.is_eventhubs and every is not None and every < EVENTHUBS_COMMIT_S:
+            if target is not None and target.is_eventhubs and every < EVENTHUBS_MIN_COMMIT_S:
                 errors.append(
                     f"{where}.exactly_once_commit_interval_s: {every} s is too often for Event Hubs cluster"
                     f" '{flow.target}', which takes at most 4 offset commits per second per partition; give"
-                    f" {EVENTHUBS_COMMIT_S} or more"
+                    f" {EVENTHUBS_MIN_COMMIT_S} or more"
                 )
             if target is not None and target.is_eventhubs and flow.topics.literal_names() is None:
                 errors.append(

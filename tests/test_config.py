@@ -9,7 +9,7 @@ import pytest
 from infra.hubs import HubSpec, plan_hubs
 from infra.schema import ClusterSpec, SourceTopic
 from spark_app.cli import main as cli_main
-from spark_app.config import EVENTHUBS_COMMIT_S, EXACTLY_ONCE_COMMIT_S, ConfigError, parse_config
+from spark_app.config import ConfigError, parse_config
 from spark_app.policy import event_hubs_topics, should_mirror, target_topic
 
 GOOD = {
@@ -78,19 +78,6 @@ def test_bad_config_is_refused_naming_the_key(raw, message):
     with pytest.raises(ConfigError) as refused:
         parse_config(raw)
     assert message in str(refused.value)
-
-
-def test_an_exactly_once_slot_commits_as_set_else_as_often_as_its_target_allows():
-    kafka, eventhubs = variant(), variant(flows__0__target="eh", flows__0__topics={"include": ["orders"]})
-    set_ = variant(flows__0__exactly_once_commit_interval_s=2.5)
-    every = {
-        name: (lambda c: c.flows[0].commit_interval_s(next(k for k in c.clusters if k.alias == c.flows[0].target)))(
-            parse_config(raw)
-        )
-        for name, raw in {"kafka": kafka, "eventhubs": eventhubs, "set": set_}.items()
-    }
-    assert every == {"kafka": EXACTLY_ONCE_COMMIT_S, "eventhubs": EVENTHUBS_COMMIT_S, "set": 2.5}
-    assert EXACTLY_ONCE_COMMIT_S < EVENTHUBS_COMMIT_S
 
 
 def test_a_connection_string_pasted_as_bootstrap_servers_is_refused_without_its_key_in_the_message():

@@ -54,7 +54,7 @@ def test_exactly_once_real_time_a_new_life_read_on_unnoticed_is_never_committed_
     raw = one_flow_config(plaintext_cluster, source_cluster, [topic], tmp_path / "ckpt", source_alias="primary",
                           emit_heartbeats=False, mode="realtime", exactly_once=True, copy_core="python")  # fmt: skip
     # Commits far apart: the slot reads and lands the new life well before its next commit asks the topic's id.
-    raw["realtime_commit_interval_s"] = 15
+    raw["flows"][0]["exactly_once_commit_interval_s"] = 15
     config = parse_config(raw)
     create_topics(plaintext_cluster.admin, {topic: 2})
     produce(plaintext_cluster.client, topic, old)

@@ -123,7 +123,7 @@ class CopierTask:
         self.key = key
         self.rules = rules
         self.producer_settings = producer_settings(rules) | {"linger.ms": LIBRDKAFKA_LINGER_MS}
-        self.commit_s = flow.commit_interval_s(target)  # exactly once's
+        self.commit_s = flow.exactly_once_commit_interval_s
         self.core = choose(flow, source, target).core
 
     def __call__(self, slot: int, _rows: Iterable[int]) -> Iterator[int]:
